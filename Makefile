@@ -1,0 +1,24 @@
+# The two commands a new user runs first: `make demo` and `make test`.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-external venv clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: setup.cfg setup.py pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+demo: venv
+	$(BIN)/runledger-sync demo
+
+test: venv
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

@@ -1,0 +1,52 @@
+"""Alembic environment for runledger-sync's schema history.
+
+rl.migrate() hands in a connection through ``config.attributes``; the alembic
+command line builds one from RUNLEDGER_DATABASE_URL.
+"""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import text
+
+from runledger_sync.db import schema
+from runledger_sync.db.engine import create_engine, schema_of
+
+# A fixed key for pg_advisory_xact_lock so concurrent migrators queue up.
+MIGRATION_LOCK_KEY = 0x52554E4C  # "RUNL"
+
+config = context.config
+target_metadata = schema.metadata
+version_table = config.get_main_option("version_table") or "runledger_alembic_version"
+
+
+def _run(connection) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        version_table=version_table,
+        version_table_schema=schema_of(connection),
+        transaction_per_migration=False,
+    )
+    with context.begin_transaction():
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        _run(connection)
+        return
+    engine = create_engine()
+    try:
+        with engine.connect() as connection:
+            _run(connection)
+            connection.commit()
+    finally:
+        engine.dispose()
+
+
+if context.is_offline_mode():
+    raise SystemExit("runledger-sync migrations run online only: set RUNLEDGER_DATABASE_URL")
+run_migrations_online()

@@ -1,0 +1,1 @@
+"""Pure types and rules of the job lifecycle: no I/O, no imports from the rest of the package."""

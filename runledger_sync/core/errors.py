@@ -1,0 +1,337 @@
+"""The one exception tree of runledger-sync.
+
+Every error the library raises on purpose is a :class:`RunledgerError` with a
+stable, machine-readable ``code`` in the seed's ``area.snake_reason`` form.
+Branch on ``.code`` or on the class, never on the message text::
+
+    RunledgerError                              runledger.error
+    ├── ConfigError                             config.invalid
+    ├── RegistrationError                       registry.invalid_registration
+    ├── ValidationError                         runledger.validation_failed
+    │   ├── InvalidArgument                     job.invalid_argument
+    │   ├── InvalidJobType                      job.invalid_job_type
+    │   ├── InvalidPayload                      job.invalid_payload
+    │   ├── InvalidCompletionProgress           job.invalid_completion_progress
+    │   ├── InvalidProgress                     job.invalid_progress
+    │   ├── InvalidLeaseDuration                job.invalid_lease_duration
+    │   ├── InvalidRetryDelay                   job.invalid_retry_delay
+    │   └── EnqueueIdempotencyUnsupportedIsolation
+    │                                           job.enqueue_idempotency_unsupported_isolation
+    ├── JobStateError                           runledger.job_state_rejected
+    │   ├── LeaseOwnerMismatch                  job.lease_owner_mismatch
+    │   ├── UnstartedClaimReleaseNotApplicable  job.unstarted_claim_release_not_applicable
+    │   ├── InvalidStateTransition              job.invalid_state_transition
+    │   ├── JobNotFound                         job.not_found
+    │   ├── DefinitionNotFoundOrDisabled        job.definition_not_found_or_disabled
+    │   ├── WorkflowRequeueNotSupported         job.workflow_requeue_not_supported
+    │   └── WorkflowReleaseConflict             workflow.release_conflict
+    ├── ConflictError                           runledger.conflict
+    │   ├── AlreadyEnqueued                     job.already_enqueued
+    │   ├── IdempotencyConflict                 job.idempotency_conflict
+    │   ├── IdempotencyConflictMissingExisting  job.idempotency_conflict_missing_existing
+    │   └── LegacyIdempotencySnapshotMissing    job.legacy_idempotency_snapshot_missing
+    └── StoreError                              db.query_failed
+        ├── ConnectionFailed                    db.connection_failed
+        │   └── CommitOutcomeUnknown            db.commit_outcome_unknown
+        ├── UniqueViolation                     db.unique_violation
+        ├── RelatedResourceMissing              db.related_resource_missing
+        ├── DefinitionNotFound                  job.definition_not_found
+        ├── RelatedResourceStillReferenced      db.related_resource_still_referenced
+        ├── BusinessRuleViolation               db.business_rule_violation
+        ├── RequiredFieldMissing                db.required_field_missing
+        ├── PermissionDenied                    db.permission_denied
+        ├── MigrationFailed                     db.migration_failed
+        └── SchemaMismatch                      db.schema_mismatch
+
+    JobCancelled (BaseException)                job.cancelled
+
+``JobCancelled`` sits outside the tree on purpose: it derives from
+``BaseException`` so that a handler's ``except Exception`` cannot swallow the
+worker's request to stop.
+
+Each class's docstring is its default message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RunledgerError(Exception):
+    """A runledger-sync operation failed."""
+
+    code = "runledger.error"
+    #: One of ``validation``, ``forbidden``, ``conflict``, ``internal``: how a
+    #: caller (an HTTP API, the CLI) should classify the failure.
+    category = "internal"
+
+    def __init__(self, message: str | None = None, **details: Any) -> None:
+        self.message = message or (self.__doc__ or self.code).strip()
+        self.details = details
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+class ConfigError(RunledgerError):
+    """The jobs configuration is invalid."""
+
+    code = "config.invalid"
+    category = "validation"
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("; ".join(self.problems) or None, problems=self.problems)
+
+
+class RegistrationError(RunledgerError):
+    """A job handler could not be registered."""
+
+    code = "registry.invalid_registration"
+    category = "validation"
+
+
+class ValidationError(RunledgerError):
+    """An argument was rejected before the database was touched."""
+
+    code = "runledger.validation_failed"
+    category = "validation"
+
+
+class InvalidArgument(ValidationError):
+    """An argument is out of its allowed range."""
+
+    code = "job.invalid_argument"
+
+    def __init__(self, argument: str, value: Any, expectation: str) -> None:
+        self.argument = argument
+        self.value = value
+        super().__init__(
+            f"{argument} must be {expectation}, got {value!r}",
+            argument=argument,
+        )
+
+
+class InvalidJobType(InvalidArgument):
+    """The job type is blank, too long or not text."""
+
+    code = "job.invalid_job_type"
+
+
+class InvalidPayload(InvalidArgument):
+    """The payload is not a JSON value."""
+
+    code = "job.invalid_payload"
+
+
+class InvalidCompletionProgress(ValidationError):
+    """Completion progress is negative or done exceeds total."""
+
+    code = "job.invalid_completion_progress"
+
+
+class InvalidProgress(ValidationError):
+    """Progress is negative or done exceeds total."""
+
+    code = "job.invalid_progress"
+
+
+class InvalidLeaseDuration(ValidationError):
+    """The lease duration must be a positive number of seconds."""
+
+    code = "job.invalid_lease_duration"
+
+
+class InvalidRetryDelay(ValidationError):
+    """The retry delay must be a positive number of milliseconds."""
+
+    code = "job.invalid_retry_delay"
+
+
+class EnqueueIdempotencyUnsupportedIsolation(ValidationError):
+    """Idempotent enqueue needs a READ COMMITTED transaction."""
+
+    code = "job.enqueue_idempotency_unsupported_isolation"
+
+
+class JobStateError(RunledgerError):
+    """The job is not in a state that allows this operation."""
+
+    code = "runledger.job_state_rejected"
+    category = "validation"
+
+
+class LeaseOwnerMismatch(JobStateError):
+    """The job's lease no longer belongs to this worker or has expired."""
+
+    code = "job.lease_owner_mismatch"
+    category = "forbidden"
+
+
+class UnstartedClaimReleaseNotApplicable(JobStateError):
+    """The claim cannot be released: RUNNING was persisted or it is not a prestart claim."""
+
+    code = "job.unstarted_claim_release_not_applicable"
+
+
+class InvalidStateTransition(JobStateError):
+    """The job's status does not allow this transition."""
+
+    code = "job.invalid_state_transition"
+
+
+class JobNotFound(JobStateError):
+    """No job with this id exists in the caller's scope."""
+
+    code = "job.not_found"
+
+
+class DefinitionNotFoundOrDisabled(JobStateError):
+    """The job type has no enabled definition."""
+
+    code = "job.definition_not_found_or_disabled"
+
+
+class WorkflowRequeueNotSupported(JobStateError):
+    """A workflow-managed job cannot be requeued on its own."""
+
+    code = "job.workflow_requeue_not_supported"
+
+
+class WorkflowReleaseConflict(JobStateError):
+    """A workflow dependent release conflicted with a cancellation."""
+
+    code = "workflow.release_conflict"
+    category = "conflict"
+
+
+class ConflictError(RunledgerError):
+    """The request conflicts with an existing job."""
+
+    code = "runledger.conflict"
+    category = "conflict"
+
+
+class AlreadyEnqueued(ConflictError):
+    """A job with this idempotency key already exists."""
+
+    code = "job.already_enqueued"
+
+
+class IdempotencyConflict(ConflictError):
+    """A job with this idempotency key exists with a different request."""
+
+    code = "job.idempotency_conflict"
+
+
+class IdempotencyConflictMissingExisting(ConflictError):
+    """The idempotency key conflicted but the existing job could not be found."""
+
+    code = "job.idempotency_conflict_missing_existing"
+    category = "internal"
+
+
+class LegacyIdempotencySnapshotMissing(ConflictError):
+    """The existing job with this idempotency key has no request snapshot to compare."""
+
+    code = "job.legacy_idempotency_snapshot_missing"
+
+
+class StoreError(RunledgerError):
+    """A database statement failed."""
+
+    code = "db.query_failed"
+
+
+class ConnectionFailed(StoreError):
+    """The database could not be reached."""
+
+    code = "db.connection_failed"
+
+
+class CommitOutcomeUnknown(ConnectionFailed):
+    """The connection was lost while committing; the write may or may not have landed."""
+
+    code = "db.commit_outcome_unknown"
+
+
+class UniqueViolation(StoreError):
+    """A unique constraint was violated."""
+
+    code = "db.unique_violation"
+    category = "conflict"
+
+
+class RelatedResourceMissing(StoreError):
+    """A referenced row does not exist."""
+
+    code = "db.related_resource_missing"
+    category = "validation"
+
+
+class DefinitionNotFound(RelatedResourceMissing):
+    """The job type has no definition."""
+
+    code = "job.definition_not_found"
+
+
+class RelatedResourceStillReferenced(StoreError):
+    """The row is still referenced by other rows."""
+
+    code = "db.related_resource_still_referenced"
+    category = "validation"
+
+
+class BusinessRuleViolation(StoreError):
+    """A check constraint was violated."""
+
+    code = "db.business_rule_violation"
+    category = "validation"
+
+
+class RequiredFieldMissing(StoreError):
+    """A required column was NULL."""
+
+    code = "db.required_field_missing"
+    category = "validation"
+
+
+class PermissionDenied(StoreError):
+    """The database role lacks a privilege this operation needs."""
+
+    code = "db.permission_denied"
+    category = "forbidden"
+
+
+class MigrationFailed(StoreError):
+    """A schema migration failed."""
+
+    code = "db.migration_failed"
+
+
+class SchemaMismatch(StoreError):
+    """The database schema is not at the revision this library expects."""
+
+    code = "db.schema_mismatch"
+
+
+class JobCancelled(BaseException):
+    """The worker asked the handler to stop (deadline, lease loss or operator cancel)."""
+
+    code = "job.cancelled"
+
+    def __init__(self, reason: str = "cancelled") -> None:
+        self.reason = reason
+        super().__init__(f"{self.code}: {reason}")
+
+
+def all_error_classes() -> list[type]:
+    """Return every coded error class, for the code-uniqueness check and the docs."""
+    found: list[type] = [JobCancelled]
+    pending: list[type] = [RunledgerError]
+    while pending:
+        cls = pending.pop()
+        found.append(cls)
+        pending.extend(cls.__subclasses__())
+    return found

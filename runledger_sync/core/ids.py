@@ -1,0 +1,40 @@
+"""UUIDv7 ids, generated in Python because PostgreSQL before 18 has no uuidv7()."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from uuid import UUID
+
+_lock = threading.Lock()
+_last_ms = 0
+_sequence = 0
+_SEQUENCE_MAX = (1 << 12) - 1
+
+
+def uuid7() -> UUID:
+    """Return a new RFC 9562 version-7 UUID: 48-bit Unix milliseconds, a sequence, random bits.
+
+    Ids from one process increase strictly (the 12-bit ``rand_a`` field counts
+    within a millisecond, RFC 9562 method 1), so jobs enqueued in one batch keep
+    their order when the claim breaks ties by id.
+    """
+    global _last_ms, _sequence
+    with _lock:
+        unix_ms = time.time_ns() // 1_000_000
+        if unix_ms <= _last_ms:
+            unix_ms = _last_ms
+            _sequence += 1
+            if _sequence > _SEQUENCE_MAX:
+                unix_ms += 1
+                _sequence = 0
+        else:
+            _sequence = 0
+        _last_ms = unix_ms
+        sequence = _sequence
+    rand_b = int.from_bytes(os.urandom(8), "big") & ((1 << 62) - 1)
+    value = (unix_ms & ((1 << 48) - 1)) << 80
+    value |= 0x7 << 76 | sequence << 64
+    value |= 0b10 << 62 | rand_b
+    return UUID(int=value)

@@ -1,0 +1,151 @@
+"""Read-only snapshots of rows, as the store returns them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import Any, Optional
+from uuid import UUID
+
+from runledger_sync.core.types import JobStage, JobStatus
+
+
+@dataclass(frozen=True)
+class JobDefinition:
+    """A job type's defaults and switch (table ``job_definitions``)."""
+
+    job_type: str
+    version: int = 1
+    max_attempts: int = 8
+    default_timeout_seconds: int = 900
+    default_priority: int = 100
+    is_enabled: bool = True
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job to enqueue with :func:`enqueue_many`; unset fields take the definition's defaults."""
+
+    job_type: str
+    payload: Any = field(default_factory=dict)
+    priority: Optional[int] = None
+    max_attempts: Optional[int] = None
+    timeout_seconds: Optional[int] = None
+    run_at: Optional[datetime] = None
+    delay_seconds: Optional[float] = None
+    organization_id: Optional[str] = None
+    idempotency_key: Optional[str] = None
+    stage: JobStage = JobStage.QUEUED
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One row of ``job_queue``."""
+
+    id: UUID
+    job_type: str
+    organization_id: Optional[str]
+    payload: Any
+    status: JobStatus
+    priority: int
+    run_number: int
+    attempt: int
+    max_attempts: int
+    timeout_seconds: int
+    next_run_at: datetime
+    lease_expires_at: Optional[datetime]
+    last_heartbeat_at: Optional[datetime]
+    worker_id: Optional[str]
+    started_at: Optional[datetime]
+    finished_at: Optional[datetime]
+    stage: JobStage
+    progress_done: Optional[int]
+    progress_total: Optional[int]
+    progress_pct: Optional[Decimal]
+    checkpoint: Any
+    output: Any
+    idempotency_key: Optional[str]
+    enqueue_request: Any
+    status_reason: Optional[str]
+    last_error_code: Optional[str]
+    last_error_message: Optional[str]
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class JobAttemptRecord:
+    """One row of ``job_attempts``: one claim of a job."""
+
+    id: UUID
+    job_id: UUID
+    run_number: int
+    attempt: int
+    worker_id: Optional[str]
+    leased_at: datetime
+    started_at: datetime
+    finished_at: Optional[datetime]
+    outcome: Optional[str]
+    error_code: Optional[str]
+    error_message: Optional[str]
+    retry_delay_ms: Optional[int]
+    claim_origin: str
+    execution_started_persisted_at: Optional[datetime]
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class JobEventRecord:
+    """One row of the append-only ``job_events`` log."""
+
+    id: int
+    job_id: UUID
+    run_number: int
+    attempt: Optional[int]
+    event_type: str
+    stage: Optional[str]
+    progress_done: Optional[int]
+    progress_total: Optional[int]
+    payload: Any
+    occurred_at: datetime
+
+
+@dataclass(frozen=True)
+class DeadLetterRecord:
+    """One row of ``job_dead_letters``."""
+
+    job_id: UUID
+    job_type: str
+    organization_id: Optional[str]
+    run_number: int
+    attempt: int
+    error_code: Optional[str]
+    error_message: Optional[str]
+    payload_snapshot: Any
+    checkpoint_snapshot: Any
+    failed_at: datetime
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class ReapedDeadLetter:
+    """A job the reaper dead-lettered, so its handler's hook can be told."""
+
+    job_id: UUID
+    job_type: str
+    organization_id: Optional[str]
+    run_number: int
+    attempt: int
+    payload: Any
+
+
+@dataclass(frozen=True)
+class ReapResult:
+    """What one reaper batch did."""
+
+    processed: int
+    released_unstarted: int
+    retried: int
+    dead_lettered: tuple[ReapedDeadLetter, ...]
+    failed_rows: int

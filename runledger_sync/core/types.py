@@ -1,0 +1,237 @@
+"""The job lifecycle's vocabulary: statuses, stages, failures and the handler's context."""
+
+from __future__ import annotations
+
+import enum
+import threading
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Optional
+from uuid import UUID
+
+from runledger_sync.core.errors import JobCancelled
+
+
+class JobStatus(str, enum.Enum):
+    """Where a job row is in its lifecycle (column ``job_queue.status``)."""
+
+    #: Into: enqueue, retry, unstarted release, reaper retry, requeue. Out: claim, cancel.
+    PENDING = "PENDING"
+    #: Into: claim. Out: success, failure, release, reaper, cancel.
+    LEASED = "LEASED"
+    #: Into: complete success. Out: requeue.
+    SUCCEEDED = "SUCCEEDED"
+    #: Into: terminal failure, exhausted attempts, reaper. Out: requeue.
+    DEAD_LETTERED = "DEAD_LETTERED"
+    #: Into: cancel. Out: requeue.
+    CANCELED = "CANCELED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+TERMINAL_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.DEAD_LETTERED, JobStatus.CANCELED})
+
+
+class JobStage(str, enum.Enum):
+    """The coarse execution stage shown to operators (column ``job_queue.stage``)."""
+
+    QUEUED = "queued"
+    SCHEDULED = "scheduled"
+    RUNNING = "running"
+    COMPLETED = "completed"
+
+
+class JobFailureKind(str, enum.Enum):
+    """Why an attempt failed; decides between retry and dead letter."""
+
+    RETRYABLE = "RETRYABLE"
+    TIMEOUT = "TIMEOUT"
+    LEASE_EXPIRED = "LEASE_EXPIRED"
+    TERMINAL = "TERMINAL"
+    PANICKED = "PANICKED"
+
+    @property
+    def is_retryable(self) -> bool:
+        return self not in (JobFailureKind.TERMINAL, JobFailureKind.PANICKED)
+
+
+class JobEventType(str, enum.Enum):
+    """The kinds of rows in the append-only ``job_events`` log."""
+
+    ENQUEUED = "ENQUEUED"
+    LEASED = "LEASED"
+    HEARTBEAT = "HEARTBEAT"
+    STAGE_CHANGED = "STAGE_CHANGED"
+    PROGRESS = "PROGRESS"
+    RETRY_SCHEDULED = "RETRY_SCHEDULED"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    DEAD_LETTERED = "DEAD_LETTERED"
+    CANCELED = "CANCELED"
+    REQUEUED = "REQUEUED"
+
+
+class ClaimOrigin(str, enum.Enum):
+    """How an attempt was claimed; only prestart claims can be released unstarted."""
+
+    DIRECT = "DIRECT"
+    WORKER_PRESTART = "WORKER_PRESTART"
+
+
+class JobDeadLetterReason(str, enum.Enum):
+    """Why a job ended in the dead letters."""
+
+    FAILURE_KIND_NON_RETRYABLE = "FAILURE_KIND_NON_RETRYABLE"
+    ATTEMPTS_EXHAUSTED = "ATTEMPTS_EXHAUSTED"
+    LEASE_EXPIRED = "LEASE_EXPIRED"
+
+
+class RuntimeLoopExit(str, enum.Enum):
+    """How a runtime loop (worker, reaper, scheduler) ended."""
+
+    SHUTDOWN = "SHUTDOWN"
+    INVALID_CONFIG = "INVALID_CONFIG"
+    #: Defensive: the loop ended without being asked to.
+    COMPLETED = "COMPLETED"
+
+
+class JobFailure(Exception):
+    """Raise from a handler to choose the attempt's outcome.
+
+    Example:
+        ``raise JobFailure.retryable("smtp.busy", "server said 421")``
+    """
+
+    def __init__(self, kind: JobFailureKind, code: str, message: str) -> None:
+        self.kind = JobFailureKind(kind)
+        self.code = code
+        self.message = message
+        super().__init__(f"{self.kind.value} {code}: {message}")
+
+    @classmethod
+    def retryable(cls, code: str, message: str) -> "JobFailure":
+        return cls(JobFailureKind.RETRYABLE, code, message)
+
+    @classmethod
+    def terminal(cls, code: str, message: str) -> "JobFailure":
+        return cls(JobFailureKind.TERMINAL, code, message)
+
+    @classmethod
+    def timeout(cls, code: str, message: str) -> "JobFailure":
+        return cls(JobFailureKind.TIMEOUT, code, message)
+
+    @classmethod
+    def panicked(cls, code: str, message: str) -> "JobFailure":
+        return cls(JobFailureKind.PANICKED, code, message)
+
+    @classmethod
+    def lease_expired(cls, code: str, message: str) -> "JobFailure":
+        return cls(JobFailureKind.LEASE_EXPIRED, code, message)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, JobFailure):
+            return NotImplemented
+        return (self.kind, self.code, self.message) == (other.kind, other.code, other.message)
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.code, self.message))
+
+
+@dataclass(frozen=True)
+class JobCompletion:
+    """What a successful handler reports; every field is optional.
+
+    Example:
+        ``return JobCompletion.success().with_output({"sent": 3})``
+    """
+
+    progress_done: Optional[int] = None
+    progress_total: Optional[int] = None
+    checkpoint: Any = None
+    output: Any = None
+
+    @classmethod
+    def success(cls) -> "JobCompletion":
+        return cls()
+
+    def with_output(self, output: Any) -> "JobCompletion":
+        return replace(self, output=output)
+
+    def with_progress(self, done: int, total: int) -> "JobCompletion":
+        return replace(self, progress_done=done, progress_total=total)
+
+    def with_checkpoint(self, checkpoint: Any) -> "JobCompletion":
+        return replace(self, checkpoint=checkpoint)
+
+
+@dataclass(frozen=True)
+class JobDeadLetterInfo:
+    """What a dead-letter hook is told: the failure, the reason, and the attempt budget.
+
+    ``max_attempts`` is None when the reaper dead-lettered the job.
+    """
+
+    failure: JobFailure
+    reason: JobDeadLetterReason
+    max_attempts: Optional[int]
+
+
+ProgressReporter = Callable[["JobContext", Optional[int], Optional[int], Any], None]
+
+
+@dataclass
+class JobContext:
+    """The identity of one attempt, handed to the handler.
+
+    Long handlers should look at :attr:`cancelled` (or call :meth:`check_cancelled`)
+    between steps: the worker sets it on deadline, lease loss and operator cancel.
+    """
+
+    job_id: UUID
+    run_number: int
+    attempt: int
+    organization_id: Optional[str]
+    worker_id: str
+    job_type: str = ""
+    checkpoint: Any = None
+    _cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
+    _cancel_reason: Optional[str] = field(default=None, repr=False)
+    _progress_reporter: Optional[ProgressReporter] = field(default=None, repr=False, compare=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the worker has asked this attempt to stop."""
+        return self._cancel_event.is_set()
+
+    @property
+    def cancel_reason(self) -> Optional[str]:
+        return self._cancel_reason
+
+    def check_cancelled(self) -> None:
+        """Raise :class:`JobCancelled` if the worker has asked this attempt to stop."""
+        if self._cancel_event.is_set():
+            raise JobCancelled(self._cancel_reason or "cancelled")
+
+    def wait_cancelled(self, timeout: float) -> bool:
+        """Sleep up to ``timeout`` seconds, waking early on cancellation; return the flag."""
+        return self._cancel_event.wait(timeout)
+
+    def request_cancel(self, reason: str) -> None:
+        """Set the cancellation flag; the first reason given is kept."""
+        if not self._cancel_event.is_set():
+            self._cancel_reason = reason
+            self._cancel_event.set()
+
+    def report_progress(self, done: Optional[int], total: Optional[int], checkpoint: Any = None) -> None:
+        """Persist progress (and optionally a checkpoint) under this attempt's lease.
+
+        Raises:
+            LeaseOwnerMismatch: the lease was lost.
+            InvalidProgress: done/total negative or done > total.
+        """
+        if self._progress_reporter is None:
+            raise RuntimeError("report_progress is only available inside a worker")
+        self._progress_reporter(self, done, total, checkpoint)
+        if checkpoint is not None:
+            self.checkpoint = checkpoint

@@ -1,0 +1,137 @@
+"""Argument rules checked before any statement runs, so bad input writes nothing."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime
+from typing import Any, Optional
+
+from runledger_sync.core.errors import (
+    InvalidArgument,
+    InvalidCompletionProgress,
+    InvalidJobType,
+    InvalidPayload,
+    InvalidProgress,
+)
+
+JOB_TYPE_MAX_LENGTH = 255
+ORGANIZATION_ID_MAX_LENGTH = 255
+IDEMPOTENCY_KEY_MAX_LENGTH = 512
+WORKER_ID_MAX_LENGTH = 255
+DEFAULT_MAX_PAYLOAD_BYTES = 1_048_576
+PRIORITY_RANGE = (-1_000_000, 1_000_000)
+MAX_ATTEMPTS_RANGE = (1, 1_000)
+TIMEOUT_SECONDS_RANGE = (1, 7 * 24 * 3600)
+DELAY_SECONDS_RANGE = (0, 366 * 24 * 3600)
+LIMIT_RANGE = (1, 100_000)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_text(argument: str, value: Any, *, max_length: int, error: type[InvalidArgument] = InvalidArgument) -> str:
+    """Return ``value`` if it is non-blank text of at most ``max_length`` characters without NUL."""
+    if not isinstance(value, str):
+        raise error(argument, value, "a string")
+    if not value.strip():
+        raise error(argument, value, "non-blank")
+    if len(value) > max_length:
+        raise error(argument, f"{value[:40]}... ({len(value)} characters)", f"at most {max_length} characters")
+    if "\x00" in value:
+        raise error(argument, value, "free of NUL characters")
+    return value
+
+
+def check_job_type(value: Any) -> str:
+    return check_text("job_type", value, max_length=JOB_TYPE_MAX_LENGTH, error=InvalidJobType)
+
+
+def check_optional_text(argument: str, value: Any, *, max_length: int) -> Optional[str]:
+    return None if value is None else check_text(argument, value, max_length=max_length)
+
+
+def check_int(argument: str, value: Any, bounds: tuple[int, int]) -> int:
+    """Return ``value`` if it is an int (not a bool) within ``bounds`` inclusive."""
+    low, high = bounds
+    if not _is_int(value) or not low <= value <= high:
+        raise InvalidArgument(argument, value, f"an integer from {low} to {high}")
+    return value
+
+
+def check_optional_int(argument: str, value: Any, bounds: tuple[int, int]) -> Optional[int]:
+    return None if value is None else check_int(argument, value, bounds)
+
+
+def check_seconds(argument: str, value: Any, bounds: tuple[float, float]) -> float:
+    """Return ``value`` if it is a finite number of seconds within ``bounds``."""
+    low, high = bounds
+    number_like = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number_like or not math.isfinite(value) or not low <= value <= high:
+        raise InvalidArgument(argument, value, f"a number of seconds from {low} to {high}")
+    return float(value)
+
+
+def check_run_at(value: Any) -> Optional[datetime]:
+    if value is None:
+        return None
+    if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidArgument("run_at", value, "a timezone-aware datetime")
+    return value
+
+
+def serialize_json(argument: str, value: Any, *, max_bytes: Optional[int] = None) -> str:
+    """Return ``value`` as compact JSON text, refusing what PostgreSQL's jsonb cannot hold.
+
+    Raises:
+        InvalidPayload: not JSON-serialisable, NaN/Infinity, a NUL character
+            (jsonb rejects ``\\u0000``), or larger than ``max_bytes`` encoded.
+    """
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidPayload(argument, _short(value), f"a JSON value ({exc})") from exc
+    if "\\u0000" in text:
+        raise InvalidPayload(argument, _short(value), "free of NUL characters (jsonb cannot store \\u0000)")
+    if max_bytes is not None:
+        size = len(text.encode("utf-8"))
+        if size > max_bytes:
+            raise InvalidPayload(argument, f"<{size} bytes of JSON>", f"at most {max_bytes} bytes of JSON")
+    return text
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def completion_progress_problem(done: Optional[int], total: Optional[int]) -> Optional[str]:
+    """Return why a handler's success progress is invalid, or None; the seed's wording."""
+    if done is not None and done < 0:
+        return (
+            "Handler returned invalid success progress: progress_done must be greater than or "
+            f"equal to zero, got {done}."
+        )
+    if total is not None and total < 0:
+        return (
+            "Handler returned invalid success progress: progress_total must be greater than or "
+            f"equal to zero, got {total}."
+        )
+    if done is not None and total is not None and done > total:
+        return (
+            "Handler returned invalid success progress: progress_done must not exceed progress_total, "
+            f"got progress_done={done}, progress_total={total}."
+        )
+    return None
+
+
+def check_progress_values(done: Any, total: Any, *, completion: bool) -> None:
+    """Raise unless done/total are None or non-negative ints with done <= total."""
+    error = InvalidCompletionProgress if completion else InvalidProgress
+    for name, value in (("progress_done", done), ("progress_total", total)):
+        if value is not None and not _is_int(value):
+            raise error(f"{name} must be an integer or None, got {value!r}")
+    problem = completion_progress_problem(done, total)
+    if problem is not None:
+        raise error(problem if completion else problem.replace("Handler returned invalid success progress: ", ""))

@@ -1,0 +1,1 @@
+"""Engines, the table definitions, migrations and the embedded server."""

@@ -1,0 +1,103 @@
+"""An embedded PostgreSQL server (pgserver) for the demo and the tests.
+
+It listens on a Unix socket only, inside a data directory you can name, and
+works when run as root (pgserver then runs the server as a dedicated user).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Optional
+
+import sqlalchemy
+
+from runledger_sync.core.errors import ConfigError, ConnectionFailed
+
+DEFAULT_DATA_DIR = Path(tempfile.gettempdir()) / "runledger-embedded"
+
+
+def _load_pgserver() -> Any:
+    # pgserver's platformdirs warns at import time when XDG_RUNTIME_DIR is unset
+    # (containers, CI); the fallback it picks works, so the warning is noise.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            import pgserver
+        except ImportError as exc:
+            raise ConfigError(
+                ["embedded postgres needs the 'embedded' extra: pip install 'runledger-sync[embedded]'"]
+            ) from exc
+    return pgserver
+
+
+class EmbeddedPostgres:
+    """A PostgreSQL server that lives in one data directory.
+
+    Example:
+        ``with EmbeddedPostgres("/tmp/rl-demo") as pg: engine = rl.create_engine(pg.url())``
+    """
+
+    def __init__(self, data_dir: str | Path | None = None, *, delete_on_stop: bool = False) -> None:
+        self.data_dir = Path(data_dir) if data_dir is not None else DEFAULT_DATA_DIR
+        self.delete_on_stop = delete_on_stop
+        self._server: Any = None
+
+    def start(self) -> "EmbeddedPostgres":
+        """Start the server (or join the one already running in this data directory)."""
+        if self._server is not None:
+            return self
+        pgserver = _load_pgserver()
+        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._server = pgserver.get_server(
+                self.data_dir, cleanup_mode="delete" if self.delete_on_stop else "stop"
+            )
+        except Exception as exc:  # pgserver raises subprocess and OS errors
+            raise ConnectionFailed(f"embedded postgres failed to start in {self.data_dir}: {exc}") from exc
+        return self
+
+    def stop(self) -> None:
+        """Stop the server once no other process in this data directory uses it."""
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        server.cleanup()
+
+    def url(self, database: str = "postgres") -> str:
+        """Return a SQLAlchemy URL for ``database`` on this server."""
+        if self._server is None:
+            raise ConnectionFailed("embedded postgres is not running; call start() first")
+        info = self._server.get_postmaster_info()
+        port = f"&port={info.port}" if info.port else ""
+        return f"postgresql+psycopg2://postgres@/{database}?host={info.socket_dir}{port}"
+
+    def create_database(self, name: str, *, template: Optional[str] = None, drop_existing: bool = False) -> str:
+        """Create a database (optionally cloned from ``template``) and return its URL."""
+        admin = sqlalchemy.create_engine(self.url(), isolation_level="AUTOCOMMIT", poolclass=sqlalchemy.pool.NullPool)
+        quote = admin.dialect.identifier_preparer.quote
+        try:
+            with admin.connect() as conn:
+                if drop_existing:
+                    conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {quote(name)} WITH (FORCE)")
+                clause = f" TEMPLATE {quote(template)}" if template else ""
+                conn.exec_driver_sql(f"CREATE DATABASE {quote(name)}{clause}")
+        finally:
+            admin.dispose()
+        return self.url(name)
+
+    def drop_database(self, name: str) -> None:
+        """Drop a database, closing its connections first."""
+        admin = sqlalchemy.create_engine(self.url(), isolation_level="AUTOCOMMIT", poolclass=sqlalchemy.pool.NullPool)
+        try:
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {admin.dialect.identifier_preparer.quote(name)} WITH (FORCE)")
+        finally:
+            admin.dispose()
+
+    def __enter__(self) -> "EmbeddedPostgres":
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

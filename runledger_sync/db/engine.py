@@ -1,0 +1,116 @@
+"""Build SQLAlchemy engines from database URLs."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Optional
+
+import sqlalchemy
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+
+from runledger_sync.core.errors import ConfigError
+
+DATABASE_URL_VARIABLES = ("RUNLEDGER_DATABASE_URL", "DATABASE_URL")
+SCHEMA_VARIABLE = "RUNLEDGER_SCHEMA"
+DEFAULT_POOL_SIZE = 10
+DEFAULT_MAX_OVERFLOW = 40
+
+
+def database_url_from_env(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """Return the first non-blank of RUNLEDGER_DATABASE_URL and DATABASE_URL, or None."""
+    environ = os.environ if environ is None else environ
+    for name in DATABASE_URL_VARIABLES:
+        value = environ.get(name, "").strip()
+        if value:
+            return value
+    return None
+
+
+def normalize_url(url: str | URL) -> URL:
+    """Parse a URL and pin the psycopg2 driver, accepting the ``postgres://`` spelling.
+
+    Raises:
+        ConfigError: the URL cannot be parsed or is not a PostgreSQL URL.
+    """
+    if isinstance(url, str) and url.startswith("postgres://"):
+        url = "postgresql://" + url[len("postgres://"):]
+    try:
+        parsed = make_url(url)
+    except Exception as exc:  # SQLAlchemy raises ArgumentError or ValueError
+        raise ConfigError([f"database url is not a valid URL ({type(exc).__name__})"]) from exc
+    if parsed.get_backend_name() != "postgresql":
+        raise ConfigError([f"database url must be a postgresql:// URL, got {mask_url(parsed)}"])
+    if parsed.drivername in ("postgresql", "postgresql+psycopg2"):
+        parsed = parsed.set(drivername="postgresql+psycopg2")
+    return parsed
+
+
+def mask_url(url: str | URL) -> str:
+    """Render a URL with its password replaced by ``***``, for messages and logs."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<unparseable url>"
+
+
+def create_engine(
+    url: str | URL | None = None,
+    *,
+    schema: Optional[str] = None,
+    pool_size: int = DEFAULT_POOL_SIZE,
+    max_overflow: int = DEFAULT_MAX_OVERFLOW,
+    **engine_options: Any,
+) -> Engine:
+    """Create an engine for the queue's database.
+
+    Args:
+        url: a PostgreSQL URL; defaults to RUNLEDGER_DATABASE_URL, then DATABASE_URL.
+        schema: the schema holding the queue tables; defaults to RUNLEDGER_SCHEMA,
+            then the connection's search_path (normally ``public``).
+        pool_size: connections kept open; a worker needs about one per in-flight job.
+        max_overflow: extra connections allowed under bursts.
+        **engine_options: passed to :func:`sqlalchemy.create_engine`.
+
+    Returns:
+        An Engine. Connecting is lazy: a bad host or password surfaces as
+        ``ConnectionFailed`` on first use.
+
+    Raises:
+        ConfigError: no URL was given or found, or it is not a PostgreSQL URL.
+
+    Example:
+        ``engine = rl.create_engine("postgresql://app@localhost/app")``
+    """
+    if url is None:
+        url = database_url_from_env()
+    if url is None:
+        raise ConfigError(
+            ["database url must be given as an argument, RUNLEDGER_DATABASE_URL or DATABASE_URL, got nothing"]
+        )
+    options: dict[str, Any] = {
+        # A restarted server leaves dead connections in the pool; ping before use.
+        "pool_pre_ping": True,
+        "pool_size": pool_size,
+        "max_overflow": max_overflow,
+    }
+    options.update(engine_options)
+    engine = sqlalchemy.create_engine(normalize_url(url), **options)
+    schema = schema if schema is not None else (os.environ.get(SCHEMA_VARIABLE) or None)
+    return with_schema(engine, schema)
+
+
+def with_schema(bind: Engine | Connection, schema: Optional[str]) -> Any:
+    """Return ``bind`` set up so the queue's statements address tables in ``schema``.
+
+    Use this on an Engine or Connection your application built itself when the
+    queue tables live outside the search path.
+    """
+    if not schema:
+        return bind
+    return bind.execution_options(schema_translate_map={None: schema})
+
+
+def schema_of(bind: Engine | Connection) -> Optional[str]:
+    """Return the schema the queue tables are addressed in, or None for the search path."""
+    translate = bind.get_execution_options().get("schema_translate_map") or {}
+    return translate.get(None)

@@ -1,0 +1,268 @@
+"""The tables of the queue as SQLAlchemy Core: the single source of truth.
+
+Tables carry no schema name. The schema they live in (default ``public``) is
+chosen per engine with ``schema_translate_map={None: name}``, which
+:func:`runledger_sync.db.engine.create_engine` sets, so a host application can
+keep them in a schema of its own.
+
+Statuses, kinds and event types are text columns with CHECK constraints rather
+than PostgreSQL enum types: operators query them as text, and a new value is a
+one-line migration instead of an ``ALTER TYPE`` that cannot run in a transaction.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    Computed,
+    DateTime,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    Numeric,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+
+from runledger_sync.core.types import ClaimOrigin, JobEventType, JobFailureKind, JobStage, JobStatus
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+NOW = text("now()")
+EMPTY_JSON = text("'{}'::jsonb")
+
+
+def _one_of(column: str, enum_cls: type) -> str:
+    values = ", ".join(f"'{member.value}'" for member in enum_cls)
+    return f"{column} IN ({values})"
+
+
+def _timestamps() -> list[Column]:
+    return [
+        Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+        Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    ]
+
+
+job_definitions = Table(
+    "job_definitions",
+    metadata,
+    Column("job_type", Text, primary_key=True),
+    Column("version", Integer, nullable=False, server_default=text("1")),
+    Column("max_attempts", Integer, nullable=False, server_default=text("8")),
+    Column("default_timeout_seconds", Integer, nullable=False, server_default=text("900")),
+    Column("default_priority", Integer, nullable=False, server_default=text("100")),
+    Column("is_enabled", Boolean, nullable=False, server_default=text("true")),
+    *_timestamps(),
+    CheckConstraint("btrim(job_type) <> ''", name="ck_job_definitions_job_type_not_blank"),
+    CheckConstraint("version > 0", name="ck_job_definitions_version_positive"),
+    CheckConstraint("max_attempts > 0", name="ck_job_definitions_max_attempts_positive"),
+    CheckConstraint("default_timeout_seconds > 0", name="ck_job_definitions_timeout_positive"),
+)
+
+job_queue = Table(
+    "job_queue",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column(
+        "job_type",
+        Text,
+        ForeignKey("job_definitions.job_type", name="fk_job_queue_job_type"),
+        nullable=False,
+    ),
+    Column("organization_id", Text),
+    Column("payload", JSONB, nullable=False, server_default=EMPTY_JSON),
+    Column("status", Text, nullable=False, server_default=text("'PENDING'")),
+    Column("priority", Integer, nullable=False, server_default=text("100")),
+    Column("run_number", Integer, nullable=False, server_default=text("1")),
+    Column("attempt", Integer, nullable=False, server_default=text("0")),
+    Column("max_attempts", Integer, nullable=False),
+    Column("timeout_seconds", Integer, nullable=False, server_default=text("900")),
+    Column("next_run_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("lease_expires_at", DateTime(timezone=True)),
+    Column("last_heartbeat_at", DateTime(timezone=True)),
+    Column("worker_id", Text),
+    Column("started_at", DateTime(timezone=True)),
+    Column("finished_at", DateTime(timezone=True)),
+    Column("stage", Text, nullable=False, server_default=text("'queued'")),
+    Column("progress_done", BigInteger),
+    Column("progress_total", BigInteger),
+    Column(
+        "progress_pct",
+        Numeric,
+        Computed(
+            "CASE WHEN progress_total > 0 "
+            "THEN round((progress_done::numeric * 100) / progress_total, 2) END",
+            persisted=True,
+        ),
+    ),
+    Column("checkpoint", JSONB),
+    Column("output", JSONB),
+    Column("idempotency_key", Text),
+    Column("enqueue_request", JSONB),
+    Column("status_reason", Text),
+    Column("last_error_code", Text),
+    Column("last_error_message", Text),
+    *_timestamps(),
+    CheckConstraint(_one_of("status", JobStatus), name="ck_job_queue_status"),
+    CheckConstraint(_one_of("stage", JobStage), name="ck_job_queue_stage"),
+    CheckConstraint("run_number > 0", name="ck_job_queue_run_number_positive"),
+    CheckConstraint("attempt >= 0", name="ck_job_queue_attempt_non_negative"),
+    CheckConstraint("max_attempts > 0", name="ck_job_queue_max_attempts_positive"),
+    CheckConstraint("timeout_seconds > 0", name="ck_job_queue_timeout_positive"),
+    CheckConstraint(
+        "(progress_done IS NULL OR progress_done >= 0) "
+        "AND (progress_total IS NULL OR progress_total >= 0) "
+        "AND (progress_done IS NULL OR progress_total IS NULL OR progress_done <= progress_total)",
+        name="ck_job_queue_progress",
+    ),
+    CheckConstraint(
+        "idempotency_key IS NULL OR btrim(idempotency_key) <> ''",
+        name="ck_job_queue_idempotency_key_not_blank",
+    ),
+    CheckConstraint(
+        "idempotency_key IS NULL OR enqueue_request IS NOT NULL",
+        name="ck_job_queue_idempotency_enqueue_request",
+    ),
+)
+
+# The claim index covers exactly the rows a claim can pick, in claim order, so the
+# claim statement reads only the head of the queue however many finished rows exist.
+Index(
+    "idx_job_queue_claim",
+    job_queue.c.status,
+    job_queue.c.priority.desc(),
+    job_queue.c.next_run_at,
+    job_queue.c.created_at,
+    postgresql_where=text("status = 'PENDING'"),
+)
+Index(
+    "idx_job_queue_leased_expiry",
+    job_queue.c.lease_expires_at,
+    postgresql_where=text("status = 'LEASED'"),
+)
+Index(
+    "idx_job_queue_org_status_created",
+    job_queue.c.organization_id,
+    job_queue.c.status,
+    job_queue.c.created_at.desc(),
+)
+Index(
+    "idx_job_queue_type_status_created",
+    job_queue.c.job_type,
+    job_queue.c.status,
+    job_queue.c.created_at.desc(),
+)
+Index(
+    "uq_job_queue_type_idempotency_org",
+    job_queue.c.job_type,
+    job_queue.c.organization_id,
+    job_queue.c.idempotency_key,
+    unique=True,
+    postgresql_where=text("organization_id IS NOT NULL AND idempotency_key IS NOT NULL"),
+)
+Index(
+    "uq_job_queue_type_idempotency_global",
+    job_queue.c.job_type,
+    job_queue.c.idempotency_key,
+    unique=True,
+    postgresql_where=text("organization_id IS NULL AND idempotency_key IS NOT NULL"),
+)
+
+job_attempts = Table(
+    "job_attempts",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column(
+        "job_id",
+        UUID(as_uuid=True),
+        ForeignKey("job_queue.id", ondelete="CASCADE", name="fk_job_attempts_job_id"),
+        nullable=False,
+    ),
+    Column("run_number", Integer, nullable=False, server_default=text("1")),
+    Column("attempt", Integer, nullable=False),
+    Column("worker_id", Text),
+    Column("leased_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("finished_at", DateTime(timezone=True)),
+    Column("outcome", Text),
+    Column("error_code", Text),
+    Column("error_message", Text),
+    Column("retry_delay_ms", BigInteger),
+    Column("claim_origin", Text, nullable=False, server_default=text("'DIRECT'")),
+    Column("execution_started_persisted_at", DateTime(timezone=True)),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    UniqueConstraint("job_id", "run_number", "attempt", name="uq_job_attempts_job_run_attempt"),
+    CheckConstraint("attempt > 0", name="ck_job_attempts_attempt_positive"),
+    CheckConstraint("retry_delay_ms IS NULL OR retry_delay_ms >= 0", name="ck_job_attempts_retry_delay"),
+    CheckConstraint(f"outcome IS NULL OR {_one_of('outcome', JobFailureKind)}", name="ck_job_attempts_outcome"),
+    CheckConstraint(_one_of("claim_origin", ClaimOrigin), name="ck_job_attempts_claim_origin"),
+)
+Index(
+    "idx_job_attempts_job_run_created",
+    job_attempts.c.job_id,
+    job_attempts.c.run_number,
+    job_attempts.c.created_at.desc(),
+)
+
+job_events = Table(
+    "job_events",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column(
+        "job_id",
+        UUID(as_uuid=True),
+        ForeignKey("job_queue.id", ondelete="CASCADE", name="fk_job_events_job_id"),
+        nullable=False,
+    ),
+    Column("run_number", Integer, nullable=False),
+    Column("attempt", Integer),
+    Column("event_type", Text, nullable=False),
+    Column("stage", Text),
+    Column("progress_done", BigInteger),
+    Column("progress_total", BigInteger),
+    Column("payload", JSONB, nullable=False, server_default=EMPTY_JSON),
+    Column("occurred_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    CheckConstraint("attempt IS NULL OR attempt > 0", name="ck_job_events_attempt_positive"),
+    CheckConstraint(_one_of("event_type", JobEventType), name="ck_job_events_event_type"),
+)
+Index("idx_job_events_job_run_id", job_events.c.job_id, job_events.c.run_number, job_events.c.id)
+Index("idx_job_events_type_occurred", job_events.c.event_type, job_events.c.occurred_at.desc())
+
+job_dead_letters = Table(
+    "job_dead_letters",
+    metadata,
+    Column(
+        "job_id",
+        UUID(as_uuid=True),
+        ForeignKey("job_queue.id", ondelete="CASCADE", name="fk_job_dead_letters_job_id"),
+        primary_key=True,
+    ),
+    Column("job_type", Text, nullable=False),
+    Column("organization_id", Text),
+    Column("run_number", Integer, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("error_code", Text),
+    Column("error_message", Text),
+    Column("payload_snapshot", JSONB, nullable=False),
+    Column("checkpoint_snapshot", JSONB),
+    Column("failed_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    CheckConstraint("attempt > 0", name="ck_job_dead_letters_attempt_positive"),
+)
+Index("idx_job_dead_letters_failed_at", job_dead_letters.c.failed_at.desc())

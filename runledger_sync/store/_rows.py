@@ -1,0 +1,39 @@
+"""Turn result rows into the core's record types."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any, Mapping, TypeVar
+
+from sqlalchemy.engine import Row
+
+from runledger_sync.core.records import (
+    DeadLetterRecord,
+    JobAttemptRecord,
+    JobDefinition,
+    JobEventRecord,
+    JobRecord,
+)
+from runledger_sync.core.types import JobStage, JobStatus
+from runledger_sync.db.schema import job_attempts, job_dead_letters, job_definitions, job_events, job_queue
+
+R = TypeVar("R")
+
+JOB_COLUMNS = tuple(job_queue.c[f.name] for f in fields(JobRecord))
+ATTEMPT_COLUMNS = tuple(job_attempts.c[f.name] for f in fields(JobAttemptRecord))
+EVENT_COLUMNS = tuple(job_events.c[f.name] for f in fields(JobEventRecord))
+DEAD_LETTER_COLUMNS = tuple(job_dead_letters.c[f.name] for f in fields(DeadLetterRecord))
+DEFINITION_COLUMNS = tuple(job_definitions.c[f.name] for f in fields(JobDefinition))
+_JOB_FIELDS = tuple(f.name for f in fields(JobRecord))
+
+
+def to_job(row: Row[Any] | Mapping[str, Any]) -> JobRecord:
+    mapping = row._mapping if isinstance(row, Row) else row
+    values = {name: mapping[name] for name in _JOB_FIELDS}
+    values["status"] = JobStatus(values["status"])
+    values["stage"] = JobStage(values["stage"])
+    return JobRecord(**values)
+
+
+def to_record(cls: type[R], row: Row[Any]) -> R:
+    return cls(**{f.name: row._mapping[f.name] for f in fields(cls)})  # type: ignore[arg-type]

@@ -1,0 +1,359 @@
+"""Operator reads and actions: get, list, count, cancel, requeue, history, stats.
+
+Every call takes an optional ``organization_id`` scope: given one, only that
+organization's jobs are seen or touched, and a job of another organization is
+reported as not found.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Optional
+from uuid import UUID
+
+from sqlalchemy import Text, bindparam, func, literal, null, select
+from sqlalchemy.engine import Connection, Engine
+
+from runledger_sync.core import validation as check
+from runledger_sync.core.errors import InvalidArgument, InvalidStateTransition, JobNotFound
+from runledger_sync.core.records import DeadLetterRecord, JobAttemptRecord, JobEventRecord, JobRecord
+from runledger_sync.core.types import JobEventType, JobStage, JobStatus
+from runledger_sync.db.schema import job_attempts, job_dead_letters, job_events, job_queue
+from runledger_sync.store._errors import run_in_transaction
+from runledger_sync.store._rows import ATTEMPT_COLUMNS, DEAD_LETTER_COLUMNS, EVENT_COLUMNS, JOB_COLUMNS, to_job, to_record
+
+_q = job_queue.c
+DEFAULT_LIST_LIMIT = 100
+CANCELABLE = (JobStatus.PENDING.value, JobStatus.LEASED.value)
+REQUEUABLE = (JobStatus.SUCCEEDED.value, JobStatus.DEAD_LETTERED.value, JobStatus.CANCELED.value)
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """Counts an operator looks at first."""
+
+    by_status: dict[str, int]
+    by_type_and_status: dict[tuple[str, str], int]
+    oldest_pending_age_seconds: Optional[float]
+    expired_leases: int
+
+
+def _check_job_id(job_id: Any) -> UUID:
+    if isinstance(job_id, str):
+        try:
+            return UUID(job_id)
+        except ValueError:
+            pass
+    if not isinstance(job_id, UUID):
+        raise InvalidArgument("job_id", job_id, "a UUID")
+    return job_id
+
+
+def _scope(statement: Any, organization_id: Optional[str]) -> Any:
+    if organization_id is None:
+        return statement
+    check.check_text("organization_id", organization_id, max_length=check.ORGANIZATION_ID_MAX_LENGTH)
+    return statement.where(_q.organization_id == organization_id)
+
+
+def _read(bind: Engine | Connection, statement: Any) -> Any:
+    return run_in_transaction(bind, lambda connection: connection.execute(statement).all())
+
+
+def get_job(bind: Engine | Connection, job_id: UUID | str, *, organization_id: Optional[str] = None) -> Optional[JobRecord]:
+    """Return the job, or None when it does not exist in the scope."""
+    statement = _scope(select(*JOB_COLUMNS).where(_q.id == _check_job_id(job_id)), organization_id)
+    rows = _read(bind, statement)
+    return to_job(rows[0]) if rows else None
+
+
+def _filtered(statement: Any, status: Any, job_type: Optional[str], organization_id: Optional[str]) -> Any:
+    if status is not None:
+        statement = statement.where(_q.status == JobStatus(status).value)
+    if job_type is not None:
+        statement = statement.where(_q.job_type == check.check_job_type(job_type))
+    return _scope(statement, organization_id)
+
+
+def list_jobs(
+    bind: Engine | Connection,
+    *,
+    status: Optional[JobStatus | str] = None,
+    job_type: Optional[str] = None,
+    organization_id: Optional[str] = None,
+    limit: int = DEFAULT_LIST_LIMIT,
+    offset: int = 0,
+) -> list[JobRecord]:
+    """Return jobs matching the filters, newest first.
+
+    Raises:
+        InvalidArgument: a filter is malformed (an unknown status raises ValueError's
+            coded form, InvalidArgument).
+    """
+    check.check_int("limit", limit, check.LIMIT_RANGE)
+    check.check_int("offset", offset, (0, 2**31 - 1))
+    status = _check_status(status)
+    statement = _filtered(select(*JOB_COLUMNS), status, job_type, organization_id)
+    statement = statement.order_by(_q.created_at.desc(), _q.id.desc()).limit(limit).offset(offset)
+    return [to_job(row) for row in _read(bind, statement)]
+
+
+def count_jobs(
+    bind: Engine | Connection,
+    *,
+    status: Optional[JobStatus | str] = None,
+    job_type: Optional[str] = None,
+    organization_id: Optional[str] = None,
+) -> int:
+    """Return how many jobs match the filters."""
+    status = _check_status(status)
+    statement = _filtered(select(func.count()).select_from(job_queue), status, job_type, organization_id)
+    return int(_read(bind, statement)[0][0])
+
+
+def _check_status(status: Any) -> Optional[JobStatus]:
+    if status is None:
+        return None
+    try:
+        return JobStatus(status)
+    except ValueError:
+        raise InvalidArgument("status", status, f"one of {', '.join(s.value for s in JobStatus)}") from None
+
+
+def list_attempts(bind: Engine | Connection, job_id: UUID | str) -> list[JobAttemptRecord]:
+    """Return a job's attempts, oldest first."""
+    statement = (
+        select(*ATTEMPT_COLUMNS)
+        .where(job_attempts.c.job_id == _check_job_id(job_id))
+        .order_by(job_attempts.c.run_number, job_attempts.c.attempt)
+    )
+    return [to_record(JobAttemptRecord, row) for row in _read(bind, statement)]
+
+
+def list_events(bind: Engine | Connection, job_id: UUID | str) -> list[JobEventRecord]:
+    """Return a job's events in the order they were written."""
+    statement = select(*EVENT_COLUMNS).where(job_events.c.job_id == _check_job_id(job_id)).order_by(job_events.c.id)
+    return [to_record(JobEventRecord, row) for row in _read(bind, statement)]
+
+
+def get_dead_letter(bind: Engine | Connection, job_id: UUID | str) -> Optional[DeadLetterRecord]:
+    """Return the job's dead-letter row, or None."""
+    statement = select(*DEAD_LETTER_COLUMNS).where(job_dead_letters.c.job_id == _check_job_id(job_id))
+    rows = _read(bind, statement)
+    return to_record(DeadLetterRecord, rows[0]) if rows else None
+
+
+def list_dead_letters(
+    bind: Engine | Connection,
+    *,
+    job_type: Optional[str] = None,
+    organization_id: Optional[str] = None,
+    since: Optional[datetime] = None,
+    limit: int = DEFAULT_LIST_LIMIT,
+) -> list[DeadLetterRecord]:
+    """Return dead letters, most recent failure first."""
+    check.check_int("limit", limit, check.LIMIT_RANGE)
+    dl = job_dead_letters.c
+    statement = select(*DEAD_LETTER_COLUMNS).order_by(dl.failed_at.desc()).limit(limit)
+    if job_type is not None:
+        statement = statement.where(dl.job_type == check.check_job_type(job_type))
+    if organization_id is not None:
+        statement = statement.where(
+            dl.organization_id == check.check_text("organization_id", organization_id, max_length=255)
+        )
+    if since is not None:
+        statement = statement.where(dl.failed_at >= check.check_run_at(since))
+    return [to_record(DeadLetterRecord, row) for row in _read(bind, statement)]
+
+
+def _build_cancel() -> Any:
+    reason = bindparam("reason", type_=Text)
+    canceled = (
+        job_queue.update()
+        .where(_q.id == bindparam("target_id"), _q.status.in_(CANCELABLE))
+        # lease_expires_at is kept on purpose: a requeue must not let a new attempt
+        # overlap the fenced handler that may still be running.
+        .values(
+            status=JobStatus.CANCELED.value,
+            last_heartbeat_at=None,
+            worker_id=None,
+            finished_at=func.now(),
+            status_reason=func.coalesce(reason, "CANCELED"),
+        )
+        .returning(*JOB_COLUMNS)
+    )
+    return canceled
+
+
+def _cancel_statement(organization_id: Optional[str]) -> Any:
+    canceled = _scope(_build_cancel(), organization_id).cte("canceled")
+    closed = (
+        job_attempts.update()
+        .where(
+            job_attempts.c.job_id == canceled.c.id,
+            job_attempts.c.run_number == canceled.c.run_number,
+            job_attempts.c.attempt == canceled.c.attempt,
+            job_attempts.c.finished_at.is_(None),
+        )
+        .values(finished_at=func.now())
+        .cte("closed_attempt")
+    )
+    event = job_events.insert().from_select(
+        ["job_id", "run_number", "attempt", "event_type", "stage", "payload"],
+        select(
+            canceled.c.id,
+            canceled.c.run_number,
+            func.nullif(canceled.c.attempt, 0),
+            literal(JobEventType.CANCELED.value),
+            canceled.c.stage,
+            func.jsonb_build_object("reason", canceled.c.status_reason),
+        ),
+    ).cte("canceled_event")
+    return select(*canceled.c).add_cte(closed, event)
+
+
+def cancel_job(
+    bind: Engine | Connection,
+    job_id: UUID | str,
+    *,
+    reason: Optional[str] = None,
+    organization_id: Optional[str] = None,
+) -> JobRecord:
+    """Cancel a PENDING or LEASED job.
+
+    A running handler is not interrupted here: its next heartbeat finds the lease
+    gone and sets its cancellation flag, and any write it attempts is refused.
+
+    Raises:
+        JobNotFound: no such job in the scope.
+        InvalidStateTransition: the job has already finished.
+    """
+    target = _check_job_id(job_id)
+    if reason is not None:
+        check.check_text("reason", reason, max_length=255)
+    statement = _cancel_statement(organization_id)
+
+    def work(connection: Connection) -> JobRecord:
+        row = connection.execute(statement, {"target_id": target, "reason": reason}).first()
+        if row is not None:
+            return to_job(row)
+        raise _transition_error(connection, target, organization_id, "canceled", CANCELABLE)
+
+    return run_in_transaction(bind, work)
+
+
+def _transition_error(
+    connection: Connection, job_id: UUID, organization_id: Optional[str], verb: str, allowed: tuple[str, ...]
+) -> Exception:
+    found = connection.execute(_scope(select(_q.status).where(_q.id == job_id), organization_id)).first()
+    if found is None:
+        return JobNotFound(f"job {job_id} was not found", job_id=str(job_id))
+    return InvalidStateTransition(
+        f"job {job_id} is {found.status} and cannot be {verb}; only {', '.join(allowed)} can",
+        job_id=str(job_id),
+        status=found.status,
+    )
+
+
+def _requeue_statement(organization_id: Optional[str]) -> Any:
+    previous = _scope(
+        select(_q.id, _q.run_number, _q.attempt).where(_q.id == bindparam("target_id"), _q.status.in_(REQUEUABLE)),
+        organization_id,
+    ).with_for_update().subquery("previous")
+    requeued = (
+        job_queue.update()
+        .where(_q.id == previous.c.id)
+        .values(
+            status=JobStatus.PENDING.value,
+            stage=JobStage.QUEUED.value,
+            progress_done=None,
+            progress_total=None,
+            checkpoint=None,
+            output=None,
+            run_number=_q.run_number + 1,
+            attempt=0,
+            lease_expires_at=None,
+            last_heartbeat_at=None,
+            worker_id=None,
+            started_at=None,
+            finished_at=None,
+            next_run_at=func.now(),
+            status_reason=func.coalesce(bindparam("reason", type_=Text), "REQUEUED"),
+            last_error_code=None,
+            last_error_message=None,
+        )
+        .returning(*JOB_COLUMNS, previous.c.run_number.label("previous_run"), previous.c.attempt.label("previous_attempt"))
+        .cte("requeued")
+    )
+    event = job_events.insert().from_select(
+        ["job_id", "run_number", "attempt", "event_type", "stage", "payload"],
+        select(
+            requeued.c.id,
+            requeued.c.previous_run,
+            func.nullif(requeued.c.previous_attempt, 0),
+            literal(JobEventType.REQUEUED.value),
+            requeued.c.stage,
+            func.jsonb_build_object("reason", requeued.c.status_reason),
+        ),
+    ).cte("requeued_event")
+    return select(*requeued.c).add_cte(event)
+
+
+def requeue_job(
+    bind: Engine | Connection,
+    job_id: UUID | str,
+    *,
+    reason: Optional[str] = None,
+    organization_id: Optional[str] = None,
+) -> JobRecord:
+    """Run a finished job again: a new run (run_number + 1) from attempt 0.
+
+    Raises:
+        JobNotFound: no such job in the scope.
+        InvalidStateTransition: the job is still PENDING or LEASED.
+    """
+    target = _check_job_id(job_id)
+    if reason is not None:
+        check.check_text("reason", reason, max_length=255)
+    statement = _requeue_statement(organization_id)
+
+    def work(connection: Connection) -> JobRecord:
+        row = connection.execute(statement, {"target_id": target, "reason": reason}).first()
+        if row is not None:
+            return to_job(row)
+        raise _transition_error(connection, target, organization_id, "requeued", REQUEUABLE)
+
+    return run_in_transaction(bind, work)
+
+
+def queue_stats(bind: Engine | Connection, *, organization_id: Optional[str] = None) -> QueueStats:
+    """Return counts by status and by type, the oldest pending job's age, and expired leases."""
+    by_type = _scope(
+        select(_q.job_type, _q.status, func.count()).group_by(_q.job_type, _q.status), organization_id
+    )
+    oldest = _scope(
+        select(func.extract("epoch", func.now() - func.min(_q.next_run_at))).where(
+            _q.status == JobStatus.PENDING.value, _q.next_run_at <= func.now()
+        ),
+        organization_id,
+    )
+    expired = _scope(
+        select(func.count()).where(_q.status == JobStatus.LEASED.value, _q.lease_expires_at < func.now()),
+        organization_id,
+    )
+
+    def work(connection: Connection) -> QueueStats:
+        pairs = {(row[0], row[1]): int(row[2]) for row in connection.execute(by_type)}
+        by_status: dict[str, int] = {status.value: 0 for status in JobStatus}
+        for (_, status), count in pairs.items():
+            by_status[status] += count
+        age = connection.execute(oldest).scalar()
+        return QueueStats(
+            by_status=by_status,
+            by_type_and_status=pairs,
+            oldest_pending_age_seconds=None if age is None else float(age),
+            expired_leases=int(connection.execute(expired).scalar_one()),
+        )
+
+    return run_in_transaction(bind, work)

@@ -1,0 +1,425 @@
+"""Enqueue jobs (one or a batch, with idempotency keys) and keep job definitions.
+
+Every batch is one INSERT over ``unnest`` of bound arrays, so a thousand jobs
+cost one round trip and the statement text never changes (the compiled cache
+and the server's plan cache keep working).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any, Iterable, Optional, Sequence
+from uuid import UUID
+
+from sqlalchemy import (
+    DateTime,
+    Float,
+    Integer,
+    Text,
+    and_,
+    bindparam,
+    cast,
+    exists,
+    func,
+    literal,
+    null,
+    select,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert as pg_insert
+from sqlalchemy.dialects.postgresql import UUID as PG_UUID
+from sqlalchemy.engine import Connection, Engine
+
+from runledger_sync.core import validation as check
+from runledger_sync.core.errors import (
+    DefinitionNotFoundOrDisabled,
+    EnqueueIdempotencyUnsupportedIsolation,
+    IdempotencyConflict,
+    IdempotencyConflictMissingExisting,
+    LegacyIdempotencySnapshotMissing,
+)
+from runledger_sync.core.ids import uuid7
+from runledger_sync.core.records import JobDefinition, JobRecord, JobSpec
+from runledger_sync.core.types import JobEventType, JobStage
+from runledger_sync.db.schema import job_definitions, job_events, job_queue
+from runledger_sync.store._errors import run_in_transaction
+from runledger_sync.store._rows import DEFINITION_COLUMNS, JOB_COLUMNS, to_job, to_record
+
+# -- the batch statement -----------------------------------------------------
+
+_INPUT = func.unnest(
+    cast(bindparam("ids", type_=ARRAY(Text)), ARRAY(PG_UUID(as_uuid=True))),
+    bindparam("job_types", type_=ARRAY(Text)),
+    bindparam("organization_ids", type_=ARRAY(Text)),
+    cast(bindparam("payloads", type_=ARRAY(Text)), ARRAY(JSONB)),
+    bindparam("priorities", type_=ARRAY(Integer)),
+    bindparam("max_attempts", type_=ARRAY(Integer)),
+    bindparam("timeouts", type_=ARRAY(Integer)),
+    bindparam("run_ats", type_=ARRAY(DateTime(timezone=True))),
+    bindparam("delays", type_=ARRAY(Float)),
+    bindparam("stages", type_=ARRAY(Text)),
+    bindparam("keys", type_=ARRAY(Text)),
+    cast(bindparam("snapshots", type_=ARRAY(Text)), ARRAY(JSONB)),
+).table_valued(
+    "id", "job_type", "organization_id", "payload", "priority", "max_attempts", "timeout_seconds",
+    "run_at", "delay_seconds", "stage", "idempotency_key", "enqueue_request",
+    with_ordinality="ord",
+).render_derived(name="input")
+
+
+def _build_enqueue_statement() -> Any:
+    definition = job_definitions.alias("definition")
+    enabled = and_(definition.c.job_type == _INPUT.c.job_type, definition.c.is_enabled)
+    any_missing = exists(select(literal(1)).select_from(_INPUT.outerjoin(definition, enabled)).where(definition.c.job_type.is_(None)))
+    rows = (
+        select(
+            _INPUT.c.id,
+            _INPUT.c.job_type,
+            _INPUT.c.organization_id,
+            _INPUT.c.payload,
+            func.coalesce(_INPUT.c.priority, definition.c.default_priority),
+            func.coalesce(_INPUT.c.max_attempts, definition.c.max_attempts),
+            func.coalesce(_INPUT.c.timeout_seconds, definition.c.default_timeout_seconds),
+            func.coalesce(
+                _INPUT.c.run_at,
+                func.now() + func.make_interval(0, 0, 0, 0, 0, 0, func.coalesce(_INPUT.c.delay_seconds, 0.0)),
+            ),
+            _INPUT.c.stage,
+            _INPUT.c.idempotency_key,
+            _INPUT.c.enqueue_request,
+        )
+        .select_from(_INPUT.join(definition, enabled))
+        # All or nothing: one unknown or disabled type rejects the whole batch.
+        .where(~any_missing)
+        .order_by(_INPUT.c.ord)
+    )
+    inserted = (
+        pg_insert(job_queue)
+        .from_select(
+            ["id", "job_type", "organization_id", "payload", "priority", "max_attempts", "timeout_seconds",
+             "next_run_at", "stage", "idempotency_key", "enqueue_request"],
+            rows,
+        )
+        # Only the idempotency indexes can conflict (ids are fresh UUIDv7s); the
+        # skipped rows are looked up and compared afterwards.
+        .on_conflict_do_nothing()
+        .returning(*JOB_COLUMNS)
+        .cte("inserted")
+    )
+    event = (
+        job_events.insert()
+        .from_select(
+            ["job_id", "run_number", "attempt", "event_type", "stage", "payload"],
+            select(
+                inserted.c.id,
+                inserted.c.run_number,
+                null(),
+                literal(JobEventType.ENQUEUED.value),
+                inserted.c.stage,
+                func.jsonb_build_object("job_type", inserted.c.job_type),
+            ),
+        )
+        .cte("enqueued_event")
+    )
+    return select(*inserted.c).add_cte(event)
+
+
+_ENQUEUE = _build_enqueue_statement()
+
+_EXISTING = (
+    select(*JOB_COLUMNS)
+    .where(
+        job_queue.c.job_type == bindparam("job_type"),
+        job_queue.c.idempotency_key == bindparam("idempotency_key"),
+        job_queue.c.organization_id.is_not_distinct_from(bindparam("organization_id", type_=Text)),
+    )
+    .with_for_update()
+)
+
+
+# -- the public API ------------------------------------------------------------
+
+
+def enqueue(
+    bind: Engine | Connection,
+    job_type: str,
+    payload: Any = None,
+    *,
+    priority: Optional[int] = None,
+    max_attempts: Optional[int] = None,
+    timeout_seconds: Optional[int] = None,
+    run_at: Optional[datetime] = None,
+    delay_seconds: Optional[float] = None,
+    organization_id: Optional[str] = None,
+    idempotency_key: Optional[str] = None,
+    stage: JobStage = JobStage.QUEUED,
+    max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
+) -> JobRecord:
+    """Add one job to the queue.
+
+    Given a Connection the job joins the caller's transaction and exists only if
+    the caller commits; given an Engine it is committed here. Unset values come
+    from the job type's definition.
+
+    Args:
+        payload: any JSON value (default ``{}``).
+        run_at: when the job may start (timezone-aware); or ``delay_seconds`` from now.
+        idempotency_key: with the same key (per type and organization) the same
+            request returns the existing job instead of adding another.
+
+    Returns:
+        The job row (the existing one for a repeated idempotent request).
+
+    Raises:
+        InvalidArgument, InvalidJobType, InvalidPayload: bad arguments; nothing written.
+        DefinitionNotFoundOrDisabled: the type is unknown or disabled.
+        IdempotencyConflict: the key exists with a different request.
+
+    Example:
+        ``job = rl.enqueue(engine, "email.send", {"to": "a@b.c"}, delay_seconds=30)``
+    """
+    spec = JobSpec(
+        job_type=job_type,
+        payload={} if payload is None else payload,
+        priority=priority,
+        max_attempts=max_attempts,
+        timeout_seconds=timeout_seconds,
+        run_at=run_at,
+        delay_seconds=delay_seconds,
+        organization_id=organization_id,
+        idempotency_key=idempotency_key,
+        stage=stage,
+    )
+    return enqueue_many(bind, [spec], max_payload_bytes=max_payload_bytes)[0]
+
+
+def enqueue_many(
+    bind: Engine | Connection,
+    specs: Iterable[JobSpec],
+    *,
+    max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
+) -> list[JobRecord]:
+    """Add a batch of jobs in one statement; all are written or none.
+
+    Returns:
+        One record per spec, in the order given.
+
+    Raises:
+        The same errors as :func:`enqueue`; any one of them rejects the batch.
+    """
+    specs = list(specs)
+    if not specs:
+        return []
+    params, ids = _batch_parameters(specs, max_payload_bytes)
+    keyed = any(spec.idempotency_key is not None for spec in specs)
+
+    def work(connection: Connection) -> list[JobRecord]:
+        if keyed:
+            _require_read_committed(connection)
+        inserted = {row.id: to_job(row) for row in connection.execute(_ENQUEUE, params)}
+        if not inserted:
+            _raise_if_definition_missing(connection, {spec.job_type for spec in specs})
+        result = []
+        for job_id, spec, snapshot in zip(ids, specs, params["snapshots"]):
+            record = inserted.get(job_id)
+            if record is None:
+                record = _existing_for_key(connection, spec, snapshot)
+            result.append(record)
+        return result
+
+    return run_in_transaction(bind, work)
+
+
+def _batch_parameters(specs: Sequence[JobSpec], max_payload_bytes: int) -> tuple[dict[str, list[Any]], list[UUID]]:
+    columns: dict[str, list[Any]] = {
+        name: []
+        for name in ("ids", "job_types", "organization_ids", "payloads", "priorities", "max_attempts",
+                     "timeouts", "run_ats", "delays", "stages", "keys", "snapshots")
+    }
+    ids = []
+    for spec in specs:
+        job_id = uuid7()
+        ids.append(job_id)
+        payload_json = check.serialize_json("payload", spec.payload, max_bytes=max_payload_bytes)
+        priority = check.check_optional_int("priority", spec.priority, check.PRIORITY_RANGE)
+        max_attempts = check.check_optional_int("max_attempts", spec.max_attempts, check.MAX_ATTEMPTS_RANGE)
+        timeout = check.check_optional_int("timeout_seconds", spec.timeout_seconds, check.TIMEOUT_SECONDS_RANGE)
+        run_at = check.check_run_at(spec.run_at)
+        delay = None if spec.delay_seconds is None else check.check_seconds("delay_seconds", spec.delay_seconds, check.DELAY_SECONDS_RANGE)
+        if run_at is not None and delay is not None:
+            raise check.InvalidArgument("delay_seconds", spec.delay_seconds, "None when run_at is given")
+        key = check.check_optional_text("idempotency_key", spec.idempotency_key, max_length=check.IDEMPOTENCY_KEY_MAX_LENGTH)
+        stage = JobStage(spec.stage)
+        columns["ids"].append(str(job_id))
+        columns["job_types"].append(check.check_job_type(spec.job_type))
+        columns["organization_ids"].append(
+            check.check_optional_text("organization_id", spec.organization_id, max_length=check.ORGANIZATION_ID_MAX_LENGTH)
+        )
+        columns["payloads"].append(payload_json)
+        columns["priorities"].append(priority)
+        columns["max_attempts"].append(max_attempts)
+        columns["timeouts"].append(timeout)
+        columns["run_ats"].append(run_at)
+        columns["delays"].append(delay)
+        columns["stages"].append(stage.value)
+        columns["keys"].append(key)
+        columns["snapshots"].append(
+            None if key is None else request_snapshot(spec, payload_json=payload_json)
+        )
+    return columns, ids
+
+
+def request_snapshot(spec: JobSpec, *, payload_json: str) -> str:
+    """Return the canonical JSON of an enqueue request, compared on idempotent repeats.
+
+    It holds what the caller asked for, not the defaults it resolved to, so a
+    repeated request matches even after a definition's defaults change.
+    """
+    run_at = None
+    if spec.run_at is not None:
+        run_at = spec.run_at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    parts = {
+        "max_attempts": spec.max_attempts,
+        "next_run_at": run_at,
+        "payload": "__PAYLOAD__",
+        "priority": spec.priority,
+        "stage": JobStage(spec.stage).value,
+        "timeout_seconds": spec.timeout_seconds,
+    }
+    if spec.delay_seconds is not None:
+        parts["delay_seconds"] = float(spec.delay_seconds)
+    # The payload is already canonical JSON text; splice it in rather than re-encode it.
+    encoded = check.serialize_json("request", parts)
+    return encoded.replace('"__PAYLOAD__"', payload_json, 1)
+
+
+def _require_read_committed(connection: Connection) -> None:
+    level = connection.exec_driver_sql("SHOW transaction_isolation").scalar_one()
+    if level != "read committed":
+        raise EnqueueIdempotencyUnsupportedIsolation(
+            f"idempotent enqueue needs READ COMMITTED isolation, the transaction uses {level.upper()}"
+        )
+
+
+def _raise_if_definition_missing(connection: Connection, job_types: set[str]) -> None:
+    enabled = set(
+        connection.execute(
+            select(job_definitions.c.job_type).where(
+                job_definitions.c.job_type.in_(sorted(job_types)), job_definitions.c.is_enabled
+            )
+        ).scalars()
+    )
+    missing = sorted(job_types - enabled)
+    if missing:
+        raise DefinitionNotFoundOrDisabled(
+            f"job type {missing[0]!r} has no enabled definition; register its handler and call "
+            "registry.sync_definitions(engine), or enable it",
+            job_types=missing,
+        )
+
+
+def _existing_for_key(connection: Connection, spec: JobSpec, snapshot: Optional[str]) -> JobRecord:
+    if spec.idempotency_key is None:
+        # Unkeyed rows cannot conflict, so a missing row means its definition vanished mid-batch.
+        _raise_if_definition_missing(connection, {spec.job_type})
+        raise IdempotencyConflictMissingExisting(f"job of type {spec.job_type!r} was not inserted")
+    row = connection.execute(
+        _EXISTING,
+        {"job_type": spec.job_type, "idempotency_key": spec.idempotency_key, "organization_id": spec.organization_id},
+    ).first()
+    if row is None:
+        _raise_if_definition_missing(connection, {spec.job_type})
+        raise IdempotencyConflictMissingExisting(
+            f"idempotency key {spec.idempotency_key!r} conflicted but no existing job was found"
+        )
+    existing = to_job(row)
+    if existing.enqueue_request is None:
+        raise LegacyIdempotencySnapshotMissing(
+            f"job {existing.id} holds key {spec.idempotency_key!r} but has no request snapshot to compare"
+        )
+    if snapshot is None or existing.enqueue_request != json.loads(snapshot):
+        raise IdempotencyConflict(
+            f"idempotency key {spec.idempotency_key!r} is taken by job {existing.id} with a different request",
+            job_id=str(existing.id),
+        )
+    return existing
+
+
+# -- definitions ----------------------------------------------------------------
+
+
+def sync_job_definitions(
+    bind: Engine | Connection, definitions: Iterable[JobDefinition], *, overwrite: bool = True
+) -> list[JobDefinition]:
+    """Write job definitions; ``overwrite=False`` only inserts the missing ones.
+
+    Returns:
+        The definitions as stored after the call, in the order given.
+    """
+    definitions = list(definitions)
+    for definition in definitions:
+        check.check_job_type(definition.job_type)
+        check.check_int("max_attempts", definition.max_attempts, check.MAX_ATTEMPTS_RANGE)
+        check.check_int("default_timeout_seconds", definition.default_timeout_seconds, check.TIMEOUT_SECONDS_RANGE)
+        check.check_int("default_priority", definition.default_priority, check.PRIORITY_RANGE)
+        check.check_int("version", definition.version, (1, 2**31 - 1))
+    if not definitions:
+        return []
+    rows = [
+        {
+            "job_type": d.job_type,
+            "version": d.version,
+            "max_attempts": d.max_attempts,
+            "default_timeout_seconds": d.default_timeout_seconds,
+            "default_priority": d.default_priority,
+            "is_enabled": d.is_enabled,
+        }
+        for d in definitions
+    ]
+    statement = pg_insert(job_definitions).values(rows)
+    if overwrite:
+        excluded = statement.excluded
+        statement = statement.on_conflict_do_update(
+            index_elements=[job_definitions.c.job_type],
+            set_={name: excluded[name] for name in rows[0] if name != "job_type"},
+        )
+    else:
+        statement = statement.on_conflict_do_nothing(index_elements=[job_definitions.c.job_type])
+
+    def work(connection: Connection) -> list[JobDefinition]:
+        connection.execute(statement)
+        stored = connection.execute(
+            select(*DEFINITION_COLUMNS).where(job_definitions.c.job_type.in_([d.job_type for d in definitions]))
+        )
+        by_type = {row.job_type: to_record(JobDefinition, row) for row in stored}
+        return [by_type[d.job_type] for d in definitions]
+
+    return run_in_transaction(bind, work)
+
+
+def upsert_job_definition(bind: Engine | Connection, definition: JobDefinition) -> JobDefinition:
+    """Insert or overwrite one job definition."""
+    return sync_job_definitions(bind, [definition])[0]
+
+
+def set_job_definition_enabled(bind: Engine | Connection, job_type: str, enabled: bool) -> JobDefinition:
+    """Enable or disable a job type; a disabled type cannot be enqueued.
+
+    Raises:
+        DefinitionNotFoundOrDisabled: there is no definition for the type.
+    """
+    check.check_job_type(job_type)
+    statement = (
+        job_definitions.update()
+        .where(job_definitions.c.job_type == job_type)
+        .values(is_enabled=bool(enabled))
+        .returning(*DEFINITION_COLUMNS)
+    )
+
+    def work(connection: Connection) -> JobDefinition:
+        row = connection.execute(statement).first()
+        if row is None:
+            raise DefinitionNotFoundOrDisabled(f"job type {job_type!r} has no definition")
+        return to_record(JobDefinition, row)
+
+    return run_in_transaction(bind, work)

@@ -1,0 +1,830 @@
+"""The lease lifecycle: claim, mark running, heartbeat, complete, release, reap.
+
+Every worker write is fenced by the lease identity (id, run_number, attempt,
+worker_id) plus status LEASED and a live lease. The guard takes the row lock in
+a scalar sub-select first and only then compares ``lease_expires_at`` with
+``clock_timestamp()``: a write that waited on the lock while the lease ran out
+is refused, as the spec requires, instead of being judged by the time it
+started. Each write and the attempt and event rows it implies are one
+statement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+from uuid import UUID
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Integer,
+    Text,
+    and_,
+    bindparam,
+    case,
+    cast,
+    func,
+    literal,
+    null,
+    select,
+    true,
+    values,
+    column,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import UUID as PG_UUID
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import Connection, Engine
+
+from runledger_sync.core import validation as check
+from runledger_sync.core.errors import (
+    InvalidCompletionProgress,
+    InvalidLeaseDuration,
+    InvalidProgress,
+    InvalidRetryDelay,
+    LeaseOwnerMismatch,
+    UnstartedClaimReleaseNotApplicable,
+)
+from runledger_sync.core.ids import uuid7
+from runledger_sync.core.records import JobRecord, ReapedDeadLetter, ReapResult
+from runledger_sync.core.types import (
+    ClaimOrigin,
+    JobCompletion,
+    JobEventType,
+    JobFailure,
+    JobFailureKind,
+    JobStage,
+    JobStatus,
+)
+from runledger_sync.db.schema import job_attempts, job_dead_letters, job_events, job_queue
+from runledger_sync.store._errors import run_in_transaction
+from runledger_sync.store._rows import JOB_COLUMNS, to_job
+
+LEASE_EXPIRED_CODE = "job.lease_expired"
+LEASE_EXPIRED_MESSAGE = "Job lease expired before completion."
+LEASE_EXPIRED_BEFORE_RUNNING_PERSISTED = "LEASE_EXPIRED_BEFORE_RUNNING_PERSISTED"
+DEFAULT_HEARTBEAT_LOCK_TIMEOUT_MS = 5_000
+MAX_CLAIM_LIMIT = 1_000
+
+_q = job_queue.c
+_a = job_attempts.c
+_LEASED = JobStatus.LEASED.value
+
+
+@dataclass(frozen=True)
+class LeaseIdentity:
+    """The four values that fence every worker write to a claimed job."""
+
+    job_id: UUID
+    run_number: int
+    attempt: int
+    worker_id: str
+
+    @classmethod
+    def of(cls, job: JobRecord) -> "LeaseIdentity":
+        if job.worker_id is None:
+            raise LeaseOwnerMismatch(f"job {job.id} is not leased")
+        return cls(job.id, job.run_number, job.attempt, job.worker_id)
+
+    def params(self) -> dict[str, Any]:
+        # Bind names differ from column names: SQLAlchemy would turn a parameter
+        # named like a column into an extra SET clause of an UPDATE.
+        return {
+            "lease_job_id": self.job_id,
+            "lease_run_number": self.run_number,
+            "lease_attempt": self.attempt,
+            "lease_worker_id": self.worker_id,
+        }
+
+    def keywords(self) -> dict[str, Any]:
+        """The identity as the keyword arguments of the store's lifecycle functions."""
+        return {"job_id": self.job_id, "run_number": self.run_number, "attempt": self.attempt, "worker_id": self.worker_id}
+
+
+def _identity_matches() -> Any:
+    return and_(
+        _q.id == bindparam("lease_job_id"),
+        _q.run_number == bindparam("lease_run_number"),
+        _q.attempt == bindparam("lease_attempt"),
+        _q.worker_id == bindparam("lease_worker_id"),
+        _q.status == _LEASED,
+    )
+
+
+def _live_lease_guard() -> Any:
+    """WHERE clause: the identity matches and the lease is live, checked after the row lock."""
+    locked_id = select(_q.id).where(_identity_matches()).with_for_update().scalar_subquery()
+    return and_(_q.id == locked_id, _q.lease_expires_at > func.clock_timestamp())
+
+
+def _seconds(name: str) -> Any:
+    return func.make_interval(0, 0, 0, 0, 0, 0, bindparam(name))
+
+
+def _milliseconds(name: str) -> Any:
+    return func.make_interval(0, 0, 0, 0, 0, 0, bindparam(name, type_=BigInteger) / 1000.0)
+
+
+def _event_insert(source: Any, *event_columns: Any) -> Any:
+    """INSERT INTO job_events from ``source`` rows (one statement, ids in select order)."""
+    names = ["job_id", "run_number", "attempt", "event_type", "stage", "progress_done", "progress_total", "payload"]
+    return job_events.insert().from_select(names, select(*event_columns).select_from(source))
+
+
+def _check_identity(job_id: Any, run_number: Any, attempt: Any, worker_id: Any) -> LeaseIdentity:
+    if not isinstance(job_id, UUID):
+        raise check.InvalidArgument("job_id", job_id, "a UUID")
+    check.check_int("run_number", run_number, (1, 2**31 - 1))
+    check.check_int("attempt", attempt, (1, 2**31 - 1))
+    check.check_text("worker_id", worker_id, max_length=check.WORKER_ID_MAX_LENGTH)
+    return LeaseIdentity(job_id, run_number, attempt, worker_id)
+
+
+# -- claim ---------------------------------------------------------------------
+
+
+def _build_claim(with_type_filter: bool) -> Any:
+    conditions = [_q.status == JobStatus.PENDING.value, _q.next_run_at <= func.now()]
+    if with_type_filter:
+        conditions.append(_q.job_type == func.any(bindparam("job_types", type_=ARRAY(Text))))
+    picked = (
+        select(_q.id)
+        .where(*conditions)
+        .order_by(_q.priority.desc(), _q.next_run_at, _q.created_at, _q.id)
+        .limit(bindparam("limit", type_=Integer))
+        .with_for_update(skip_locked=True)
+        .cte("picked")
+    )
+    leased = (
+        job_queue.update()
+        .where(_q.id == picked.c.id)
+        .values(
+            status=_LEASED,
+            attempt=_q.attempt + 1,
+            worker_id=bindparam("lease_worker_id"),
+            lease_expires_at=func.now() + _seconds("lease_seconds"),
+            last_heartbeat_at=func.now(),
+            started_at=func.coalesce(_q.started_at, func.now()),
+        )
+        .returning(*JOB_COLUMNS)
+        .cte("leased")
+    )
+    numbered = select(
+        leased.c.id, leased.c.run_number, leased.c.attempt, leased.c.stage,
+        func.row_number().over(order_by=leased.c.id).label("n"),
+    ).cte("numbered")
+    # Attempt ids are UUIDv7s made in Python (PostgreSQL < 18 has no uuidv7());
+    # the caller passes one per possible row and they are paired by position.
+    attempt_ids = func.unnest(cast(bindparam("attempt_ids", type_=ARRAY(Text)), ARRAY(PG_UUID(as_uuid=True)))).table_valued(
+        "attempt_id", with_ordinality="n"
+    ).render_derived(name="attempt_ids")
+    attempts = job_attempts.insert().from_select(
+        ["id", "job_id", "run_number", "attempt", "worker_id", "claim_origin"],
+        select(
+            attempt_ids.c.attempt_id, numbered.c.id, numbered.c.run_number, numbered.c.attempt,
+            bindparam("lease_worker_id"), bindparam("claim_origin"),
+        ).select_from(numbered.join(attempt_ids, attempt_ids.c.n == numbered.c.n)),
+    ).cte("attempts")
+    events = _event_insert(
+        leased,
+        leased.c.id, leased.c.run_number, leased.c.attempt, literal(JobEventType.LEASED.value), leased.c.stage,
+        null(), null(),
+        func.jsonb_build_object("worker_id", bindparam("lease_worker_id"), "lease_duration_seconds", bindparam("lease_seconds")),
+    ).cte("leased_events")
+    return (
+        select(*leased.c)
+        .add_cte(attempts, events)
+        .order_by(leased.c.priority.desc(), leased.c.next_run_at, leased.c.created_at, leased.c.id)
+    )
+
+
+_CLAIM_ANY_TYPE = _build_claim(with_type_filter=False)
+_CLAIM_FOR_TYPES = _build_claim(with_type_filter=True)
+
+
+def _claim(
+    bind: Engine | Connection,
+    origin: ClaimOrigin,
+    worker_id: str,
+    lease_ttl_seconds: float,
+    limit: int,
+    job_types: Optional[Sequence[str]],
+) -> list[JobRecord]:
+    check.check_text("worker_id", worker_id, max_length=check.WORKER_ID_MAX_LENGTH)
+    number = isinstance(lease_ttl_seconds, (int, float)) and not isinstance(lease_ttl_seconds, bool)
+    if not number or not lease_ttl_seconds > 0:
+        raise InvalidLeaseDuration(f"lease_ttl_seconds must be greater than zero, got {lease_ttl_seconds!r}")
+    check.check_int("limit", limit, (1, MAX_CLAIM_LIMIT))
+    params: dict[str, Any] = {
+        "lease_worker_id": worker_id,
+        "lease_seconds": float(lease_ttl_seconds),
+        "limit": limit,
+        "claim_origin": origin.value,
+        "attempt_ids": [str(uuid7()) for _ in range(limit)],
+    }
+    statement = _CLAIM_ANY_TYPE
+    if job_types is not None:
+        types = sorted({check.check_job_type(t) for t in job_types})
+        if not types:
+            return []
+        params["job_types"] = types
+        statement = _CLAIM_FOR_TYPES
+    return run_in_transaction(bind, lambda connection: [to_job(row) for row in connection.execute(statement, params)])
+
+
+def claim_jobs(
+    bind: Engine | Connection,
+    *,
+    worker_id: str,
+    lease_ttl_seconds: float,
+    limit: int,
+    job_types: Optional[Sequence[str]] = None,
+) -> list[JobRecord]:
+    """Lease up to ``limit`` due jobs for ``worker_id`` (DIRECT claims: the attempt is spent).
+
+    Rows locked by other claimers are skipped, never waited for. ``job_types``
+    None means any type; an empty list claims nothing without a query.
+
+    Raises:
+        InvalidLeaseDuration: ``lease_ttl_seconds`` is not positive.
+    """
+    return _claim(bind, ClaimOrigin.DIRECT, worker_id, lease_ttl_seconds, limit, job_types)
+
+
+def claim_prestart_jobs_for_types(
+    bind: Engine | Connection,
+    *,
+    worker_id: str,
+    lease_ttl_seconds: float,
+    limit: int,
+    job_types: Sequence[str],
+) -> list[JobRecord]:
+    """Lease due jobs of ``job_types`` as prestart claims, the worker's way.
+
+    A prestart claim must persist RUNNING (:func:`mark_job_running`) before the
+    handler starts; until then it can be handed back without spending an attempt.
+    """
+    return _claim(bind, ClaimOrigin.WORKER_PRESTART, worker_id, lease_ttl_seconds, limit, job_types)
+
+
+# -- progress, running, heartbeat ------------------------------------------------
+
+
+def _build_progress_update() -> Any:
+    stage = bindparam("new_stage", type_=Text)
+    done = bindparam("new_progress_done", type_=BigInteger)
+    total = bindparam("new_progress_total", type_=BigInteger)
+    checkpoint = cast(bindparam("new_checkpoint", type_=Text), JSONB)
+    updated = (
+        job_queue.update()
+        .where(_live_lease_guard())
+        .values(
+            stage=func.coalesce(stage, _q.stage),
+            progress_done=func.coalesce(done, _q.progress_done),
+            progress_total=func.coalesce(total, _q.progress_total),
+            checkpoint=func.coalesce(checkpoint, _q.checkpoint),
+        )
+        .returning(*JOB_COLUMNS)
+        .cte("updated")
+    )
+    marker = (
+        job_attempts.update()
+        .where(
+            _a.job_id == updated.c.id,
+            _a.run_number == updated.c.run_number,
+            _a.attempt == updated.c.attempt,
+            _a.execution_started_persisted_at.is_(None),
+            bindparam("new_stage", type_=Text) == JobStage.RUNNING.value,
+        )
+        .values(execution_started_persisted_at=func.now())
+        .cte("execution_marker")
+    )
+    kinds = values(column("ord", Integer), column("event_type", Text), column("wanted", Boolean), name="kinds").data(
+        [(1, JobEventType.STAGE_CHANGED.value, True), (2, JobEventType.PROGRESS.value, False)]
+    )
+    wanted = case((kinds.c.ord == 1, stage.is_not(None)), else_=done.is_not(None) | total.is_not(None))
+    events = job_events.insert().from_select(
+        ["job_id", "run_number", "attempt", "event_type", "stage", "progress_done", "progress_total", "payload"],
+        select(
+            updated.c.id, updated.c.run_number, updated.c.attempt, kinds.c.event_type, updated.c.stage,
+            updated.c.progress_done, updated.c.progress_total, func.jsonb_build_object(),
+        )
+        .select_from(updated.join(kinds, true()))
+        .where(wanted)
+        .order_by(kinds.c.ord),
+    ).cte("progress_events")
+    return select(*updated.c).add_cte(marker, events)
+
+
+_PROGRESS_UPDATE = _build_progress_update()
+
+
+def update_job_progress(
+    bind: Engine | Connection,
+    *,
+    job_id: UUID,
+    run_number: int,
+    attempt: int,
+    worker_id: str,
+    stage: Optional[JobStage] = None,
+    progress_done: Optional[int] = None,
+    progress_total: Optional[int] = None,
+    checkpoint: Any = None,
+) -> JobRecord:
+    """Record stage, progress and checkpoint under the lease; None keeps a stored value.
+
+    Setting stage ``running`` also stamps the attempt's execution marker, after
+    which the claim can no longer be released unstarted.
+
+    Raises:
+        LeaseOwnerMismatch: the lease is not this worker's or has expired.
+        InvalidProgress: the values, or the values merged with stored ones, are invalid.
+    """
+    identity = _check_identity(job_id, run_number, attempt, worker_id)
+    check.check_progress_values(progress_done, progress_total, completion=False)
+    params = identity.params() | {
+        "new_stage": None if stage is None else JobStage(stage).value,
+        "new_progress_done": progress_done,
+        "new_progress_total": progress_total,
+        "new_checkpoint": None if checkpoint is None else check.serialize_json("checkpoint", checkpoint),
+    }
+    return run_in_transaction(bind, lambda connection: _guarded_write(connection, _PROGRESS_UPDATE, params, identity))
+
+
+def mark_job_running(bind: Engine | Connection, identity: LeaseIdentity) -> JobRecord:
+    """Persist stage ``running`` for a claimed job: the step before its handler starts."""
+    return update_job_progress(bind, **identity.keywords(), stage=JobStage.RUNNING)
+
+
+def _guarded_write(connection: Connection, statement: Any, params: dict[str, Any], identity: LeaseIdentity) -> JobRecord:
+    row = connection.execute(statement, params).first()
+    if row is None:
+        raise LeaseOwnerMismatch(
+            f"job {identity.job_id} run {identity.run_number} attempt {identity.attempt} is not leased "
+            f"to {identity.worker_id!r} with a live lease",
+            job_id=str(identity.job_id),
+        )
+    return to_job(row)
+
+
+def _build_heartbeat() -> Any:
+    renewed = (
+        job_queue.update()
+        .where(_live_lease_guard())
+        .values(lease_expires_at=func.now() + _seconds("lease_seconds"), last_heartbeat_at=func.now())
+        .returning(*JOB_COLUMNS)
+        .cte("renewed")
+    )
+    events = _event_insert(
+        renewed,
+        renewed.c.id, renewed.c.run_number, renewed.c.attempt, literal(JobEventType.HEARTBEAT.value), renewed.c.stage,
+        null(), null(), func.jsonb_build_object("worker_id", renewed.c.worker_id),
+    ).cte("heartbeat_event")
+    return select(*renewed.c).add_cte(events)
+
+
+_HEARTBEAT = _build_heartbeat()
+_LOCK_TIMEOUT = select(func.set_config("lock_timeout", bindparam("lock_timeout"), True))
+
+
+def heartbeat_job(
+    bind: Engine | Connection,
+    *,
+    job_id: UUID,
+    run_number: int,
+    attempt: int,
+    worker_id: str,
+    lease_ttl_seconds: float,
+    lock_timeout_ms: int = DEFAULT_HEARTBEAT_LOCK_TIMEOUT_MS,
+) -> JobRecord:
+    """Extend a live lease to now + ``lease_ttl_seconds``.
+
+    The row-lock wait is capped at ``lock_timeout_ms`` so a heartbeat stuck
+    behind another transaction fails (``db.query_failed``) instead of hanging.
+
+    Raises:
+        LeaseOwnerMismatch: the lease is not this worker's or has expired.
+        StoreError: the lock wait timed out.
+    """
+    identity = _check_identity(job_id, run_number, attempt, worker_id)
+    if not isinstance(lease_ttl_seconds, (int, float)) or not lease_ttl_seconds > 0:
+        raise InvalidLeaseDuration(f"lease_ttl_seconds must be greater than zero, got {lease_ttl_seconds!r}")
+    check.check_int("lock_timeout_ms", lock_timeout_ms, (1, 3_600_000))
+    params = identity.params() | {"lease_seconds": float(lease_ttl_seconds)}
+
+    def work(connection: Connection) -> JobRecord:
+        connection.execute(_LOCK_TIMEOUT, {"lock_timeout": f"{lock_timeout_ms}ms"})
+        return _guarded_write(connection, _HEARTBEAT, params, identity)
+
+    return run_in_transaction(bind, work)
+
+
+# -- success -------------------------------------------------------------------
+
+
+def _build_success() -> Any:
+    done = bindparam("new_progress_done", type_=BigInteger)
+    total = bindparam("new_progress_total", type_=BigInteger)
+    succeeded = (
+        job_queue.update()
+        .where(_live_lease_guard())
+        .values(
+            status=JobStatus.SUCCEEDED.value,
+            lease_expires_at=None,
+            last_heartbeat_at=None,
+            worker_id=None,
+            finished_at=func.now(),
+            stage=JobStage.COMPLETED.value,
+            progress_done=func.coalesce(done, _q.progress_done),
+            progress_total=func.coalesce(total, _q.progress_total),
+            checkpoint=func.coalesce(cast(bindparam("new_checkpoint", type_=Text), JSONB), _q.checkpoint),
+            output=cast(bindparam("new_output", type_=Text), JSONB),
+            status_reason=None,
+            last_error_code=None,
+            last_error_message=None,
+        )
+        .returning(*JOB_COLUMNS)
+        .cte("succeeded")
+    )
+    attempt = (
+        job_attempts.update()
+        .where(_a.job_id == succeeded.c.id, _a.run_number == succeeded.c.run_number, _a.attempt == succeeded.c.attempt)
+        .values(finished_at=func.now(), outcome=None, error_code=None, error_message=None, retry_delay_ms=None)
+        .cte("finished_attempt")
+    )
+    events = _event_insert(
+        succeeded,
+        succeeded.c.id, succeeded.c.run_number, succeeded.c.attempt, literal(JobEventType.SUCCEEDED.value),
+        succeeded.c.stage, succeeded.c.progress_done, succeeded.c.progress_total, func.jsonb_build_object(),
+    ).cte("succeeded_event")
+    return select(*succeeded.c).add_cte(attempt, events)
+
+
+_SUCCESS = _build_success()
+
+
+def complete_job_success(
+    bind: Engine | Connection,
+    *,
+    job_id: UUID,
+    run_number: int,
+    attempt: int,
+    worker_id: str,
+    completion: Optional[JobCompletion] = None,
+) -> JobRecord:
+    """Finish a leased job as SUCCEEDED, storing the completion's progress, checkpoint and output.
+
+    Raises:
+        InvalidCompletionProgress: the completion's progress, alone or merged with
+            the stored progress, is negative or has done > total; nothing written.
+        LeaseOwnerMismatch: the lease is not this worker's or has expired.
+    """
+    identity = _check_identity(job_id, run_number, attempt, worker_id)
+    completion = completion or JobCompletion()
+    check.check_progress_values(completion.progress_done, completion.progress_total, completion=True)
+    params = identity.params() | {
+        "new_progress_done": completion.progress_done,
+        "new_progress_total": completion.progress_total,
+        "new_checkpoint": None if completion.checkpoint is None else check.serialize_json("checkpoint", completion.checkpoint),
+        "new_output": None if completion.output is None else check.serialize_json("output", completion.output),
+    }
+
+    def work(connection: Connection) -> JobRecord:
+        try:
+            return _guarded_write(connection, _SUCCESS, params, identity)
+        except InvalidProgress as exc:
+            raise InvalidCompletionProgress(
+                "Handler returned invalid success progress: merged with the stored progress, "
+                f"progress_done would exceed progress_total ({exc.message})"
+            ) from exc
+
+    return run_in_transaction(bind, work)
+
+
+# -- failure -------------------------------------------------------------------
+
+
+def _build_failure(guard: Any) -> Any:
+    """The retry-or-dead-letter write, shared by the worker (live lease) and the reaper (expired)."""
+    kind = bindparam("kind", type_=Text)
+    code = bindparam("code", type_=Text)
+    message = bindparam("message", type_=Text)
+    delay_ms = bindparam("retry_delay", type_=BigInteger)
+    dead = bindparam("non_retryable", type_=Boolean) | (_q.attempt >= _q.max_attempts)
+    failed = (
+        job_queue.update()
+        .where(guard)
+        .values(
+            status=case((dead, JobStatus.DEAD_LETTERED.value), else_=JobStatus.PENDING.value),
+            next_run_at=case((dead, _q.next_run_at), else_=func.now() + _milliseconds("retry_delay")),
+            finished_at=case((dead, func.now()), else_=_q.finished_at),
+            lease_expires_at=None,
+            last_heartbeat_at=None,
+            worker_id=None,
+            status_reason=kind,
+            last_error_code=code,
+            last_error_message=message,
+        )
+        .returning(*JOB_COLUMNS)
+        .cte("failed")
+    )
+    is_dead = failed.c.status == JobStatus.DEAD_LETTERED.value
+    attempt = (
+        job_attempts.update()
+        .where(_a.job_id == failed.c.id, _a.run_number == failed.c.run_number, _a.attempt == failed.c.attempt)
+        .values(
+            finished_at=func.now(),
+            outcome=kind,
+            error_code=code,
+            error_message=message,
+            retry_delay_ms=case((is_dead, null()), else_=delay_ms),
+        )
+        .cte("failed_attempt")
+    )
+    dead_letter_insert = pg_insert(job_dead_letters).from_select(
+        ["job_id", "job_type", "organization_id", "run_number", "attempt", "error_code", "error_message",
+         "payload_snapshot", "checkpoint_snapshot"],
+        select(
+            failed.c.id, failed.c.job_type, failed.c.organization_id, failed.c.run_number, failed.c.attempt,
+            code, message, failed.c.payload, failed.c.checkpoint,
+        ).where(is_dead),
+    )
+    excluded = dead_letter_insert.excluded
+    dead_letter = dead_letter_insert.on_conflict_do_update(
+        index_elements=[job_dead_letters.c.job_id],
+        set_={
+            name: excluded[name]
+            for name in ("job_type", "organization_id", "run_number", "attempt", "error_code", "error_message",
+                         "payload_snapshot", "checkpoint_snapshot")
+        }
+        | {"failed_at": func.now()},
+    ).cte("dead_letter")
+    extra = cast(bindparam("event_extra", type_=Text), JSONB)
+    kinds = values(column("ord", Integer), name="kinds").data([(1,), (2,)])
+    event_type = case(
+        (kinds.c.ord == 1, JobEventType.FAILED.value),
+        (is_dead, JobEventType.DEAD_LETTERED.value),
+        else_=JobEventType.RETRY_SCHEDULED.value,
+    )
+    payload = case(
+        (kinds.c.ord == 1, func.jsonb_build_object("kind", kind, "error_code", code, "error_message", message)),
+        (is_dead, func.jsonb_build_object("kind", kind, "error_code", code)),
+        else_=func.jsonb_build_object("kind", kind, "retry_delay_ms", delay_ms, "next_run_at", failed.c.next_run_at),
+    ).op("||")(extra)
+    events = job_events.insert().from_select(
+        ["job_id", "run_number", "attempt", "event_type", "stage", "progress_done", "progress_total", "payload"],
+        select(
+            failed.c.id, failed.c.run_number, failed.c.attempt, event_type, failed.c.stage,
+            failed.c.progress_done, failed.c.progress_total, payload,
+        )
+        .select_from(failed.join(kinds, true()))
+        .order_by(kinds.c.ord),
+    ).cte("failure_events")
+    return select(*failed.c).add_cte(attempt, dead_letter, events)
+
+
+_FAILURE = _build_failure(_live_lease_guard())
+# The reaper matches on id and run_number only: the lease is already gone.
+_REAPER_FAILURE = _build_failure(
+    and_(
+        _q.id == bindparam("lease_job_id"),
+        _q.run_number == bindparam("lease_run_number"),
+        _q.status == _LEASED,
+        _q.lease_expires_at < func.now(),
+    )
+)
+
+
+def complete_job_failure(
+    bind: Engine | Connection,
+    *,
+    job_id: UUID,
+    run_number: int,
+    attempt: int,
+    worker_id: str,
+    failure: JobFailure,
+    retry_delay_ms: Optional[int],
+) -> JobRecord:
+    """Record a failed attempt: retry after ``retry_delay_ms``, or dead-letter the job.
+
+    The job is dead-lettered when the failure kind is TERMINAL or PANICKED, or the
+    attempt was the last allowed (attempt >= max_attempts). A missing or negative
+    delay retries at once.
+
+    Returns:
+        The row after the write: PENDING (retry) or DEAD_LETTERED.
+
+    Raises:
+        LeaseOwnerMismatch: the lease is not this worker's or has expired.
+    """
+    identity = _check_identity(job_id, run_number, attempt, worker_id)
+    if not isinstance(failure, JobFailure):
+        raise check.InvalidArgument("failure", failure, "a JobFailure")
+    delay = 0 if retry_delay_ms is None or retry_delay_ms < 0 else check.check_int("retry_delay_ms", retry_delay_ms, (0, 2**62))
+    params = identity.params() | _failure_params(failure, delay, {})
+    return run_in_transaction(bind, lambda connection: _guarded_write(connection, _FAILURE, params, identity))
+
+
+def _failure_params(failure: JobFailure, delay_ms: int, extra: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "kind": failure.kind.value,
+        "code": check.check_text("failure.code", failure.code, max_length=255),
+        "message": str(failure.message).replace("\x00", ""),
+        "retry_delay": delay_ms,
+        "non_retryable": not failure.kind.is_retryable,
+        "event_extra": check.serialize_json("event", extra),
+    }
+
+
+# -- unstarted release ------------------------------------------------------------
+
+
+def _build_release() -> Any:
+    unstarted_attempt = (
+        select(_a.id)
+        .where(
+            _a.job_id == bindparam("lease_job_id"),
+            _a.run_number == bindparam("lease_run_number"),
+            _a.attempt == bindparam("lease_attempt"),
+            _a.claim_origin == ClaimOrigin.WORKER_PRESTART.value,
+            _a.execution_started_persisted_at.is_(None),
+        )
+        .scalar_subquery()
+    )
+    released = (
+        job_queue.update()
+        .where(_identity_matches(), unstarted_attempt.is_not(None))
+        .values(
+            status=JobStatus.PENDING.value,
+            attempt=_q.attempt - 1,
+            lease_expires_at=None,
+            last_heartbeat_at=None,
+            worker_id=None,
+            next_run_at=func.now() + _milliseconds("delay_ms"),
+            started_at=case((_q.attempt == 1, null()), else_=_q.started_at),
+            status_reason=None,
+            last_error_code=None,
+            last_error_message=None,
+        )
+        .returning(*JOB_COLUMNS)
+        .cte("released")
+    )
+    removed = (
+        job_attempts.delete()
+        .where(
+            _a.job_id == released.c.id,
+            _a.run_number == released.c.run_number,
+            _a.attempt == bindparam("lease_attempt"),
+        )
+        .cte("removed_attempt")
+    )
+    events = _event_insert(
+        released,
+        released.c.id, released.c.run_number, bindparam("lease_attempt"), literal(JobEventType.REQUEUED.value),
+        released.c.stage, null(), null(), func.jsonb_build_object("reason", bindparam("reason", type_=Text)),
+    ).cte("released_event")
+    return select(*released.c).add_cte(removed, events)
+
+
+_RELEASE = _build_release()
+_LOCK_IDENTITY = select(_q.id, _q.worker_id, _q.status).where(_q.id == bindparam("lease_job_id")).with_for_update()
+
+
+def release_unstarted_job_claim(
+    bind: Engine | Connection,
+    *,
+    job_id: UUID,
+    run_number: int,
+    attempt: int,
+    worker_id: str,
+    reason: str,
+    delay_ms: int,
+) -> JobRecord:
+    """Hand a prestart claim back to PENDING without spending its attempt.
+
+    Only applies while RUNNING was never persisted for the attempt.
+
+    Raises:
+        LeaseOwnerMismatch: the job is leased to another worker.
+        UnstartedClaimReleaseNotApplicable: RUNNING was persisted, the claim was
+            not a prestart claim, or the job is not leased.
+    """
+    identity = _check_identity(job_id, run_number, attempt, worker_id)
+    check.check_text("reason", reason, max_length=255)
+    params = identity.params() | {"reason": reason, "delay_ms": max(0, int(delay_ms))}
+    return run_in_transaction(bind, lambda connection: _release(connection, identity, params))
+
+
+def _release(connection: Connection, identity: LeaseIdentity, params: dict[str, Any]) -> JobRecord:
+    # Lock first, in its own statement, so the attempt row's execution marker is
+    # read after any concurrent mark-running has committed or rolled back.
+    current = connection.execute(_LOCK_IDENTITY, {"lease_job_id": identity.job_id}).first()
+    row = connection.execute(_RELEASE, params).first()
+    if row is not None:
+        return to_job(row)
+    if current is not None and current.status == _LEASED and current.worker_id != identity.worker_id:
+        raise LeaseOwnerMismatch(f"job {identity.job_id} is leased to another worker", job_id=str(identity.job_id))
+    raise UnstartedClaimReleaseNotApplicable(
+        f"job {identity.job_id} attempt {identity.attempt} cannot be released unstarted: RUNNING was persisted, "
+        "it was not a prestart claim, or it is no longer leased",
+        job_id=str(identity.job_id),
+    )
+
+
+# -- reaper --------------------------------------------------------------------
+
+_EXPIRED = (
+    select(
+        *JOB_COLUMNS,
+        _a.claim_origin,
+        _a.execution_started_persisted_at,
+    )
+    .select_from(
+        job_queue.outerjoin(
+            job_attempts,
+            and_(_a.job_id == _q.id, _a.run_number == _q.run_number, _a.attempt == _q.attempt),
+        )
+    )
+    .where(_q.status == _LEASED, _q.lease_expires_at < func.now())
+    .order_by(_q.lease_expires_at)
+    .limit(bindparam("limit", type_=Integer))
+    .with_for_update(of=job_queue, skip_locked=True)
+)
+_POSTPONE = (
+    job_queue.update()
+    .where(_q.id == bindparam("lease_job_id"), _q.status == _LEASED)
+    .values(lease_expires_at=func.now() + _milliseconds("delay_ms"))
+)
+_LEASE_EXPIRED_FAILURE = JobFailure.lease_expired(LEASE_EXPIRED_CODE, LEASE_EXPIRED_MESSAGE)
+
+
+def reap_expired_leases(bind: Engine | Connection, *, limit: int, default_retry_delay_ms: int) -> ReapResult:
+    """Recover one batch of jobs whose lease expired (the worker died or lost its connection).
+
+    Per row, in a savepoint: a prestart claim that never persisted RUNNING is
+    released without spending its attempt; otherwise the attempt counts and the
+    job is retried after ``default_retry_delay_ms`` or dead-lettered when it was
+    the last. A row that fails is pushed back by the delay so it cannot starve
+    the batch.
+
+    Raises:
+        InvalidRetryDelay: ``default_retry_delay_ms`` is not positive.
+    """
+    check.check_int("limit", limit, (1, MAX_CLAIM_LIMIT))
+    if isinstance(default_retry_delay_ms, bool) or not isinstance(default_retry_delay_ms, int) or default_retry_delay_ms <= 0:
+        raise InvalidRetryDelay(f"default_retry_delay_ms must be greater than zero, got {default_retry_delay_ms!r}")
+    return run_in_transaction(bind, lambda connection: _reap(connection, limit, default_retry_delay_ms))
+
+
+def _reap(connection: Connection, limit: int, delay_ms: int) -> ReapResult:
+    released = retried = failed_rows = 0
+    dead: list[ReapedDeadLetter] = []
+    for row in connection.execute(_EXPIRED, {"limit": limit}).all():
+        savepoint = connection.begin_nested()
+        try:
+            outcome = _reap_row(connection, row, delay_ms)
+            savepoint.commit()
+        except Exception:  # noqa: BLE001 - one poison row must not stop the batch
+            savepoint.rollback()
+            connection.execute(_POSTPONE, {"lease_job_id": row.id, "delay_ms": delay_ms})
+            failed_rows += 1
+            continue
+        if outcome is None:
+            released += 1
+        elif outcome.status == JobStatus.DEAD_LETTERED:
+            dead.append(
+                ReapedDeadLetter(outcome.id, outcome.job_type, outcome.organization_id, outcome.run_number,
+                                 outcome.attempt, outcome.payload)
+            )
+        else:
+            retried += 1
+    return ReapResult(
+        processed=released + retried + len(dead) + failed_rows,
+        released_unstarted=released,
+        retried=retried,
+        dead_lettered=tuple(dead),
+        failed_rows=failed_rows,
+    )
+
+
+def _reap_row(connection: Connection, row: Any, delay_ms: int) -> Optional[JobRecord]:
+    """Apply the reaper's disposition to one locked row; None means released unstarted."""
+    never_started = row.claim_origin == ClaimOrigin.WORKER_PRESTART.value and row.execution_started_persisted_at is None
+    if never_started and row.worker_id is not None:
+        identity = LeaseIdentity(row.id, row.run_number, row.attempt, row.worker_id)
+        params = identity.params() | {"reason": LEASE_EXPIRED_BEFORE_RUNNING_PERSISTED, "delay_ms": 0}
+        if connection.execute(_RELEASE, params).first() is not None:
+            return None
+    started_without_renewal = (
+        row.stage == JobStage.RUNNING.value
+        and row.execution_started_persisted_at is not None
+        and (row.last_heartbeat_at is None or row.last_heartbeat_at <= row.execution_started_persisted_at)
+    )
+    params = {"lease_job_id": row.id, "lease_run_number": row.run_number} | _failure_params(
+        _LEASE_EXPIRED_FAILURE, delay_ms, {"started_without_renewal_heartbeat": started_without_renewal}
+    )
+    result = connection.execute(_REAPER_FAILURE, params).first()
+    if result is None:
+        raise LeaseOwnerMismatch(f"job {row.id} changed while it was being reaped")
+    return to_job(result)

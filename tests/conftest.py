@@ -1,0 +1,104 @@
+"""Shared fixtures: one PostgreSQL per run, a migrated template, a fresh clone per test.
+
+The embedded server (pgserver) is used unless RUNLEDGER_TEST_DATABASE_URL names
+a server; on that server the suite creates and drops its own databases.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import tempfile
+from typing import Iterator
+
+import pytest
+import sqlalchemy
+
+from runledger_sync.db.embedded import EmbeddedPostgres
+from runledger_sync.db.engine import create_engine, normalize_url
+from runledger_sync.db.migrate import migrate
+
+TEST_URL_VARIABLE = "RUNLEDGER_TEST_DATABASE_URL"
+_clone_numbers = itertools.count(1)
+
+
+class ExternalServer:
+    """A PostgreSQL server given by URL, on which tests create their own databases."""
+
+    def __init__(self, url: str) -> None:
+        self._url = normalize_url(url)
+
+    def url(self, database: str = "postgres") -> str:
+        return self._url.set(database=database).render_as_string(hide_password=False)
+
+    def _admin(self) -> sqlalchemy.Engine:
+        return sqlalchemy.create_engine(self._url, isolation_level="AUTOCOMMIT", poolclass=sqlalchemy.pool.NullPool)
+
+    def create_database(self, name: str, *, template: str | None = None, drop_existing: bool = False) -> str:
+        admin = self._admin()
+        quote = admin.dialect.identifier_preparer.quote
+        with admin.connect() as conn:
+            if drop_existing:
+                conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {quote(name)} WITH (FORCE)")
+            clause = f" TEMPLATE {quote(template)}" if template else ""
+            conn.exec_driver_sql(f"CREATE DATABASE {quote(name)}{clause}")
+        admin.dispose()
+        return self.url(name)
+
+    def drop_database(self, name: str) -> None:
+        admin = self._admin()
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {admin.dialect.identifier_preparer.quote(name)} WITH (FORCE)")
+        admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[object]:
+    external = os.environ.get(TEST_URL_VARIABLE, "").strip()
+    if external:
+        yield ExternalServer(external)
+        return
+    data_dir = tempfile.mkdtemp(prefix="rl-test-pg-")
+    server = EmbeddedPostgres(os.path.join(data_dir, "data"), delete_on_stop=True).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def template_database(pg_server) -> str:
+    """A database migrated to head once per run; every test database is cloned from it."""
+    name = f"rl_template_{os.getpid()}"
+    url = pg_server.create_database(name, drop_existing=True)
+    engine = create_engine(url)
+    migrate(engine)
+    engine.dispose()
+    yield name
+    pg_server.drop_database(name)
+
+
+@pytest.fixture
+def fresh_database(pg_server, template_database) -> Iterator[str]:
+    """The URL of a new database cloned from the migrated template, dropped after the test."""
+    name = f"rl_test_{os.getpid()}_{next(_clone_numbers)}"
+    url = pg_server.create_database(name, template=template_database)
+    yield url
+    pg_server.drop_database(name)
+
+
+@pytest.fixture
+def engine(fresh_database) -> Iterator[sqlalchemy.Engine]:
+    """An engine on a fresh migrated database: use it when commits, threads or SKIP LOCKED matter."""
+    engine = create_engine(fresh_database)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def empty_database(pg_server) -> Iterator[str]:
+    """The URL of a new database with no schema at all (for migration tests)."""
+    name = f"rl_empty_{os.getpid()}_{next(_clone_numbers)}"
+    url = pg_server.create_database(name)
+    yield url
+    pg_server.drop_database(name)
