@@ -1,0 +1,119 @@
+"""JSON log output for the ``runledger_sync`` loggers, and the per-job log fields.
+
+The library itself only creates loggers; an application (or the CLI) calls
+:func:`configure_logging` once to print them. Payloads are never logged: they
+may hold personal data or secrets, so nothing here accepts one.
+"""
+
+from __future__ import annotations
+
+import logging as _logging
+import sys
+from typing import IO, Any, Optional, Union
+from uuid import UUID
+
+try:
+    # python-json-logger >= 3.1. The old module path still works there but emits
+    # a DeprecationWarning, which the test suite turns into an error.
+    from pythonjsonlogger.json import JsonFormatter as _JsonFormatter
+except ImportError:  # pragma: no cover - python-json-logger < 3.1
+    from pythonjsonlogger.jsonlogger import JsonFormatter as _JsonFormatter
+
+#: The logger every module of the package logs under.
+ROOT_LOGGER_NAME = "runledger_sync"
+
+_TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+_JSON_FORMAT = "%(levelname)s %(name)s %(message)s"
+# Marks the handler configure_logging() installed, so a second call replaces it.
+_HANDLER_MARK = "_runledger_sync_handler"
+
+
+def get_logger(name: str) -> _logging.Logger:
+    """Return the logger ``name`` under ``runledger_sync``.
+
+    ``get_logger(__name__)`` inside the package returns that module's logger;
+    ``get_logger("worker")`` returns ``runledger_sync.worker``.
+    """
+    if name == ROOT_LOGGER_NAME or name.startswith(ROOT_LOGGER_NAME + "."):
+        return _logging.getLogger(name)
+    return _logging.getLogger(f"{ROOT_LOGGER_NAME}.{name}")
+
+
+def configure_logging(
+    level: Union[int, str] = "INFO",
+    stream: Optional[IO[str]] = None,
+    json: bool = True,
+) -> _logging.Handler:
+    """Print the ``runledger_sync`` loggers, one JSON object per line by default.
+
+    Each JSON line has ``timestamp``, ``level``, ``logger`` and ``message``, plus
+    any ``extra=`` fields (see :func:`job_log_fields`). Calling it again replaces
+    the handler it installed before instead of adding a second one. Records
+    still propagate to the root logger, so an application that also prints the
+    root logger sees them twice; configure one or the other.
+
+    Example:
+        ``configure_logging(level="DEBUG")``
+
+    Args:
+        level: The level of the ``runledger_sync`` logger (name or number).
+        stream: Where lines go; ``sys.stderr`` when None.
+        json: False prints plain text lines instead, for a terminal.
+
+    Returns:
+        The installed handler.
+    """
+    logger = _logging.getLogger(ROOT_LOGGER_NAME)
+    for existing in list(logger.handlers):
+        if getattr(existing, _HANDLER_MARK, False):
+            logger.removeHandler(existing)
+            existing.close()
+    handler = _logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(_json_formatter() if json else _logging.Formatter(_TEXT_FORMAT))
+    setattr(handler, _HANDLER_MARK, True)
+    logger.addHandler(handler)
+    logger.setLevel(level.upper() if isinstance(level, str) else level)
+    return handler
+
+
+def job_log_fields(
+    *,
+    job_id: UUID,
+    job_type: str,
+    run_number: int,
+    attempt: int,
+    organization_id: Optional[Any],
+    worker_id: Optional[str],
+) -> dict[str, Any]:
+    """Return the ``extra=`` fields every log record about one attempt carries.
+
+    Example:
+        ``log.info("job claimed", extra=job_log_fields(job_id=job.id, ...))``
+
+    Args:
+        job_id: The job's id.
+        job_type: The job's type.
+        run_number: The run (1, then +1 per requeue).
+        attempt: The attempt within the run.
+        organization_id: The owning organization, or None for global jobs.
+        worker_id: The worker holding the lease.
+
+    Returns:
+        A dict with ids as strings, ready to pass as ``extra``.
+    """
+    return {
+        "job_id": str(job_id),
+        "job_type": job_type,
+        "run_number": run_number,
+        "attempt": attempt,
+        "organization_id": None if organization_id is None else str(organization_id),
+        "worker_id": None if worker_id is None else str(worker_id),
+    }
+
+
+def _json_formatter() -> _logging.Formatter:
+    return _JsonFormatter(
+        _JSON_FORMAT,
+        rename_fields={"levelname": "level", "name": "logger"},
+        timestamp=True,
+    )

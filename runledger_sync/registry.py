@@ -1,0 +1,322 @@
+"""JobHandler and JobRegistry: which code runs for which job type.
+
+Register handlers once at startup, before the worker starts; the worker only
+reads the registry afterwards, so it needs no lock.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any, Callable, Mapping, Optional
+
+from runledger_sync.core.errors import RegistrationError
+from runledger_sync.core.records import JobDefinition
+from runledger_sync.core.types import JobCompletion, JobContext, JobDeadLetterInfo
+
+#: The longest job type a definition row accepts.
+MAX_JOB_TYPE_LENGTH = 255
+
+HandlerFunction = Callable[[JobContext, Any], Optional[JobCompletion]]
+DeadLetterHook = Callable[[JobContext, Any, JobDeadLetterInfo], None]
+
+
+class JobHandler:
+    """Subclass to run one job type; register an instance with :meth:`JobRegistry.register`.
+
+    Example::
+
+        class Export(JobHandler):
+            job_type = "reports.export"
+            max_attempts = 3
+
+            def execute(self, ctx, payload):
+                ...
+
+    Attributes:
+        job_type: The type this handler runs (non-blank, at most 255 characters).
+        max_attempts: Attempts before dead-lettering; None means the definition default (8).
+        timeout_seconds: Per-attempt deadline; None means the default (900).
+        priority: Default priority of enqueued jobs; None means 100.
+        retry_on: Exception classes that become retryable failures instead of panics.
+        retry_delay_overrides: Failure code -> retry delay in ms, replacing the backoff.
+    """
+
+    job_type: str
+    max_attempts: Optional[int] = None
+    timeout_seconds: Optional[int] = None
+    priority: Optional[int] = None
+    retry_on: tuple[type[BaseException], ...] = ()
+    # Read-only, so a subclass cannot mutate the default shared by every handler.
+    retry_delay_overrides: Mapping[str, int] = types.MappingProxyType({})
+
+    def execute(self, ctx: JobContext, payload: Any) -> Optional[JobCompletion]:
+        """Run one attempt of the job.
+
+        Args:
+            ctx: The attempt's identity and cancellation flag.
+            payload: The job's JSON payload.
+
+        Returns:
+            None or a :class:`JobCompletion` on success.
+
+        Raises:
+            JobFailure: To choose the outcome (retryable, terminal, timeout).
+        """
+        raise NotImplementedError(f"{type(self).__name__}.execute is not implemented")
+
+    def on_dead_letter(self, ctx: JobContext, payload: Any, info: JobDeadLetterInfo) -> None:
+        """React to the job being dead-lettered; the default does nothing.
+
+        Called once the dead letter is committed, with a timeout; what it raises
+        is logged and swallowed.
+        """
+
+
+class _FunctionHandler(JobHandler):
+    """Adapt a ``fn(ctx, payload)`` registered with ``@registry.job`` to the class form."""
+
+    def __init__(
+        self,
+        job_type: str,
+        fn: HandlerFunction,
+        hook: Optional[DeadLetterHook],
+        **options: Any,
+    ) -> None:
+        self.job_type = job_type
+        self._fn = fn
+        self._hook = hook
+        for name, value in options.items():
+            setattr(self, name, value)
+
+    def execute(self, ctx: JobContext, payload: Any) -> Optional[JobCompletion]:
+        return self._fn(ctx, payload)
+
+    def on_dead_letter(self, ctx: JobContext, payload: Any, info: JobDeadLetterInfo) -> None:
+        if self._hook is not None:
+            self._hook(ctx, payload, info)
+
+    def __repr__(self) -> str:
+        return f"<job handler {self.job_type!r} -> {getattr(self._fn, '__qualname__', self._fn)!r}>"
+
+
+class JobRegistry:
+    """Map job types to handlers, with their retry rules.
+
+    Example::
+
+        registry = JobRegistry()
+
+        @registry.job("email.send", max_attempts=5, retry_on=(ConnectionError,))
+        def send_email(ctx, payload):
+            ...
+    """
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, JobHandler] = {}
+        self._retry_on: dict[str, tuple[type[BaseException], ...]] = {}
+        self._overrides: dict[str, dict[str, int]] = {}
+
+    def job(
+        self,
+        job_type: str,
+        *,
+        max_attempts: Optional[int] = None,
+        timeout_seconds: Optional[int] = None,
+        priority: Optional[int] = None,
+        retry_on: Any = (),
+        retry_delay_overrides: Optional[Mapping[str, int]] = None,
+        on_dead_letter: Optional[DeadLetterHook] = None,
+    ) -> Callable[[HandlerFunction], HandlerFunction]:
+        """Register the decorated ``fn(ctx, payload)`` as the handler of ``job_type``.
+
+        The function is returned unchanged, so tests can still call it directly.
+
+        Args:
+            job_type: The type to handle.
+            max_attempts: Attempts before dead-lettering (default 8).
+            timeout_seconds: Per-attempt deadline (default 900).
+            priority: Default priority of the type's definition (default 100).
+            retry_on: Exception classes (or one class) that mean "retry".
+            retry_delay_overrides: Failure code -> delay in ms for this type only.
+            on_dead_letter: ``hook(ctx, payload, info)`` called after a dead letter.
+
+        Returns:
+            A decorator.
+
+        Raises:
+            RegistrationError: When the decorator is applied, if any option is
+                invalid, the function is not callable or the type is taken.
+        """
+
+        def decorator(fn: HandlerFunction) -> HandlerFunction:
+            if not callable(fn):
+                raise RegistrationError(f"handler for job type {job_type!r} must be callable, got {fn!r}")
+            if on_dead_letter is not None and not callable(on_dead_letter):
+                raise RegistrationError(
+                    f"on_dead_letter for job type {job_type!r} must be callable, got {on_dead_letter!r}"
+                )
+            handler = _FunctionHandler(
+                job_type,
+                fn,
+                on_dead_letter,
+                max_attempts=max_attempts,
+                timeout_seconds=timeout_seconds,
+                priority=priority,
+                retry_on=retry_on,
+                retry_delay_overrides=retry_delay_overrides or {},
+            )
+            self.register(handler)
+            return fn
+
+        return decorator
+
+    def register(self, handler: JobHandler) -> JobHandler:
+        """Register a :class:`JobHandler` instance under its ``job_type``.
+
+        Returns:
+            The handler, unchanged.
+
+        Raises:
+            RegistrationError: The handler or one of its attributes is invalid,
+                or its type is already registered.
+        """
+        if not isinstance(handler, JobHandler):
+            raise RegistrationError(f"register() takes a JobHandler instance, got {handler!r}")
+        job_type = _checked_job_type(getattr(handler, "job_type", None), handler)
+        if job_type in self._handlers:
+            raise RegistrationError(
+                f"job type {job_type!r} is already registered to {self._handlers[job_type]!r}"
+            )
+        if type(handler).execute is JobHandler.execute:
+            raise RegistrationError(f"handler for job type {job_type!r} does not implement execute()")
+        for name in ("max_attempts", "timeout_seconds"):
+            _check_optional_positive_int(job_type, name, getattr(handler, name))
+        if handler.priority is not None and (
+            isinstance(handler.priority, bool) or not isinstance(handler.priority, int)
+        ):
+            raise RegistrationError(
+                f"priority for job type {job_type!r} must be an int, got {handler.priority!r}"
+            )
+        retry_on = _checked_retry_on(job_type, handler.retry_on)
+        overrides = _checked_overrides(job_type, handler.retry_delay_overrides)
+        # Every check passed: only now mutate, so a rejected handler leaves no trace.
+        self._handlers[job_type] = handler
+        self._retry_on[job_type] = retry_on
+        self._overrides[job_type] = overrides
+        return handler
+
+    def get(self, job_type: str) -> Optional[JobHandler]:
+        """Return the handler of ``job_type``, or None if none is registered."""
+        return self._handlers.get(job_type)
+
+    def registered_types(self) -> list[str]:
+        """Return the registered job types, sorted (the order the worker claims them in)."""
+        return sorted(self._handlers)
+
+    def retry_delay_override(self, job_type: str, code: str) -> Optional[int]:
+        """Return the override delay in ms for this exact (job type, failure code), or None.
+
+        The worker applies it only to retryable failure kinds.
+        """
+        return self._overrides.get(job_type, {}).get(code)
+
+    def retry_on(self, job_type: str) -> tuple[type[BaseException], ...]:
+        """Return the exception classes that make ``job_type`` retry; () if unregistered."""
+        return self._retry_on.get(job_type, ())
+
+    def definitions(self) -> list[JobDefinition]:
+        """Return one :class:`JobDefinition` per registered type, sorted by type.
+
+        Values a handler leaves as None take the definition defaults
+        (max_attempts 8, timeout 900 s, priority 100).
+        """
+        result = []
+        for job_type in self.registered_types():
+            handler = self._handlers[job_type]
+            given = {
+                "max_attempts": handler.max_attempts,
+                "default_timeout_seconds": handler.timeout_seconds,
+                "default_priority": handler.priority,
+            }
+            result.append(JobDefinition(job_type, **{k: v for k, v in given.items() if v is not None}))
+        return result
+
+    def sync_definitions(self, engine_or_connection: Any, *, overwrite: bool = True) -> Any:
+        """Write :meth:`definitions` to ``job_definitions`` so jobs of these types can be enqueued.
+
+        Args:
+            engine_or_connection: An Engine (commits itself) or a Connection (joins its transaction).
+            overwrite: Replace existing rows (True) or insert only missing ones.
+
+        Returns:
+            What :func:`runledger_sync.store.enqueue.sync_job_definitions` returns.
+        """
+        # Imported here, not at module level: the registry sits below the store in
+        # the layering, and the store must stay importable without the registry.
+        from runledger_sync.store.enqueue import sync_job_definitions
+
+        return sync_job_definitions(engine_or_connection, self.definitions(), overwrite=overwrite)
+
+    def __contains__(self, job_type: object) -> bool:
+        return job_type in self._handlers
+
+    def __len__(self) -> int:
+        return len(self._handlers)
+
+    def __repr__(self) -> str:
+        return f"<JobRegistry {self.registered_types()!r}>"
+
+
+def _checked_job_type(job_type: Any, handler: JobHandler) -> str:
+    if not isinstance(job_type, str):
+        raise RegistrationError(f"job_type of {handler!r} must be a string, got {job_type!r}")
+    if not job_type.strip():
+        raise RegistrationError(f"job_type of {handler!r} must not be blank")
+    if len(job_type) > MAX_JOB_TYPE_LENGTH:
+        raise RegistrationError(
+            f"job_type must be at most {MAX_JOB_TYPE_LENGTH} characters, "
+            f"got {len(job_type)}: {job_type[:40]!r}..."
+        )
+    return job_type
+
+
+def _check_optional_positive_int(job_type: str, name: str, value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise RegistrationError(f"{name} for job type {job_type!r} must be a positive int, got {value!r}")
+
+
+def _checked_retry_on(job_type: str, retry_on: Any) -> tuple[type[BaseException], ...]:
+    # One class is accepted like `except` accepts one: retry_on=ConnectionError.
+    entries = (retry_on,) if isinstance(retry_on, type) else retry_on
+    if not isinstance(entries, (tuple, list)):
+        raise RegistrationError(
+            f"retry_on for job type {job_type!r} must be a tuple of exception classes, got {retry_on!r}"
+        )
+    for entry in entries:
+        # Only Exception subclasses: retrying on JobCancelled or KeyboardInterrupt
+        # would turn a request to stop into another attempt.
+        if not (isinstance(entry, type) and issubclass(entry, Exception)):
+            raise RegistrationError(
+                f"retry_on for job type {job_type!r} must hold Exception subclasses, got {entry!r}"
+            )
+    return tuple(entries)
+
+
+def _checked_overrides(job_type: str, overrides: Any) -> dict[str, int]:
+    if not isinstance(overrides, Mapping):
+        raise RegistrationError(
+            f"retry_delay_overrides for job type {job_type!r} must map failure codes to ms, got {overrides!r}"
+        )
+    for code, delay_ms in overrides.items():
+        if not isinstance(code, str) or not code.strip():
+            raise RegistrationError(
+                f"retry_delay_overrides for job type {job_type!r} has a blank or non-string code {code!r}"
+            )
+        if isinstance(delay_ms, bool) or not isinstance(delay_ms, int) or delay_ms < 1:
+            raise RegistrationError(
+                f"retry_delay_overrides[{code!r}] for job type {job_type!r} must be a positive int of ms, "
+                f"got {delay_ms!r}"
+            )
+    return dict(overrides)

@@ -1,0 +1,156 @@
+"""JSON log lines carry the per-job fields; configuring twice installs one handler."""
+
+from __future__ import annotations
+
+import inspect
+import io
+import json
+import logging
+import uuid
+
+import pytest
+
+from runledger_sync.logging import ROOT_LOGGER_NAME, configure_logging, get_logger, job_log_fields
+
+JOB_ID = uuid.UUID("0190b6c2-5d3e-7a41-9f2b-3c4d5e6f7a8b")
+ORG_ID = uuid.UUID("0190b6c2-0000-7000-8000-000000000001")
+
+
+@pytest.fixture(autouse=True)
+def restore_package_logger():
+    # configure_logging() changes a process-wide logger; put it back for other tests.
+    logger = logging.getLogger(ROOT_LOGGER_NAME)
+    handlers, level = list(logger.handlers), logger.level
+    yield
+    for handler in list(logger.handlers):
+        if handler not in handlers:
+            logger.removeHandler(handler)
+            handler.close()
+    logger.setLevel(level)
+
+
+def fields() -> dict:
+    return job_log_fields(
+        job_id=JOB_ID,
+        job_type="email.send",
+        run_number=2,
+        attempt=3,
+        organization_id=ORG_ID,
+        worker_id="worker-1",
+    )
+
+
+def test_job_log_fields_are_strings_for_ids():
+    assert fields() == {
+        "job_id": "0190b6c2-5d3e-7a41-9f2b-3c4d5e6f7a8b",
+        "job_type": "email.send",
+        "run_number": 2,
+        "attempt": 3,
+        "organization_id": "0190b6c2-0000-7000-8000-000000000001",
+        "worker_id": "worker-1",
+    }
+
+
+def test_global_job_has_null_organization():
+    assert (
+        job_log_fields(
+            job_id=JOB_ID, job_type="t", run_number=1, attempt=1, organization_id=None, worker_id="w"
+        )["organization_id"]
+        is None
+    )
+
+
+def test_job_log_fields_are_keyword_only_and_take_no_payload():
+    params = inspect.signature(job_log_fields).parameters
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
+    assert list(params) == ["job_id", "job_type", "run_number", "attempt", "organization_id", "worker_id"]
+
+
+def test_job_log_fields_do_not_clash_with_log_record_attributes():
+    # logging raises KeyError when extra= overwrites a LogRecord attribute.
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, "m", None, None)
+    assert not set(fields()) & set(vars(record))
+
+
+def test_json_line_has_timestamp_level_logger_message_and_job_fields():
+    stream = io.StringIO()
+    configure_logging(level="DEBUG", stream=stream)
+    get_logger("runtime.worker").info("job %s claimed", "x", extra=fields())
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 1
+    record = json.loads(lines[0])
+    assert record["message"] == "job x claimed"
+    assert record["level"] == "INFO"
+    assert record["logger"] == "runledger_sync.runtime.worker"
+    assert record["timestamp"].startswith("20")
+    for key, value in fields().items():
+        assert record[key] == value
+
+
+def test_level_filters_lower_records():
+    stream = io.StringIO()
+    configure_logging(level="WARNING", stream=stream)
+    log = get_logger("x")
+    log.info("dropped")
+    log.warning("kept")
+    assert [json.loads(line)["message"] for line in stream.getvalue().splitlines()] == ["kept"]
+
+
+def test_configuring_twice_keeps_one_handler_writing_to_the_latest_stream():
+    logger = logging.getLogger(ROOT_LOGGER_NAME)
+    before = len(logger.handlers)
+    first, second = io.StringIO(), io.StringIO()
+    configure_logging(stream=first)
+    configure_logging(stream=second)
+    assert len(logger.handlers) == before + 1
+    get_logger("x").warning("once")
+    assert first.getvalue() == ""
+    assert [json.loads(line)["message"] for line in second.getvalue().splitlines()] == ["once"]
+
+
+def test_configure_keeps_handlers_it_did_not_install():
+    logger = logging.getLogger(ROOT_LOGGER_NAME)
+    foreign = logging.NullHandler()
+    logger.addHandler(foreign)
+    try:
+        configure_logging(stream=io.StringIO())
+        configure_logging(stream=io.StringIO())
+        assert foreign in logger.handlers
+    finally:
+        logger.removeHandler(foreign)
+
+
+def test_text_mode_prints_plain_lines():
+    stream = io.StringIO()
+    configure_logging(stream=stream, json=False)
+    get_logger("x").error("plain")
+    line = stream.getvalue().strip()
+    assert line.endswith("ERROR runledger_sync.x plain")
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(line)
+
+
+def test_exception_is_rendered_in_the_json_line():
+    stream = io.StringIO()
+    configure_logging(stream=stream)
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        get_logger("x").exception("handler raised", extra=fields())
+    record = json.loads(stream.getvalue())
+    assert "ValueError: boom" in record["exc_info"]
+    assert record["job_id"] == str(JOB_ID)
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("worker", "runledger_sync.worker"),
+        ("runtime.worker", "runledger_sync.runtime.worker"),
+        ("runledger_sync.store.lifecycle", "runledger_sync.store.lifecycle"),
+        ("runledger_sync", "runledger_sync"),
+        ("runledger_syncer", "runledger_sync.runledger_syncer"),
+    ],
+)
+def test_get_logger_lives_under_the_package_logger(name, expected):
+    assert get_logger(name).name == expected
