@@ -79,7 +79,7 @@ def upgrade() -> None:
     sa.ForeignKeyConstraint(['job_type'], ['job_definitions.job_type'], name='fk_job_queue_job_type'),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_job_queue'))
     )
-    op.create_index('idx_job_queue_claim', 'job_queue', ['status', sa.literal_column('priority DESC'), 'next_run_at', 'created_at'], unique=False, postgresql_where=sa.text("status = 'PENDING'"))
+    op.create_index('idx_job_queue_claim', 'job_queue', ['status', sa.literal_column('priority DESC'), 'next_run_at', 'created_at', 'id'], unique=False, postgresql_where=sa.text("status = 'PENDING'"))
     op.create_index('idx_job_queue_leased_expiry', 'job_queue', ['lease_expires_at'], unique=False, postgresql_where=sa.text("status = 'LEASED'"))
     op.create_index('idx_job_queue_org_status_created', 'job_queue', ['organization_id', 'status', sa.literal_column('created_at DESC')], unique=False)
     op.create_index('idx_job_queue_type_status_created', 'job_queue', ['job_type', 'status', sa.literal_column('created_at DESC')], unique=False)

@@ -149,6 +149,7 @@ Index(
     job_queue.c.priority.desc(),
     job_queue.c.next_run_at,
     job_queue.c.created_at,
+    job_queue.c.id,
     postgresql_where=text("status = 'PENDING'"),
 )
 Index(

@@ -490,16 +490,14 @@ def complete_job_success(
         "new_output": None if completion.output is None else check.serialize_json("output", completion.output),
     }
 
-    def work(connection: Connection) -> JobRecord:
-        try:
-            return _guarded_write(connection, _SUCCESS, params, identity)
-        except InvalidProgress as exc:
-            raise InvalidCompletionProgress(
-                "Handler returned invalid success progress: merged with the stored progress, "
-                f"progress_done would exceed progress_total ({exc.message})"
-            ) from exc
-
-    return run_in_transaction(bind, work)
+    try:
+        return run_in_transaction(bind, lambda connection: _guarded_write(connection, _SUCCESS, params, identity))
+    except InvalidProgress as exc:
+        # The CHECK constraint judged the completion merged with the stored progress.
+        raise InvalidCompletionProgress(
+            "Handler returned invalid success progress: merged with the stored progress, "
+            "progress_done would exceed progress_total."
+        ) from exc
 
 
 # -- failure -------------------------------------------------------------------

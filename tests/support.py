@@ -1,0 +1,76 @@
+"""Small helpers shared by the database tests: seed definitions, read rows back."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from sqlalchemy import text
+
+from runledger_sync.core.records import JobDefinition
+from runledger_sync.store import enqueue as store_enqueue
+from runledger_sync.store import lifecycle
+
+JOB_TYPE = "test.job"
+
+
+def define(engine: Any, job_type: str = JOB_TYPE, **overrides: Any) -> JobDefinition:
+    return store_enqueue.sync_job_definitions(engine, [JobDefinition(job_type, **overrides)])[0]
+
+
+def claim_one(engine: Any, *, worker_id: str = "worker-a", lease_ttl_seconds: float = 30, prestart: bool = True,
+              job_type: str = JOB_TYPE):
+    claim = lifecycle.claim_prestart_jobs_for_types if prestart else lifecycle.claim_jobs
+    jobs = claim(engine, worker_id=worker_id, lease_ttl_seconds=lease_ttl_seconds, limit=1, job_types=[job_type])
+    assert len(jobs) == 1, f"expected one claimable {job_type} job, got {len(jobs)}"
+    return jobs[0]
+
+
+def identity(job: Any) -> dict[str, Any]:
+    return lifecycle.LeaseIdentity.of(job).keywords()
+
+
+def rows(engine: Any, sql: str, **params: Any) -> list[Any]:
+    with engine.connect() as conn:
+        return conn.execute(text(sql), params).all()
+
+
+def scalar(engine: Any, sql: str, **params: Any) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(text(sql), params).scalar()
+
+
+def events(engine: Any, job_id: Any) -> list[tuple[str, Any, dict]]:
+    return [
+        (row.event_type, row.attempt, row.payload)
+        for row in rows(engine, "SELECT event_type, attempt, payload FROM job_events WHERE job_id = :id ORDER BY id", id=job_id)
+    ]
+
+
+def event_types(engine: Any, job_id: Any) -> list[str]:
+    return [event[0] for event in events(engine, job_id)]
+
+
+def attempts(engine: Any, job_id: Any) -> list[Any]:
+    return rows(engine, "SELECT * FROM job_attempts WHERE job_id = :id ORDER BY run_number, attempt", id=job_id)
+
+
+def expire_lease(engine: Any, job_id: Any, seconds_ago: float = 1.0) -> None:
+    """Move a lease's expiry into the past, as if its worker had stopped renewing it."""
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE job_queue SET lease_expires_at = now() - make_interval(secs => :s) WHERE id = :id"),
+            {"s": seconds_ago, "id": job_id},
+        )
+
+
+def wait_until(condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
+    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        time.sleep(interval)
