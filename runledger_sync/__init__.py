@@ -73,6 +73,8 @@ from runledger_sync.db.engine import create_engine, mask_url, with_schema
 from runledger_sync.db.migrate import check_schema, current_revision, downgrade, head_revision, migrate
 from runledger_sync.logging import configure_logging
 from runledger_sync.registry import JobHandler, JobRegistry
+from runledger_sync.runtime.supervisor import Supervisor
+from runledger_sync.runtime.worker import run_worker_loop
 from runledger_sync.store.admin import (
     QueueStats,
     cancel_job,
@@ -143,6 +145,7 @@ __all__ = [
     "RuntimeLoopExit",
     "SchemaMismatch",
     "StoreError",
+    "Supervisor",
     "UniqueViolation",
     "UnstartedClaimReleaseNotApplicable",
     "ValidationError",
@@ -168,6 +171,7 @@ __all__ = [
     "migrate",
     "queue_stats",
     "requeue_job",
+    "run_worker_loop",
     "set_job_definition_enabled",
     "with_schema",
 ]

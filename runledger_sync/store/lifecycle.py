@@ -29,8 +29,6 @@ from sqlalchemy import (
     null,
     select,
     true,
-    values,
-    column,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
@@ -124,6 +122,15 @@ def _seconds(name: str) -> Any:
 
 def _milliseconds(name: str) -> Any:
     return func.make_interval(0, 0, 0, 0, 0, 0, bindparam(name, type_=BigInteger) / 1000.0)
+
+
+def _ordinals(count: int) -> Any:
+    """Rows 1..count, to write several events from one updated row in a fixed order.
+
+    generate_series rather than a VALUES list: SQLAlchemy cannot cache a
+    statement holding literal VALUES data, and these statements are on the hot path.
+    """
+    return func.generate_series(1, count).table_valued("ord").render_derived(name="kinds")
 
 
 def _event_insert(source: Any, *event_columns: Any) -> Any:
@@ -300,14 +307,13 @@ def _build_progress_update() -> Any:
         .values(execution_started_persisted_at=func.now())
         .cte("execution_marker")
     )
-    kinds = values(column("ord", Integer), column("event_type", Text), column("wanted", Boolean), name="kinds").data(
-        [(1, JobEventType.STAGE_CHANGED.value, True), (2, JobEventType.PROGRESS.value, False)]
-    )
+    kinds = _ordinals(2)
     wanted = case((kinds.c.ord == 1, stage.is_not(None)), else_=done.is_not(None) | total.is_not(None))
+    event_type = case((kinds.c.ord == 1, JobEventType.STAGE_CHANGED.value), else_=JobEventType.PROGRESS.value)
     events = job_events.insert().from_select(
         ["job_id", "run_number", "attempt", "event_type", "stage", "progress_done", "progress_total", "payload"],
         select(
-            updated.c.id, updated.c.run_number, updated.c.attempt, kinds.c.event_type, updated.c.stage,
+            updated.c.id, updated.c.run_number, updated.c.attempt, event_type, updated.c.stage,
             updated.c.progress_done, updated.c.progress_total, func.jsonb_build_object(),
         )
         .select_from(updated.join(kinds, true()))
@@ -559,7 +565,7 @@ def _build_failure(guard: Any) -> Any:
         | {"failed_at": func.now()},
     ).cte("dead_letter")
     extra = cast(bindparam("event_extra", type_=Text), JSONB)
-    kinds = values(column("ord", Integer), name="kinds").data([(1,), (2,)])
+    kinds = _ordinals(2)
     event_type = case(
         (kinds.c.ord == 1, JobEventType.FAILED.value),
         (is_dead, JobEventType.DEAD_LETTERED.value),

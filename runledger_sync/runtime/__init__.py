@@ -1,0 +1,1 @@
+"""Threads and loops: the worker, the reaper, and the supervisor that runs them."""

@@ -1,0 +1,434 @@
+"""One claimed job, start to finish: the seed's ``process_claimed_job`` on threads.
+
+The pool thread marks the job running, runs the handler and writes the
+outcome. Beside it a watchdog thread renews the lease, watches the deadline
+and notices an operator's cancel. Both may try to end the attempt (the handler
+returns; the deadline passes; the lease is lost), so whichever decides first
+takes the attempt's one outcome through :class:`_OutcomeGate`; the other's
+result is discarded. Threads cannot be killed: a handler that ignores its
+cancellation flag keeps its pool thread (and so its concurrency slot) until it
+returns, but its late result is never written.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Union
+
+from sqlalchemy.engine import Engine
+
+from runledger_sync.config import JobsConfig
+from runledger_sync.core import backoff
+from runledger_sync.core.errors import (
+    CommitOutcomeUnknown,
+    ConnectionFailed,
+    InvalidCompletionProgress,
+    JobCancelled,
+    LeaseOwnerMismatch,
+    RunledgerError,
+    UnstartedClaimReleaseNotApplicable,
+    WorkflowReleaseConflict,
+)
+from runledger_sync.core.records import JobRecord
+from runledger_sync.core.types import (
+    JobCompletion,
+    JobContext,
+    JobDeadLetterInfo,
+    JobDeadLetterReason,
+    JobFailure,
+    JobStatus,
+)
+from runledger_sync.core.validation import completion_progress_problem
+from runledger_sync.logging import get_logger, job_log_fields
+from runledger_sync.registry import JobRegistry
+from runledger_sync.runtime.hooks import run_dead_letter_hook
+from runledger_sync.store import admin, lifecycle
+
+log = get_logger(__name__)
+
+UNKNOWN_WORKER_ID = "unknown-worker"
+LEASE_OWNER_MISMATCH_CODE = "job.lease_owner_mismatch"
+LEASE_MAINTENANCE_FAILED_CODE = "job.lease_maintenance_failed"
+HANDLER_PANIC_CODE = "job.handler_panic"
+HANDLER_ERROR_CODE = "job.handler_error"
+HANDLER_NOT_REGISTERED_CODE = "job.handler_not_registered"
+HANDLER_INVALID_RESULT_CODE = "job.handler_invalid_result"
+INVALID_COMPLETION_PROGRESS_CODE = "job.invalid_completion_progress"
+TIMEOUT_EXCEEDED_CODE = "job.timeout_exceeded"
+RUNNING_PROGRESS_PERSIST_FAILED_REASON = "RUNNING_PROGRESS_PERSIST_FAILED"
+UNSTARTED_CLAIM_RETRY_DELAY_MS = 1_000
+#: How long an outcome write keeps retrying a lost database connection.
+OUTCOME_WRITE_BUDGET_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class LeaseLost:
+    """The attempt lost its lease: nothing is written, the reaper recovers the job."""
+
+    code: str
+    message: str
+
+
+Outcome = Union[JobCompletion, JobFailure, LeaseLost]
+
+
+def timeout_failure() -> JobFailure:
+    return JobFailure.timeout(TIMEOUT_EXCEEDED_CODE, "Job exceeded the configured timeout.")
+
+
+class _OutcomeGate:
+    """Lets exactly one of the pool thread and the watchdog decide the attempt's outcome."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._taken = False
+
+    def take(self) -> bool:
+        with self._lock:
+            if self._taken:
+                return False
+            self._taken = True
+            return True
+
+
+class JobExecution:
+    """Everything one claimed job needs while it runs."""
+
+    def __init__(self, engine: Engine, registry: JobRegistry, job: JobRecord, config: JobsConfig) -> None:
+        self.engine = engine
+        self.registry = registry
+        self.job = job
+        self.config = config
+        worker_id = job.worker_id or UNKNOWN_WORKER_ID
+        self.identity = lifecycle.LeaseIdentity(job.id, job.run_number, job.attempt, worker_id)
+        self.context = JobContext(
+            job_id=job.id,
+            run_number=job.run_number,
+            attempt=job.attempt,
+            organization_id=job.organization_id,
+            worker_id=worker_id,
+            job_type=job.job_type,
+            checkpoint=job.checkpoint,
+            _progress_reporter=self._report_progress,
+        )
+        self.log_fields = job_log_fields(
+            job_id=job.id, job_type=job.job_type, run_number=job.run_number, attempt=job.attempt,
+            organization_id=job.organization_id, worker_id=worker_id,
+        )
+        self.gate = _OutcomeGate()
+        self.stop_watchdog = threading.Event()
+        self.deadline_passed = threading.Event()
+        self.lease_lost: Optional[LeaseLost] = None
+
+    def _report_progress(self, context: JobContext, done: Optional[int], total: Optional[int], checkpoint: Any) -> None:
+        lifecycle.update_job_progress(
+            self.engine, **self.identity.keywords(), progress_done=done, progress_total=total, checkpoint=checkpoint
+        )
+
+
+def process_claimed_job(engine: Engine, registry: JobRegistry, job: JobRecord, config: JobsConfig) -> None:
+    """Run one claimed job and write its single outcome (or none when the lease was lost)."""
+    execution = JobExecution(engine, registry, job, config)
+    started = time.monotonic()
+    if not _mark_running_or_abort(execution):
+        return
+    watchdog = threading.Thread(
+        target=_watch, args=(execution, started), name=f"runledger-heartbeat-{job.id}", daemon=True
+    )
+    watchdog.start()
+    outcome = _run_handler(execution)
+    if execution.gate.take():
+        execution.stop_watchdog.set()
+        watchdog.join()
+        _finish(execution, outcome)
+    elif not isinstance(outcome, LeaseLost):
+        log.warning(
+            "handler finished after its attempt was already decided; result discarded",
+            extra=execution.log_fields | {"late_result": type(outcome).__name__},
+        )
+    log.info("job processed", extra=execution.log_fields | {"elapsed_ms": int((time.monotonic() - started) * 1000)})
+
+
+# -- step 2: mark running -----------------------------------------------------------
+
+
+def _mark_running_or_abort(execution: JobExecution) -> bool:
+    try:
+        lifecycle.mark_job_running(execution.engine, execution.identity)
+        return True
+    except LeaseOwnerMismatch as error:
+        log.warning(
+            "aborting job before execution because lease ownership was already lost",
+            extra=execution.log_fields | {"error": str(error)},
+        )
+        return False
+    except RunledgerError as error:
+        _release_after_running_persist_failure(execution, error)
+        return False
+
+
+def _release_after_running_persist_failure(execution: JobExecution, error: RunledgerError) -> None:
+    fields = execution.log_fields | {"error": str(error)}
+    try:
+        lifecycle.release_unstarted_job_claim(
+            execution.engine, **execution.identity.keywords(),
+            reason=RUNNING_PROGRESS_PERSIST_FAILED_REASON, delay_ms=UNSTARTED_CLAIM_RETRY_DELAY_MS,
+        )
+    except UnstartedClaimReleaseNotApplicable as release_error:
+        log.warning(
+            "running progress could not be persisted; unstarted release no longer applies and the job "
+            "will continue under the current lease owner",
+            extra=fields | {"release_error": str(release_error)},
+        )
+    except RunledgerError as release_error:
+        log.warning(
+            "running progress could not be persisted; leaving claim for reaper recovery",
+            extra=fields | {"release_error": str(release_error)},
+        )
+    else:
+        log.warning("running progress could not be persisted; released unstarted claim back to pending", extra=fields)
+
+
+# -- step 3: the handler and its watchdog ----------------------------------------------
+
+
+def _run_handler(execution: JobExecution) -> Outcome:
+    """Call the handler and narrow whatever it does to one Outcome."""
+    handler = execution.registry.get(execution.job.job_type)
+    if handler is None:
+        return JobFailure.terminal(HANDLER_NOT_REGISTERED_CODE, "No handler is registered for this job type.")
+    try:
+        result = handler.execute(execution.context, execution.job.payload)
+    except JobFailure as failure:
+        return _unless_abandoned(execution, failure)
+    except JobCancelled as cancelled:
+        return _abandoned_outcome(execution) or _panic(execution, cancelled)
+    except BaseException as exc:  # noqa: BLE001 - a handler may raise anything, even SystemExit
+        abandoned = _abandoned_outcome(execution)
+        if abandoned is not None:
+            return abandoned
+        if isinstance(exc, execution.registry.retry_on(execution.job.job_type)):
+            return JobFailure.retryable(HANDLER_ERROR_CODE, f"{type(exc).__name__}: {exc}")
+        return _panic(execution, exc)
+    return _unless_abandoned(execution, _completion_outcome(result))
+
+
+def _completion_outcome(result: Any) -> Outcome:
+    if result is None:
+        return JobCompletion()
+    if not isinstance(result, JobCompletion):
+        return JobFailure.terminal(
+            HANDLER_INVALID_RESULT_CODE,
+            f"Handler returned {type(result).__name__}; expected None or JobCompletion.",
+        )
+    problem = completion_progress_problem(result.progress_done, result.progress_total)
+    if problem is not None:
+        return JobFailure.terminal(INVALID_COMPLETION_PROGRESS_CODE, problem)
+    return result
+
+
+def _abandoned_outcome(execution: JobExecution) -> Optional[Outcome]:
+    """The outcome forced by the watchdog (deadline or lease loss), if it fired."""
+    if execution.lease_lost is not None:
+        return execution.lease_lost
+    if execution.deadline_passed.is_set():
+        return timeout_failure()
+    return None
+
+
+def _unless_abandoned(execution: JobExecution, outcome: Outcome) -> Outcome:
+    return _abandoned_outcome(execution) or outcome
+
+
+def _panic(execution: JobExecution, exc: BaseException) -> JobFailure:
+    text = str(exc) or type(exc).__name__
+    log.error(
+        "job handler panicked",
+        extra=execution.log_fields | {"traceback": "".join(traceback.format_exception(exc))},
+    )
+    return JobFailure.panicked(HANDLER_PANIC_CODE, f"Job handler panicked: {text}")
+
+
+def _watch(execution: JobExecution, started: float) -> None:
+    """Renew the lease, enforce the deadline, and after the grace period write the timeout."""
+    config = execution.config
+    interval = config.heartbeat_interval
+    deadline = started + max(1, execution.job.timeout_seconds)
+    give_up = deadline + config.timeout_grace_seconds
+    next_beat = time.monotonic() + interval
+    while True:
+        now = time.monotonic()
+        wake_at = min(next_beat, give_up if execution.deadline_passed.is_set() else deadline)
+        if execution.stop_watchdog.wait(max(0.0, wake_at - now)):
+            return
+        now = time.monotonic()
+        if now >= deadline and not execution.deadline_passed.is_set():
+            execution.deadline_passed.set()
+            execution.context.request_cancel("timeout")
+            log.warning("job exceeded its timeout; cancellation requested", extra=execution.log_fields)
+        if execution.deadline_passed.is_set() and now >= give_up:
+            if execution.gate.take():
+                log.warning(
+                    "handler ignored cancellation past its grace period; writing the timeout without it",
+                    extra=execution.log_fields | {"grace_seconds": config.timeout_grace_seconds},
+                )
+                _finish(execution, timeout_failure())
+            return
+        if now >= next_beat:
+            next_beat = now + interval
+            if not _heartbeat(execution):
+                return
+
+
+def _heartbeat(execution: JobExecution) -> bool:
+    """Renew the lease; on failure mark the attempt lost and ask the handler to stop."""
+    try:
+        lifecycle.heartbeat_job(
+            execution.engine, **execution.identity.keywords(),
+            lease_ttl_seconds=execution.config.lease_ttl_seconds,
+            lock_timeout_ms=execution.config.heartbeat_lock_timeout_ms,
+        )
+        return True
+    except LeaseOwnerMismatch as error:
+        lost = LeaseLost(LEASE_OWNER_MISMATCH_CODE, "Job lease ownership was lost during processing.")
+        reason = "canceled" if _was_canceled(execution) else "lease_lost"
+        log.warning("job heartbeat lost lease ownership", extra=execution.log_fields | {"error": str(error), "reason": reason})
+    except RunledgerError as error:
+        lost = LeaseLost(LEASE_MAINTENANCE_FAILED_CODE, "Job lease could not be durably maintained during processing.")
+        reason = "lease_lost"
+        log.warning(
+            "aborting job because lease heartbeat could not be persisted",
+            extra=execution.log_fields | {"error": str(error)},
+        )
+    # Lease loss is recorded by where it came from (here), never inferred from a
+    # failure code, so a handler's own failure with the same code is persisted.
+    execution.lease_lost = lost
+    execution.context.request_cancel(reason)
+    execution.gate.take()
+    return False
+
+
+def _was_canceled(execution: JobExecution) -> bool:
+    try:
+        current = admin.get_job(execution.engine, execution.job.id)
+    except RunledgerError:
+        return False
+    return current is not None and current.status is JobStatus.CANCELED
+
+
+# -- steps 4-6: the one outcome write ------------------------------------------------
+
+
+def _finish(execution: JobExecution, outcome: Outcome) -> None:
+    if isinstance(outcome, LeaseLost):
+        log.warning(
+            "job processing aborted because durable lease maintenance was lost",
+            extra=execution.log_fields | {"failure_code": outcome.code},
+        )
+    elif isinstance(outcome, JobFailure):
+        _complete_failure(execution, outcome)
+    else:
+        _complete_success(execution, outcome)
+
+
+def _complete_success(execution: JobExecution, completion: JobCompletion) -> None:
+    try:
+        _write(execution, lambda: lifecycle.complete_job_success(
+            execution.engine, **execution.identity.keywords(), completion=completion))
+    except InvalidCompletionProgress as error:
+        log.warning("handler returned invalid success completion; marking job terminal",
+                    extra=execution.log_fields | {"failure_code": error.code})
+        _complete_failure(execution, JobFailure.terminal(INVALID_COMPLETION_PROGRESS_CODE, error.message))
+    except WorkflowReleaseConflict as error:
+        log.warning("job success completion conflicted with workflow cancellation; leaving lease for reaper recovery",
+                    extra=execution.log_fields | {"error": str(error)})
+    except RunledgerError as error:
+        log.error("failed to mark job success", extra=execution.log_fields | {"error": str(error)})
+
+
+def retry_delay_ms_for(registry: JobRegistry, job: JobRecord, failure: JobFailure) -> Optional[int]:
+    """The seed's policy: no delay for non-retryable kinds, else the override or the backoff."""
+    if not failure.kind.is_retryable:
+        return None
+    override = registry.retry_delay_override(job.job_type, failure.code)
+    return override if override is not None else backoff.compute_retry_delay_ms(job.attempt, job.id)
+
+
+def dead_letter_info(job: JobRecord, failure: JobFailure) -> Optional[JobDeadLetterInfo]:
+    """Mirror the store's decision so the hook learns why the job was dead-lettered."""
+    if not failure.kind.is_retryable:
+        reason = JobDeadLetterReason.FAILURE_KIND_NON_RETRYABLE
+    elif job.attempt >= job.max_attempts:
+        reason = JobDeadLetterReason.ATTEMPTS_EXHAUSTED
+    else:
+        return None
+    return JobDeadLetterInfo(failure=failure, reason=reason, max_attempts=job.max_attempts)
+
+
+def _complete_failure(execution: JobExecution, failure: JobFailure) -> None:
+    job = execution.job
+    delay = retry_delay_ms_for(execution.registry, job, failure)
+    try:
+        stored = _write(execution, lambda: lifecycle.complete_job_failure(
+            execution.engine, **execution.identity.keywords(), failure=failure, retry_delay_ms=delay))
+    except WorkflowReleaseConflict as error:
+        log.warning("job failure completion conflicted with workflow cancellation; leaving lease for reaper recovery",
+                    extra=execution.log_fields | {"error": str(error)})
+        return
+    except RunledgerError as error:
+        log.error("failed to mark job failure", extra=execution.log_fields | {"error": str(error)})
+        return
+    info = dead_letter_info(job, failure)
+    if info is None or stored.status is not JobStatus.DEAD_LETTERED:
+        return
+    log.warning(
+        "job dead lettered after handler failure",
+        extra=execution.log_fields | {
+            "max_attempts": job.max_attempts, "dead_letter_reason": info.reason.value,
+            "failure_kind": failure.kind.value, "failure_code": failure.code, "failure_message": failure.message,
+        },
+    )
+    handler = execution.registry.get(job.job_type)
+    if handler is not None:
+        run_dead_letter_hook(
+            handler, execution.context, job.payload, info,
+            timeout_seconds=execution.config.dead_letter_hook_timeout_seconds, log_fields=execution.log_fields,
+        )
+
+
+def _write(execution: JobExecution, write: Callable[[], JobRecord]) -> JobRecord:
+    """Run an outcome write, riding out a database restart within a bounded budget.
+
+    A lost connection is retried; an unknown commit outcome is re-checked by
+    reading the row, because repeating a write that landed would be refused by
+    the fence and look like a lost lease.
+    """
+    give_up = time.monotonic() + min(OUTCOME_WRITE_BUDGET_SECONDS, execution.config.lease_ttl_seconds)
+    while True:
+        try:
+            return write()
+        except CommitOutcomeUnknown:
+            landed = _landed(execution)
+            if landed is not None:
+                return landed
+        except ConnectionFailed:
+            if time.monotonic() >= give_up:
+                raise
+        if time.monotonic() >= give_up:
+            raise ConnectionFailed("the outcome could not be written before the retry budget ran out")
+        time.sleep(0.2)
+
+
+def _landed(execution: JobExecution) -> Optional[JobRecord]:
+    try:
+        current = admin.get_job(execution.engine, execution.job.id)
+    except RunledgerError:
+        return None
+    same_attempt = current is not None and (current.run_number, current.attempt) == (
+        execution.identity.run_number, execution.identity.attempt)
+    if same_attempt and current.status is not JobStatus.LEASED:
+        return current
+    return None

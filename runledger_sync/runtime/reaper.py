@@ -1,0 +1,99 @@
+"""The reaper loop: bring back jobs whose worker died or lost its lease (spec section 7).
+
+An expired claim that never persisted RUNNING is released without spending
+its attempt; a started one has spent it and is retried at the fixed reaper
+delay, or dead-lettered when it was the last, after which the handler's
+``on_dead_letter`` hook is told (worker id ``reaper``).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Sequence
+
+from sqlalchemy.engine import Engine
+
+from runledger_sync.config import JobsConfig
+from runledger_sync.core.errors import ConfigError
+from runledger_sync.core.records import ReapedDeadLetter, ReapResult
+from runledger_sync.core.types import JobContext, JobDeadLetterInfo, JobDeadLetterReason, JobFailure, RuntimeLoopExit
+from runledger_sync.logging import get_logger, job_log_fields
+from runledger_sync.registry import JobRegistry
+from runledger_sync.runtime.hooks import run_dead_letter_hook
+from runledger_sync.store import lifecycle
+
+log = get_logger(__name__)
+
+REAPER_WORKER_ID = "reaper"
+MAX_CONCURRENT_HOOKS = 8
+#: How long hooks still running at shutdown are waited for.
+SHUTDOWN_HOOK_WAIT_SECONDS = 0.25
+
+
+def reap_once(engine: Engine, registry: JobRegistry, config: JobsConfig, shutdown: threading.Event) -> ReapResult:
+    """Run one reaper batch and tell the handlers of the jobs it dead-lettered."""
+    result = lifecycle.reap_expired_leases(
+        engine, limit=config.claim_batch_size, default_retry_delay_ms=config.reaper_retry_delay_ms
+    )
+    if result.processed:
+        log.info(
+            "reaper recovered expired leases",
+            extra={"processed": result.processed, "released_unstarted": result.released_unstarted,
+                   "retried": result.retried, "dead_lettered": len(result.dead_lettered),
+                   "failed_rows": result.failed_rows},
+        )
+    _notify_dead_letters(registry, config, result.dead_lettered, shutdown)
+    return result
+
+
+def _notify_dead_letters(
+    registry: JobRegistry, config: JobsConfig, dead: Sequence[ReapedDeadLetter], shutdown: threading.Event
+) -> None:
+    failure = JobFailure.lease_expired(lifecycle.LEASE_EXPIRED_CODE, lifecycle.LEASE_EXPIRED_MESSAGE)
+    info = JobDeadLetterInfo(failure=failure, reason=JobDeadLetterReason.LEASE_EXPIRED, max_attempts=None)
+    calls = [(registry.get(record.job_type), record) for record in dead]
+    calls = [(handler, record) for handler, record in calls if handler is not None]
+    for start in range(0, len(calls), MAX_CONCURRENT_HOOKS):
+        if shutdown.is_set():
+            log.warning("reaper shutting down; remaining dead-letter hooks skipped",
+                        extra={"skipped": len(calls) - start})
+            return
+        timeout = SHUTDOWN_HOOK_WAIT_SECONDS if shutdown.is_set() else config.dead_letter_hook_timeout_seconds
+        threads = []
+        for handler, record in calls[start:start + MAX_CONCURRENT_HOOKS]:
+            context = JobContext(job_id=record.job_id, run_number=record.run_number, attempt=record.attempt,
+                                 organization_id=record.organization_id, worker_id=REAPER_WORKER_ID,
+                                 job_type=record.job_type)
+            fields = job_log_fields(job_id=record.job_id, job_type=record.job_type, run_number=record.run_number,
+                                    attempt=record.attempt, organization_id=record.organization_id,
+                                    worker_id=REAPER_WORKER_ID)
+            thread = threading.Thread(
+                target=run_dead_letter_hook, args=(handler, context, record.payload, info),
+                kwargs={"timeout_seconds": timeout, "log_fields": fields}, daemon=True,
+            )
+            thread.start()
+            threads.append(thread)
+        for thread in threads:
+            thread.join()
+
+
+def run_reaper_loop(
+    engine: Engine, registry: JobRegistry, config: JobsConfig, shutdown_event: threading.Event
+) -> RuntimeLoopExit:
+    """Sweep expired leases every ``reaper_interval_seconds`` until shutdown.
+
+    Returns:
+        ``SHUTDOWN``, or ``INVALID_CONFIG`` at once when the reaper's settings are invalid.
+    """
+    try:
+        config.validate_reaper()
+    except ConfigError as error:
+        log.warning("invalid jobs config; stopping reaper loop", extra={"error": str(error)})
+        return RuntimeLoopExit.INVALID_CONFIG
+    while not shutdown_event.is_set():
+        try:
+            reap_once(engine, registry, config, shutdown_event)
+        except Exception as error:  # noqa: BLE001 - a failed sweep is retried next interval
+            log.warning("reaper sweep failed", extra={"error": str(error)})
+        shutdown_event.wait(config.reaper_interval_seconds)
+    return RuntimeLoopExit.SHUTDOWN

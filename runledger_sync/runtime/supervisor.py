@@ -1,0 +1,150 @@
+"""Run the worker and reaper loops together on one shutdown event.
+
+If one loop ends on its own (an error, an invalid config), the others are
+stopped and the failure is reported. Embed it with ``start()``/``stop()`` or
+``with Supervisor(...)``; a script calls :meth:`Supervisor.run_until_shutdown`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from sqlalchemy.engine import Engine
+
+from runledger_sync.config import JobsConfig
+from runledger_sync.core.types import RuntimeLoopExit
+from runledger_sync.logging import get_logger
+from runledger_sync.registry import JobRegistry
+from runledger_sync.runtime.reaper import run_reaper_loop
+from runledger_sync.runtime.worker import run_worker_loop
+
+log = get_logger(__name__)
+
+Loop = Callable[[Engine, JobRegistry, JobsConfig, threading.Event], RuntimeLoopExit]
+DEFAULT_DRAIN_TIMEOUT_SECONDS = 30.0
+#: Exit status of a process stopped by a second signal, as shells report SIGINT.
+FORCED_EXIT_STATUS = 130
+
+
+class Supervisor:
+    """Own the worker and reaper threads of one process.
+
+    Example:
+        ``with rl.Supervisor(engine, registry, rl.JobsConfig.from_env()): serve()``
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        registry: JobRegistry,
+        config: Optional[JobsConfig] = None,
+        *,
+        run_reaper: bool = True,
+    ) -> None:
+        self.engine = engine
+        self.registry = registry
+        self.config = config if config is not None else JobsConfig.from_env()
+        self.shutdown_event = threading.Event()
+        self._loops: dict[str, Loop] = {"worker": run_worker_loop}
+        if run_reaper:
+            self._loops["reaper"] = run_reaper_loop
+        self._threads: list[threading.Thread] = []
+        self._exits: dict[str, Any] = {}
+        self._failure: Optional[str] = None
+
+    @property
+    def failure(self) -> Optional[str]:
+        """Why a loop ended before it was asked to, or None."""
+        return self._failure
+
+    @property
+    def exits(self) -> dict[str, Any]:
+        """Each finished loop's RuntimeLoopExit (or the exception that ended it)."""
+        return dict(self._exits)
+
+    @property
+    def running(self) -> bool:
+        return any(thread.is_alive() for thread in self._threads)
+
+    def start(self) -> "Supervisor":
+        """Start the loops in background threads; return at once."""
+        if self._threads:
+            raise RuntimeError("this Supervisor was already started")
+        self.config.validate()
+        for name, loop in self._loops.items():
+            thread = threading.Thread(target=self._run, args=(name, loop), name=f"runledger-{name}", daemon=True)
+            self._threads.append(thread)
+            thread.start()
+        log.info("supervisor started", extra={"worker_id": self.config.worker_id, "loops": list(self._loops)})
+        return self
+
+    def _run(self, name: str, loop: Loop) -> None:
+        try:
+            exit_reason: Any = loop(self.engine, self.registry, self.config, self.shutdown_event)
+        except BaseException as error:  # noqa: BLE001 - reported, then the other loops stop
+            exit_reason = error
+            log.error(f"{name} loop crashed", extra={"error": repr(error)}, exc_info=error)
+        self._exits[name] = exit_reason
+        if not self.shutdown_event.is_set():
+            self._failure = f"{name} loop ended unexpectedly: {exit_reason!r}"
+            log.error("a runtime loop ended early; stopping the others", extra={"loop": name, "exit": repr(exit_reason)})
+            self.shutdown_event.set()
+
+    def stop(self, timeout: float = DEFAULT_DRAIN_TIMEOUT_SECONDS) -> bool:
+        """Ask every loop to stop, let in-flight jobs drain, and wait up to ``timeout`` seconds.
+
+        Returns:
+            True if everything stopped in time. Jobs still running afterwards keep
+            their threads; if the process exits, their leases expire and the
+            reaper gives them to another worker.
+        """
+        self.shutdown_event.set()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        stopped = not self.running
+        if not stopped:
+            log.warning("supervisor stop timed out with jobs still running", extra={"timeout_seconds": timeout})
+        return stopped
+
+    def run_until_shutdown(self, drain_timeout: float = DEFAULT_DRAIN_TIMEOUT_SECONDS) -> int:
+        """Run in the foreground until SIGINT/SIGTERM; return a process exit status.
+
+        The first signal stops claiming and drains in-flight jobs for up to
+        ``drain_timeout`` seconds; a second signal exits at once (leases left
+        behind are recovered by the reaper).
+
+        Returns:
+            0 after a clean stop, 1 when a loop failed or the drain timed out.
+        """
+        signals = {"count": 0}
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            signals["count"] += 1
+            if signals["count"] == 1:
+                log.info("shutdown signal received; draining", extra={"signal": signal.Signals(signum).name})
+                self.shutdown_event.set()
+            else:
+                log.warning("second shutdown signal; exiting now", extra={"signal": signal.Signals(signum).name})
+                os._exit(FORCED_EXIT_STATUS)
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self.start()
+            while not self.shutdown_event.wait(0.2):
+                pass
+            stopped = self.stop(drain_timeout)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return 0 if stopped and self._failure is None else 1
+
+    def __enter__(self) -> "Supervisor":
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

@@ -1,0 +1,136 @@
+"""The polling thread: claim due jobs into free slots and hand each to a pool thread.
+
+This is the seed's ``run_worker_loop``. A full batch loops at once; a short or
+empty one waits ``poll_interval_ms`` (jittered, cut short when a slot frees up
+or shutdown is asked for). A failed claim is logged and tried again next turn.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from sqlalchemy.engine import Engine
+
+from runledger_sync.config import JobsConfig
+from runledger_sync.core.errors import ConfigError
+from runledger_sync.core.records import JobRecord
+from runledger_sync.core.types import RuntimeLoopExit
+from runledger_sync.logging import get_logger
+from runledger_sync.registry import JobRegistry
+from runledger_sync.runtime.execution import process_claimed_job
+from runledger_sync.store import lifecycle
+
+log = get_logger(__name__)
+
+#: How often a wait re-checks the caller's shutdown event.
+SHUTDOWN_CHECK_SECONDS = 0.05
+#: Poll waits vary by up to this share, so many workers do not claim in lockstep.
+POLL_JITTER = 0.1
+
+
+class WorkerLoop:
+    """One polling turn at a time (:meth:`turn`), so tests can drive the loop step by step."""
+
+    def __init__(self, engine: Engine, registry: JobRegistry, config: JobsConfig, shutdown: threading.Event) -> None:
+        self.engine = engine
+        self.registry = registry
+        self.config = config
+        self.shutdown = shutdown
+        types = registry.registered_types()
+        if config.job_types is not None:
+            types = [t for t in types if t in set(config.job_types)]
+        self.job_types = types
+        self.in_flight: set[Future[None]] = set()
+        self._lock = threading.Lock()
+        self._slot_freed = threading.Event()
+        self.executor = ThreadPoolExecutor(
+            max_workers=config.max_global_concurrency, thread_name_prefix=f"runledger-job-{config.worker_id}"
+        )
+
+    @property
+    def free_slots(self) -> int:
+        with self._lock:
+            return self.config.max_global_concurrency - len(self.in_flight)
+
+    def turn(self) -> bool:
+        """Claim and dispatch once; return True when the batch was full (loop again at once)."""
+        # Cleared before counting free slots, so a job finishing from here on
+        # cuts the following pause short instead of being missed.
+        self._slot_freed.clear()
+        limit = min(self.free_slots, self.config.claim_batch_size)
+        if not self.job_types or limit <= 0:
+            return False
+        try:
+            claimed = lifecycle.claim_prestart_jobs_for_types(
+                self.engine, worker_id=self.config.worker_id, lease_ttl_seconds=self.config.lease_ttl_seconds,
+                limit=limit, job_types=self.job_types,
+            )
+        except Exception as error:  # noqa: BLE001 - a failed claim must never stop the loop
+            log.warning("worker claim failed", extra={"worker_id": self.config.worker_id, "error": str(error)})
+            return False
+        for job in claimed:
+            self._submit(job)
+        return len(claimed) == limit
+
+    def _submit(self, job: JobRecord) -> None:
+        future = self.executor.submit(process_claimed_job, self.engine, self.registry, job, self.config)
+        with self._lock:
+            self.in_flight.add(future)
+        future.add_done_callback(self._finished)
+
+    def _finished(self, future: Future[None]) -> None:
+        with self._lock:
+            self.in_flight.discard(future)
+        error = future.exception()
+        if error is not None:
+            log.error("job task crashed", extra={"worker_id": self.config.worker_id, "error": repr(error)},
+                      exc_info=error)
+        self._slot_freed.set()
+
+    def pause(self) -> None:
+        """Wait one jittered poll interval, or less when a slot frees up or shutdown is asked for."""
+        seconds = self.config.poll_interval_ms / 1000.0
+        seconds *= 1 + random.uniform(-POLL_JITTER, POLL_JITTER)  # noqa: S311 - jitter, not security
+        deadline = time.monotonic() + seconds
+        while not self.shutdown.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._slot_freed.wait(min(remaining, SHUTDOWN_CHECK_SECONDS)):
+                return
+
+    def drain(self) -> None:
+        """Wait for every in-flight job to finish (no deadline: the supervisor bounds it)."""
+        if self.in_flight:
+            log.info("worker shutdown requested; draining in-flight jobs",
+                     extra={"worker_id": self.config.worker_id, "in_flight": len(self.in_flight)})
+        self.executor.shutdown(wait=True)
+
+
+def run_worker_loop(
+    engine: Engine, registry: JobRegistry, config: JobsConfig, shutdown_event: threading.Event
+) -> RuntimeLoopExit:
+    """Run the worker until ``shutdown_event`` is set, then drain in-flight jobs.
+
+    Returns:
+        ``RuntimeLoopExit.SHUTDOWN`` after a drain, or ``INVALID_CONFIG`` at once
+        (nothing claimed) when the config does not validate.
+
+    Example:
+        ``rl.run_worker_loop(engine, registry, rl.JobsConfig(), threading.Event())``
+    """
+    try:
+        config.validate_worker_loop()
+    except ConfigError as error:
+        log.warning("invalid jobs config; stopping worker loop", extra={"error": str(error)})
+        return RuntimeLoopExit.INVALID_CONFIG
+    loop = WorkerLoop(engine, registry, config, shutdown_event)
+    log.info("worker started", extra={"worker_id": config.worker_id, "job_types": loop.job_types,
+                                      "max_global_concurrency": config.max_global_concurrency})
+    try:
+        while not shutdown_event.is_set():
+            if not loop.turn():
+                loop.pause()
+    finally:
+        loop.drain()
+    return RuntimeLoopExit.SHUTDOWN
