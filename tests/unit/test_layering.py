@@ -32,6 +32,7 @@ LAYERS: dict[str, int] = {
     "cli": 5,
     "contrib": 5,
     "testing": 5,
+    "demo": 5,
     "__main__": 5,
 }
 #: The package's own ``__init__`` re-exports the public API, so it is the top layer;
