@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any, Optional
 from uuid import UUID
 
-from sqlalchemy import Text, bindparam, func, literal, null, select
+from sqlalchemy import Text, bindparam, func, literal, select
 from sqlalchemy.engine import Connection, Engine
 
 from runledger_sync.core import validation as check

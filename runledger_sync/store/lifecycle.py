@@ -51,7 +51,6 @@ from runledger_sync.core.types import (
     JobCompletion,
     JobEventType,
     JobFailure,
-    JobFailureKind,
     JobStage,
     JobStatus,
 )
