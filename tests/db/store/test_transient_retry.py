@@ -1,0 +1,53 @@
+"""Lost connections are retried within a budget; guard misses and bad input never are."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import event, text
+
+from runledger_sync.core import errors
+from runledger_sync.db.engine import create_engine
+from runledger_sync.store import enqueue as store_enqueue
+from runledger_sync.store import lifecycle
+from tests.support import JOB_TYPE, claim_one, define, identity, scalar
+
+
+def statements_of(engine) -> list[str]:
+    seen: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda conn, cursor, statement, *rest: seen.append(statement))
+    return seen
+
+
+def test_a_killed_pooled_connection_is_retried_and_the_job_written_once(fresh_database):
+    # No pre-ping, so the dead connection is really used and the retry budget is what saves the call.
+    engine = create_engine(fresh_database, pool_pre_ping=False, pool_size=1, max_overflow=0)
+    try:
+        define(engine)
+        with engine.connect() as conn:
+            pid = conn.execute(text("SELECT pg_backend_pid()")).scalar()
+        killer = create_engine(fresh_database)
+        with killer.connect() as conn:
+            assert conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}).scalar()
+        killer.dispose()
+        job = store_enqueue.enqueue(engine, JOB_TYPE, {"once": True})
+        assert scalar(engine, "SELECT count(*) FROM job_queue") == 1
+        assert scalar(engine, "SELECT id FROM job_queue") == job.id
+    finally:
+        engine.dispose()
+
+
+def test_a_guard_miss_runs_one_statement_and_is_not_retried(engine):
+    define(engine)
+    store_enqueue.enqueue(engine, JOB_TYPE, {})
+    job = claim_one(engine)
+    seen = statements_of(engine)
+    with pytest.raises(errors.LeaseOwnerMismatch):
+        lifecycle.complete_job_success(engine, **identity(job) | {"worker_id": "someone-else"})
+    assert len(seen) == 1
+
+
+def test_bad_input_runs_no_statement(engine):
+    seen = statements_of(engine)
+    with pytest.raises(errors.InvalidPayload):
+        store_enqueue.enqueue(engine, JOB_TYPE, {"x": {1}})
+    assert seen == []
