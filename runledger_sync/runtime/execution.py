@@ -26,6 +26,7 @@ from runledger_sync.core.errors import (
     CommitOutcomeUnknown,
     ConnectionFailed,
     InvalidCompletionProgress,
+    InvalidPayload,
     JobCancelled,
     LeaseOwnerMismatch,
     RunledgerError,
@@ -41,7 +42,7 @@ from runledger_sync.core.types import (
     JobFailure,
     JobStatus,
 )
-from runledger_sync.core.validation import completion_progress_problem
+from runledger_sync.core.validation import completion_progress_problem, serialize_json
 from runledger_sync.logging import get_logger, job_log_fields
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.hooks import run_dead_letter_hook
@@ -139,16 +140,26 @@ def process_claimed_job(engine: Engine, registry: JobRegistry, job: JobRecord, c
         target=_watch, args=(execution, started), name=f"runledger-heartbeat-{job.id}", daemon=True
     )
     watchdog.start()
-    outcome = _run_handler(execution)
-    if execution.gate.take():
+    try:
+        outcome = _run_handler(execution)
+        if execution.gate.take():
+            execution.stop_watchdog.set()
+            watchdog.join()
+            _finish(execution, outcome)
+        elif not isinstance(outcome, LeaseLost):
+            log.warning(
+                "handler finished after its attempt was already decided; result discarded",
+                extra=execution.log_fields | {"late_result": type(outcome).__name__},
+            )
+    finally:
+        # The watchdog must never outlive the attempt. After a crash above it would
+        # otherwise keep renewing a lease nobody works under and later write a
+        # timeout; taking the gate leaves the lease to expire for the reaper, as
+        # the seed's dropped task does. When the watchdog decided the outcome,
+        # joining waits for its write to land before the slot is freed.
+        execution.gate.take()
         execution.stop_watchdog.set()
         watchdog.join()
-        _finish(execution, outcome)
-    elif not isinstance(outcome, LeaseLost):
-        log.warning(
-            "handler finished after its attempt was already decided; result discarded",
-            extra=execution.log_fields | {"late_result": type(outcome).__name__},
-        )
     log.info("job processed", extra=execution.log_fields | {"elapsed_ms": int((time.monotonic() - started) * 1000)})
 
 
@@ -224,6 +235,23 @@ def _completion_outcome(result: Any) -> Outcome:
             HANDLER_INVALID_RESULT_CODE,
             f"Handler returned {type(result).__name__}; expected None or JobCompletion.",
         )
+    # Checked here, not left to the store: a str progress would crash the
+    # comparison below, and a non-JSON output would fail the success write and
+    # leave the lease to the reaper, which retries the same broken result.
+    for name in ("progress_done", "progress_total"):
+        value = getattr(result, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            return JobFailure.terminal(
+                HANDLER_INVALID_RESULT_CODE, f"Handler returned a JobCompletion whose {name} is not an int: {value!r}."
+            )
+    for name in ("checkpoint", "output"):
+        try:
+            serialize_json(name, getattr(result, name))
+        except InvalidPayload as error:
+            return JobFailure.terminal(
+                HANDLER_INVALID_RESULT_CODE,
+                f"Handler returned a JobCompletion whose {name} is not JSON: {error.message}",
+            )
     problem = completion_progress_problem(result.progress_done, result.progress_total)
     if problem is not None:
         return JobFailure.terminal(INVALID_COMPLETION_PROGRESS_CODE, problem)
@@ -244,7 +272,10 @@ def _unless_abandoned(execution: JobExecution, outcome: Outcome) -> Outcome:
 
 
 def _panic(execution: JobExecution, exc: BaseException) -> JobFailure:
-    text = str(exc) or type(exc).__name__
+    try:
+        text = str(exc) or type(exc).__name__
+    except Exception:  # noqa: BLE001 - a broken __str__ must not crash the pipeline
+        text = f"unprintable {type(exc).__name__}"
     log.error(
         "job handler panicked",
         extra=execution.log_fields | {"traceback": "".join(traceback.format_exception(exc))},
@@ -307,7 +338,8 @@ def _heartbeat(execution: JobExecution) -> bool:
     # failure code, so a handler's own failure with the same code is persisted.
     execution.lease_lost = lost
     execution.context.request_cancel(reason)
-    execution.gate.take()
+    if execution.gate.take():
+        _finish(execution, lost)  # writes nothing; logs which kind of lease loss ended the attempt
     return False
 
 

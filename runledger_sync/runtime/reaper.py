@@ -9,6 +9,7 @@ delay, or dead-lettered when it was the last, after which the handler's
 from __future__ import annotations
 
 import threading
+import time
 from typing import Sequence
 
 from sqlalchemy.engine import Engine
@@ -28,6 +29,8 @@ REAPER_WORKER_ID = "reaper"
 MAX_CONCURRENT_HOOKS = 8
 #: How long hooks still running at shutdown are waited for.
 SHUTDOWN_HOOK_WAIT_SECONDS = 0.25
+#: How often a wait for hooks re-checks the shutdown event.
+SHUTDOWN_CHECK_SECONDS = 0.05
 
 
 def reap_once(engine: Engine, registry: JobRegistry, config: JobsConfig, shutdown: threading.Event) -> ReapResult:
@@ -58,7 +61,7 @@ def _notify_dead_letters(
             log.warning("reaper shutting down; remaining dead-letter hooks skipped",
                         extra={"skipped": len(calls) - start})
             return
-        timeout = SHUTDOWN_HOOK_WAIT_SECONDS if shutdown.is_set() else config.dead_letter_hook_timeout_seconds
+        timeout = config.dead_letter_hook_timeout_seconds
         threads = []
         for handler, record in calls[start:start + MAX_CONCURRENT_HOOKS]:
             context = JobContext(job_id=record.job_id, run_number=record.run_number, attempt=record.attempt,
@@ -73,8 +76,31 @@ def _notify_dead_letters(
             )
             thread.start()
             threads.append(thread)
-        for thread in threads:
-            thread.join()
+        if not _join_hooks(threads, shutdown):
+            return
+
+
+def _join_hooks(threads: Sequence[threading.Thread], shutdown: threading.Event) -> bool:
+    """Wait for the hook threads; return False if shutdown cut the wait short.
+
+    Each thread ends within the hook timeout on its own, but shutdown must not
+    wait that long (seconds per batch): once it is asked for, the hooks get
+    :data:`SHUTDOWN_HOOK_WAIT_SECONDS` more and are then abandoned (daemon threads).
+    """
+    pending = list(threads)
+    while pending:
+        pending[0].join(SHUTDOWN_CHECK_SECONDS)
+        pending = [thread for thread in pending if thread.is_alive()]
+        if pending and shutdown.is_set():
+            give_up = time.monotonic() + SHUTDOWN_HOOK_WAIT_SECONDS
+            for thread in pending:
+                thread.join(max(0.0, give_up - time.monotonic()))
+            still_running = sum(thread.is_alive() for thread in pending)
+            if still_running:
+                log.warning("reaper shutting down; abandoning dead-letter hooks still running",
+                            extra={"abandoned": still_running})
+            return False
+    return True
 
 
 def run_reaper_loop(

@@ -1,0 +1,237 @@
+"""The polling loop (spec sections 5 and 14): claims, slots, drain, exits, on real threads."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from runledger_sync.core.records import JobSpec
+from runledger_sync.core.types import JobCompletion, RuntimeLoopExit
+from runledger_sync.registry import JobRegistry
+from runledger_sync.runtime.reaper import reap_once
+from runledger_sync.runtime.worker import run_worker_loop
+from runledger_sync.store import enqueue as store_enqueue
+from tests import handlers as h
+from tests.handlers import SECRET, fast_config
+from tests.support import JOB_TYPE, attempts, event_types, expire_lease, rows, scalar, wait_until
+
+PAYLOAD = {"secret": SECRET}
+
+
+def status(engine, job_id):
+    return scalar(engine, "SELECT status FROM job_queue WHERE id = :id", id=job_id)
+
+
+def statuses(engine):
+    return dict(rows(engine, "SELECT status, count(*) FROM job_queue GROUP BY status"))
+
+
+def wait_status(engine, job_id, expected, timeout=10.0):
+    wait_until(lambda: status(engine, job_id) == expected, timeout=timeout)
+
+
+def holds(condition, seconds):
+    """True if ``condition`` stays true on every check for ``seconds`` (for "nothing else happens")."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not condition():
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_worker_with_shutdown_already_requested_returns_before_claiming(engine, probe, logs):
+    registry = h.registry_with(JOB_TYPE, h.ok(probe))
+    registry.sync_definitions(engine)
+    job = store_enqueue.enqueue(engine, JOB_TYPE, PAYLOAD)
+    shutdown = threading.Event()
+    shutdown.set()
+    assert run_worker_loop(engine, registry, fast_config(), shutdown) is RuntimeLoopExit.SHUTDOWN
+    assert status(engine, job.id) == "PENDING"
+    assert event_types(engine, job.id) == ["ENQUEUED"]
+    assert probe.calls == []
+
+
+@pytest.mark.parametrize("bad", [
+    {"poll_interval_ms": 0}, {"max_global_concurrency": 0}, {"lease_ttl_seconds": 0.5},
+    {"worker_id": "  "}, {"claim_batch_size": 1001},
+])
+def test_invalid_worker_config_returns_invalid_config_and_claims_nothing(engine, probe, logs, bad):
+    registry = h.registry_with(JOB_TYPE, h.ok(probe))
+    registry.sync_definitions(engine)
+    job = store_enqueue.enqueue(engine, JOB_TYPE, PAYLOAD)
+    exit_reason = run_worker_loop(engine, registry, fast_config(**bad), threading.Event())
+    assert exit_reason is RuntimeLoopExit.INVALID_CONFIG
+    assert event_types(engine, job.id) == ["ENQUEUED"]
+    assert [r.getMessage() for r in logs.records] == ["invalid jobs config; stopping worker loop"]
+
+
+def test_worker_survives_a_panicking_handler_and_runs_the_next_job(engine, probe, start_loop, logs):
+    registry = JobRegistry()
+    registry.job("test.panic", max_attempts=3)(h.raise_error(probe, RuntimeError("kaboom")))
+    registry.job("test.ok")(h.ok(probe))
+    registry.sync_definitions(engine)
+    panicking = store_enqueue.enqueue(engine, "test.panic", PAYLOAD, priority=500)
+    worker = start_loop("worker", registry, fast_config(max_global_concurrency=1))
+    wait_status(engine, panicking.id, "DEAD_LETTERED")
+    following = store_enqueue.enqueue(engine, "test.ok", PAYLOAD)
+    wait_status(engine, following.id, "SUCCEEDED")
+    assert rows(engine, "SELECT status_reason, last_error_code FROM job_queue WHERE id = :id", id=panicking.id) == [
+        ("PANICKED", "job.handler_panic")]
+    assert worker.thread.is_alive()
+    assert worker.stop() is RuntimeLoopExit.SHUTDOWN
+
+
+def test_worker_survives_a_handler_raising_system_exit(engine, probe, start_loop, logs):
+    registry = JobRegistry()
+    registry.job("test.exit")(h.kill_thread(probe))
+    registry.job("test.ok")(h.ok(probe))
+    registry.sync_definitions(engine)
+    exiting = store_enqueue.enqueue(engine, "test.exit", PAYLOAD, priority=500)
+    following = store_enqueue.enqueue(engine, "test.ok", PAYLOAD)
+    worker = start_loop("worker", registry, fast_config(max_global_concurrency=1))
+    wait_status(engine, following.id, "SUCCEEDED")
+    assert rows(engine, "SELECT status, last_error_code FROM job_queue WHERE id = :id", id=exiting.id) == [
+        ("DEAD_LETTERED", "job.handler_panic")]
+    assert worker.thread.is_alive()
+    assert worker.stop() is RuntimeLoopExit.SHUTDOWN
+
+
+def test_worker_claims_no_more_jobs_than_it_has_free_slots(engine, probe, start_loop, logs):
+    registry = h.registry_with(JOB_TYPE, h.hang(probe))
+    registry.sync_definitions(engine)
+    jobs = store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, PAYLOAD) for _ in range(5)])
+    start_loop("worker", registry, fast_config(max_global_concurrency=2, claim_batch_size=4))
+    probe.wait_calls(2)
+    assert holds(lambda: statuses(engine) == {"LEASED": 2, "PENDING": 3}, 0.3)
+    probe.release.set()
+    wait_until(lambda: statuses(engine) == {"SUCCEEDED": 5})
+    assert probe.peak == 2
+    assert sorted(len(attempts(engine, job.id)) for job in jobs) == [1] * 5
+
+
+def test_concurrency_never_exceeds_max_global_concurrency(engine, probe, start_loop, logs):
+    def body(ctx, payload, call):
+        probe.note(scalar(engine, "SELECT count(*) FROM job_queue WHERE status = 'LEASED'"))
+        time.sleep(0.2)  # the job's work: long enough for the others to pile up
+
+    registry = h.registry_with(JOB_TYPE, h.scripted(probe, body))
+    registry.sync_definitions(engine)
+    store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, PAYLOAD) for _ in range(9)])
+    start_loop("worker", registry, fast_config(max_global_concurrency=3, claim_batch_size=2))
+    wait_until(lambda: statuses(engine) == {"SUCCEEDED": 9}, timeout=20)
+    assert probe.peak == 3
+    assert max(probe.notes) <= 3
+
+
+class CrashingRegistry(JobRegistry):
+    """A registry whose lookup fails for one type, as a bug in the pipeline would."""
+
+    def get(self, job_type):
+        if job_type == "test.crash":
+            raise RuntimeError("registry lookup exploded")
+        return super().get(job_type)
+
+
+def test_a_crashed_job_task_frees_its_slot_and_leaves_the_lease_to_the_reaper(engine, probe, start_loop, logs):
+    registry = CrashingRegistry()
+    registry.job("test.crash", max_attempts=3)(h.ok(probe))
+    registry.job("test.ok")(h.ok(probe))
+    registry.sync_definitions(engine)
+    crashed = store_enqueue.enqueue(engine, "test.crash", PAYLOAD, priority=500)
+    following = store_enqueue.enqueue(engine, "test.ok", PAYLOAD)
+    config = fast_config(max_global_concurrency=1, heartbeat_interval_seconds=0.2)
+    start_loop("worker", registry, config)
+    wait_status(engine, following.id, "SUCCEEDED")  # the only slot came back
+    [crash_log] = [r for r in logs.records if r.getMessage() == "job task crashed"]
+    assert "registry lookup exploded" in crash_log.error
+    # Nobody runs the crashed job, so nobody may renew its lease.
+    assert holds(lambda: "HEARTBEAT" not in event_types(engine, crashed.id), 0.6)
+    assert status(engine, crashed.id) == "LEASED"
+    expire_lease(engine, crashed.id)
+    reap_once(engine, registry, config, threading.Event())
+    assert rows(engine, "SELECT status, last_error_code FROM job_queue WHERE id = :id", id=crashed.id) == [
+        ("PENDING", "job.lease_expired")]
+
+
+def test_shutdown_drains_in_flight_jobs_before_returning_and_claims_nothing_new(engine, probe, start_loop, logs):
+    registry = h.registry_with(JOB_TYPE, h.hang(probe, JobCompletion(output={"drained": True})))
+    registry.sync_definitions(engine)
+    running = store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, PAYLOAD) for _ in range(2)])
+    worker = start_loop("worker", registry, fast_config(max_global_concurrency=2))
+    probe.wait_calls(2)
+    worker.shutdown.set()
+    wait_until(lambda: any(r.getMessage() == "worker shutdown requested; draining in-flight jobs"
+                           for r in logs.records))
+    late = store_enqueue.enqueue(engine, JOB_TYPE, PAYLOAD)
+    assert holds(worker.thread.is_alive, 0.2)  # still draining: the handlers have not returned
+    probe.release.set()
+    worker.thread.join(10)
+    assert worker.exits == [RuntimeLoopExit.SHUTDOWN]
+    assert [status(engine, job.id) for job in running] == ["SUCCEEDED", "SUCCEEDED"]
+    assert rows(engine, "SELECT output FROM job_queue WHERE status = 'SUCCEEDED'") == [({"drained": True},)] * 2
+    assert event_types(engine, late.id) == ["ENQUEUED"]
+
+
+def test_ignored_timeout_is_written_after_the_grace_and_the_slot_stays_taken_until_the_thread_returns(
+        engine, probe, start_loop, logs):
+    registry = JobRegistry()
+    registry.job("test.stubborn", max_attempts=3, timeout_seconds=1)(h.ignore_cancel(probe))
+    registry.job("test.next")(h.ok(probe))
+    registry.sync_definitions(engine)
+    stubborn = store_enqueue.enqueue(engine, "test.stubborn", PAYLOAD, priority=500)
+    waiting = store_enqueue.enqueue(engine, "test.next", PAYLOAD)
+    start_loop("worker", registry, fast_config(max_global_concurrency=1, timeout_grace_seconds=0.5))
+    [call] = probe.wait_calls(1)
+    wait_status(engine, stubborn.id, "PENDING")
+    timed_out_at = time.monotonic()
+    [attempt] = attempts(engine, stubborn.id)
+    assert (attempt.outcome, attempt.error_code) == ("TIMEOUT", "job.timeout_exceeded")
+    # Deadline 1 s after start, then 0.5 s of grace; started_at is the claim, a bit earlier.
+    assert (attempt.finished_at - attempt.started_at).total_seconds() >= 1.45
+    assert timed_out_at - call.started < 4.0
+    assert call.cancelled_at is not None and call.cancelled_at < timed_out_at
+    heartbeats = event_types(engine, stubborn.id).count("HEARTBEAT")
+    # The timed-out handler still runs, so its slot is still taken.
+    assert holds(lambda: status(engine, waiting.id) == "PENDING", 0.4)
+    assert event_types(engine, waiting.id) == ["ENQUEUED"]
+    probe.release.set()
+    wait_status(engine, waiting.id, "SUCCEEDED")
+    row = rows(engine, "SELECT status, status_reason, last_error_code, output FROM job_queue WHERE id = :id",
+               id=stubborn.id)[0]
+    assert tuple(row) == ("PENDING", "TIMEOUT", "job.timeout_exceeded", None)
+    types = event_types(engine, stubborn.id)
+    assert "SUCCEEDED" not in types and types.count("HEARTBEAT") == heartbeats
+    assert types[-2:] == ["FAILED", "RETRY_SCHEDULED"]
+    assert [r for r in logs.records
+            if r.getMessage() == "handler finished after its attempt was already decided; result discarded"]
+
+
+def test_worker_logs_carry_the_job_fields_and_never_the_payload(engine, probe, start_loop, logs):
+    registry = JobRegistry()
+    registry.job("test.ok")(h.ok(probe))
+    registry.job("test.bad")(h.fail_terminal(probe))
+    registry.sync_definitions(engine)
+    good = store_enqueue.enqueue(engine, "test.ok", {"secret": SECRET, "card": SECRET})
+    bad = store_enqueue.enqueue(engine, "test.bad", {"secret": SECRET}, organization_id="org-7")
+    start_loop("worker", registry, fast_config(worker_id="worker-logs"))
+    wait_status(engine, good.id, "SUCCEEDED")
+    wait_status(engine, bad.id, "DEAD_LETTERED")
+    wait_until(lambda: len([r for r in logs.records if r.getMessage() == "job processed"]) == 2)
+    processed = {r.job_id: r for r in logs.records if r.getMessage() == "job processed"}
+    for job, job_type in ((good, "test.ok"), (bad, "test.bad")):
+        record = processed[str(job.id)]
+        assert (record.job_type, record.attempt, record.run_number, record.worker_id) == (
+            job_type, 1, 1, "worker-logs")
+        assert isinstance(record.elapsed_ms, int)
+    [dead] = [r for r in logs.records if r.getMessage() == "job dead lettered after handler failure"]
+    assert (dead.job_id, dead.job_type, dead.attempt, dead.worker_id, dead.organization_id) == (
+        str(bad.id), "test.bad", 1, "worker-logs", "org-7")
+    assert (dead.failure_code, dead.failure_kind, dead.dead_letter_reason) == (
+        "test.terminal", "TERMINAL", "FAILURE_KIND_NON_RETRYABLE")
+    assert [r for r in logs.records if r.getMessage() == "worker started"][0].worker_id == "worker-logs"
+    for record in logs.records:
+        assert SECRET not in record.getMessage()
+        assert not any(SECRET in repr(value) for value in vars(record).values())
