@@ -6,6 +6,7 @@ never collides with a host application's Alembic history in the same database.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Optional
 
@@ -13,14 +14,19 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
 
 from runledger_sync.core.errors import MigrationFailed, RunledgerError, SchemaMismatch
 from runledger_sync.db.engine import schema_of
+from runledger_sync.db.errors import is_transient, translate
 
 VERSION_TABLE = "runledger_alembic_version"
 BRANCH_LABEL = "runledger"
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
+# Alembic's ``context`` and ``op`` proxies are process-wide, so two threads may
+# not run commands at once; the advisory lock in env.py only orders processes.
+_ALEMBIC_LOCK = threading.Lock()
 
 
 def migrations_directory() -> Path:
@@ -50,16 +56,21 @@ def _run(bind: Engine | Connection, action: str, revision: str) -> None:
             _run_on(connection, action, revision)
     except RunledgerError:
         raise
-    except Exception as exc:  # Alembic and the driver raise many types; keep the cause
+    except sa_exc.DBAPIError as exc:
+        if is_transient(exc):
+            raise translate(exc, getattr(bind, "url", None) or bind.engine.url) from exc
+        raise MigrationFailed(f"{action} to {revision} failed: {translate(exc)}") from exc
+    except Exception as exc:  # Alembic raises many types of its own; keep the cause
         raise MigrationFailed(f"{action} to {revision} failed: {exc}") from exc
 
 
 def _run_on(connection: Connection, action: str, revision: str) -> None:
     config = alembic_config(connection)
-    if action == "upgrade":
-        command.upgrade(config, revision)
-    else:
-        command.downgrade(config, revision)
+    with _ALEMBIC_LOCK:
+        if action == "upgrade":
+            command.upgrade(config, revision)
+        else:
+            command.downgrade(config, revision)
 
 
 def migrate(bind: Engine | Connection, revision: str = "head") -> None:
@@ -88,13 +99,16 @@ def head_revision() -> str:
 
 def current_revision(bind: Engine | Connection) -> Optional[str]:
     """Return the database's revision of the queue schema, or None when never migrated."""
-    if isinstance(bind, Engine):
-        with bind.connect() as connection:
-            return current_revision(connection)
-    context = MigrationContext.configure(
-        bind, opts={"version_table": VERSION_TABLE, "version_table_schema": schema_of(bind)}
-    )
-    return context.get_current_revision()
+    try:
+        if isinstance(bind, Engine):
+            with bind.connect() as connection:
+                return current_revision(connection)
+        context = MigrationContext.configure(
+            bind, opts={"version_table": VERSION_TABLE, "version_table_schema": schema_of(bind)}
+        )
+        return context.get_current_revision()
+    except sa_exc.DBAPIError as exc:
+        raise translate(exc, bind.engine.url if isinstance(bind, Connection) else bind.url) from exc
 
 
 def check_schema(bind: Engine | Connection) -> None:

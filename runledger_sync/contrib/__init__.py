@@ -1,0 +1,1 @@
+"""Integrations with web frameworks (Flask, Django); each uses only the public API."""

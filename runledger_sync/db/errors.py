@@ -1,0 +1,69 @@
+"""Translate driver errors into the most specific coded RunledgerError.
+
+Shared by the store and by migrations, so every layer above the driver sees
+the same codes (``db.connection_failed``, ``db.unique_violation``, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from sqlalchemy import exc as sa_exc
+
+from runledger_sync.core import errors
+from runledger_sync.db.engine import mask_url
+
+_BY_SQLSTATE: dict[str, type[errors.StoreError]] = {
+    "23505": errors.UniqueViolation,
+    "23503": errors.RelatedResourceMissing,
+    "23001": errors.RelatedResourceStillReferenced,
+    "23514": errors.BusinessRuleViolation,
+    "23502": errors.RequiredFieldMissing,
+    "42501": errors.PermissionDenied,
+}
+_BY_CONSTRAINT: dict[str, type[errors.RunledgerError]] = {
+    "fk_job_queue_job_type": errors.DefinitionNotFound,
+    "ck_job_queue_progress": errors.InvalidProgress,
+}
+# Connection exceptions (08), operator intervention (57P01-57P03: shutdown,
+# crash, cannot connect now) and a standby that stopped being writable.
+_TRANSIENT_PREFIXES = ("08", "57P")
+
+
+def _sqlstate(exc: sa_exc.DBAPIError) -> Optional[str]:
+    return getattr(exc.orig, "pgcode", None)
+
+
+def _constraint(exc: sa_exc.DBAPIError) -> Optional[str]:
+    diag = getattr(exc.orig, "diag", None)
+    return getattr(diag, "constraint_name", None)
+
+
+def is_transient(exc: sa_exc.DBAPIError) -> bool:
+    """True for failures a fresh connection may not have: a lost or refused connection."""
+    if exc.connection_invalidated or isinstance(exc, sa_exc.InterfaceError):
+        return True
+    state = _sqlstate(exc)
+    if state is None:
+        # psycopg2 reports a refused or dropped connection without a SQLSTATE.
+        return isinstance(exc, sa_exc.OperationalError)
+    return state.startswith(_TRANSIENT_PREFIXES)
+
+
+def translate(exc: sa_exc.DBAPIError, url: object = None) -> errors.RunledgerError:
+    """Return the most specific coded error for a driver error (raise it ``from exc``)."""
+    detail = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else str(exc)
+    if is_transient(exc):
+        where = f" ({mask_url(url)})" if url is not None else ""
+        return errors.ConnectionFailed(f"database connection failed{where}: {_mask(detail, url)}")
+    constraint = _constraint(exc)
+    state = _sqlstate(exc)
+    if state == "55P03":
+        return errors.StoreError(f"lock wait timed out: {detail}", sqlstate=state)
+    cls = _BY_CONSTRAINT.get(constraint or "") or _BY_SQLSTATE.get(state or "", errors.StoreError)
+    return cls(f"{detail}", sqlstate=state, constraint=constraint)
+
+
+def _mask(text: str, url: object) -> str:
+    password = getattr(url, "password", None)
+    return text.replace(password, "***") if password else text

@@ -1,0 +1,537 @@
+"""The bundled Alembic history against a real PostgreSQL.
+
+Each test starts from an empty database (``empty_database``), so upgrade,
+downgrade, schema placement and privileges are exercised from scratch rather
+than on the shared migrated template.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import sqlalchemy
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy.engine import Engine, make_url
+
+import runledger_sync
+from runledger_sync import cli
+from runledger_sync.core.errors import ConnectionFailed, MigrationFailed, SchemaMismatch
+from runledger_sync.core.records import JobDefinition
+from runledger_sync.db.engine import create_engine
+from runledger_sync.db.migrate import (
+    VERSION_TABLE,
+    check_schema,
+    current_revision,
+    downgrade,
+    head_revision,
+    migrate,
+    migrations_directory,
+)
+from runledger_sync.db.schema import metadata
+from runledger_sync.store.enqueue import enqueue, sync_job_definitions
+
+QUEUE_TABLES = {"job_definitions", "job_queue", "job_attempts", "job_events", "job_dead_letters"}
+TRIGGER_FUNCTION = "runledger_set_updated_at"
+
+
+@pytest.fixture
+def empty_engine(empty_database: str) -> Iterator[Engine]:
+    engine = create_engine(empty_database)
+    yield engine
+    engine.dispose()
+
+
+def tables_in(engine: Engine, schema: str = "public") -> set[str]:
+    with engine.connect() as connection:
+        return set(sqlalchemy.inspect(connection).get_table_names(schema=schema))
+
+
+def functions_named(engine: Engine, name: str) -> list[str]:
+    with engine.connect() as connection:
+        rows = connection.execute(
+            sqlalchemy.text(
+                "SELECT n.nspname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+                "WHERE p.proname = :name ORDER BY 1"
+            ),
+            {"name": name},
+        )
+        return [row[0] for row in rows]
+
+
+def triggers_of(engine: Engine) -> set[tuple[str, str]]:
+    with engine.connect() as connection:
+        rows = connection.execute(
+            sqlalchemy.text(
+                "SELECT c.relname, t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+                "WHERE NOT t.tgisinternal"
+            )
+        )
+        return {(row[0], row[1]) for row in rows}
+
+
+def schema_diff(engine: Engine) -> list[Any]:
+    def include_name(name: Any, type_: str, parent_names: Any) -> bool:
+        return not (type_ == "table" and name == VERSION_TABLE)
+
+    with engine.connect() as connection:
+        context = MigrationContext.configure(
+            connection, opts={"compare_type": True, "include_name": include_name}
+        )
+        return list(compare_metadata(context, metadata))
+
+
+def set_version(engine: Engine, revision: str) -> None:
+    with engine.begin() as connection:
+        connection.execute(sqlalchemy.text(f"UPDATE {VERSION_TABLE} SET version_num = :rev"), {"rev": revision})
+
+
+# -- upgrade, compare, downgrade -------------------------------------------------
+
+
+def test_upgrade_to_head_on_empty_database_creates_the_queue_tables(empty_engine):
+    assert tables_in(empty_engine) == set()
+    assert current_revision(empty_engine) is None
+
+    migrate(empty_engine)
+
+    assert QUEUE_TABLES <= tables_in(empty_engine)
+    assert current_revision(empty_engine) == head_revision()
+    assert functions_named(empty_engine, TRIGGER_FUNCTION) == ["public"]
+    assert {("job_definitions", "trg_job_definitions_updated_at"), ("job_queue", "trg_job_queue_updated_at")} <= (
+        triggers_of(empty_engine)
+    )
+
+
+def test_migrated_schema_matches_the_sqlalchemy_metadata(empty_engine):
+    migrate(empty_engine)
+
+    assert schema_diff(empty_engine) == []
+
+
+def test_schema_comparison_detects_drift(empty_engine):
+    # Guards the test above: an empty diff must come from a matching schema, not
+    # from a comparison that looks at nothing.
+    migrate(empty_engine)
+    with empty_engine.begin() as connection:
+        connection.exec_driver_sql("DROP INDEX idx_job_queue_claim")
+        connection.exec_driver_sql("ALTER TABLE job_events ALTER COLUMN stage TYPE varchar(20)")
+
+    diff = repr(schema_diff(empty_engine))
+
+    assert "idx_job_queue_claim" in diff
+    assert "modify_type" in diff and "stage" in diff
+
+
+def test_downgrade_to_base_removes_tables_and_trigger_function(empty_engine):
+    migrate(empty_engine)
+
+    downgrade(empty_engine, "base")
+
+    assert tables_in(empty_engine) & QUEUE_TABLES == set()
+    assert functions_named(empty_engine, TRIGGER_FUNCTION) == []
+    assert current_revision(empty_engine) is None
+
+
+def test_upgrade_after_downgrade_rebuilds_the_schema(empty_engine):
+    migrate(empty_engine)
+    downgrade(empty_engine)
+
+    migrate(empty_engine)
+
+    assert QUEUE_TABLES <= tables_in(empty_engine)
+    assert current_revision(empty_engine) == head_revision()
+    assert schema_diff(empty_engine) == []
+
+
+def test_migrate_twice_is_a_no_op(empty_engine):
+    migrate(empty_engine)
+    with empty_engine.begin() as connection:
+        connection.execute(sqlalchemy.text("INSERT INTO job_definitions (job_type) VALUES ('kept')"))
+
+    migrate(empty_engine)
+
+    assert current_revision(empty_engine) == head_revision()
+    with empty_engine.connect() as connection:
+        assert connection.execute(sqlalchemy.text("SELECT job_type FROM job_definitions")).scalars().all() == ["kept"]
+        assert connection.execute(sqlalchemy.text(f"SELECT count(*) FROM {VERSION_TABLE}")).scalar_one() == 1
+
+
+def test_two_threads_migrating_at_once_both_succeed(empty_database):
+    engines = [create_engine(empty_database) for _ in range(2)]
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def run(engine: Engine) -> None:
+        try:
+            barrier.wait(timeout=10)
+            migrate(engine)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    # Daemon threads and one overall deadline: the race can deadlock (one thread
+    # waits on the advisory lock while the other runs its DDL through the first
+    # thread's connection), and a hung migrate must fail this test, not the run.
+    threads = [threading.Thread(target=run, args=(engine,), daemon=True) for engine in engines]
+    try:
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 20
+        for thread in threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        assert not any(thread.is_alive() for thread in threads), "migrate() hung"
+        assert errors == []
+        assert current_revision(engines[0]) == head_revision()
+        with engines[0].connect() as connection:
+            assert connection.execute(sqlalchemy.text(f"SELECT count(*) FROM {VERSION_TABLE}")).scalar_one() == 1
+    finally:
+        for engine in engines:
+            engine.dispose()
+
+
+def migration_lock_key() -> int:
+    """The advisory-lock key env.py takes, read from the bundled env.py itself."""
+    tree = ast.parse((migrations_directory() / "env.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(target, ast.Name) and target.id == "MIGRATION_LOCK_KEY" for target in node.targets
+        ):
+            return ast.literal_eval(node.value)
+    raise AssertionError("env.py defines no MIGRATION_LOCK_KEY")
+
+
+def test_migrate_waits_for_the_migration_advisory_lock(empty_database):
+    holder = create_engine(empty_database)
+    engine = create_engine(empty_database)
+    finished = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            migrate(engine)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+        finally:
+            finished.set()
+
+    try:
+        with holder.connect() as connection:
+            connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": migration_lock_key()})
+            thread = threading.Thread(target=run)
+            thread.start()
+            assert not finished.wait(1.0), "migrate did not wait for the advisory lock"
+            connection.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": migration_lock_key()})
+            connection.commit()
+        assert finished.wait(30)
+        thread.join(timeout=5)
+        assert errors == []
+        assert current_revision(engine) == head_revision()
+    finally:
+        engine.dispose()
+        holder.dispose()
+
+
+_MIGRATE_IN_A_PROCESS = """
+import sys
+from runledger_sync.db.engine import create_engine
+from runledger_sync.db.migrate import migrate
+engine = create_engine(sys.argv[1])
+sys.stdin.read()  # start line: both processes are past their imports
+migrate(engine)
+engine.dispose()
+"""
+
+
+def test_two_processes_migrating_at_once_both_succeed(empty_database):
+    root = str(Path(runledger_sync.__file__).resolve().parent.parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", _MIGRATE_IN_A_PROCESS, empty_database],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True,
+        )
+        for _ in range(2)
+    ]
+    results = []
+    try:
+        # Closing stdin releases both at (nearly) the same moment.
+        for process in processes:
+            process.stdin.close()
+        for process in processes:
+            err = process.stderr.read()
+            process.wait(timeout=90)
+            results.append((process.returncode, err.strip().splitlines()[-1:] if process.returncode else []))
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            process.stderr.close()
+    assert results == [(0, []), (0, [])]
+    engine = create_engine(empty_database)
+    try:
+        assert current_revision(engine) == head_revision()
+        assert schema_diff(engine) == []
+    finally:
+        engine.dispose()
+
+
+def test_version_table_is_runledger_alembic_version(empty_engine):
+    migrate(empty_engine)
+
+    tables = tables_in(empty_engine)
+    assert VERSION_TABLE == "runledger_alembic_version"
+    assert VERSION_TABLE in tables
+    assert "alembic_version" not in tables
+    with empty_engine.connect() as connection:
+        versions = connection.execute(sqlalchemy.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all()
+    assert versions == [head_revision()]
+
+
+# -- check_schema ------------------------------------------------------------------
+
+
+def test_check_schema_on_empty_database_reports_behind(empty_engine):
+    with pytest.raises(SchemaMismatch) as caught:
+        check_schema(empty_engine)
+
+    assert caught.value.code == "db.schema_mismatch"
+    assert "runledger-sync migrate" in caught.value.message
+    assert caught.value.details == {"current": None, "expected": head_revision()}
+
+
+def test_check_schema_passes_at_head(empty_engine):
+    migrate(empty_engine)
+
+    assert check_schema(empty_engine) is None
+
+
+def test_check_schema_on_unknown_revision_reports_ahead(empty_engine):
+    migrate(empty_engine)
+    set_version(empty_engine, "9999_from_the_future")
+
+    with pytest.raises(SchemaMismatch) as caught:
+        check_schema(empty_engine)
+
+    assert caught.value.code == "db.schema_mismatch"
+    assert "upgrade the library" in caught.value.message
+    assert caught.value.details["current"] == "9999_from_the_future"
+
+
+# -- the updated_at trigger ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("table", "key_column", "insert_sql"),
+    [
+        ("job_definitions", "job_type", "INSERT INTO job_definitions (job_type) VALUES ('t.touch')"),
+        (
+            "job_queue",
+            "job_type",
+            "INSERT INTO job_definitions (job_type) VALUES ('t.touch'); "
+            "INSERT INTO job_queue (id, job_type, max_attempts) VALUES (gen_random_uuid(), 't.touch', 3)",
+        ),
+    ],
+)
+def test_updated_at_trigger_bumps_updated_at_on_update(empty_engine, table, key_column, insert_sql):
+    migrate(empty_engine)
+    with empty_engine.begin() as connection:
+        connection.exec_driver_sql(insert_sql)
+        # Back-date the row so the trigger's now() is unambiguously later.
+        connection.exec_driver_sql(f"ALTER TABLE {table} DISABLE TRIGGER trg_{table}_updated_at")
+        connection.exec_driver_sql(f"UPDATE {table} SET updated_at = '2000-01-01T00:00:00Z'")
+        connection.exec_driver_sql(f"ALTER TABLE {table} ENABLE TRIGGER trg_{table}_updated_at")
+
+    with empty_engine.begin() as connection:
+        # Even an explicit old value is overwritten: the trigger owns the column.
+        connection.exec_driver_sql(f"UPDATE {table} SET updated_at = '2001-01-01T00:00:00Z', {key_column} = {key_column}")
+        now = connection.exec_driver_sql("SELECT now()").scalar_one()
+
+    with empty_engine.connect() as connection:
+        created, updated = connection.exec_driver_sql(f"SELECT created_at, updated_at FROM {table}").one()
+    assert updated == now
+    assert updated >= created
+
+
+# -- a schema of its own -------------------------------------------------------------
+
+
+def test_tables_can_live_in_a_non_public_schema(empty_database):
+    admin = create_engine(empty_database)
+    with admin.begin() as connection:
+        connection.exec_driver_sql('CREATE SCHEMA "rl_custom"')
+    engine = create_engine(empty_database, schema="rl_custom")
+    try:
+        migrate(engine)
+        check_schema(engine)
+        sync_job_definitions(engine, [JobDefinition("custom.job")])
+        job = enqueue(engine, "custom.job", {"where": "rl_custom"})
+
+        assert QUEUE_TABLES <= tables_in(admin, "rl_custom")
+        assert VERSION_TABLE in tables_in(admin, "rl_custom")
+        assert tables_in(admin, "public") == set()
+        assert functions_named(admin, TRIGGER_FUNCTION) == ["rl_custom"]
+        with admin.connect() as connection:
+            rows = connection.execute(sqlalchemy.text("SELECT id, payload FROM rl_custom.job_queue")).all()
+        assert [(row.id, row.payload) for row in rows] == [(job.id, {"where": "rl_custom"})]
+        # The default-schema engine sees no runledger schema at all.
+        assert current_revision(admin) is None
+    finally:
+        engine.dispose()
+        admin.dispose()
+
+
+# -- privileges ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def unprivileged_url(empty_database: str) -> Iterator[str]:
+    """A URL for a new LOGIN role that may connect but may not CREATE in the database."""
+    role = f"rl_nocreate_{uuid.uuid4().hex[:10]}"
+    password = "rl-test-password"
+    admin = create_engine(empty_database, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.exec_driver_sql(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
+        # PostgreSQL < 15 lets PUBLIC create in schema public; take that away here.
+        connection.exec_driver_sql("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+    url = make_url(empty_database).set(username=role, password=password).render_as_string(hide_password=False)
+    try:
+        yield url
+    finally:
+        with admin.connect() as connection:
+            connection.exec_driver_sql(
+                f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'"
+            )
+            connection.exec_driver_sql(f"DROP ROLE IF EXISTS {role}")
+        admin.dispose()
+
+
+def test_migrate_without_create_privilege_raises_migration_failed(unprivileged_url):
+    engine = create_engine(unprivileged_url)
+    try:
+        with pytest.raises(MigrationFailed) as caught:
+            migrate(engine)
+        assert caught.value.code == "db.migration_failed"
+        assert "permission denied" in caught.value.message
+        assert "rl-test-password" not in caught.value.message
+        assert current_revision(engine) is None
+    finally:
+        engine.dispose()
+
+
+# -- unreachable server ------------------------------------------------------------------
+
+
+def unreachable_url() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return f"postgresql://nobody@127.0.0.1:{port}/nothing?connect_timeout=3"
+
+
+def test_check_schema_on_an_unreachable_server_raises_connection_failed():
+    engine = create_engine(unreachable_url())
+    try:
+        with pytest.raises(ConnectionFailed) as caught:
+            check_schema(engine)
+        assert caught.value.code == "db.connection_failed"
+    finally:
+        engine.dispose()
+
+
+def test_migrate_on_an_unreachable_server_raises_a_coded_error():
+    engine = create_engine(unreachable_url())
+    try:
+        with pytest.raises((MigrationFailed, ConnectionFailed)):
+            migrate(engine)
+    finally:
+        engine.dispose()
+
+
+# -- the console script on a real database -------------------------------------------------
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_check_schema_fails_on_an_empty_database(capsys, empty_database):
+    code, out, err = run_cli(capsys, "--database-url", empty_database, "check-schema")
+
+    assert code == 1
+    assert out == ""
+    lines = err.splitlines()
+    assert lines[0].startswith("error: db.schema_mismatch: the database has no runledger schema")
+    assert lines[1].startswith("hint: ") and "migrate" in lines[1]
+    assert len(lines) == 2
+
+
+def test_cli_migrate_then_check_schema(capsys, empty_database):
+    head = head_revision()
+
+    assert run_cli(capsys, "--database-url", empty_database, "migrate") == (
+        0, f"schema at {head} (migrated from an empty database)\n", ""
+    )
+    assert run_cli(capsys, "--database-url", empty_database, "migrate") == (
+        0, f"schema at {head} (already up to date)\n", ""
+    )
+    assert run_cli(capsys, "check-schema", "--database-url", empty_database) == (
+        0, f"schema at {head} (up to date)\n", ""
+    )
+    engine = create_engine(empty_database)
+    try:
+        assert current_revision(engine) == head
+    finally:
+        engine.dispose()
+
+
+def test_cli_check_schema_reports_a_database_ahead(capsys, empty_engine, empty_database):
+    migrate(empty_engine)
+    set_version(empty_engine, "9999_from_the_future")
+
+    code, _, err = run_cli(capsys, "--database-url", empty_database, "check-schema")
+
+    assert code == 1
+    assert err.startswith("error: db.schema_mismatch: the database is at 9999_from_the_future")
+
+
+def test_cli_uses_the_schema_option(capsys, empty_database, monkeypatch):
+    admin = create_engine(empty_database)
+    with admin.begin() as connection:
+        connection.exec_driver_sql("CREATE SCHEMA cli_schema")
+    try:
+        monkeypatch.setenv("RUNLEDGER_DATABASE_URL", empty_database)
+        assert run_cli(capsys, "migrate", "--schema", "cli_schema")[0] == 0
+        assert run_cli(capsys, "--schema", "cli_schema", "check-schema")[0] == 0
+        assert QUEUE_TABLES <= tables_in(admin, "cli_schema")
+        assert tables_in(admin, "public") == set()
+        # Without --schema the search path (public) is checked, and it is empty.
+        assert run_cli(capsys, "check-schema")[0] == 1
+    finally:
+        admin.dispose()
+
+
+def test_cli_migration_failure_is_one_line_with_the_password_masked(capsys, unprivileged_url):
+    code, out, err = run_cli(capsys, "--database-url", unprivileged_url, "migrate")
+
+    assert code == 1
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("error: db.migration_failed: ")
+    assert "permission denied" in lines[0]
+    assert lines[1].startswith("hint: ") and "CREATE" in lines[1]
+    assert "rl-test-password" not in err
+    assert "Traceback" not in err

@@ -1,0 +1,217 @@
+"""The console script's argument parsing, exit codes and error lines (no database needed)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import runledger_sync
+from runledger_sync import cli
+
+ENV_VARIABLES = ("RUNLEDGER_DATABASE_URL", "DATABASE_URL", "RUNLEDGER_SCHEMA")
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch):
+    for name in ENV_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def restore_logging():
+    logger = logging.getLogger("runledger_sync")
+    handlers, level = list(logger.handlers), logger.level
+    yield
+    for handler in list(logger.handlers):
+        if handler not in handlers:
+            logger.removeHandler(handler)
+            handler.close()
+    logger.setLevel(level)
+
+
+def closed_port() -> int:
+    """A local TCP port nothing listens on (bound, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def error_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.strip()]
+
+
+# -- help and usage ------------------------------------------------------------------
+
+
+def test_help_exits_zero_and_lists_the_commands(capsys):
+    code, out, err = run(capsys, "--help")
+
+    assert code == cli.EXIT_OK == 0
+    assert "migrate" in out and "check-schema" in out
+    assert "--database-url" in out and "--schema" in out and "--debug" in out
+    assert err == ""
+
+
+@pytest.mark.parametrize("name", ["migrate", "check-schema"])
+def test_each_command_has_help(capsys, name):
+    code, out, _ = run(capsys, name, "--help")
+
+    assert code == 0
+    assert out.startswith(f"usage: runledger-sync {name}")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["frobnicate"],
+        ["--no-such-option", "migrate"],
+        ["migrate", "--no-such-option"],
+        ["migrate", "extra-positional"],
+        ["--database-url"],
+    ],
+    ids=["no-command", "unknown-command", "unknown-global-option", "unknown-command-option", "extra-argument",
+         "option-without-value"],
+)
+def test_bad_usage_exits_two(capsys, argv):
+    code, out, err = run(capsys, *argv)
+
+    assert code == cli.EXIT_USAGE == 2
+    assert out == ""
+    assert "usage: runledger-sync" in err
+    assert "Traceback" not in err
+
+
+def test_registered_commands_are_migrate_and_check_schema():
+    assert {"migrate", "check-schema"} <= set(cli.COMMANDS)
+    assert all(entry.help for entry in cli.COMMANDS.values())
+
+
+def test_a_command_name_cannot_be_registered_twice():
+    with pytest.raises(ValueError, match="registered twice"):
+        cli.command("migrate", help="again")(lambda args: 0)
+    assert cli.COMMANDS["migrate"].run is not None
+
+
+# -- failures: one error line, one hint, no traceback ------------------------------------
+
+
+@pytest.mark.parametrize("name", ["migrate", "check-schema"])
+def test_missing_database_url_is_config_invalid(capsys, name):
+    code, out, err = run(capsys, name)
+
+    assert code == cli.EXIT_FAILED == 1
+    assert out == ""
+    lines = error_lines(err)
+    assert len(lines) == 2
+    assert lines[0].startswith("error: config.invalid: ")
+    assert "RUNLEDGER_DATABASE_URL" in lines[0]
+    assert lines[1].startswith("hint: ") and "--database-url" in lines[1]
+    assert "Traceback" not in err
+
+
+def test_database_url_comes_from_the_environment(capsys, monkeypatch):
+    monkeypatch.setenv("DATABASE_URL", "mysql://app:env-s3cret@db.example/app")
+
+    code, _, err = run(capsys, "check-schema")
+
+    assert code == 1
+    first = error_lines(err)[0]
+    assert first.startswith("error: config.invalid: database url must be a postgresql:// URL")
+    assert "env-s3cret" not in err and "***" in first
+
+
+def test_runledger_database_url_wins_over_database_url(capsys, monkeypatch):
+    monkeypatch.setenv("RUNLEDGER_DATABASE_URL", "mysql://first@db.example/app")
+    monkeypatch.setenv("DATABASE_URL", "sqlite:///second.db")
+
+    _, _, err = run(capsys, "migrate")
+
+    assert "mysql://first@db.example/app" in err
+    assert "sqlite" not in err
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_global_options_are_accepted_before_or_after_the_command(capsys, where):
+    options = ["--database-url", "mysql://u:opt-s3cret@h/d"]
+    argv = options + ["migrate"] if where == "before" else ["migrate"] + options
+
+    code, _, err = run(capsys, *argv)
+
+    assert code == 1
+    assert "postgresql:// URL, got mysql://u:***@h/d" in error_lines(err)[0]
+    assert "opt-s3cret" not in err
+
+
+def test_unreachable_server_fails_with_one_line_and_masks_the_password(capsys):
+    url = f"postgresql://someone:pw-s3cret@127.0.0.1:{closed_port()}/nothing?connect_timeout=3"
+
+    code, out, err = run(capsys, "--database-url", url, "check-schema")
+
+    assert code == 1
+    assert out == ""
+    lines = error_lines(err)
+    assert len(lines) == 2, err
+    assert lines[0].startswith("error: ")
+    assert "refused" in lines[0].lower() or "connect" in lines[0].lower()
+    assert lines[1].startswith("hint: ")
+    assert "pw-s3cret" not in err
+    assert "Traceback" not in err
+
+
+def test_debug_prints_the_traceback_too(capsys, restore_logging):
+    code, _, err = run(capsys, "--debug", "migrate")
+
+    assert code == 1
+    assert "Traceback (most recent call last)" in err
+    assert "ConfigError" in err
+    assert "error: config.invalid: " in err
+
+
+def test_debug_after_the_command_is_honoured(capsys, restore_logging):
+    code, _, err = run(capsys, "check-schema", "--debug")
+
+    assert code == 1
+    assert "Traceback (most recent call last)" in err
+
+
+def test_redact_masks_plain_and_percent_encoded_passwords():
+    url = "postgresql://user:p%40ss@host/db"
+
+    text = cli._redact(f"failed for {url} (password p@ss, raw p%40ss)", url)
+
+    assert "p@ss" not in text and "p%40ss" not in text
+    assert "postgresql://user:***@host/db" in text
+    assert cli._redact("nothing to hide", None) == "nothing to hide"
+
+
+def test_the_module_runs_as_a_script_with_the_same_exit_codes(tmp_path):
+    root = Path(runledger_sync.__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k not in ENV_VARIABLES}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+
+    def script(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "runledger_sync.cli", *argv],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+        )
+
+    usage = script("frobnicate")
+    missing = script("migrate")
+
+    assert usage.returncode == 2
+    assert missing.returncode == 1
+    assert missing.stderr.startswith("error: config.invalid: ")
+    assert "Traceback" not in missing.stderr
