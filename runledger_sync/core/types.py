@@ -5,10 +5,13 @@ from __future__ import annotations
 import enum
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 from uuid import UUID
 
 from runledger_sync.core.errors import JobCancelled
+
+if TYPE_CHECKING:
+    from runledger_sync.core.records import JobRecord
 
 
 class JobStatus(str, enum.Enum):
@@ -178,6 +181,8 @@ class JobDeadLetterInfo:
 
 
 ProgressReporter = Callable[["JobContext", Optional[int], Optional[int], Any], None]
+#: Writes the attempt's success on the handler's own bind (see JobContext.complete_in).
+Completer = Callable[["JobContext", Any, Optional[JobCompletion]], "JobRecord"]
 
 
 @dataclass
@@ -198,6 +203,7 @@ class JobContext:
     _cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
     _cancel_reason: Optional[str] = field(default=None, repr=False)
     _progress_reporter: Optional[ProgressReporter] = field(default=None, repr=False, compare=False)
+    _completer: Optional[Completer] = field(default=None, repr=False, compare=False)
 
     @property
     def cancelled(self) -> bool:
@@ -235,3 +241,39 @@ class JobContext:
         self._progress_reporter(self, done, total, checkpoint)
         if checkpoint is not None:
             self.checkpoint = checkpoint
+
+    def complete_in(self, bind: Any, completion: Optional[JobCompletion] = None) -> "JobRecord":
+        """Write this attempt's success inside your own open transaction.
+
+        Use it when the handler's database side effects and the job's success
+        must commit together: do your writes, call ``ctx.complete_in(conn)`` on
+        the same bind, then commit and return. The write is fenced by the lease
+        like any other, so a lost lease raises inside your transaction; let it
+        propagate and your writes roll back with it. The job row stays locked
+        until your transaction ends, so commit soon after.
+
+        After you commit, the worker writes nothing more for the attempt (your
+        return value is then ignored). If your transaction did not commit (you
+        rolled back, or returned without committing), the worker records the
+        handler's outcome as usual: its return value, or the exception it raised.
+
+        Args:
+            bind: the SQLAlchemy Connection, ORM Session or psycopg2 connection
+                that holds your open transaction, on the queue's database (and
+                schema: use ``rl.with_schema`` if the worker's engine does).
+            completion: progress, checkpoint and output to record (default none).
+
+        Returns:
+            The job row as your transaction sees it (SUCCEEDED).
+
+        Raises:
+            LeaseOwnerMismatch: the lease was lost or the job was canceled.
+            JobCancelled: the attempt is past its deadline.
+            InvalidCompletionProgress, InvalidPayload: ``completion`` is invalid.
+
+        Example:
+            ``with engine.begin() as conn: conn.execute(insert_invoice); ctx.complete_in(conn)``
+        """
+        if self._completer is None:
+            raise RuntimeError("complete_in is only available inside a worker")
+        return self._completer(self, bind, completion)

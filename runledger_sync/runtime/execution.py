@@ -8,6 +8,12 @@ takes the attempt's one outcome through :class:`_OutcomeGate`; the other's
 result is discarded. Threads cannot be killed: a handler that ignores its
 cancellation flag keeps its pool thread (and so its concurrency slot) until it
 returns, but its late result is never written.
+
+A handler may instead write its success itself, in its own transaction, with
+``ctx.complete_in(conn)``. The job row then stays locked by that transaction
+until it ends, and after the handler returns the worker reads the row: a
+SUCCEEDED attempt means the handler committed and nothing more is written;
+still LEASED means it did not, and the handler's outcome is written as usual.
 """
 
 from __future__ import annotations
@@ -114,6 +120,7 @@ class JobExecution:
             job_type=job.job_type,
             checkpoint=job.checkpoint,
             _progress_reporter=self._report_progress,
+            _completer=self._complete_in,
         )
         self.log_fields = job_log_fields(
             job_id=job.id, job_type=job.job_type, run_number=job.run_number, attempt=job.attempt,
@@ -123,11 +130,31 @@ class JobExecution:
         self.stop_watchdog = threading.Event()
         self.deadline_passed = threading.Event()
         self.lease_lost: Optional[LeaseLost] = None
+        #: Set once the handler wrote its success in its own transaction (complete_in).
+        self.completed_in_transaction = False
 
     def _report_progress(self, context: JobContext, done: Optional[int], total: Optional[int], checkpoint: Any) -> None:
         lifecycle.update_job_progress(
             self.engine, **self.identity.keywords(), progress_done=done, progress_total=total, checkpoint=checkpoint
         )
+
+    def _complete_in(self, context: JobContext, bind: Any, completion: Optional[JobCompletion]) -> JobRecord:
+        if self.lease_lost is not None:
+            raise LeaseOwnerMismatch(
+                f"job {self.job.id} lost its lease before the handler completed it", job_id=str(self.job.id)
+            )
+        # Past the deadline the attempt is a timeout; a success now would contradict it.
+        context.check_cancelled()
+        try:
+            record = lifecycle.complete_job_success(bind, **self.identity.keywords(), completion=completion)
+        except LeaseOwnerMismatch:
+            # The fence refused the write, so the lease is gone: end the attempt as a
+            # lost lease (nothing written, the reaper recovers it), as a heartbeat would.
+            self.lease_lost = LeaseLost(LEASE_OWNER_MISMATCH_CODE, "Job lease ownership was lost during processing.")
+            context.request_cancel("lease_lost")
+            raise
+        self.completed_in_transaction = True
+        return record
 
 
 def process_claimed_job(engine: Engine, registry: JobRegistry, job: JobRecord, config: JobsConfig) -> None:
@@ -323,17 +350,27 @@ def _heartbeat(execution: JobExecution) -> bool:
             lock_timeout_ms=execution.config.heartbeat_lock_timeout_ms,
         )
         return True
-    except LeaseOwnerMismatch as error:
-        lost = LeaseLost(LEASE_OWNER_MISMATCH_CODE, "Job lease ownership was lost during processing.")
-        reason = "canceled" if _was_canceled(execution) else "lease_lost"
-        log.warning("job heartbeat lost lease ownership", extra=execution.log_fields | {"error": str(error), "reason": reason})
     except RunledgerError as error:
-        lost = LeaseLost(LEASE_MAINTENANCE_FAILED_CODE, "Job lease could not be durably maintained during processing.")
-        reason = "lease_lost"
-        log.warning(
-            "aborting job because lease heartbeat could not be persisted",
-            extra=execution.log_fields | {"error": str(error)},
-        )
+        if execution.completed_in_transaction:
+            # Since complete_in the handler's transaction holds the row: a heartbeat
+            # waits on its lock, then misses once it commits. Neither is a lost
+            # lease, and the lock keeps the attempt safe until the handler returns.
+            log.debug("heartbeat skipped: the handler owns the completion",
+                      extra=execution.log_fields | {"error": str(error)})
+            return True
+        if isinstance(error, LeaseOwnerMismatch):
+            lost = LeaseLost(LEASE_OWNER_MISMATCH_CODE, "Job lease ownership was lost during processing.")
+            reason = "canceled" if _was_canceled(execution) else "lease_lost"
+            log.warning("job heartbeat lost lease ownership",
+                        extra=execution.log_fields | {"error": str(error), "reason": reason})
+        else:
+            lost = LeaseLost(
+                LEASE_MAINTENANCE_FAILED_CODE, "Job lease could not be durably maintained during processing.")
+            reason = "lease_lost"
+            log.warning(
+                "aborting job because lease heartbeat could not be persisted",
+                extra=execution.log_fields | {"error": str(error)},
+            )
     # Lease loss is recorded by where it came from (here), never inferred from a
     # failure code, so a handler's own failure with the same code is persisted.
     execution.lease_lost = lost
@@ -360,10 +397,39 @@ def _finish(execution: JobExecution, outcome: Outcome) -> None:
             "job processing aborted because durable lease maintenance was lost",
             extra=execution.log_fields | {"failure_code": outcome.code},
         )
+    elif execution.completed_in_transaction and _committed_by_handler(execution, outcome):
+        return
     elif isinstance(outcome, JobFailure):
         _complete_failure(execution, outcome)
     else:
         _complete_success(execution, outcome)
+
+
+def _committed_by_handler(execution: JobExecution, outcome: Outcome) -> bool:
+    """True when the handler's complete_in transaction committed this attempt's success.
+
+    Otherwise the outcome is written as usual; the lease fence makes that safe
+    even if the read was wrong, since a second success or a late failure cannot
+    land on a SUCCEEDED row.
+    """
+    try:
+        current = admin.get_job(execution.engine, execution.job.id)
+    except RunledgerError as error:
+        log.warning("could not read back the handler's own completion; writing its outcome",
+                    extra=execution.log_fields | {"error": str(error)})
+        return False
+    same_attempt = current is not None and (current.run_number, current.attempt) == (
+        execution.identity.run_number, execution.identity.attempt)
+    if not (same_attempt and current.status is JobStatus.SUCCEEDED):
+        log.warning("handler completed the job in its own transaction but did not commit it; writing its outcome",
+                    extra=execution.log_fields | {"outcome": type(outcome).__name__})
+        return False
+    if isinstance(outcome, JobFailure):
+        log.warning("handler failed after committing its own success; the success stands",
+                    extra=execution.log_fields | {"failure_code": outcome.code})
+    else:
+        log.info("job success committed in the handler's transaction", extra=execution.log_fields)
+    return True
 
 
 def _complete_success(execution: JobExecution, completion: JobCompletion) -> None:

@@ -1,5 +1,9 @@
 """Run store transactions with a retry budget for lost connections.
 
+Given an Engine, the transaction is the store's own. Given anything the caller
+holds (a Connection, an ORM Session, a psycopg2 connection; see
+:mod:`runledger_sync.store._binds`), the work joins the caller's transaction.
+
 Only transient connection failures are retried, and only while retrying cannot
 repeat a write: a failure while sending COMMIT leaves the outcome unknown, so
 the caller's ``recheck`` decides whether the write landed.
@@ -7,7 +11,7 @@ the caller's ``recheck`` decides whether the write landed.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
@@ -15,6 +19,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_afte
 
 from runledger_sync.core import errors
 from runledger_sync.db.errors import is_transient, translate
+from runledger_sync.store._binds import Bind, is_lent, joined_connection
 
 T = TypeVar("T")
 
@@ -24,26 +29,36 @@ TRANSIENT_RETRY_ATTEMPTS = 4
 
 
 def run_in_transaction(
-    bind: Engine | Connection,
+    bind: Bind,
     work: Callable[[Connection], T],
     *,
     recheck: Optional[Callable[[Engine], Optional[T]]] = None,
 ) -> T:
     """Run ``work`` in one transaction and return its result.
 
-    Given a Connection, ``work`` joins the caller's transaction and nothing is
-    retried: the caller owns the transaction. Given an Engine, the transaction is
-    committed here, and a lost connection is retried within a small budget.
+    Given an Engine, the transaction is committed here, and a lost connection is
+    retried within a small budget. Given a Connection, an ORM Session or a
+    psycopg2 connection, ``work`` joins the caller's transaction and nothing is
+    retried or committed: the caller owns the transaction.
 
     Args:
+        bind: an Engine, Connection, Session or psycopg2 connection.
         recheck: called after an unknown commit outcome; returns the result if the
             write landed, or None to run ``work`` again.
+
+    Raises:
+        InvalidArgument: ``bind`` is none of the accepted kinds.
     """
-    if isinstance(bind, Connection):
+    if not isinstance(bind, Engine):
         try:
-            return work(bind)
+            with joined_connection(bind) as connection:
+                try:
+                    return work(connection)
+                except sa_exc.DBAPIError as exc:
+                    raise translate(exc, _url_of(connection)) from exc
         except sa_exc.DBAPIError as exc:
-            raise translate(exc, bind.engine.url) from exc
+            # Getting the connection failed (a Session connecting lazily, say).
+            raise translate(exc) from exc
     retrying = Retrying(
         retry=retry_if_exception(_worth_retrying),
         stop=stop_after_delay(TRANSIENT_RETRY_BUDGET_SECONDS) | stop_after_attempt(TRANSIENT_RETRY_ATTEMPTS),
@@ -54,6 +69,11 @@ def run_in_transaction(
         with attempt:
             return _once(bind, work, recheck)
     raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+
+def _url_of(connection: Connection) -> Any:
+    # A lent psycopg2 connection has no URL of ours to show.
+    return None if is_lent(connection) else connection.engine.url
 
 
 def _worth_retrying(exc: BaseException) -> bool:

@@ -13,13 +13,14 @@ from typing import Any, Optional
 from uuid import UUID
 
 from sqlalchemy import Text, bindparam, func, literal, select
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidArgument, InvalidStateTransition, JobNotFound
 from runledger_sync.core.records import DeadLetterRecord, JobAttemptRecord, JobEventRecord, JobRecord
 from runledger_sync.core.types import JobEventType, JobStage, JobStatus
 from runledger_sync.db.schema import job_attempts, job_dead_letters, job_events, job_queue
+from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store._rows import ATTEMPT_COLUMNS, DEAD_LETTER_COLUMNS, EVENT_COLUMNS, JOB_COLUMNS, to_job, to_record
 
@@ -57,12 +58,17 @@ def _scope(statement: Any, organization_id: Optional[str]) -> Any:
     return statement.where(_q.organization_id == organization_id)
 
 
-def _read(bind: Engine | Connection, statement: Any) -> Any:
+def _read(bind: Bind, statement: Any) -> Any:
     return run_in_transaction(bind, lambda connection: connection.execute(statement).all())
 
 
-def get_job(bind: Engine | Connection, job_id: UUID | str, *, organization_id: Optional[str] = None) -> Optional[JobRecord]:
-    """Return the job, or None when it does not exist in the scope."""
+def get_job(bind: Bind, job_id: UUID | str, *, organization_id: Optional[str] = None) -> Optional[JobRecord]:
+    """Return the job, or None when it does not exist in the scope.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+            connection whose open transaction the call joins (the caller commits).
+    """
     statement = _scope(select(*JOB_COLUMNS).where(_q.id == _check_job_id(job_id)), organization_id)
     rows = _read(bind, statement)
     return to_job(rows[0]) if rows else None
@@ -77,7 +83,7 @@ def _filtered(statement: Any, status: Any, job_type: Optional[str], organization
 
 
 def list_jobs(
-    bind: Engine | Connection,
+    bind: Bind,
     *,
     status: Optional[JobStatus | str] = None,
     job_type: Optional[str] = None,
@@ -86,6 +92,10 @@ def list_jobs(
     offset: int = 0,
 ) -> list[JobRecord]:
     """Return jobs matching the filters, newest first.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+            connection whose open transaction the call joins (the caller commits).
 
     Raises:
         InvalidArgument: a filter is malformed (an unknown status raises ValueError's
@@ -100,13 +110,18 @@ def list_jobs(
 
 
 def count_jobs(
-    bind: Engine | Connection,
+    bind: Bind,
     *,
     status: Optional[JobStatus | str] = None,
     job_type: Optional[str] = None,
     organization_id: Optional[str] = None,
 ) -> int:
-    """Return how many jobs match the filters."""
+    """Return how many jobs match the filters.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+            connection whose open transaction the call joins (the caller commits).
+    """
     status = _check_status(status)
     statement = _filtered(select(func.count()).select_from(job_queue), status, job_type, organization_id)
     return int(_read(bind, statement)[0][0])
@@ -121,8 +136,13 @@ def _check_status(status: Any) -> Optional[JobStatus]:
         raise InvalidArgument("status", status, f"one of {', '.join(s.value for s in JobStatus)}") from None
 
 
-def list_attempts(bind: Engine | Connection, job_id: UUID | str) -> list[JobAttemptRecord]:
-    """Return a job's attempts, oldest first."""
+def list_attempts(bind: Bind, job_id: UUID | str) -> list[JobAttemptRecord]:
+    """Return a job's attempts, oldest first.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+            connection whose open transaction the call joins (the caller commits).
+    """
     statement = (
         select(*ATTEMPT_COLUMNS)
         .where(job_attempts.c.job_id == _check_job_id(job_id))
@@ -131,28 +151,43 @@ def list_attempts(bind: Engine | Connection, job_id: UUID | str) -> list[JobAtte
     return [to_record(JobAttemptRecord, row) for row in _read(bind, statement)]
 
 
-def list_events(bind: Engine | Connection, job_id: UUID | str) -> list[JobEventRecord]:
-    """Return a job's events in the order they were written."""
+def list_events(bind: Bind, job_id: UUID | str) -> list[JobEventRecord]:
+    """Return a job's events in the order they were written.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+            connection whose open transaction the call joins (the caller commits).
+    """
     statement = select(*EVENT_COLUMNS).where(job_events.c.job_id == _check_job_id(job_id)).order_by(job_events.c.id)
     return [to_record(JobEventRecord, row) for row in _read(bind, statement)]
 
 
-def get_dead_letter(bind: Engine | Connection, job_id: UUID | str) -> Optional[DeadLetterRecord]:
-    """Return the job's dead-letter row, or None."""
+def get_dead_letter(bind: Bind, job_id: UUID | str) -> Optional[DeadLetterRecord]:
+    """Return the job's dead-letter row, or None.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+            connection whose open transaction the call joins (the caller commits).
+    """
     statement = select(*DEAD_LETTER_COLUMNS).where(job_dead_letters.c.job_id == _check_job_id(job_id))
     rows = _read(bind, statement)
     return to_record(DeadLetterRecord, rows[0]) if rows else None
 
 
 def list_dead_letters(
-    bind: Engine | Connection,
+    bind: Bind,
     *,
     job_type: Optional[str] = None,
     organization_id: Optional[str] = None,
     since: Optional[datetime] = None,
     limit: int = DEFAULT_LIST_LIMIT,
 ) -> list[DeadLetterRecord]:
-    """Return dead letters, most recent failure first."""
+    """Return dead letters, most recent failure first.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+            connection whose open transaction the call joins (the caller commits).
+    """
     check.check_int("limit", limit, check.LIMIT_RANGE)
     dl = job_dead_letters.c
     statement = select(*DEAD_LETTER_COLUMNS).order_by(dl.failed_at.desc()).limit(limit)
@@ -214,7 +249,7 @@ def _cancel_statement(organization_id: Optional[str]) -> Any:
 
 
 def cancel_job(
-    bind: Engine | Connection,
+    bind: Bind,
     job_id: UUID | str,
     *,
     reason: Optional[str] = None,
@@ -224,6 +259,10 @@ def cancel_job(
 
     A running handler is not interrupted here: its next heartbeat finds the lease
     gone and sets its cancellation flag, and any write it attempts is refused.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+            connection whose open transaction the call joins (the caller commits).
 
     Raises:
         JobNotFound: no such job in the scope.
@@ -301,13 +340,17 @@ def _requeue_statement(organization_id: Optional[str]) -> Any:
 
 
 def requeue_job(
-    bind: Engine | Connection,
+    bind: Bind,
     job_id: UUID | str,
     *,
     reason: Optional[str] = None,
     organization_id: Optional[str] = None,
 ) -> JobRecord:
     """Run a finished job again: a new run (run_number + 1) from attempt 0.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+            connection whose open transaction the call joins (the caller commits).
 
     Raises:
         JobNotFound: no such job in the scope.
@@ -327,8 +370,13 @@ def requeue_job(
     return run_in_transaction(bind, work)
 
 
-def queue_stats(bind: Engine | Connection, *, organization_id: Optional[str] = None) -> QueueStats:
-    """Return counts by status and by type, the oldest pending job's age, and expired leases."""
+def queue_stats(bind: Bind, *, organization_id: Optional[str] = None) -> QueueStats:
+    """Return counts by status and by type, the oldest pending job's age, and expired leases.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+            connection whose open transaction the call joins (the caller commits).
+    """
     by_type = _scope(
         select(_q.job_type, _q.status, func.count()).group_by(_q.job_type, _q.status), organization_id
     )

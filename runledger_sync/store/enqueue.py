@@ -28,7 +28,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert as pg_insert
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import (
@@ -42,6 +42,7 @@ from runledger_sync.core.ids import uuid7
 from runledger_sync.core.records import JobDefinition, JobRecord, JobSpec
 from runledger_sync.core.types import JobEventType, JobStage
 from runledger_sync.db.schema import job_definitions, job_events, job_queue
+from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store._rows import DEFINITION_COLUMNS, JOB_COLUMNS, to_job, to_record
 
@@ -141,7 +142,7 @@ _EXISTING = (
 
 
 def enqueue(
-    bind: Engine | Connection,
+    bind: Bind,
     job_type: str,
     payload: Any = None,
     *,
@@ -157,11 +158,16 @@ def enqueue(
 ) -> JobRecord:
     """Add one job to the queue.
 
-    Given a Connection the job joins the caller's transaction and exists only if
-    the caller commits; given an Engine it is committed here. Unset values come
-    from the job type's definition.
+    Given an Engine the job is committed here. Given what your application holds
+    inside its own transaction (a SQLAlchemy Connection, an ORM Session such as
+    Flask-SQLAlchemy's ``db.session``, or a raw psycopg2 connection such as
+    Django's ``connection.connection``) the job joins that transaction: it exists
+    only if you commit, and nothing here commits or rolls it back. Unset values
+    come from the job type's definition.
 
     Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+            connection whose open transaction the call joins (the caller commits).
         payload: any JSON value (default ``{}``).
         run_at: when the job may start (timezone-aware); or ``delay_seconds`` from now.
         idempotency_key: with the same key (per type and organization) the same
@@ -177,6 +183,10 @@ def enqueue(
 
     Example:
         ``job = rl.enqueue(engine, "email.send", {"to": "a@b.c"}, delay_seconds=30)``
+
+        In your transaction: ``with engine.begin() as conn: conn.execute(...);
+        rl.enqueue(conn, "email.send", {...})``; with Django,
+        ``with transaction.atomic(): rl.enqueue(connection.connection, ...)``.
     """
     spec = JobSpec(
         job_type=job_type,
@@ -194,12 +204,16 @@ def enqueue(
 
 
 def enqueue_many(
-    bind: Engine | Connection,
+    bind: Bind,
     specs: Iterable[JobSpec],
     *,
     max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> list[JobRecord]:
     """Add a batch of jobs in one statement; all are written or none.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+            connection whose open transaction the call joins (the caller commits).
 
     Returns:
         One record per spec, in the order given.
@@ -349,9 +363,13 @@ def _existing_for_key(connection: Connection, spec: JobSpec, snapshot: Optional[
 
 
 def sync_job_definitions(
-    bind: Engine | Connection, definitions: Iterable[JobDefinition], *, overwrite: bool = True
+    bind: Bind, definitions: Iterable[JobDefinition], *, overwrite: bool = True
 ) -> list[JobDefinition]:
     """Write job definitions; ``overwrite=False`` only inserts the missing ones.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+            connection whose open transaction the call joins (the caller commits).
 
     Returns:
         The definitions as stored after the call, in the order given.
@@ -397,13 +415,22 @@ def sync_job_definitions(
     return run_in_transaction(bind, work)
 
 
-def upsert_job_definition(bind: Engine | Connection, definition: JobDefinition) -> JobDefinition:
-    """Insert or overwrite one job definition."""
+def upsert_job_definition(bind: Bind, definition: JobDefinition) -> JobDefinition:
+    """Insert or overwrite one job definition.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+            connection whose open transaction the call joins (the caller commits).
+    """
     return sync_job_definitions(bind, [definition])[0]
 
 
-def set_job_definition_enabled(bind: Engine | Connection, job_type: str, enabled: bool) -> JobDefinition:
+def set_job_definition_enabled(bind: Bind, job_type: str, enabled: bool) -> JobDefinition:
     """Enable or disable a job type; a disabled type cannot be enqueued.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+            connection whose open transaction the call joins (the caller commits).
 
     Raises:
         DefinitionNotFoundOrDisabled: there is no definition for the type.

@@ -33,7 +33,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import (
@@ -55,6 +55,7 @@ from runledger_sync.core.types import (
     JobStatus,
 )
 from runledger_sync.db.schema import job_attempts, job_dead_letters, job_events, job_queue
+from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store._rows import JOB_COLUMNS, to_job
 
@@ -210,7 +211,7 @@ _CLAIM_FOR_TYPES = _build_claim(with_type_filter=True)
 
 
 def _claim(
-    bind: Engine | Connection,
+    bind: Bind,
     origin: ClaimOrigin,
     worker_id: str,
     lease_ttl_seconds: float,
@@ -240,7 +241,7 @@ def _claim(
 
 
 def claim_jobs(
-    bind: Engine | Connection,
+    bind: Bind,
     *,
     worker_id: str,
     lease_ttl_seconds: float,
@@ -252,6 +253,10 @@ def claim_jobs(
     Rows locked by other claimers are skipped, never waited for. ``job_types``
     None means any type; an empty list claims nothing without a query.
 
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+            connection whose open transaction the call joins (the caller commits).
+
     Raises:
         InvalidLeaseDuration: ``lease_ttl_seconds`` is not positive.
     """
@@ -259,7 +264,7 @@ def claim_jobs(
 
 
 def claim_prestart_jobs_for_types(
-    bind: Engine | Connection,
+    bind: Bind,
     *,
     worker_id: str,
     lease_ttl_seconds: float,
@@ -270,6 +275,10 @@ def claim_prestart_jobs_for_types(
 
     A prestart claim must persist RUNNING (:func:`mark_job_running`) before the
     handler starts; until then it can be handed back without spending an attempt.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+            connection whose open transaction the call joins (the caller commits).
     """
     return _claim(bind, ClaimOrigin.WORKER_PRESTART, worker_id, lease_ttl_seconds, limit, job_types)
 
@@ -326,7 +335,7 @@ _PROGRESS_UPDATE = _build_progress_update()
 
 
 def update_job_progress(
-    bind: Engine | Connection,
+    bind: Bind,
     *,
     job_id: UUID,
     run_number: int,
@@ -341,6 +350,10 @@ def update_job_progress(
 
     Setting stage ``running`` also stamps the attempt's execution marker, after
     which the claim can no longer be released unstarted.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+            connection whose open transaction the call joins (the caller commits).
 
     Raises:
         LeaseOwnerMismatch: the lease is not this worker's or has expired.
@@ -357,8 +370,13 @@ def update_job_progress(
     return run_in_transaction(bind, lambda connection: _guarded_write(connection, _PROGRESS_UPDATE, params, identity))
 
 
-def mark_job_running(bind: Engine | Connection, identity: LeaseIdentity) -> JobRecord:
-    """Persist stage ``running`` for a claimed job: the step before its handler starts."""
+def mark_job_running(bind: Bind, identity: LeaseIdentity) -> JobRecord:
+    """Persist stage ``running`` for a claimed job: the step before its handler starts.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+            connection whose open transaction the call joins (the caller commits).
+    """
     return update_job_progress(bind, **identity.keywords(), stage=JobStage.RUNNING)
 
 
@@ -394,7 +412,7 @@ _LOCK_TIMEOUT = select(func.set_config("lock_timeout", bindparam("lock_timeout")
 
 
 def heartbeat_job(
-    bind: Engine | Connection,
+    bind: Bind,
     *,
     job_id: UUID,
     run_number: int,
@@ -407,6 +425,10 @@ def heartbeat_job(
 
     The row-lock wait is capped at ``lock_timeout_ms`` so a heartbeat stuck
     behind another transaction fails (``db.query_failed``) instead of hanging.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+            connection whose open transaction the call joins (the caller commits).
 
     Raises:
         LeaseOwnerMismatch: the lease is not this worker's or has expired.
@@ -470,7 +492,7 @@ _SUCCESS = _build_success()
 
 
 def complete_job_success(
-    bind: Engine | Connection,
+    bind: Bind,
     *,
     job_id: UUID,
     run_number: int,
@@ -479,6 +501,10 @@ def complete_job_success(
     completion: Optional[JobCompletion] = None,
 ) -> JobRecord:
     """Finish a leased job as SUCCEEDED, storing the completion's progress, checkpoint and output.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+            connection whose open transaction the call joins (the caller commits).
 
     Raises:
         InvalidCompletionProgress: the completion's progress, alone or merged with
@@ -600,7 +626,7 @@ _REAPER_FAILURE = _build_failure(
 
 
 def complete_job_failure(
-    bind: Engine | Connection,
+    bind: Bind,
     *,
     job_id: UUID,
     run_number: int,
@@ -614,6 +640,10 @@ def complete_job_failure(
     The job is dead-lettered when the failure kind is TERMINAL or PANICKED, or the
     attempt was the last allowed (attempt >= max_attempts). A missing or negative
     delay retries at once.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+            connection whose open transaction the call joins (the caller commits).
 
     Returns:
         The row after the write: PENDING (retry) or DEAD_LETTERED.
@@ -695,7 +725,7 @@ _LOCK_IDENTITY = select(_q.id, _q.worker_id, _q.status).where(_q.id == bindparam
 
 
 def release_unstarted_job_claim(
-    bind: Engine | Connection,
+    bind: Bind,
     *,
     job_id: UUID,
     run_number: int,
@@ -707,6 +737,10 @@ def release_unstarted_job_claim(
     """Hand a prestart claim back to PENDING without spending its attempt.
 
     Only applies while RUNNING was never persisted for the attempt.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+            connection whose open transaction the call joins (the caller commits).
 
     Raises:
         LeaseOwnerMismatch: the job is leased to another worker.
@@ -762,7 +796,7 @@ _POSTPONE = (
 _LEASE_EXPIRED_FAILURE = JobFailure.lease_expired(LEASE_EXPIRED_CODE, LEASE_EXPIRED_MESSAGE)
 
 
-def reap_expired_leases(bind: Engine | Connection, *, limit: int, default_retry_delay_ms: int) -> ReapResult:
+def reap_expired_leases(bind: Bind, *, limit: int, default_retry_delay_ms: int) -> ReapResult:
     """Recover one batch of jobs whose lease expired (the worker died or lost its connection).
 
     Per row, in a savepoint: a prestart claim that never persisted RUNNING is
@@ -770,6 +804,10 @@ def reap_expired_leases(bind: Engine | Connection, *, limit: int, default_retry_
     job is retried after ``default_retry_delay_ms`` or dead-lettered when it was
     the last. A row that fails is pushed back by the delay so it cannot starve
     the batch.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+            connection whose open transaction the call joins (the caller commits).
 
     Raises:
         InvalidRetryDelay: ``default_retry_delay_ms`` is not positive.

@@ -1,0 +1,322 @@
+"""Enqueue inside the caller's transaction: SQLAlchemy Connection, ORM Session, raw psycopg2.
+
+For each kind of bind a job written together with the caller's own row
+(``orders``) commits or rolls back with it, and nothing the store does ends
+the caller's transaction. The raw psycopg2 path is what Django
+(``connection.connection``) and plain psycopg2 apps hand in.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import psycopg2
+import psycopg2.extensions
+import psycopg2.extras
+import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, scoped_session, sessionmaker
+
+import runledger_sync as rl
+from runledger_sync.core.records import JobSpec
+from runledger_sync.core.types import JobStatus
+from runledger_sync.store import admin, lifecycle
+from tests.handlers import fast_config
+from tests.support import JOB_TYPE, claim_one, define, identity, scalar, wait_until
+
+
+def psycopg2_connect(url: str) -> psycopg2.extensions.connection:
+    """Open a plain psycopg2 connection to the database a SQLAlchemy URL names."""
+    parsed = make_url(url)
+    options: dict[str, Any] = {"dbname": parsed.database, "user": parsed.username}
+    host = parsed.host or parsed.query.get("host")
+    port = parsed.port or parsed.query.get("port")
+    if host:
+        options["host"] = host
+    if port:
+        options["port"] = int(port)
+    if parsed.password:
+        options["password"] = parsed.password
+    return psycopg2.connect(**options)
+
+
+class CallerTransaction:
+    """One of the app-side transaction shapes, driven the same way by every test."""
+
+    def __init__(self, bind: Any, write: Callable[[str], None], commit: Callable[[], None],
+                 rollback: Callable[[], None]) -> None:
+        self.bind = bind
+        self.write_own_row = write
+        self.commit = commit
+        self.rollback = rollback
+
+
+@contextmanager
+def sa_connection(engine: Any, url: str) -> Iterator[CallerTransaction]:
+    with engine.connect() as conn:
+        conn.begin()
+        yield CallerTransaction(
+            conn, lambda ref: conn.execute(text("INSERT INTO orders (ref) VALUES (:r)"), {"r": ref}),
+            conn.commit, conn.rollback,
+        )
+
+
+@contextmanager
+def orm_session(engine: Any, url: str) -> Iterator[CallerTransaction]:
+    with Session(bind=engine) as session:
+        yield CallerTransaction(
+            session, lambda ref: session.execute(text("INSERT INTO orders (ref) VALUES (:r)"), {"r": ref}),
+            session.commit, session.rollback,
+        )
+
+
+@contextmanager
+def flask_style_scoped_session(engine: Any, url: str) -> Iterator[CallerTransaction]:
+    scoped = scoped_session(sessionmaker(bind=engine))
+    try:
+        yield CallerTransaction(
+            scoped, lambda ref: scoped.execute(text("INSERT INTO orders (ref) VALUES (:r)"), {"r": ref}),
+            scoped.commit, scoped.rollback,
+        )
+    finally:
+        scoped.remove()
+
+
+@contextmanager
+def raw_psycopg2(engine: Any, url: str) -> Iterator[CallerTransaction]:
+    raw = psycopg2_connect(url)
+    try:
+        def write(ref: str) -> None:
+            with raw.cursor() as cursor:
+                cursor.execute("INSERT INTO orders (ref) VALUES (%s)", (ref,))
+
+        yield CallerTransaction(raw, write, raw.commit, raw.rollback)
+    finally:
+        raw.close()
+
+
+CALLER_KINDS = {
+    "connection": sa_connection,
+    "session": orm_session,
+    "scoped_session": flask_style_scoped_session,
+    "psycopg2": raw_psycopg2,
+}
+
+
+@pytest.fixture
+def orders(engine) -> Any:
+    define(engine)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE orders (id serial PRIMARY KEY, ref text NOT NULL)"))
+    return engine
+
+
+@pytest.fixture(params=sorted(CALLER_KINDS))
+def caller(request, orders, fresh_database) -> Iterator[CallerTransaction]:
+    with CALLER_KINDS[request.param](orders, fresh_database) as transaction:
+        yield transaction
+
+
+def order_count(engine: Any) -> int:
+    return scalar(engine, "SELECT count(*) FROM orders")
+
+
+def test_committed_enqueue_exists_only_after_the_caller_commits_and_then_runs(caller, engine):
+    caller.write_own_row("order-1")
+    job = rl.enqueue(caller.bind, JOB_TYPE, {"order": "order-1"})
+
+    assert job.status is JobStatus.PENDING and job.payload == {"order": "order-1"}
+    # Another connection cannot see it yet: the insert joined the open transaction.
+    assert rl.get_job(engine, job.id) is None
+    assert order_count(engine) == 0
+    caller.commit()
+
+    assert rl.get_job(engine, job.id).status is JobStatus.PENDING
+    assert order_count(engine) == 1
+    claimed = claim_one(engine)
+    assert claimed.id == job.id
+    lifecycle.mark_job_running(engine, lifecycle.LeaseIdentity.of(claimed))
+    done = lifecycle.complete_job_success(engine, **identity(claimed))
+    assert done.status is JobStatus.SUCCEEDED
+
+
+def test_rolled_back_enqueue_leaves_no_job_no_event_and_no_own_row(caller, engine):
+    caller.write_own_row("order-1")
+    job = rl.enqueue(caller.bind, JOB_TYPE, {"order": "order-1"})
+    caller.rollback()
+
+    assert rl.get_job(engine, job.id) is None
+    assert scalar(engine, "SELECT count(*) FROM job_queue") == 0
+    assert scalar(engine, "SELECT count(*) FROM job_events") == 0
+    assert order_count(engine) == 0
+
+
+def test_enqueue_many_and_reads_join_the_same_open_transaction(caller, engine):
+    caller.write_own_row("order-1")
+    jobs = rl.enqueue_many(caller.bind, [JobSpec(JOB_TYPE, {"n": 1}), JobSpec(JOB_TYPE, {"n": 2})])
+    # Reads through the same bind see the uncommitted jobs and their events.
+    assert rl.get_job(caller.bind, jobs[0].id).payload == {"n": 1}
+    assert [event.event_type for event in rl.list_events(caller.bind, jobs[1].id)] == [rl.JobEventType.ENQUEUED]
+    assert rl.count_jobs(caller.bind) == 2
+    caller.commit()
+
+    assert rl.count_jobs(engine) == 2
+    assert order_count(engine) == 1
+
+
+def test_idempotent_enqueue_in_the_caller_transaction_returns_the_same_job(caller, engine):
+    first = rl.enqueue(caller.bind, JOB_TYPE, {"n": 1}, idempotency_key="k-1")
+    again = rl.enqueue(caller.bind, JOB_TYPE, {"n": 1}, idempotency_key="k-1")
+    caller.commit()
+
+    assert again.id == first.id
+    assert rl.count_jobs(engine) == 1
+
+
+def test_rejected_enqueue_raises_the_coded_error_and_leaves_the_rollback_to_the_caller(caller, engine):
+    caller.write_own_row("order-1")
+    with pytest.raises(rl.DefinitionNotFoundOrDisabled):
+        rl.enqueue(caller.bind, "no.such.type", {})
+    caller.rollback()
+
+    assert order_count(engine) == 0
+    assert rl.count_jobs(engine) == 0
+
+
+def test_committed_raw_psycopg2_enqueue_is_run_by_the_worker_loop(orders, fresh_database):
+    ran = threading.Event()
+    registry = rl.JobRegistry()
+
+    @registry.job(JOB_TYPE)
+    def handle(ctx, payload):
+        ran.set()
+
+    raw = psycopg2_connect(fresh_database)
+    try:
+        with raw.cursor() as cursor:
+            cursor.execute("INSERT INTO orders (ref) VALUES ('order-1')")
+        job = rl.enqueue(raw, JOB_TYPE, {"order": "order-1"})
+        raw.commit()
+    finally:
+        raw.close()
+
+    shutdown = threading.Event()
+    worker = threading.Thread(target=rl.run_worker_loop, args=(orders, registry, fast_config(), shutdown), daemon=True)
+    worker.start()
+    try:
+        assert ran.wait(10)
+        wait_until(lambda: rl.get_job(orders, job.id).status is JobStatus.SUCCEEDED)
+    finally:
+        shutdown.set()
+        worker.join(15)
+
+
+def test_raw_psycopg2_connection_is_left_open_in_its_transaction_and_unchanged(orders, fresh_database):
+    raw = psycopg2_connect(fresh_database)
+    try:
+        # What Django does to its connections: jsonb comes back as text.
+        psycopg2.extras.register_default_jsonb(conn_or_curs=raw, loads=lambda value: value)
+        with raw.cursor() as cursor:
+            cursor.execute("SET LOCAL application_name = 'caller-txn'")
+            # Another library (Django's backend) may have registered psycopg2's UUID
+            # adapter process-wide; what matters is that enqueue changes nothing.
+            cursor.execute("SELECT gen_random_uuid()")
+            uuid_type_before = type(cursor.fetchone()[0])
+
+        job = rl.enqueue(raw, JOB_TYPE, {"n": 1})
+
+        # Our statements decode JSON and UUIDs for themselves...
+        assert job.payload == {"n": 1}
+        assert rl.get_job(raw, job.id).id == job.id
+        # ...without changing how the caller's connection decodes them.
+        with raw.cursor() as cursor:
+            cursor.execute("SELECT payload, id FROM job_queue WHERE id = %s", (str(job.id),))
+            payload, job_id = cursor.fetchone()
+            assert payload == '{"n": 1}' and type(job_id) is uuid_type_before
+            # The transaction is still the caller's: its SET LOCAL is still in force.
+            cursor.execute("SHOW application_name")
+            assert cursor.fetchone()[0] == "caller-txn"
+        assert not raw.closed
+        assert raw.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_INTRANS
+        raw.rollback()
+    finally:
+        raw.close()
+    assert rl.count_jobs(orders) == 0
+
+
+def test_lifecycle_calls_accept_a_session(orders):
+    job = rl.enqueue(orders, JOB_TYPE, {})
+    claimed = claim_one(orders)
+    with Session(bind=orders) as session:
+        lifecycle.mark_job_running(session, lifecycle.LeaseIdentity.of(claimed))
+        lifecycle.complete_job_success(session, **identity(claimed))
+        # Not committed yet: the worker's view is unchanged.
+        assert admin.get_job(orders, job.id).status is JobStatus.LEASED
+        session.commit()
+    assert admin.get_job(orders, job.id).status is JobStatus.SUCCEEDED
+
+
+def test_a_bind_of_another_kind_is_refused_with_invalid_argument(orders):
+    with pytest.raises(rl.InvalidArgument, match="bind must be an Engine, a Connection, an ORM Session"):
+        rl.enqueue("postgresql://app@localhost/app", JOB_TYPE, {})
+
+
+def test_a_closed_psycopg2_connection_is_refused(orders, fresh_database):
+    raw = psycopg2_connect(fresh_database)
+    raw.close()
+    with pytest.raises(rl.InvalidArgument):
+        rl.enqueue(raw, JOB_TYPE, {})
+
+
+def test_raw_psycopg2_connection_with_dict_rows_by_default_still_works(orders, fresh_database):
+    raw = psycopg2_connect(fresh_database)
+    raw.cursor_factory = psycopg2.extras.RealDictCursor
+    try:
+        job = rl.enqueue(raw, JOB_TYPE, {"n": 1})
+        assert rl.get_job(raw, job.id).payload == {"n": 1}
+        raw.commit()
+    finally:
+        raw.close()
+    assert rl.get_job(orders, job.id) is not None
+
+
+def test_raw_psycopg2_connection_in_autocommit_mode_commits_each_statement_as_it_is(orders, fresh_database):
+    raw = psycopg2_connect(fresh_database)
+    raw.autocommit = True
+    try:
+        job = rl.enqueue(raw, JOB_TYPE, {"n": 1})
+        # Visible at once to other connections: the caller chose autocommit.
+        assert rl.get_job(orders, job.id) is not None
+        assert raw.autocommit is True
+    finally:
+        raw.close()
+
+
+def test_raw_psycopg2_connection_uses_its_own_search_path_and_errors_are_coded(orders, fresh_database):
+    with orders.begin() as conn:
+        conn.execute(text("CREATE SCHEMA elsewhere"))
+    raw = psycopg2_connect(fresh_database)
+    try:
+        with raw.cursor() as cursor:
+            cursor.execute("SET search_path TO elsewhere")
+        # The queue tables are not in that schema, and nothing here overrides it.
+        with pytest.raises(rl.StoreError, match='db.query_failed: relation "job_queue" does not exist'):
+            rl.enqueue(raw, JOB_TYPE, {"n": 1})
+        raw.rollback()
+        with raw.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            assert cursor.fetchone() == (1,)
+    finally:
+        raw.close()
+
+
+def test_a_session_that_cannot_connect_raises_connection_failed(tmp_path):
+    unreachable = rl.create_engine(f"postgresql://app@/app?host={tmp_path}")
+    try:
+        with Session(bind=unreachable) as session, pytest.raises(rl.ConnectionFailed):
+            rl.enqueue(session, JOB_TYPE, {})
+    finally:
+        unreachable.dispose()
