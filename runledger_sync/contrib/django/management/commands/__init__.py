@@ -1,0 +1,1 @@
+"""runledger_worker and runledger_migrate."""

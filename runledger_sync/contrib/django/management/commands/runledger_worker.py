@@ -1,0 +1,30 @@
+"""``manage.py runledger_worker``: run the project's job handlers until SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from runledger_sync.contrib import django as runledger
+
+
+class Command(BaseCommand):
+    help = "Run the Runledger worker for RUNLEDGER['REGISTRY'] until SIGINT or SIGTERM."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--database", default=None,
+                            help='the DATABASES alias holding the queue (default: RUNLEDGER["DATABASE"] or "default")')
+        parser.add_argument("--concurrency", type=int, default=None,
+                            help="most jobs run at once (default: the configured max_global_concurrency)")
+        parser.add_argument("--drain-timeout", type=float, default=30.0,
+                            help="seconds running jobs get to finish after the first signal (default 30)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        config = runledger.get_config()
+        if options["concurrency"] is not None:
+            config = config.with_overrides(max_global_concurrency=options["concurrency"])
+        supervisor = runledger.build_supervisor(config, using=options["database"])
+        status = supervisor.run_until_shutdown(drain_timeout=options["drain_timeout"])
+        if status:
+            raise CommandError("the worker stopped after a failure or a drain timeout", returncode=status)

@@ -1,0 +1,121 @@
+"""Translate Django settings into what the queue needs: a database URL, a schema, a JobsConfig.
+
+All of it is read from ``django.conf.settings`` by ``RunledgerConfig.ready()``,
+never at import::
+
+    RUNLEDGER = {
+        "REGISTRY": "myapp.jobs:registry",   # module:attribute (a callable returning one works too)
+        "SCHEMA": "jobs",                    # optional; else RUNLEDGER_SCHEMA, else the search path
+        "DATABASE": "default",               # optional; the DATABASES alias holding the queue
+        "CONFIG": {"max_global_concurrency": 8},   # JobsConfig fields over JobsConfig.from_env()
+    }
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from sqlalchemy.engine import URL
+
+import runledger_sync as rl
+
+SETTING_NAME = "RUNLEDGER"
+DEFAULT_DATABASE_ALIAS = "default"
+KNOWN_KEYS = frozenset({"REGISTRY", "SCHEMA", "DATABASE", "CONFIG"})
+#: DATABASES ENGINE values that speak PostgreSQL.
+POSTGRES_ENGINES = frozenset(
+    {"django.db.backends.postgresql", "django.db.backends.postgresql_psycopg2", "django.contrib.gis.db.backends.postgis"}
+)
+#: OPTIONS keys that configure Django's backend itself, not libpq; left out of the URL.
+DJANGO_ONLY_OPTIONS = frozenset({"isolation_level", "server_side_binding", "pool", "assume_role", "cursor_factory"})
+
+
+@dataclass(frozen=True)
+class RunledgerSettings:
+    """The ``RUNLEDGER`` setting, checked.
+
+    Attributes:
+        registry: ``module:attribute`` of the JobRegistry, or None.
+        schema: The schema holding the queue tables, or None.
+        database: The ``DATABASES`` alias the queue lives in.
+        config: JobsConfig field -> value, applied over :meth:`JobsConfig.from_env`.
+    """
+
+    registry: str | None = None
+    schema: str | None = None
+    database: str = DEFAULT_DATABASE_ALIAS
+    config: Mapping[str, Any] = field(default_factory=dict)
+
+
+def read_settings(django_settings: Any) -> RunledgerSettings:
+    """Return the checked ``RUNLEDGER`` setting (all defaults when it is absent).
+
+    Raises:
+        ImproperlyConfigured: unknown keys, a malformed REGISTRY or unknown CONFIG fields.
+    """
+    raw = getattr(django_settings, SETTING_NAME, None) or {}
+    if not isinstance(raw, Mapping):
+        raise ImproperlyConfigured(f"{SETTING_NAME} must be a dict, got {raw!r}")
+    unknown = sorted(set(raw) - KNOWN_KEYS)
+    if unknown:
+        raise ImproperlyConfigured(f"{SETTING_NAME} has unknown keys {unknown}; allowed: {sorted(KNOWN_KEYS)}")
+    registry = raw.get("REGISTRY") or None
+    if registry is not None and (not isinstance(registry, str) or registry.count(":") != 1):
+        raise ImproperlyConfigured(f"{SETTING_NAME}['REGISTRY'] must look like 'module:registry', got {registry!r}")
+    config = {str(key).lower(): value for key, value in (raw.get("CONFIG") or {}).items()}
+    fields = {config_field.name for config_field in dataclasses.fields(rl.JobsConfig)}
+    bad = sorted(set(config) - fields)
+    if bad:
+        raise ImproperlyConfigured(f"{SETTING_NAME}['CONFIG'] has unknown JobsConfig fields {bad}")
+    return RunledgerSettings(
+        registry=registry,
+        schema=raw.get("SCHEMA") or None,
+        database=raw.get("DATABASE") or DEFAULT_DATABASE_ALIAS,
+        config=config,
+    )
+
+
+def jobs_config(overrides: Mapping[str, Any]) -> rl.JobsConfig:
+    """Return :meth:`JobsConfig.from_env` with ``overrides`` applied (validated when the worker starts)."""
+    return rl.JobsConfig.from_env().with_overrides(**overrides)
+
+
+def database_url(settings_dict: Mapping[str, Any]) -> URL:
+    """Build a psycopg2 SQLAlchemy URL from one ``DATABASES`` entry.
+
+    A HOST starting with ``/`` is a Unix socket directory; it goes into the query
+    string, where libpq reads it. String and number OPTIONS (``sslmode``...) are
+    passed to libpq too.
+
+    Raises:
+        ImproperlyConfigured: the ENGINE is not PostgreSQL or NAME is missing.
+    """
+    engine = settings_dict.get("ENGINE", "")
+    if engine not in POSTGRES_ENGINES:
+        raise ImproperlyConfigured(f"the Runledger queue needs a PostgreSQL database, got ENGINE {engine!r}")
+    name = settings_dict.get("NAME")
+    if not name:
+        raise ImproperlyConfigured("the Runledger queue's database needs a NAME")
+    host = settings_dict.get("HOST") or None
+    port = settings_dict.get("PORT") or None
+    query: dict[str, str] = {
+        str(key): str(value)
+        for key, value in (settings_dict.get("OPTIONS") or {}).items()
+        if key not in DJANGO_ONLY_OPTIONS and isinstance(value, (str, int)) and not isinstance(value, bool)
+    }
+    if host is not None and host.startswith("/"):
+        query["host"] = host
+        host = None
+    return URL.create(
+        "postgresql+psycopg2",
+        username=settings_dict.get("USER") or None,
+        password=settings_dict.get("PASSWORD") or None,
+        host=host,
+        port=int(port) if port is not None else None,
+        database=name,
+        query=query,
+    )

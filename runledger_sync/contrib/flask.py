@@ -1,0 +1,348 @@
+"""Flask integration: an engine per app, enqueue helpers, an optional in-process worker, CLI commands.
+
+Example::
+
+    from flask import Flask
+    from runledger_sync.contrib.flask import Runledger
+    from myapp.jobs import registry
+
+    app = Flask(__name__)
+    app.config["RUNLEDGER_DATABASE_URL"] = "postgresql://app@localhost/app"
+    runledger = Runledger(app, registry)
+
+    @app.post("/signup")
+    def signup():
+        with runledger.engine.begin() as conn:
+            conn.execute(users.insert().values(email=request.form["email"]))
+            runledger.enqueue("email.welcome", {"email": request.form["email"]}, connection=conn)
+        return "", 201
+
+Configuration (read by :meth:`Runledger.init_app`, never at import):
+
+- ``RUNLEDGER_DATABASE_URL``: the queue's database; falls back to
+  ``SQLALCHEMY_DATABASE_URI``, then to the ``RUNLEDGER_DATABASE_URL`` /
+  ``DATABASE_URL`` environment variables.
+- ``RUNLEDGER_SCHEMA``: the schema holding the queue tables.
+- ``RUNLEDGER_AUTOSTART_WORKER`` (default False): run a :class:`~runledger_sync.Supervisor`
+  inside the web process.
+- ``RUNLEDGER_<FIELD>`` for any :class:`~runledger_sync.JobsConfig` field
+  (``RUNLEDGER_POLL_INTERVAL_MS``, ``RUNLEDGER_MAX_GLOBAL_CONCURRENCY``...),
+  applied over :meth:`JobsConfig.from_env`.
+
+Handlers run inside ``app.app_context()``, so they can use ``current_app`` and
+app-bound extensions. The commands ``flask runledger migrate`` and ``flask
+runledger worker`` are added to the app's CLI.
+
+This module imports only the public ``runledger_sync`` API.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import os
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+from flask import Flask, current_app, has_app_context
+from flask.cli import AppGroup
+
+import runledger_sync as rl
+
+EXTENSION_KEY = "runledger"
+CONFIG_PREFIX = "RUNLEDGER_"
+#: app.config keys this extension reads besides the JobsConfig fields.
+DATABASE_URL_KEY = "RUNLEDGER_DATABASE_URL"
+FALLBACK_DATABASE_URL_KEY = "SQLALCHEMY_DATABASE_URI"
+SCHEMA_KEY = "RUNLEDGER_SCHEMA"
+AUTOSTART_KEY = "RUNLEDGER_AUTOSTART_WORKER"
+DEFAULT_AUTOSTART_WORKER = False
+#: Set to "true" by Werkzeug's reloader in the child process that serves requests.
+RELOADER_CHILD_VARIABLE = "WERKZEUG_RUN_MAIN"
+
+
+@dataclass
+class _AppState:
+    """What init_app() built for one app."""
+
+    engine: Any
+    config: rl.JobsConfig
+    registry: rl.JobRegistry
+    autostart: bool
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    supervisor: rl.Supervisor | None = None
+    supervisor_pid: int | None = None
+
+
+class Runledger:
+    """The Flask extension: one queue engine, registry and optional worker per app.
+
+    Args:
+        app: The app to set up now; or call :meth:`init_app` later (app factories).
+        registry: The handlers the in-process worker and ``flask runledger worker``
+            run. Without one, the app can enqueue but not run jobs.
+
+    Example:
+        ``runledger = Runledger(); runledger.init_app(app)``
+    """
+
+    def __init__(self, app: Flask | None = None, registry: rl.JobRegistry | None = None) -> None:
+        self.app = app
+        self.registry = registry if registry is not None else rl.JobRegistry()
+        self._states: weakref.WeakKeyDictionary[Flask, _AppState] = weakref.WeakKeyDictionary()
+        if app is not None:
+            self.init_app(app)
+
+    def init_app(self, app: Flask) -> None:
+        """Read ``app.config``, build the app's engine and register the CLI commands.
+
+        Raises:
+            ConfigError: no database URL was configured or found, or it is not PostgreSQL.
+        """
+        url = app.config.get(DATABASE_URL_KEY) or app.config.get(FALLBACK_DATABASE_URL_KEY) or None
+        schema = app.config.get(SCHEMA_KEY) or None
+        state = _AppState(
+            engine=rl.create_engine(url, schema=schema),
+            config=config_from_app(app.config),
+            registry=in_app_context(self.registry, app),
+            autostart=_as_bool(app.config.get(AUTOSTART_KEY, DEFAULT_AUTOSTART_WORKER)),
+        )
+        self._states[app] = state
+        app.extensions[EXTENSION_KEY] = self
+        app.cli.add_command(_command_group())
+        if state.autostart:
+            if os.environ.get(RELOADER_CHILD_VARIABLE) == "true":
+                self.start_worker(app)
+            else:
+                # Outside the reloader child we cannot tell a plain server from the
+                # reloader's parent, which only watches files; the parent never serves
+                # a request, so starting on the first one runs exactly one worker.
+                app.before_request(lambda: self._start_once(app))
+
+    # -- per-app state ---------------------------------------------------------------
+
+    def _state(self, app: Flask | None = None) -> _AppState:
+        if app is None:
+            app = current_app._get_current_object() if has_app_context() else self.app  # type: ignore[attr-defined]
+        if app is None or app not in self._states:
+            raise RuntimeError("Runledger is not set up for this app; call init_app(app) first")
+        return self._states[app]
+
+    @property
+    def engine(self) -> Any:
+        """The queue's Engine for the current app (or the app given to the constructor)."""
+        return self._state().engine
+
+    @property
+    def config(self) -> rl.JobsConfig:
+        """The JobsConfig the worker of the current app runs with."""
+        return self._state().config
+
+    @property
+    def supervisor(self) -> rl.Supervisor | None:
+        """The in-process Supervisor of the current app, or None when none was started."""
+        return self._state().supervisor
+
+    # -- enqueueing -----------------------------------------------------------------
+
+    def enqueue(self, job_type: str, payload: Any = None, *, connection: Any = None, **options: Any) -> rl.JobRecord:
+        """Enqueue a job on the app's database (see :func:`runledger_sync.enqueue`).
+
+        Args:
+            job_type: A type with a job definition (``flask runledger migrate``
+                writes the registry's definitions).
+            payload: Any JSON value.
+            connection: A Connection or ORM Session (Flask-SQLAlchemy's ``db.session``)
+                whose transaction the job joins: it exists only if that transaction
+                commits. Without one, the job is committed at once.
+                The queue schema (``RUNLEDGER_SCHEMA``) is not applied to a connection
+                you pass; address it through the search path or ``rl.with_schema``.
+            **options: ``priority``, ``delay_seconds``, ``idempotency_key``... as for
+                :func:`runledger_sync.enqueue`.
+
+        Returns:
+            The job's record.
+        """
+        state = self._state()
+        bind = connection if connection is not None else state.engine
+        options.setdefault("max_payload_bytes", state.config.max_payload_bytes)
+        return rl.enqueue(bind, job_type, payload, **options)
+
+    def enqueue_many(self, specs: Any, *, connection: Any = None) -> list[rl.JobRecord]:
+        """Enqueue several :class:`~runledger_sync.JobSpec` at once, like :meth:`enqueue`."""
+        state = self._state()
+        bind = connection if connection is not None else state.engine
+        return rl.enqueue_many(bind, specs, max_payload_bytes=state.config.max_payload_bytes)
+
+    def sync_definitions(self, app: Flask | None = None) -> Any:
+        """Write the registry's job definitions, so its types can be enqueued."""
+        state = self._state(app)
+        return state.registry.sync_definitions(state.engine)
+
+    # -- the in-process worker ---------------------------------------------------------
+
+    def start_worker(self, app: Flask | None = None) -> rl.Supervisor:
+        """Start the app's in-process Supervisor unless this process already runs one.
+
+        It is stopped when the interpreter exits, or by :meth:`stop_worker`. A
+        process forked after the start (a pre-forking server) gets its own, since
+        threads do not survive a fork.
+
+        Returns:
+            The running Supervisor.
+        """
+        state = self._state(app)
+        with state.lock:
+            if state.supervisor is not None and state.supervisor_pid == os.getpid():
+                return state.supervisor
+            state.registry.sync_definitions(state.engine)
+            supervisor = rl.Supervisor(state.engine, state.registry, state.config)
+            supervisor.start()
+            state.supervisor, state.supervisor_pid = supervisor, os.getpid()
+        atexit.register(_stop_at_exit, weakref.ref(supervisor))
+        return supervisor
+
+    def _start_once(self, app: Flask) -> None:
+        state = self._state(app)
+        # Checked without the lock first: after the first request this is one read.
+        if state.supervisor is None or state.supervisor_pid != os.getpid():
+            self.start_worker(app)
+
+    def stop_worker(self, app: Flask | None = None, timeout: float = 30.0) -> bool:
+        """Stop the app's in-process Supervisor, letting running jobs drain for ``timeout`` seconds.
+
+        Returns:
+            True if it stopped in time (or none was running).
+        """
+        state = self._state(app)
+        with state.lock:
+            supervisor, state.supervisor, state.supervisor_pid = state.supervisor, None, None
+        return supervisor.stop(timeout) if supervisor is not None else True
+
+    def run_worker(self, app: Flask | None = None, *, drain_timeout: float = 30.0) -> int:
+        """Run the app's worker in the foreground until SIGINT/SIGTERM (``flask runledger worker``).
+
+        Returns:
+            The process exit status of :meth:`Supervisor.run_until_shutdown`.
+        """
+        state = self._state(app)
+        state.registry.sync_definitions(state.engine)
+        return rl.Supervisor(state.engine, state.registry, state.config).run_until_shutdown(drain_timeout)
+
+
+def _stop_at_exit(supervisor_ref: weakref.ref[rl.Supervisor]) -> None:
+    supervisor = supervisor_ref()
+    if supervisor is not None:
+        supervisor.stop()
+
+
+# -- translating app.config ----------------------------------------------------------------
+
+
+def config_from_app(app_config: Any) -> rl.JobsConfig:
+    """Return :meth:`JobsConfig.from_env` with each ``RUNLEDGER_<FIELD>`` key of ``app_config`` applied.
+
+    A string value is parsed (and clamped) as the environment variable of that
+    name would be; any other value is used as given and checked when the worker
+    starts.
+    """
+    config = rl.JobsConfig.from_env()
+    overrides: dict[str, Any] = {}
+    for config_field in dataclasses.fields(rl.JobsConfig):
+        key = CONFIG_PREFIX + config_field.name.upper()
+        if key not in app_config:
+            continue
+        value = app_config[key]
+        if isinstance(value, str) and config_field.name != "worker_id":
+            value = getattr(rl.JobsConfig.from_env({key: value}), config_field.name)
+        overrides[config_field.name] = value
+    return config.with_overrides(**overrides)
+
+
+def _as_bool(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
+# -- handlers in the app context -------------------------------------------------------------
+
+
+class _AppContextHandler(rl.JobHandler):
+    """Run another handler's execute and on_dead_letter inside ``app.app_context()``."""
+
+    def __init__(self, inner: rl.JobHandler, app: Flask, retry_on: tuple[type[BaseException], ...]) -> None:
+        self.inner = inner
+        self.app = app
+        self.job_type = inner.job_type
+        self.max_attempts = inner.max_attempts
+        self.timeout_seconds = inner.timeout_seconds
+        self.priority = inner.priority
+        self.retry_on = retry_on
+        self.retry_delay_overrides = inner.retry_delay_overrides
+
+    def execute(self, ctx: rl.JobContext, payload: Any) -> rl.JobCompletion | None:
+        with self.app.app_context():
+            return self.inner.execute(ctx, payload)
+
+    def on_dead_letter(self, ctx: rl.JobContext, payload: Any, info: rl.JobDeadLetterInfo) -> None:
+        with self.app.app_context():
+            self.inner.on_dead_letter(ctx, payload, info)
+
+    def __repr__(self) -> str:
+        return f"<in app context of {self.app.name!r}: {self.inner!r}>"
+
+
+def in_app_context(registry: rl.JobRegistry, app: Flask) -> rl.JobRegistry:
+    """Return a new registry whose handlers run ``registry``'s inside ``app.app_context()``.
+
+    The types, retry rules and definitions are the same; ``registry`` is unchanged.
+    """
+    wrapped = rl.JobRegistry()
+    for job_type in registry.registered_types():
+        handler = registry.get(job_type)
+        assert handler is not None  # registered_types() lists only registered ones
+        wrapped.register(_AppContextHandler(handler, app, registry.retry_on(job_type)))
+    return wrapped
+
+
+# -- the CLI ------------------------------------------------------------------------------
+
+
+def _extension() -> Runledger:
+    extension = current_app.extensions.get(EXTENSION_KEY)
+    if extension is None:
+        raise click.UsageError("Runledger is not set up for this app; call Runledger(app) or init_app(app)")
+    return extension
+
+
+def _command_group() -> AppGroup:
+    group = AppGroup("runledger", help="Runledger job queue commands.")
+
+    @group.command("migrate")
+    def migrate_command() -> None:
+        """Upgrade the queue schema to the newest revision and write the job definitions."""
+        extension = _extension()
+        engine = extension.engine
+        before = rl.current_revision(engine)
+        rl.migrate(engine)
+        after = rl.current_revision(engine)
+        definitions = extension.sync_definitions(current_app._get_current_object())  # type: ignore[attr-defined]
+        moved = "already up to date" if before == after else f"migrated from {before or 'an empty database'}"
+        click.echo(f"schema at {after} ({moved}); {len(definitions)} job definition(s) written")
+
+    @group.command("worker")
+    @click.option("--drain-timeout", type=float, default=30.0, show_default=True,
+                  help="seconds running jobs get to finish after SIGINT/SIGTERM")
+    def worker_command(drain_timeout: float) -> None:
+        """Run this app's job handlers until SIGINT or SIGTERM."""
+        status = _extension().run_worker(
+            current_app._get_current_object(), drain_timeout=drain_timeout  # type: ignore[attr-defined]
+        )
+        if status:
+            raise SystemExit(status)
+
+    return group

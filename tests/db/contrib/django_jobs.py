@@ -1,0 +1,24 @@
+"""The job registry the Django settings of the contrib tests name (RUNLEDGER["REGISTRY"])."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connections
+
+import runledger_sync as rl
+
+JOB_TYPE = "django.order_placed"
+
+#: One entry per run: (was this thread's Django connection open at entry, the connection wrapper, payload).
+runs: list[tuple[bool, Any, Any]] = []
+registry = rl.JobRegistry()
+
+
+@registry.job(JOB_TYPE)
+def order_placed(ctx: Any, payload: Any) -> None:
+    connection = connections["default"]
+    was_open = connection.connection is not None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    runs.append((was_open, connection, payload))

@@ -1,0 +1,208 @@
+"""The Django app against a real Django setup and a real PostgreSQL.
+
+django.setup() configures settings once per process, so every Django test lives
+in this module, on databases made for it by a module-scoped fixture.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+django = pytest.importorskip("django")
+
+import sqlalchemy as sa
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.db import connection, connections, transaction
+
+import runledger_sync as rl
+from runledger_sync.contrib.django.settings import database_url, read_settings
+from tests.db.contrib import django_jobs, django_settings
+from tests.support import scalar, wait_until
+
+JOB_TYPE = django_jobs.JOB_TYPE
+
+
+def django_database(url: str) -> dict[str, Any]:
+    """A DATABASES entry for a test database URL (the embedded server's is a socket directory)."""
+    parsed = sa.engine.make_url(url)
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": parsed.database,
+        "USER": parsed.username or "postgres",
+        "PASSWORD": parsed.password or "",
+        "HOST": parsed.query.get("host") or parsed.host or "",
+        "PORT": str(parsed.query.get("port") or parsed.port or ""),
+    }
+
+
+@pytest.fixture(scope="module")
+def project(pg_server, template_database) -> Iterator[None]:
+    if settings.configured:
+        pytest.skip("Django settings were already configured in this process")
+    main, empty = f"rl_django_{os.getpid()}", f"rl_django_empty_{os.getpid()}"
+    url = pg_server.create_database(main, template=template_database, drop_existing=True)
+    empty_url = pg_server.create_database(empty, drop_existing=True)
+    settings.configure(
+        DATABASES={"default": django_database(url), "empty": django_database(empty_url)},
+        **django_settings.SETTINGS,
+    )
+    django.setup()
+    from runledger_sync.contrib import django as runledger
+
+    runledger.get_registry().sync_definitions(runledger.get_engine())
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE app_orders (id serial PRIMARY KEY, item text NOT NULL)")
+    try:
+        yield
+    finally:
+        connections.close_all()
+        django.apps.apps.get_app_config("runledger").dispose()
+        pg_server.drop_database(main)
+        pg_server.drop_database(empty)
+
+
+@pytest.fixture
+def runledger(project) -> Iterator[Any]:
+    from runledger_sync.contrib import django as runledger
+
+    engine = runledger.get_engine()
+    with engine.begin() as conn:
+        conn.exec_driver_sql("TRUNCATE job_queue CASCADE")
+        conn.exec_driver_sql("TRUNCATE app_orders")
+    django_jobs.runs.clear()
+    yield runledger
+    django_jobs.runs.clear()
+
+
+def job_count(engine: Any) -> int:
+    return scalar(engine, "SELECT count(*) FROM job_queue WHERE job_type = :t", t=JOB_TYPE)
+
+
+def order_count() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM app_orders")
+        return cursor.fetchone()[0]
+
+
+def place_order(runledger: Any, item: str) -> Any:
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO app_orders (item) VALUES (%s)", [item])
+    return runledger.enqueue(JOB_TYPE, {"item": item})
+
+
+def test_enqueue_inside_committed_atomic_block_creates_the_job(runledger):
+    with transaction.atomic():
+        job = place_order(runledger, "book")
+        assert job.job_type == JOB_TYPE
+    assert order_count() == 1
+    assert rl.get_job(runledger.get_engine(), job.id).payload == {"item": "book"}
+
+
+def test_atomic_block_raising_after_enqueue_leaves_no_job(runledger):
+    with pytest.raises(RuntimeError, match="after enqueue"), transaction.atomic():
+        place_order(runledger, "lost")
+        raise RuntimeError("the view fails after enqueue")
+    assert order_count() == 0
+    assert job_count(runledger.get_engine()) == 0
+
+
+def test_enqueue_outside_atomic_block_commits_at_once(runledger):
+    job = runledger.enqueue(JOB_TYPE, {"item": "now"}, priority=7)
+    assert rl.get_job(runledger.get_engine(), job.id).priority == 7
+
+
+def test_runledger_migrate_command_upgrades_an_empty_database(runledger):
+    empty = runledger.get_engine("empty")
+    assert rl.current_revision(empty) is None
+    out = io.StringIO()
+    call_command("runledger_migrate", database="empty", stdout=out)
+    assert "migrated from an empty database" in out.getvalue()
+    assert rl.current_revision(empty) == rl.head_revision()
+    assert scalar(empty, "SELECT count(*) FROM job_definitions WHERE job_type = :t", t=JOB_TYPE) == 1
+    out = io.StringIO()
+    call_command("runledger_migrate", database="empty", stdout=out)
+    assert "already up to date" in out.getvalue()
+
+
+def test_worker_handler_wrapper_closes_old_connections_before_and_after(runledger):
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    assert connection.connection is not None  # a connection left open, as after a request
+    handler = runledger.with_django_connections(runledger.get_registry()).get(JOB_TYPE)
+    handler.execute(None, {"item": "direct"})
+    [(was_open, used, payload)] = django_jobs.runs
+    assert not was_open, "the stale connection was not closed before the handler ran"
+    assert used is connections["default"] and used.connection is None, "the handler's connection was not closed after it"
+    assert payload == {"item": "direct"}
+
+
+def test_worker_runs_jobs_with_django_connections_closed_after_each(runledger):
+    engine = runledger.get_engine()
+    job = rl.enqueue(engine, JOB_TYPE, {"item": "worker"})
+    supervisor = runledger.build_supervisor()
+    assert supervisor.config.poll_interval_ms == 20
+    with supervisor:
+        wait_until(lambda: rl.get_job(engine, job.id).status == rl.JobStatus.SUCCEEDED)
+    [(_was_open, used, payload)] = django_jobs.runs
+    assert payload == {"item": "worker"}
+    assert used is not connections["default"]  # the pool thread's own connection, not the test's
+    assert used.connection is None
+
+
+def test_runledger_worker_command_runs_until_sigterm(runledger):
+    engine = runledger.get_engine()
+    job = rl.enqueue(engine, JOB_TYPE, {"item": "command"})
+    done = threading.Event()
+
+    def stop_when_done() -> None:
+        # The job can only succeed while the command runs, so its signal handler is installed.
+        try:
+            wait_until(lambda: rl.get_job(engine, job.id).status == rl.JobStatus.SUCCEEDED, timeout=15)
+        finally:
+            done.set()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    watcher = threading.Thread(target=stop_when_done, daemon=True)
+    watcher.start()
+    call_command("runledger_worker", "--drain-timeout", "5", "--concurrency", "2")
+    watcher.join(5)
+    assert done.is_set()
+    assert [run[2] for run in django_jobs.runs] == [{"item": "command"}]
+
+
+def test_database_url_is_built_from_a_databases_entry():
+    socket = database_url({"ENGINE": "django.db.backends.postgresql", "NAME": "app", "USER": "u",
+                           "PASSWORD": "p@ss", "HOST": "/run/pg", "PORT": "5433",
+                           "OPTIONS": {"sslmode": "disable", "isolation_level": 1}})
+    assert (socket.username, socket.password, socket.host, socket.port, socket.database) == ("u", "p@ss", None, 5433, "app")
+    assert dict(socket.query) == {"host": "/run/pg", "sslmode": "disable"}
+    tcp = database_url({"ENGINE": "django.db.backends.postgresql", "NAME": "app", "HOST": "db.local", "PORT": ""})
+    assert (tcp.drivername, tcp.host, tcp.port, tcp.username) == ("postgresql+psycopg2", "db.local", None, None)
+    with pytest.raises(ImproperlyConfigured, match="PostgreSQL"):
+        database_url({"ENGINE": "django.db.backends.sqlite3", "NAME": "db.sqlite3"})
+
+
+def test_bad_runledger_settings_are_reported():
+    class Settings:
+        RUNLEDGER = {"REGISTRY": "no_colon", "CONFIG": {}}  # noqa: RUF012 - a settings stub
+
+    with pytest.raises(ImproperlyConfigured, match="module:registry"):
+        read_settings(Settings)
+    Settings.RUNLEDGER = {"CONFIG": {"poll_interval": 5}}
+    with pytest.raises(ImproperlyConfigured, match="poll_interval"):
+        read_settings(Settings)
+    Settings.RUNLEDGER = {"QUEUE": "x"}
+    with pytest.raises(ImproperlyConfigured, match="unknown keys"):
+        read_settings(Settings)
+    Settings.RUNLEDGER = {"CONFIG": {"MAX_GLOBAL_CONCURRENCY": 4}, "SCHEMA": "jobs"}
+    checked = read_settings(Settings)
+    assert (checked.config, checked.schema, checked.database) == ({"max_global_concurrency": 4}, "jobs", "default")
