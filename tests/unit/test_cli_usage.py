@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
 import subprocess
 import sys
+from datetime import datetime, timezone
+from decimal import Decimal
 from pathlib import Path
+from uuid import UUID
 
 import pytest
 
@@ -215,3 +219,115 @@ def test_the_module_runs_as_a_script_with_the_same_exit_codes(tmp_path):
     assert missing.returncode == 1
     assert missing.stderr.startswith("error: config.invalid: ")
     assert "Traceback" not in missing.stderr
+
+
+# -- the operator commands: usage errors are caught before any database is needed -----------
+
+
+OPERATOR_COMMANDS = ["enqueue", "jobs list", "jobs show", "jobs retry", "jobs cancel", "dead-letters list",
+                     "dead-letters replay", "stats"]
+
+
+@pytest.mark.parametrize("name", OPERATOR_COMMANDS + ["jobs", "dead-letters"])
+def test_each_operator_command_has_help(capsys, name):
+    code, out, _ = run(capsys, *name.split(), "--help")
+
+    assert code == 0
+    assert out.startswith(f"usage: runledger-sync {name}")
+
+
+def test_operator_commands_are_registered_under_their_groups():
+    assert set(OPERATOR_COMMANDS) <= set(cli.COMMANDS)
+    assert set(cli.GROUPS) == {"jobs", "dead-letters"}
+
+
+def test_a_nested_command_needs_its_group():
+    with pytest.raises(ValueError, match="command_group"):
+        cli.command("nothing here", help="orphan")(lambda args: 0)
+    assert "nothing here" not in cli.COMMANDS
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["jobs"],
+        ["jobs", "frobnicate"],
+        ["dead-letters"],
+        ["enqueue"],
+        ["enqueue", "email.send"],
+        ["enqueue", "email.send", "{}", "--priority", "high"],
+        ["enqueue", "email.send", "{}", "--delay-seconds", "soon"],
+        ["jobs", "list", "--status", "RUNNING"],
+        ["jobs", "list", "--limit", "many"],
+        ["jobs", "show"],
+        ["jobs", "retry"],
+        ["jobs", "cancel", "a", "b"],
+        ["dead-letters", "replay", "--dry-run", "yes"],
+        ["stats", "extra"],
+    ],
+    ids=lambda argv: " ".join(argv),
+)
+def test_operator_bad_usage_exits_two_with_the_usage_line(capsys, argv):
+    code, out, err = run(capsys, *argv)
+
+    assert code == 2
+    assert out == ""
+    assert "usage: runledger-sync" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("payload", ["{to: 1}", "", "[1, 2", "nan-ish"])
+def test_enqueue_bad_json_is_invalid_payload_exit_two(capsys, payload):
+    code, out, err = run(capsys, "enqueue", "email.send", payload)
+
+    assert code == 2
+    assert out == ""
+    lines = error_lines(err)
+    assert len(lines) == 2
+    assert lines[0].startswith("error: job.invalid_payload: the JSON argument must be valid JSON (")
+    assert lines[1].startswith("hint: ") and "JSON" in lines[1]
+
+
+@pytest.mark.parametrize("action", ["show", "retry", "cancel"])
+def test_a_bad_job_id_is_exit_two_with_its_code(capsys, action):
+    code, out, err = run(capsys, "jobs", action, "not-a-uuid")
+
+    assert code == 2
+    assert out == ""
+    lines = error_lines(err)
+    assert lines[0] == ("error: job.invalid_argument: ID must be a job id (a UUID such as "
+                        "0190c6c2-5f1e-7000-8000-000000000000), got 'not-a-uuid'")
+    assert lines[1] == "hint: copy the id from `runledger-sync jobs list`"
+
+
+@pytest.mark.parametrize("action", ["list", "replay"])
+def test_a_bad_since_is_exit_two_with_its_code(capsys, action):
+    code, _, err = run(capsys, "dead-letters", action, "--since", "yesterday")
+
+    assert code == 2
+    assert error_lines(err)[0].startswith("error: job.invalid_argument: --since must be an ISO 8601 time")
+
+
+def test_a_valid_operator_command_without_a_url_is_config_invalid(capsys):
+    code, _, err = run(capsys, "jobs", "show", "00000000-0000-7000-8000-000000000000")
+
+    assert code == 1
+    assert error_lines(err)[0].startswith("error: config.invalid: ")
+
+
+def test_plain_turns_records_into_json_ready_data():
+    @dataclasses.dataclass
+    class Row:
+        id: UUID
+        status: runledger_sync.JobStatus
+        at: datetime
+        pct: Decimal
+        nested: dict
+
+    row = Row(UUID(int=1), runledger_sync.JobStatus.PENDING, datetime(2026, 1, 2, tzinfo=timezone.utc),
+              Decimal("12.50"), {"k": [UUID(int=2)]})
+
+    assert cli._plain(row) == {
+        "id": "00000000-0000-0000-0000-000000000001", "status": "PENDING", "at": "2026-01-02T00:00:00+00:00",
+        "pct": 12.5, "nested": {"k": ["00000000-0000-0000-0000-000000000002"]},
+    }

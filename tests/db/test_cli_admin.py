@@ -1,0 +1,357 @@
+"""The operator commands (enqueue, jobs, dead-letters, stats) against a real PostgreSQL.
+
+Each test runs ``cli.main([...])`` in-process, then checks both what it printed
+and the rows it left behind.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+import runledger_sync as rl
+from runledger_sync import cli
+from runledger_sync.store.lifecycle import (
+    LeaseIdentity,
+    claim_jobs,
+    complete_job_failure,
+    complete_job_success,
+)
+from tests.support import define, event_types, rows, scalar
+
+EMAIL = "cli.email"
+REPORT = "cli.report"
+UNKNOWN_ID = "00000000-0000-7000-8000-000000000000"
+# Jobs driven past PENDING are enqueued at the top priority so the claim that
+# follows picks exactly them.
+TOP = 1_000_000
+
+
+@pytest.fixture
+def db(engine):
+    define(engine, EMAIL, max_attempts=3)
+    define(engine, REPORT, max_attempts=1)
+    return engine
+
+
+@pytest.fixture
+def run(capsys, fresh_database):
+    def invoke(*argv: str) -> tuple[int, str, str]:
+        code = cli.main(["--database-url", fresh_database, *argv])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return invoke
+
+
+def _finish(db, job: rl.JobRecord, *, fail: bool) -> rl.JobRecord:
+    claimed = claim_jobs(db, worker_id="cli-worker", lease_ttl_seconds=60, limit=1, job_types=[job.job_type])
+    assert [c.id for c in claimed] == [job.id]
+    identity = LeaseIdentity.of(claimed[0]).keywords()
+    if fail:
+        failure = rl.JobFailure.terminal("cli.bad_input", "cannot be processed")
+        return complete_job_failure(db, **identity, failure=failure, retry_delay_ms=None)
+    return complete_job_success(db, **identity, completion=rl.JobCompletion.success())
+
+
+def dead_lettered(db, job_type: str = EMAIL) -> rl.JobRecord:
+    return _finish(db, rl.enqueue(db, job_type, {"n": 1}, priority=TOP), fail=True)
+
+
+def succeeded(db, job_type: str = EMAIL) -> rl.JobRecord:
+    return _finish(db, rl.enqueue(db, job_type, {"n": 1}, priority=TOP), fail=False)
+
+
+def json_lines(out: str) -> list[dict]:
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+# -- enqueue -------------------------------------------------------------------------
+
+
+def test_enqueue_prints_the_new_jobs_id_and_stores_every_option(db, run):
+    code, out, err = run("enqueue", EMAIL, '{"to": "a@b.c"}', "--priority", "7", "--delay-seconds", "60",
+                         "--org", "org-1", "--idempotency-key", "k-1", "--max-attempts", "2")
+
+    assert code == 0, err
+    job = rl.get_job(db, out.strip())
+    assert job is not None and str(job.id) == out.strip()
+    assert (job.payload, job.priority, job.organization_id, job.idempotency_key, job.max_attempts) == (
+        {"to": "a@b.c"}, 7, "org-1", "k-1", 2)
+    assert job.status is rl.JobStatus.PENDING
+    assert job.next_run_at > datetime.now(timezone.utc) + timedelta(seconds=30)
+
+
+def test_enqueue_with_the_same_idempotency_key_prints_the_same_id(db, run):
+    first = run("enqueue", EMAIL, '{"n": 1}', "--idempotency-key", "once")
+    second = run("enqueue", EMAIL, '{"n": 1}', "--idempotency-key", "once")
+
+    assert first[0] == second[0] == 0
+    assert first[1] == second[1]
+    assert rl.count_jobs(db) == 1
+
+
+def test_enqueue_bad_json_is_usage_error_and_writes_nothing(db, run):
+    code, out, err = run("enqueue", EMAIL, "{to: a}")
+
+    assert code == 2 and out == ""
+    lines = err.splitlines()
+    assert lines[0].startswith("error: job.invalid_payload: ") and "valid JSON" in lines[0]
+    assert lines[1].startswith("hint: ")
+    assert rl.count_jobs(db) == 0
+
+
+def test_enqueue_unknown_type_fails_with_its_code(db, run):
+    code, out, err = run("enqueue", "no.such.type", "{}")
+
+    assert code == 1 and out == ""
+    assert err.startswith("error: job.definition_not_found_or_disabled: ")
+    assert "Traceback" not in err
+
+
+def test_enqueue_out_of_range_option_is_usage_error(db, run):
+    code, _, err = run("enqueue", EMAIL, "{}", "--max-attempts", "0")
+
+    assert code == 2
+    assert err.startswith("error: job.invalid_argument: ")
+    assert rl.count_jobs(db) == 0
+
+
+# -- jobs list / show -------------------------------------------------------------------
+
+
+def test_jobs_list_prints_an_aligned_table_filtered_by_status_type_and_org(db, run):
+    pending = rl.enqueue(db, EMAIL, {}, organization_id="org-1")
+    rl.enqueue(db, REPORT, {}, organization_id="org-2")
+    dead = dead_lettered(db, REPORT)
+
+    code, out, _ = run("jobs", "list")
+    header, *lines = out.splitlines()
+    assert code == 0
+    assert header.split() == ["id", "type", "status", "attempt", "stage", "next_run_at", "last_error_code"]
+    assert len(lines) == 3
+    assert {line.index(" ") for line in lines} == {36}  # the ids fill one fixed-width column
+    column = header.index("status")
+    assert sorted(line[column:].split()[0] for line in lines) == ["DEAD_LETTERED", "PENDING", "PENDING"]
+
+    _, out, _ = run("jobs", "list", "--status", "dead_lettered")
+    assert [line.split()[0] for line in out.splitlines()[1:]] == [str(dead.id)]
+    assert "1/1" in out and "cli.bad_input" in out
+
+    _, out, _ = run("jobs", "list", "--type", EMAIL, "--org", "org-1")
+    assert [line.split()[0] for line in out.splitlines()[1:]] == [str(pending.id)]
+
+
+def test_jobs_list_json_prints_one_object_per_line_newest_first(db, run):
+    older = rl.enqueue(db, EMAIL, {"n": 1})
+    newer = rl.enqueue(db, EMAIL, {"n": 2})
+
+    code, out, _ = run("jobs", "list", "--json", "--limit", "5")
+
+    assert code == 0
+    records = json_lines(out)
+    assert [r["id"] for r in records] == [str(newer.id), str(older.id)]
+    assert records[0]["status"] == "PENDING" and records[0]["payload"] == {"n": 2}
+    assert datetime.fromisoformat(records[0]["next_run_at"]).tzinfo is not None
+
+
+def test_jobs_list_on_an_empty_queue_prints_only_the_header(db, run):
+    code, out, _ = run("jobs", "list")
+
+    assert code == 0
+    assert len(out.splitlines()) == 1
+
+
+def test_jobs_show_prints_the_row_attempts_and_events(db, run):
+    job = dead_lettered(db)
+
+    code, out, _ = run("jobs", "show", str(job.id))
+
+    assert code == 0
+    assert f"id:                  {job.id}" in out
+    assert "status:              DEAD_LETTERED" in out
+    assert "attempts (1):" in out and "TERMINAL" in out
+    assert "events (" in out
+    for event in ("ENQUEUED", "LEASED", "DEAD_LETTERED"):
+        assert event in out
+
+
+def test_jobs_show_json_holds_the_job_its_attempts_and_events(db, run):
+    job = dead_lettered(db)
+
+    code, out, _ = run("jobs", "show", str(job.id), "--json")
+
+    assert code == 0
+    shown = json.loads(out)
+    assert shown["job"]["id"] == str(job.id) and shown["job"]["status"] == "DEAD_LETTERED"
+    assert [a["outcome"] for a in shown["attempts"]] == ["TERMINAL"]
+    assert [e["event_type"] for e in shown["events"]] == event_types(db, job.id)
+
+
+def test_jobs_show_unknown_id_is_not_found(db, run):
+    code, out, err = run("jobs", "show", UNKNOWN_ID)
+
+    assert code == 1 and out == ""
+    assert err.splitlines()[0] == f"error: job.not_found: job {UNKNOWN_ID} was not found"
+    assert "jobs list" in err.splitlines()[1]
+
+
+# -- jobs retry / cancel ----------------------------------------------------------------
+
+
+def test_jobs_retry_requeues_a_finished_job_as_a_new_run(db, run):
+    job = succeeded(db)
+
+    code, out, _ = run("jobs", "retry", str(job.id), "--reason", "operator asked")
+
+    assert code == 0
+    assert out.strip() == f"job {job.id} requeued: PENDING, run 2"
+    after = rl.get_job(db, job.id)
+    assert (after.status, after.run_number, after.attempt, after.status_reason) == (
+        rl.JobStatus.PENDING, 2, 0, "operator asked")
+    assert event_types(db, job.id)[-1] == "REQUEUED"
+
+
+def test_jobs_retry_of_a_pending_job_is_an_invalid_transition(db, run):
+    job = rl.enqueue(db, EMAIL, {})
+
+    code, _, err = run("jobs", "retry", str(job.id))
+
+    assert code == 1
+    assert err.startswith("error: job.invalid_state_transition: ")
+    assert rl.get_job(db, job.id).run_number == 1
+
+
+def test_jobs_cancel_cancels_with_the_reason_given(db, run):
+    job = rl.enqueue(db, EMAIL, {})
+
+    code, out, _ = run("jobs", "cancel", str(job.id), "--reason", "duplicate")
+
+    assert code == 0
+    assert out.strip() == f"job {job.id} canceled: duplicate"
+    after = rl.get_job(db, job.id)
+    assert (after.status, after.status_reason) == (rl.JobStatus.CANCELED, "duplicate")
+    assert event_types(db, job.id)[-1] == "CANCELED"
+
+
+def test_jobs_cancel_of_a_finished_job_fails_and_changes_nothing(db, run):
+    job = succeeded(db)
+
+    code, _, err = run("jobs", "cancel", str(job.id))
+
+    assert code == 1
+    assert err.startswith("error: job.invalid_state_transition: ")
+    assert rl.get_job(db, job.id).status is rl.JobStatus.SUCCEEDED
+
+
+@pytest.mark.parametrize("action", ["retry", "cancel"])
+def test_jobs_action_on_an_unknown_id_is_not_found(db, run, action):
+    code, _, err = run("jobs", action, UNKNOWN_ID)
+
+    assert code == 1
+    assert err.startswith("error: job.not_found: ")
+
+
+# -- dead letters -------------------------------------------------------------------------
+
+
+def test_dead_letters_list_filters_by_type_and_since(db, run):
+    email = dead_lettered(db, EMAIL)
+    report = dead_lettered(db, REPORT)
+
+    code, out, _ = run("dead-letters", "list")
+    assert code == 0
+    assert out.splitlines()[0].split()[:3] == ["job_id", "type", "failed_at"]
+    assert {line.split()[0] for line in out.splitlines()[1:]} == {str(email.id), str(report.id)}
+
+    _, out, _ = run("dead-letters", "list", "--type", REPORT, "--json")
+    assert [(r["job_id"], r["error_code"], r["replayed"]) for r in json_lines(out)] == [
+        (str(report.id), "cli.bad_input", False)]
+
+    future = (datetime.now(timezone.utc) + timedelta(hours=1)).isoformat()
+    _, out, _ = run("dead-letters", "list", "--since", future)
+    assert len(out.splitlines()) == 1
+
+
+def test_dead_letters_replay_requeues_every_match_once(db, run):
+    first, second = dead_lettered(db, EMAIL), dead_lettered(db, EMAIL)
+    other = dead_lettered(db, REPORT)
+
+    code, out, _ = run("dead-letters", "replay", "--type", EMAIL)
+
+    assert code == 0
+    assert out.strip() == "requeued 2 dead-lettered job(s)"
+    statuses = {row.id: row.status for row in rows(db, "SELECT id, status FROM job_queue")}
+    assert statuses == {first.id: "PENDING", second.id: "PENDING", other.id: "DEAD_LETTERED"}
+    assert rl.get_job(db, first.id).status_reason == "DEAD_LETTER_REPLAY"
+
+    # The dead-letter rows stay, but their jobs are no longer dead: nothing to replay twice.
+    _, out, _ = run("dead-letters", "replay", "--type", EMAIL)
+    assert out.strip() == "requeued 0 dead-lettered job(s)"
+    assert scalar(db, "SELECT max(run_number) FROM job_queue") == 2
+    _, out, _ = run("dead-letters", "list", "--type", EMAIL)
+    header, *lines = out.splitlines()
+    assert [line[header.index("state"):].split()[0] for line in lines] == ["replayed", "replayed"]
+
+
+def test_dead_letters_replay_dry_run_changes_nothing(db, run):
+    job = dead_lettered(db)
+
+    code, out, _ = run("dead-letters", "replay", "--dry-run")
+
+    assert code == 0
+    assert out.splitlines() == [f"would requeue {job.id}", "1 dead-lettered job(s) would be requeued (dry run)"]
+    assert rl.get_job(db, job.id).status is rl.JobStatus.DEAD_LETTERED
+
+
+def test_dead_letters_replay_since_the_future_matches_nothing(db, run):
+    job = dead_lettered(db)
+
+    code, out, _ = run("dead-letters", "replay", "--since", "2999-01-01T00:00:00Z")
+
+    assert code == 0
+    assert out.strip() == "requeued 0 dead-lettered job(s)"
+    assert rl.get_job(db, job.id).status is rl.JobStatus.DEAD_LETTERED
+
+
+def test_dead_letters_since_without_an_offset_is_taken_as_utc(db, run):
+    dead_lettered(db)
+    an_hour_ago = (datetime.now(timezone.utc) - timedelta(hours=1)).replace(tzinfo=None).isoformat()
+
+    _, out, _ = run("dead-letters", "list", "--since", an_hour_ago)
+
+    assert len(out.splitlines()) == 2
+
+
+# -- stats ------------------------------------------------------------------------------
+
+
+def test_stats_prints_counts_by_status_and_type(db, run):
+    rl.enqueue(db, EMAIL, {})
+    rl.enqueue(db, EMAIL, {})
+    dead_lettered(db, REPORT)
+
+    code, out, _ = run("stats")
+
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["status", "count"]
+    assert ["PENDING", "2"] in [line.split() for line in lines]
+    assert [EMAIL, "2", "0", "0", "0", "0"] in [line.split() for line in lines]
+    assert [REPORT, "0", "0", "0", "1", "0"] in [line.split() for line in lines]
+    assert any(line.startswith("oldest pending: ") and line.endswith(" s") for line in lines)
+    assert "expired leases: 0" in lines
+
+
+def test_stats_json_and_an_empty_queue(db, run):
+    code, out, _ = run("stats", "--json")
+
+    assert code == 0
+    stats = json.loads(out)
+    assert stats["by_status"]["PENDING"] == 0 and stats["by_type"] == {}
+    assert stats["oldest_pending_age_seconds"] is None and stats["expired_leases"] == 0
+    _, out, _ = run("stats")
+    assert "oldest pending: none" in out
+

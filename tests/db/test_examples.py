@@ -1,0 +1,128 @@
+"""The examples run as a user would run them: examples/script.py and examples/alembic_host/."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import sqlalchemy
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+import runledger_sync as rl
+from runledger_sync.db.migrate import VERSION_TABLE, migrations_directory
+from tests.support import rows, scalar, wait_until
+
+REPO = Path(__file__).resolve().parent.parent.parent
+SCRIPT = REPO / "examples" / "script.py"
+ALEMBIC_HOST_INI = REPO / "examples" / "alembic_host" / "alembic.ini"
+
+
+def _script(database_url: str, *argv: str) -> subprocess.Popen:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("RUNLEDGER_")}
+    env["RUNLEDGER_DATABASE_URL"] = database_url
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return subprocess.Popen([sys.executable, str(SCRIPT), *argv], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(process: subprocess.Popen, timeout: float = 60) -> tuple[str, str]:
+    try:
+        return process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
+def test_script_runs_every_job_and_exits_0_when_idle(engine, fresh_database):
+    process = _script(fresh_database, "--exit-when-idle", "--greetings", "3", "--slow-seconds", "0.2")
+    out, err = _finish(process)
+
+    assert process.returncode == 0, err
+    statuses = rows(engine, "SELECT job_type, status FROM job_queue ORDER BY job_type")
+    assert [tuple(row) for row in statuses] == [("example.greet", "SUCCEEDED")] * 3 + [("example.slow", "SUCCEEDED")]
+    assert "queue is idle; stopping" in out
+    assert "counts: SUCCEEDED=4" in out
+
+
+def test_script_drains_the_running_job_on_sigint(engine, fresh_database):
+    process = _script(fresh_database, "--greetings", "0", "--slow-seconds", "2")
+    try:
+        slow = wait_until(lambda: _leased_slow_job(engine) or process.poll() is not None, timeout=60)
+        assert process.poll() is None, process.communicate()[1]
+        process.send_signal(signal.SIGINT)
+        out, err = _finish(process)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+    assert process.returncode == 0, err
+    job = rl.get_job(engine, slow)
+    assert job.status is rl.JobStatus.SUCCEEDED
+    assert job.output == {"slept_seconds": 2.0}
+    assert "shutdown signal received; draining" in err
+    assert "counts: SUCCEEDED=1" in out
+
+
+def _leased_slow_job(engine):
+    return scalar(engine, "SELECT id FROM job_queue WHERE job_type = 'example.slow' AND status = 'LEASED' "
+                          "AND progress_done IS NOT NULL")
+
+
+def _full_history(config: Config) -> ScriptDirectory:
+    """The script directory as env.py completes it: the app's versions and runledger's."""
+    script = ScriptDirectory.from_config(config)
+    script.version_locations = [str(ALEMBIC_HOST_INI.parent / "versions"), str(migrations_directory() / "versions")]
+    return script
+
+
+def _applied_revisions(engine: sqlalchemy.Engine, script: ScriptDirectory) -> set[str]:
+    with engine.connect() as conn:
+        heads = MigrationContext.configure(conn).get_current_heads()
+    return {revision.revision for revision in script.revision_map.iterate_revisions(heads, "base")}
+
+
+def test_alembic_host_upgrades_both_histories_and_downgrades_them(empty_database):
+    config = Config(str(ALEMBIC_HOST_INI))
+    config.set_main_option("sqlalchemy.url", empty_database)
+    config.attributes["configure_logger"] = False  # keep the test process's logging as it is
+    engine = sqlalchemy.create_engine(empty_database, poolclass=sqlalchemy.pool.NullPool)
+    try:
+        command.upgrade(config, "heads")
+
+        tables = set(sqlalchemy.inspect(engine).get_table_names())
+        assert {"app_orders", "job_queue", "job_definitions", "job_events", "alembic_version"} <= tables
+        # One version table tracks both histories; ours is not created on this path.
+        assert VERSION_TABLE not in tables
+        # Both branch heads are applied; Alembic stores only app_0001, which implies
+        # runledger's 0001 through depends_on.
+        script = _full_history(config)
+        assert set(script.get_heads()) == {"app_0001", "0001"}
+        with engine.connect() as conn:
+            stored = {row[0] for row in conn.exec_driver_sql("SELECT version_num FROM alembic_version")}
+        assert stored == {"app_0001"}
+        assert _applied_revisions(engine, script) == {"app_0001", "0001"}
+        # The app's foreign key into the queue works.
+        with engine.begin() as conn:
+            conn.exec_driver_sql("INSERT INTO job_definitions (job_type) VALUES ('app.ship')")
+            job_id = conn.exec_driver_sql("INSERT INTO job_queue (id, job_type, max_attempts) "
+                                          "VALUES (gen_random_uuid(), 'app.ship', 1) RETURNING id").scalar()
+            conn.exec_driver_sql("INSERT INTO app_orders (reference, fulfilment_job_id) VALUES ('A-1', %(id)s)",
+                                 {"id": job_id})
+
+        command.downgrade(config, "base")
+
+        tables = set(sqlalchemy.inspect(engine).get_table_names())
+        assert not tables & {"app_orders", "job_queue", "job_definitions", "job_attempts", "job_events",
+                             "job_dead_letters"}
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT count(*) FROM alembic_version").scalar() == 0
+    finally:
+        engine.dispose()
