@@ -71,7 +71,7 @@ from runledger_sync.core.types import (
 from runledger_sync.db.embedded import EmbeddedPostgres
 from runledger_sync.db.engine import create_engine, mask_url, with_schema
 from runledger_sync.db.migrate import check_schema, current_revision, downgrade, head_revision, migrate
-from runledger_sync.logging import configure_logging
+from runledger_sync.logging import configure_logging, configure_logging_unless_configured
 from runledger_sync.registry import JobHandler, JobRegistry
 from runledger_sync.runtime.supervisor import Supervisor
 from runledger_sync.runtime.worker import run_worker_loop
@@ -154,6 +154,7 @@ __all__ = [
     "cancel_job",
     "check_schema",
     "configure_logging",
+    "configure_logging_unless_configured",
     "count_jobs",
     "create_engine",
     "current_revision",

@@ -76,6 +76,17 @@ def configure_logging(
     return handler
 
 
+def configure_logging_unless_configured(level: Union[int, str] = "INFO") -> Optional[_logging.Handler]:
+    """Install the JSON handler only when neither our logger nor the root logger has one.
+
+    For entry points (worker commands) that must print structured logs by
+    default but must not override logging an application already set up.
+    """
+    if _logging.getLogger(ROOT_LOGGER_NAME).handlers or _logging.getLogger().handlers:
+        return None
+    return configure_logging(level=level)
+
+
 def job_log_fields(
     *,
     job_id: UUID,

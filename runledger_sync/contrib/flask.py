@@ -339,6 +339,7 @@ def _command_group() -> AppGroup:
                   help="seconds running jobs get to finish after SIGINT/SIGTERM")
     def worker_command(drain_timeout: float) -> None:
         """Run this app's job handlers until SIGINT or SIGTERM."""
+        rl.configure_logging_unless_configured()
         status = _extension().run_worker(
             current_app._get_current_object(), drain_timeout=drain_timeout  # type: ignore[attr-defined]
         )

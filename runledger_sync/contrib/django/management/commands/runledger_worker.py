@@ -6,6 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+import runledger_sync as rl
 from runledger_sync.contrib import django as runledger
 
 
@@ -21,6 +22,7 @@ class Command(BaseCommand):
                             help="seconds running jobs get to finish after the first signal (default 30)")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        rl.configure_logging_unless_configured()  # Django's LOGGING, when it covers us, wins
         config = runledger.get_config()
         if options["concurrency"] is not None:
             config = config.with_overrides(max_global_concurrency=options["concurrency"])

@@ -1,0 +1,226 @@
+"""The console script's core: the command registry, the parser, and error reporting.
+
+Command modules register themselves with :func:`command` and
+:func:`command_group`; :func:`main` parses the arguments, runs the chosen
+command and turns a failure into ``error: <code>: <message>`` plus a ``hint:``
+line (see the package docstring for the exit codes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional, Sequence, TextIO
+from urllib.parse import unquote, urlsplit
+
+import runledger_sync as rl
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+PROG = "runledger-sync"
+
+#: One line telling the user how to fix a failure, by error code.
+HINTS: dict[str, str] = {
+    "config.invalid": (
+        "pass --database-url postgresql://USER:PASSWORD@HOST:5432/DBNAME or set RUNLEDGER_DATABASE_URL"
+    ),
+    "db.connection_failed": (
+        "check that PostgreSQL is running and that the URL's host, port, database, user and password are right"
+    ),
+    "db.schema_mismatch": (
+        f"run `{PROG} migrate` when the database is behind; upgrade runledger-sync when it is ahead"
+    ),
+    "db.migration_failed": (
+        "the database role must be allowed to CREATE in the target schema (see --schema); "
+        "run again with --debug to see the cause"
+    ),
+    "db.permission_denied": "grant the database role the privileges this command needs, or use another role",
+    "job.invalid_payload": """pass the payload as one JSON argument quoted for your shell, e.g. '{"to": "a@b.c"}'""",
+    "job.invalid_argument": f"see `{PROG} COMMAND --help` for the values each option accepts",
+    "job.invalid_job_type": "a job type is non-blank text of at most 255 characters, e.g. email.send",
+    "job.not_found": f"list job ids with `{PROG} jobs list` (and check --org if you gave one)",
+    "job.invalid_state_transition": (
+        "`jobs retry` takes SUCCEEDED, DEAD_LETTERED or CANCELED jobs; `jobs cancel` takes PENDING or LEASED jobs"
+    ),
+    "job.definition_not_found_or_disabled": (
+        "start a worker that registers this job type (it syncs the definitions), or enable the type"
+    ),
+    "job.idempotency_conflict": "repeat the original request exactly, or pass a new --idempotency-key",
+}
+DEFAULT_HINT = "run again with --debug for the full traceback"
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its name, its help line, its own arguments and the function that runs it."""
+
+    name: str
+    help: str
+    run: Callable[[argparse.Namespace], int]
+    arguments: Optional[Callable[[argparse.ArgumentParser], None]] = None
+
+
+COMMANDS: dict[str, Command] = {}
+#: Help lines of the command groups (``jobs``, ``dead-letters``) that nest subcommands.
+GROUPS: dict[str, str] = {}
+
+
+def command_group(name: str, *, help: str) -> None:
+    """Declare ``name`` as a group, so commands named ``"<name> <sub>"`` nest under it."""
+    GROUPS[name] = help
+
+
+def command(
+    name: str, *, help: str, arguments: Optional[Callable[[argparse.ArgumentParser], None]] = None
+) -> Callable[[Callable[[argparse.Namespace], int]], Callable[[argparse.Namespace], int]]:
+    """Register the decorated function as subcommand ``name``."""
+
+    def register(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+        if name in COMMANDS:
+            raise ValueError(f"command {name!r} is registered twice")
+        if " " in name and name.split(" ", 1)[0] not in GROUPS:
+            raise ValueError(f"command {name!r} needs command_group({name.split(' ', 1)[0]!r}) first")
+        COMMANDS[name] = Command(name, help, run, arguments)
+        return run
+
+    return register
+
+
+# -- the parser ------------------------------------------------------------------
+
+
+def _add_global_options(parser: argparse.ArgumentParser, *, suppress_defaults: bool) -> None:
+    # The same options are accepted before and after the subcommand. On the
+    # subcommand's parser the defaults are suppressed, so an option given before
+    # the subcommand is not reset by the subparser's default.
+    default: Any = argparse.SUPPRESS if suppress_defaults else None
+    parser.add_argument(
+        "--database-url",
+        metavar="URL",
+        default=default,
+        help="PostgreSQL URL (default: $RUNLEDGER_DATABASE_URL, then $DATABASE_URL)",
+    )
+    parser.add_argument(
+        "--schema",
+        metavar="NAME",
+        default=default,
+        help="schema holding the queue tables (default: $RUNLEDGER_SCHEMA, then the search path)",
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS if suppress_defaults else False,
+        help="print tracebacks and debug logs",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser with every registered subcommand."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Durable background jobs in PostgreSQL: schema and queue administration.",
+        epilog="exit codes: 0 ok, 1 operation failed, 2 bad usage",
+    )
+    _add_global_options(parser, suppress_defaults=False)
+    subcommands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    subcommands.required = True
+    groups: dict[str, Any] = {}
+    for entry in COMMANDS.values():
+        group, _, leaf = entry.name.rpartition(" ")
+        target = subcommands
+        if group:
+            if group not in groups:
+                group_parser = subcommands.add_parser(group, help=GROUPS[group], description=GROUPS[group])
+                _add_global_options(group_parser, suppress_defaults=True)
+                groups[group] = group_parser.add_subparsers(
+                    dest=f"{group}_command", metavar="SUBCOMMAND", title="subcommands", required=True
+                )
+            target = groups[group]
+        sub = target.add_parser(leaf, help=entry.help, description=entry.help)
+        _add_global_options(sub, suppress_defaults=True)
+        if entry.arguments is not None:
+            entry.arguments(sub)
+        sub.set_defaults(run=entry.run)
+    return parser
+
+
+# -- running -----------------------------------------------------------------------
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the console script and return its exit code (the entry point calls sys.exit on it)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 0 for --help and 2 for bad usage
+        return _exit_code(exc.code)
+    if args.debug:
+        rl.configure_logging(level="DEBUG", json=False)
+    try:
+        return int(args.run(args))
+    except rl.ValidationError as exc:  # rejected before the database was touched: bad usage
+        hint = getattr(exc, "hint", None) or HINTS.get(exc.code, HINTS["job.invalid_argument"])
+        _report(exc.code, exc.message, hint, args)
+        return EXIT_USAGE
+    except rl.RunledgerError as exc:
+        _report(exc.code, exc.message, HINTS.get(exc.code, DEFAULT_HINT), args)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # the console's boundary: report, never a bare traceback
+        _report("internal", f"{type(exc).__name__}: {exc}", DEFAULT_HINT, args)
+        return EXIT_FAILED
+
+
+def _exit_code(code: Any) -> int:
+    if code is None:
+        return EXIT_OK
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _report(code: str, message: str, hint: str, args: argparse.Namespace, stream: Optional[TextIO] = None) -> None:
+    stream = stream if stream is not None else sys.stderr
+    if args.debug:
+        traceback.print_exc(file=stream)
+    print(f"error: {code}: {redact(first_line(message), args.database_url)}", file=stream)
+    print(f"hint: {hint}", file=stream)
+
+
+def first_line(text: str) -> str:
+    # Driver errors carry the SQL and a background link on further lines.
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return lines[0] if lines else ""
+
+
+def redact(text: str, url: Optional[str]) -> str:
+    """Replace a URL given on the command line, and its password, with masked forms."""
+    if not url:
+        return text
+    text = text.replace(url, rl.mask_url(url))
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    for secret in {password, unquote(password or "")} - {None, ""}:
+        text = text.replace(secret, "***")
+    return text
+
+
+@contextlib.contextmanager
+def open_engine(args: argparse.Namespace) -> Iterator[Any]:
+    """An engine for the URL and schema given (or found in the environment), disposed afterwards."""
+    engine = rl.create_engine(args.database_url, schema=args.schema)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
