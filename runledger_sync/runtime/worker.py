@@ -3,6 +3,10 @@
 This is the seed's ``run_worker_loop``. A full batch loops at once; a short or
 empty one waits ``poll_interval_ms`` (jittered, cut short when a slot frees up
 or shutdown is asked for). A failed claim is logged and tried again next turn.
+
+An idle worker also LISTENs (:mod:`runledger_sync.runtime.listener`), so a job
+enqueued for one of its types ends the pause at once instead of at the next
+poll; without the listener (lost, or turned off) it simply polls.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from runledger_sync.core.types import RuntimeLoopExit
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.execution import process_claimed_job
+from runledger_sync.runtime.listener import JobListener
 from runledger_sync.store import lifecycle
 
 log = get_logger(__name__)
@@ -28,12 +33,17 @@ log = get_logger(__name__)
 SHUTDOWN_CHECK_SECONDS = 0.05
 #: Poll waits vary by up to this share, so many workers do not claim in lockstep.
 POLL_JITTER = 0.1
+#: Whether workers LISTEN for enqueue notifications by default (``listen=`` overrides it).
+LISTEN_BY_DEFAULT = True
 
 
 class WorkerLoop:
     """One polling turn at a time (:meth:`turn`), so tests can drive the loop step by step."""
 
-    def __init__(self, engine: Engine, registry: JobRegistry, config: JobsConfig, shutdown: threading.Event) -> None:
+    def __init__(
+        self, engine: Engine, registry: JobRegistry, config: JobsConfig, shutdown: threading.Event,
+        *, listen: bool = LISTEN_BY_DEFAULT,
+    ) -> None:
         self.engine = engine
         self.registry = registry
         self.config = config
@@ -48,6 +58,9 @@ class WorkerLoop:
         self.executor = ThreadPoolExecutor(
             max_workers=config.max_global_concurrency, thread_name_prefix=f"runledger-job-{config.worker_id}"
         )
+        # Only an Engine can open a connection of its own; a caller's Connection just polls.
+        can_listen = listen and bool(types) and isinstance(engine, Engine)
+        self.listener = JobListener(engine, types, worker_id=config.worker_id) if can_listen else None
 
     @property
     def free_slots(self) -> int:
@@ -90,27 +103,53 @@ class WorkerLoop:
         self._slot_freed.set()
 
     def pause(self) -> None:
-        """Wait one jittered poll interval, or less when a slot frees up or shutdown is asked for."""
+        """Wait one jittered poll interval, or less when a slot frees up, a job is enqueued or shutdown is asked for."""
         seconds = self.config.poll_interval_ms / 1000.0
         seconds *= 1 + random.uniform(-POLL_JITTER, POLL_JITTER)  # noqa: S311 - jitter, not security
         deadline = time.monotonic() + seconds
+        listener = self.listener
         while not self.shutdown.is_set():
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or self._slot_freed.wait(min(remaining, SHUTDOWN_CHECK_SECONDS)):
+            if remaining <= 0:
                 return
+            if listener is not None and listener.connect_if_due():
+                # (Re)connected: jobs enqueued before the LISTEN took effect notified
+                # nobody, so claim once more before waiting.
+                return
+            step = min(remaining, SHUTDOWN_CHECK_SECONDS)
+            if listener is not None and listener.connected and self.free_slots > 0:
+                # The last claim came back short, so only new work (a notification)
+                # or the poll can give the next claim something; a freed slot is
+                # noticed within one step.
+                if listener.wait(step) or self._slot_freed.is_set():
+                    return
+            else:
+                # No slot to fill (or no listener): a notification could not be acted
+                # on, so wait for a slot, and drop notifications so none pile up.
+                if self._slot_freed.wait(step):
+                    return
+                if listener is not None:
+                    listener.discard_pending()
 
     def drain(self) -> None:
         """Wait for every in-flight job to finish (no deadline: the supervisor bounds it)."""
         if self.in_flight:
             log.info("worker shutdown requested; draining in-flight jobs",
                      extra={"worker_id": self.config.worker_id, "in_flight": len(self.in_flight)})
+        if self.listener is not None:
+            self.listener.close()
         self.executor.shutdown(wait=True)
 
 
 def run_worker_loop(
-    engine: Engine, registry: JobRegistry, config: JobsConfig, shutdown_event: threading.Event
+    engine: Engine, registry: JobRegistry, config: JobsConfig, shutdown_event: threading.Event,
+    *, listen: bool = LISTEN_BY_DEFAULT,
 ) -> RuntimeLoopExit:
     """Run the worker until ``shutdown_event`` is set, then drain in-flight jobs.
+
+    Args:
+        listen: LISTEN for enqueue notifications so an idle worker starts new jobs
+            at once; False leaves only the poll.
 
     Returns:
         ``RuntimeLoopExit.SHUTDOWN`` after a drain, or ``INVALID_CONFIG`` at once
@@ -124,7 +163,7 @@ def run_worker_loop(
     except ConfigError as error:
         log.warning("invalid jobs config; stopping worker loop", extra={"error": str(error)})
         return RuntimeLoopExit.INVALID_CONFIG
-    loop = WorkerLoop(engine, registry, config, shutdown_event)
+    loop = WorkerLoop(engine, registry, config, shutdown_event, listen=listen)
     log.info("worker started", extra={"worker_id": config.worker_id, "job_types": loop.job_types,
                                       "max_global_concurrency": config.max_global_concurrency})
     try:

@@ -2,7 +2,8 @@
 
 Every batch is one INSERT over ``unnest`` of bound arrays, so a thousand jobs
 cost one round trip and the statement text never changes (the compiled cache
-and the server's plan cache keep working).
+and the server's plan cache keep working). The same statement notifies idle
+workers (:mod:`runledger_sync.store.notify`) when the transaction commits.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from runledger_sync.db.schema import job_definitions, job_events, job_queue
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store._rows import DEFINITION_COLUMNS, JOB_COLUMNS, to_job, to_record
+from runledger_sync.store.notify import notify_due_types
 
 # -- the batch statement -----------------------------------------------------
 
@@ -122,7 +124,9 @@ def _build_enqueue_statement() -> Any:
         )
         .cte("enqueued_event")
     )
-    return select(*inserted.c).add_cte(event)
+    # Delivered on commit only, so a rolled-back enqueue wakes no worker.
+    notified = notify_due_types(inserted)
+    return select(*inserted.c).add_cte(event).where(notified >= 0)
 
 
 _ENQUEUE = _build_enqueue_statement()

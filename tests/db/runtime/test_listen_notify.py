@@ -1,0 +1,169 @@
+"""LISTEN/NOTIFY pickup: enqueue notifies on commit only; an idle worker wakes at once; a lost listener falls back to polling."""
+
+from __future__ import annotations
+
+import select
+import threading
+import time
+
+from runledger_sync.core.records import JobSpec
+from runledger_sync.registry import JobRegistry
+from runledger_sync.runtime import listener as listener_module
+from runledger_sync.runtime.worker import WorkerLoop
+from runledger_sync.store import enqueue as store_enqueue
+from runledger_sync.store import notify
+from tests.handlers import fast_config
+from tests.support import JOB_TYPE, define, rows, scalar, wait_until
+
+#: Far longer than any bound asserted below, so polling cannot explain a fast pickup.
+LONG_POLL_MS = 5_000
+PICKUP_BOUND_SECONDS = 1.0
+
+
+class Starts:
+    """A handler that records when each job started (perf_counter) and signals it."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, float] = {}
+        self.started = threading.Condition()
+
+    def __call__(self, ctx, payload) -> None:
+        with self.started:
+            self.times[payload["name"]] = time.perf_counter()
+            self.started.notify_all()
+
+    def wait_for(self, name: str, timeout: float) -> float:
+        with self.started:
+            assert self.started.wait_for(lambda: name in self.times, timeout), f"job {name!r} did not start in {timeout} s"
+            return self.times[name]
+
+
+def registry_of(starts: Starts) -> JobRegistry:
+    registry = JobRegistry()
+    registry.job(JOB_TYPE)(starts)
+    return registry
+
+
+def listener_pids(engine) -> list[int]:
+    return [row.pid for row in rows(
+        engine,
+        "SELECT pid FROM pg_stat_activity WHERE application_name = :name AND datname = current_database()"
+        " AND query = :query",
+        name=notify.LISTENER_APPLICATION_NAME, query=f"LISTEN {notify.CHANNEL}",
+    )]
+
+
+def messages(logs, text: str) -> list[object]:
+    return [record for record in logs.records if record.getMessage() == text]
+
+
+def enqueue_and_time(engine, name: str) -> float:
+    store_enqueue.enqueue(engine, JOB_TYPE, {"name": name})
+    return time.perf_counter()
+
+
+def start_idle_worker(engine, start_loop, logs, starts: Starts, **config):
+    registry = registry_of(starts)
+    registry.sync_definitions(engine)
+    worker = start_loop("worker", registry, fast_config(**config))
+    wait_until(lambda: messages(logs, "listener connected"))
+    wait_until(lambda: listener_pids(engine))
+    # The worker claims once more after connecting, then settles into its long pause.
+    time.sleep(0.2)
+    return worker
+
+
+def received(connection, timeout: float) -> set[str]:
+    select.select([connection], [], [], timeout)
+    return notify.read_notified_types(connection)
+
+
+def test_enqueue_notifies_on_commit_only_and_not_for_delayed_jobs(engine):
+    define(engine)
+    listening = notify.open_listener(engine)
+    try:
+        with engine.connect() as conn:
+            store_enqueue.enqueue(conn, JOB_TYPE, {"name": "rolled-back"})
+            conn.rollback()
+        store_enqueue.enqueue(engine, JOB_TYPE, {"name": "later"}, delay_seconds=60)
+        assert received(listening, 0.3) == set()
+        assert scalar(engine, "SELECT count(*) FROM job_queue") == 1
+
+        store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(3)])
+        assert received(listening, 2.0) == {JOB_TYPE}
+        # One notification per distinct type in the batch.
+        assert listening.notifies == []
+    finally:
+        notify.close_listener(listening)
+
+
+def test_idle_worker_picks_up_a_new_job_long_before_its_poll(engine, start_loop, logs):
+    starts = Starts()
+    start_idle_worker(engine, start_loop, logs, starts, poll_interval_ms=LONG_POLL_MS)
+    for n in range(3):
+        committed = enqueue_and_time(engine, f"job-{n}")
+        assert starts.wait_for(f"job-{n}", PICKUP_BOUND_SECONDS) - committed < PICKUP_BOUND_SECONDS
+
+
+def test_rolled_back_enqueue_starts_nothing(engine, start_loop, logs):
+    starts = Starts()
+    start_idle_worker(engine, start_loop, logs, starts, poll_interval_ms=LONG_POLL_MS)
+    with engine.connect() as conn:
+        store_enqueue.enqueue(conn, JOB_TYPE, {"name": "rolled-back"})
+        conn.rollback()
+    time.sleep(0.5)
+    assert starts.times == {}
+    assert scalar(engine, "SELECT count(*) FROM job_queue") == 0
+    assert scalar(engine, "SELECT count(*) FROM job_events") == 0
+
+
+def test_worker_polls_while_its_listener_is_lost(engine, start_loop, logs, monkeypatch):
+    # Keep the listener down for the whole test, so only polling can start the job.
+    monkeypatch.setattr(listener_module, "RECONNECT_SECONDS", 60.0)
+    starts = Starts()
+    start_idle_worker(engine, start_loop, logs, starts, poll_interval_ms=100)
+    [pid] = listener_pids(engine)
+    assert scalar(engine, "SELECT pg_terminate_backend(:pid)", pid=pid)
+    wait_until(lambda: messages(logs, "listener lost; polling"))
+    enqueue_and_time(engine, "polled")
+    starts.wait_for("polled", 5.0)
+    assert listener_pids(engine) == []
+    assert len(messages(logs, "listener lost; polling")) == 1
+    assert len(messages(logs, "listener connected")) == 1
+
+
+def test_worker_listens_again_after_losing_its_listener(engine, start_loop, logs):
+    starts = Starts()
+    start_idle_worker(engine, start_loop, logs, starts, poll_interval_ms=LONG_POLL_MS)
+    [first] = listener_pids(engine)
+    assert scalar(engine, "SELECT pg_terminate_backend(:pid)", pid=first)
+    wait_until(lambda: messages(logs, "listener lost; polling"))
+    # Jobs enqueued while nobody listens are claimed right after the listener comes back.
+    enqueue_and_time(engine, "while-lost")
+    starts.wait_for("while-lost", 2 * listener_module.RECONNECT_SECONDS + PICKUP_BOUND_SECONDS)
+    wait_until(lambda: [pid for pid in listener_pids(engine) if pid != first], timeout=5.0)
+    assert len(messages(logs, "listener connected")) == 2
+    assert len(messages(logs, "listener lost; polling")) == 1
+    time.sleep(0.2)
+    committed = enqueue_and_time(engine, "after")
+    assert starts.wait_for("after", PICKUP_BOUND_SECONDS) - committed < PICKUP_BOUND_SECONDS
+
+
+def test_worker_closes_its_listener_on_shutdown(engine, start_loop, logs):
+    starts = Starts()
+    worker = start_idle_worker(engine, start_loop, logs, starts, poll_interval_ms=LONG_POLL_MS)
+    assert worker.stop() is not None
+    wait_until(lambda: listener_pids(engine) == [], timeout=5.0)
+
+
+def test_worker_without_listen_only_polls(engine, start_loop, logs):
+    starts = Starts()
+    registry = registry_of(starts)
+    registry.sync_definitions(engine)
+    loop = WorkerLoop(engine, registry, fast_config(), threading.Event(), listen=False)
+    try:
+        assert loop.listener is None
+        loop.pause()
+        assert listener_pids(engine) == []
+    finally:
+        loop.drain()
