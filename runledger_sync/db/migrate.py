@@ -2,26 +2,37 @@
 
 The history keeps its own version table, ``runledger_alembic_version``, so it
 never collides with a host application's Alembic history in the same database.
+An application may instead include our versions in its own history; then
+:func:`current_revision` finds our revision through the host's version table.
 """
 
 from __future__ import annotations
 
+import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from alembic import command
+from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import MetaData
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
 
 from runledger_sync.core.errors import MigrationFailed, RunledgerError, SchemaMismatch
 from runledger_sync.db.engine import schema_of
 from runledger_sync.db.errors import is_transient, translate
+from runledger_sync.db.schema import metadata
 
 VERSION_TABLE = "runledger_alembic_version"
+#: The host application's version table, read when ours is absent (option 2 of
+#: the README's "Schema and Alembic"); ``version_table=`` or this variable overrides it.
+HOST_VERSION_TABLE = "alembic_version"
+HOST_VERSION_TABLE_ENV = "RUNLEDGER_ALEMBIC_VERSION_TABLE"
 BRANCH_LABEL = "runledger"
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 # Alembic's ``context`` and ``op`` proxies are process-wide, so two threads may
@@ -97,37 +108,141 @@ def head_revision() -> str:
     return head
 
 
-def current_revision(bind: Engine | Connection) -> Optional[str]:
-    """Return the database's revision of the queue schema, or None when never migrated."""
+def _host_table(version_table: Optional[str]) -> str:
+    return version_table or os.environ.get(HOST_VERSION_TABLE_ENV) or HOST_VERSION_TABLE
+
+
+@dataclass(frozen=True)
+class _Found:
+    """Where the queue schema's revision was found, and what the host table held."""
+
+    revision: Optional[str]
+    host_table: Optional[str] = None
+    host_heads: tuple[str, ...] = ()
+    drift: tuple[Any, ...] = ()
+
+
+def _heads(connection: Connection, table: str) -> tuple[str, ...]:
+    context = MigrationContext.configure(
+        connection, opts={"version_table": table, "version_table_schema": schema_of(connection)}
+    )
+    return tuple(context.get_current_heads())
+
+
+def _schema_drift(connection: Connection) -> tuple[Any, ...]:
+    """Differences between runledger's tables in the database and this version's metadata.
+
+    Only the tables of :data:`runledger_sync.db.schema.metadata` are compared, so
+    the host application's own tables never count.
+    """
+    target, schema = metadata, schema_of(connection)
+    if schema is not None:  # the tables are addressed through schema_translate_map
+        target = MetaData()
+        for table in metadata.tables.values():
+            table.to_metadata(target, schema=schema)
+    ours = {table.name for table in target.tables.values()}
+
+    def include_name(name: Any, type_: str, parent_names: Any) -> bool:
+        if type_ == "schema":
+            return name == schema
+        return type_ != "table" or name in ours
+
+    context = MigrationContext.configure(
+        connection,
+        opts={"compare_type": True, "include_name": include_name, "include_schemas": schema is not None},
+    )
+    return tuple(compare_metadata(context, target))
+
+
+def _locate(connection: Connection, version_table: Optional[str]) -> _Found:
+    own = MigrationContext.configure(
+        connection, opts={"version_table": VERSION_TABLE, "version_table_schema": schema_of(connection)}
+    ).get_current_revision()
+    table = _host_table(version_table)
+    if own is not None or table == VERSION_TABLE:
+        return _Found(own)
+    heads = _heads(connection, table)
+    if not heads:
+        return _Found(None)
+    ours = [rev for rev in _known_revisions() if rev in heads]  # newest first
+    if ours:
+        return _Found(ours[0], table, heads)
+    drift = _schema_drift(connection)
+    return _Found(None if drift else head_revision(), table, heads, drift)
+
+
+def _known_revisions() -> list[str]:
+    """The bundled history's revision ids, newest first."""
+    return [rev.revision for rev in ScriptDirectory.from_config(alembic_config()).walk_revisions()]
+
+
+def _find(bind: Engine | Connection, version_table: Optional[str]) -> _Found:
     try:
         if isinstance(bind, Engine):
             with bind.connect() as connection:
-                return current_revision(connection)
-        context = MigrationContext.configure(
-            bind, opts={"version_table": VERSION_TABLE, "version_table_schema": schema_of(bind)}
-        )
-        return context.get_current_revision()
+                return _locate(connection, version_table)
+        return _locate(bind, version_table)
     except sa_exc.DBAPIError as exc:
         raise translate(exc, bind.engine.url if isinstance(bind, Connection) else bind.url) from exc
 
 
-def check_schema(bind: Engine | Connection) -> None:
+def current_revision(bind: Engine | Connection, *, version_table: Optional[str] = None) -> Optional[str]:
+    """Return the database's revision of the queue schema, or None when never migrated.
+
+    The revision is looked up in this order:
+
+    1. ``runledger_alembic_version``, the table :func:`migrate` writes. If it
+       holds a revision, that is the answer.
+    2. Otherwise the host application's version table, for an application
+       whose own Alembic history includes ours (our versions directory in its
+       ``version_locations``, see ``examples/alembic_host``). Its name is
+       ``version_table``, else ``$RUNLEDGER_ALEMBIC_VERSION_TABLE``, else
+       ``alembic_version``. An empty or missing table means None.
+    3. If a head stored there is one of our revision ids (``alembic upgrade
+       runledger@head``, or our branch is ahead of what the host depends on),
+       the newest such id is the answer.
+    4. Otherwise only host revisions are stored, and ours were applied through
+       their ``depends_on``. Which of ours that implies cannot be read without
+       the host's scripts, so the tables decide: if runledger's tables match
+       this version's :data:`~runledger_sync.db.schema.metadata` exactly (an
+       empty ``alembic.autogenerate.compare_metadata`` diff, host tables
+       ignored), the answer is this version's head; if not, None.
+
+    Rule 4 is why a host revision should name our head (the branch label
+    ``runledger``) in ``depends_on``: then ``alembic upgrade heads`` brings
+    our schema to head and the comparison passes.
+    """
+    return _find(bind, version_table).revision
+
+
+def check_schema(bind: Engine | Connection, *, version_table: Optional[str] = None) -> None:
     """Raise unless the database is at exactly the revision this library ships.
 
+    The revision is found as :func:`current_revision` describes, so a host
+    application's ``alembic_version`` (or ``version_table``) counts too.
+
     Raises:
-        SchemaMismatch: the database is behind (run ``runledger-sync migrate``)
-            or ahead (upgrade the library).
+        SchemaMismatch: the database is behind (run ``runledger-sync migrate``,
+            or the host's ``alembic upgrade heads``) or ahead (upgrade the library).
     """
     expected = head_revision()
-    current = current_revision(bind)
+    found = _find(bind, version_table)
+    current = found.revision
     if current == expected:
         return
-    script = ScriptDirectory.from_config(alembic_config())
-    known = {rev.revision for rev in script.walk_revisions()}
-    if current is None:
+    known = set(_known_revisions())
+    upgrade = "`alembic upgrade heads` in your application" if found.host_table else "`runledger-sync migrate`"
+    if found.drift:
+        state = (
+            f"records only your application's revisions in {found.host_table} ({', '.join(found.host_heads)}), "
+            f"and runledger's tables differ from this version's schema ({len(found.drift)} difference(s), "
+            f"first: {found.drift[0]}); run {upgrade} (with a depends_on on runledger's head), "
+            "or upgrade the library if the database is newer"
+        )
+    elif current is None:
         state = "has no runledger schema; run `runledger-sync migrate`"
     elif current in known:
-        state = f"is at {current}, behind {expected}; run `runledger-sync migrate`"
+        state = f"is at {current}, behind {expected}; run {upgrade}"
     else:
         state = f"is at {current}, which this version of runledger-sync does not know (newer?); upgrade the library"
     raise SchemaMismatch(f"the database {state}", current=current, expected=expected)

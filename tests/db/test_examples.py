@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import sqlalchemy
 from alembic import command
 from alembic.config import Config
@@ -15,7 +16,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
 import runledger_sync as rl
-from runledger_sync.db.migrate import VERSION_TABLE, migrations_directory
+from runledger_sync import cli
+from runledger_sync.db.migrate import HOST_VERSION_TABLE_ENV, VERSION_TABLE, migrations_directory
 from tests.support import rows, scalar, wait_until
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -126,3 +128,97 @@ def test_alembic_host_upgrades_both_histories_and_downgrades_them(empty_database
             assert conn.exec_driver_sql("SELECT count(*) FROM alembic_version").scalar() == 0
     finally:
         engine.dispose()
+
+
+def _host_config(database_url: str) -> Config:
+    config = Config(str(ALEMBIC_HOST_INI))
+    config.set_main_option("sqlalchemy.url", database_url)
+    config.attributes["configure_logger"] = False
+    return config
+
+
+def _stored(engine: sqlalchemy.Engine) -> set[str]:
+    with engine.connect() as conn:
+        return {row[0] for row in conn.exec_driver_sql("SELECT version_num FROM alembic_version")}
+
+
+def test_check_schema_finds_our_revision_in_the_host_version_table(empty_database, monkeypatch, capsys):
+    monkeypatch.delenv(HOST_VERSION_TABLE_ENV, raising=False)
+    config = _host_config(empty_database)
+    engine = rl.create_engine(empty_database)
+    try:
+        with pytest.raises(rl.SchemaMismatch) as before:
+            rl.check_schema(engine)
+        assert before.value.code == "db.schema_mismatch"
+        assert before.value.details["current"] is None
+
+        # Only our branch: the host table stores our own revision id (rule 3).
+        command.upgrade(config, "runledger@head")
+        assert _stored(engine) == {rl.head_revision()}
+        assert rl.current_revision(engine) == rl.head_revision()
+        rl.check_schema(engine)
+
+        # Both branches: only app_0001 is stored, ours is implied by its depends_on (rule 4).
+        command.upgrade(config, "heads")
+        assert _stored(engine) == {"app_0001"}
+        assert rl.current_revision(engine) == rl.head_revision()
+        assert rl.check_schema(engine) is None
+        assert cli.main(["--database-url", empty_database, "check-schema"]) == 0
+        assert f"schema at {rl.head_revision()} (up to date)" in capsys.readouterr().out
+
+        # Another host table name, by argument or environment.
+        assert rl.current_revision(engine, version_table="no_such_version_table") is None
+        monkeypatch.setenv(HOST_VERSION_TABLE_ENV, "no_such_version_table")
+        with pytest.raises(rl.SchemaMismatch):
+            rl.check_schema(engine)
+        assert rl.current_revision(engine, version_table="alembic_version") == rl.head_revision()
+        monkeypatch.delenv(HOST_VERSION_TABLE_ENV)
+
+        # Host revisions only and our tables differ from this version's schema: mismatch.
+        with engine.begin() as conn:
+            conn.exec_driver_sql("DROP INDEX idx_job_queue_claim")
+        assert rl.current_revision(engine) is None
+        with pytest.raises(rl.SchemaMismatch) as drifted:
+            rl.check_schema(engine)
+        assert "app_0001" in drifted.value.message and "idx_job_queue_claim" in drifted.value.message
+        assert "alembic upgrade heads" in drifted.value.message
+        assert VERSION_TABLE not in set(sqlalchemy.inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def test_our_own_version_table_wins_over_the_host_table(empty_database):
+    engine = rl.create_engine(empty_database)
+    try:
+        rl.migrate(engine)
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE alembic_version (version_num varchar(32) PRIMARY KEY)")
+            conn.exec_driver_sql("INSERT INTO alembic_version VALUES ('app_9999')")
+        assert rl.current_revision(engine) == rl.head_revision()
+        rl.check_schema(engine)
+    finally:
+        engine.dispose()
+
+
+def test_host_version_table_in_a_named_schema(empty_database):
+    # As a host would leave it with --schema: our tables and the host's version
+    # table in schema "app", our own version table absent.
+    plain = sqlalchemy.create_engine(empty_database, poolclass=sqlalchemy.pool.NullPool)
+    engine = rl.create_engine(empty_database, schema="app")
+    try:
+        with plain.begin() as conn:
+            conn.exec_driver_sql("CREATE SCHEMA app")
+        rl.migrate(engine)
+        with plain.begin() as conn:
+            conn.exec_driver_sql(f"ALTER TABLE app.{VERSION_TABLE} RENAME TO alembic_version")
+            conn.exec_driver_sql("UPDATE app.alembic_version SET version_num = 'app_0001'")
+
+        assert rl.current_revision(engine) == rl.head_revision()
+        rl.check_schema(engine)
+        with plain.begin() as conn:
+            conn.exec_driver_sql("ALTER TABLE app.job_events ALTER COLUMN stage TYPE varchar(20)")
+        with pytest.raises(rl.SchemaMismatch, match="stage"):
+            rl.check_schema(engine)
+    finally:
+        engine.dispose()
+        plain.dispose()

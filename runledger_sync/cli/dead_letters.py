@@ -1,0 +1,94 @@
+"""Dead-letter commands: ``dead-letters list`` and ``dead-letters replay``."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import datetime, timezone
+from typing import Any, Optional
+
+import runledger_sync as rl
+from runledger_sync.cli._core import EXIT_OK, command, command_group, first_line, open_engine
+from runledger_sync.cli._output import plain, print_json, print_table, when
+
+command_group("dead-letters", help="list and replay dead-lettered jobs")
+
+#: The most dead letters one ``dead-letters replay`` reads (the store's list limit).
+REPLAY_LIMIT = 100_000
+
+
+def _parse_since(text: Optional[str]) -> Optional[datetime]:
+    """An ISO 8601 time; one without an offset is taken as UTC."""
+    if text is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise rl.InvalidArgument("--since", text, "an ISO 8601 time such as 2026-12-01T09:00:00Z") from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+
+
+def _dead_letter_filters(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--type", dest="job_type", metavar="TYPE", help="only this job type")
+    parser.add_argument("--org", dest="organization_id", metavar="ORG", help="only this organization's jobs")
+    parser.add_argument("--since", metavar="ISO8601", help="only jobs that failed at or after this time (UTC if no offset)")
+
+
+def _still_dead(engine: Any, letter: Any) -> bool:
+    # A dead-letter row outlives a requeue, so the job's own status tells whether
+    # it is still dead (DEAD_LETTERED is left only by a requeue).
+    job = rl.get_job(engine, letter.job_id)
+    return job is not None and job.status is rl.JobStatus.DEAD_LETTERED
+
+
+def _dead_letters_list_arguments(parser: argparse.ArgumentParser) -> None:
+    _dead_letter_filters(parser)
+    parser.add_argument("--limit", type=int, default=100, metavar="N", help="most rows to print (default 100)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per dead letter (JSON lines)")
+
+
+@command("dead-letters list", help="list dead letters, most recent failure first", arguments=_dead_letters_list_arguments)
+def _dead_letters_list(args: argparse.Namespace) -> int:
+    since = _parse_since(args.since)
+    with open_engine(args) as engine:
+        letters = rl.list_dead_letters(engine, job_type=args.job_type, organization_id=args.organization_id,
+                                       since=since, limit=args.limit)
+        dead = {letter.job_id for letter in letters if _still_dead(engine, letter)}
+    if args.json:
+        for letter in letters:
+            print_json({**plain(letter), "replayed": letter.job_id not in dead})
+        return EXIT_OK
+    print_table(("job_id", "type", "failed_at", "attempt", "error_code", "state", "error_message"),
+                 [(d.job_id, d.job_type, when(d.failed_at), d.attempt, d.error_code,
+                   "dead" if d.job_id in dead else "replayed", first_line(d.error_message or "")[:60])
+                  for d in letters])
+    return EXIT_OK
+
+
+def _dead_letters_replay_arguments(parser: argparse.ArgumentParser) -> None:
+    _dead_letter_filters(parser)
+    parser.add_argument("--dry-run", action="store_true", help="print what would be requeued; change nothing")
+
+
+@command("dead-letters replay", help="requeue every dead-lettered job that matches",
+         arguments=_dead_letters_replay_arguments)
+def _dead_letters_replay(args: argparse.Namespace) -> int:
+    since = _parse_since(args.since)
+    with open_engine(args) as engine:
+        letters = rl.list_dead_letters(engine, job_type=args.job_type, organization_id=args.organization_id,
+                                       since=since, limit=REPLAY_LIMIT)
+        targets = [letter.job_id for letter in letters if _still_dead(engine, letter)]
+        replayed = 0
+        for job_id in targets:
+            if args.dry_run:
+                print(f"would requeue {job_id}")
+                continue
+            try:
+                rl.requeue_job(engine, job_id, reason="DEAD_LETTER_REPLAY")
+            except (rl.InvalidStateTransition, rl.JobNotFound):
+                continue  # requeued or deleted by someone else meanwhile
+            replayed += 1
+    if args.dry_run:
+        print(f"{len(targets)} dead-lettered job(s) would be requeued (dry run)")
+    else:
+        print(f"requeued {replayed} dead-lettered job(s)")
+    return EXIT_OK

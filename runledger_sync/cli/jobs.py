@@ -1,0 +1,177 @@
+"""Queue commands: ``enqueue``, ``jobs list|show|retry|cancel`` and ``stats``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import runledger_sync as rl
+from runledger_sync.cli._core import EXIT_OK, PROG, command, command_group, open_engine
+from runledger_sync.cli._output import add_json_option, plain, print_json, print_table, when
+
+command_group("jobs", help="list, show, retry and cancel jobs")
+
+JOB_TABLE_COLUMNS = ("id", "type", "status", "attempt", "stage", "next_run_at", "last_error_code")
+
+
+def _parse_payload(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        detail = f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+        raise rl.InvalidPayload("the JSON argument", text, f"valid JSON ({detail})") from None
+
+
+def _parse_job_id(text: str) -> UUID:
+    try:
+        return UUID(text)
+    except ValueError:
+        error = rl.InvalidArgument("ID", text, "a job id (a UUID such as 0190c6c2-5f1e-7000-8000-000000000000)")
+        error.hint = f"copy the id from `{PROG} jobs list`"  # type: ignore[attr-defined]
+        raise error from None
+
+
+def _job_row(job: Any) -> tuple[Any, ...]:
+    return (job.id, job.job_type, job.status.value, f"{job.attempt}/{job.max_attempts}", job.stage.value,
+            when(job.next_run_at), job.last_error_code)
+
+
+def _add_job_id(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job_id", metavar="ID", help="the job's id (a UUID)")
+
+
+def _enqueue_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job_type", metavar="TYPE", help="a registered job type, e.g. email.send")
+    parser.add_argument("payload", metavar="JSON", help="the payload as one JSON value, e.g. '{\"to\": \"a@b.c\"}'")
+    parser.add_argument("--priority", type=int, help="higher runs first (default: the type's default)")
+    parser.add_argument("--delay-seconds", type=float, metavar="S", help="start no sooner than S seconds from now")
+    parser.add_argument("--org", dest="organization_id", metavar="ORG", help="the organization the job belongs to")
+    parser.add_argument("--idempotency-key", metavar="KEY",
+                        help="repeating the same request with this key returns the existing job")
+    parser.add_argument("--max-attempts", type=int, metavar="N", help="attempts before dead-lettering")
+
+
+@command("enqueue", help="add one job to the queue and print its id", arguments=_enqueue_arguments)
+def _enqueue(args: argparse.Namespace) -> int:
+    payload = _parse_payload(args.payload)
+    with open_engine(args) as engine:
+        job = rl.enqueue(engine, args.job_type, payload, priority=args.priority, delay_seconds=args.delay_seconds,
+                         organization_id=args.organization_id, idempotency_key=args.idempotency_key,
+                         max_attempts=args.max_attempts)
+    print(job.id)
+    return EXIT_OK
+
+
+def _jobs_list_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--status", type=str.upper, choices=[status.value for status in rl.JobStatus])
+    parser.add_argument("--type", dest="job_type", metavar="TYPE", help="only this job type")
+    parser.add_argument("--org", dest="organization_id", metavar="ORG", help="only this organization's jobs")
+    parser.add_argument("--limit", type=int, default=100, metavar="N", help="most rows to print (default 100)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per job (JSON lines)")
+
+
+@command("jobs list", help="list jobs, newest first", arguments=_jobs_list_arguments)
+def _jobs_list(args: argparse.Namespace) -> int:
+    with open_engine(args) as engine:
+        jobs = rl.list_jobs(engine, status=args.status, job_type=args.job_type,
+                            organization_id=args.organization_id, limit=args.limit)
+    if args.json:
+        for job in jobs:
+            print_json(job)
+    else:
+        print_table(JOB_TABLE_COLUMNS, [_job_row(job) for job in jobs])
+    return EXIT_OK
+
+
+def _jobs_show_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_job_id(parser)
+    add_json_option(parser, "the job, its attempts and its events")
+
+
+@command("jobs show", help="print one job with its attempts and events", arguments=_jobs_show_arguments)
+def _jobs_show(args: argparse.Namespace) -> int:
+    job_id = _parse_job_id(args.job_id)
+    with open_engine(args) as engine:
+        job = rl.get_job(engine, job_id)
+        if job is None:
+            raise rl.JobNotFound(f"job {job_id} was not found", job_id=str(job_id))
+        attempts, events = rl.list_attempts(engine, job_id), rl.list_events(engine, job_id)
+    if args.json:
+        print_json({"job": job, "attempts": attempts, "events": events})
+        return EXIT_OK
+    for field in dataclasses.fields(job):
+        value = getattr(job, field.name)
+        shown = when(value) if isinstance(value, datetime) else plain(value)
+        if isinstance(shown, (dict, list)):
+            shown = json.dumps(shown, sort_keys=True)
+        print(f"{field.name + ':':<20} {'-' if shown is None else shown}")
+    print(f"\nattempts ({len(attempts)}):")
+    print_table(("run", "attempt", "worker", "started_at", "finished_at", "outcome", "error_code"),
+                 [(a.run_number, a.attempt, a.worker_id, when(a.started_at), when(a.finished_at), a.outcome,
+                   a.error_code) for a in attempts])
+    print(f"\nevents ({len(events)}):")
+    print_table(("occurred_at", "run", "attempt", "event", "stage", "payload"),
+                 [(when(e.occurred_at), e.run_number, e.attempt, e.event_type, e.stage,
+                   json.dumps(plain(e.payload), sort_keys=True)) for e in events])
+    return EXIT_OK
+
+
+def _jobs_retry_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_job_id(parser)
+    parser.add_argument("--reason", help="recorded on the job and its REQUEUED event (default REQUEUED)")
+
+
+@command("jobs retry", help="run a finished job again (a new run from attempt 0)", arguments=_jobs_retry_arguments)
+def _jobs_retry(args: argparse.Namespace) -> int:
+    job_id = _parse_job_id(args.job_id)
+    with open_engine(args) as engine:
+        job = rl.requeue_job(engine, job_id, reason=args.reason)
+    print(f"job {job.id} requeued: {job.status.value}, run {job.run_number}")
+    return EXIT_OK
+
+
+def _jobs_cancel_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_job_id(parser)
+    parser.add_argument("--reason", help="recorded on the job and its CANCELED event (default CANCELED)")
+
+
+@command("jobs cancel", help="cancel a PENDING or LEASED job", arguments=_jobs_cancel_arguments)
+def _jobs_cancel(args: argparse.Namespace) -> int:
+    job_id = _parse_job_id(args.job_id)
+    with open_engine(args) as engine:
+        job = rl.cancel_job(engine, job_id, reason=args.reason)
+    print(f"job {job.id} canceled: {job.status_reason}")
+    return EXIT_OK
+
+
+def _stats_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--org", dest="organization_id", metavar="ORG", help="only this organization's jobs")
+    parser.add_argument("--json", action="store_true", help="print the numbers as one JSON object")
+
+
+@command("stats", help="print counts by status and type, the oldest pending age and expired leases",
+         arguments=_stats_arguments)
+def _stats(args: argparse.Namespace) -> int:
+    with open_engine(args) as engine:
+        stats = rl.queue_stats(engine, organization_id=args.organization_id)
+    statuses = [status.value for status in rl.JobStatus]
+    by_type: dict[str, dict[str, int]] = {}
+    for (job_type, status), count in sorted(stats.by_type_and_status.items()):
+        by_type.setdefault(job_type, dict.fromkeys(statuses, 0))[status] = count
+    if args.json:
+        print_json({"by_status": stats.by_status, "by_type": by_type,
+                     "oldest_pending_age_seconds": stats.oldest_pending_age_seconds,
+                     "expired_leases": stats.expired_leases})
+        return EXIT_OK
+    print_table(("status", "count"), [(status, stats.by_status.get(status, 0)) for status in statuses])
+    print()
+    print_table(("type",) + tuple(statuses), [(job_type,) + tuple(counts[s] for s in statuses)
+                                                for job_type, counts in by_type.items()])
+    age = stats.oldest_pending_age_seconds
+    print(f"\noldest pending: {'none' if age is None else f'{age:.1f} s'}")
+    print(f"expired leases: {stats.expired_leases}")
+    return EXIT_OK
