@@ -7,7 +7,7 @@ reads the registry afterwards, so it needs no lock.
 from __future__ import annotations
 
 import types
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, ContextManager, Mapping, Optional
 
 from runledger_sync.core.errors import RegistrationError
 from runledger_sync.core.records import JobDefinition
@@ -257,6 +257,21 @@ class JobRegistry:
 
         return sync_job_definitions(engine_or_connection, self.definitions(), overwrite=overwrite)
 
+    def wrapped(self, around: Callable[[], ContextManager[Any]]) -> "JobRegistry":
+        """Return a new registry whose handlers run inside ``around()`` (a context manager factory).
+
+        Integrations use it to give every handler its framework's surroundings
+        (an app context, fresh database connections). Types, retry rules and
+        definitions stay those of this registry, which is left unchanged.
+
+        Example:
+            ``registry.wrapped(app.app_context)``
+        """
+        wrapped = JobRegistry()
+        for job_type, handler in self._handlers.items():
+            wrapped.register(_WrappedHandler(handler, around, self.retry_on(job_type)))
+        return wrapped
+
     def __contains__(self, job_type: object) -> bool:
         return job_type in self._handlers
 
@@ -265,6 +280,33 @@ class JobRegistry:
 
     def __repr__(self) -> str:
         return f"<JobRegistry {self.registered_types()!r}>"
+
+
+class _WrappedHandler(JobHandler):
+    """Run another handler's execute and on_dead_letter inside a context manager."""
+
+    def __init__(
+        self, inner: JobHandler, around: Callable[[], ContextManager[Any]], retry_on: tuple[type[BaseException], ...]
+    ) -> None:
+        self.inner = inner
+        self.around = around
+        self.job_type = inner.job_type
+        self.max_attempts = inner.max_attempts
+        self.timeout_seconds = inner.timeout_seconds
+        self.priority = inner.priority
+        self.retry_on = retry_on
+        self.retry_delay_overrides = inner.retry_delay_overrides
+
+    def execute(self, ctx: JobContext, payload: Any) -> Optional[JobCompletion]:
+        with self.around():
+            return self.inner.execute(ctx, payload)
+
+    def on_dead_letter(self, ctx: JobContext, payload: Any, info: JobDeadLetterInfo) -> None:
+        with self.around():
+            self.inner.on_dead_letter(ctx, payload, info)
+
+    def __repr__(self) -> str:
+        return f"<{self.inner!r} inside {self.around!r}>"
 
 
 def _checked_job_type(job_type: Any, handler: JobHandler) -> str:

@@ -271,42 +271,12 @@ def _as_bool(value: Any) -> bool:
 # -- handlers in the app context -------------------------------------------------------------
 
 
-class _AppContextHandler(rl.JobHandler):
-    """Run another handler's execute and on_dead_letter inside ``app.app_context()``."""
-
-    def __init__(self, inner: rl.JobHandler, app: Flask, retry_on: tuple[type[BaseException], ...]) -> None:
-        self.inner = inner
-        self.app = app
-        self.job_type = inner.job_type
-        self.max_attempts = inner.max_attempts
-        self.timeout_seconds = inner.timeout_seconds
-        self.priority = inner.priority
-        self.retry_on = retry_on
-        self.retry_delay_overrides = inner.retry_delay_overrides
-
-    def execute(self, ctx: rl.JobContext, payload: Any) -> rl.JobCompletion | None:
-        with self.app.app_context():
-            return self.inner.execute(ctx, payload)
-
-    def on_dead_letter(self, ctx: rl.JobContext, payload: Any, info: rl.JobDeadLetterInfo) -> None:
-        with self.app.app_context():
-            self.inner.on_dead_letter(ctx, payload, info)
-
-    def __repr__(self) -> str:
-        return f"<in app context of {self.app.name!r}: {self.inner!r}>"
-
-
 def in_app_context(registry: rl.JobRegistry, app: Flask) -> rl.JobRegistry:
     """Return a new registry whose handlers run ``registry``'s inside ``app.app_context()``.
 
     The types, retry rules and definitions are the same; ``registry`` is unchanged.
     """
-    wrapped = rl.JobRegistry()
-    for job_type in registry.registered_types():
-        handler = registry.get(job_type)
-        assert handler is not None  # registered_types() lists only registered ones
-        wrapped.register(_AppContextHandler(handler, app, registry.retry_on(job_type)))
-    return wrapped
+    return registry.wrapped(app.app_context)
 
 
 # -- the CLI ------------------------------------------------------------------------------

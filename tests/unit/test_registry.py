@@ -328,3 +328,34 @@ def test_sync_definitions_delegates_to_the_store(monkeypatch):
     assert registry.sync_definitions(engine) == 1
     assert registry.sync_definitions(engine, overwrite=False) == 1
     assert calls == [(engine, registry.definitions(), True), (engine, registry.definitions(), False)]
+
+
+def test_wrapped_registry_runs_handlers_inside_the_context_and_keeps_retry_rules():
+    import contextlib
+
+    from runledger_sync.core.types import JobContext
+    from runledger_sync.registry import JobRegistry
+
+    entered: list[str] = []
+
+    @contextlib.contextmanager
+    def around():
+        entered.append("enter")
+        yield
+        entered.append("exit")
+
+    registry = JobRegistry()
+
+    @registry.job("wrap.me", max_attempts=3, retry_on=(ConnectionError,), retry_delay_overrides={"x.busy": 250})
+    def handler(ctx, payload):
+        entered.append(f"run {payload['n']}")
+
+    wrapped = registry.wrapped(around)
+    ctx = JobContext(job_id=__import__("uuid").uuid4(), run_number=1, attempt=1, organization_id=None, worker_id="w")
+    wrapped.get("wrap.me").execute(ctx, {"n": 1})
+    assert entered == ["enter", "run 1", "exit"]
+    assert wrapped.registered_types() == ["wrap.me"]
+    assert wrapped.retry_on("wrap.me") == (ConnectionError,)
+    assert wrapped.retry_delay_override("wrap.me", "x.busy") == 250
+    assert wrapped.definitions() == registry.definitions()
+    assert len(registry) == 1 and registry.get("wrap.me") is not wrapped.get("wrap.me")

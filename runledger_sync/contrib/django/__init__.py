@@ -23,7 +23,8 @@ This package imports only the public ``runledger_sync`` API.
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 from django.apps import apps as django_apps
 from django.db import close_old_connections, connections, transaction
@@ -78,34 +79,15 @@ def enqueue(job_type: str, payload: Any = None, *, using: str | None = None, **o
         return rl.enqueue(connection.connection, job_type, payload, **options)
 
 
-class _DjangoConnectionsHandler(rl.JobHandler):
-    """Run another handler with stale Django connections closed before and after, as per request."""
-
-    def __init__(self, inner: rl.JobHandler, retry_on: tuple[type[BaseException], ...]) -> None:
-        self.inner = inner
-        self.job_type = inner.job_type
-        self.max_attempts = inner.max_attempts
-        self.timeout_seconds = inner.timeout_seconds
-        self.priority = inner.priority
-        self.retry_on = retry_on
-        self.retry_delay_overrides = inner.retry_delay_overrides
-
-    def execute(self, ctx: rl.JobContext, payload: Any) -> rl.JobCompletion | None:
+@contextlib.contextmanager
+def _fresh_connections() -> Iterator[None]:
+    # What Django does around each request: drop connections that are broken
+    # or past CONN_MAX_AGE, so a long-lived worker never reuses a dead one.
+    close_old_connections()
+    try:
+        yield
+    finally:
         close_old_connections()
-        try:
-            return self.inner.execute(ctx, payload)
-        finally:
-            close_old_connections()
-
-    def on_dead_letter(self, ctx: rl.JobContext, payload: Any, info: rl.JobDeadLetterInfo) -> None:
-        close_old_connections()
-        try:
-            self.inner.on_dead_letter(ctx, payload, info)
-        finally:
-            close_old_connections()
-
-    def __repr__(self) -> str:
-        return f"<with Django connections: {self.inner!r}>"
 
 
 def with_django_connections(registry: rl.JobRegistry) -> rl.JobRegistry:
@@ -113,12 +95,7 @@ def with_django_connections(registry: rl.JobRegistry) -> rl.JobRegistry:
 
     The types, retry rules and definitions are those of ``registry``, which is unchanged.
     """
-    wrapped = rl.JobRegistry()
-    for job_type in registry.registered_types():
-        handler = registry.get(job_type)
-        assert handler is not None  # registered_types() lists only registered ones
-        wrapped.register(_DjangoConnectionsHandler(handler, registry.retry_on(job_type)))
-    return wrapped
+    return registry.wrapped(_fresh_connections)
 
 
 def build_supervisor(config: rl.JobsConfig | None = None, *, using: str | None = None) -> rl.Supervisor:
