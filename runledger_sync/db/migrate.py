@@ -104,7 +104,9 @@ def downgrade(bind: Engine | Connection, revision: str = "base") -> None:
 def head_revision() -> str:
     """Return the newest revision of the bundled history."""
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    assert head is not None, "the bundled migration history is empty"
+    # Not an assert: under `python -O` it would vanish and None would pass for a revision.
+    if head is None:
+        raise MigrationFailed("the bundled migration history is empty")
     return head
 
 

@@ -238,7 +238,7 @@ def enqueue_many(
         if not inserted:
             _raise_if_definition_missing(connection, {spec.job_type for spec in specs})
         result = []
-        for job_id, spec, snapshot in zip(ids, specs, params["snapshots"]):
+        for job_id, spec, snapshot in zip(ids, specs, params["snapshots"], strict=True):
             record = inserted.get(job_id)
             if record is None:
                 record = _existing_for_key(connection, spec, snapshot)
