@@ -58,10 +58,12 @@ def _enqueue_arguments(parser: argparse.ArgumentParser) -> None:
 @command("enqueue", help="add one job to the queue and print its id", arguments=_enqueue_arguments)
 def _enqueue(args: argparse.Namespace) -> int:
     payload = _parse_payload(args.payload)
+    # The same size limit a worker's process enforces (RUNLEDGER_MAX_PAYLOAD_BYTES), not the bare default.
+    max_payload_bytes = rl.JobsConfig.from_env().max_payload_bytes
     with open_engine(args) as engine:
         job = rl.enqueue(engine, args.job_type, payload, priority=args.priority, delay_seconds=args.delay_seconds,
                          organization_id=args.organization_id, idempotency_key=args.idempotency_key,
-                         max_attempts=args.max_attempts)
+                         max_attempts=args.max_attempts, max_payload_bytes=max_payload_bytes)
     print(job.id)
     return EXIT_OK
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from datetime import datetime
 from typing import Any, Optional
 
@@ -25,6 +26,8 @@ MAX_ATTEMPTS_RANGE = (1, 1_000)
 TIMEOUT_SECONDS_RANGE = (1, 7 * 24 * 3600)
 DELAY_SECONDS_RANGE = (0, 366 * 24 * 3600)
 LIMIT_RANGE = (1, 100_000)
+# No upper bound of ours: JobsConfig.validate() accepts any positive size.
+MAX_PAYLOAD_BYTES_RANGE = (1, 2**63 - 1)
 
 
 def _is_int(value: Any) -> bool:
@@ -41,7 +44,19 @@ def check_text(argument: str, value: Any, *, max_length: int, error: type[Invali
         raise error(argument, f"{value[:40]}... ({len(value)} characters)", f"at most {max_length} characters")
     if "\x00" in value:
         raise error(argument, value, "free of NUL characters")
+    if not _encodes_as_utf8(value):
+        # Lone surrogates (what surrogateescape makes of bad bytes in argv) would
+        # otherwise fail later inside the driver, as a UnicodeEncodeError.
+        raise error(argument, value, "valid Unicode text (no lone surrogates)")
     return value
+
+
+def _encodes_as_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_job_type(value: Any) -> str:
@@ -73,29 +88,43 @@ def check_seconds(argument: str, value: Any, bounds: tuple[float, float]) -> flo
     return float(value)
 
 
-def check_run_at(value: Any) -> Optional[datetime]:
+def check_run_at(value: Any, argument: str = "run_at") -> Optional[datetime]:
     if value is None:
         return None
     if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
-        raise InvalidArgument("run_at", value, "a timezone-aware datetime")
+        raise InvalidArgument(argument, value, "a timezone-aware datetime")
     return value
+
+
+# An escaped NUL in JSON text: \u0000 after an even number of backslashes. Text
+# that merely spells it (a literal backslash then "u0000") is escaped as \\u0000
+# and is fine for jsonb.
+_ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 def serialize_json(argument: str, value: Any, *, max_bytes: Optional[int] = None) -> str:
     """Return ``value`` as compact JSON text, refusing what PostgreSQL's jsonb cannot hold.
 
     Raises:
-        InvalidPayload: not JSON-serialisable, NaN/Infinity, a NUL character
-            (jsonb rejects ``\\u0000``), or larger than ``max_bytes`` encoded.
+        InvalidPayload: not JSON-serialisable, NaN/Infinity, nested too deeply, a
+            NUL character (jsonb rejects ``\\u0000``) or a lone surrogate, or
+            larger than ``max_bytes`` encoded.
     """
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
         raise InvalidPayload(argument, _short(value), f"a JSON value ({exc})") from exc
-    if "\\u0000" in text:
+    except RecursionError as exc:
+        raise InvalidPayload(argument, "<a deeply nested value>", "nested less deeply") from exc
+    try:
+        encoded = text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        # A lone surrogate: jsonb refuses it whether sent raw or as a \ud800 escape.
+        raise InvalidPayload(argument, _short(value), "valid Unicode text (no lone surrogates)") from exc
+    if _ESCAPED_NUL.search(text):
         raise InvalidPayload(argument, _short(value), "free of NUL characters (jsonb cannot store \\u0000)")
     if max_bytes is not None:
-        size = len(text.encode("utf-8"))
+        size = len(encoded)
         if size > max_bytes:
             raise InvalidPayload(argument, f"<{size} bytes of JSON>", f"at most {max_bytes} bytes of JSON")
     return text

@@ -198,7 +198,7 @@ def list_dead_letters(
             dl.organization_id == check.check_text("organization_id", organization_id, max_length=255)
         )
     if since is not None:
-        statement = statement.where(dl.failed_at >= check.check_run_at(since))
+        statement = statement.where(dl.failed_at >= check.check_run_at(since, "since"))
     return [to_record(DeadLetterRecord, row) for row in _read(bind, statement)]
 
 

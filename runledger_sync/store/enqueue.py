@@ -225,7 +225,8 @@ def enqueue_many(
     Raises:
         The same errors as :func:`enqueue`; any one of them rejects the batch.
     """
-    specs = list(specs)
+    specs = _checked_specs(specs)
+    check.check_int("max_payload_bytes", max_payload_bytes, check.MAX_PAYLOAD_BYTES_RANGE)
     if not specs:
         return []
     params, ids = _batch_parameters(specs, max_payload_bytes)
@@ -248,6 +249,25 @@ def enqueue_many(
     return run_in_transaction(bind, work)
 
 
+def _checked_specs(specs: Any) -> list[JobSpec]:
+    # A str or a bare JobSpec is iterable or close to it; refuse them by name
+    # instead of failing on an attribute deep in the batch.
+    if isinstance(specs, (str, bytes, JobSpec)) or not hasattr(specs, "__iter__"):
+        raise check.InvalidArgument("specs", type(specs).__name__, "an iterable of JobSpec")
+    specs = list(specs)
+    for index, spec in enumerate(specs):
+        if not isinstance(spec, JobSpec):
+            raise check.InvalidArgument(f"specs[{index}]", type(spec).__name__, "a JobSpec")
+    return specs
+
+
+def _check_stage(value: Any) -> JobStage:
+    try:
+        return JobStage(value)
+    except ValueError:
+        raise check.InvalidArgument("stage", value, f"one of {', '.join(s.value for s in JobStage)}") from None
+
+
 def _batch_parameters(specs: Sequence[JobSpec], max_payload_bytes: int) -> tuple[dict[str, list[Any]], list[UUID]]:
     columns: dict[str, list[Any]] = {
         name: []
@@ -267,7 +287,7 @@ def _batch_parameters(specs: Sequence[JobSpec], max_payload_bytes: int) -> tuple
         if run_at is not None and delay is not None:
             raise check.InvalidArgument("delay_seconds", spec.delay_seconds, "None when run_at is given")
         key = check.check_optional_text("idempotency_key", spec.idempotency_key, max_length=check.IDEMPOTENCY_KEY_MAX_LENGTH)
-        stage = JobStage(spec.stage)
+        stage = _check_stage(spec.stage)
         columns["ids"].append(str(job_id))
         columns["job_types"].append(check.check_job_type(spec.job_type))
         columns["organization_ids"].append(
@@ -440,10 +460,13 @@ def set_job_definition_enabled(bind: Bind, job_type: str, enabled: bool) -> JobD
         DefinitionNotFoundOrDisabled: there is no definition for the type.
     """
     check.check_job_type(job_type)
+    # bool("no") is True: only a real bool may switch a type on or off.
+    if not isinstance(enabled, bool):
+        raise check.InvalidArgument("enabled", enabled, "True or False")
     statement = (
         job_definitions.update()
         .where(job_definitions.c.job_type == job_type)
-        .values(is_enabled=bool(enabled))
+        .values(is_enabled=enabled)
         .returning(*DEFINITION_COLUMNS)
     )
 
