@@ -1,72 +1,108 @@
-"""Print how fast one worker process drains N pre-inserted no-op jobs, and its peak RSS.
+"""Print how fast one worker drains N pre-inserted no-op jobs, its CPU and PostgreSQL's per job, and its RSS.
 
-Usage: python bench/throughput.py [--jobs 10000] [--concurrency 32] [--database-url URL]
-With no URL an embedded PostgreSQL is started in a temporary directory.
+Usage: python bench/throughput.py [--jobs 10000] [--concurrency 32] [--batch 16] [--database-url URL]
+       python bench/throughput.py --memory      # RSS after 20,000 and after 200,000 jobs (target: <10% growth)
+The worker runs in this process (a thread, as an embedding application runs it);
+its CPU is this process's minus the main thread's. With no URL an embedded
+PostgreSQL is started in a temporary directory.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import resource
 import sys
-import tempfile
 import threading
 import time
 
+import _common as bench
+
 import runledger_sync as rl
+
+MEMORY_JOBS = 200_000
+MEMORY_EARLY = 20_000
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=None, help=f"default 10000, or {MEMORY_JOBS:,} with --memory")
+    parser.add_argument("--concurrency", type=int, default=rl.JobsConfig().max_global_concurrency)
+    parser.add_argument("--batch", type=int, default=rl.JobsConfig().claim_batch_size)
+    parser.add_argument("--memory", action="store_true", help=f"sample RSS after {MEMORY_EARLY:,} jobs and at the end")
+    bench.add_database_option(parser)
+    args = parser.parse_args()
+    if args.jobs is None:
+        args.jobs = MEMORY_JOBS if args.memory else 10_000
+    if args.memory and args.jobs <= MEMORY_EARLY:
+        parser.error(f"--memory needs more than {MEMORY_EARLY:,} jobs")
+    return args
+
+
+class Progress:
+    """Counts handler calls; notes RSS at the early mark and signals the last job."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.rss_at: dict[int, float] = {}
+        self.all_ran = threading.Event()
+        self._count = itertools.count(1)  # next() on a count is atomic under the GIL
+
+    def ran(self, _payload: dict) -> None:
+        n = next(self._count)
+        if n in (MEMORY_EARLY, self.total):
+            self.rss_at[n] = bench.rss_mib(os.getpid())
+        if n == self.total:
+            self.all_ran.set()
+
+
+def drain(engine, registry: rl.JobRegistry, config: rl.JobsConfig, progress: Progress, window: bench.CpuWindow) -> float:
+    shutdown = threading.Event()
+    worker = threading.Thread(target=rl.run_worker_loop, args=(engine, registry, config, shutdown))
+    window.start()
+    started = time.perf_counter()
+    worker.start()
+    progress.all_ran.wait()
+    while rl.count_jobs(engine, status=rl.JobStatus.SUCCEEDED) < progress.total:
+        time.sleep(0.01)
+    elapsed = time.perf_counter() - started
+    window.stop()
+    shutdown.set()
+    worker.join()
+    return elapsed
+
+
+def report(args: argparse.Namespace, enqueue_seconds: float, elapsed: float, window: bench.CpuWindow, progress: Progress) -> None:
+    worker_ms, postgres_ms = window.per_job_ms(args.jobs)
+    print(f"jobs={args.jobs} concurrency={args.concurrency} batch={args.batch}")
+    print(f"enqueue_many: {args.jobs / enqueue_seconds:,.0f} jobs/s")
+    print(f"processed:    {args.jobs / elapsed:,.0f} jobs/s ({elapsed:.2f} s)")
+    print(f"CPU per job:  worker {worker_ms:.3f} ms, PostgreSQL {bench.fmt(postgres_ms, 3)} ms")
+    print(f"worker peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+    if args.memory:
+        early, late = progress.rss_at[MEMORY_EARLY], progress.rss_at[args.jobs]
+        print(f"worker RSS: {early:.1f} MiB after {MEMORY_EARLY:,} jobs, {late:.1f} MiB after {args.jobs:,} "
+              f"(growth {100 * (late - early) / early:+.1f}%, target < 10%)")
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=10_000)
-    parser.add_argument("--concurrency", type=int, default=rl.JobsConfig().max_global_concurrency)
-    parser.add_argument("--batch", type=int, default=rl.JobsConfig().claim_batch_size)
-    parser.add_argument("--database-url", default=None)
-    args = parser.parse_args()
-
-    server = None
-    url = args.database_url
-    if url is None:
-        server = rl.EmbeddedPostgres(os.path.join(tempfile.mkdtemp(prefix="rl-bench-"), "pgdata"), delete_on_stop=True)
-        url = server.start().create_database("bench_throughput", drop_existing=True)
-    engine = rl.create_engine(url, pool_size=args.concurrency + 4)
-    try:
-        rl.migrate(engine)
-        registry = rl.JobRegistry()
-        done = threading.Semaphore(0)
-
-        @registry.job("bench.noop")
-        def noop(ctx: rl.JobContext, payload: dict) -> None:
-            done.release()
-
-        registry.sync_definitions(engine)
-        started = time.perf_counter()
-        for offset in range(0, args.jobs, 5_000):
-            rl.enqueue_many(engine, [rl.JobSpec("bench.noop", {"n": n}) for n in range(offset, min(args.jobs, offset + 5_000))])
-        enqueue_seconds = time.perf_counter() - started
-
-        config = rl.JobsConfig(max_global_concurrency=args.concurrency, claim_batch_size=args.batch)
-        shutdown = threading.Event()
-        worker = threading.Thread(target=rl.run_worker_loop, args=(engine, registry, config, shutdown))
-        started = time.perf_counter()
-        worker.start()
-        for _ in range(args.jobs):
-            done.acquire()
-        while rl.count_jobs(engine, status=rl.JobStatus.SUCCEEDED) < args.jobs:
-            time.sleep(0.01)
-        elapsed = time.perf_counter() - started
-        shutdown.set()
-        worker.join()
-        peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        print(f"jobs={args.jobs} concurrency={args.concurrency} batch={args.batch}")
-        print(f"enqueue_many: {args.jobs / enqueue_seconds:,.0f} jobs/s")
-        print(f"processed:    {args.jobs / elapsed:,.0f} jobs/s ({elapsed:.2f} s)")
-        print(f"worker peak RSS: {peak_rss_mb:.0f} MiB")
-    finally:
-        engine.dispose()
-        if server is not None:
-            server.stop()
+    args = parse_args()
+    progress = Progress(args.jobs)
+    registry = bench.noop_registry(progress.ran)
+    with bench.server(args.database_url) as srv, bench.fresh_database(srv, "bench_throughput") as url:
+        engine = bench.migrated_engine(url, pool_size=args.concurrency + 4)
+        try:
+            registry.sync_definitions(engine)
+            enqueue_seconds = bench.enqueue_noops(engine, args.jobs)
+            window = bench.CpuWindow(
+                lambda: bench.process_cpu_seconds(os.getpid()) - time.thread_time(), bench.PostgresCpu(url)
+            )
+            config = rl.JobsConfig(max_global_concurrency=args.concurrency, claim_batch_size=args.batch)
+            elapsed = drain(engine, registry, config, progress, window)
+            report(args, enqueue_seconds, elapsed, window, progress)
+        finally:
+            engine.dispose()
     return 0
 
 
