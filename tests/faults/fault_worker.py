@@ -97,23 +97,27 @@ class Observer:
     def __init__(self, engine: sqlalchemy.Engine) -> None:
         self.engine = engine
 
-    def write(self, sql: str, params: dict[str, Any]) -> None:
+    def _retrying(self, work: Any) -> Any:
         give_up = time.monotonic() + EFFECT_WRITE_BUDGET_SECONDS
         while True:
             try:
-                with self.engine.begin() as conn:
-                    conn.execute(text(sql), params)
-                return
+                return work()
             except sqlalchemy.exc.OperationalError:
                 if time.monotonic() > give_up:
                     raise
-                time.sleep(0.1)
             except sqlalchemy.exc.DBAPIError as error:
                 # A connection killed by pg_terminate_backend surfaces as a DBAPIError
                 # flagged as a disconnect; anything else is a real failure.
                 if not error.connection_invalidated or time.monotonic() > give_up:
                     raise
-                time.sleep(0.1)
+            time.sleep(0.1)
+
+    def write(self, sql: str, params: dict[str, Any]) -> None:
+        def work() -> None:
+            with self.engine.begin() as conn:
+                conn.execute(text(sql), params)
+
+        self._retrying(work)
 
     def effect(self, ctx: rl.JobContext, started_at: Any) -> None:
         self.write(
@@ -128,8 +132,11 @@ class Observer:
         )
 
     def now(self) -> Any:
-        with self.engine.connect() as conn:
-            return conn.execute(text("SELECT clock_timestamp()")).scalar()
+        def work() -> Any:
+            with self.engine.connect() as conn:
+                return conn.execute(text("SELECT clock_timestamp()")).scalar()
+
+        return self._retrying(work)
 
 
 def build_registry(

@@ -133,6 +133,14 @@ def outcome_figures(result: ScenarioResult, db: Db, job_type: str) -> None:
     result.lost = result.jobs - succeeded
     result.duplicate_effects = db.duplicate_effects()
     result.duplicate_completions = db.duplicate_completions()
+    if result.lost:
+        result.details["not_succeeded"] = [tuple(row) for row in db.rows(
+            "SELECT id, status, attempt, last_error_code, last_error_message FROM job_queue"
+            " WHERE job_type = :t AND status <> 'SUCCEEDED' LIMIT 5", t=job_type)]
+        result.details["their_events"] = [tuple(row) for row in db.rows(
+            "SELECT job_id, attempt, event_type, payload, occurred_at FROM job_events WHERE job_id IN"
+            " (SELECT id FROM job_queue WHERE job_type = :t AND status <> 'SUCCEEDED' LIMIT 5) ORDER BY id",
+            t=job_type)]
     result.expect(result.lost == 0, f"{result.lost} of {result.jobs} jobs did not end SUCCEEDED: {counts}")
     result.expect(result.duplicate_completions == 0, f"{result.duplicate_completions} outcomes were written twice")
     result.expect(db.success_rows_per_job_ok(), "a SUCCEEDED job does not have exactly one successful attempt row")
