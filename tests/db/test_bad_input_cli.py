@@ -1,0 +1,177 @@
+"""Every console command fed bad input: exit 2 (bad usage) or 1 (failed), two lines, no row changed.
+
+The output contract (README "Command line"): stderr is exactly
+``error: <code>: <message>`` then ``hint: <one line>``, never a traceback, and
+nothing on stdout. tests/unit/test_cli_usage.py covers argparse-level usage
+errors and bad JSON text; this table covers values that parse but that the
+library refuses, and failures against a real database.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import runledger_sync as rl
+from runledger_sync import cli
+from runledger_sync.store.lifecycle import LeaseIdentity, claim_jobs, complete_job_failure
+from tests.db.test_bad_input_api import HOSTILE, SURROGATE, UNKNOWN_ID, table_digest
+from tests.support import define
+
+JOB_TYPE = "cli.bad"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def database(pg_server, template_database):
+    # Shared by the whole table: each case asserts it left every row as it was.
+    name = f"rl_bad_cli_{os.getpid()}"
+    url = pg_server.create_database(name, template=template_database, drop_existing=True)
+    engine = rl.create_engine(url)
+    define(engine, JOB_TYPE, max_attempts=1)
+    pending = rl.enqueue(engine, JOB_TYPE, {"n": 1})
+    dead = rl.enqueue(engine, JOB_TYPE, {"n": 2}, priority=1_000_000)
+    claimed = claim_jobs(engine, worker_id="seed", lease_ttl_seconds=60, limit=1, job_types=[JOB_TYPE])
+    complete_job_failure(engine, **LeaseIdentity.of(claimed[0]).keywords(),
+                         failure=rl.JobFailure.terminal("seed.failed", "seeded"), retry_delay_ms=None)
+    yield {"url": url, "engine": engine, "pending": str(pending.id), "dead": str(dead.id)}
+    engine.dispose()
+    pg_server.drop_database(name)
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch):
+    for name in ("RUNLEDGER_DATABASE_URL", "DATABASE_URL", "RUNLEDGER_SCHEMA", "RUNLEDGER_MAX_PAYLOAD_BYTES"):
+        monkeypatch.delenv(name, raising=False)
+
+
+USAGE, FAILED = 2, 1
+
+# (case id, argv with {pending}/{dead} placeholders, exit code, error code)
+CASES: list[tuple[str, list[str], int, str]] = [
+    ("enqueue-type-blank", ["enqueue", "", "{}"], USAGE, "job.invalid_job_type"),
+    ("enqueue-type-spaces", ["enqueue", "   ", "{}"], USAGE, "job.invalid_job_type"),
+    ("enqueue-type-bad-utf8", ["enqueue", "t." + SURROGATE, "{}"], USAGE, "job.invalid_job_type"),
+    ("enqueue-type-too-long", ["enqueue", "t" * 256, "{}"], USAGE, "job.invalid_job_type"),
+    ("enqueue-type-sql-unknown", ["enqueue", HOSTILE, "{}"], FAILED, "job.definition_not_found_or_disabled"),
+    ("enqueue-json-nan", ["enqueue", JOB_TYPE, "NaN"], USAGE, "job.invalid_payload"),
+    ("enqueue-json-infinity", ["enqueue", JOB_TYPE, '{"x": [Infinity]}'], USAGE, "job.invalid_payload"),
+    ("enqueue-json-nul", ["enqueue", JOB_TYPE, '{"x": "a\\u0000b"}'], USAGE, "job.invalid_payload"),
+    ("enqueue-json-lone-surrogate", ["enqueue", JOB_TYPE, '{"x": "\\ud800"}'], USAGE, "job.invalid_payload"),
+    ("enqueue-json-over-1mib", ["enqueue", JOB_TYPE, '"' + "x" * 1_048_576 + '"'], USAGE, "job.invalid_payload"),
+    ("enqueue-org-blank", ["enqueue", JOB_TYPE, "{}", "--org", ""], USAGE, "job.invalid_argument"),
+    ("enqueue-org-nul", ["enqueue", JOB_TYPE, "{}", "--org", "o\x00"], USAGE, "job.invalid_argument"),
+    ("enqueue-org-bad-utf8", ["enqueue", JOB_TYPE, "{}", "--org", SURROGATE], USAGE, "job.invalid_argument"),
+    ("enqueue-key-blank", ["enqueue", JOB_TYPE, "{}", "--idempotency-key", " "], USAGE, "job.invalid_argument"),
+    ("enqueue-key-too-long", ["enqueue", JOB_TYPE, "{}", "--idempotency-key", "k" * 513], USAGE,
+     "job.invalid_argument"),
+    ("enqueue-priority-huge", ["enqueue", JOB_TYPE, "{}", "--priority", "99999999999"], USAGE,
+     "job.invalid_argument"),
+    ("enqueue-max-attempts-huge", ["enqueue", JOB_TYPE, "{}", "--max-attempts", "1001"], USAGE,
+     "job.invalid_argument"),
+    ("enqueue-delay-nan", ["enqueue", JOB_TYPE, "{}", "--delay-seconds", "nan"], USAGE, "job.invalid_argument"),
+    ("enqueue-delay-inf", ["enqueue", JOB_TYPE, "{}", "--delay-seconds", "inf"], USAGE, "job.invalid_argument"),
+    ("enqueue-delay-negative", ["enqueue", JOB_TYPE, "{}", "--delay-seconds", "-1"], USAGE, "job.invalid_argument"),
+    ("list-type-blank", ["jobs", "list", "--type", ""], USAGE, "job.invalid_job_type"),
+    ("list-type-bad-utf8", ["jobs", "list", "--type", SURROGATE], USAGE, "job.invalid_job_type"),
+    ("list-org-spaces", ["jobs", "list", "--org", "  "], USAGE, "job.invalid_argument"),
+    ("list-limit-zero", ["jobs", "list", "--limit", "0"], USAGE, "job.invalid_argument"),
+    ("list-limit-huge", ["jobs", "list", "--limit", "1000001"], USAGE, "job.invalid_argument"),
+    ("show-id-sql", ["jobs", "show", "'; DROP TABLE job_queue; --"], USAGE, "job.invalid_argument"),
+    ("show-unknown", ["jobs", "show", UNKNOWN_ID], FAILED, "job.not_found"),
+    ("retry-unknown", ["jobs", "retry", UNKNOWN_ID], FAILED, "job.not_found"),
+    ("retry-pending", ["jobs", "retry", "{pending}"], FAILED, "job.invalid_state_transition"),
+    ("retry-reason-blank", ["jobs", "retry", "{dead}", "--reason", ""], USAGE, "job.invalid_argument"),
+    ("cancel-finished", ["jobs", "cancel", "{dead}"], FAILED, "job.invalid_state_transition"),
+    ("cancel-reason-too-long", ["jobs", "cancel", "{pending}", "--reason", "r" * 256], USAGE,
+     "job.invalid_argument"),
+    ("cancel-reason-bad-utf8", ["jobs", "cancel", "{pending}", "--reason", SURROGATE], USAGE,
+     "job.invalid_argument"),
+    ("dead-list-limit-zero", ["dead-letters", "list", "--limit", "0"], USAGE, "job.invalid_argument"),
+    ("dead-list-type-blank", ["dead-letters", "list", "--type", ""], USAGE, "job.invalid_job_type"),
+    ("dead-list-org-blank", ["dead-letters", "list", "--org", ""], USAGE, "job.invalid_argument"),
+    ("dead-list-since-bad-month", ["dead-letters", "list", "--since", "2026-13-01"], USAGE, "job.invalid_argument"),
+    ("dead-replay-type-blank", ["dead-letters", "replay", "--type", " "], USAGE, "job.invalid_job_type"),
+    ("dead-replay-org-bad-utf8", ["dead-letters", "replay", "--org", SURROGATE], USAGE, "job.invalid_argument"),
+    ("stats-org-blank", ["stats", "--org", ""], USAGE, "job.invalid_argument"),
+    ("stats-org-nul", ["stats", "--org", "\x00"], USAGE, "job.invalid_argument"),
+    ("worker-bad-number", ["worker", "--app", "tests.cli_app:registry", "--lease-ttl-seconds", "soon"], FAILED,
+     "config.invalid"),
+    ("worker-bad-bool", ["worker", "--app", "tests.cli_app:registry", "--log-payloads", "maybe"], FAILED,
+     "config.invalid"),
+    ("worker-app-sql", ["worker", "--app", "os:system'; --"], FAILED, "config.invalid"),
+]
+
+
+def invoke(capsys, database: dict[str, Any], argv: list[str]) -> tuple[int, str, str]:
+    argv = [part.replace("{pending}", database["pending"]).replace("{dead}", database["dead"]) for part in argv]
+    code = cli.main(["--database-url", database["url"], *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_two_line_error(err: str, code: str) -> None:
+    lines = err.splitlines()
+    assert len(lines) == 2, err
+    assert lines[0].startswith(f"error: {code}: "), lines[0]
+    assert lines[1].startswith("hint: ") and len(lines[1]) > len("hint: ")
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(("argv", "exit_code", "code"), [case[1:] for case in CASES], ids=[case[0] for case in CASES])
+def test_bad_command_input_exits_with_its_code_and_changes_no_row(capsys, database, argv, exit_code, code):
+    before = table_digest(database["engine"])
+
+    status, out, err = invoke(capsys, database, argv)
+
+    assert status == exit_code, err
+    assert out == ""
+    assert_two_line_error(err, code)
+    assert table_digest(database["engine"]) == before
+
+
+def test_case_ids_are_unique():
+    assert len({case[0] for case in CASES}) == len(CASES)
+
+
+def test_enqueue_applies_the_configured_payload_limit(capsys, database, monkeypatch):
+    monkeypatch.setenv("RUNLEDGER_MAX_PAYLOAD_BYTES", "64")
+    before = table_digest(database["engine"])
+
+    status, out, err = invoke(capsys, database, ["enqueue", JOB_TYPE, '{"x": "' + "y" * 60 + '"}'])
+
+    assert (status, out) == (USAGE, "")
+    assert_two_line_error(err, "job.invalid_payload")
+    assert "at most 64 bytes" in err
+    assert table_digest(database["engine"]) == before
+
+
+def test_sql_metacharacters_in_cli_filters_find_nothing_and_change_nothing(capsys, database):
+    before = table_digest(database["engine"])
+    for argv in (["jobs", "list", "--type", HOSTILE, "--json"], ["jobs", "list", "--org", "' OR '1'='1", "--json"],
+                 ["dead-letters", "list", "--type", "%", "--json"], ["dead-letters", "replay", "--org", "x' OR 1=1 --"]):
+        status, out, err = invoke(capsys, database, argv)
+        assert status == 0, err
+        assert out.strip() in ("", "requeued 0 dead-lettered job(s)")
+    assert table_digest(database["engine"]) == before
+
+
+def test_the_real_script_turns_undecodable_argv_bytes_into_a_coded_usage_error(database):
+    # A shell passes bytes; 0xFF is not UTF-8, so Python hands the command a lone surrogate.
+    argv = [sys.executable, "-m", "runledger_sync.cli", "--database-url", database["url"], "enqueue",
+            os.fsencode("t.") + b"\xff", "{}"]
+    before = table_digest(database["engine"])
+
+    result = subprocess.run(argv, capture_output=True, cwd=REPO, timeout=60,  # noqa: S603 - our own script
+                            env={**os.environ, "PYTHONUTF8": "0", "LC_ALL": "C.UTF-8"})
+
+    err = result.stderr.decode("utf-8", "replace")
+    assert result.returncode == USAGE, err
+    assert result.stdout == b""
+    assert_two_line_error(err.replace("\r", ""), "job.invalid_job_type")
+    assert table_digest(database["engine"]) == before
