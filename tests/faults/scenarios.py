@@ -514,7 +514,7 @@ def poison_hang(url: str, sizes: Sizes, concurrency: int = 3) -> ScenarioResult:
     """A handler that never returns and ignores cancellation, among jobs that must keep flowing."""
     engine, db = prepare(url)
     flowing = sizes.hang_flowing_jobs
-    result = ScenarioResult("poison: handler never returns", flowing + 1, 0, 0, 0, None)
+    result = ScenarioResult("poison: handler never returns", flowing, 0, 0, 0, None)
     # Higher priority: the hang is claimed first and holds its slot for the whole run.
     hang = rl.enqueue(engine, HANG, {}, priority=1_000)
     enqueue(engine, effect_specs(flowing, random.Random(5), 100, 200))
@@ -526,9 +526,12 @@ def poison_hang(url: str, sizes: Sizes, concurrency: int = 3) -> ScenarioResult:
             terminal_wait(db, None, drain_seconds(flowing, 5), "hang: every job finished")
             still_hanging = db.scalar("SELECT count(*) FROM fault_notes WHERE note = 'hang returned'") == 0
             alive = worker.alive()
+            # A drain would wait for the hung thread, which never ends.
+            worker.kill()
         outcome_figures(result, db, EFFECT)
-        result.lost = result.jobs - 1 - db.count_status("SUCCEEDED", EFFECT) + (
-            0 if db.count_status("DEAD_LETTERED", HANG) == 1 else 1)
+        # The hung job counts too: it must end (dead-lettered by its timeout), not stay LEASED.
+        result.jobs += 1
+        result.lost += 0 if db.count_status("DEAD_LETTERED", HANG) == 1 else 1
         row = tuple(db.rows("SELECT status, last_error_code FROM job_queue WHERE id = :id", id=hang.id)[0])
         peak = max_overlap([tuple(r) for r in db.rows("SELECT started_at, finished_at FROM fault_effects")])
         result.details.update(hang_job=row, peak_parallel_other_jobs=peak, concurrency=concurrency)
