@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
+from decimal import Decimal
 from typing import Any, Iterable, Optional, Sequence
 from uuid import UUID
 
@@ -356,6 +357,24 @@ def _raise_if_definition_missing(connection: Connection, job_types: set[str]) ->
         )
 
 
+def _same_request(stored: Any, snapshot: str) -> bool:
+    # jsonb keeps a number's decimal value, not its float: 3.602879701896397e+16
+    # comes back as the int 36028797018963970, which != the float it was. Compare
+    # numbers as the decimals their JSON spelling denotes.
+    return _as_decimals(stored) == _as_decimals(json.loads(snapshot, parse_float=Decimal, parse_int=Decimal))
+
+
+def _as_decimals(value: Any) -> Any:
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, float, Decimal)):
+        # Tagged, since Decimal(1) == True would make 1 and true the same request.
+        return ("number", value if isinstance(value, Decimal) else Decimal(repr(value)))
+    if isinstance(value, list):
+        return [_as_decimals(item) for item in value]
+    return {key: _as_decimals(item) for key, item in value.items()}
+
+
 def _existing_for_key(connection: Connection, spec: JobSpec, snapshot: Optional[str]) -> JobRecord:
     if spec.idempotency_key is None:
         # Unkeyed rows cannot conflict, so a missing row means its definition vanished mid-batch.
@@ -375,7 +394,7 @@ def _existing_for_key(connection: Connection, spec: JobSpec, snapshot: Optional[
         raise LegacyIdempotencySnapshotMissing(
             f"job {existing.id} holds key {spec.idempotency_key!r} but has no request snapshot to compare"
         )
-    if snapshot is None or existing.enqueue_request != json.loads(snapshot):
+    if snapshot is None or not _same_request(existing.enqueue_request, snapshot):
         raise IdempotencyConflict(
             f"idempotency key {spec.idempotency_key!r} is taken by job {existing.id} with a different request",
             job_id=str(existing.id),
