@@ -26,6 +26,7 @@ MAX_ATTEMPTS_RANGE = (1, 1_000)
 TIMEOUT_SECONDS_RANGE = (1, 7 * 24 * 3600)
 DELAY_SECONDS_RANGE = (0, 366 * 24 * 3600)
 LIMIT_RANGE = (1, 100_000)
+BIGINT_MAX = 2**63 - 1
 # No upper bound of ours: JobsConfig.validate() accepts any positive size.
 MAX_PAYLOAD_BYTES_RANGE = (1, 2**63 - 1)
 
@@ -161,6 +162,9 @@ def check_progress_values(done: Any, total: Any, *, completion: bool) -> None:
     for name, value in (("progress_done", done), ("progress_total", total)):
         if value is not None and not _is_int(value):
             raise error(f"{name} must be an integer or None, got {value!r}")
+        # The columns are bigint: a larger value would fail inside PostgreSQL as db.query_failed.
+        if value is not None and value > BIGINT_MAX:
+            raise error(f"{name} must be at most {BIGINT_MAX}, got {value!r}")
     problem = completion_progress_problem(done, total)
     if problem is not None:
         raise error(problem if completion else problem.replace("Handler returned invalid success progress: ", ""))
