@@ -1,0 +1,216 @@
+"""Secrets stay out of errors and logs: URL passwords are masked, payloads and outputs unlogged.
+
+Every check captures all of it: the exception's text, repr, details and its
+whole formatted chain (the driver's error is its ``__cause__``), every log
+record of every logger at DEBUG, and the console script's stderr with and
+without ``--debug``.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import socket
+import threading
+import traceback
+from typing import Any, Callable, Iterator
+
+import pytest
+from sqlalchemy import make_url
+
+import runledger_sync as rl
+from runledger_sync import cli
+from tests.support import wait_until
+
+PASSWORD = "Pw-d0nt-l0g-m3"  # noqa: S105 - a marker to search for, not a credential
+# URL-encoded in the URL; both spellings must stay hidden.
+TRICKY_PASSWORD = "p@ss:w/rd%!"
+JOB_TYPE = "secret.job"
+PAYLOAD_SECRET = "payload-secret-4f1c"
+OUTPUT_SECRET = "output-secret-9a2e"
+CHECKPOINT_SECRET = "checkpoint-secret-77b0"
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def unreachable_url(password: str = PASSWORD) -> str:
+    return make_url(f"postgresql://app@127.0.0.1:{closed_port()}/app").set(password=password).render_as_string(
+        hide_password=False)
+
+
+def secret_spellings(password: str) -> set[str]:
+    from urllib.parse import quote
+
+    return {password, quote(password, safe="")}
+
+
+@pytest.fixture
+def all_logs() -> Iterator[io.StringIO]:
+    """Every record of every logger, DEBUG and up, rendered with its extra fields."""
+    stream = io.StringIO()
+
+    class Everything(logging.Formatter):
+        def format(self, record: logging.LogRecord) -> str:
+            return f"{super().format(record)} {record.__dict__!r}"
+
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(Everything("%(levelname)s %(name)s %(message)s"))
+    root = logging.getLogger()
+    previous = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        yield stream
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(previous)
+
+
+def everything_about(exc: BaseException) -> str:
+    details = getattr(exc, "details", {})
+    return "\n".join([str(exc), repr(exc), repr(details), *traceback.format_exception(exc)])
+
+
+OPERATIONS: list[tuple[str, Callable[[Any], Any]]] = [
+    ("enqueue", lambda engine: rl.enqueue(engine, JOB_TYPE, {})),
+    ("get_job", lambda engine: rl.get_job(engine, "00000000-0000-7000-8000-000000000000")),
+    ("list_jobs", lambda engine: rl.list_jobs(engine)),
+    ("queue_stats", lambda engine: rl.queue_stats(engine)),
+    ("migrate", lambda engine: rl.migrate(engine)),
+    ("check_schema", lambda engine: rl.check_schema(engine)),
+    ("current_revision", lambda engine: rl.current_revision(engine)),
+]
+
+
+@pytest.mark.parametrize("password", [PASSWORD, TRICKY_PASSWORD], ids=["plain", "url-encoded"])
+@pytest.mark.parametrize("operation", [op[1] for op in OPERATIONS], ids=[op[0] for op in OPERATIONS])
+def test_connection_errors_and_logs_never_show_the_password(all_logs, operation, password):
+    engine = rl.create_engine(unreachable_url(password))
+    try:
+        with pytest.raises(rl.RunledgerError) as caught:
+            operation(engine)
+    finally:
+        engine.dispose()
+
+    assert caught.value.code in ("db.connection_failed", "db.migration_failed", "db.schema_mismatch")
+    seen = everything_about(caught.value) + all_logs.getvalue()
+    for secret in secret_spellings(password):
+        assert secret not in seen
+
+
+@pytest.mark.parametrize("url", ["mysql://app:{pw}@h/app", "postgresql://app:{pw}@h:notaport/app",
+                                 "postgresql://app:{pw}@[::1/app"], ids=["not-postgres", "bad-port", "bad-host"])
+def test_a_rejected_url_is_reported_without_its_password(url):
+    with pytest.raises(rl.ConfigError) as caught:
+        rl.create_engine(url.format(pw=PASSWORD))
+    assert caught.value.code == "config.invalid"
+    assert PASSWORD not in everything_about(caught.value)
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
+@pytest.mark.parametrize("argv", [["stats"], ["jobs", "list"], ["migrate"], ["check-schema"],
+                                  ["enqueue", JOB_TYPE, "{}"], ["dead-letters", "replay"]],
+                         ids=lambda argv: " ".join(argv))
+def test_the_console_never_prints_the_password(capsys, monkeypatch, argv, debug):
+    monkeypatch.delenv("RUNLEDGER_DATABASE_URL", raising=False)
+    root = logging.getLogger("runledger_sync")
+    handlers, level = list(root.handlers), root.level
+    try:
+        code = cli.main(["--database-url", unreachable_url(TRICKY_PASSWORD), *argv, *(["--debug"] if debug else [])])
+    finally:
+        for handler in set(root.handlers) - set(handlers):
+            root.removeHandler(handler)
+        root.setLevel(level)
+    out, err = capsys.readouterr()
+
+    assert code == 1
+    assert "error: db.connection_failed: " in err or "error: db.migration_failed: " in err
+    for secret in secret_spellings(TRICKY_PASSWORD):
+        assert secret not in out + err
+    assert ("Traceback" in err) == debug
+
+
+def test_a_worker_that_cannot_reach_the_database_logs_no_password(all_logs):
+    engine = rl.create_engine(unreachable_url())
+    registry = rl.JobRegistry()
+    registry.job(JOB_TYPE)(lambda ctx, payload: None)
+    shutdown = threading.Event()
+    worker = threading.Thread(target=rl.run_worker_loop,
+                              args=(engine, registry, rl.JobsConfig(poll_interval_ms=50), shutdown))
+    worker.start()
+    try:
+        wait_until(lambda: "claim failed" in all_logs.getvalue(), timeout=60)
+    finally:
+        shutdown.set()
+        worker.join(30)
+        engine.dispose()
+
+    assert not worker.is_alive()
+    assert PASSWORD not in all_logs.getvalue()
+
+
+# -- payloads and outputs ---------------------------------------------------------------
+
+
+def run_jobs_and_capture_json_logs(engine: Any, config: rl.JobsConfig) -> str:
+    registry = rl.JobRegistry()
+    hook_ran = threading.Event()
+
+    @registry.job(JOB_TYPE, max_attempts=1, on_dead_letter=lambda ctx, payload, info: hook_ran.set())
+    def handle(ctx: rl.JobContext, payload: dict) -> rl.JobCompletion:
+        if payload["mode"] == "fail":
+            raise rl.JobFailure.terminal("secret.refused", "refused without saying why")
+        if payload["mode"] == "crash":
+            raise RuntimeError("handler crashed")
+        return rl.JobCompletion(progress_done=1, progress_total=1, checkpoint={"token": CHECKPOINT_SECRET},
+                                output={"token": OUTPUT_SECRET})
+
+    registry.sync_definitions(engine)
+    for mode in ("ok", "fail", "crash"):
+        rl.enqueue(engine, JOB_TYPE, {"mode": mode, "api_key": PAYLOAD_SECRET}, organization_id="org-1")
+    stream = io.StringIO()
+    logger = logging.getLogger("runledger_sync")
+    handlers, level = list(logger.handlers), logger.level
+    rl.configure_logging(level="DEBUG", stream=stream)
+    shutdown = threading.Event()
+    worker = threading.Thread(target=rl.run_worker_loop, args=(engine, registry, config, shutdown))
+    worker.start()
+    try:
+        wait_until(lambda: rl.count_jobs(engine, status=rl.JobStatus.PENDING)
+                   + rl.count_jobs(engine, status=rl.JobStatus.LEASED) == 0, timeout=30)
+        assert hook_ran.wait(10)
+    finally:
+        shutdown.set()
+        worker.join(30)
+        for handler in set(logger.handlers) - set(handlers):
+            logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert rl.count_jobs(engine, status=rl.JobStatus.SUCCEEDED) == 1
+    assert rl.count_jobs(engine, status=rl.JobStatus.DEAD_LETTERED) == 2
+    return stream.getvalue()
+
+
+FAST = dict(poll_interval_ms=20, lease_ttl_seconds=5, heartbeat_interval_seconds=0.5,
+            dead_letter_hook_timeout_seconds=2)
+
+
+def test_payloads_checkpoints_and_outputs_never_reach_the_logs(engine):
+    logs = run_jobs_and_capture_json_logs(engine, rl.JobsConfig(**FAST))
+
+    assert "job processed" in logs  # the capture did see the worker's lines
+    assert '"organization_id": "org-1"' in logs
+    for secret in (PAYLOAD_SECRET, OUTPUT_SECRET, CHECKPOINT_SECRET):
+        assert secret not in logs
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "JobsConfig.log_payloads is validated and documented ('Allow payloads in debug logs') but nothing in "
+    "runledger_sync/runtime reads it, so turning it on logs no payload; runtime/* is being rewritten elsewhere"))
+def test_log_payloads_on_puts_payloads_in_the_debug_logs(engine):
+    logs = run_jobs_and_capture_json_logs(engine, rl.JobsConfig(**FAST, log_payloads=True))
+
+    assert PAYLOAD_SECRET in logs
