@@ -47,7 +47,7 @@ class Sizes:
 CI_SIZES = Sizes(
     churn_jobs=400, churn_rate=40, churn_kill_every_seconds=1.5, restart_jobs=150, terminate_jobs=150,
     concurrency_jobs=2_000, concurrency_processes=4, concurrency_threads=16, hang_flowing_jobs=20,
-    soak_mark_jobs=2_500, soak_total_jobs=10_000,
+    soak_mark_jobs=2_000, soak_total_jobs=8_000,
 )
 FULL_SIZES = Sizes(
     churn_jobs=2_000, churn_rate=40, churn_kill_every_seconds=3.0, restart_jobs=1_000, terminate_jobs=1_000,
