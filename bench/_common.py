@@ -218,9 +218,9 @@ class PostgresCpu:
             return None
         total = process_cpu_seconds(self.postmaster, with_reaped_children=True)
         for child in _children(self.postmaster):
-            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-                cpu = process_cpu_seconds(child)
-                total += -cpu if child in self.excluded else cpu
+            if child not in self.excluded:
+                with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                    total += process_cpu_seconds(child)
         return total
 
 
