@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -84,6 +85,11 @@ class ScenarioResult:
     recovery_seconds: Optional[float]
     details: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        return (f"{self.scenario}: jobs={self.jobs} lost={self.lost} duplicate_effects={self.duplicate_effects}"
+                f" duplicate_completions={self.duplicate_completions} recovery_seconds={self.recovery_seconds}"
+                f" details={self.details} problems={self.problems}")
 
     def expect(self, ok: bool, problem: str) -> None:
         if not ok:
@@ -329,8 +335,7 @@ def postgres_restart(data_dir: str | Path, sizes: Sizes, down_seconds: float = 1
         return result
     finally:
         holder["server"].stop()
-        final = EmbeddedPostgres(data, delete_on_stop=True)
-        final.start().stop()
+        shutil.rmtree(data, ignore_errors=True)
 
 
 def terminate_backends(url: str, sizes: Sizes) -> ScenarioResult:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.faults.conftest import report
 from tests.faults.scenarios import memory_soak
 
 
 @pytest.mark.timeout(300)
 def test_worker_rss_is_flat_between_the_mark_and_the_end_of_a_soak(fresh_database, sizes):
     result = memory_soak(fresh_database, sizes)
-    report(result)
+    print(result.summary())
     assert result.problems == []
     assert result.lost == 0
     assert abs(result.details["growth_percent"]) < 10

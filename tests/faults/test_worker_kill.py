@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.faults.conftest import report
 from tests.faults.scenarios import BASE_SETTINGS, recovery_bound, worker_sigkill_churn
 
 
 @pytest.mark.timeout(240)
 def test_sigkill_churn_finishes_every_job_once_and_recovers_within_the_lease_bound(fresh_database, sizes):
     result = worker_sigkill_churn(fresh_database, sizes)
-    report(result)
+    print(result.summary())
     assert result.problems == []
     assert result.lost == 0
     assert result.duplicate_completions == 0
