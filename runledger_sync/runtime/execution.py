@@ -9,6 +9,11 @@ result is discarded. Threads cannot be killed: a handler that ignores its
 cancellation flag keeps its pool thread (and so its concurrency slot) until it
 returns, but its late result is never written.
 
+Given :class:`HotPathWriters` (the worker loop always passes them), the
+running and success writes of concurrent jobs go through group writers, one
+transaction for many jobs; any group that fails as a whole is written again
+job by job, so grouping never changes an outcome.
+
 A handler may instead write its success itself, in its own transaction, with
 ``ctx.complete_in(conn)``. The job row then stays locked by that transaction
 until it ends, and after the handler returns the worker reads the row: a
@@ -51,8 +56,9 @@ from runledger_sync.core.types import (
 from runledger_sync.core.validation import completion_progress_problem, serialize_json
 from runledger_sync.logging import get_logger, job_log_fields
 from runledger_sync.registry import JobRegistry
+from runledger_sync.runtime.group_writer import GroupWriter
 from runledger_sync.runtime.hooks import run_dead_letter_hook
-from runledger_sync.store import admin, lifecycle
+from runledger_sync.store import admin, lifecycle, lifecycle_batch
 
 log = get_logger(__name__)
 
@@ -67,6 +73,9 @@ INVALID_COMPLETION_PROGRESS_CODE = "job.invalid_completion_progress"
 TIMEOUT_EXCEEDED_CODE = "job.timeout_exceeded"
 RUNNING_PROGRESS_PERSIST_FAILED_REASON = "RUNNING_PROGRESS_PERSIST_FAILED"
 UNSTARTED_CLAIM_RETRY_DELAY_MS = 1_000
+#: The longest a group write waits for items still on their way (a bound on the
+#: delay grouping can add to one job's running or success write).
+GROUP_LINGER_SECONDS = 0.002
 #: How long an outcome write keeps retrying a lost database connection.
 OUTCOME_WRITE_BUDGET_SECONDS = 10.0
 
@@ -80,6 +89,42 @@ class LeaseLost:
 
 
 Outcome = Union[JobCompletion, JobFailure, LeaseLost]
+SuccessItem = tuple[lifecycle.LeaseIdentity, Optional[JobCompletion]]
+
+
+@dataclass(frozen=True)
+class HotPathWriters:
+    """The group writers for the two writes every job makes: running, then success."""
+
+    running: GroupWriter[lifecycle.LeaseIdentity, JobRecord]
+    success: GroupWriter[SuccessItem, JobRecord]
+
+    @classmethod
+    def start(
+        cls, engine: Engine, worker_id: str, *,
+        dispatched: Callable[[], int], in_flight: Callable[[], int],
+    ) -> "HotPathWriters":
+        """Start both writers.
+
+        Args:
+            dispatched: how many jobs were handed to pool threads so far; those not
+                yet marked running are on their way to the running writer.
+            in_flight: how many jobs are running now; any of them may be about to
+                succeed, so the success writer lingers briefly for company.
+        """
+        running: GroupWriter[lifecycle.LeaseIdentity, JobRecord] = GroupWriter(
+            f"runledger-running-{worker_id}", lambda group: lifecycle_batch.mark_jobs_running(engine, group),
+            linger_seconds=GROUP_LINGER_SECONDS, still_coming=lambda: dispatched() - running.submitted,
+        )
+        success: GroupWriter[SuccessItem, JobRecord] = GroupWriter(
+            f"runledger-success-{worker_id}", lambda group: lifecycle_batch.complete_jobs_success(engine, group),
+            linger_seconds=GROUP_LINGER_SECONDS, still_coming=lambda: in_flight() - success.waiting,
+        )
+        return cls(running=running, success=success)
+
+    def close(self) -> None:
+        self.running.close()
+        self.success.close()
 
 
 def timeout_failure() -> JobFailure:
@@ -104,8 +149,12 @@ class _OutcomeGate:
 class JobExecution:
     """Everything one claimed job needs while it runs."""
 
-    def __init__(self, engine: Engine, registry: JobRegistry, job: JobRecord, config: JobsConfig) -> None:
+    def __init__(
+        self, engine: Engine, registry: JobRegistry, job: JobRecord, config: JobsConfig,
+        writers: Optional[HotPathWriters],
+    ) -> None:
         self.engine = engine
+        self.writers = writers
         self.registry = registry
         self.job = job
         self.config = config
@@ -157,9 +206,17 @@ class JobExecution:
         return record
 
 
-def process_claimed_job(engine: Engine, registry: JobRegistry, job: JobRecord, config: JobsConfig) -> None:
-    """Run one claimed job and write its single outcome (or none when the lease was lost)."""
-    execution = JobExecution(engine, registry, job, config)
+def process_claimed_job(
+    engine: Engine, registry: JobRegistry, job: JobRecord, config: JobsConfig,
+    writers: Optional[HotPathWriters] = None,
+) -> None:
+    """Run one claimed job and write its single outcome (or none when the lease was lost).
+
+    Args:
+        writers: group writers shared with the worker's other jobs; None writes
+            this job's running and success on their own.
+    """
+    execution = JobExecution(engine, registry, job, config, writers)
     started = time.monotonic()
     if not _mark_running_or_abort(execution):
         return
@@ -195,7 +252,10 @@ def process_claimed_job(engine: Engine, registry: JobRegistry, job: JobRecord, c
 
 def _mark_running_or_abort(execution: JobExecution) -> bool:
     try:
-        lifecycle.mark_job_running(execution.engine, execution.identity)
+        if execution.writers is not None:
+            execution.writers.running.submit(execution.identity)
+        else:
+            lifecycle.mark_job_running(execution.engine, execution.identity)
         return True
     except LeaseOwnerMismatch as error:
         log.warning(
@@ -434,8 +494,7 @@ def _committed_by_handler(execution: JobExecution, outcome: Outcome) -> bool:
 
 def _complete_success(execution: JobExecution, completion: JobCompletion) -> None:
     try:
-        _write(execution, lambda: lifecycle.complete_job_success(
-            execution.engine, **execution.identity.keywords(), completion=completion))
+        _write_success(execution, completion)
     except InvalidCompletionProgress as error:
         log.warning("handler returned invalid success completion; marking job terminal",
                     extra=execution.log_fields | {"failure_code": error.code})
@@ -445,6 +504,25 @@ def _complete_success(execution: JobExecution, completion: JobCompletion) -> Non
                     extra=execution.log_fields | {"error": str(error)})
     except RunledgerError as error:
         log.error("failed to mark job success", extra=execution.log_fields | {"error": str(error)})
+
+
+def _write_success(execution: JobExecution, completion: JobCompletion) -> JobRecord:
+    if execution.writers is not None:
+        try:
+            return execution.writers.success.submit((execution.identity, completion))
+        except LeaseOwnerMismatch:
+            raise
+        except CommitOutcomeUnknown:
+            landed = _landed(execution)
+            if landed is not None:
+                return landed
+        except RunledgerError as error:
+            # The group failed as a whole (another job's invalid progress, a lost
+            # connection): this job's own write decides its outcome.
+            log.debug("group success write failed; writing the job alone",
+                      extra=execution.log_fields | {"error": str(error)})
+    return _write(execution, lambda: lifecycle.complete_job_success(
+        execution.engine, **execution.identity.keywords(), completion=completion))
 
 
 def retry_delay_ms_for(registry: JobRegistry, job: JobRecord, failure: JobFailure) -> Optional[int]:

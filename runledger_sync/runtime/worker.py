@@ -23,7 +23,7 @@ from runledger_sync.core.records import JobRecord
 from runledger_sync.core.types import RuntimeLoopExit
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime.execution import process_claimed_job
+from runledger_sync.runtime.execution import HotPathWriters, process_claimed_job
 from runledger_sync.runtime.listener import JobListener
 from runledger_sync.store import lifecycle
 
@@ -58,9 +58,16 @@ class WorkerLoop:
         self.executor = ThreadPoolExecutor(
             max_workers=config.max_global_concurrency, thread_name_prefix=f"runledger-job-{config.worker_id}"
         )
-        # Only an Engine can open a connection of its own; a caller's Connection just polls.
-        can_listen = listen and bool(types) and isinstance(engine, Engine)
-        self.listener = JobListener(engine, types, worker_id=config.worker_id) if can_listen else None
+        # Only an Engine can open a connection of its own; a caller's Connection just
+        # polls, and its jobs write one by one on it.
+        owns_connections = isinstance(engine, Engine)
+        self.listener = (
+            JobListener(engine, types, worker_id=config.worker_id) if listen and types and owns_connections else None
+        )
+        self.dispatched = 0
+        self.writers = HotPathWriters.start(
+            engine, config.worker_id, dispatched=lambda: self.dispatched, in_flight=lambda: len(self.in_flight),
+        ) if owns_connections else None
 
     @property
     def free_slots(self) -> int:
@@ -83,12 +90,16 @@ class WorkerLoop:
         except Exception as error:  # noqa: BLE001 - a failed claim must never stop the loop
             log.warning("worker claim failed", extra={"worker_id": self.config.worker_id, "error": str(error)})
             return False
+        with self._lock:
+            # Counted before any is handed over, so the running writer waits for the
+            # whole batch rather than writing its first job alone.
+            self.dispatched += len(claimed)
         for job in claimed:
             self._submit(job)
         return len(claimed) == limit
 
     def _submit(self, job: JobRecord) -> None:
-        future = self.executor.submit(process_claimed_job, self.engine, self.registry, job, self.config)
+        future = self.executor.submit(process_claimed_job, self.engine, self.registry, job, self.config, self.writers)
         with self._lock:
             self.in_flight.add(future)
         future.add_done_callback(self._finished)
@@ -139,6 +150,8 @@ class WorkerLoop:
         if self.listener is not None:
             self.listener.close()
         self.executor.shutdown(wait=True)
+        if self.writers is not None:
+            self.writers.close()
 
 
 def run_worker_loop(

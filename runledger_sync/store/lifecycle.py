@@ -383,12 +383,17 @@ def mark_job_running(bind: Bind, identity: LeaseIdentity) -> JobRecord:
 def _guarded_write(connection: Connection, statement: Any, params: dict[str, Any], identity: LeaseIdentity) -> JobRecord:
     row = connection.execute(statement, params).first()
     if row is None:
-        raise LeaseOwnerMismatch(
-            f"job {identity.job_id} run {identity.run_number} attempt {identity.attempt} is not leased "
-            f"to {identity.worker_id!r} with a live lease",
-            job_id=str(identity.job_id),
-        )
+        raise lease_mismatch(identity)
     return to_job(row)
+
+
+def lease_mismatch(identity: LeaseIdentity) -> LeaseOwnerMismatch:
+    """The error of a write whose fence refused ``identity``."""
+    return LeaseOwnerMismatch(
+        f"job {identity.job_id} run {identity.run_number} attempt {identity.attempt} is not leased "
+        f"to {identity.worker_id!r} with a live lease",
+        job_id=str(identity.job_id),
+    )
 
 
 def _build_heartbeat() -> Any:
@@ -450,12 +455,11 @@ def heartbeat_job(
 # -- success -------------------------------------------------------------------
 
 
-def _build_success() -> Any:
-    done = bindparam("new_progress_done", type_=BigInteger)
-    total = bindparam("new_progress_total", type_=BigInteger)
+def _build_success(guard: Any, *, done: Any, total: Any, checkpoint: Any, output: Any) -> Any:
+    """The SUCCEEDED write with its attempt and event rows; the new values are columns or binds."""
     succeeded = (
         job_queue.update()
-        .where(_live_lease_guard())
+        .where(guard)
         .values(
             status=JobStatus.SUCCEEDED.value,
             lease_expires_at=None,
@@ -465,8 +469,8 @@ def _build_success() -> Any:
             stage=JobStage.COMPLETED.value,
             progress_done=func.coalesce(done, _q.progress_done),
             progress_total=func.coalesce(total, _q.progress_total),
-            checkpoint=func.coalesce(cast(bindparam("new_checkpoint", type_=Text), JSONB), _q.checkpoint),
-            output=cast(bindparam("new_output", type_=Text), JSONB),
+            checkpoint=func.coalesce(checkpoint, _q.checkpoint),
+            output=output,
             status_reason=None,
             last_error_code=None,
             last_error_message=None,
@@ -488,7 +492,13 @@ def _build_success() -> Any:
     return select(*succeeded.c).add_cte(attempt, events)
 
 
-_SUCCESS = _build_success()
+_SUCCESS = _build_success(
+    _live_lease_guard(),
+    done=bindparam("new_progress_done", type_=BigInteger),
+    total=bindparam("new_progress_total", type_=BigInteger),
+    checkpoint=cast(bindparam("new_checkpoint", type_=Text), JSONB),
+    output=cast(bindparam("new_output", type_=Text), JSONB),
+)
 
 
 def complete_job_success(

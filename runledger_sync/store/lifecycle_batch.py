@@ -1,0 +1,215 @@
+"""Lifecycle writes for many leases at once: mark running, complete successfully.
+
+The worker's hot path writes stage ``running`` and SUCCEEDED for every job;
+one transaction per job makes each cost a round trip and a commit. These
+functions write a whole group of leases in one transaction, with the same
+fence for every row as :mod:`runledger_sync.store.lifecycle`: the identity
+must match, the job must be LEASED, and the lease must still be live when
+compared with ``clock_timestamp()`` *after* the row lock is held. The lock is
+taken by a first statement (rows locked in id order, so two group writers
+never deadlock), the write is a second one in the same transaction.
+
+Each lease gets its own answer: the stored row, or ``LeaseOwnerMismatch`` when
+its fence refused it; a refused lease never stops the others from landing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Union
+from uuid import UUID
+
+from sqlalchemy import BigInteger, Integer, Text, and_, bindparam, cast, func, literal, select
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import UUID as PG_UUID
+from sqlalchemy.engine import Connection
+
+from runledger_sync.core import validation as check
+from runledger_sync.core.errors import InvalidCompletionProgress, InvalidProgress, LeaseOwnerMismatch
+from runledger_sync.core.records import JobRecord
+from runledger_sync.core.types import JobCompletion, JobEventType, JobStage, JobStatus
+from runledger_sync.db.schema import job_attempts, job_queue
+from runledger_sync.store._binds import Bind
+from runledger_sync.store._errors import run_in_transaction
+from runledger_sync.store._rows import JOB_COLUMNS, to_job
+from runledger_sync.store.lifecycle import (
+    LeaseIdentity,
+    _build_success,
+    _check_identity,
+    _event_insert,
+    lease_mismatch,
+)
+
+_q = job_queue.c
+_a = job_attempts.c
+
+#: Per-lease result: the row as stored, or why its fence refused the write.
+LeaseResult = Union[JobRecord, LeaseOwnerMismatch]
+
+_IDENTITY_ARRAYS = (
+    ("job_id", "lease_job_ids", ARRAY(PG_UUID(as_uuid=True))),
+    ("run_number", "lease_run_numbers", ARRAY(Integer)),
+    ("attempt", "lease_attempts", ARRAY(Integer)),
+    ("worker_id", "lease_worker_ids", ARRAY(Text)),
+)
+_SUCCESS_ARRAYS = (
+    ("progress_done", "new_progress_done", ARRAY(BigInteger)),
+    ("progress_total", "new_progress_total", ARRAY(BigInteger)),
+    ("checkpoint", "new_checkpoint", ARRAY(Text)),
+    ("output", "new_output", ARRAY(Text)),
+)
+
+
+def _leases(arrays: Sequence[tuple[str, str, Any]]) -> Any:
+    """The bound arrays as rows (one per lease), so the statement text never depends on the count."""
+    return (
+        func.unnest(*(bindparam(param, type_=array_type) for _, param, array_type in arrays))
+        .table_valued(*(column for column, _, _ in arrays))
+        .render_derived(name="leases")
+    )
+
+
+def _build_lock() -> Any:
+    leases = _leases(_IDENTITY_ARRAYS)
+    matches = and_(
+        _q.id == leases.c.job_id,
+        _q.run_number == leases.c.run_number,
+        _q.attempt == leases.c.attempt,
+        _q.worker_id == leases.c.worker_id,
+    )
+    return (
+        select(_q.id)
+        .select_from(job_queue.join(leases, matches))
+        .where(_q.status == JobStatus.LEASED.value)
+        .order_by(_q.id)
+        .with_for_update(of=job_queue)
+    )
+
+
+_LOCK = _build_lock()
+_LOCKED_IDS = bindparam("locked_ids", type_=ARRAY(PG_UUID(as_uuid=True)))
+
+
+def _live_locked_guard() -> Any:
+    """Rows this transaction locked whose lease is live now, after the lock was taken."""
+    return and_(_q.id == func.any(_LOCKED_IDS), _q.lease_expires_at > func.clock_timestamp())
+
+
+def _build_running() -> Any:
+    running = (
+        job_queue.update()
+        .where(_live_locked_guard())
+        .values(stage=JobStage.RUNNING.value)
+        .returning(*JOB_COLUMNS)
+        .cte("running")
+    )
+    marker = (
+        job_attempts.update()
+        .where(
+            _a.job_id == running.c.id,
+            _a.run_number == running.c.run_number,
+            _a.attempt == running.c.attempt,
+            _a.execution_started_persisted_at.is_(None),
+        )
+        .values(execution_started_persisted_at=func.now())
+        .cte("execution_marker")
+    )
+    events = _event_insert(
+        running,
+        running.c.id, running.c.run_number, running.c.attempt, literal(JobEventType.STAGE_CHANGED.value),
+        running.c.stage, running.c.progress_done, running.c.progress_total, func.jsonb_build_object(),
+    ).cte("running_events")
+    return select(*running.c).add_cte(marker, events)
+
+
+def _build_group_success() -> Any:
+    values = _leases(_IDENTITY_ARRAYS[:1] + _SUCCESS_ARRAYS)
+    return _build_success(
+        _live_locked_guard() & (_q.id == values.c.job_id),
+        done=values.c.progress_done,
+        total=values.c.progress_total,
+        checkpoint=cast(values.c.checkpoint, JSONB),
+        output=cast(values.c.output, JSONB),
+    )
+
+
+_RUNNING = _build_running()
+_GROUP_SUCCESS = _build_group_success()
+
+
+def mark_jobs_running(bind: Bind, identities: Sequence[LeaseIdentity]) -> list[LeaseResult]:
+    """Persist stage ``running`` for many claimed jobs in one transaction.
+
+    Same effect per job as :func:`runledger_sync.store.lifecycle.mark_job_running`.
+
+    Returns:
+        One result per identity, in order: the stored row, or a ``LeaseOwnerMismatch``.
+    """
+    checked = [_check_identity(*_identity_values(identity)) for identity in identities]
+    if not checked:
+        return []
+    return run_in_transaction(bind, lambda connection: _write_group(connection, _RUNNING, checked, {}))
+
+
+def complete_jobs_success(
+    bind: Bind, completions: Sequence[tuple[LeaseIdentity, Optional[JobCompletion]]]
+) -> list[LeaseResult]:
+    """Finish many leased jobs as SUCCEEDED in one transaction.
+
+    Same effect per job as :func:`runledger_sync.store.lifecycle.complete_job_success`.
+
+    Returns:
+        One result per identity, in order: the stored row, or a ``LeaseOwnerMismatch``.
+
+    Raises:
+        InvalidCompletionProgress: one completion's progress is invalid, alone or
+            merged with the stored progress; nothing is written for any of them.
+    """
+    checked = []
+    columns: dict[str, list[Any]] = {param: [] for _, param, _ in _IDENTITY_ARRAYS[:1] + _SUCCESS_ARRAYS}
+    for identity, completion in completions:
+        checked.append(_check_identity(*_identity_values(identity)))
+        columns["lease_job_ids"].append(identity.job_id)
+        completion = completion or JobCompletion()
+        check.check_progress_values(completion.progress_done, completion.progress_total, completion=True)
+        columns["new_progress_done"].append(completion.progress_done)
+        columns["new_progress_total"].append(completion.progress_total)
+        columns["new_checkpoint"].append(_json_or_none("checkpoint", completion.checkpoint))
+        columns["new_output"].append(_json_or_none("output", completion.output))
+    if not checked:
+        return []
+    try:
+        return run_in_transaction(bind, lambda connection: _write_group(connection, _GROUP_SUCCESS, checked, columns))
+    except InvalidProgress as exc:
+        raise InvalidCompletionProgress(
+            "Handler returned invalid success progress: merged with the stored progress, "
+            "progress_done would exceed progress_total."
+        ) from exc
+
+
+def _identity_values(identity: LeaseIdentity) -> tuple[UUID, int, int, str]:
+    return identity.job_id, identity.run_number, identity.attempt, identity.worker_id
+
+
+def _json_or_none(name: str, value: Any) -> Optional[str]:
+    return None if value is None else check.serialize_json(name, value)
+
+
+def _write_group(
+    connection: Connection, statement: Any, identities: list[LeaseIdentity], values: dict[str, list[Any]]
+) -> list[LeaseResult]:
+    identity_params = {
+        "lease_job_ids": [i.job_id for i in identities],
+        "lease_run_numbers": [i.run_number for i in identities],
+        "lease_attempts": [i.attempt for i in identities],
+        "lease_worker_ids": [i.worker_id for i in identities],
+    }
+    locked = list(connection.execute(_LOCK, identity_params).scalars())
+    rows = connection.execute(statement, {"locked_ids": locked} | values)
+    stored = {record.id: record for record in map(to_job, rows)}
+    return [_result_for(identity, stored.get(identity.job_id)) for identity in identities]
+
+
+def _result_for(identity: LeaseIdentity, record: Optional[JobRecord]) -> LeaseResult:
+    if record is not None and (record.run_number, record.attempt) == (identity.run_number, identity.attempt):
+        return record
+    return lease_mismatch(identity)

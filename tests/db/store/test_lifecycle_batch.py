@@ -1,0 +1,116 @@
+"""Group writes (mark running, success for many leases in one transaction) keep every row's fence."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from sqlalchemy import text
+
+from runledger_sync.core import errors
+from runledger_sync.core.records import JobSpec
+from runledger_sync.core.types import JobCompletion, JobStage, JobStatus
+from runledger_sync.store import enqueue as store_enqueue
+from runledger_sync.store import lifecycle
+from runledger_sync.store.lifecycle_batch import complete_jobs_success, mark_jobs_running
+from tests.support import JOB_TYPE, attempts, define, event_types, expire_lease, rows
+
+
+def claim(engine, count, worker_id="worker-a", lease_ttl_seconds=30):
+    define(engine, max_attempts=3)
+    store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(count)])
+    jobs = lifecycle.claim_prestart_jobs_for_types(
+        engine, worker_id=worker_id, lease_ttl_seconds=lease_ttl_seconds, limit=count, job_types=[JOB_TYPE])
+    assert len(jobs) == count
+    return jobs
+
+
+def identities(jobs):
+    return [lifecycle.LeaseIdentity.of(job) for job in jobs]
+
+
+def test_mark_jobs_running_matches_the_single_write_for_every_job(engine):
+    jobs = claim(engine, 3)
+    results = mark_jobs_running(engine, identities(jobs))
+    assert [r.id for r in results] == [j.id for j in jobs]
+    assert all(r.stage is JobStage.RUNNING and r.status is JobStatus.LEASED for r in results)
+    for job in jobs:
+        assert event_types(engine, job.id) == ["ENQUEUED", "LEASED", "STAGE_CHANGED"]
+        assert attempts(engine, job.id)[0].execution_started_persisted_at is not None
+    # Once running is persisted, the claim can no longer be handed back unstarted.
+    with pytest.raises(errors.UnstartedClaimReleaseNotApplicable):
+        lifecycle.release_unstarted_job_claim(
+            engine, **lifecycle.LeaseIdentity.of(jobs[0]).keywords(), reason="test", delay_ms=0)
+
+
+def test_a_refused_lease_does_not_stop_the_others(engine):
+    jobs = claim(engine, 3)
+    expire_lease(engine, jobs[1].id)
+    wrong_worker = lifecycle.LeaseIdentity(jobs[2].id, jobs[2].run_number, jobs[2].attempt, "someone-else")
+    results = mark_jobs_running(engine, [identities(jobs)[0], identities(jobs)[1], wrong_worker])
+    assert results[0].stage is JobStage.RUNNING
+    assert isinstance(results[1], errors.LeaseOwnerMismatch) and results[1].code == "job.lease_owner_mismatch"
+    assert isinstance(results[2], errors.LeaseOwnerMismatch)
+    stages = dict(rows(engine, "SELECT id, stage FROM job_queue"))
+    assert stages == {jobs[0].id: "running", jobs[1].id: "queued", jobs[2].id: "queued"}
+    assert "STAGE_CHANGED" not in event_types(engine, jobs[1].id)
+
+
+def test_complete_jobs_success_writes_each_completion_with_its_attempt_and_event(engine):
+    jobs = claim(engine, 3)
+    mark_jobs_running(engine, identities(jobs))
+    completions = [
+        JobCompletion.success().with_output({"n": 0}),
+        None,
+        JobCompletion(progress_done=2, progress_total=2, checkpoint={"page": 9}),
+    ]
+    results = complete_jobs_success(engine, list(zip(identities(jobs), completions)))
+    assert [r.status for r in results] == [JobStatus.SUCCEEDED] * 3
+    stored = {r.id: r for r in rows(engine, "SELECT * FROM job_queue")}
+    assert stored[jobs[0].id].output == {"n": 0} and stored[jobs[1].id].output is None
+    assert (stored[jobs[2].id].progress_done, stored[jobs[2].id].checkpoint) == (2, {"page": 9})
+    assert all(row.worker_id is None and row.lease_expires_at is None for row in stored.values())
+    for job in jobs:
+        assert event_types(engine, job.id)[-1] == "SUCCEEDED"
+        assert attempts(engine, job.id)[0].finished_at is not None
+    # A second success for the same leases is refused row by row, never written twice.
+    again = complete_jobs_success(engine, [(i, None) for i in identities(jobs)])
+    assert all(isinstance(r, errors.LeaseOwnerMismatch) for r in again)
+    assert rows(engine, "SELECT count(*) FROM job_events WHERE event_type = 'SUCCEEDED'")[0][0] == 3
+
+
+def test_invalid_merged_progress_writes_nothing_for_the_whole_group(engine):
+    jobs = claim(engine, 2)
+    lifecycle.update_job_progress(engine, **lifecycle.LeaseIdentity.of(jobs[1]).keywords(), progress_total=5)
+    with pytest.raises(errors.InvalidCompletionProgress):
+        complete_jobs_success(engine, [(identities(jobs)[0], None), (identities(jobs)[1], JobCompletion(progress_done=9))])
+    assert rows(engine, "SELECT count(*) FROM job_queue WHERE status = 'SUCCEEDED'")[0][0] == 0
+
+
+def test_completion_that_is_not_json_is_refused_before_any_write(engine):
+    jobs = claim(engine, 1)
+    with pytest.raises(errors.InvalidPayload):
+        complete_jobs_success(engine, [(identities(jobs)[0], JobCompletion.success().with_output({"x": {1, 2}}))])
+    assert rows(engine, "SELECT status FROM job_queue")[0][0] == "LEASED"
+
+
+def test_lease_that_expires_while_the_group_waits_on_its_row_lock_is_refused(engine):
+    """Spec 17 for groups: expiry is judged after the row lock is held, not when the write began."""
+    jobs = claim(engine, 2, lease_ttl_seconds=1)
+    blocker = engine.connect()
+    transaction = blocker.begin()
+    blocker.execute(text("SELECT 1 FROM job_queue WHERE id = :id FOR UPDATE"), {"id": jobs[0].id})
+    results = []
+    writer = threading.Thread(target=lambda: results.extend(complete_jobs_success(engine, [(i, None) for i in identities(jobs)])))
+    writer.start()
+    time.sleep(1.5)  # both leases (1 s) expire while the writer waits on the first row's lock
+    transaction.rollback()
+    blocker.close()
+    writer.join(10)
+    assert len(results) == 2 and all(isinstance(r, errors.LeaseOwnerMismatch) for r in results)
+    assert rows(engine, "SELECT count(*) FROM job_queue WHERE status = 'LEASED'")[0][0] == 2
+
+
+def test_empty_groups_write_nothing(engine):
+    assert mark_jobs_running(engine, []) == [] and complete_jobs_success(engine, []) == []
