@@ -1,0 +1,126 @@
+"""Group commit in a running worker: fewer transactions, the same outcome for every job."""
+
+from __future__ import annotations
+
+import threading
+
+from runledger_sync.core.records import JobSpec
+from runledger_sync.core.types import JobCompletion
+from runledger_sync.registry import JobRegistry
+from runledger_sync.runtime.group_writer import GroupWriter
+from runledger_sync.runtime.worker import run_worker_loop
+from runledger_sync.store import enqueue as store_enqueue
+from tests.handlers import fast_config
+from tests.support import JOB_TYPE, rows, scalar, wait_until
+
+JOBS = 24
+CONCURRENCY = 8
+
+
+def run_worker_until(engine, registry, config, condition):
+    shutdown = threading.Event()
+    worker = threading.Thread(target=run_worker_loop, args=(engine, registry, config, shutdown))
+    worker.start()
+    try:
+        wait_until(condition, timeout=30)
+    finally:
+        shutdown.set()
+        worker.join(30)
+    assert not worker.is_alive()
+
+
+def succeeded(engine):
+    return scalar(engine, "SELECT count(*) FROM job_queue WHERE status = 'SUCCEEDED'")
+
+
+def transactions_writing(engine, event_type):
+    """Distinct transactions that wrote ``event_type`` events: now() is the transaction's start."""
+    return scalar(engine, "SELECT count(DISTINCT occurred_at) FROM job_events WHERE event_type = :t", t=event_type)
+
+
+def test_concurrent_jobs_share_running_and_success_transactions(engine):
+    registry = JobRegistry()
+    together = threading.Barrier(CONCURRENCY, timeout=10)
+
+    @registry.job(JOB_TYPE)
+    def in_step(ctx, payload):
+        # Jobs that run at the same time finish at the same time, as no-op jobs do.
+        together.wait()
+
+    registry.sync_definitions(engine)
+    store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(JOBS)])
+    run_worker_until(engine, registry, fast_config(max_global_concurrency=CONCURRENCY, claim_batch_size=CONCURRENCY),
+                     lambda: succeeded(engine) == JOBS)
+    assert rows(engine, "SELECT count(*) FROM job_events WHERE event_type = 'STAGE_CHANGED'")[0][0] == JOBS
+    assert rows(engine, "SELECT count(*) FROM job_events WHERE event_type = 'SUCCEEDED'")[0][0] == JOBS
+    assert rows(engine, "SELECT count(*) FROM job_attempts WHERE finished_at IS NOT NULL "
+                        "AND execution_started_persisted_at IS NOT NULL")[0][0] == JOBS
+    assert transactions_writing(engine, "STAGE_CHANGED") <= JOBS // 2
+    assert transactions_writing(engine, "SUCCEEDED") <= JOBS // 2
+
+
+def test_one_invalid_completion_in_a_group_fails_alone(engine):
+    registry = JobRegistry()
+    together = threading.Barrier(4, timeout=10)
+
+    @registry.job(JOB_TYPE)
+    def mostly_fine(ctx, payload):
+        if payload["bad"]:
+            ctx.report_progress(done=1, total=2)
+        together.wait()
+        # Merged with the stored total of 2, done=5 breaks done <= total: only the
+        # database can tell, when the whole group's statement runs.
+        return JobCompletion(progress_done=5) if payload["bad"] else None
+
+    registry.sync_definitions(engine)
+    store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"bad": n == 2}) for n in range(4)])
+    run_worker_until(engine, registry, fast_config(max_global_concurrency=4, claim_batch_size=4),
+                     lambda: scalar(engine, "SELECT count(*) FROM job_queue WHERE status <> 'LEASED'") == 4)
+    outcome = dict(rows(engine, "SELECT (payload->>'bad')::bool, array_agg(DISTINCT status) FROM job_queue GROUP BY 1"))
+    assert outcome == {False: ["SUCCEEDED"], True: ["DEAD_LETTERED"]}
+    assert scalar(engine, "SELECT last_error_code FROM job_queue WHERE (payload->>'bad')::bool") == \
+        "job.invalid_completion_progress"
+
+
+def test_group_writer_gives_each_caller_its_own_result_or_error():
+    writer: GroupWriter[int, int] = GroupWriter(
+        "test-group", lambda items: [ValueError(f"odd {i}") if i % 2 else i * 10 for i in items])
+    results: dict[int, object] = {}
+
+    def call(i):
+        try:
+            results[i] = writer.submit(i)
+        except ValueError as error:
+            results[i] = str(error)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(5)
+    writer.close()
+    assert results == {0: 0, 1: "odd 1", 2: 20, 3: "odd 3", 4: 40, 5: "odd 5"}
+    assert writer.submitted == 6 and writer.waiting == 0
+
+
+def test_group_writer_that_fails_as_a_whole_wakes_every_caller_with_the_error():
+    def broken(items):
+        raise ConnectionError("database went away")
+
+    writer: GroupWriter[int, int] = GroupWriter("test-broken", broken)
+    errors = []
+    threads = [threading.Thread(target=lambda: errors.append(_error_of(writer.submit, 1))) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(5)
+    writer.close()
+    assert [type(e) for e in errors] == [ConnectionError] * 3
+
+
+def _error_of(call, *args):
+    try:
+        call(*args)
+    except Exception as error:  # noqa: BLE001 - the test inspects whatever was raised
+        return error
+    return None
