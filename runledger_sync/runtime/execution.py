@@ -23,6 +23,7 @@ still LEASED means it did not, and the handler's outcome is written as usual.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import traceback
@@ -179,6 +180,9 @@ class JobExecution:
         self.stop_watchdog = threading.Event()
         self.deadline_passed = threading.Event()
         self.lease_lost: Optional[LeaseLost] = None
+        #: When the lease runs out by this process's clock, at the latest: TTL after
+        #: the last renewal was sent (the claim for the first one, a little before this).
+        self.local_lease_deadline = time.monotonic() + config.lease_ttl_seconds
         #: Set once the handler wrote its success in its own transaction (complete_in).
         self.completed_in_transaction = False
 
@@ -220,6 +224,10 @@ def process_claimed_job(
     started = time.monotonic()
     if not _mark_running_or_abort(execution):
         return
+    if log.isEnabledFor(logging.DEBUG):
+        # Payloads may hold secrets: only an operator's explicit log_payloads shows them.
+        shown = {"payload": job.payload} if config.log_payloads else {}
+        log.debug("job started", extra=execution.log_fields | shown)
     watchdog = threading.Thread(
         target=_watch, args=(execution, started), name=f"runledger-heartbeat-{job.id}", daemon=True
     )
@@ -401,14 +409,41 @@ def _watch(execution: JobExecution, started: float) -> None:
                 return
 
 
+def _renew_lease(execution: JobExecution) -> None:
+    """Renew the lease, waiting no longer than the lease itself lasts by the local clock.
+
+    A renewal sent into a dead network can hang far longer than the lease (no
+    reply ever comes and nothing times it out). The lease is gone when its TTL
+    has passed whether or not the database said so, so the attempt is treated as
+    lost then; the renewal itself is left to finish or fail on its own.
+    """
+    sent_at = time.monotonic()
+    outcome: dict[str, BaseException] = {}
+
+    def renew() -> None:
+        try:
+            lifecycle.heartbeat_job(
+                execution.engine, **execution.identity.keywords(),
+                lease_ttl_seconds=execution.config.lease_ttl_seconds,
+                lock_timeout_ms=execution.config.heartbeat_lock_timeout_ms,
+            )
+        except BaseException as error:  # noqa: BLE001 - handed to the watchdog, which decides
+            outcome["error"] = error
+
+    renewal = threading.Thread(target=renew, name=f"runledger-renew-{execution.job.id}", daemon=True)
+    renewal.start()
+    renewal.join(max(0.0, execution.local_lease_deadline - time.monotonic()))
+    if renewal.is_alive():
+        raise ConnectionFailed(f"no answer to the lease renewal of job {execution.job.id} before its lease ran out")
+    if "error" in outcome:
+        raise outcome["error"]
+    execution.local_lease_deadline = sent_at + execution.config.lease_ttl_seconds
+
+
 def _heartbeat(execution: JobExecution) -> bool:
     """Renew the lease; on failure mark the attempt lost and ask the handler to stop."""
     try:
-        lifecycle.heartbeat_job(
-            execution.engine, **execution.identity.keywords(),
-            lease_ttl_seconds=execution.config.lease_ttl_seconds,
-            lock_timeout_ms=execution.config.heartbeat_lock_timeout_ms,
-        )
+        _renew_lease(execution)
         return True
     except RunledgerError as error:
         if execution.completed_in_transaction:

@@ -207,9 +207,6 @@ def test_payloads_checkpoints_and_outputs_never_reach_the_logs(engine):
         assert secret not in logs
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "JobsConfig.log_payloads is validated and documented ('Allow payloads in debug logs') but nothing in "
-    "runledger_sync/runtime reads it, so turning it on logs no payload; runtime/* is being rewritten elsewhere"))
 def test_log_payloads_on_puts_payloads_in_the_debug_logs(engine):
     logs = run_jobs_and_capture_json_logs(engine, rl.JobsConfig(**FAST, log_payloads=True))
 

@@ -58,10 +58,6 @@ def test_cut_off_worker_is_cancelled_its_job_recovered_and_its_late_completion_f
     assert cut.cancelled_after_cut is not None
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "runtime/execution.py _watch calls heartbeat_job synchronously and nothing bounds it on the client side "
-    "(no local lease deadline, no socket timeout), so a heartbeat sent into a dead network blocks the watchdog "
-    "until the network returns: the cancellation flag is set only then, long after the lease was lost"))
 def test_cut_off_worker_is_cancelled_when_its_lease_runs_out_not_when_the_network_returns(cut):
     # The last renewal before the cut was at most one heartbeat earlier, so the lease is
     # gone by TTL after the cut; the worker can know that from its own clock.
