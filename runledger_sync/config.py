@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
 from runledger_sync.core import backoff
-from runledger_sync.core.errors import ConfigError
+from runledger_sync.core.errors import ConfigError, ValidationError
 from runledger_sync.core.ids import uuid7
+from runledger_sync.core.validation import WORKER_ID_MAX_LENGTH, check_job_type, check_text
 
 _log = _logging.getLogger(__name__)
 
@@ -294,6 +295,15 @@ def _check_worker_id(config: JobsConfig) -> Optional[str]:
     value = config.worker_id
     if not isinstance(value, str) or not value.strip():
         return _problem("worker_id", "be a non-blank string", value)
+    return _store_refusal("worker_id", lambda: check_text("worker_id", value, max_length=WORKER_ID_MAX_LENGTH))
+
+
+def _store_refusal(name: str, check: Callable[[], Any]) -> Optional[str]:
+    """The store's own rule for a value, as a config problem: better refused here than on every claim."""
+    try:
+        check()
+    except ValidationError as error:
+        return f"jobs config {name} cannot be stored: {error.message}"
     return None
 
 
@@ -324,7 +334,7 @@ def _check_job_types(config: JobsConfig) -> Optional[str]:
         return _problem("job_types", rule, value)
     if any(not isinstance(t, str) or not t.strip() for t in value):
         return _problem("job_types", rule, value)
-    return None
+    return _store_refusal("job_types", lambda: [check_job_type(t) for t in value])
 
 
 def _check_log_payloads(config: JobsConfig) -> Optional[str]:

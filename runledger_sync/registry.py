@@ -9,9 +9,10 @@ from __future__ import annotations
 import types
 from typing import Any, Callable, ContextManager, Mapping, Optional
 
-from runledger_sync.core.errors import RegistrationError
+from runledger_sync.core.errors import RegistrationError, ValidationError
 from runledger_sync.core.records import JobDefinition
 from runledger_sync.core.types import JobCompletion, JobContext, JobDeadLetterInfo
+from runledger_sync.core.validation import check_job_type
 
 #: The longest job type a definition row accepts.
 MAX_JOB_TYPE_LENGTH = 255
@@ -319,7 +320,11 @@ def _checked_job_type(job_type: Any, handler: JobHandler) -> str:
             f"job_type must be at most {MAX_JOB_TYPE_LENGTH} characters, "
             f"got {len(job_type)}: {job_type[:40]!r}..."
         )
-    return job_type
+    try:
+        # The store's own rule, so a type that registers is one the database can hold.
+        return check_job_type(job_type)
+    except ValidationError as error:
+        raise RegistrationError(f"job_type of {handler!r} cannot be stored: {error.message}") from error
 
 
 def _check_optional_positive_int(job_type: str, name: str, value: Any) -> None:

@@ -23,7 +23,7 @@ from sqlalchemy import MetaData
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
 
-from runledger_sync.core.errors import MigrationFailed, RunledgerError, SchemaMismatch
+from runledger_sync.core.errors import InvalidArgument, MigrationFailed, RunledgerError, SchemaMismatch
 from runledger_sync.db.engine import schema_of
 from runledger_sync.db.errors import is_transient, translate
 from runledger_sync.db.schema import metadata
@@ -59,6 +59,7 @@ def alembic_config(connection: Optional[Connection] = None) -> Config:
 
 
 def _run(bind: Engine | Connection, action: str, revision: str) -> None:
+    _check_bind(bind)
     try:
         if isinstance(bind, Connection):
             _run_on(bind, action, revision)
@@ -82,6 +83,13 @@ def _run_on(connection: Connection, action: str, revision: str) -> None:
             command.upgrade(config, revision)
         else:
             command.downgrade(config, revision)
+
+
+def _check_bind(bind: Any) -> None:
+    if not isinstance(bind, (Engine, Connection)):
+        # Only the type is shown: a URL string given here would carry its password.
+        raise InvalidArgument("bind", type(bind).__name__,
+                              "a SQLAlchemy Engine or Connection (rl.create_engine(url) makes one)")
 
 
 def migrate(bind: Engine | Connection, revision: str = "head") -> None:
@@ -179,6 +187,7 @@ def _known_revisions() -> list[str]:
 
 
 def _find(bind: Engine | Connection, version_table: Optional[str]) -> _Found:
+    _check_bind(bind)
     try:
         if isinstance(bind, Engine):
             with bind.connect() as connection:
