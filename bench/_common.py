@@ -268,6 +268,6 @@ def fmt_range(values: Sequence[Optional[float]], digits: int = 0) -> str:
 
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows)]
+    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows, strict=True)]
     for line in [headers, ["-" * w for w in widths], *rows]:
-        print("  ".join(str(cell).rjust(w) if i else str(cell).ljust(w) for i, (cell, w) in enumerate(zip(line, widths))))
+        print("  ".join(str(cell).rjust(w) if i else str(cell).ljust(w) for i, (cell, w) in enumerate(zip(line, widths, strict=True))))

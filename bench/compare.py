@@ -18,6 +18,7 @@ its library's public API, in a process of its own, each phase in a fresh databas
 `pgbench -N` on the same server gives a yardstick for what the box can commit.
 """
 
+# ruff: noqa: S603  (every command is one of our interpreters and runners, argument lists, no shell)
 from __future__ import annotations
 
 import argparse

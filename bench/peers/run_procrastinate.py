@@ -13,7 +13,10 @@ from typing import Callable
 import _protocol
 import procrastinate
 
-def _app(url: str, recorder: _protocol.Recorder = _protocol.Recorder(enabled=False)) -> procrastinate.App:
+_UNRECORDED = _protocol.Recorder(enabled=False)
+
+
+def _app(url: str, recorder: _protocol.Recorder = _UNRECORDED) -> procrastinate.App:
     app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
 
     @app.task(name="bench_noop")
