@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import fmean
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 import _common as bench
 import psycopg2
@@ -184,6 +184,9 @@ class Runner:
                     errors.seek(0)
                     raise RuntimeError(f"{self.system.name} worker did not start: {errors.read()[-2000:]}")
                 yield process
+            except RuntimeError as error:
+                errors.seek(0)
+                raise RuntimeError(f"{error}; its stderr ends: {errors.read()[-1500:]}") from error
             finally:
                 _stop(process)
 
@@ -213,8 +216,16 @@ class Observer:
         self.cursor.execute(self.system.progress_sql, {"total": self.total})
         return self.cursor.fetchone()
 
-    def wait_until(self, index: int, count: int, deadline: float) -> bool:
+    def wait_until(self, index: int, count: int, deadline: float, workers: Sequence[subprocess.Popen] = ()) -> bool:
+        """Poll until started (index 0) or finished (1) reaches ``count``; False at the deadline.
+
+        Raises:
+            RuntimeError: a worker process exited meanwhile, so the count would never come.
+        """
         while self.progress()[index] < count:
+            exited = [w.returncode for w in workers if w.poll() is not None]
+            if exited:
+                raise RuntimeError(f"a worker process exited early with status {exited[0]}")
             if time.monotonic() > deadline:
                 return False
             time.sleep(POLL_SECONDS)
@@ -243,12 +254,12 @@ def measure_drain(srv: bench.Server, runner: Runner, args: argparse.Namespace, r
         try:
             with runner.worker(url, args.concurrency) as process:
                 window = bench.CpuWindow(lambda: bench.tree_cpu_seconds(process.pid), observer.postgres)
-                if not observer.wait_until(0, 1, time.monotonic() + 120):
+                if not observer.wait_until(0, 1, time.monotonic() + 120, [process]):
                     result.notes.append("no job started within 120 s")
                     return
                 window.start()
                 started = time.perf_counter()
-                if not observer.wait_until(1, args.jobs, time.monotonic() + 1_800):
+                if not observer.wait_until(1, args.jobs, time.monotonic() + 1_800, [process]):
                     result.notes.append("drain did not finish within 30 min")
                     return
                 elapsed = time.perf_counter() - started
@@ -269,10 +280,10 @@ def measure_latency(srv: bench.Server, runner: Runner, args: argparse.Namespace,
         record = Path(scratch) / "started.json"
         observer = Observer(url, runner.system, args.latency_jobs)
         try:
-            with runner.worker(url, args.concurrency, record):
+            with runner.worker(url, args.concurrency, record) as process:
                 time.sleep(LATENCY_SETTLE_SECONDS)
                 committed = runner.call("produce", url, args.latency_jobs, args.gap_ms)["committed"]
-                if not observer.wait_until(1, args.latency_jobs, time.monotonic() + 60):
+                if not observer.wait_until(1, args.latency_jobs, time.monotonic() + 60, [process]):
                     result.notes.append("latency jobs did not all finish within 60 s")
         finally:
             observer.close()

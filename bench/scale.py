@@ -56,10 +56,12 @@ def drain_with(srv: bench.Server, workers: int, args: argparse.Namespace) -> tup
             with contextlib.ExitStack() as stack:
                 processes = [stack.enter_context(runner.worker(url, args.concurrency)) for _ in range(workers)]
                 window = bench.CpuWindow(lambda: sum(bench.tree_cpu_seconds(p.pid) for p in processes), observer.postgres)
-                observer.wait_until(0, 1, time.monotonic() + 120)
+                if not observer.wait_until(0, 1, time.monotonic() + 120, processes):
+                    raise RuntimeError("no job started within 120 s")
                 window.start()
                 started = time.perf_counter()
-                observer.wait_until(1, args.jobs, time.monotonic() + 1_800)
+                if not observer.wait_until(1, args.jobs, time.monotonic() + 1_800, processes):
+                    raise RuntimeError("the drain did not finish within 30 min")
                 elapsed = time.perf_counter() - started
                 window.stop()
         finally:
