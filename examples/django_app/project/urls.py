@@ -1,0 +1,7 @@
+"""POST /checkout/ is the example's one URL."""
+
+from django.urls import path
+
+from shop import views
+
+urlpatterns = [path("checkout/", views.checkout)]
