@@ -73,6 +73,14 @@ HANDLER_INVALID_RESULT_CODE = "job.handler_invalid_result"
 INVALID_COMPLETION_PROGRESS_CODE = "job.invalid_completion_progress"
 TIMEOUT_EXCEEDED_CODE = "job.timeout_exceeded"
 RUNNING_PROGRESS_PERSIST_FAILED_REASON = "RUNNING_PROGRESS_PERSIST_FAILED"
+#: How long a renewal still in flight when the lease ran out may take to answer,
+#: so the lost attempt is logged with the database's reason when it has one.
+LATE_RENEWAL_ANSWER_SECONDS = 1.0
+#: Pauses between renewals retried after a lost connection (doubling up to the max).
+RENEWAL_RETRY_FIRST_PAUSE_SECONDS = 0.1
+RENEWAL_RETRY_MAX_PAUSE_SECONDS = 1.0
+#: How often a watchdog waiting on a renewal looks whether the attempt has ended.
+RENEWAL_JOIN_STEP_SECONDS = 0.05
 UNSTARTED_CLAIM_RETRY_DELAY_MS = 1_000
 #: The longest a group write waits for items still on their way (a bound on the
 #: delay grouping can add to one job's running or success write).
@@ -180,6 +188,8 @@ class JobExecution:
         self.stop_watchdog = threading.Event()
         self.deadline_passed = threading.Event()
         self.lease_lost: Optional[LeaseLost] = None
+        #: Set when the lease ran out by the local clock with a renewal still unanswered.
+        self.lease_verdict_pending = threading.Event()
         #: When the lease runs out by this process's clock, at the latest: TTL after
         #: the last renewal was sent (the claim for the first one, a little before this).
         self.local_lease_deadline = time.monotonic() + config.lease_ttl_seconds
@@ -234,7 +244,11 @@ def process_claimed_job(
     watchdog.start()
     try:
         outcome = _run_handler(execution)
-        if execution.gate.take():
+        if execution.lease_verdict_pending.is_set():
+            # The lease ran out while a renewal was in flight: the watchdog logs the
+            # verdict itself once that renewal has said why.
+            watchdog.join()
+        elif execution.gate.take():
             execution.stop_watchdog.set()
             watchdog.join()
             _finish(execution, outcome)
@@ -409,35 +423,72 @@ def _watch(execution: JobExecution, started: float) -> None:
                 return
 
 
+MAINTENANCE_LOST = LeaseLost(LEASE_MAINTENANCE_FAILED_CODE, "Job lease could not be durably maintained during processing.")
+
+
 def _renew_lease(execution: JobExecution) -> None:
-    """Renew the lease, waiting no longer than the lease itself lasts by the local clock.
+    """Renew the lease, for no longer than the lease itself lasts by the local clock.
 
     A renewal sent into a dead network can hang far longer than the lease (no
     reply ever comes and nothing times it out). The lease is gone when its TTL
     has passed whether or not the database said so, so the attempt is treated as
-    lost then; the renewal itself is left to finish or fail on its own.
+    lost then; the renewal itself is left to finish or fail on its own. Until
+    then a lost connection is retried: a database restart shorter than the lease
+    costs the attempt nothing.
     """
     sent_at = time.monotonic()
     outcome: dict[str, BaseException] = {}
 
     def renew() -> None:
-        try:
-            lifecycle.heartbeat_job(
-                execution.engine, **execution.identity.keywords(),
-                lease_ttl_seconds=execution.config.lease_ttl_seconds,
-                lock_timeout_ms=execution.config.heartbeat_lock_timeout_ms,
-            )
-        except BaseException as error:  # noqa: BLE001 - handed to the watchdog, which decides
-            outcome["error"] = error
+        pause = RENEWAL_RETRY_FIRST_PAUSE_SECONDS
+        while True:
+            try:
+                lifecycle.heartbeat_job(
+                    execution.engine, **execution.identity.keywords(),
+                    lease_ttl_seconds=execution.config.lease_ttl_seconds,
+                    lock_timeout_ms=execution.config.heartbeat_lock_timeout_ms,
+                )
+                return
+            except ConnectionFailed as error:
+                out_of_lease = time.monotonic() + pause >= execution.local_lease_deadline
+                if out_of_lease or execution.stop_watchdog.wait(pause):
+                    outcome["error"] = error
+                    return
+                pause = min(pause * 2, RENEWAL_RETRY_MAX_PAUSE_SECONDS)
+            except BaseException as error:  # noqa: BLE001 - handed to the watchdog, which decides
+                outcome["error"] = error
+                return
 
     renewal = threading.Thread(target=renew, name=f"runledger-renew-{execution.job.id}", daemon=True)
     renewal.start()
-    renewal.join(max(0.0, execution.local_lease_deadline - time.monotonic()))
+    _join_unless_attempt_ended(execution, renewal, execution.local_lease_deadline)
+    if execution.stop_watchdog.is_set():
+        return  # the attempt ended meanwhile; its outcome, not this renewal, decides
     if renewal.is_alive():
-        raise ConnectionFailed(f"no answer to the lease renewal of job {execution.job.id} before its lease ran out")
+        if not execution.completed_in_transaction:
+            # Another worker may claim the job from now on: stop the handler at once,
+            # then give the renewal a moment to say why (a row lock released just
+            # after expiry answers with the owner mismatch the database decided).
+            # _heartbeat replaces this verdict with the final one and logs it.
+            execution.lease_verdict_pending.set()
+            execution.lease_lost = MAINTENANCE_LOST
+            execution.context.request_cancel("lease_lost")
+        renewal.join(min(execution.config.heartbeat_interval_seconds, LATE_RENEWAL_ANSWER_SECONDS))
+        if renewal.is_alive() or "error" not in outcome:
+            raise ConnectionFailed(
+                f"no answer to the lease renewal of job {execution.job.id} before its lease ran out")
     if "error" in outcome:
         raise outcome["error"]
     execution.local_lease_deadline = sent_at + execution.config.lease_ttl_seconds
+
+
+def _join_unless_attempt_ended(execution: JobExecution, renewal: threading.Thread, deadline: float) -> None:
+    # A handler that returns while a renewal hangs must not wait for the lease to run out.
+    while renewal.is_alive() and not execution.stop_watchdog.is_set():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        renewal.join(min(remaining, RENEWAL_JOIN_STEP_SECONDS))
 
 
 def _heartbeat(execution: JobExecution) -> bool:
@@ -459,8 +510,7 @@ def _heartbeat(execution: JobExecution) -> bool:
             log.warning("job heartbeat lost lease ownership",
                         extra=execution.log_fields | {"error": str(error), "reason": reason})
         else:
-            lost = LeaseLost(
-                LEASE_MAINTENANCE_FAILED_CODE, "Job lease could not be durably maintained during processing.")
+            lost = MAINTENANCE_LOST
             reason = "lease_lost"
             log.warning(
                 "aborting job because lease heartbeat could not be persisted",

@@ -310,6 +310,8 @@ class TcpProxy:
     A cut holds data back instead of dropping it, like a partition TCP rides out:
     nothing arrives while it lasts, and everything arrives, late, after it heals.
     New connections are accepted during a cut but reach the server only after it.
+    :meth:`refuse` is the other kind of outage, a server that is down: every open
+    connection is reset and new ones are closed at once, until :meth:`heal`.
     """
 
     def __init__(self, upstream_url: str) -> None:
@@ -319,6 +321,7 @@ class TcpProxy:
         self._open = threading.Event()
         self._open.set()
         self._closing = threading.Event()
+        self._refusing = threading.Event()
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
         self.connections = 0
@@ -333,7 +336,12 @@ class TcpProxy:
     def cut(self) -> None:
         self._open.clear()
 
+    def refuse(self) -> None:
+        self._refusing.set()
+        self._close_all()
+
     def heal(self) -> None:
+        self._refusing.clear()
         self._open.set()
 
     @property
@@ -350,6 +358,9 @@ class TcpProxy:
 
     def _connect(self, client: socket.socket) -> None:
         self._open.wait()
+        if self._refusing.is_set():
+            client.close()
+            return
         server = socket.socket(self.family, socket.SOCK_STREAM)
         try:
             server.connect(self.address)
@@ -385,9 +396,14 @@ class TcpProxy:
         self._closing.set()
         self._open.set()
         self.listener.close()
+        self._close_all()
+
+    def _close_all(self) -> None:
         with self._lock:
-            for sock in self._sockets:
-                try:
-                    sock.close()
-                except OSError:
-                    pass
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()

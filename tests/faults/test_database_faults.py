@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
+import runledger_sync as rl
+from runledger_sync.store._errors import TRANSIENT_RETRY_BUDGET_SECONDS
+from tests.faults.harness import Db, TcpProxy, wait_for
 from tests.faults.scenarios import postgres_restart, terminate_backends
 
 
@@ -25,3 +31,50 @@ def test_workers_reconnect_after_every_backend_is_terminated(fresh_database, siz
     assert result.lost == 0
     assert result.duplicate_completions == 0
     assert all(count > 0 for count in result.details["backends_terminated"])
+
+
+@pytest.mark.timeout(60)
+def test_an_outage_shorter_than_the_lease_costs_the_running_job_nothing(fresh_database):
+    # Longer than one store call's own retry budget, shorter than the lease: the
+    # watchdog must keep renewing until the database is back instead of giving up.
+    outage_seconds = TRANSIENT_RETRY_BUDGET_SECONDS + 1.0
+    proxy = TcpProxy(fresh_database)
+    engine = rl.create_engine(proxy.url_for(fresh_database))
+    release = threading.Event()
+    cancelled: list[str] = []
+    registry = rl.JobRegistry()
+
+    @registry.job("outage.ride", max_attempts=3, timeout_seconds=60)
+    def ride(ctx: rl.JobContext, payload: dict) -> None:
+        while not release.wait(0.05):
+            if ctx.cancelled:
+                cancelled.append(ctx.cancel_reason or "?")
+                return
+
+    config = rl.JobsConfig(poll_interval_ms=20, lease_ttl_seconds=outage_seconds + 3, heartbeat_interval_seconds=0.3,
+                           reaper_interval_seconds=0.2)
+    registry.sync_definitions(engine)
+    job = rl.enqueue(engine, "outage.ride", {})
+    shutdown = threading.Event()
+    worker = threading.Thread(target=rl.run_worker_loop, args=(engine, registry, config, shutdown), daemon=True)
+    worker.start()
+    observer = rl.create_engine(fresh_database)
+    try:
+        wait_for(lambda: rl.get_job(observer, job.id).stage is rl.JobStage.RUNNING, 20, "the job to start")
+        proxy.refuse()
+        time.sleep(outage_seconds)
+        proxy.heal()
+        time.sleep(1.0)  # a renewal or two after the outage
+        release.set()
+        wait_for(lambda: rl.get_job(observer, job.id).status is rl.JobStatus.SUCCEEDED, 20, "the job to succeed")
+        finished = rl.get_job(observer, job.id)
+        assert cancelled == []
+        assert (finished.attempt, finished.run_number) == (1, 1)
+        assert Db(observer).scalar("SELECT count(*) FROM job_attempts WHERE job_id = :id", id=job.id) == 1
+    finally:
+        release.set()
+        shutdown.set()
+        worker.join(20)
+        proxy.close()
+        engine.dispose()
+        observer.dispose()
