@@ -202,6 +202,21 @@ def list_dead_letters(
     return [to_record(DeadLetterRecord, row) for row in _read(bind, statement)]
 
 
+def _reason_event(changed: Any, event_type: JobEventType, run_number: Any, attempt: Any) -> Any:
+    """The event row of an operator's action on the ``changed`` rows, carrying its reason."""
+    return job_events.insert().from_select(
+        ["job_id", "run_number", "attempt", "event_type", "stage", "payload"],
+        select(
+            changed.c.id,
+            run_number,
+            func.nullif(attempt, 0),
+            literal(event_type.value),
+            changed.c.stage,
+            func.jsonb_build_object("reason", changed.c.status_reason),
+        ),
+    ).cte(f"{event_type.value.lower()}_event")
+
+
 def _build_cancel() -> Any:
     reason = bindparam("reason", type_=Text)
     canceled = (
@@ -234,17 +249,7 @@ def _cancel_statement(organization_id: Optional[str]) -> Any:
         .values(finished_at=func.now())
         .cte("closed_attempt")
     )
-    event = job_events.insert().from_select(
-        ["job_id", "run_number", "attempt", "event_type", "stage", "payload"],
-        select(
-            canceled.c.id,
-            canceled.c.run_number,
-            func.nullif(canceled.c.attempt, 0),
-            literal(JobEventType.CANCELED.value),
-            canceled.c.stage,
-            func.jsonb_build_object("reason", canceled.c.status_reason),
-        ),
-    ).cte("canceled_event")
+    event = _reason_event(canceled, JobEventType.CANCELED, canceled.c.run_number, canceled.c.attempt)
     return select(*canceled.c).add_cte(closed, event)
 
 
@@ -325,17 +330,7 @@ def _requeue_statement(organization_id: Optional[str]) -> Any:
         .returning(*JOB_COLUMNS, previous.c.run_number.label("previous_run"), previous.c.attempt.label("previous_attempt"))
         .cte("requeued")
     )
-    event = job_events.insert().from_select(
-        ["job_id", "run_number", "attempt", "event_type", "stage", "payload"],
-        select(
-            requeued.c.id,
-            requeued.c.previous_run,
-            func.nullif(requeued.c.previous_attempt, 0),
-            literal(JobEventType.REQUEUED.value),
-            requeued.c.stage,
-            func.jsonb_build_object("reason", requeued.c.status_reason),
-        ),
-    ).cte("requeued_event")
+    event = _reason_event(requeued, JobEventType.REQUEUED, requeued.c.previous_run, requeued.c.previous_attempt)
     return select(*requeued.c).add_cte(event)
 
 
