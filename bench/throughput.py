@@ -2,6 +2,7 @@
 
 Usage: python bench/throughput.py [--jobs 10000] [--concurrency 32] [--batch 16] [--database-url URL]
        python bench/throughput.py --memory      # RSS after 20,000 and after 200,000 jobs (target: <10% growth)
+       python bench/throughput.py --job-ms 100  # jobs that sleep 100 ms: compared with concurrency / duration
 The worker runs in this process (a thread, as an embedding application runs it);
 its CPU is this process's minus the main thread's. With no URL an embedded
 PostgreSQL is started in a temporary directory.
@@ -30,6 +31,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--jobs", type=int, default=None, help=f"default 10000, or {MEMORY_JOBS:,} with --memory")
     parser.add_argument("--concurrency", type=int, default=rl.JobsConfig().max_global_concurrency)
     parser.add_argument("--batch", type=int, default=rl.JobsConfig().claim_batch_size)
+    parser.add_argument("--job-ms", type=float, default=0.0, help="each job sleeps this long (default: no-op)")
     parser.add_argument("--memory", action="store_true", help=f"sample RSS after {MEMORY_EARLY:,} jobs and at the end")
     bench.add_database_option(parser)
     args = parser.parse_args()
@@ -43,13 +45,16 @@ def parse_args() -> argparse.Namespace:
 class Progress:
     """Counts handler calls; notes RSS at the early mark and signals the last job."""
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, job_seconds: float) -> None:
         self.total = total
+        self.job_seconds = job_seconds
         self.rss_at: dict[int, float] = {}
         self.all_ran = threading.Event()
         self._count = itertools.count(1)  # next() on a count is atomic under the GIL
 
     def ran(self, _payload: dict) -> None:
+        if self.job_seconds:
+            time.sleep(self.job_seconds)
         n = next(self._count)
         if n in (MEMORY_EARLY, self.total):
             self.rss_at[n] = bench.rss_mib(os.getpid())
@@ -75,9 +80,13 @@ def drain(engine, registry: rl.JobRegistry, config: rl.JobsConfig, progress: Pro
 
 def report(args: argparse.Namespace, enqueue_seconds: float, elapsed: float, window: bench.CpuWindow, progress: Progress) -> None:
     worker_ms, postgres_ms = window.per_job_ms(args.jobs)
-    print(f"jobs={args.jobs} concurrency={args.concurrency} batch={args.batch}")
+    print(f"jobs={args.jobs} concurrency={args.concurrency} batch={args.batch} job_ms={args.job_ms:g}")
     print(f"enqueue_many: {args.jobs / enqueue_seconds:,.0f} jobs/s")
     print(f"processed:    {args.jobs / elapsed:,.0f} jobs/s ({elapsed:.2f} s)")
+    if args.job_ms:
+        ideal = args.concurrency * 1000 / args.job_ms
+        print(f"jobs of {args.job_ms:g} ms: {100 * args.jobs / elapsed / ideal:.0f}% of concurrency / duration "
+              f"({ideal:,.0f} jobs/s; target within 10%)")
     print(f"CPU per job:  worker {worker_ms:.3f} ms, PostgreSQL {bench.fmt(postgres_ms, 3)} ms")
     print(f"worker peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
     if args.memory:
@@ -88,7 +97,7 @@ def report(args: argparse.Namespace, enqueue_seconds: float, elapsed: float, win
 
 def main() -> int:
     args = parse_args()
-    progress = Progress(args.jobs)
+    progress = Progress(args.jobs, args.job_ms / 1000)
     registry = bench.noop_registry(progress.ran)
     with bench.server(args.database_url) as srv, bench.fresh_database(srv, "bench_throughput") as url:
         engine = bench.migrated_engine(url, pool_size=args.concurrency + 4)
