@@ -1,13 +1,19 @@
-"""The README's first-job snippet runs as written (only the URL is swapped for the test database)."""
+"""The README runs as written: its first-job snippet (only the URL swapped for the test database), every
+command of its command-line block, and a configuration table that lists every JobsConfig field."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import shlex
 import threading
 from pathlib import Path
 
 import runledger_sync as rl
-from tests.support import wait_until
+from runledger_sync import cli
+from runledger_sync.config import ENV_ALIASES
+from runledger_sync.store import lifecycle
+from tests.support import define, wait_until
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -39,3 +45,73 @@ def test_first_job_snippet_enqueues_jobs_a_worker_then_runs(fresh_database):
         assert outputs == ["a@b.c", "b@c.d"]
     finally:
         engine.dispose()
+
+
+def readme_section(title: str) -> str:
+    text = README.read_text(encoding="utf-8")
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## )", text, re.S | re.M)
+    assert match, f"README has no section {title!r}"
+    return match.group(1)
+
+
+def readme_cli_commands() -> list[list[str]]:
+    """Every command of the README's command-line block, as argv lists (``a | b`` is two commands)."""
+    commands = []
+    for line in readme_section("Command line").splitlines():
+        if not line.startswith("    runledger-sync "):
+            continue
+        words = shlex.split(line, comments=True)
+        current: list[str] = []
+        for word in words + ["|"]:
+            if word == "|":
+                commands.append(current if current[0] == "runledger-sync" else ["runledger-sync", *current])
+                current = []
+            else:
+                current.append(word)
+    return commands
+
+
+def test_every_command_line_of_the_readme_runs_as_written(fresh_database, capsys):
+    engine = rl.create_engine(fresh_database)
+    try:
+        define(engine, "email.send", max_attempts=1)
+        finished = rl.enqueue(engine, "email.send", {"to": "x@y.z"})
+        [claimed] = lifecycle.claim_jobs(engine, worker_id="readme", lease_ttl_seconds=30, limit=1,
+                                         job_types=["email.send"])
+        lifecycle.complete_job_failure(engine, **lifecycle.LeaseIdentity.of(claimed).keywords(),
+                                       failure=rl.JobFailure.terminal("smtp.rejected", "no such mailbox"),
+                                       retry_delay_ms=None)
+        commands = readme_cli_commands()
+        # Long-running ones have tests of their own (test_cli_worker.py, test_demo.py).
+        runnable = [argv for argv in commands if argv[1] not in ("worker", "demo")]
+        assert {argv[1] for argv in commands} >= {"migrate", "check-schema", "worker", "enqueue", "jobs",
+                                                   "dead-letters", "stats", "demo"}
+        for argv in runnable:
+            job_id = str(finished.id)
+            if argv[1:3] == ["jobs", "cancel"]:
+                job_id = str(rl.enqueue(engine, "email.send", {"to": "later@y.z"}).id)
+            argv = [job_id if word == "<id>" else word for word in argv[1:]]
+            code = cli.main(["--database-url", fresh_database, *argv])
+            out, err = capsys.readouterr()
+            assert code == 0, f"runledger-sync {' '.join(argv)} exited {code}: {out}{err}"
+        assert rl.get_job(engine, finished.id).status is rl.JobStatus.PENDING  # retried, then replayed none
+        assert rl.count_jobs(engine, status=rl.JobStatus.CANCELED) == 1
+    finally:
+        engine.dispose()
+
+
+def test_the_configuration_table_lists_every_field_with_its_variables_and_default():
+    table = {}
+    for line in readme_section("Configuration").splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0] not in ("field", "---"):
+            table[cells[0]] = cells
+    defaults = rl.JobsConfig()
+    assert sorted(table) == sorted(field.name for field in dataclasses.fields(rl.JobsConfig))
+    for name, (_, variables, default) in table.items():
+        assert f"RUNLEDGER_{name.upper()}" in variables, name
+        if name in ENV_ALIASES:
+            assert ENV_ALIASES[name] in variables, name
+        value = getattr(defaults, name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            assert float(default.strip("`")) == value, name
