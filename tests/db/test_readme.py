@@ -1,11 +1,15 @@
-"""The README runs as written: its first-job snippet (only the URL swapped for the test database), every
+"""The README runs as written: its first-job and run-worker snippets (only the URL swapped for the test database), every
 command of its command-line block, and a configuration table that lists every JobsConfig field."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import shlex
+import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -115,3 +119,28 @@ def test_the_configuration_table_lists_every_field_with_its_variables_and_defaul
         value = getattr(defaults, name)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             assert float(default.strip("`")) == value, name
+
+
+def test_first_job_then_run_worker_snippets_run_every_job_and_ctrl_c_drains(fresh_database, tmp_path):
+    script = tmp_path / "first_job.py"
+    script.write_text(readme_snippet("first-job").replace('"postgresql://app@localhost/app"', repr(fresh_database))
+                      + readme_snippet("run-worker"), encoding="utf-8")
+    env = {key: value for key, value in os.environ.items() if not key.startswith("RUNLEDGER_")}
+    env.update(RUNLEDGER_POLL_INTERVAL_MS="20", RUNLEDGER_LEASE_TTL_SECONDS="5")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(README.parent), env.get("PYTHONPATH")]))
+    worker = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    engine = rl.create_engine(fresh_database)
+    try:
+        wait_until(lambda: worker.poll() is not None
+                   or rl.count_jobs(engine, status=rl.JobStatus.SUCCEEDED) == 2, timeout=30)
+        assert worker.poll() is None, worker.communicate()
+        worker.send_signal(signal.SIGINT)
+        out, err = worker.communicate(timeout=30)
+        assert worker.returncode == 0, out + err
+        assert sorted(job.output["delivered_to"] for job in rl.list_jobs(engine)) == ["a@b.c", "b@c.d"]
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.communicate()
+        engine.dispose()
