@@ -1,5 +1,8 @@
 """Translate driver errors into the most specific coded RunledgerError.
 
+psycopg2 and psycopg 3 errors map alike: both carry the SQLSTATE (``pgcode`` in
+one, ``sqlstate`` in the other) and ``diag.constraint_name``.
+
 Shared by the store and by migrations, so every layer above the driver sees
 the same codes (``db.connection_failed``, ``db.unique_violation``, ...).
 """
@@ -31,7 +34,10 @@ _TRANSIENT_PREFIXES = ("08", "57P")
 
 
 def _sqlstate(exc: sa_exc.DBAPIError) -> Optional[str]:
-    return getattr(exc.orig, "pgcode", None)
+    # psycopg2 names it pgcode, psycopg 3 sqlstate; both are None when the
+    # server sent no SQLSTATE (a refused or dropped connection).
+    orig = exc.orig
+    return getattr(orig, "pgcode", None) or getattr(orig, "sqlstate", None)
 
 
 def _constraint(exc: sa_exc.DBAPIError) -> Optional[str]:
@@ -45,7 +51,7 @@ def is_transient(exc: sa_exc.DBAPIError) -> bool:
         return True
     state = _sqlstate(exc)
     if state is None:
-        # psycopg2 reports a refused or dropped connection without a SQLSTATE.
+        # psycopg2 and psycopg 3 report a refused or dropped connection without a SQLSTATE.
         return isinstance(exc, sa_exc.OperationalError)
     return state.startswith(_TRANSIENT_PREFIXES)
 
