@@ -1,36 +1,45 @@
 """Turn whatever the caller holds into a SQLAlchemy Connection in the caller's transaction.
 
-Store functions accept four kinds of ``bind``:
+Store functions accept five kinds of ``bind``:
 
 - an ``Engine``: the store opens, commits and retries its own transaction;
 - a ``Connection``: the statements join its transaction;
 - an ORM ``Session`` or ``scoped_session`` (Flask-SQLAlchemy's ``db.session``):
   the statements run on ``session.connection()``, so they join the session's
   transaction;
-- a raw psycopg2 connection (Django's ``connection.connection``, or what a plain
-  psycopg2 app holds): the statements run on that very connection, inside its
-  current transaction.
+- a raw psycopg2 connection, or a raw psycopg 3 ``psycopg.Connection``
+  (Django's ``connection.connection`` is one or the other, by the driver Django
+  picked; plain psycopg apps hold one): the statements run on that very
+  connection, inside its current transaction.
 
-In every joined case the commit or rollback stays the caller's. A psycopg2
-connection is lent to :data:`_lent_engine`, an engine whose dialect never
-begins, commits, rolls back or closes a DBAPI connection and whose pool never
-keeps one, so SQLAlchemy's result handling is reused without it touching the
-caller's transaction. Its search_path is used as it is: ``with_schema`` only
-applies to SQLAlchemy binds.
+In every joined case the commit or rollback stays the caller's. A raw
+connection is lent to a private engine, one per driver, whose dialect never
+begins, commits, rolls back or closes a DBAPI connection, runs no connect-time
+setup on it, and whose pool never keeps one, so SQLAlchemy's result handling is
+reused without it touching the caller's transaction. Our statements run on a
+cursor of our own, with tuple rows and our own decoding of uuid, json, jsonb
+(and, on psycopg 3, timestamptz), whatever row factory or type loaders the
+caller set on its connection. Its search_path is used as it is: ``with_schema``
+only applies to SQLAlchemy binds.
+
+psycopg 3 is optional: it is never imported here unless the caller already
+imported it and hands in one of its connections.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
 
 import psycopg2.extensions
 import psycopg2.extras
 import sqlalchemy
 from sqlalchemy.dialects import registry as dialect_registry
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg, PGExecutionContext_psycopg
 from sqlalchemy.dialects.postgresql.psycopg2 import PGDialect_psycopg2, PGExecutionContext_psycopg2
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session, scoped_session
@@ -38,44 +47,28 @@ from sqlalchemy.pool import NullPool
 
 from runledger_sync.core.errors import InvalidArgument
 
+if TYPE_CHECKING:
+    import psycopg
+
 #: What every store function accepts as its first argument.
-Bind = Union[Engine, Connection, Session, scoped_session, psycopg2.extensions.connection]
+Bind = Union[Engine, Connection, Session, scoped_session, psycopg2.extensions.connection, "psycopg.Connection[Any]"]
 
-BIND_DESCRIPTION = "an Engine, a Connection, an ORM Session or a psycopg2 connection"
+BIND_DESCRIPTION = "an Engine, a Connection, an ORM Session or a psycopg2 or psycopg 3 connection"
 
-_DIALECT_NAME = "runledger_lent"
-
-
-class _LentExecutionContext(PGExecutionContext_psycopg2):
-    def create_default_cursor(self) -> Any:
-        # A plain cursor even when the caller's connection defaults to dict rows
-        # (RealDictConnection, cursor_factory=...): SQLAlchemy reads rows as tuples.
-        cursor = self._dbapi_connection.cursor(cursor_factory=psycopg2.extensions.cursor)
-        # The usual dialect registers these typecasters on the connection at
-        # connect time. A lent connection is not ours to change (Django makes
-        # jsonb come back as text, for one), so they are scoped to our cursor.
-        psycopg2.extras.register_uuid(None, cursor)
-        psycopg2.extras.register_default_json(cursor, loads=json.loads)
-        psycopg2.extras.register_default_jsonb(cursor, loads=json.loads)
-        return cursor
+_PSYCOPG2_DIALECT = "runledger_lent"
+_PSYCOPG_DIALECT = "runledger_lent_psycopg"
 
 
-class LentConnectionDialect(PGDialect_psycopg2):
-    """psycopg2 dialect that leaves the transaction and life of the DBAPI connection to its owner."""
+class _LeavesTheConnectionToItsOwner:
+    """Dialect mixin: the transaction and the life of a lent DBAPI connection stay its owner's."""
 
-    execution_ctx_cls = _LentExecutionContext
-    # The statements compile exactly as for the stock dialect, so caching is safe.
-    supports_statement_cache = True
+    # A server-side cursor would be the connection's own kind, with its row
+    # factory; the store streams no results, so every cursor is our plain one.
+    supports_server_side_cursors = False
 
-    def get_isolation_level(self, dbapi_connection: Any) -> str:
-        # Read once at first connect, through the caller's connection: ask for a
-        # plain cursor, as its default cursor may return dict rows.
-        with dbapi_connection.cursor(cursor_factory=psycopg2.extensions.cursor) as cursor:
-            cursor.execute("show transaction isolation level")
-            return str(cursor.fetchone()[0]).upper()
-
-    def on_connect(self) -> None:  # type: ignore[override]
-        # No connect-time setup: it would change the caller's connection for good.
+    def on_connect(self) -> None:
+        # No connect-time setup (typecasters, notice handlers, isolation level):
+        # it would change the caller's connection for good.
         return None
 
     # Connection.close() rolls back an autobegun transaction, and the pool resets
@@ -97,6 +90,80 @@ class LentConnectionDialect(PGDialect_psycopg2):
         pass
 
 
+class _LentExecutionContext(PGExecutionContext_psycopg2):
+    def create_default_cursor(self) -> Any:
+        # A plain cursor even when the caller's connection defaults to dict rows
+        # (RealDictConnection, cursor_factory=...): SQLAlchemy reads rows as tuples.
+        cursor = self._dbapi_connection.cursor(cursor_factory=psycopg2.extensions.cursor)
+        # The usual dialect registers these typecasters on the connection at
+        # connect time. A lent connection is not ours to change (Django makes
+        # jsonb come back as text, for one), so they are scoped to our cursor.
+        psycopg2.extras.register_uuid(None, cursor)
+        psycopg2.extras.register_default_json(cursor, loads=json.loads)
+        psycopg2.extras.register_default_jsonb(cursor, loads=json.loads)
+        return cursor
+
+
+class LentConnectionDialect(_LeavesTheConnectionToItsOwner, PGDialect_psycopg2):
+    """psycopg2 dialect that leaves the transaction and life of the DBAPI connection to its owner."""
+
+    execution_ctx_cls = _LentExecutionContext
+    # The statements compile exactly as for the stock dialect, so caching is safe
+    # (SQLAlchemy reads this flag from each dialect class itself).
+    supports_statement_cache = True
+
+    def get_isolation_level(self, dbapi_connection: Any) -> str:
+        # Read once at first connect, through the caller's connection: ask for a
+        # plain cursor, as its default cursor may return dict rows.
+        with dbapi_connection.cursor(cursor_factory=psycopg2.extensions.cursor) as cursor:
+            cursor.execute("show transaction isolation level")
+            return str(cursor.fetchone()[0]).upper()
+
+
+def _own_psycopg_cursor(psycopg_module: Any, connection: Any) -> Any:
+    """A psycopg 3 cursor on ``connection`` that reads rows and types our way, and changes nothing else."""
+    from psycopg.types.datetime import TimestamptzBinaryLoader, TimestamptzLoader
+    from psycopg.types.json import set_json_dumps, set_json_loads
+    from psycopg.types.uuid import UUIDBinaryLoader, UUIDLoader
+
+    # The cursor class is named, not taken from the connection's cursor_factory
+    # (Django's is a client-side-binding cursor), and rows are tuples whatever
+    # row_factory the caller set (dict_row...): SQLAlchemy reads rows as tuples.
+    cursor = psycopg_module.Cursor(connection, row_factory=psycopg_module.rows.tuple_row)
+    # A cursor copies the connection's adapters on write, so these loaders are
+    # ours alone: Django loads jsonb as text and timestamptz in its own time zone
+    # (naive with USE_TZ = False) on its connection, and that stays so for it.
+    adapters = cursor.adapters
+    adapters.register_loader("uuid", UUIDLoader)
+    adapters.register_loader("uuid", UUIDBinaryLoader)
+    adapters.register_loader("timestamptz", TimestamptzLoader)
+    adapters.register_loader("timestamptz", TimestamptzBinaryLoader)
+    set_json_loads(json.loads, cursor)
+    set_json_dumps(json.dumps, cursor)
+    return cursor
+
+
+class _LentPsycopgExecutionContext(PGExecutionContext_psycopg):
+    def create_default_cursor(self) -> Any:
+        return _own_psycopg_cursor(self.dialect.dbapi, self._dbapi_connection.driver_connection)
+
+
+class LentPsycopgConnectionDialect(_LeavesTheConnectionToItsOwner, PGDialect_psycopg):
+    """psycopg 3 dialect that leaves the transaction and life of the DBAPI connection to its owner."""
+
+    execution_ctx_cls = _LentPsycopgExecutionContext
+    # The statements compile exactly as for the stock dialect, so caching is safe
+    # (SQLAlchemy reads this flag from each dialect class itself).
+    supports_statement_cache = True
+
+    def get_isolation_level(self, dbapi_connection: Any) -> str:
+        # Read once at first connect. The stock dialect rolls back afterwards when
+        # the connection was idle; a lent one is left as the statement leaves it.
+        with _own_psycopg_cursor(self.dbapi, dbapi_connection) as cursor:
+            cursor.execute("show transaction isolation level")
+            return str(cursor.fetchone()[0]).upper()
+
+
 class _LentPool(NullPool):
     """Hands out the connection lent for the current call and forgets it on return."""
 
@@ -104,40 +171,59 @@ class _LentPool(NullPool):
         pass
 
 
-dialect_registry.register(f"postgresql.{_DIALECT_NAME}", __name__, "LentConnectionDialect")
+dialect_registry.register(f"postgresql.{_PSYCOPG2_DIALECT}", __name__, "LentConnectionDialect")
+dialect_registry.register(f"postgresql.{_PSYCOPG_DIALECT}", __name__, "LentPsycopgConnectionDialect")
 
-_lent: ContextVar[Optional[psycopg2.extensions.connection]] = ContextVar("runledger_lent_connection", default=None)
+_lent: ContextVar[Optional[Any]] = ContextVar("runledger_lent_connection", default=None)
 _engine_lock = threading.Lock()
-_lent_engine: Optional[Engine] = None
+_lent_engines: dict[str, Engine] = {}
 
 
-def _borrowed() -> psycopg2.extensions.connection:
+def _borrowed() -> Any:
     connection = _lent.get()
-    if connection is None:  # pragma: no cover - only reachable by misuse of the private engine
-        raise RuntimeError("no psycopg2 connection is lent to the runledger engine")
+    if connection is None:  # pragma: no cover - only reachable by misuse of the private engines
+        raise RuntimeError("no DBAPI connection is lent to the runledger engine")
     return connection
 
 
-def _engine_for_lent_connections() -> Engine:
-    # One engine per process: its compiled-statement cache is what keeps the
-    # store's statements from being recompiled on every call.
-    global _lent_engine
+def _engine_for_lent_connections(dialect_name: str = _PSYCOPG2_DIALECT) -> Engine:
+    # One engine per driver and process: its compiled-statement cache is what
+    # keeps the store's statements from being recompiled on every call.
     with _engine_lock:
-        if _lent_engine is None:
-            _lent_engine = sqlalchemy.create_engine(
-                f"postgresql+{_DIALECT_NAME}://",
+        engine = _lent_engines.get(dialect_name)
+        if engine is None:
+            engine = _lent_engines[dialect_name] = sqlalchemy.create_engine(
+                f"postgresql+{dialect_name}://",
                 creator=_borrowed,
                 poolclass=_LentPool,
                 pool_reset_on_return=None,
                 # Looking up hstore can roll back an idle connection.
                 use_native_hstore=False,
             )
-        return _lent_engine
+        return engine
+
+
+def _is_psycopg3_connection(bind: Any) -> bool:
+    # Without psycopg in sys.modules, nothing can be one of its connections, and
+    # an app without psycopg 3 never imports it through us.
+    psycopg = sys.modules.get("psycopg")
+    return psycopg is not None and isinstance(bind, psycopg.Connection)
 
 
 def is_lent(connection: Connection) -> bool:
-    """True when ``connection`` wraps a caller's psycopg2 connection."""
-    return isinstance(connection.dialect, LentConnectionDialect)
+    """True when ``connection`` wraps a caller's raw psycopg2 or psycopg 3 connection."""
+    return isinstance(connection.dialect, _LeavesTheConnectionToItsOwner)
+
+
+@contextmanager
+def _lent_connection(bind: Any, dialect_name: str) -> Iterator[Connection]:
+    token = _lent.set(bind)
+    try:
+        connection = _engine_for_lent_connections(dialect_name).connect()
+    finally:
+        _lent.reset(token)
+    with connection:
+        yield connection
 
 
 @contextmanager
@@ -145,8 +231,9 @@ def joined_connection(bind: Any) -> Iterator[Connection]:
     """Yield a Connection whose statements run in the caller's transaction.
 
     Raises:
-        InvalidArgument: ``bind`` is none of the accepted kinds (an Engine is
-            handled by the caller, which owns that transaction).
+        InvalidArgument: ``bind`` is none of the accepted kinds, or a closed
+            psycopg connection (an Engine is handled by the caller, which owns
+            that transaction).
     """
     if isinstance(bind, Connection):
         yield bind
@@ -155,12 +242,12 @@ def joined_connection(bind: Any) -> Iterator[Connection]:
     elif isinstance(bind, psycopg2.extensions.connection):
         if bind.closed:
             raise InvalidArgument("bind", "a closed psycopg2 connection", "an open connection")
-        token = _lent.set(bind)
-        try:
-            connection = _engine_for_lent_connections().connect()
-        finally:
-            _lent.reset(token)
-        with connection:
+        with _lent_connection(bind, _PSYCOPG2_DIALECT) as connection:
+            yield connection
+    elif _is_psycopg3_connection(bind):
+        if bind.closed:
+            raise InvalidArgument("bind", "a closed psycopg connection", "an open connection")
+        with _lent_connection(bind, _PSYCOPG_DIALECT) as connection:
             yield connection
     else:
         raise InvalidArgument("bind", type(bind).__name__, BIND_DESCRIPTION)
