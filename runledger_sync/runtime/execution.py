@@ -60,6 +60,7 @@ from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.group_writer import GroupWriter
 from runledger_sync.runtime.hooks import run_dead_letter_hook
 from runledger_sync.store import admin, lifecycle, lifecycle_batch
+from runledger_sync.store.held import HeldConnection
 
 log = get_logger(__name__)
 
@@ -107,6 +108,8 @@ class HotPathWriters:
 
     running: GroupWriter[lifecycle.LeaseIdentity, JobRecord]
     success: GroupWriter[SuccessItem, JobRecord]
+    #: Each writer's own connection, used only on its thread.
+    connections: tuple[HeldConnection, ...]
 
     @classmethod
     def start(
@@ -121,19 +124,25 @@ class HotPathWriters:
             in_flight: how many jobs are running now; any of them may be about to
                 succeed, so the success writer lingers briefly for company.
         """
+        running_connection, success_connection = HeldConnection(engine), HeldConnection(engine)
         running: GroupWriter[lifecycle.LeaseIdentity, JobRecord] = GroupWriter(
-            f"runledger-running-{worker_id}", lambda group: lifecycle_batch.mark_jobs_running(engine, group),
+            f"runledger-running-{worker_id}",
+            lambda group: lifecycle_batch.mark_jobs_running(running_connection, group),
             linger_seconds=GROUP_LINGER_SECONDS, still_coming=lambda: dispatched() - running.submitted,
         )
         success: GroupWriter[SuccessItem, JobRecord] = GroupWriter(
-            f"runledger-success-{worker_id}", lambda group: lifecycle_batch.complete_jobs_success(engine, group),
+            f"runledger-success-{worker_id}",
+            lambda group: lifecycle_batch.complete_jobs_success(success_connection, group),
             linger_seconds=GROUP_LINGER_SECONDS, still_coming=lambda: in_flight() - success.waiting,
         )
-        return cls(running=running, success=success)
+        return cls(running=running, success=success, connections=(running_connection, success_connection))
 
     def close(self) -> None:
         self.running.close()
         self.success.close()
+        # Both threads have stopped, so their connections are free to close here.
+        for connection in self.connections:
+            connection.close()
 
 
 def timeout_failure() -> JobFailure:

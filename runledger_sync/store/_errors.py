@@ -20,6 +20,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_afte
 from runledger_sync.core import errors
 from runledger_sync.db.errors import is_transient, translate
 from runledger_sync.store._binds import Bind, is_lent, joined_connection
+from runledger_sync.store.held import HeldConnection
 
 T = TypeVar("T")
 
@@ -36,20 +37,21 @@ def run_in_transaction(
 ) -> T:
     """Run ``work`` in one transaction and return its result.
 
-    Given an Engine, the transaction is committed here, and a lost connection is
+    Given an Engine (or a HeldConnection of one), the transaction is committed here, and a lost connection is
     retried within a small budget. Given a Connection, an ORM Session or a
     psycopg2 connection, ``work`` joins the caller's transaction and nothing is
     retried or committed: the caller owns the transaction.
 
     Args:
-        bind: an Engine, Connection, Session or psycopg2 connection.
+        bind: an Engine or a :class:`HeldConnection` (the store's own transaction, retried), or a
+            Connection, Session or psycopg2 connection (the caller's).
         recheck: called after an unknown commit outcome; returns the result if the
             write landed, or None to run ``work`` again.
 
     Raises:
         InvalidArgument: ``bind`` is none of the accepted kinds.
     """
-    if not isinstance(bind, Engine):
+    if not isinstance(bind, (Engine, HeldConnection)):
         try:
             with joined_connection(bind) as connection:
                 try:
@@ -81,29 +83,49 @@ def _worth_retrying(exc: BaseException) -> bool:
     return isinstance(exc, errors.ConnectionFailed) and not isinstance(exc, errors.CommitOutcomeUnknown)
 
 
-def _once(engine: Engine, work: Callable[[Connection], T], recheck: Optional[Callable[[Engine], Optional[T]]]) -> T:
+def _once(
+    source: Engine | HeldConnection,
+    work: Callable[[Connection], T],
+    recheck: Optional[Callable[[Engine], Optional[T]]],
+) -> T:
+    engine = source if isinstance(source, Engine) else source.engine
     try:
-        connection = engine.connect()
+        connection = engine.connect() if isinstance(source, Engine) else source.connection()
     except sa_exc.DBAPIError as exc:
         raise translate(exc, engine.url) from exc
-    with connection:
-        try:
-            result = work(connection)
-        except sa_exc.DBAPIError as exc:
-            connection.rollback()
+    try:
+        return _transaction(engine, connection, work, recheck)
+    except BaseException as error:
+        # A broken connection is replaced next time; after a refused write it is fine as it is.
+        if isinstance(source, HeldConnection) and (connection.invalidated or isinstance(error, errors.ConnectionFailed)):
+            source.release()
+        raise
+    finally:
+        if isinstance(source, Engine):
+            connection.close()
+
+
+def _transaction(
+    engine: Engine, connection: Connection, work: Callable[[Connection], T],
+    recheck: Optional[Callable[[Engine], Optional[T]]],
+) -> T:
+    try:
+        result = work(connection)
+    except sa_exc.DBAPIError as exc:
+        connection.rollback()
+        raise translate(exc, engine.url) from exc
+    except BaseException:
+        connection.rollback()
+        raise
+    try:
+        connection.commit()
+    except sa_exc.DBAPIError as exc:
+        if not is_transient(exc):
             raise translate(exc, engine.url) from exc
-        except BaseException:
-            connection.rollback()
-            raise
-        try:
-            connection.commit()
-        except sa_exc.DBAPIError as exc:
-            if not is_transient(exc):
-                raise translate(exc, engine.url) from exc
-            if recheck is None:
-                raise errors.CommitOutcomeUnknown(f"commit outcome unknown: {exc.orig}") from exc
-            landed = recheck(engine)
-            if landed is None:
-                raise translate(exc, engine.url) from exc
-            return landed
+        if recheck is None:
+            raise errors.CommitOutcomeUnknown(f"commit outcome unknown: {exc.orig}") from exc
+        landed = recheck(engine)
+        if landed is None:
+            raise translate(exc, engine.url) from exc
+        return landed
     return result

@@ -1,0 +1,57 @@
+"""A HeldConnection keeps one backend for many store transactions and replaces it when it breaks."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text
+
+import runledger_sync as rl
+from runledger_sync.core import errors
+from runledger_sync.store import enqueue as store_enqueue
+from runledger_sync.store import lifecycle
+from runledger_sync.store.held import HeldConnection
+from tests.support import JOB_TYPE, define, scalar
+
+
+def backend_pid(held: HeldConnection) -> int:
+    return held.connection().execute(text("SELECT pg_backend_pid()")).scalar_one()
+
+
+@pytest.fixture
+def held(engine):
+    define(engine)
+    connection = HeldConnection(engine)
+    yield connection
+    connection.close()
+
+
+def test_transactions_share_one_backend_and_commit_each(engine, held):
+    before = backend_pid(held)
+    held.connection().rollback()
+    for n in range(3):
+        store_enqueue.enqueue(held, JOB_TYPE, {"n": n})
+    assert backend_pid(held) == before
+    held.connection().rollback()
+    # Committed: another connection sees every job.
+    assert scalar(engine, "SELECT count(*) FROM job_queue") == 3
+
+
+def test_a_refused_write_rolls_back_and_keeps_the_connection(engine, held):
+    job = store_enqueue.enqueue(engine, JOB_TYPE, {})
+    before = backend_pid(held)
+    held.connection().rollback()
+    with pytest.raises(errors.LeaseOwnerMismatch):
+        lifecycle.heartbeat_job(held, job_id=job.id, run_number=1, attempt=1, worker_id="nobody",
+                                lease_ttl_seconds=5)
+    assert backend_pid(held) == before
+    held.connection().rollback()
+
+
+def test_a_killed_backend_is_replaced_and_the_transaction_retried(engine, held):
+    victim = backend_pid(held)
+    held.connection().rollback()
+    assert scalar(engine, "SELECT pg_terminate_backend(:pid)", pid=victim) is True
+    job = store_enqueue.enqueue(held, JOB_TYPE, {"after": "kill"})
+    assert rl.get_job(engine, job.id) is not None
+    assert backend_pid(held) != victim
+    held.connection().rollback()
