@@ -53,7 +53,7 @@ def get_config() -> rl.JobsConfig:
 
 
 def enqueue(job_type: str, payload: Any = None, *, using: str | None = None, **options: Any) -> rl.JobRecord:
-    """Enqueue a job through Django's own database connection.
+    """Enqueue a job through Django's own database connection (psycopg2 or psycopg 3, as Django picked).
 
     The job joins the current ``transaction.atomic()`` block, so it exists only
     if that block commits. Outside a block it is committed at once (the enqueue

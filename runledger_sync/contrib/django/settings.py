@@ -30,8 +30,11 @@ KNOWN_KEYS = frozenset({"REGISTRY", "SCHEMA", "DATABASE", "CONFIG"})
 POSTGRES_ENGINES = frozenset(
     {"django.db.backends.postgresql", "django.db.backends.postgresql_psycopg2", "django.contrib.gis.db.backends.postgis"}
 )
-#: OPTIONS keys that configure Django's backend itself, not libpq; left out of the URL.
-DJANGO_ONLY_OPTIONS = frozenset({"isolation_level", "server_side_binding", "pool", "assume_role", "cursor_factory"})
+#: OPTIONS keys that configure Django's backend or psycopg 3 (prepare_threshold),
+#: not libpq; left out of the URL of the queue's psycopg2 engine.
+DJANGO_ONLY_OPTIONS = frozenset(
+    {"isolation_level", "server_side_binding", "pool", "assume_role", "cursor_factory", "prepare_threshold"}
+)
 
 
 @dataclass(frozen=True)

@@ -7,26 +7,31 @@ in this module, on databases made for it by a module-scoped fixture.
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-
-django = pytest.importorskip("django")
-
 import sqlalchemy as sa
-from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
-from django.core.management import call_command
-from django.db import connection, connections, transaction
 
 import runledger_sync as rl
 from runledger_sync.contrib.django.settings import database_url, read_settings
-from tests.db.contrib import django_jobs, django_settings
 from tests.support import scalar, wait_until
+
+django = pytest.importorskip("django")
+
+from django.conf import settings  # noqa: E402 - only once Django is known to be installed
+from django.core.exceptions import ImproperlyConfigured  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+from django.db import connection, connections, transaction  # noqa: E402
+
+from tests.db.contrib import django_jobs, django_settings  # noqa: E402 - imports Django
 
 JOB_TYPE = django_jobs.JOB_TYPE
 
@@ -120,6 +125,62 @@ def test_enqueue_outside_atomic_block_commits_at_once(runledger):
     assert rl.get_job(runledger.get_engine(), job.id).priority == 7
 
 
+def test_enqueue_goes_through_the_raw_connection_of_the_driver_django_picked(runledger):
+    psycopg = pytest.importorskip("psycopg")
+    with transaction.atomic():
+        job = place_order(runledger, "typed")
+        # With psycopg 3 installed Django uses it (and loads jsonb as text on its
+        # connection); the record read back through that connection is still decoded.
+        assert isinstance(connection.connection, psycopg.Connection)
+        assert rl.get_job(connection.connection, job.id).payload == {"item": "typed"}
+        assert job.payload == {"item": "typed"} and job.created_at.tzinfo is not None
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT payload FROM job_queue WHERE id = %s", [job.id])
+            assert cursor.fetchone()[0] == '{"item": "typed"}'
+    assert rl.get_job(runledger.get_engine(), job.id) is not None
+
+
+#: Run in a fresh interpreter: Django picks its driver once, at import, and
+#: prefers psycopg 3, so hiding psycopg makes it fall back to psycopg2.
+ON_PSYCOPG2 = """
+import json, sys
+sys.modules["psycopg"] = None
+import django
+from django.conf import settings
+from tests.db.contrib import django_settings
+settings.configure(DATABASES={"default": json.loads(sys.argv[1])}, **django_settings.SETTINGS)
+django.setup()
+import psycopg2.extensions
+from django.db import connection, transaction
+from runledger_sync.contrib import django as runledger
+from tests.db.contrib.django_jobs import JOB_TYPE
+with transaction.atomic():
+    kept = runledger.enqueue(JOB_TYPE, {"item": "kept"})
+    assert isinstance(connection.connection, psycopg2.extensions.connection), type(connection.connection)
+    assert kept.payload == {"item": "kept"}
+try:
+    with transaction.atomic():
+        lost = runledger.enqueue(JOB_TYPE, {"item": "lost"})
+        raise RuntimeError("the view fails after enqueue")
+except RuntimeError:
+    pass
+print(json.dumps({"kept": str(kept.id), "lost": str(lost.id)}))
+"""
+
+
+def test_enqueue_joins_django_transactions_on_psycopg2_too(runledger):
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run(
+        [sys.executable, "-c", ON_PSYCOPG2, json.dumps(settings.DATABASES["default"])],
+        cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    ids = json.loads(done.stdout)
+    engine = runledger.get_engine()
+    assert rl.get_job(engine, ids["kept"]).payload == {"item": "kept"}
+    assert rl.get_job(engine, ids["lost"]) is None
+
+
 def test_runledger_migrate_command_upgrades_an_empty_database(runledger):
     empty = runledger.get_engine("empty")
     assert rl.current_revision(empty) is None
@@ -182,7 +243,7 @@ def test_runledger_worker_command_runs_until_sigterm(runledger):
 def test_database_url_is_built_from_a_databases_entry():
     socket = database_url({"ENGINE": "django.db.backends.postgresql", "NAME": "app", "USER": "u",
                            "PASSWORD": "p@ss", "HOST": "/run/pg", "PORT": "5433",
-                           "OPTIONS": {"sslmode": "disable", "isolation_level": 1}})
+                           "OPTIONS": {"sslmode": "disable", "isolation_level": 1, "prepare_threshold": 0}})
     assert (socket.username, socket.password, socket.host, socket.port, socket.database) == ("u", "p@ss", None, 5433, "app")
     assert dict(socket.query) == {"host": "/run/pg", "sslmode": "disable"}
     tcp = database_url({"ENGINE": "django.db.backends.postgresql", "NAME": "app", "HOST": "db.local", "PORT": ""})
