@@ -33,7 +33,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import (
@@ -58,6 +58,7 @@ from runledger_sync.db.schema import job_attempts, job_dead_letters, job_events,
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store._rows import JOB_COLUMNS, to_job
+from runledger_sync.store.held import HeldConnection
 
 LEASE_EXPIRED_CODE = "job.lease_expired"
 LEASE_EXPIRED_MESSAGE = "Job lease expired before completion."
@@ -237,7 +238,22 @@ def _claim(
             return []
         params["job_types"] = types
         statement = _CLAIM_FOR_TYPES
-    return run_in_transaction(bind, lambda connection: [to_job(row) for row in connection.execute(statement, params)])
+
+    # Nothing runs on a prestart claim until the running write commits, and that
+    # synchronous commit flushes this one too. A claim lost in a server crash
+    # before then is simply claimed again, so it need not wait for the disk. Only
+    # in a transaction of our own: a caller's would be changed as a whole.
+    commit_without_waiting = origin is ClaimOrigin.WORKER_PRESTART and isinstance(bind, (Engine, HeldConnection))
+
+    def work(connection: Connection) -> list[JobRecord]:
+        if commit_without_waiting:
+            connection.execute(_NO_WAIT_FOR_DISK)
+        return [to_job(row) for row in connection.execute(statement, params)]
+
+    return run_in_transaction(bind, work)
+
+
+_NO_WAIT_FOR_DISK = select(func.set_config("synchronous_commit", "off", True))
 
 
 def claim_jobs(

@@ -55,3 +55,28 @@ def test_a_killed_backend_is_replaced_and_the_transaction_retried(engine, held):
     assert rl.get_job(engine, job.id) is not None
     assert backend_pid(held) != victim
     held.connection().rollback()
+
+
+def synchronous_commit(connection) -> str:
+    return connection.execute(text("SHOW synchronous_commit")).scalar_one()
+
+
+def test_a_prestart_claim_skips_the_disk_wait_only_for_its_own_transaction(engine, held):
+    store_enqueue.enqueue(engine, JOB_TYPE, {})
+    claimed = lifecycle.claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=1,
+                                                      job_types=[JOB_TYPE])
+    assert len(claimed) == 1
+    # SET LOCAL: the next transaction on the same connection waits for the disk again.
+    assert synchronous_commit(held.connection()) == "on"
+    held.connection().rollback()
+
+
+def test_a_prestart_claim_in_the_callers_transaction_leaves_its_setting_alone(engine):
+    define(engine)
+    store_enqueue.enqueue(engine, JOB_TYPE, {})
+    with engine.connect() as connection:
+        claimed = lifecycle.claim_prestart_jobs_for_types(connection, worker_id="w", lease_ttl_seconds=30, limit=1,
+                                                          job_types=[JOB_TYPE])
+        assert len(claimed) == 1
+        assert synchronous_commit(connection) == "on"
+        connection.commit()
