@@ -258,7 +258,7 @@ class JobContext:
         handler's outcome as usual: its return value, or the exception it raised.
 
         Args:
-            bind: the SQLAlchemy Connection, ORM Session or psycopg2 connection
+            bind: the SQLAlchemy Connection, ORM Session or psycopg (2 or 3) connection
                 that holds your open transaction, on the queue's database (and
                 schema: use ``rl.with_schema`` if the worker's engine does).
             completion: progress, checkpoint and output to record (default none).

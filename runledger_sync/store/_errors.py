@@ -1,7 +1,7 @@
 """Run store transactions with a retry budget for lost connections.
 
 Given an Engine, the transaction is the store's own. Given anything the caller
-holds (a Connection, an ORM Session, a psycopg2 connection; see
+holds (a Connection, an ORM Session, a psycopg 2 or 3 connection; see
 :mod:`runledger_sync.store._binds`), the work joins the caller's transaction.
 
 Only transient connection failures are retried, and only while retrying cannot
@@ -39,12 +39,12 @@ def run_in_transaction(
 
     Given an Engine (or a HeldConnection of one), the transaction is committed here, and a lost connection is
     retried within a small budget. Given a Connection, an ORM Session or a
-    psycopg2 connection, ``work`` joins the caller's transaction and nothing is
+    psycopg connection, ``work`` joins the caller's transaction and nothing is
     retried or committed: the caller owns the transaction.
 
     Args:
         bind: an Engine or a :class:`HeldConnection` (the store's own transaction, retried), or a
-            Connection, Session or psycopg2 connection (the caller's).
+            Connection, Session or psycopg (2 or 3) connection (the caller's).
         recheck: called after an unknown commit outcome; returns the result if the
             write landed, or None to run ``work`` again.
 
@@ -74,7 +74,7 @@ def run_in_transaction(
 
 
 def _url_of(connection: Connection) -> Any:
-    # A lent psycopg2 connection has no URL of ours to show.
+    # A lent psycopg connection has no URL of ours to show.
     return None if is_lent(connection) else connection.engine.url
 
 

@@ -66,7 +66,7 @@ def get_job(bind: Bind, job_id: UUID | str, *, organization_id: Optional[str] = 
     """Return the job, or None when it does not exist in the scope.
 
     Args:
-        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
     """
     statement = _scope(select(*JOB_COLUMNS).where(_q.id == _check_job_id(job_id)), organization_id)
@@ -94,7 +94,7 @@ def list_jobs(
     """Return jobs matching the filters, newest first.
 
     Args:
-        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
 
     Raises:
@@ -119,7 +119,7 @@ def count_jobs(
     """Return how many jobs match the filters.
 
     Args:
-        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
     """
     status = _check_status(status)
@@ -140,7 +140,7 @@ def list_attempts(bind: Bind, job_id: UUID | str) -> list[JobAttemptRecord]:
     """Return a job's attempts, oldest first.
 
     Args:
-        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
     """
     statement = (
@@ -155,7 +155,7 @@ def list_events(bind: Bind, job_id: UUID | str) -> list[JobEventRecord]:
     """Return a job's events in the order they were written.
 
     Args:
-        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
     """
     statement = select(*EVENT_COLUMNS).where(job_events.c.job_id == _check_job_id(job_id)).order_by(job_events.c.id)
@@ -166,7 +166,7 @@ def get_dead_letter(bind: Bind, job_id: UUID | str) -> Optional[DeadLetterRecord
     """Return the job's dead-letter row, or None.
 
     Args:
-        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
     """
     statement = select(*DEAD_LETTER_COLUMNS).where(job_dead_letters.c.job_id == _check_job_id(job_id))
@@ -185,7 +185,7 @@ def list_dead_letters(
     """Return dead letters, most recent failure first.
 
     Args:
-        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
     """
     check.check_int("limit", limit, check.LIMIT_RANGE)
@@ -266,7 +266,7 @@ def cancel_job(
     gone and sets its cancellation flag, and any write it attempts is refused.
 
     Args:
-        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
 
     Raises:
@@ -344,7 +344,7 @@ def requeue_job(
     """Run a finished job again: a new run (run_number + 1) from attempt 0.
 
     Args:
-        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
 
     Raises:
@@ -369,7 +369,7 @@ def queue_stats(bind: Bind, *, organization_id: Optional[str] = None) -> QueueSt
     """Return counts by status and by type, the oldest pending job's age, and expired leases.
 
     Args:
-        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
     """
     by_type = _scope(

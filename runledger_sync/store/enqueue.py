@@ -171,7 +171,7 @@ def enqueue(
     come from the job type's definition.
 
     Args:
-        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
         payload: any JSON value (default ``{}``).
         run_at: when the job may start (timezone-aware); or ``delay_seconds`` from now.
@@ -217,7 +217,7 @@ def enqueue_many(
     """Add a batch of jobs in one statement; all are written or none.
 
     Args:
-        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
 
     Returns:
@@ -411,7 +411,7 @@ def sync_job_definitions(
     """Write job definitions; ``overwrite=False`` only inserts the missing ones.
 
     Args:
-        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
 
     Returns:
@@ -462,7 +462,7 @@ def upsert_job_definition(bind: Bind, definition: JobDefinition) -> JobDefinitio
     """Insert or overwrite one job definition.
 
     Args:
-        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
     """
     return sync_job_definitions(bind, [definition])[0]
@@ -472,7 +472,7 @@ def set_job_definition_enabled(bind: Bind, job_type: str, enabled: bool) -> JobD
     """Enable or disable a job type; a disabled type cannot be enqueued.
 
     Args:
-        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
 
     Raises:

@@ -270,7 +270,7 @@ def claim_jobs(
     None means any type; an empty list claims nothing without a query.
 
     Args:
-        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
 
     Raises:
@@ -293,7 +293,7 @@ def claim_prestart_jobs_for_types(
     handler starts; until then it can be handed back without spending an attempt.
 
     Args:
-        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
     """
     return _claim(bind, ClaimOrigin.WORKER_PRESTART, worker_id, lease_ttl_seconds, limit, job_types)
@@ -368,7 +368,7 @@ def update_job_progress(
     which the claim can no longer be released unstarted.
 
     Args:
-        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
 
     Raises:
@@ -390,7 +390,7 @@ def mark_job_running(bind: Bind, identity: LeaseIdentity) -> JobRecord:
     """Persist stage ``running`` for a claimed job: the step before its handler starts.
 
     Args:
-        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
     """
     return update_job_progress(bind, **identity.keywords(), stage=JobStage.RUNNING)
@@ -448,7 +448,7 @@ def heartbeat_job(
     behind another transaction fails (``db.query_failed``) instead of hanging.
 
     Args:
-        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
 
     Raises:
@@ -529,7 +529,7 @@ def complete_job_success(
     """Finish a leased job as SUCCEEDED, storing the completion's progress, checkpoint and output.
 
     Args:
-        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
 
     Raises:
@@ -668,7 +668,7 @@ def complete_job_failure(
     delay retries at once.
 
     Args:
-        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
 
     Returns:
@@ -765,7 +765,7 @@ def release_unstarted_job_claim(
     Only applies while RUNNING was never persisted for the attempt.
 
     Args:
-        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
 
     Raises:
@@ -832,7 +832,7 @@ def reap_expired_leases(bind: Bind, *, limit: int, default_retry_delay_ms: int) 
     the batch.
 
     Args:
-        bind: an Engine (committed here), or a Connection, ORM Session or psycopg2
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
 
     Raises:

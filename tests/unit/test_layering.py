@@ -256,7 +256,7 @@ def test_allowlisted_upward_imports_exist_and_are_lazy():
 def test_checker_flags_only_upward_edges(importer, source, expected):
     found = violations(imports_of(importer, source))
     assert len(found) == len(expected)
-    for message, fragment in zip(found, expected):
+    for message, fragment in zip(found, expected, strict=True):
         assert fragment in message
 
 

@@ -8,10 +8,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import flask
 import pytest
-
-flask = pytest.importorskip("flask")
-
 import sqlalchemy as sa
 
 import runledger_sync as rl

@@ -65,7 +65,7 @@ def test_complete_jobs_success_writes_each_completion_with_its_attempt_and_event
         None,
         JobCompletion(progress_done=2, progress_total=2, checkpoint={"page": 9}),
     ]
-    results = complete_jobs_success(engine, list(zip(identities(jobs), completions)))
+    results = complete_jobs_success(engine, list(zip(identities(jobs), completions, strict=True)))
     assert [r.status for r in results] == [JobStatus.SUCCEEDED] * 3
     stored = {r.id: r for r in rows(engine, "SELECT * FROM job_queue")}
     assert stored[jobs[0].id].output == {"n": 0} and stored[jobs[1].id].output is None
