@@ -51,7 +51,7 @@ def run_in_transaction(
     Raises:
         InvalidArgument: ``bind`` is none of the accepted kinds.
     """
-    if not isinstance(bind, (Engine, HeldConnection)):
+    if not owns_transaction(bind):
         try:
             with joined_connection(bind) as connection:
                 try:
@@ -73,6 +73,11 @@ def run_in_transaction(
     raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
 
 
+def owns_transaction(bind: Any) -> bool:
+    """True when the store runs (and commits) its own transaction on ``bind``, False when it joins the caller's."""
+    return isinstance(bind, (Engine, HeldConnection))
+
+
 def _url_of(connection: Connection) -> Any:
     # A lent psycopg connection has no URL of ours to show.
     return None if is_lent(connection) else connection.engine.url
@@ -90,19 +95,11 @@ def _once(
 ) -> T:
     engine = source if isinstance(source, Engine) else source.engine
     try:
-        connection = engine.connect() if isinstance(source, Engine) else source.connection()
+        checkout = source.connect()
     except sa_exc.DBAPIError as exc:
         raise translate(exc, engine.url) from exc
-    try:
+    with checkout as connection:
         return _transaction(engine, connection, work, recheck)
-    except BaseException as error:
-        # A broken connection is replaced next time; after a refused write it is fine as it is.
-        if isinstance(source, HeldConnection) and (connection.invalidated or isinstance(error, errors.ConnectionFailed)):
-            source.release()
-        raise
-    finally:
-        if isinstance(source, Engine):
-            connection.close()
 
 
 def _transaction(

@@ -14,6 +14,8 @@ from typing import Optional
 
 from sqlalchemy.engine import Connection, Engine
 
+from runledger_sync.core.errors import ConnectionFailed
+
 
 class HeldConnection:
     """One thread's connection, reopened after it breaks; pass it wherever the store takes an Engine.
@@ -25,20 +27,29 @@ class HeldConnection:
         self.engine = engine
         self._connection: Optional[Connection] = None
 
-    def connection(self) -> Connection:
-        """The held connection, opened anew if it is missing or was invalidated by a lost server."""
+    def connect(self) -> "_Use":
+        """Like ``Engine.connect()``: the (re)opened connection, as a context that does not close it."""
         current = self._connection
         if current is None or current.closed or current.invalidated:
-            if current is not None:
-                current.close()
+            self.close()
             current = self._connection = self.engine.connect()
-        return current
+        return _Use(self, current)
 
-    def release(self) -> None:
-        """Give the connection back (after a failure its state is unknown, so it is not reused)."""
+    def close(self) -> None:
         current, self._connection = self._connection, None
         if current is not None:
             current.close()
 
-    def close(self) -> None:
-        self.release()
+
+class _Use:
+    def __init__(self, held: HeldConnection, connection: Connection) -> None:
+        self._held = held
+        self._connection = connection
+
+    def __enter__(self) -> Connection:
+        return self._connection
+
+    def __exit__(self, exc_type: object, error: Optional[BaseException], traceback: object) -> None:
+        # A broken connection is replaced next time; after a refused write it is fine as it is.
+        if error is not None and (self._connection.invalidated or isinstance(error, ConnectionFailed)):
+            self._held.close()

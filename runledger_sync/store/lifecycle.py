@@ -33,7 +33,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import (
@@ -56,9 +56,8 @@ from runledger_sync.core.types import (
 )
 from runledger_sync.db.schema import job_attempts, job_dead_letters, job_events, job_queue
 from runledger_sync.store._binds import Bind
-from runledger_sync.store._errors import run_in_transaction
+from runledger_sync.store._errors import owns_transaction, run_in_transaction
 from runledger_sync.store._rows import JOB_COLUMNS, to_job
-from runledger_sync.store.held import HeldConnection
 
 LEASE_EXPIRED_CODE = "job.lease_expired"
 LEASE_EXPIRED_MESSAGE = "Job lease expired before completion."
@@ -243,7 +242,7 @@ def _claim(
     # synchronous commit flushes this one too. A claim lost in a server crash
     # before then is simply claimed again, so it need not wait for the disk. Only
     # in a transaction of our own: a caller's would be changed as a whole.
-    commit_without_waiting = origin is ClaimOrigin.WORKER_PRESTART and isinstance(bind, (Engine, HeldConnection))
+    commit_without_waiting = origin is ClaimOrigin.WORKER_PRESTART and owns_transaction(bind)
 
     def work(connection: Connection) -> list[JobRecord]:
         if commit_without_waiting:

@@ -13,8 +13,16 @@ from runledger_sync.store.held import HeldConnection
 from tests.support import JOB_TYPE, define, scalar
 
 
-def backend_pid(held: HeldConnection) -> int:
-    return held.connection().execute(text("SELECT pg_backend_pid()")).scalar_one()
+def on_held(held: HeldConnection, sql: str) -> object:
+    """One read on the held connection, rolled back so it leaves no transaction open."""
+    with held.connect() as connection:
+        value = connection.execute(text(sql)).scalar_one()
+        connection.rollback()
+    return value
+
+
+def backend_pid(held: HeldConnection) -> object:
+    return on_held(held, "SELECT pg_backend_pid()")
 
 
 @pytest.fixture
@@ -27,11 +35,9 @@ def held(engine):
 
 def test_transactions_share_one_backend_and_commit_each(engine, held):
     before = backend_pid(held)
-    held.connection().rollback()
     for n in range(3):
         store_enqueue.enqueue(held, JOB_TYPE, {"n": n})
     assert backend_pid(held) == before
-    held.connection().rollback()
     # Committed: another connection sees every job.
     assert scalar(engine, "SELECT count(*) FROM job_queue") == 3
 
@@ -39,22 +45,18 @@ def test_transactions_share_one_backend_and_commit_each(engine, held):
 def test_a_refused_write_rolls_back_and_keeps_the_connection(engine, held):
     job = store_enqueue.enqueue(engine, JOB_TYPE, {})
     before = backend_pid(held)
-    held.connection().rollback()
     with pytest.raises(errors.LeaseOwnerMismatch):
         lifecycle.heartbeat_job(held, job_id=job.id, run_number=1, attempt=1, worker_id="nobody",
                                 lease_ttl_seconds=5)
     assert backend_pid(held) == before
-    held.connection().rollback()
 
 
 def test_a_killed_backend_is_replaced_and_the_transaction_retried(engine, held):
     victim = backend_pid(held)
-    held.connection().rollback()
     assert scalar(engine, "SELECT pg_terminate_backend(:pid)", pid=victim) is True
     job = store_enqueue.enqueue(held, JOB_TYPE, {"after": "kill"})
     assert rl.get_job(engine, job.id) is not None
     assert backend_pid(held) != victim
-    held.connection().rollback()
 
 
 def synchronous_commit(connection) -> str:
@@ -67,8 +69,7 @@ def test_a_prestart_claim_skips_the_disk_wait_only_for_its_own_transaction(engin
                                                       job_types=[JOB_TYPE])
     assert len(claimed) == 1
     # SET LOCAL: the next transaction on the same connection waits for the disk again.
-    assert synchronous_commit(held.connection()) == "on"
-    held.connection().rollback()
+    assert on_held(held, "SHOW synchronous_commit") == "on"
 
 
 def test_a_prestart_claim_in_the_callers_transaction_leaves_its_setting_alone(engine):
