@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
 from sqlalchemy.engine import Engine
+from tenacity import Retrying, retry_if_exception_type, stop_before_delay, stop_when_event_set, wait_exponential
 
 from runledger_sync.config import JobsConfig
 from runledger_sync.core import backoff
@@ -77,7 +78,7 @@ RUNNING_PROGRESS_PERSIST_FAILED_REASON = "RUNNING_PROGRESS_PERSIST_FAILED"
 #: How long a renewal still in flight when the lease ran out may take to answer,
 #: so the lost attempt is logged with the database's reason when it has one.
 LATE_RENEWAL_ANSWER_SECONDS = 1.0
-#: Pauses between renewals retried after a lost connection (doubling up to the max).
+#: Pauses between renewals retried after a lost connection (growing exponentially up to the max).
 RENEWAL_RETRY_FIRST_PAUSE_SECONDS = 0.1
 RENEWAL_RETRY_MAX_PAUSE_SECONDS = 1.0
 #: How often a watchdog waiting on a renewal looks whether the attempt has ended.
@@ -97,6 +98,8 @@ class LeaseLost:
     code: str
     message: str
 
+
+MAINTENANCE_LOST = LeaseLost(LEASE_MAINTENANCE_FAILED_CODE, "Job lease could not be durably maintained during processing.")
 
 Outcome = Union[JobCompletion, JobFailure, LeaseLost]
 SuccessItem = tuple[lifecycle.LeaseIdentity, Optional[JobCompletion]]
@@ -432,9 +435,6 @@ def _watch(execution: JobExecution, started: float) -> None:
                 return
 
 
-MAINTENANCE_LOST = LeaseLost(LEASE_MAINTENANCE_FAILED_CODE, "Job lease could not be durably maintained during processing.")
-
-
 def _renew_lease(execution: JobExecution) -> None:
     """Renew the lease, for no longer than the lease itself lasts by the local clock.
 
@@ -448,25 +448,25 @@ def _renew_lease(execution: JobExecution) -> None:
     sent_at = time.monotonic()
     outcome: dict[str, BaseException] = {}
 
+    retrying = Retrying(
+        retry=retry_if_exception_type(ConnectionFailed),
+        # No retry that could only land after the lease ran out, nor after the attempt ended.
+        stop=stop_before_delay(max(0.0, execution.local_lease_deadline - sent_at))
+        | stop_when_event_set(execution.stop_watchdog),
+        wait=wait_exponential(multiplier=RENEWAL_RETRY_FIRST_PAUSE_SECONDS, max=RENEWAL_RETRY_MAX_PAUSE_SECONDS),
+        sleep=execution.stop_watchdog.wait,
+        reraise=True,
+    )
+
     def renew() -> None:
-        pause = RENEWAL_RETRY_FIRST_PAUSE_SECONDS
-        while True:
-            try:
-                lifecycle.heartbeat_job(
-                    execution.engine, **execution.identity.keywords(),
-                    lease_ttl_seconds=execution.config.lease_ttl_seconds,
-                    lock_timeout_ms=execution.config.heartbeat_lock_timeout_ms,
-                )
-                return
-            except ConnectionFailed as error:
-                out_of_lease = time.monotonic() + pause >= execution.local_lease_deadline
-                if out_of_lease or execution.stop_watchdog.wait(pause):
-                    outcome["error"] = error
-                    return
-                pause = min(pause * 2, RENEWAL_RETRY_MAX_PAUSE_SECONDS)
-            except BaseException as error:  # noqa: BLE001 - handed to the watchdog, which decides
-                outcome["error"] = error
-                return
+        try:
+            retrying(
+                lifecycle.heartbeat_job, execution.engine, **execution.identity.keywords(),
+                lease_ttl_seconds=execution.config.lease_ttl_seconds,
+                lock_timeout_ms=execution.config.heartbeat_lock_timeout_ms,
+            )
+        except BaseException as error:  # noqa: BLE001 - handed to the watchdog, which decides
+            outcome["error"] = error
 
     renewal = threading.Thread(target=renew, name=f"runledger-renew-{execution.job.id}", daemon=True)
     renewal.start()
