@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Callable
 
 from sqlalchemy import text
 
 from runledger_sync.core.records import JobDefinition
+from runledger_sync.runtime.worker import run_worker_loop
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store import lifecycle
 
@@ -74,3 +76,16 @@ def wait_until(condition: Callable[[], Any], timeout: float = 10.0, interval: fl
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout} s")
         time.sleep(interval)
+
+
+def run_worker_until(engine: Any, registry: Any, config: Any, condition: Callable[[], Any], timeout: float = 30) -> None:
+    """Run a worker loop in a thread until ``condition`` holds, then shut it down and check it stopped."""
+    shutdown = threading.Event()
+    worker = threading.Thread(target=run_worker_loop, args=(engine, registry, config, shutdown), daemon=True)
+    worker.start()
+    try:
+        wait_until(condition, timeout=timeout)
+    finally:
+        shutdown.set()
+        worker.join(30)
+    assert not worker.is_alive()

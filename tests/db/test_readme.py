@@ -10,14 +10,13 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import runledger_sync as rl
 from runledger_sync import cli
 from runledger_sync.config import ENV_ALIASES
 from runledger_sync.store import lifecycle
-from tests.support import define, wait_until
+from tests.support import define, run_worker_until, wait_until
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -37,14 +36,7 @@ def test_first_job_snippet_enqueues_jobs_a_worker_then_runs(fresh_database):
     try:
         assert rl.count_jobs(engine, job_type="email.send") == 2
         config = rl.JobsConfig(poll_interval_ms=20, lease_ttl_seconds=5, heartbeat_interval_seconds=0.5)
-        shutdown = threading.Event()
-        worker = threading.Thread(target=rl.run_worker_loop, args=(engine, registry, config, shutdown))
-        worker.start()
-        try:
-            wait_until(lambda: rl.count_jobs(engine, status=rl.JobStatus.SUCCEEDED) == 2, timeout=20)
-        finally:
-            shutdown.set()
-            worker.join(20)
+        run_worker_until(engine, registry, config, lambda: rl.count_jobs(engine, status=rl.JobStatus.SUCCEEDED) == 2)
         outputs = sorted(job.output["delivered_to"] for job in rl.list_jobs(engine))
         assert outputs == ["a@b.c", "b@c.d"]
     finally:

@@ -25,7 +25,7 @@ from runledger_sync.core.records import JobSpec
 from runledger_sync.core.types import JobStatus
 from runledger_sync.store import admin, lifecycle
 from tests.handlers import fast_config
-from tests.support import JOB_TYPE, claim_one, define, identity, scalar, wait_until
+from tests.support import JOB_TYPE, claim_one, define, identity, run_worker_until, scalar
 
 
 def psycopg2_connect(url: str) -> psycopg2.extensions.connection:
@@ -203,15 +203,8 @@ def test_committed_raw_psycopg2_enqueue_is_run_by_the_worker_loop(orders, fresh_
     finally:
         raw.close()
 
-    shutdown = threading.Event()
-    worker = threading.Thread(target=rl.run_worker_loop, args=(orders, registry, fast_config(), shutdown), daemon=True)
-    worker.start()
-    try:
-        assert ran.wait(10)
-        wait_until(lambda: rl.get_job(orders, job.id).status is JobStatus.SUCCEEDED)
-    finally:
-        shutdown.set()
-        worker.join(15)
+    run_worker_until(orders, registry, fast_config(), lambda: rl.get_job(orders, job.id).status is JobStatus.SUCCEEDED)
+    assert ran.is_set()
 
 
 def test_raw_psycopg2_connection_is_left_open_in_its_transaction_and_unchanged(orders, fresh_database):

@@ -23,7 +23,7 @@ from runledger_sync.core.types import JobStatus
 from runledger_sync.db.errors import translate
 from runledger_sync.store import lifecycle
 from tests.handlers import fast_config
-from tests.support import JOB_TYPE, claim_one, define, identity, scalar, wait_until
+from tests.support import JOB_TYPE, claim_one, define, identity, run_worker_until, scalar, wait_until
 
 psycopg = pytest.importorskip("psycopg")
 # Submodules that `import psycopg` loads itself.
@@ -99,15 +99,8 @@ def test_committed_enqueue_exists_only_after_the_caller_commits_and_then_runs(ra
 
     assert rl.get_job(orders, job.id).status is JobStatus.PENDING
     assert order_count(orders) == 1
-    shutdown = threading.Event()
-    worker = threading.Thread(target=rl.run_worker_loop, args=(orders, registry, fast_config(), shutdown), daemon=True)
-    worker.start()
-    try:
-        assert ran.wait(10)
-        wait_until(lambda: rl.get_job(orders, job.id).status is JobStatus.SUCCEEDED)
-    finally:
-        shutdown.set()
-        worker.join(15)
+    run_worker_until(orders, registry, fast_config(), lambda: rl.get_job(orders, job.id).status is JobStatus.SUCCEEDED)
+    assert ran.is_set()
 
 
 def test_rolled_back_enqueue_leaves_no_job_no_event_and_no_own_row(raw, orders):

@@ -8,25 +8,12 @@ from runledger_sync.core.records import JobSpec
 from runledger_sync.core.types import JobCompletion
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.group_writer import GroupWriter
-from runledger_sync.runtime.worker import run_worker_loop
 from runledger_sync.store import enqueue as store_enqueue
 from tests.handlers import fast_config
-from tests.support import JOB_TYPE, rows, scalar, wait_until
+from tests.support import JOB_TYPE, rows, run_worker_until, scalar
 
 JOBS = 24
 CONCURRENCY = 8
-
-
-def run_worker_until(engine, registry, config, condition):
-    shutdown = threading.Event()
-    worker = threading.Thread(target=run_worker_loop, args=(engine, registry, config, shutdown))
-    worker.start()
-    try:
-        wait_until(condition, timeout=30)
-    finally:
-        shutdown.set()
-        worker.join(30)
-    assert not worker.is_alive()
 
 
 def succeeded(engine):
