@@ -238,21 +238,33 @@ def _claim(
         params["job_types"] = types
         statement = _CLAIM_FOR_TYPES
 
-    # Nothing runs on a prestart claim until the running write commits, and that
-    # synchronous commit flushes this one too. A claim lost in a server crash
-    # before then is simply claimed again, so it need not wait for the disk. Only
-    # in a transaction of our own: a caller's would be changed as a whole.
-    commit_without_waiting = origin is ClaimOrigin.WORKER_PRESTART and owns_transaction(bind)
+    # Settings for this transaction only (a caller's would be changed as a whole,
+    # so its claims run as they are).
+    settings = None
+    if owns_transaction(bind):
+        settings = _PRESTART_CLAIM_SETTINGS if origin is ClaimOrigin.WORKER_PRESTART else _CLAIM_SETTINGS
 
     def work(connection: Connection) -> list[JobRecord]:
-        if commit_without_waiting:
-            connection.execute(_NO_WAIT_FOR_DISK)
+        if settings is not None:
+            connection.execute(settings)
         return [to_job(row) for row in connection.execute(statement, params)]
 
     return run_in_transaction(bind, work)
 
 
-_NO_WAIT_FOR_DISK = select(func.set_config("synchronous_commit", "off", True))
+# The pick must read the claim index in queue order and stop at the limit. With
+# statistics that call the queue empty (a new table, or one analyzed while idle and
+# then hit by a burst) the planner prefers to fetch every pending row of the types
+# and sort them, so each claim costs in proportion to the queue. A sort is never
+# the right way to pick, so the claim's transaction plans without one. A disabled
+# plan node counts as a huge cost, which would also make every claim worth
+# compiling with JIT (hundreds of milliseconds each), so JIT is off as well.
+_SORTED_BY_INDEX = (func.set_config("enable_sort", "off", True), func.set_config("jit", "off", True))
+_CLAIM_SETTINGS = select(*_SORTED_BY_INDEX)
+# Nothing runs on a prestart claim until the running write commits, and that
+# synchronous commit flushes this one too. A claim lost in a server crash before
+# then is simply claimed again, so it need not wait for the disk.
+_PRESTART_CLAIM_SETTINGS = select(*_SORTED_BY_INDEX, func.set_config("synchronous_commit", "off", True))
 
 
 def claim_jobs(

@@ -1,0 +1,100 @@
+"""The claim reads the head of the queue in index order, whatever the planner's statistics say.
+
+Every test database is a fresh clone, so its job_queue has never been analyzed:
+the state of a new install, and close to that of a table analyzed while idle and
+then hit by a burst. With such statistics PostgreSQL would rather fetch every
+pending row of the claimed types and sort them, which makes each claim cost in
+proportion to the queue. (A claim joining a caller's transaction keeps the caller's
+planner settings.) The plan is read with EXPLAIN inside the claim's own
+transaction, just before the claim statement runs, so it sees the same settings.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator
+
+import pytest
+from sqlalchemy import event
+
+import runledger_sync as rl
+from runledger_sync.store import enqueue as store_enqueue
+from runledger_sync.store import lifecycle
+from runledger_sync.store.held import HeldConnection
+from tests.support import JOB_TYPE, define, scalar
+
+QUEUED = 10_000
+
+
+@pytest.fixture
+def queued(engine) -> None:
+    define(engine)
+    store_enqueue.enqueue_many(engine, [rl.JobSpec(JOB_TYPE, {"n": n}) for n in range(QUEUED)])
+    assert scalar(engine, "SELECT reltuples FROM pg_class WHERE relname = 'job_queue'") < 0, "table was analyzed"
+
+
+@pytest.fixture
+def claim_plans(engine) -> Iterator[list[dict[str, Any]]]:
+    """EXPLAIN's answer for every claim statement run on ``engine``, asked on the claim's own connection."""
+    plans: list[dict[str, Any]] = []
+
+    def explain(_conn, cursor, statement, parameters, _context, _executemany) -> None:
+        if statement.lstrip().startswith("WITH picked AS"):
+            cursor.execute("EXPLAIN (FORMAT JSON) " + statement, parameters)
+            explained = cursor.fetchone()[0]
+            plans.append((json.loads(explained) if isinstance(explained, str) else explained)[0])
+
+    event.listen(engine, "before_cursor_execute", explain)
+    yield plans
+    event.remove(engine, "before_cursor_execute", explain)
+
+
+def pick_scan(plan: dict[str, Any]) -> dict[str, Any]:
+    """The node under the pick's LockRows: what the rows to lock are read from."""
+    stack = [plan]
+    while stack:
+        node = stack.pop()
+        if node["Node Type"] == "LockRows":
+            return node["Plans"][0]
+        stack.extend(node.get("Plans", []))
+    raise AssertionError("the claim plan has no LockRows node")
+
+
+def assert_reads_the_claim_index_in_order(explained: list[dict[str, Any]]) -> None:
+    assert len(explained) == 1
+    scan = pick_scan(explained[0]["Plan"])
+    assert scan["Node Type"] == "Index Scan", f"the pick sorts instead: {scan['Node Type']}"
+    assert scan["Index Name"] == "idx_job_queue_claim"
+    # Where the server has JIT, a claim compiled by it would take hundreds of milliseconds.
+    assert "JIT" not in explained[0]
+
+
+@pytest.mark.usefixtures("queued")
+def test_a_prestart_claim_reads_the_claim_index_in_order(engine, claim_plans):
+    held = HeldConnection(engine)
+    try:
+        jobs = lifecycle.claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=8,
+                                                       job_types=[JOB_TYPE])
+    finally:
+        held.close()
+    assert len(jobs) == 8
+    assert_reads_the_claim_index_in_order(claim_plans)
+
+
+@pytest.mark.usefixtures("queued")
+def test_a_direct_claim_for_types_reads_the_claim_index_in_order(engine, claim_plans):
+    jobs = lifecycle.claim_jobs(engine, worker_id="w", lease_ttl_seconds=30, limit=8, job_types=[JOB_TYPE, "x.y"])
+    assert len(jobs) == 8
+    assert_reads_the_claim_index_in_order(claim_plans)
+
+
+@pytest.mark.usefixtures("queued")
+def test_the_planner_setting_ends_with_the_claims_transaction(engine):
+    held = HeldConnection(engine)
+    try:
+        lifecycle.claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=1,
+                                                job_types=[JOB_TYPE])
+        with held.connect() as connection:
+            assert connection.exec_driver_sql("SHOW enable_sort").scalar_one() == "on"
+    finally:
+        held.close()
