@@ -11,7 +11,7 @@ from runledger_sync.core.records import JobSpec
 from runledger_sync.core.types import JobCompletion, RuntimeLoopExit
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.reaper import reap_once
-from runledger_sync.runtime.worker import run_worker_loop
+from runledger_sync.runtime.worker import WorkerLoop, run_worker_loop
 from runledger_sync.store import enqueue as store_enqueue
 from tests import handlers as h
 from tests.handlers import SECRET, fast_config
@@ -235,3 +235,85 @@ def test_worker_logs_carry_the_job_fields_and_never_the_payload(engine, probe, s
     for record in logs.records:
         assert SECRET not in record.getMessage()
         assert not any(SECRET in repr(value) for value in vars(record).values())
+
+
+class Gate:
+    """A handler that holds each job until :meth:`release` lets one through."""
+
+    def __init__(self) -> None:
+        self._permits = threading.Semaphore(0)
+
+    def release(self, jobs: int) -> None:
+        for _ in range(jobs):
+            self._permits.release()
+
+    def handler(self, _ctx, _payload) -> None:
+        assert self._permits.acquire(timeout=h.MAX_BLOCK_SECONDS)
+
+
+def started_loop(engine, gate: Gate, queued: int, gather_seconds: float) -> WorkerLoop:
+    registry = JobRegistry()
+    registry.job(JOB_TYPE)(gate.handler)
+    registry.sync_definitions(engine)
+    store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(queued)])
+    loop = WorkerLoop(engine, registry, fast_config(max_global_concurrency=4, claim_batch_size=4),
+                      threading.Event(), listen=False)
+    loop.claim_gather_seconds = gather_seconds
+    return loop
+
+
+def test_a_backed_up_loop_waits_for_half_a_batch_of_slots_and_claims_them_together(engine):
+    gate = Gate()
+    loop = started_loop(engine, gate, queued=12, gather_seconds=h.MAX_BLOCK_SECONDS)
+    try:
+        assert loop.turn() is True  # 4 of 12 claimed: backed up
+        assert loop.gather_target == 2
+        gate.release(1)
+        wait_until(lambda: loop.free_slots == 1)
+        turn = threading.Thread(target=loop.turn)
+        turn.start()
+        # One free slot is less than the target: the claim waits instead of taking it alone.
+        assert holds(lambda: turn.is_alive() and loop.dispatched == 4, 0.3)
+        gate.release(1)
+        turn.join(timeout=10)
+        assert not turn.is_alive()
+        assert loop.dispatched == 6
+        leased_together = rows(engine, "SELECT occurred_at, count(*) FROM job_events WHERE event_type = 'LEASED' "
+                                       "GROUP BY occurred_at ORDER BY occurred_at")
+        assert [count for _, count in leased_together] == [4, 2]
+    finally:
+        gate.release(12)
+        loop.drain()
+
+
+def test_the_gather_wait_is_bounded_and_an_idle_loop_claims_at_once(engine):
+    gate = Gate()
+    loop = started_loop(engine, gate, queued=12, gather_seconds=0.2)
+    try:
+        assert loop.turn() is True
+        gate.release(1)
+        wait_until(lambda: loop.free_slots == 1)
+        started = time.monotonic()
+        assert loop.turn() is True  # the one free slot, once the wait is over
+        assert 0.19 <= time.monotonic() - started < 5
+        assert loop.dispatched == 5
+    finally:
+        gate.release(12)
+        loop.drain()
+
+
+
+def test_a_loop_that_is_not_backed_up_claims_into_a_single_free_slot_at_once(engine):
+    gate = Gate()
+    loop = started_loop(engine, gate, queued=3, gather_seconds=h.MAX_BLOCK_SECONDS)
+    try:
+        assert loop.turn() is False  # 3 for 4 slots: the queue is drained, not backed up
+        assert loop.free_slots == 1 < loop.gather_target
+        store_enqueue.enqueue(engine, JOB_TYPE, {})
+        started = time.monotonic()
+        assert loop.turn() is True
+        assert time.monotonic() - started < 5
+        assert loop.dispatched == 4
+    finally:
+        gate.release(4)
+        loop.drain()
