@@ -7,7 +7,9 @@ fence for every row as :mod:`runledger_sync.store.lifecycle`: the identity
 must match, the job must be LEASED, and the lease must still be live when
 compared with ``clock_timestamp()`` *after* the row lock is held. The lock is
 taken by a first statement (rows locked in id order, so two group writers
-never deadlock), the write is a second one in the same transaction.
+never deadlock), the write is a second one in the same transaction. One
+statement cannot do both: its snapshot predates the lock wait, so a lease
+renewed during the wait would be judged on the row as it was before, expired.
 
 Each lease gets its own answer: the stored row, or ``LeaseOwnerMismatch`` when
 its fence refused it; a refused lease never stops the others from landing.

@@ -112,5 +112,24 @@ def test_lease_that_expires_while_the_group_waits_on_its_row_lock_is_refused(eng
     assert rows(engine, "SELECT count(*) FROM job_queue WHERE status = 'LEASED'")[0][0] == 2
 
 
+def test_a_lease_renewed_while_the_group_waits_is_judged_on_its_renewed_row(engine):
+    """The row changed under the wait: the fence reads the committed new version, not the one first seen."""
+    jobs = claim(engine, 2, lease_ttl_seconds=1)
+    renewer = engine.connect()
+    transaction = renewer.begin()
+    renewer.execute(text("UPDATE job_queue SET lease_expires_at = now() + interval '30 seconds' WHERE id = :id"),
+                    {"id": jobs[0].id})
+    results = []
+    writer = threading.Thread(target=lambda: results.extend(complete_jobs_success(engine, [(i, None) for i in identities(jobs)])))
+    writer.start()
+    time.sleep(1.5)  # the second lease (1 s) runs out; the first is renewed once the renewal commits
+    transaction.commit()
+    renewer.close()
+    writer.join(10)
+    assert [type(r).__name__ for r in results] == ["JobRecord", "LeaseOwnerMismatch"]
+    assert rows(engine, "SELECT status FROM job_queue WHERE id = :id", id=jobs[0].id)[0][0] == "SUCCEEDED"
+    assert rows(engine, "SELECT status FROM job_queue WHERE id = :id", id=jobs[1].id)[0][0] == "LEASED"
+
+
 def test_empty_groups_write_nothing(engine):
     assert mark_jobs_running(engine, []) == [] and complete_jobs_success(engine, []) == []
