@@ -238,33 +238,49 @@ def _claim(
         params["job_types"] = types
         statement = _CLAIM_FOR_TYPES
 
-    # Settings for this transaction only (a caller's would be changed as a whole,
-    # so its claims run as they are).
-    settings = None
-    if owns_transaction(bind):
-        settings = _PRESTART_CLAIM_SETTINGS if origin is ClaimOrigin.WORKER_PRESTART else _CLAIM_SETTINGS
+    if not owns_transaction(bind):
+        return run_in_transaction(bind, lambda connection: _claim_in_callers_transaction(connection, statement, params))
+    settings = _PRESTART_CLAIM_SETTINGS if origin is ClaimOrigin.WORKER_PRESTART else _CLAIM_SETTINGS
 
     def work(connection: Connection) -> list[JobRecord]:
-        if settings is not None:
-            connection.execute(settings)
+        # SET LOCAL: gone when this transaction of ours ends.
+        connection.execute(settings)
         return [to_job(row) for row in connection.execute(statement, params)]
 
     return run_in_transaction(bind, work)
+
+
+def _claim_in_callers_transaction(connection: Connection, statement: Any, params: dict[str, Any]) -> list[JobRecord]:
+    """Claim with the same planner settings, then give the caller's transaction back its own."""
+    saved = connection.execute(_PLANNER_SETTINGS_NOW).one()
+    connection.execute(_CLAIM_SETTINGS)
+    claimed = [to_job(row) for row in connection.execute(statement, params)]
+    connection.execute(_RESTORE_PLANNER_SETTINGS, saved._asdict())
+    return claimed
 
 
 # The pick must read the claim index in queue order and stop at the limit. With
 # statistics that call the queue empty (a new table, or one analyzed while idle and
 # then hit by a burst) the planner prefers to fetch every pending row of the types
 # and sort them, so each claim costs in proportion to the queue. A sort is never
-# the right way to pick, so the claim's transaction plans without one. A disabled
-# plan node counts as a huge cost, which would also make every claim worth
-# compiling with JIT (hundreds of milliseconds each), so JIT is off as well.
+# the right way to pick, so the claim plans without one. A disabled plan node
+# counts as a huge cost, which would also make every claim worth compiling with
+# JIT (hundreds of milliseconds each), so JIT is off as well.
 _SORTED_BY_INDEX = (func.set_config("enable_sort", "off", True), func.set_config("jit", "off", True))
 _CLAIM_SETTINGS = select(*_SORTED_BY_INDEX)
 # Nothing runs on a prestart claim until the running write commits, and that
 # synchronous commit flushes this one too. A claim lost in a server crash before
 # then is simply claimed again, so it need not wait for the disk.
 _PRESTART_CLAIM_SETTINGS = select(*_SORTED_BY_INDEX, func.set_config("synchronous_commit", "off", True))
+# A caller's transaction keeps its own synchronous_commit; its planner settings
+# are read before the claim and set back after it.
+_PLANNER_SETTINGS_NOW = select(
+    func.current_setting("enable_sort").label("enable_sort"), func.current_setting("jit").label("jit")
+)
+_RESTORE_PLANNER_SETTINGS = select(
+    func.set_config("enable_sort", bindparam("enable_sort", type_=Text), True),
+    func.set_config("jit", bindparam("jit", type_=Text), True),
+)
 
 
 def claim_jobs(

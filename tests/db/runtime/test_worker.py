@@ -251,7 +251,7 @@ class Gate:
         assert self._permits.acquire(timeout=h.MAX_BLOCK_SECONDS)
 
 
-def started_loop(engine, gate: Gate, queued: int, gather_seconds: float) -> WorkerLoop:
+def gated_loop(engine, gate: Gate, queued: int, gather_seconds: float) -> WorkerLoop:
     registry = JobRegistry()
     registry.job(JOB_TYPE)(gate.handler)
     registry.sync_definitions(engine)
@@ -264,7 +264,7 @@ def started_loop(engine, gate: Gate, queued: int, gather_seconds: float) -> Work
 
 def test_a_backed_up_loop_waits_for_half_a_batch_of_slots_and_claims_them_together(engine):
     gate = Gate()
-    loop = started_loop(engine, gate, queued=12, gather_seconds=h.MAX_BLOCK_SECONDS)
+    loop = gated_loop(engine, gate, queued=12, gather_seconds=h.MAX_BLOCK_SECONDS)
     try:
         assert loop.turn() is True  # 4 of 12 claimed: backed up
         assert loop.gather_target == 2
@@ -288,7 +288,7 @@ def test_a_backed_up_loop_waits_for_half_a_batch_of_slots_and_claims_them_togeth
 
 def test_the_gather_wait_is_bounded_and_an_idle_loop_claims_at_once(engine):
     gate = Gate()
-    loop = started_loop(engine, gate, queued=12, gather_seconds=0.2)
+    loop = gated_loop(engine, gate, queued=12, gather_seconds=0.2)
     try:
         assert loop.turn() is True
         gate.release(1)
@@ -305,7 +305,7 @@ def test_the_gather_wait_is_bounded_and_an_idle_loop_claims_at_once(engine):
 
 def test_a_loop_that_is_not_backed_up_claims_into_a_single_free_slot_at_once(engine):
     gate = Gate()
-    loop = started_loop(engine, gate, queued=3, gather_seconds=h.MAX_BLOCK_SECONDS)
+    loop = gated_loop(engine, gate, queued=3, gather_seconds=h.MAX_BLOCK_SECONDS)
     try:
         assert loop.turn() is False  # 3 for 4 slots: the queue is drained, not backed up
         assert loop.free_slots == 1 < loop.gather_target

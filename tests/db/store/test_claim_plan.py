@@ -4,9 +4,10 @@ Every test database is a fresh clone, so its job_queue has never been analyzed:
 the state of a new install, and close to that of a table analyzed while idle and
 then hit by a burst. With such statistics PostgreSQL would rather fetch every
 pending row of the claimed types and sort them, which makes each claim cost in
-proportion to the queue. (A claim joining a caller's transaction keeps the caller's
-planner settings.) The plan is read with EXPLAIN inside the claim's own
-transaction, just before the claim statement runs, so it sees the same settings.
+proportion to the queue. The plan is read with EXPLAIN on the claim's connection,
+inside its transaction, just before the claim statement runs, so it sees the same
+settings. A claim in a caller's transaction plans the same way and then gives the
+caller's planner settings back.
 """
 
 from __future__ import annotations
@@ -88,13 +89,37 @@ def test_a_direct_claim_for_types_reads_the_claim_index_in_order(engine, claim_p
     assert_reads_the_claim_index_in_order(claim_plans)
 
 
+def planner_settings(connection) -> tuple[str, str]:
+    return tuple(connection.exec_driver_sql("SELECT current_setting('enable_sort'), current_setting('jit')").one())
+
+
 @pytest.mark.usefixtures("queued")
-def test_the_planner_setting_ends_with_the_claims_transaction(engine):
+def test_the_planner_settings_end_with_the_claims_transaction(engine):
     held = HeldConnection(engine)
     try:
+        with held.connect() as connection:
+            before = planner_settings(connection)
+            connection.rollback()
+        assert before[0] == "on"
         lifecycle.claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=1,
                                                 job_types=[JOB_TYPE])
         with held.connect() as connection:
-            assert connection.exec_driver_sql("SHOW enable_sort").scalar_one() == "on"
+            assert planner_settings(connection) == before
+            connection.rollback()
     finally:
         held.close()
+
+
+@pytest.mark.usefixtures("queued")
+def test_a_claim_in_the_callers_transaction_plans_in_order_and_gives_back_its_settings(engine, claim_plans):
+    with engine.connect() as connection:
+        # The caller's own choices, made before the claim, must be what it finds after it.
+        connection.exec_driver_sql("SET LOCAL jit = off")
+        before = planner_settings(connection)
+        assert before == ("on", "off")
+        jobs = lifecycle.claim_jobs(connection, worker_id="w", lease_ttl_seconds=30, limit=8, job_types=[JOB_TYPE])
+        assert len(jobs) == 8
+        assert planner_settings(connection) == before
+        connection.commit()
+    assert_reads_the_claim_index_in_order(claim_plans)
+    assert scalar(engine, "SELECT count(*) FROM job_queue WHERE status = 'LEASED'") == 8
