@@ -19,6 +19,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_afte
 
 from runledger_sync.core import errors
 from runledger_sync.db.errors import is_transient, translate
+from runledger_sync.store import _prepared
 from runledger_sync.store._binds import Bind, is_lent, joined_connection
 from runledger_sync.store.held import HeldConnection
 
@@ -98,8 +99,12 @@ def _once(
         checkout = source.connect()
     except sa_exc.DBAPIError as exc:
         raise translate(exc, engine.url) from exc
-    with checkout as connection:
-        return _transaction(engine, connection, work, recheck)
+    with checkout as connection, _prepared.owned(connection):
+        try:
+            return _transaction(engine, connection, work, recheck)
+        except _prepared.PreparedStatementsLost:
+            # Nothing was written (the transaction rolled back): run it again, preparing afresh.
+            return _transaction(engine, connection, work, recheck)
 
 
 def _transaction(
@@ -110,6 +115,8 @@ def _transaction(
         result = work(connection)
     except sa_exc.DBAPIError as exc:
         connection.rollback()
+        if _prepared.forget_if_lost(connection, exc):
+            raise _prepared.PreparedStatementsLost() from exc
         raise translate(exc, engine.url) from exc
     except BaseException:
         connection.rollback()

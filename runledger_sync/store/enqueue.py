@@ -46,6 +46,7 @@ from runledger_sync.core.types import JobEventType, JobStage
 from runledger_sync.db.schema import job_definitions, job_events, job_queue
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
+from runledger_sync.store._prepared import PreparedStatement
 from runledger_sync.store._rows import DEFINITION_COLUMNS, JOB_COLUMNS, to_job, to_record
 from runledger_sync.store.notify import notify_due_types
 
@@ -130,7 +131,7 @@ def _build_enqueue_statement() -> Any:
     return select(*inserted.c).add_cte(event).where(notified >= 0)
 
 
-_ENQUEUE = _build_enqueue_statement()
+_ENQUEUE = PreparedStatement("enqueue", _build_enqueue_statement())
 
 _EXISTING = (
     select(*JOB_COLUMNS)
@@ -236,7 +237,7 @@ def enqueue_many(
     def work(connection: Connection) -> list[JobRecord]:
         if keyed:
             _require_read_committed(connection)
-        inserted = {row.id: to_job(row) for row in connection.execute(_ENQUEUE, params)}
+        inserted = {row.id: to_job(row) for row in _ENQUEUE.execute(connection, params)}
         if not inserted:
             _raise_if_definition_missing(connection, {spec.job_type for spec in specs})
         result = []

@@ -17,6 +17,7 @@ from uuid import UUID
 
 from sqlalchemy import (
     BigInteger,
+    Float,
     Boolean,
     Integer,
     Text,
@@ -57,6 +58,7 @@ from runledger_sync.core.types import (
 from runledger_sync.db.schema import job_attempts, job_dead_letters, job_events, job_queue
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import owns_transaction, run_in_transaction
+from runledger_sync.store._prepared import PreparedStatement, execute_in_turn
 from runledger_sync.store._rows import JOB_COLUMNS, to_job
 
 LEASE_EXPIRED_CODE = "job.lease_expired"
@@ -117,7 +119,7 @@ def _live_lease_guard() -> Any:
 
 
 def _seconds(name: str) -> Any:
-    return func.make_interval(0, 0, 0, 0, 0, 0, bindparam(name))
+    return func.make_interval(0, 0, 0, 0, 0, 0, bindparam(name, type_=Float))
 
 
 def _milliseconds(name: str) -> Any:
@@ -169,7 +171,7 @@ def _build_claim(with_type_filter: bool) -> Any:
         .values(
             status=_LEASED,
             attempt=_q.attempt + 1,
-            worker_id=bindparam("lease_worker_id"),
+            worker_id=bindparam("lease_worker_id", type_=Text),
             lease_expires_at=func.now() + _seconds("lease_seconds"),
             last_heartbeat_at=func.now(),
             started_at=func.coalesce(_q.started_at, func.now()),
@@ -190,14 +192,16 @@ def _build_claim(with_type_filter: bool) -> Any:
         ["id", "job_id", "run_number", "attempt", "worker_id", "claim_origin"],
         select(
             attempt_ids.c.attempt_id, numbered.c.id, numbered.c.run_number, numbered.c.attempt,
-            bindparam("lease_worker_id"), bindparam("claim_origin"),
+            bindparam("lease_worker_id", type_=Text), bindparam("claim_origin", type_=Text),
         ).select_from(numbered.join(attempt_ids, attempt_ids.c.n == numbered.c.n)),
     ).cte("attempts")
     events = _event_insert(
         leased,
         leased.c.id, leased.c.run_number, leased.c.attempt, literal(JobEventType.LEASED.value), leased.c.stage,
         null(), null(),
-        func.jsonb_build_object("worker_id", bindparam("lease_worker_id"), "lease_duration_seconds", bindparam("lease_seconds")),
+        func.jsonb_build_object(
+            "worker_id", bindparam("lease_worker_id", type_=Text), "lease_duration_seconds", bindparam("lease_seconds", type_=Float),
+        ),
     ).cte("leased_events")
     return (
         select(*leased.c)
@@ -206,8 +210,8 @@ def _build_claim(with_type_filter: bool) -> Any:
     )
 
 
-_CLAIM_ANY_TYPE = _build_claim(with_type_filter=False)
-_CLAIM_FOR_TYPES = _build_claim(with_type_filter=True)
+_CLAIM_ANY_TYPE = PreparedStatement("claim", _build_claim(with_type_filter=False))
+_CLAIM_FOR_TYPES = PreparedStatement("claim_for_types", _build_claim(with_type_filter=True))
 
 
 def _claim(
@@ -243,18 +247,19 @@ def _claim(
     settings = _PRESTART_CLAIM_SETTINGS if origin is ClaimOrigin.WORKER_PRESTART else _CLAIM_SETTINGS
 
     def work(connection: Connection) -> list[JobRecord]:
-        # SET LOCAL: gone when this transaction of ours ends.
-        connection.execute(settings)
-        return [to_job(row) for row in connection.execute(statement, params)]
+        # SET LOCAL: gone when this transaction of ours ends. Set in the same round
+        # trip as the claim, which is planned after them.
+        return [to_job(row) for row in execute_in_turn(connection, (settings, statement), params)]
 
     return run_in_transaction(bind, work)
 
 
-def _claim_in_callers_transaction(connection: Connection, statement: Any, params: dict[str, Any]) -> list[JobRecord]:
+def _claim_in_callers_transaction(
+    connection: Connection, statement: PreparedStatement, params: dict[str, Any]
+) -> list[JobRecord]:
     """Claim with the same planner settings, then give the caller's transaction back its own."""
     saved = connection.execute(_PLANNER_SETTINGS_NOW).one()
-    connection.execute(_CLAIM_SETTINGS)
-    claimed = [to_job(row) for row in connection.execute(statement, params)]
+    claimed = [to_job(row) for row in execute_in_turn(connection, (_CLAIM_SETTINGS, statement), params)]
     connection.execute(_RESTORE_PLANNER_SETTINGS, saved._asdict())
     return claimed
 
@@ -265,21 +270,23 @@ def _claim_in_callers_transaction(connection: Connection, statement: Any, params
 # and sort them, so each claim costs in proportion to the queue. A sort is never
 # the right way to pick, so the claim plans without one. A disabled plan node
 # counts as a huge cost, which would also make every claim worth compiling with
-# JIT (hundreds of milliseconds each), so JIT is off as well.
-_SORTED_BY_INDEX = (func.set_config("enable_sort", "off", True), func.set_config("jit", "off", True))
-_CLAIM_SETTINGS = select(*_SORTED_BY_INDEX)
+# JIT (hundreds of milliseconds each), so JIT is off as well. The claim is
+# prepared, and a generic plan, made without knowing the job types, can only sort:
+# it is planned for its own values every time.
+_PLANNER_SETTINGS = {"enable_sort": "off", "jit": "off", "plan_cache_mode": "force_custom_plan"}
+_SORTED_BY_INDEX = tuple(func.set_config(name, value, True) for name, value in _PLANNER_SETTINGS.items())
+_CLAIM_SETTINGS = PreparedStatement("claim_settings", select(*_SORTED_BY_INDEX))
 # Nothing runs on a prestart claim until the running write commits, and that
 # synchronous commit flushes this one too. A claim lost in a server crash before
 # then is simply claimed again, so it need not wait for the disk.
-_PRESTART_CLAIM_SETTINGS = select(*_SORTED_BY_INDEX, func.set_config("synchronous_commit", "off", True))
+_PRESTART_CLAIM_SETTINGS = PreparedStatement(
+    "prestart_claim_settings", select(*_SORTED_BY_INDEX, func.set_config("synchronous_commit", "off", True))
+)
 # A caller's transaction keeps its own synchronous_commit; its planner settings
 # are read before the claim and set back after it.
-_PLANNER_SETTINGS_NOW = select(
-    func.current_setting("enable_sort").label("enable_sort"), func.current_setting("jit").label("jit")
-)
+_PLANNER_SETTINGS_NOW = select(*(func.current_setting(name).label(name) for name in _PLANNER_SETTINGS))
 _RESTORE_PLANNER_SETTINGS = select(
-    func.set_config("enable_sort", bindparam("enable_sort", type_=Text), True),
-    func.set_config("jit", bindparam("jit", type_=Text), True),
+    *(func.set_config(name, bindparam(name, type_=Text), True) for name in _PLANNER_SETTINGS)
 )
 
 

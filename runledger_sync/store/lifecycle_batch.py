@@ -10,6 +10,8 @@ taken by a first statement (rows locked in id order, so two group writers
 never deadlock), the write is a second one in the same transaction. One
 statement cannot do both: its snapshot predates the lock wait, so a lease
 renewed during the wait would be judged on the row as it was before, expired.
+On the store's own connections both statements are prepared and sent in one
+round trip.
 
 Each lease gets its own answer: the stored row, or ``LeaseOwnerMismatch`` when
 its fence refused it; a refused lease never stops the others from landing.
@@ -32,6 +34,7 @@ from runledger_sync.core.types import JobCompletion, JobEventType, JobStage, Job
 from runledger_sync.db.schema import job_attempts, job_queue
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
+from runledger_sync.store._prepared import PreparedStatement, execute_in_turn
 from runledger_sync.store._rows import JOB_COLUMNS, to_job
 from runledger_sync.store.lifecycle import (
     LeaseIdentity,
@@ -87,19 +90,29 @@ def _build_lock() -> Any:
     )
 
 
-_LOCK = _build_lock()
-_LOCKED_IDS = bindparam("locked_ids", type_=ARRAY(PG_UUID(as_uuid=True)))
+_LOCK = PreparedStatement("lock_leases", _build_lock())
 
 
-def _live_locked_guard() -> Any:
-    """Rows this transaction locked whose lease is live now, after the lock was taken."""
-    return and_(_q.id == func.any(_LOCKED_IDS), _q.lease_expires_at > func.clock_timestamp())
+def _live_leases(leases: Any) -> Any:
+    """Rows of these lease identities, still LEASED, whose lease is live now.
+
+    The write runs after ``_LOCK`` in the same transaction, so its snapshot is
+    taken once the rows are locked and sees any renewal made meanwhile.
+    """
+    return and_(
+        _q.id == leases.c.job_id,
+        _q.run_number == leases.c.run_number,
+        _q.attempt == leases.c.attempt,
+        _q.worker_id == leases.c.worker_id,
+        _q.status == JobStatus.LEASED.value,
+        _q.lease_expires_at > func.clock_timestamp(),
+    )
 
 
 def _build_running() -> Any:
     running = (
         job_queue.update()
-        .where(_live_locked_guard())
+        .where(_live_leases(_leases(_IDENTITY_ARRAYS)))
         .values(stage=JobStage.RUNNING.value)
         .returning(*JOB_COLUMNS)
         .cte("running")
@@ -124,9 +137,9 @@ def _build_running() -> Any:
 
 
 def _build_group_success() -> Any:
-    values = _leases(_IDENTITY_ARRAYS[:1] + _SUCCESS_ARRAYS)
+    values = _leases(_IDENTITY_ARRAYS + _SUCCESS_ARRAYS)
     return _build_success(
-        _live_locked_guard() & (_q.id == values.c.job_id),
+        _live_leases(values),
         done=values.c.progress_done,
         total=values.c.progress_total,
         checkpoint=cast(values.c.checkpoint, JSONB),
@@ -134,8 +147,8 @@ def _build_group_success() -> Any:
     )
 
 
-_RUNNING = _build_running()
-_GROUP_SUCCESS = _build_group_success()
+_RUNNING = PreparedStatement("mark_running", _build_running())
+_GROUP_SUCCESS = PreparedStatement("complete_success", _build_group_success())
 
 
 def mark_jobs_running(bind: Bind, identities: Sequence[LeaseIdentity]) -> list[LeaseResult]:
@@ -167,10 +180,9 @@ def complete_jobs_success(
             merged with the stored progress; nothing is written for any of them.
     """
     checked = []
-    columns: dict[str, list[Any]] = {param: [] for _, param, _ in _IDENTITY_ARRAYS[:1] + _SUCCESS_ARRAYS}
+    columns: dict[str, list[Any]] = {param: [] for _, param, _ in _SUCCESS_ARRAYS}
     for identity, completion in completions:
         checked.append(_check_identity(*_identity_values(identity)))
-        columns["lease_job_ids"].append(identity.job_id)
         completion = completion or JobCompletion()
         check.check_progress_values(completion.progress_done, completion.progress_total, completion=True)
         columns["new_progress_done"].append(completion.progress_done)
@@ -197,7 +209,8 @@ def _json_or_none(name: str, value: Any) -> Optional[str]:
 
 
 def _write_group(
-    connection: Connection, statement: Any, identities: list[LeaseIdentity], values: dict[str, list[Any]]
+    connection: Connection, statement: PreparedStatement, identities: list[LeaseIdentity],
+    values: dict[str, list[Any]],
 ) -> list[LeaseResult]:
     identity_params = {
         "lease_job_ids": [i.job_id for i in identities],
@@ -205,8 +218,7 @@ def _write_group(
         "lease_attempts": [i.attempt for i in identities],
         "lease_worker_ids": [i.worker_id for i in identities],
     }
-    locked = list(connection.execute(_LOCK, identity_params).scalars())
-    rows = connection.execute(statement, {"locked_ids": locked} | values)
+    rows = execute_in_turn(connection, (_LOCK, statement), identity_params | values)
     stored = {record.id: record for record in map(to_job, rows)}
     return [_result_for(identity, stored.get(identity.job_id)) for identity in identities]
 

@@ -40,8 +40,13 @@ def claim_plans(engine) -> Iterator[list[dict[str, Any]]]:
     plans: list[dict[str, Any]] = []
 
     def explain(_conn, cursor, statement, parameters, _context, _executemany) -> None:
-        if statement.lstrip().startswith("WITH picked AS"):
-            cursor.execute("EXPLAIN (FORMAT JSON) " + statement, parameters)
+        # The plain statement (a caller's transaction), or the prepared one (the store's
+        # own), sent after the planner settings in the same query.
+        *settings, claim = statement.split("; ")
+        if claim.lstrip().startswith(("WITH picked AS", "EXECUTE runledger_claim")):
+            for setting in settings:
+                cursor.execute(setting, parameters)
+            cursor.execute("EXPLAIN (FORMAT JSON) " + claim, parameters)
             explained = cursor.fetchone()[0]
             plans.append((json.loads(explained) if isinstance(explained, str) else explained)[0])
 
@@ -61,13 +66,14 @@ def pick_scan(plan: dict[str, Any]) -> dict[str, Any]:
     raise AssertionError("the claim plan has no LockRows node")
 
 
-def assert_reads_the_claim_index_in_order(explained: list[dict[str, Any]]) -> None:
-    assert len(explained) == 1
-    scan = pick_scan(explained[0]["Plan"])
-    assert scan["Node Type"] == "Index Scan", f"the pick sorts instead: {scan['Node Type']}"
-    assert scan["Index Name"] == "idx_job_queue_claim"
-    # Where the server has JIT, a claim compiled by it would take hundreds of milliseconds.
-    assert "JIT" not in explained[0]
+def assert_reads_the_claim_index_in_order(explained: list[dict[str, Any]], claims: int = 1) -> None:
+    assert len(explained) == claims
+    for plan in explained:
+        scan = pick_scan(plan["Plan"])
+        assert scan["Node Type"] == "Index Scan", f"the pick sorts instead: {scan['Node Type']}"
+        assert scan["Index Name"] == "idx_job_queue_claim"
+        # Where the server has JIT, a claim compiled by it would take hundreds of milliseconds.
+        assert "JIT" not in plan
 
 
 @pytest.mark.usefixtures("queued")
@@ -83,14 +89,34 @@ def test_a_prestart_claim_reads_the_claim_index_in_order(engine, claim_plans):
 
 
 @pytest.mark.usefixtures("queued")
+def test_a_prepared_claim_is_planned_for_its_own_types_even_where_generic_plans_are_preferred(engine, claim_plans):
+    # PostgreSQL plans a prepared statement afresh for its first five runs and may
+    # then keep one generic plan, made without knowing the job types, which sorts.
+    held = HeldConnection(engine)
+    try:
+        with held.connect() as connection:
+            connection.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
+            connection.commit()
+        for _ in range(3):
+            jobs = lifecycle.claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=8,
+                                                           job_types=[JOB_TYPE])
+            assert len(jobs) == 8
+    finally:
+        held.close()
+    assert_reads_the_claim_index_in_order(claim_plans, claims=3)
+
+
+@pytest.mark.usefixtures("queued")
 def test_a_direct_claim_for_types_reads_the_claim_index_in_order(engine, claim_plans):
     jobs = lifecycle.claim_jobs(engine, worker_id="w", lease_ttl_seconds=30, limit=8, job_types=[JOB_TYPE, "x.y"])
     assert len(jobs) == 8
     assert_reads_the_claim_index_in_order(claim_plans)
 
 
-def planner_settings(connection) -> tuple[str, str]:
-    return tuple(connection.exec_driver_sql("SELECT current_setting('enable_sort'), current_setting('jit')").one())
+def planner_settings(connection) -> tuple[str, str, str]:
+    return tuple(connection.exec_driver_sql(
+        "SELECT current_setting('enable_sort'), current_setting('jit'), current_setting('plan_cache_mode')"
+    ).one())
 
 
 @pytest.mark.usefixtures("queued")
@@ -115,8 +141,9 @@ def test_a_claim_in_the_callers_transaction_plans_in_order_and_gives_back_its_se
     with engine.connect() as connection:
         # The caller's own choices, made before the claim, must be what it finds after it.
         connection.exec_driver_sql("SET LOCAL jit = off")
+        connection.exec_driver_sql("SET LOCAL plan_cache_mode = force_generic_plan")
         before = planner_settings(connection)
-        assert before == ("on", "off")
+        assert before == ("on", "off", "force_generic_plan")
         jobs = lifecycle.claim_jobs(connection, worker_id="w", lease_ttl_seconds=30, limit=8, job_types=[JOB_TYPE])
         assert len(jobs) == 8
         assert planner_settings(connection) == before

@@ -25,14 +25,6 @@ def backend_pid(held: HeldConnection) -> object:
     return on_held(held, "SELECT pg_backend_pid()")
 
 
-@pytest.fixture
-def held(engine):
-    define(engine)
-    connection = HeldConnection(engine)
-    yield connection
-    connection.close()
-
-
 def test_transactions_share_one_backend_and_commit_each(engine, held):
     before = backend_pid(held)
     for n in range(3):
