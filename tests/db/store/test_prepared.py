@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from sqlalchemy import event, text
+import pytest
+from sqlalchemy import Integer, Text, bindparam, event, func, literal, select, text
 
 import runledger_sync as rl
 from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store._prepared import OPTION
+from runledger_sync.store._errors import run_in_transaction
+from runledger_sync.store._prepared import OPTION, PreparedStatement, execute_in_turn
 from runledger_sync.store.held import HeldConnection
 from tests.support import JOB_TYPE, define, scalar
 
@@ -55,3 +57,27 @@ def test_statements_the_server_dropped_are_prepared_again_and_nothing_is_written
     store_enqueue.enqueue(held, JOB_TYPE, {"n": 2})
     assert sorted(job.payload["n"] for job in rl.list_jobs(engine)) == [1, 2]
     assert len(prepared_names(held)) == 1
+
+
+def run_prepared(held: HeldConnection, *statements: PreparedStatement, parameters: dict) -> list:
+    return run_in_transaction(held, lambda connection: list(execute_in_turn(connection, statements, parameters)))
+
+
+def test_statements_run_in_turn_share_one_round_trip_and_give_the_last_result(engine, held):
+    first = PreparedStatement("test_first", select(func.set_config("application_name", bindparam("name", type_=Text), True)))
+    second = PreparedStatement("test_second", select(func.current_setting("application_name").label("name")))
+    run_prepared(held, first, second, parameters={"name": "warm"})  # prepares both
+    statements: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
+    assert run_prepared(held, first, second, parameters={"name": "in turn"}) == [("in turn",)]
+    assert len(statements) == 1 and statements[0].count("EXECUTE") == 2
+
+
+def test_a_statement_that_cannot_be_prepared_is_refused_by_name(held):
+    untyped = PreparedStatement("test_untyped", select(bindparam("value")))
+    with pytest.raises(TypeError, match="test_untyped: parameter value needs one explicit type"):
+        run_prepared(held, untyped, parameters={"value": 1})
+    first = PreparedStatement("test_one", select(literal(1, Integer).label("n")))
+    second = PreparedStatement("test_two", select(literal(2, Integer).label("n")))
+    with pytest.raises(TypeError, match="means different things"):
+        run_prepared(held, first, second, parameters={})
