@@ -60,6 +60,7 @@ from runledger_sync.logging import get_logger, job_log_fields
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.group_writer import GroupWriter
 from runledger_sync.runtime.hooks import run_dead_letter_hook
+from runledger_sync.runtime.pace import HandlerPace
 from runledger_sync.store import admin, lifecycle, lifecycle_batch
 from runledger_sync.store.held import HeldConnection
 
@@ -113,6 +114,8 @@ class HotPathWriters:
     success: GroupWriter[SuccessItem, JobRecord]
     #: Each writer's own connection, used only on its thread.
     connections: tuple[HeldConnection, ...]
+    #: How long handlers take lately: how many others may succeed within the linger.
+    pace: HandlerPace
 
     @classmethod
     def start(
@@ -125,9 +128,11 @@ class HotPathWriters:
             dispatched: how many jobs were handed to pool threads so far; those not
                 yet marked running are on their way to the running writer.
             in_flight: how many jobs are running now; any of them may be about to
-                succeed, so the success writer lingers briefly for company.
+                succeed, so the success writer lingers briefly for the company of
+                those that handlers' recent pace says should come meanwhile.
         """
         running_connection, success_connection = HeldConnection(engine), HeldConnection(engine)
+        pace = HandlerPace()
         running: GroupWriter[lifecycle.LeaseIdentity, JobRecord] = GroupWriter(
             f"runledger-running-{worker_id}",
             lambda group: lifecycle_batch.mark_jobs_running(running_connection, group),
@@ -136,9 +141,10 @@ class HotPathWriters:
         success: GroupWriter[SuccessItem, JobRecord] = GroupWriter(
             f"runledger-success-{worker_id}",
             lambda group: lifecycle_batch.complete_jobs_success(success_connection, group),
-            linger_seconds=GROUP_LINGER_SECONDS, still_coming=lambda: in_flight() - success.waiting,
+            linger_seconds=GROUP_LINGER_SECONDS,
+            still_coming=lambda: pace.finishing_within(in_flight() - success.waiting, GROUP_LINGER_SECONDS),
         )
-        return cls(running=running, success=success, connections=(running_connection, success_connection))
+        return cls(running=running, success=success, connections=(running_connection, success_connection), pace=pace)
 
     def close(self) -> None:
         self.running.close()
@@ -255,7 +261,10 @@ def process_claimed_job(
     )
     watchdog.start()
     try:
+        handler_started = time.monotonic()
         outcome = _run_handler(execution)
+        if writers is not None:
+            writers.pace.record(time.monotonic() - handler_started)
         if execution.lease_verdict_pending.is_set():
             # The lease ran out while a renewal was in flight: the watchdog logs the
             # verdict itself once that renewal has said why.
