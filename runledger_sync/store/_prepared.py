@@ -3,9 +3,10 @@
 psycopg2 sends every statement as text, so PostgreSQL parses and plans the
 enqueue and lifecycle statements (several kilobytes of CTEs each) on every
 call; on a small batch that costs more than running them. On the store's own
-connections (an Engine's or a HeldConnection's, never a caller's) a
+psycopg2 connections (an Engine's or a HeldConnection's, never a caller's) a
 :class:`PreparedStatement` is PREPAREd once per database connection and then
 run with ``EXECUTE``, which skips both. Values are still bound parameters.
+(psycopg 3 binds values on the server and prepares frequent statements itself.)
 
 A caller's connection gets the plain statement: its session is not ours to
 leave prepared statements in. An engine whose connections go through a
@@ -13,7 +14,7 @@ transaction-pooling proxy (PgBouncer in transaction mode), where a session's
 prepared statements do not follow it, turns them off with the execution option
 ``runledger_prepared_statements=False``. When the server has lost them anyway
 (``DISCARD ALL``, ``DEALLOCATE``), the transaction fails with
-:class:`PreparedStatementsLost` and is run again, plainly prepared afresh.
+:class:`PreparedStatementsLost` and is run again, prepared afresh.
 """
 
 from __future__ import annotations
@@ -129,6 +130,17 @@ class PreparedStatement:
 _combined: dict[tuple[str, ...], Any] = {}
 
 
+def _may_prepare(connection: Connection) -> bool:
+    # Only psycopg2 sends statements as text with the values inlined; psycopg 3
+    # binds them on the server (where EXECUTE takes no parameters) and prepares
+    # statements it sees often by itself.
+    return (
+        _owned.get() is connection
+        and connection.dialect.driver == "psycopg2"
+        and connection.get_execution_options().get(OPTION, True)
+    )
+
+
 def execute_in_turn(
     connection: Connection, statements: Sequence[PreparedStatement], parameters: Mapping[str, Any]
 ) -> CursorResult[Any]:
@@ -138,7 +150,7 @@ def execute_in_turn(
     and keeps the last result); otherwise each is sent on its own. Where two
     statements name the same parameter it means the same value.
     """
-    if _owned.get() is not connection or not connection.get_execution_options().get(OPTION, True):
+    if not _may_prepare(connection):
         for statement in statements[:-1]:
             connection.execute(statement.statement, parameters)
         return connection.execute(statements[-1].statement, parameters)

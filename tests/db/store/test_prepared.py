@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import Integer, Text, bindparam, event, func, literal, select, text
+from sqlalchemy import Integer, Text, bindparam, create_engine, event, func, literal, select, text
+from sqlalchemy.engine import make_url
 
 import runledger_sync as rl
 from runledger_sync.store import enqueue as store_enqueue
+from runledger_sync.store import lifecycle
 from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store._prepared import OPTION, PreparedStatement, execute_in_turn
 from runledger_sync.store.held import HeldConnection
@@ -81,3 +83,18 @@ def test_a_statement_that_cannot_be_prepared_is_refused_by_name(held):
     second = PreparedStatement("test_two", select(literal(2, Integer).label("n")))
     with pytest.raises(TypeError, match="means different things"):
         run_prepared(held, first, second, parameters={})
+
+
+def test_a_psycopg3_engine_runs_the_plain_statements_and_its_jobs_go_through(fresh_database):
+    pytest.importorskip("psycopg")
+    engine = create_engine(make_url(fresh_database).set(drivername="postgresql+psycopg"))
+    try:
+        define(engine)
+        job = store_enqueue.enqueue(engine, JOB_TYPE, {"driver": "psycopg"})
+        [claimed] = lifecycle.claim_prestart_jobs_for_types(engine, worker_id="w", lease_ttl_seconds=30, limit=2,
+                                                            job_types=[JOB_TYPE])
+        assert claimed.id == job.id
+        with engine.connect() as connection:
+            assert list(connection.execute(text("SELECT name FROM pg_prepared_statements WHERE name LIKE 'runledger%'"))) == []
+    finally:
+        engine.dispose()
