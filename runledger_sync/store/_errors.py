@@ -103,19 +103,20 @@ def _once(
         try:
             return _transaction(engine, connection, work, recheck)
         except _prepared.PreparedStatementsLost:
-            # Nothing was written (the transaction rolled back): run it again, preparing afresh.
-            return _transaction(engine, connection, work, recheck)
+            # Nothing was written (the transaction rolled back): run it again, preparing
+            # afresh; should they vanish once more, that failure is reported as it is.
+            return _transaction(engine, connection, work, recheck, statements_may_vanish=False)
 
 
 def _transaction(
     engine: Engine, connection: Connection, work: Callable[[Connection], T],
-    recheck: Optional[Callable[[Engine], Optional[T]]],
+    recheck: Optional[Callable[[Engine], Optional[T]]], *, statements_may_vanish: bool = True,
 ) -> T:
     try:
         result = work(connection)
     except sa_exc.DBAPIError as exc:
         connection.rollback()
-        if _prepared.forget_if_lost(connection, exc):
+        if _prepared.forget_if_lost(connection, exc) and statements_may_vanish:
             raise _prepared.PreparedStatementsLost() from exc
         raise translate(exc, engine.url) from exc
     except BaseException:

@@ -69,8 +69,7 @@ def forget_if_lost(connection: Connection, error: sa_exc.DBAPIError) -> bool:
 class _Rendered:
     """The PREPARE and EXECUTE forms of one statement for one dialect and schema."""
 
-    def __init__(self, label: str, statement: Any, connection: Connection) -> None:
-        translate = connection.get_execution_options().get("schema_translate_map")
+    def __init__(self, label: str, statement: Any, connection: Connection, translate: Optional[dict[Any, Any]]) -> None:
         schema = {"schema_translate_map": translate, "render_schema_translate": True} if translate else {}
         compiled = statement.compile(dialect=connection.dialect, **schema)
         names: list[str] = []
@@ -106,7 +105,8 @@ class PreparedStatement:
     def __init__(self, label: str, statement: Any) -> None:
         self.label = label
         self.statement = statement
-        self._rendered: dict[tuple[str, Any], _Rendered] = {}
+        #: By schema translation: only psycopg2 connections get here, so nothing else varies.
+        self._rendered: dict[tuple[Any, ...], _Rendered] = {}
         self._lock = threading.Lock()
 
     def execute(self, connection: Connection, parameters: Mapping[str, Any]) -> CursorResult[Any]:
@@ -114,11 +114,13 @@ class PreparedStatement:
 
     def _prepared_on(self, connection: Connection) -> _Rendered:
         translate = connection.get_execution_options().get("schema_translate_map")
-        key = (connection.dialect.name, tuple(sorted((translate or {}).items(), key=repr)))
+        key = tuple(sorted((translate or {}).items(), key=repr))
         rendered = self._rendered.get(key)
         if rendered is None:
             with self._lock:
-                rendered = self._rendered.setdefault(key, _Rendered(self.label, self.statement, connection))
+                rendered = self._rendered.get(key)
+                if rendered is None:
+                    rendered = self._rendered[key] = _Rendered(self.label, self.statement, connection, translate)
         prepared: set[str] = connection.info.setdefault(_INFO_KEY, set())
         if rendered.name not in prepared:
             # no_parameters: psycopg2 then sends the text as it is, not as a format string.

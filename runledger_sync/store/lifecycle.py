@@ -17,8 +17,8 @@ from uuid import UUID
 
 from sqlalchemy import (
     BigInteger,
-    Float,
     Boolean,
+    Float,
     Integer,
     Text,
     and_,
@@ -102,13 +102,18 @@ class LeaseIdentity:
         return {"job_id": self.job_id, "run_number": self.run_number, "attempt": self.attempt, "worker_id": self.worker_id}
 
 
-def _identity_matches() -> Any:
+def _held_under(job_id: Any, run_number: Any, attempt: Any, worker_id: Any) -> Any:
+    """WHERE clause: the row is LEASED under this lease identity (bound values or columns)."""
     return and_(
-        _q.id == bindparam("lease_job_id"),
-        _q.run_number == bindparam("lease_run_number"),
-        _q.attempt == bindparam("lease_attempt"),
-        _q.worker_id == bindparam("lease_worker_id"),
+        _q.id == job_id, _q.run_number == run_number, _q.attempt == attempt, _q.worker_id == worker_id,
         _q.status == _LEASED,
+    )
+
+
+def _identity_matches() -> Any:
+    return _held_under(
+        bindparam("lease_job_id"), bindparam("lease_run_number"), bindparam("lease_attempt"),
+        bindparam("lease_worker_id"),
     )
 
 

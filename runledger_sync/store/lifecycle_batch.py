@@ -30,7 +30,7 @@ from sqlalchemy.engine import Connection
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidCompletionProgress, InvalidProgress, LeaseOwnerMismatch
 from runledger_sync.core.records import JobRecord
-from runledger_sync.core.types import JobCompletion, JobEventType, JobStage, JobStatus
+from runledger_sync.core.types import JobCompletion, JobEventType, JobStage
 from runledger_sync.db.schema import job_attempts, job_queue
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
@@ -41,6 +41,7 @@ from runledger_sync.store.lifecycle import (
     _build_success,
     _check_identity,
     _event_insert,
+    _held_under,
     lease_mismatch,
 )
 
@@ -73,18 +74,15 @@ def _leases(arrays: Sequence[tuple[str, str, Any]]) -> Any:
     )
 
 
+def _held_under_leases(leases: Any) -> Any:
+    return _held_under(leases.c.job_id, leases.c.run_number, leases.c.attempt, leases.c.worker_id)
+
+
 def _build_lock() -> Any:
     leases = _leases(_IDENTITY_ARRAYS)
-    matches = and_(
-        _q.id == leases.c.job_id,
-        _q.run_number == leases.c.run_number,
-        _q.attempt == leases.c.attempt,
-        _q.worker_id == leases.c.worker_id,
-    )
     return (
         select(_q.id)
-        .select_from(job_queue.join(leases, matches))
-        .where(_q.status == JobStatus.LEASED.value)
+        .select_from(job_queue.join(leases, _held_under_leases(leases)))
         .order_by(_q.id)
         .with_for_update(of=job_queue)
     )
@@ -99,14 +97,7 @@ def _live_leases(leases: Any) -> Any:
     The write runs after ``_LOCK`` in the same transaction, so its snapshot is
     taken once the rows are locked and sees any renewal made meanwhile.
     """
-    return and_(
-        _q.id == leases.c.job_id,
-        _q.run_number == leases.c.run_number,
-        _q.attempt == leases.c.attempt,
-        _q.worker_id == leases.c.worker_id,
-        _q.status == JobStatus.LEASED.value,
-        _q.lease_expires_at > func.clock_timestamp(),
-    )
+    return and_(_held_under_leases(leases), _q.lease_expires_at > func.clock_timestamp())
 
 
 def _build_running() -> Any:

@@ -7,6 +7,7 @@ from sqlalchemy import Integer, Text, bindparam, create_engine, event, func, lit
 from sqlalchemy.engine import make_url
 
 import runledger_sync as rl
+from runledger_sync.core import errors
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store import lifecycle
 from runledger_sync.store._errors import run_in_transaction
@@ -98,3 +99,16 @@ def test_a_psycopg3_engine_runs_the_plain_statements_and_its_jobs_go_through(fre
             assert list(connection.execute(text("SELECT name FROM pg_prepared_statements WHERE name LIKE 'runledger%'"))) == []
     finally:
         engine.dispose()
+
+
+def test_statements_that_vanish_again_on_the_rerun_give_a_coded_error_and_write_nothing(engine, held):
+    def drop_them_first(_conn, cursor, statement, *_):
+        if statement.startswith("EXECUTE"):
+            cursor.execute("DEALLOCATE ALL")
+
+    event.listen(engine, "before_cursor_execute", drop_them_first)
+    with pytest.raises(errors.StoreError) as caught:
+        store_enqueue.enqueue(held, JOB_TYPE, {"n": 1})
+    event.remove(engine, "before_cursor_execute", drop_them_first)
+    assert caught.value.code == "db.query_failed"
+    assert scalar(engine, "SELECT count(*) FROM job_queue") == 0
