@@ -5,13 +5,15 @@ holds (a Connection, an ORM Session, a psycopg 2 or 3 connection; see
 :mod:`runledger_sync.store._binds`), the work joins the caller's transaction.
 
 Only transient connection failures are retried, and only while retrying cannot
-repeat a write: a failure while sending COMMIT leaves the outcome unknown, so
-the caller's ``recheck`` decides whether the write landed.
+repeat a write: a failure while sending COMMIT leaves the outcome unknown, and
+is reported as such, unless the work says that running it again cannot write
+twice (enqueue: its job ids are chosen before the first try).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, TypeVar
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, TypeVar
 
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
@@ -34,7 +36,7 @@ def run_in_transaction(
     bind: Bind,
     work: Callable[[Connection], T],
     *,
-    recheck: Optional[Callable[[Engine], Optional[T]]] = None,
+    one_repeatable_write: bool = False,
 ) -> T:
     """Run ``work`` in one transaction and return its result.
 
@@ -46,8 +48,11 @@ def run_in_transaction(
     Args:
         bind: an Engine or a :class:`HeldConnection` (the store's own transaction, retried), or a
             Connection, Session or psycopg (2 or 3) connection (the caller's).
-        recheck: called after an unknown commit outcome; returns the result if the
-            write landed, or None to run ``work`` again.
+        one_repeatable_write: ``work`` writes with one statement at most, and running it
+            again after a lost connection cannot write twice. On an Engine's connection
+            that statement then commits by itself (autocommit), which saves the BEGIN and
+            COMMIT round trips, and a connection lost mid-way is retried rather than
+            reported as an unknown outcome.
 
     Raises:
         InvalidArgument: ``bind`` is none of the accepted kinds.
@@ -70,7 +75,7 @@ def run_in_transaction(
     )
     for attempt in retrying:
         with attempt:
-            return _once(bind, work, recheck)
+            return _once(bind, work, one_repeatable_write)
     raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
 
 
@@ -89,28 +94,42 @@ def _worth_retrying(exc: BaseException) -> bool:
     return isinstance(exc, errors.ConnectionFailed) and not isinstance(exc, errors.CommitOutcomeUnknown)
 
 
-def _once(
-    source: Engine | HeldConnection,
-    work: Callable[[Connection], T],
-    recheck: Optional[Callable[[Engine], Optional[T]]],
-) -> T:
+def _once(source: Engine | HeldConnection, work: Callable[[Connection], T], one_repeatable_write: bool) -> T:
     engine = source if isinstance(source, Engine) else source.engine
     try:
         checkout = source.connect()
     except sa_exc.DBAPIError as exc:
         raise translate(exc, engine.url) from exc
-    with checkout as connection, _prepared.owned(connection):
+    autocommit = one_repeatable_write and isinstance(source, Engine)
+    with checkout as connection, _prepared.owned(connection), _autocommit_if(autocommit, connection):
         try:
-            return _transaction(engine, connection, work, recheck)
+            return _transaction(engine, connection, work, one_repeatable_write)
         except _prepared.PreparedStatementsLost:
             # Nothing was written (the transaction rolled back): run it again, preparing
             # afresh; should they vanish once more, that failure is reported as it is.
-            return _transaction(engine, connection, work, recheck, statements_may_vanish=False)
+            return _transaction(engine, connection, work, one_repeatable_write, statements_may_vanish=False)
+
+
+@contextmanager
+def _autocommit_if(wanted: bool, connection: Connection) -> Iterator[None]:
+    # The driver's own switch: SQLAlchemy's isolation_level="AUTOCOMMIT" costs a SET
+    # round trip on psycopg2 when the pool puts the level back. psycopg 2 and 3 both
+    # flip it locally while no transaction is open, as just after checkout.
+    if not wanted or connection.dialect.driver not in ("psycopg2", "psycopg"):
+        yield
+        return
+    driver_connection = connection.connection.dbapi_connection
+    driver_connection.autocommit = True
+    try:
+        yield
+    finally:
+        if not driver_connection.closed:
+            driver_connection.autocommit = False
 
 
 def _transaction(
-    engine: Engine, connection: Connection, work: Callable[[Connection], T],
-    recheck: Optional[Callable[[Engine], Optional[T]]], *, statements_may_vanish: bool = True,
+    engine: Engine, connection: Connection, work: Callable[[Connection], T], repeatable: bool,
+    *, statements_may_vanish: bool = True,
 ) -> T:
     try:
         result = work(connection)
@@ -125,12 +144,7 @@ def _transaction(
     try:
         connection.commit()
     except sa_exc.DBAPIError as exc:
-        if not is_transient(exc):
+        if not is_transient(exc) or repeatable:
             raise translate(exc, engine.url) from exc
-        if recheck is None:
-            raise errors.CommitOutcomeUnknown(f"commit outcome unknown: {exc.orig}") from exc
-        landed = recheck(engine)
-        if landed is None:
-            raise translate(exc, engine.url) from exc
-        return landed
+        raise errors.CommitOutcomeUnknown(f"commit outcome unknown: {exc.orig}") from exc
     return result

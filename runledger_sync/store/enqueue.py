@@ -238,6 +238,9 @@ def enqueue_many(
         if keyed:
             _require_read_committed(connection)
         inserted = {row.id: to_job(row) for row in _ENQUEUE.execute(connection, params)}
+        unkeyed_missing = [i for i, spec in zip(ids, specs, strict=True) if i not in inserted and spec.idempotency_key is None]
+        if unkeyed_missing:
+            inserted.update(_written_by_earlier_try(connection, unkeyed_missing))
         if not inserted:
             _raise_if_definition_missing(connection, {spec.job_type for spec in specs})
         result = []
@@ -248,7 +251,7 @@ def enqueue_many(
             result.append(record)
         return result
 
-    return run_in_transaction(bind, work)
+    return run_in_transaction(bind, work, one_repeatable_write=True)
 
 
 def _checked_specs(specs: Any) -> list[JobSpec]:
@@ -374,6 +377,13 @@ def _as_decimals(value: Any) -> Any:
     if isinstance(value, list):
         return [_as_decimals(item) for item in value]
     return {key: _as_decimals(item) for key, item in value.items()}
+
+
+def _written_by_earlier_try(connection: Connection, job_ids: list[UUID]) -> dict[UUID, JobRecord]:
+    # The ids were drawn before the first try, so a row that holds one is ours: a try
+    # whose connection was lost after its statement committed wrote it.
+    rows = connection.execute(select(*JOB_COLUMNS).where(job_queue.c.id.in_(job_ids)))
+    return {row.id: to_job(row) for row in rows}
 
 
 def _existing_for_key(connection: Connection, spec: JobSpec, snapshot: Optional[str]) -> JobRecord:

@@ -137,6 +137,22 @@ def test_enqueue_many_is_one_statement_keeps_order_and_returns_records(engine):
     assert [s.split()[0] for s in statements] == ["EXECUTE"]
 
 
+def test_engine_enqueue_commits_with_its_statement_and_leaves_the_pooled_connection_transactional(engine):
+    define(engine)
+    in_autocommit = []
+    event.listen(engine, "before_cursor_execute",
+                 lambda conn, *args: in_autocommit.append(conn.connection.dbapi_connection.autocommit))
+    store.enqueue(engine, JOB_TYPE, {"a": 1})
+    # No BEGIN and no COMMIT round trip: the one statement is its own transaction.
+    assert in_autocommit and all(in_autocommit)
+    with engine.connect() as conn:
+        assert conn.connection.dbapi_connection.autocommit is False
+        conn.execute(text("CREATE TEMP TABLE scratch (x int)"))
+        conn.rollback()
+        assert scalar(engine, "SELECT count(*) FROM pg_tables WHERE tablename = 'scratch'") == 0
+    assert count_jobs(engine) == 1
+
+
 def test_enqueue_many_rejects_the_whole_batch_for_one_unknown_type(engine):
     define(engine)
     specs = [JobSpec(JOB_TYPE, {}), JobSpec("missing.type", {}), JobSpec(JOB_TYPE, {})]

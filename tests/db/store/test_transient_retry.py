@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import psycopg2
 import pytest
 from sqlalchemy import event, text
 
@@ -51,3 +52,29 @@ def test_bad_input_runs_no_statement(engine):
     with pytest.raises(errors.InvalidPayload):
         store_enqueue.enqueue(engine, JOB_TYPE, {"x": {1}})
     assert seen == []
+
+
+def test_an_enqueue_whose_reply_is_lost_after_it_committed_returns_the_job_written_once(fresh_database):
+    engine = create_engine(fresh_database, pool_size=1, max_overflow=0)
+    try:
+        define(engine)
+        lost = []
+
+        def lose_the_reply(conn, cursor, statement, *rest):
+            if statement.startswith("EXECUTE runledger_enqueue") and not lost:
+                # The statement has committed; the connection dies before its reply is read.
+                lost.append(conn.connection.dbapi_connection.get_backend_pid())
+                with create_engine(fresh_database).connect() as killer:
+                    killer.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": lost[0]})
+                raise psycopg2.OperationalError("server closed the connection unexpectedly")
+
+        event.listen(engine, "after_cursor_execute", lose_the_reply)
+        job = store_enqueue.enqueue(engine, JOB_TYPE, {"once": True})
+        event.remove(engine, "after_cursor_execute", lose_the_reply)
+        assert lost
+        assert scalar(engine, "SELECT count(*) FROM job_queue") == 1
+        assert scalar(engine, "SELECT id FROM job_queue") == job.id
+        assert job.payload == {"once": True}
+        assert scalar(engine, "SELECT count(*) FROM job_events WHERE event_type = 'ENQUEUED'") == 1
+    finally:
+        engine.dispose()
