@@ -58,7 +58,7 @@ from runledger_sync.core.types import (
 from runledger_sync.core.validation import completion_progress_problem, serialize_json
 from runledger_sync.logging import get_logger, job_log_fields
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime.group_writer import GroupWriter
+from runledger_sync.runtime.group_writer import GroupWriter, Ticket
 from runledger_sync.runtime.hooks import run_dead_letter_hook
 from runledger_sync.runtime.pace import HandlerPace
 from runledger_sync.store import admin, lifecycle, lifecycle_batch
@@ -118,15 +118,13 @@ class HotPathWriters:
     pace: HandlerPace
 
     @classmethod
-    def start(
-        cls, engine: Engine, worker_id: str, *,
-        dispatched: Callable[[], int], in_flight: Callable[[], int],
-    ) -> "HotPathWriters":
+    def start(cls, engine: Engine, worker_id: str, *, in_flight: Callable[[], int]) -> "HotPathWriters":
         """Start both writers.
 
+        The polling thread posts each claimed batch to the running writer whole,
+        so that writer never waits for company.
+
         Args:
-            dispatched: how many jobs were handed to pool threads so far; those not
-                yet marked running are on their way to the running writer.
             in_flight: how many jobs are running now; any of them may be about to
                 succeed, so the success writer lingers briefly for the company of
                 those that handlers' recent pace says should come meanwhile.
@@ -136,7 +134,6 @@ class HotPathWriters:
         running: GroupWriter[lifecycle.LeaseIdentity, JobRecord] = GroupWriter(
             f"runledger-running-{worker_id}",
             lambda group: lifecycle_batch.mark_jobs_running(running_connection, group),
-            linger_seconds=GROUP_LINGER_SECONDS, still_coming=lambda: dispatched() - running.submitted,
         )
         success: GroupWriter[SuccessItem, JobRecord] = GroupWriter(
             f"runledger-success-{worker_id}",
@@ -173,6 +170,11 @@ class _OutcomeGate:
             return True
 
 
+def lease_identity(job: JobRecord) -> lifecycle.LeaseIdentity:
+    """The lease a claimed job runs under: every write of the attempt is fenced by it."""
+    return lifecycle.LeaseIdentity(job.id, job.run_number, job.attempt, job.worker_id or UNKNOWN_WORKER_ID)
+
+
 class JobExecution:
     """Everything one claimed job needs while it runs."""
 
@@ -185,8 +187,8 @@ class JobExecution:
         self.registry = registry
         self.job = job
         self.config = config
-        worker_id = job.worker_id or UNKNOWN_WORKER_ID
-        self.identity = lifecycle.LeaseIdentity(job.id, job.run_number, job.attempt, worker_id)
+        self.identity = lease_identity(job)
+        worker_id = self.identity.worker_id
         self.context = JobContext(
             job_id=job.id,
             run_number=job.run_number,
@@ -240,17 +242,19 @@ class JobExecution:
 
 def process_claimed_job(
     engine: Engine, registry: JobRegistry, job: JobRecord, config: JobsConfig,
-    writers: Optional[HotPathWriters] = None,
+    writers: Optional[HotPathWriters] = None, running: Optional[Ticket[lifecycle.LeaseIdentity, JobRecord]] = None,
 ) -> None:
     """Run one claimed job and write its single outcome (or none when the lease was lost).
 
     Args:
         writers: group writers shared with the worker's other jobs; None writes
             this job's running and success on their own.
+        running: this job's running write, already posted to ``writers.running``
+            with the rest of its batch; None submits it here.
     """
     execution = JobExecution(engine, registry, job, config, writers)
     started = time.monotonic()
-    if not _mark_running_or_abort(execution):
+    if not _mark_running_or_abort(execution, running):
         return
     if log.isEnabledFor(logging.DEBUG):
         # Payloads may hold secrets: only an operator's explicit log_payloads shows them.
@@ -293,9 +297,13 @@ def process_claimed_job(
 # -- step 2: mark running -----------------------------------------------------------
 
 
-def _mark_running_or_abort(execution: JobExecution) -> bool:
+def _mark_running_or_abort(
+    execution: JobExecution, running: Optional[Ticket[lifecycle.LeaseIdentity, JobRecord]],
+) -> bool:
     try:
-        if execution.writers is not None:
+        if running is not None:
+            running.result()
+        elif execution.writers is not None:
             execution.writers.running.submit(execution.identity)
         else:
             lifecycle.mark_job_running(execution.engine, execution.identity)

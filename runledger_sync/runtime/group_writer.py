@@ -5,13 +5,15 @@ Written one by one, each costs a round trip and a commit. A
 :class:`GroupWriter` owns one thread that writes, in a single call, everything
 queued while its previous group was being written. A writer may also be told
 how many more items are on their way (``still_coming``): it then waits up to
-``linger_seconds`` for them, so that jobs dispatched together are written
+``linger_seconds`` for them, so that jobs finishing together are written
 together instead of the first alone and the rest behind it. With nothing on
 its way a lone job is written at once.
 
 Each caller blocks in :meth:`GroupWriter.submit` until its own item is written,
 so a job's slot is only freed after its outcome is durable: grouping changes
-how many commits there are, never what a crash can lose.
+how many commits there are, never what a crash can lose. A caller that already
+holds several items (the polling thread, with a claimed batch) queues them
+together with :meth:`GroupWriter.post` and each job waits on its own ticket.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Callable, Generic, Optional, TypeVar
+from typing import Callable, Generic, Optional, Sequence, TypeVar
 
 from runledger_sync.logging import get_logger
 
@@ -32,14 +34,23 @@ R = TypeVar("R")
 MAX_GROUP_SIZE = 256
 
 
-class _Pending(Generic[T, R]):
-    __slots__ = ("item", "done", "result", "error")
+class Ticket(Generic[T, R]):
+    """One queued item; :meth:`result` waits until its group is written."""
+
+    __slots__ = ("item", "done", "value", "error")
 
     def __init__(self, item: T) -> None:
         self.item = item
         self.done = threading.Event()
-        self.result: Optional[R] = None
+        self.value: Optional[R] = None
         self.error: Optional[BaseException] = None
+
+    def result(self) -> R:
+        """The item's result once written, or its error raised."""
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.value  # type: ignore[return-value]
 
 
 class GroupWriter(Generic[T, R]):
@@ -59,11 +70,9 @@ class GroupWriter(Generic[T, R]):
         self._write_group = write_group
         self._linger_seconds = linger_seconds
         self._still_coming = still_coming
-        #: Items submitted so far, and those whose submit has not returned yet, so a
-        #: caller can tell how many more it expects.
-        self.submitted = 0
+        #: Items queued and not written yet, so a caller can tell how many more it expects.
         self.waiting = 0
-        self._queue: deque[_Pending[T, R]] = deque()
+        self._queue: deque[Ticket[T, R]] = deque()
         self._wake = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -71,20 +80,18 @@ class GroupWriter(Generic[T, R]):
 
     def submit(self, item: T) -> R:
         """Queue ``item``, wait until its group is written, and return its result (or raise its error)."""
-        pending: _Pending[T, R] = _Pending(item)
+        return self.post([item])[0].result()
+
+    def post(self, items: Sequence[T]) -> list[Ticket[T, R]]:
+        """Queue ``items`` at once, so they are written in the same group, and return without waiting."""
+        tickets: list[Ticket[T, R]] = [Ticket(item) for item in items]
         with self._wake:
             if self._closed:
                 raise RuntimeError("the group writer is closed")
-            self._queue.append(pending)
-            self.submitted += 1
-            self.waiting += 1
+            self._queue.extend(tickets)
+            self.waiting += len(tickets)
             self._wake.notify()
-        pending.done.wait()
-        with self._wake:
-            self.waiting -= 1
-        if pending.error is not None:
-            raise pending.error
-        return pending.result  # type: ignore[return-value]
+        return tickets
 
     def close(self) -> None:
         """Write what is queued, then stop the thread."""
@@ -102,9 +109,7 @@ class GroupWriter(Generic[T, R]):
                 self._closed = True
                 orphans = list(self._queue)
                 self._queue.clear()
-            for pending in orphans:
-                pending.error = RuntimeError("the group writer stopped")
-                pending.done.set()
+            self._finish(orphans, RuntimeError("the group writer stopped"))
 
     def _write_until_closed(self) -> None:
         while True:
@@ -128,21 +133,27 @@ class GroupWriter(Generic[T, R]):
                 return
             self._wake.wait(remaining)
 
-    def _write(self, group: list[_Pending[T, R]]) -> None:
+    def _write(self, group: list[Ticket[T, R]]) -> None:
         try:
-            results = self._write_group([pending.item for pending in group])
+            results = self._write_group([ticket.item for ticket in group])
             if len(results) != len(group):
                 raise RuntimeError(f"group write returned {len(results)} results for {len(group)} items")
         except BaseException as error:  # noqa: BLE001 - every waiter must be woken, whatever happened
-            for pending in group:
-                pending.error = error
-                pending.done.set()
+            self._finish(group, error)
             if not isinstance(error, Exception):
                 raise
             return
-        for pending, result in zip(group, results, strict=True):
+        for ticket, result in zip(group, results, strict=True):
             if isinstance(result, BaseException):
-                pending.error = result
+                ticket.error = result
             else:
-                pending.result = result  # type: ignore[assignment]
-            pending.done.set()
+                ticket.value = result  # type: ignore[assignment]
+        self._finish(group)
+
+    def _finish(self, group: list[Ticket[T, R]], error: Optional[BaseException] = None) -> None:
+        with self._wake:
+            self.waiting -= len(group)
+        for ticket in group:
+            if error is not None:
+                ticket.error = error
+            ticket.done.set()

@@ -20,6 +20,8 @@ import random
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Optional
+
 from sqlalchemy.engine import Engine
 
 from runledger_sync.config import JobsConfig
@@ -28,10 +30,12 @@ from runledger_sync.core.records import JobRecord
 from runledger_sync.core.types import RuntimeLoopExit
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime.execution import HotPathWriters, process_claimed_job
+from runledger_sync.runtime.execution import HotPathWriters, lease_identity, process_claimed_job
+from runledger_sync.runtime.group_writer import Ticket
 from runledger_sync.runtime.listener import JobListener
 from runledger_sync.store import lifecycle
 from runledger_sync.store.held import HeldConnection
+from runledger_sync.store.lifecycle import LeaseIdentity
 
 log = get_logger(__name__)
 
@@ -78,12 +82,11 @@ class WorkerLoop:
         # Claims come every few milliseconds under load: one connection kept for them
         # spares each a pool checkout and its pre-ping.
         self.claim_bind: Engine | HeldConnection = HeldConnection(engine) if owns_connections else engine
-        self.dispatched = 0
         #: True while the last claim came back full: more jobs are due than slots.
         self.backlogged = False
         self.gather_target = max(1, min(config.claim_batch_size, config.max_global_concurrency) // 2)
         self.writers = HotPathWriters.start(
-            engine, config.worker_id, dispatched=lambda: self.dispatched, in_flight=lambda: len(self.in_flight),
+            engine, config.worker_id, in_flight=lambda: len(self.in_flight),
         ) if owns_connections else None
 
     @property
@@ -110,12 +113,14 @@ class WorkerLoop:
             log.warning("worker claim failed", extra={"worker_id": self.config.worker_id, "error": str(error)})
             self.backlogged = False
             return False
-        with self._lock:
-            # Counted before any is handed over, so the running writer waits for the
-            # whole batch rather than writing its first job alone.
-            self.dispatched += len(claimed)
-        for job in claimed:
-            self._submit(job)
+        # The batch's running writes are queued together before any pool thread wakes,
+        # so they share one transaction without the writer waiting for stragglers.
+        running: list[Optional[Ticket[LeaseIdentity, JobRecord]]] = (
+            list(self.writers.running.post([lease_identity(job) for job in claimed]))
+            if self.writers is not None else [None] * len(claimed)
+        )
+        for job, ticket in zip(claimed, running, strict=True):
+            self._submit(job, ticket)
         self.backlogged = len(claimed) == limit
         return self.backlogged
 
@@ -129,8 +134,10 @@ class WorkerLoop:
             self._slot_freed.wait(remaining)
             self._slot_freed.clear()
 
-    def _submit(self, job: JobRecord) -> None:
-        future = self.executor.submit(process_claimed_job, self.engine, self.registry, job, self.config, self.writers)
+    def _submit(self, job: JobRecord, running: Optional[Ticket[LeaseIdentity, JobRecord]]) -> None:
+        future = self.executor.submit(
+            process_claimed_job, self.engine, self.registry, job, self.config, self.writers, running
+        )
         with self._lock:
             self.in_flight.add(future)
         future.add_done_callback(self._finished)

@@ -7,7 +7,9 @@ import threading
 from runledger_sync.core.records import JobSpec
 from runledger_sync.core.types import JobCompletion
 from runledger_sync.registry import JobRegistry
+from runledger_sync.runtime import execution
 from runledger_sync.runtime.group_writer import GroupWriter
+from runledger_sync.runtime.worker import WorkerLoop
 from runledger_sync.store import enqueue as store_enqueue
 from tests.handlers import fast_config
 from tests.support import JOB_TYPE, rows, run_worker_until, scalar
@@ -44,6 +46,30 @@ def test_concurrent_jobs_share_running_and_success_transactions(engine):
                         "AND execution_started_persisted_at IS NOT NULL")[0][0] == JOBS
     assert transactions_writing(engine, "STAGE_CHANGED") <= JOBS // 2
     assert transactions_writing(engine, "SUCCEEDED") <= JOBS // 2
+
+
+def test_a_claimed_batch_is_marked_running_in_one_transaction_however_slowly_its_threads_start(engine, monkeypatch):
+    registry = JobRegistry()
+    registry.job(JOB_TYPE)(lambda ctx, payload: None)
+    registry.sync_definitions(engine)
+    store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(CONCURRENCY)])
+
+    class SlowToStart(execution.JobExecution):
+        def __init__(self, *args, **kwargs):
+            # Each pool thread takes far longer than the writers' linger to reach its running write.
+            threading.Event().wait(0.02)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(execution, "JobExecution", SlowToStart)
+    loop = WorkerLoop(engine, registry, fast_config(max_global_concurrency=CONCURRENCY, claim_batch_size=CONCURRENCY),
+                      threading.Event(), listen=False)
+    try:
+        loop.turn()
+    finally:
+        loop.drain()
+    assert succeeded(engine) == CONCURRENCY
+    assert rows(engine, "SELECT count(*) FROM job_events WHERE event_type = 'STAGE_CHANGED'")[0][0] == CONCURRENCY
+    assert transactions_writing(engine, "STAGE_CHANGED") == 1
 
 
 def test_one_invalid_completion_in_a_group_fails_alone(engine):
@@ -87,7 +113,26 @@ def test_group_writer_gives_each_caller_its_own_result_or_error():
         thread.join(5)
     writer.close()
     assert results == {0: 0, 1: "odd 1", 2: 20, 3: "odd 3", 4: 40, 5: "odd 5"}
-    assert writer.submitted == 6 and writer.waiting == 0
+    assert writer.waiting == 0
+
+
+def test_posted_items_are_written_in_one_group_and_each_ticket_waits_for_its_own_result():
+    release = threading.Event()
+    groups: list[list[int]] = []
+
+    def write(items):
+        release.wait(5)
+        groups.append(items)
+        return [i * 10 for i in items]
+
+    writer: GroupWriter[int, int] = GroupWriter("test-post", write)
+    tickets = writer.post([1, 2, 3])
+    # Posting does not wait: nothing is written until the writer is let go.
+    assert not any(ticket.done.is_set() for ticket in tickets) and writer.waiting == 3
+    release.set()
+    assert [ticket.result() for ticket in tickets] == [10, 20, 30]
+    writer.close()
+    assert groups == [[1, 2, 3]] and writer.waiting == 0
 
 
 def test_group_writer_that_fails_as_a_whole_wakes_every_caller_with_the_error():
