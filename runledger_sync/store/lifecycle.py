@@ -280,13 +280,21 @@ def _claim_in_callers_transaction(
 # statistics that call the queue empty (a new table, or one analyzed while idle and
 # then hit by a burst) the planner prefers to fetch every pending row of the types
 # and sort them, so each claim costs in proportion to the queue. A sort is never
-# the right way to pick, so the claim plans without one. A disabled plan node
-# counts as a huge cost, which would also make every claim worth compiling with
-# JIT (hundreds of milliseconds each), so JIT is off as well. The claim is
-# prepared, and its plan does not depend on the values (the job types only filter
-# the index scan), so it is planned once per connection rather than on every
-# claim, where planning cost about as much as running it.
-_PLANNER_SETTINGS = {"enable_sort": "off", "jit": "off", "plan_cache_mode": "force_generic_plan"}
+# the right way to pick, so the claim plans without one.
+#
+# The claim is prepared and planned once per connection (planning cost about as
+# much as running it), and a plan made once must suit every limit and queue size.
+# Not knowing the limit, the planner expects a tenth of the queue to be claimed
+# and, on a long queue, would update those rows by hashing the whole table. The
+# claimed rows are few and found by id, so they are always joined by nested
+# loops over index lookups.
+#
+# A disabled plan node counts as a huge cost, which would also make every claim
+# worth compiling with JIT (hundreds of milliseconds each), so JIT is off as well.
+_PLANNER_SETTINGS = {
+    "enable_sort": "off", "enable_hashjoin": "off", "enable_mergejoin": "off", "jit": "off",
+    "plan_cache_mode": "force_generic_plan",
+}
 _SORTED_BY_INDEX = tuple(func.set_config(name, value, True) for name, value in _PLANNER_SETTINGS.items())
 _CLAIM_SETTINGS = PreparedStatement("claim_settings", select(*_SORTED_BY_INDEX))
 # Nothing runs on a prestart claim until the running write commits, and that

@@ -76,33 +76,52 @@ def assert_reads_the_claim_index_in_order(explained: list[dict[str, Any]], claim
         assert "JIT" not in plan
 
 
-@pytest.mark.usefixtures("queued")
-def test_a_prestart_claim_reads_the_claim_index_in_order(engine, claim_plans):
+def prestart_claims_of_eight(engine, claims: int = 1) -> None:
+    """Claim 8 jobs ``claims`` times on one held connection, as the polling thread does."""
     held = HeldConnection(engine)
     try:
-        jobs = lifecycle.claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=8,
-                                                       job_types=[JOB_TYPE])
+        for _ in range(claims):
+            jobs = lifecycle.claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=8,
+                                                           job_types=[JOB_TYPE])
+            assert len(jobs) == 8
     finally:
         held.close()
-    assert len(jobs) == 8
+
+
+@pytest.mark.usefixtures("queued")
+def test_a_prestart_claim_reads_the_claim_index_in_order(engine, claim_plans):
+    prestart_claims_of_eight(engine)
     assert_reads_the_claim_index_in_order(claim_plans)
 
 
 @pytest.mark.usefixtures("queued")
 def test_a_prepared_claim_keeps_one_generic_plan_that_reads_the_claim_index_in_order(engine, claim_plans):
     # Planned once per connection, without knowing the job types or the limit.
-    held = HeldConnection(engine)
-    try:
-        for _ in range(3):
-            jobs = lifecycle.claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=8,
-                                                           job_types=[JOB_TYPE])
-            assert len(jobs) == 8
-    finally:
-        held.close()
+    prestart_claims_of_eight(engine, claims=3)
     assert_reads_the_claim_index_in_order(claim_plans, claims=3)
     for plan in claim_plans:
         # A generic plan shows the parameters where a custom one shows the values.
         assert "$" in pick_scan(plan["Plan"])["Filter"] and JOB_TYPE not in pick_scan(plan["Plan"])["Filter"]
+
+
+def plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node.get("Plans", []):
+        yield from plan_nodes(child)
+
+
+@pytest.mark.usefixtures("queued")
+def test_a_claim_planned_on_a_long_analyzed_queue_still_looks_its_rows_up_by_id(engine, claim_plans):
+    # Not knowing the limit, a plan made once expects a tenth of the queue to be
+    # claimed, and would update them by scanning and hashing the whole table.
+    with engine.begin() as connection:
+        connection.exec_driver_sql("ANALYZE job_queue")
+    prestart_claims_of_eight(engine)
+    assert_reads_the_claim_index_in_order(claim_plans)
+    nodes = list(plan_nodes(claim_plans[0]["Plan"]))
+    assert not [n for n in nodes if n["Node Type"] in ("Seq Scan", "Hash Join", "Merge Join")]
+    assert {n["Index Name"] for n in nodes if n.get("Relation Name") == "job_queue" and "Scan" in n["Node Type"]} \
+        == {"idx_job_queue_claim", "pk_job_queue"}
 
 
 @pytest.mark.usefixtures("queued")
