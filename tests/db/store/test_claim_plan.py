@@ -110,6 +110,13 @@ def plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from plan_nodes(child)
 
 
+def assert_looks_claimed_rows_up_by_id(plan: dict[str, Any]) -> None:
+    nodes = list(plan_nodes(plan["Plan"]))
+    assert not [n for n in nodes if n["Node Type"] in ("Seq Scan", "Hash Join", "Merge Join")]
+    assert {n["Index Name"] for n in nodes if n.get("Relation Name") == "job_queue" and "Scan" in n["Node Type"]} \
+        == {"idx_job_queue_claim", "pk_job_queue"}
+
+
 @pytest.mark.usefixtures("queued")
 def test_a_claim_planned_on_a_long_analyzed_queue_still_looks_its_rows_up_by_id(engine, claim_plans):
     # Not knowing the limit, a plan made once expects a tenth of the queue to be
@@ -118,10 +125,25 @@ def test_a_claim_planned_on_a_long_analyzed_queue_still_looks_its_rows_up_by_id(
         connection.exec_driver_sql("ANALYZE job_queue")
     prestart_claims_of_eight(engine)
     assert_reads_the_claim_index_in_order(claim_plans)
-    nodes = list(plan_nodes(claim_plans[0]["Plan"]))
-    assert not [n for n in nodes if n["Node Type"] in ("Seq Scan", "Hash Join", "Merge Join")]
-    assert {n["Index Name"] for n in nodes if n.get("Relation Name") == "job_queue" and "Scan" in n["Node Type"]} \
-        == {"idx_job_queue_claim", "pk_job_queue"}
+    assert_looks_claimed_rows_up_by_id(claim_plans[0])
+
+
+def test_a_claim_planned_on_a_nearly_empty_queue_still_looks_its_rows_up_by_id_once_it_is_long(engine, claim_plans):
+    # A new install: the plan is made when the table holds a handful of rows, where
+    # scanning it would be cheapest, and then kept while the queue grows.
+    define(engine)
+    store_enqueue.enqueue_many(engine, [rl.JobSpec(JOB_TYPE, {"n": n}) for n in range(8)])
+    held = HeldConnection(engine)
+    try:
+        assert len(lifecycle.claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=8,
+                                                           job_types=[JOB_TYPE])) == 8
+        store_enqueue.enqueue_many(engine, [rl.JobSpec(JOB_TYPE, {"n": n}) for n in range(QUEUED)])
+        assert len(lifecycle.claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=8,
+                                                           job_types=[JOB_TYPE])) == 8
+    finally:
+        held.close()
+    assert len(claim_plans) == 2
+    assert_looks_claimed_rows_up_by_id(claim_plans[1])
 
 
 @pytest.mark.usefixtures("queued")
