@@ -7,6 +7,10 @@ the same runner and outside timing as compare.py). Claim time: the real
 store.lifecycle.claim_jobs, a batch of --claim-limit, each in a transaction rolled
 back so every call sees the same queue; the rows are inserted with one
 INSERT ... SELECT generate_series into the library's own job_queue table.
+The worker's own claim (claim_prestart_jobs_for_types on a held connection: a
+prepared statement planned once, at the first size, and kept as the queue grows)
+is timed too, after the rolled-back ones; its claims commit, so each size's queue
+loses --claims x --claim-limit pending jobs while it is timed.
 Target: the claim at the largest size within 2x of the smallest.
 """
 
@@ -24,7 +28,8 @@ from sqlalchemy import Integer, bindparam, func, literal, select
 
 import runledger_sync as rl
 from runledger_sync.db.schema import job_queue
-from runledger_sync.store.lifecycle import claim_jobs
+from runledger_sync.store.held import HeldConnection
+from runledger_sync.store.lifecycle import claim_jobs, claim_prestart_jobs_for_types
 
 
 def parse_args() -> argparse.Namespace:
@@ -112,15 +117,31 @@ def time_claims(engine, args: argparse.Namespace) -> list[float]:
             claimed = claim_jobs(conn, worker_id="bench-scale", lease_ttl_seconds=60, limit=args.claim_limit)
             timings.append((time.perf_counter() - started) * 1000)
             transaction.rollback()
-            if len(claimed) != args.claim_limit:
-                raise RuntimeError(f"claimed {len(claimed)} of {args.claim_limit}: the queue ran short of pending jobs")
+            _check_full(claimed, args)
     return timings
 
 
+def time_worker_claims(held: HeldConnection, args: argparse.Namespace) -> list[float]:
+    timings = []
+    for _ in range(args.claims):
+        started = time.perf_counter()
+        claimed = claim_prestart_jobs_for_types(held, worker_id="bench-scale", lease_ttl_seconds=60,
+                                                limit=args.claim_limit, job_types=[bench.NOOP_TYPE])
+        timings.append((time.perf_counter() - started) * 1000)
+        _check_full(claimed, args)
+    return timings
+
+
+def _check_full(claimed: list, args: argparse.Namespace) -> None:
+    if len(claimed) != args.claim_limit:
+        raise RuntimeError(f"claimed {len(claimed)} of {args.claim_limit}: the queue ran short of pending jobs")
+
+
 def report_claims(srv: bench.Server, args: argparse.Namespace) -> None:
-    rows, medians = [], []
+    rows, medians, worker_medians = [], [], []
     with bench.fresh_database(srv, "bench_scale_claim") as url:
         engine = bench.migrated_engine(url)
+        held = HeldConnection(engine)
         try:
             bench.noop_registry().sync_definitions(engine)
             size = 0
@@ -129,14 +150,20 @@ def report_claims(srv: bench.Server, args: argparse.Namespace) -> None:
                 insert_seconds = grow_queue(engine, pending - size)
                 size = pending
                 timings = time_claims(engine, args)
+                worker_timings = time_worker_claims(held, args)
                 medians.append(bench.percentile(timings, 0.50))
+                worker_medians.append(bench.percentile(worker_timings, 0.50))
                 rows.append([f"{pending:,}", f"{medians[-1]:.2f}", f"{bench.percentile(timings, 0.95):.2f}",
+                             f"{worker_medians[-1]:.2f}", f"{bench.percentile(worker_timings, 0.95):.2f}",
                              f"{insert_seconds:.1f}"])
         finally:
+            held.close()
             engine.dispose()
-    print(f"\nclaim_jobs(limit={args.claim_limit}), {args.claims} calls per size, each rolled back")
-    bench.print_table(["pending jobs", "claim p50 ms", "claim p95 ms", "insert+analyze s"], rows)
-    print(f"claim p50 at {args.pending[-1]:,} / at {args.pending[0]:,}: {medians[-1] / medians[0]:.2f}x (target <= 2x)")
+    print(f"\nclaim_jobs(limit={args.claim_limit}) rolled back, and the worker's prepared claim, {args.claims} calls each per size")
+    bench.print_table(["pending jobs", "claim p50 ms", "claim p95 ms", "worker claim p50 ms", "worker claim p95 ms",
+                       "insert+analyze s"], rows)
+    for label, values in (("claim", medians), ("worker claim", worker_medians)):
+        print(f"{label} p50 at {args.pending[-1]:,} / at {args.pending[0]:,}: {values[-1] / values[0]:.2f}x (target <= 2x)")
 
 
 def main() -> int:
