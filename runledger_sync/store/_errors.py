@@ -119,12 +119,14 @@ def _autocommit_if(wanted: bool, connection: Connection) -> Iterator[None]:
         yield
         return
     driver_connection = connection.connection.dbapi_connection
+    # An engine made with isolation_level="AUTOCOMMIT" is in autocommit already, and stays so.
+    before = driver_connection.autocommit
     driver_connection.autocommit = True
     try:
         yield
     finally:
         if not driver_connection.closed:
-            driver_connection.autocommit = False
+            driver_connection.autocommit = before
 
 
 def _transaction(

@@ -153,6 +153,18 @@ def test_engine_enqueue_commits_with_its_statement_and_leaves_the_pooled_connect
     assert count_jobs(engine) == 1
 
 
+def test_an_autocommit_engine_keeps_its_connections_in_autocommit_after_an_enqueue(fresh_database):
+    engine = create_engine(fresh_database, isolation_level="AUTOCOMMIT", pool_size=1, max_overflow=0)
+    try:
+        define(engine)
+        store.enqueue(engine, JOB_TYPE, {"a": 1})
+        with engine.connect() as conn:
+            assert conn.connection.dbapi_connection.autocommit is True
+        assert count_jobs(engine) == 1
+    finally:
+        engine.dispose()
+
+
 def test_enqueue_many_rejects_the_whole_batch_for_one_unknown_type(engine):
     define(engine)
     specs = [JobSpec(JOB_TYPE, {}), JobSpec("missing.type", {}), JobSpec(JOB_TYPE, {})]
