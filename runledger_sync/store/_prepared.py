@@ -96,15 +96,36 @@ class _Rendered:
         self.columns = [column(c.key, c.type) for c in statement.exported_columns]
 
 
+#: Sent ahead of statements planned once (SET LOCAL: gone when our transaction ends).
+#: A plan kept for a connection's life must not depend on the statistics of the
+#: moment it was made: on a near-empty table PostgreSQL would read the table whole
+#: rather than look rows up, and keep doing so as the table grows. Without
+#: sequential scans, and with every table reached by an indexed key, the plan costs
+#: the rows it touches at any size. A disabled plan node counts as a huge cost,
+#: which would make the statement look worth compiling with JIT: JIT is off.
+_INDEX_PLAN_SQL = (
+    "SELECT set_config('plan_cache_mode', 'force_generic_plan', true), "
+    "set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)"
+)
+
+
 class PreparedStatement:
     """A Core statement that runs prepared on the store's own connections and as itself elsewhere.
 
     Its result rows are those of the statement itself, typed by its columns.
+
+    Args:
+        index_plan: plan it once per connection, without sequential scans. For
+            statements that reach every table they read through an indexed key
+            (``id = ANY(...)``, no condition any other index could serve), whose
+            best plan then depends neither on their values nor on the tables' size,
+            and which PostgreSQL's own choice can leave planning afresh on every call.
     """
 
-    def __init__(self, label: str, statement: Any) -> None:
+    def __init__(self, label: str, statement: Any, *, index_plan: bool = False) -> None:
         self.label = label
         self.statement = statement
+        self.index_plan = index_plan
         #: By schema translation: only psycopg2 connections get here, so nothing else varies.
         self._rendered: dict[tuple[Any, ...], _Rendered] = {}
         self._lock = threading.Lock()
@@ -129,7 +150,7 @@ class PreparedStatement:
         return rendered
 
 
-_combined: dict[tuple[str, ...], Any] = {}
+_combined: dict[tuple[Any, ...], Any] = {}
 
 
 def _may_prepare(connection: Connection) -> bool:
@@ -157,7 +178,8 @@ def execute_in_turn(
             connection.execute(statement.statement, parameters)
         return connection.execute(statements[-1].statement, parameters)
     rendered = [statement._prepared_on(connection) for statement in statements]
-    key = tuple(r.name for r in rendered)
+    index_plan = any(statement.index_plan for statement in statements)
+    key = (index_plan, *(r.name for r in rendered))
     combined = _combined.get(key)
     if combined is None:
         parameters_by_name: dict[str, Any] = {}
@@ -165,8 +187,9 @@ def execute_in_turn(
             same = parameters_by_name.setdefault(parameter.key, parameter)
             if same.value != parameter.value or type(same.type) is not type(parameter.type):
                 raise TypeError(f"{key}: parameter {parameter.key} means different things in different statements")
+        sent = ([_INDEX_PLAN_SQL] if index_plan else []) + [r.execute_sql for r in rendered]
         combined = _combined.setdefault(key, (
-            text("; ".join(r.execute_sql for r in rendered))
+            text("; ".join(sent))
             .bindparams(*parameters_by_name.values())
             .columns(*rendered[-1].columns)
         ))

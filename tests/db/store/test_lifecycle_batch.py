@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from runledger_sync.core import errors
-from runledger_sync.core.records import JobSpec
+from runledger_sync.core.records import JobRecord, JobSpec
 from runledger_sync.core.types import JobCompletion, JobStage, JobStatus
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store import lifecycle
@@ -133,3 +134,62 @@ def test_a_lease_renewed_while_the_group_waits_is_judged_on_its_renewed_row(engi
 
 def test_empty_groups_write_nothing(engine):
     assert mark_jobs_running(engine, []) == [] and complete_jobs_success(engine, []) == []
+
+
+@pytest.fixture
+def group_plans(engine):
+    """EXPLAIN's answer for each statement of every group write run on ``engine``, asked on its own connection."""
+    plans = []
+
+    def explain(_conn, cursor, statement, parameters, _context, _executemany):
+        prelude, *statements = statement.split("; ")
+        if statements and statements[0].startswith("EXECUTE runledger_lock_leases"):
+            cursor.execute(prelude, parameters)
+            for one in statements:
+                cursor.execute("EXPLAIN (FORMAT JSON) " + one, parameters)
+                explained = cursor.fetchone()[0]
+                plans.append((one.split("(")[0], json.loads(explained) if isinstance(explained, str) else explained))
+
+    event.listen(engine, "before_cursor_execute", explain)
+    yield plans
+    event.remove(engine, "before_cursor_execute", explain)
+
+
+def plan_nodes(node):
+    yield node
+    for child in node.get("Plans", []):
+        yield from plan_nodes(child)
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+def test_group_writes_planned_once_on_a_nearly_empty_table_still_find_rows_by_id_once_it_is_long(
+    engine, held, group_plans, rows,
+):
+    # The plans are made on an analyzed table of a row or a few, where reading it
+    # whole would be cheapest, and kept while the queue grows.
+    first = claim(engine, rows)
+    with engine.begin() as connection:
+        connection.exec_driver_sql("ANALYZE")
+    mark_jobs_running(held, identities(first))
+    complete_jobs_success(held, [(identity, None) for identity in identities(first)])
+    store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(5_000)])
+    later = lifecycle.claim_prestart_jobs_for_types(engine, worker_id="worker-a", lease_ttl_seconds=30, limit=4,
+                                                    job_types=[JOB_TYPE])
+    group_plans.clear()
+    assert all(isinstance(r, JobRecord) for r in mark_jobs_running(held, identities(later)))
+    assert all(isinstance(r, JobRecord) for r in complete_jobs_success(held, [(i, None) for i in identities(later)]))
+    with held.connect() as connection:
+        kinds = connection.execute(text(
+            "SELECT name, generic_plans, custom_plans FROM pg_prepared_statements WHERE name ~ "
+            "'^runledger_(lock_leases|mark_running|complete_success)_'")).all()
+        connection.rollback()
+    # PostgreSQL's own choice plans each of the first five calls afresh; these were planned once.
+    assert len(kinds) == 3 and all(generic > 0 and custom == 0 for _, generic, custom in kinds), kinds
+    assert len(group_plans) == 4  # lock and write, twice
+    for label, plan in group_plans:
+        scans = [n for n in plan_nodes(plan[0]["Plan"]) if "Scan" in n["Node Type"] and "Relation Name" in n]
+        assert scans, label
+        for scan in scans:
+            assert scan["Node Type"] != "Seq Scan", (label, scan["Relation Name"])
+            key = "id" if scan["Relation Name"] == "job_queue" else "job_id"
+            assert f"({key} = " in scan.get("Index Cond", ""), (label, scan["Relation Name"], scan.get("Index Cond"))
