@@ -5,8 +5,11 @@ enqueue and lifecycle statements (several kilobytes of CTEs each) on every
 call; on a small batch that costs more than running them. On the store's own
 psycopg2 connections (an Engine's or a HeldConnection's, never a caller's) a
 :class:`PreparedStatement` is PREPAREd once per database connection and then
-run with ``EXECUTE``, which skips both. Values are still bound parameters.
-(psycopg 3 binds values on the server and prepares frequent statements itself.)
+run with ``EXECUTE``, which skips the parsing, and the planning too where
+PostgreSQL keeps one generic plan: its own choice after five runs, or forced for
+statements marked ``index_plan``, whose shape makes one plan right at any size.
+Values are still bound parameters. (psycopg 3 binds values on the server and
+prepares frequent statements itself.)
 
 A caller's connection gets the plain statement: its session is not ours to
 leave prepared statements in. An engine whose connections go through a
