@@ -250,7 +250,8 @@ def process_claimed_job(
         writers: group writers shared with the worker's other jobs; None writes
             this job's running and success on their own.
         running: this job's running write, already posted to ``writers.running``
-            with the rest of its batch; None submits it here.
+            with the rest of its batch (the polling thread does so); None writes it
+            here on its own.
     """
     execution = JobExecution(engine, registry, job, config, writers)
     started = time.monotonic()
@@ -303,8 +304,6 @@ def _mark_running_or_abort(
     try:
         if running is not None:
             running.result()
-        elif execution.writers is not None:
-            execution.writers.running.submit(execution.identity)
         else:
             lifecycle.mark_job_running(execution.engine, execution.identity)
         return True

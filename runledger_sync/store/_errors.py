@@ -130,7 +130,7 @@ def _autocommit_if(wanted: bool, connection: Connection) -> Iterator[None]:
 
 
 def _transaction(
-    engine: Engine, connection: Connection, work: Callable[[Connection], T], repeatable: bool,
+    engine: Engine, connection: Connection, work: Callable[[Connection], T], one_repeatable_write: bool,
     *, statements_may_vanish: bool = True,
 ) -> T:
     try:
@@ -146,7 +146,7 @@ def _transaction(
     try:
         connection.commit()
     except sa_exc.DBAPIError as exc:
-        if not is_transient(exc) or repeatable:
+        if not is_transient(exc) or one_repeatable_write:
             raise translate(exc, engine.url) from exc
         raise errors.CommitOutcomeUnknown(f"commit outcome unknown: {exc.orig}") from exc
     return result

@@ -177,6 +177,14 @@ def _ids_of(rows: Any) -> Any:
     return cast(select(func.array_agg(rows.c.id)).scalar_subquery(), ARRAY(PG_UUID(as_uuid=True)))
 
 
+def _attempt_of(jobs: Any) -> Any:
+    """WHERE clause: the job_attempts row of each written job's current attempt (``jobs``: a CTE of job rows)."""
+    return and_(
+        _a.job_id == jobs.c.id, _a.run_number == jobs.c.run_number, _a.attempt == jobs.c.attempt,
+        _a.job_id == any_(_ids_of(jobs)),
+    )
+
+
 def _build_claim(with_type_filter: bool) -> Any:
     conditions = [_q.status == _PENDING_IN_TEXT, _q.next_run_at <= func.now()]
     if with_type_filter:
@@ -235,8 +243,10 @@ def _build_claim(with_type_filter: bool) -> Any:
     )
 
 
-_CLAIM_ANY_TYPE = PreparedStatement("claim", _build_claim(with_type_filter=False))
-_CLAIM_FOR_TYPES = PreparedStatement("claim_for_types", _build_claim(with_type_filter=True))
+# Planned once per connection (planning cost about as much as the claim): the pick
+# reads the claim index and the update looks the picked ids up, at any queue size.
+_CLAIM_ANY_TYPE = PreparedStatement("claim", _build_claim(with_type_filter=False), index_plan=True)
+_CLAIM_FOR_TYPES = PreparedStatement("claim_for_types", _build_claim(with_type_filter=True), index_plan=True)
 
 
 def _claim(
@@ -293,19 +303,10 @@ def _claim_in_callers_transaction(
 # statistics that call the queue empty (a new table, or one analyzed while idle and
 # then hit by a burst) the planner prefers to fetch every pending row of the types
 # and sort them, so each claim costs in proportion to the queue. A sort is never
-# the right way to pick, so the claim plans without one.
-#
-# The claim is prepared and planned once per connection (planning cost about as
-# much as running it), and a plan made once must suit every limit and queue size.
-# Made on a near-empty table it would read job_queue whole rather than look the
-# claimed ids up, and keep doing so as the queue grows: the claim plans without
-# sequential scans too, so the claimed rows are always found by id.
-#
-# A disabled plan node counts as a huge cost, which would also make every claim
-# worth compiling with JIT (hundreds of milliseconds each), so JIT is off as well.
-_PLANNER_SETTINGS = {
-    "enable_sort": "off", "enable_seqscan": "off", "jit": "off", "plan_cache_mode": "force_generic_plan",
-}
+# the right way to pick, so the claim plans without one. A disabled plan node
+# counts as a huge cost, which would also make every claim worth compiling with
+# JIT (hundreds of milliseconds each), so JIT is off as well.
+_PLANNER_SETTINGS = {"enable_sort": "off", "jit": "off"}
 _SORTED_BY_INDEX = tuple(func.set_config(name, value, True) for name, value in _PLANNER_SETTINGS.items())
 _CLAIM_SETTINGS = PreparedStatement("claim_settings", select(*_SORTED_BY_INDEX))
 # Nothing runs on a prestart claim until the running write commits, and that
@@ -388,9 +389,7 @@ def _build_progress_update() -> Any:
     marker = (
         job_attempts.update()
         .where(
-            _a.job_id == updated.c.id,
-            _a.run_number == updated.c.run_number,
-            _a.attempt == updated.c.attempt,
+            _attempt_of(updated),
             _a.execution_started_persisted_at.is_(None),
             bindparam("new_stage", type_=Text) == JobStage.RUNNING.value,
         )
@@ -562,10 +561,7 @@ def _build_success(guard: Any, *, done: Any, total: Any, checkpoint: Any, output
     )
     attempt = (
         job_attempts.update()
-        .where(
-            _a.job_id == succeeded.c.id, _a.run_number == succeeded.c.run_number, _a.attempt == succeeded.c.attempt,
-            _a.job_id == any_(_ids_of(succeeded)),
-        )
+        .where(_attempt_of(succeeded))
         .values(finished_at=func.now(), outcome=None, error_code=None, error_message=None, retry_delay_ms=None)
         .cte("finished_attempt")
     )
@@ -656,7 +652,7 @@ def _build_failure(guard: Any) -> Any:
     is_dead = failed.c.status == JobStatus.DEAD_LETTERED.value
     attempt = (
         job_attempts.update()
-        .where(_a.job_id == failed.c.id, _a.run_number == failed.c.run_number, _a.attempt == failed.c.attempt)
+        .where(_attempt_of(failed))
         .values(
             finished_at=func.now(),
             outcome=kind,

@@ -41,8 +41,8 @@ from runledger_sync.store.lifecycle import (
     _build_success,
     _check_identity,
     _event_insert,
+    _attempt_of,
     _held_under,
-    _ids_of,
     lease_mismatch,
 )
 
@@ -118,13 +118,7 @@ def _build_running() -> Any:
     )
     marker = (
         job_attempts.update()
-        .where(
-            _a.job_id == running.c.id,
-            _a.run_number == running.c.run_number,
-            _a.attempt == running.c.attempt,
-            _a.execution_started_persisted_at.is_(None),
-            _a.job_id == any_(_ids_of(running)),
-        )
+        .where(_attempt_of(running), _a.execution_started_persisted_at.is_(None))
         .values(execution_started_persisted_at=func.now())
         .cte("execution_marker")
     )

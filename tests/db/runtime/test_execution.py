@@ -19,7 +19,7 @@ from runledger_sync.core import backoff, errors
 from runledger_sync.core.types import JobCompletion, JobDeadLetterReason, JobFailure, JobFailureKind
 from runledger_sync.db.engine import create_engine
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime.execution import process_claimed_job
+from runledger_sync.runtime.execution import HotPathWriters, lease_identity, process_claimed_job
 from runledger_sync.runtime.reaper import reap_once
 from runledger_sync.store import admin, lifecycle
 from runledger_sync.store import enqueue as store_enqueue
@@ -95,7 +95,26 @@ def side_effects(engine):
     return rows(engine, "SELECT job_id, attempt, note FROM side_effects")
 
 
-def test_handler_does_not_run_when_the_lease_changed_owner_before_start(engine, probe, logs):
+def process_alone(engine, registry, job, config):
+    process_claimed_job(engine, registry, job, config)
+
+
+def process_as_the_worker_does(engine, registry, job, config):
+    """The polling thread's way: the running write posted with its batch to the group writers."""
+    writers = HotPathWriters.start(engine, config.worker_id, in_flight=lambda: 1)
+    try:
+        [running] = writers.running.post([lease_identity(job)])
+        process_claimed_job(engine, registry, job, config, writers, running)
+    finally:
+        writers.close()
+
+
+#: Seed step 2 (mark running) has the same outcomes written alone or with its batch.
+ways_to_mark_running = pytest.mark.parametrize("process", [process_alone, process_as_the_worker_does])
+
+
+@ways_to_mark_running
+def test_handler_does_not_run_when_the_lease_changed_owner_before_start(engine, probe, logs, process):
     with engine.begin() as conn:
         conn.execute(text(h.SIDE_EFFECTS_DDL))
     registry = h.registry_with(JOB_TYPE, h.record_side_effect(probe, engine), max_attempts=3)
@@ -107,7 +126,7 @@ def test_handler_does_not_run_when_the_lease_changed_owner_before_start(engine, 
     reap_once(engine, registry, config, threading.Event())
     other = claim_one(engine, worker_id="worker-fast")
     assert other.attempt == stale.attempt
-    process_claimed_job(engine, registry, stale, config)
+    process(engine, registry, stale, config)
     assert probe.calls == [] and side_effects(engine) == []
     row = job_row(engine, stale.id)
     assert (row.status, row.worker_id, row.stage) == ("LEASED", "worker-fast", "queued")
@@ -133,7 +152,8 @@ def test_handler_does_not_run_when_running_cannot_be_persisted_and_the_claim_sta
     assert records(logs, "running progress could not be persisted; leaving claim for reaper recovery")
 
 
-def test_running_persist_failure_releases_the_unstarted_claim_when_the_store_still_can(engine, probe, logs):
+@ways_to_mark_running
+def test_running_persist_failure_releases_the_unstarted_claim_when_the_store_still_can(engine, probe, logs, process):
     registry = h.registry_with(JOB_TYPE, h.ok(probe))
     config = fast_config()
     job = enqueue_and_claim(engine, registry, config)
@@ -143,7 +163,7 @@ def test_running_persist_failure_releases_the_unstarted_claim_when_the_store_sti
             "IF NEW.event_type = 'STAGE_CHANGED' THEN RAISE EXCEPTION 'disk full'; END IF; RETURN NEW; END $$"))
         conn.execute(text("CREATE TRIGGER refuse_running BEFORE INSERT ON job_events "
                           "FOR EACH ROW EXECUTE FUNCTION refuse_running()"))
-    process_claimed_job(engine, registry, job, config)
+    process(engine, registry, job, config)
     assert probe.calls == []
     row = rows(engine, "SELECT status, attempt, worker_id, stage, next_run_at - now() AS wait FROM job_queue")[0]
     assert (row.status, row.attempt, row.worker_id, row.stage) == ("PENDING", 0, None, "queued")
