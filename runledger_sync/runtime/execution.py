@@ -1,9 +1,11 @@
 """One claimed job, start to finish: the seed's ``process_claimed_job`` on threads.
 
 The pool thread marks the job running, runs the handler and writes the
-outcome. Beside it a watchdog thread renews the lease, watches the deadline
-and notices an operator's cancel. Both may try to end the attempt (the handler
-returns; the deadline passes; the lease is lost), so whichever decides first
+outcome. Beside it the pool thread's timer thread
+(:mod:`runledger_sync.runtime.timer_thread`) renews the lease, watches the
+deadline and notices an operator's cancel, from the first renewal or the
+deadline on (a job done before then never wakes it). Both may try to end the
+attempt (the handler returns; the deadline passes; the lease is lost), so whichever decides first
 takes the attempt's one outcome through :class:`_OutcomeGate`; the other's
 result is discarded. Threads cannot be killed: a handler that ignores its
 cancellation flag keeps its pool thread (and so its concurrency slot) until it
@@ -61,6 +63,7 @@ from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.group_writer import GroupWriter, Ticket
 from runledger_sync.runtime.hooks import run_dead_letter_hook
 from runledger_sync.runtime.pace import HandlerPace
+from runledger_sync.runtime.timer_thread import TimerThread
 from runledger_sync.store import admin, lifecycle, lifecycle_batch
 from runledger_sync.store.held import HeldConnection
 
@@ -243,6 +246,7 @@ class JobExecution:
 def process_claimed_job(
     engine: Engine, registry: JobRegistry, job: JobRecord, config: JobsConfig,
     writers: Optional[HotPathWriters] = None, running: Optional[Ticket[lifecycle.LeaseIdentity, JobRecord]] = None,
+    timer: Optional[TimerThread] = None,
 ) -> None:
     """Run one claimed job and write its single outcome (or none when the lease was lost).
 
@@ -252,7 +256,24 @@ def process_claimed_job(
         running: this job's running write, already posted to ``writers.running``
             with the rest of its batch (the polling thread does so); None writes it
             here on its own.
+        timer: the calling pool thread's heartbeat timer thread, free for this job;
+            None starts one for this job alone.
     """
+    if timer is not None:
+        _process_with_timer(engine, registry, job, config, writers, running, timer)
+        return
+    timer = TimerThread(f"runledger-heartbeat-{job.id}")
+    try:
+        _process_with_timer(engine, registry, job, config, writers, running, timer)
+    finally:
+        timer.close()
+
+
+def _process_with_timer(
+    engine: Engine, registry: JobRegistry, job: JobRecord, config: JobsConfig,
+    writers: Optional[HotPathWriters], running: Optional[Ticket[lifecycle.LeaseIdentity, JobRecord]],
+    timer: TimerThread,
+) -> None:
     execution = JobExecution(engine, registry, job, config, writers)
     started = time.monotonic()
     if not _mark_running_or_abort(execution, running):
@@ -261,22 +282,22 @@ def process_claimed_job(
         # Payloads may hold secrets: only an operator's explicit log_payloads shows them.
         shown = {"payload": job.payload} if config.log_payloads else {}
         log.debug("job started", extra=execution.log_fields | shown)
-    watchdog = threading.Thread(
-        target=_watch, args=(execution, started), name=f"runledger-heartbeat-{job.id}", daemon=True
-    )
-    watchdog.start()
+    first_beat = time.monotonic() + config.heartbeat_interval
+    # The timer thread wakes only if the job is still running when its first
+    # renewal or its deadline comes; a job done sooner is simply withdrawn.
+    timer.schedule(min(first_beat, _deadline(execution, started)), lambda: _watch(execution, started, first_beat))
     try:
         handler_started = time.monotonic()
         outcome = _run_handler(execution)
         if writers is not None:
             writers.pace.record(time.monotonic() - handler_started)
         if execution.lease_verdict_pending.is_set():
-            # The lease ran out while a renewal was in flight: the watchdog logs the
+            # The lease ran out while a renewal was in flight: the watch logs the
             # verdict itself once that renewal has said why.
-            watchdog.join()
+            timer.withdraw()
         elif execution.gate.take():
             execution.stop_watchdog.set()
-            watchdog.join()
+            timer.withdraw()
             _finish(execution, outcome)
         elif not isinstance(outcome, LeaseLost):
             log.warning(
@@ -284,14 +305,14 @@ def process_claimed_job(
                 extra=execution.log_fields | {"late_result": type(outcome).__name__},
             )
     finally:
-        # The watchdog must never outlive the attempt. After a crash above it would
+        # The watch must never outlive the attempt. After a crash above it would
         # otherwise keep renewing a lease nobody works under and later write a
         # timeout; taking the gate leaves the lease to expire for the reaper, as
-        # the seed's dropped task does. When the watchdog decided the outcome,
-        # joining waits for its write to land before the slot is freed.
+        # the seed's dropped task does. When the watch decided the outcome,
+        # withdrawing waits for its write to land before the slot is freed.
         execution.gate.take()
         execution.stop_watchdog.set()
-        watchdog.join()
+        timer.withdraw()
     log.info("job processed", extra=execution.log_fields | {"elapsed_ms": int((time.monotonic() - started) * 1000)})
 
 
@@ -420,13 +441,24 @@ def _panic(execution: JobExecution, exc: BaseException) -> JobFailure:
     return JobFailure.panicked(HANDLER_PANIC_CODE, f"Job handler panicked: {text}")
 
 
-def _watch(execution: JobExecution, started: float) -> None:
+def _deadline(execution: JobExecution, started: float) -> float:
+    return started + max(1, execution.job.timeout_seconds)
+
+
+def _watch(execution: JobExecution, started: float, next_beat: float) -> None:
     """Renew the lease, enforce the deadline, and after the grace period write the timeout."""
+    try:
+        _watch_until_done(execution, started, next_beat)
+    except Exception as error:  # noqa: BLE001 - logged with the job's fields; the timer goes on
+        log.exception("job watch crashed; its lease is no longer renewed",
+                      extra=execution.log_fields | {"error": repr(error)})
+
+
+def _watch_until_done(execution: JobExecution, started: float, next_beat: float) -> None:
     config = execution.config
     interval = config.heartbeat_interval
-    deadline = started + max(1, execution.job.timeout_seconds)
+    deadline = _deadline(execution, started)
     give_up = deadline + config.timeout_grace_seconds
-    next_beat = time.monotonic() + interval
     while True:
         now = time.monotonic()
         wake_at = min(next_beat, give_up if execution.deadline_passed.is_set() else deadline)

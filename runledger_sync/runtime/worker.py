@@ -33,6 +33,7 @@ from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.execution import HotPathWriters, lease_identity, process_claimed_job
 from runledger_sync.runtime.group_writer import Ticket
 from runledger_sync.runtime.listener import JobListener
+from runledger_sync.runtime.timer_thread import TimerThread
 from runledger_sync.store import lifecycle
 from runledger_sync.store.held import HeldConnection
 from runledger_sync.store.lifecycle import LeaseIdentity
@@ -73,6 +74,9 @@ class WorkerLoop:
         self.executor = ThreadPoolExecutor(
             max_workers=config.max_global_concurrency, thread_name_prefix=f"runledger-job-{config.worker_id}"
         )
+        #: Each pool thread's heartbeat timer thread, made on its first job and kept.
+        self._pool_thread = threading.local()
+        self._timers: list[TimerThread] = []
         # Only an Engine can open a connection of its own; a caller's Connection just
         # polls, and its jobs write one by one on it.
         owns_connections = isinstance(engine, Engine)
@@ -135,12 +139,20 @@ class WorkerLoop:
             self._slot_freed.clear()
 
     def _submit(self, job: JobRecord, running: Optional[Ticket[LeaseIdentity, JobRecord]]) -> None:
-        future = self.executor.submit(
-            process_claimed_job, self.engine, self.registry, job, self.config, self.writers, running
-        )
+        future = self.executor.submit(self._process, job, running)
         with self._lock:
             self.in_flight.add(future)
         future.add_done_callback(self._finished)
+
+    def _process(self, job: JobRecord, running: Optional[Ticket[LeaseIdentity, JobRecord]]) -> None:
+        """Run one job on this pool thread, with the pool thread's own timer thread."""
+        timer = getattr(self._pool_thread, "timer", None)
+        if timer is None:
+            timer = TimerThread(f"runledger-heartbeat-{threading.current_thread().name}")
+            self._pool_thread.timer = timer
+            with self._lock:
+                self._timers.append(timer)
+        process_claimed_job(self.engine, self.registry, job, self.config, self.writers, running, timer)
 
     def _finished(self, future: Future[None]) -> None:
         with self._lock:
@@ -188,6 +200,8 @@ class WorkerLoop:
         if self.listener is not None:
             self.listener.close()
         self.executor.shutdown(wait=True)
+        for timer in self._timers:
+            timer.close()
         if self.writers is not None:
             self.writers.close()
         if isinstance(self.claim_bind, HeldConnection):

@@ -126,6 +126,32 @@ def test_concurrency_never_exceeds_max_global_concurrency(engine, probe, start_l
     assert max(probe.notes) <= 3
 
 
+def test_each_pool_thread_keeps_one_timer_thread_and_long_jobs_are_still_renewed_and_timed_out(
+        engine, probe, start_loop, logs):
+    def short(ctx, payload, call):
+        probe.note({t.name for t in threading.enumerate() if t.name.startswith("runledger-heartbeat")})
+
+    registry = JobRegistry()
+    registry.job("test.short")(h.scripted(probe, short))
+    registry.job("test.long")(h.cooperative_sleep(probe, 1.0))
+    registry.job("test.late", max_attempts=1, timeout_seconds=1)(h.cooperative_sleep(probe))
+    registry.sync_definitions(engine)
+    # Claimed in this order by priority: short jobs, then long ones, short again, then one that overruns.
+    first = store_enqueue.enqueue_many(engine, [JobSpec("test.short", PAYLOAD, priority=500) for _ in range(8)])
+    long = store_enqueue.enqueue_many(engine, [JobSpec("test.long", PAYLOAD, priority=400) for _ in range(2)])
+    then = store_enqueue.enqueue_many(engine, [JobSpec("test.short", PAYLOAD, priority=300) for _ in range(8)])
+    late = store_enqueue.enqueue(engine, "test.late", PAYLOAD, priority=200)
+    start_loop("worker", registry, fast_config(max_global_concurrency=2, claim_batch_size=2))
+    wait_status(engine, late.id, "DEAD_LETTERED", timeout=20)
+    assert {status(engine, job.id) for job in first + long + then} == {"SUCCEEDED"}
+    # Each job of 1 s outlived three renewal intervals of 0.3 s on a reused timer thread.
+    assert [event_types(engine, job.id).count("HEARTBEAT") >= 2 for job in long] == [True, True]
+    [attempt] = attempts(engine, late.id)
+    assert (attempt.outcome, attempt.error_code) == ("TIMEOUT", "job.timeout_exceeded")
+    # Two pool threads, two timer threads, whatever the number of jobs they ran.
+    assert len(set().union(*probe.notes)) <= 2
+
+
 class CrashingRegistry(JobRegistry):
     """A registry whose lookup fails for one type, as a bug in the pipeline would."""
 
