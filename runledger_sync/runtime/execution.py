@@ -113,8 +113,8 @@ SuccessItem = tuple[lifecycle.LeaseIdentity, Optional[JobCompletion]]
 class HotPathWriters:
     """The group writers for the two writes every job makes: running, then success."""
 
-    running: GroupWriter[lifecycle.LeaseIdentity, JobRecord]
-    success: GroupWriter[SuccessItem, JobRecord]
+    running: GroupWriter[lifecycle.LeaseIdentity, None]
+    success: GroupWriter[SuccessItem, None]
     #: Each writer's own connection, used only on its thread.
     connections: tuple[HeldConnection, ...]
     #: How long handlers take lately: how many others may succeed within the linger.
@@ -134,11 +134,11 @@ class HotPathWriters:
         """
         running_connection, success_connection = HeldConnection(engine), HeldConnection(engine)
         pace = HandlerPace()
-        running: GroupWriter[lifecycle.LeaseIdentity, JobRecord] = GroupWriter(
+        running: GroupWriter[lifecycle.LeaseIdentity, None] = GroupWriter(
             f"runledger-running-{worker_id}",
             lambda group: lifecycle_batch.mark_jobs_running(running_connection, group),
         )
-        success: GroupWriter[SuccessItem, JobRecord] = GroupWriter(
+        success: GroupWriter[SuccessItem, None] = GroupWriter(
             f"runledger-success-{worker_id}",
             lambda group: lifecycle_batch.complete_jobs_success(success_connection, group),
             linger_seconds=GROUP_LINGER_SECONDS,
@@ -245,7 +245,7 @@ class JobExecution:
 
 def process_claimed_job(
     engine: Engine, registry: JobRegistry, job: JobRecord, config: JobsConfig,
-    writers: Optional[HotPathWriters] = None, running: Optional[Ticket[lifecycle.LeaseIdentity, JobRecord]] = None,
+    writers: Optional[HotPathWriters] = None, running: Optional[Ticket[lifecycle.LeaseIdentity, None]] = None,
     timer: Optional[TimerThread] = None,
 ) -> None:
     """Run one claimed job and write its single outcome (or none when the lease was lost).
@@ -271,7 +271,7 @@ def process_claimed_job(
 
 def _process_with_timer(
     engine: Engine, registry: JobRegistry, job: JobRecord, config: JobsConfig,
-    writers: Optional[HotPathWriters], running: Optional[Ticket[lifecycle.LeaseIdentity, JobRecord]],
+    writers: Optional[HotPathWriters], running: Optional[Ticket[lifecycle.LeaseIdentity, None]],
     timer: TimerThread,
 ) -> None:
     execution = JobExecution(engine, registry, job, config, writers)
@@ -320,7 +320,7 @@ def _process_with_timer(
 
 
 def _mark_running_or_abort(
-    execution: JobExecution, running: Optional[Ticket[lifecycle.LeaseIdentity, JobRecord]],
+    execution: JobExecution, running: Optional[Ticket[lifecycle.LeaseIdentity, None]],
 ) -> bool:
     try:
         if running is not None:
@@ -648,22 +648,22 @@ def _complete_success(execution: JobExecution, completion: JobCompletion) -> Non
         log.error("failed to mark job success", extra=execution.log_fields | {"error": str(error)})
 
 
-def _write_success(execution: JobExecution, completion: JobCompletion) -> JobRecord:
+def _write_success(execution: JobExecution, completion: JobCompletion) -> None:
     if execution.writers is not None:
         try:
-            return execution.writers.success.submit((execution.identity, completion))
+            execution.writers.success.submit((execution.identity, completion))
+            return
         except LeaseOwnerMismatch:
             raise
         except CommitOutcomeUnknown:
-            landed = _landed(execution)
-            if landed is not None:
-                return landed
+            if _landed(execution) is not None:
+                return
         except RunledgerError as error:
             # The group failed as a whole (another job's invalid progress, a lost
             # connection): this job's own write decides its outcome.
             log.debug("group success write failed; writing the job alone",
                       extra=execution.log_fields | {"error": str(error)})
-    return _write(execution, lambda: lifecycle.complete_job_success(
+    _write(execution, lambda: lifecycle.complete_job_success(
         execution.engine, **execution.identity.keywords(), completion=completion))
 
 

@@ -119,7 +119,7 @@ class WorkerLoop:
             return False
         # The batch's running writes are queued together before any pool thread wakes,
         # so they share one transaction without the writer waiting for stragglers.
-        running: list[Optional[Ticket[LeaseIdentity, JobRecord]]] = (
+        running: list[Optional[Ticket[LeaseIdentity, None]]] = (
             list(self.writers.running.post([lease_identity(job) for job in claimed]))
             if self.writers is not None else [None] * len(claimed)
         )
@@ -138,13 +138,13 @@ class WorkerLoop:
             self._slot_freed.wait(remaining)
             self._slot_freed.clear()
 
-    def _submit(self, job: JobRecord, running: Optional[Ticket[LeaseIdentity, JobRecord]]) -> None:
+    def _submit(self, job: JobRecord, running: Optional[Ticket[LeaseIdentity, None]]) -> None:
         future = self.executor.submit(self._process, job, running)
         with self._lock:
             self.in_flight.add(future)
         future.add_done_callback(self._finished)
 
-    def _process(self, job: JobRecord, running: Optional[Ticket[LeaseIdentity, JobRecord]]) -> None:
+    def _process(self, job: JobRecord, running: Optional[Ticket[LeaseIdentity, None]]) -> None:
         """Run one job on this pool thread, with the pool thread's own timer thread."""
         timer = getattr(self._pool_thread, "timer", None)
         if timer is None:

@@ -536,8 +536,13 @@ def heartbeat_job(
 # -- success -------------------------------------------------------------------
 
 
-def _build_success(guard: Any, *, done: Any, total: Any, checkpoint: Any, output: Any) -> Any:
-    """The SUCCEEDED write with its attempt and event rows; the new values are columns or binds."""
+def _build_success(
+    guard: Any, *, done: Any, total: Any, checkpoint: Any, output: Any, returning: Sequence[Any] = JOB_COLUMNS,
+) -> Any:
+    """The SUCCEEDED write with its attempt and event rows; the new values are columns or binds.
+
+    ``returning`` must hold the id, run, attempt, stage and progress columns the attempt and event rows use.
+    """
     succeeded = (
         job_queue.update()
         .where(guard)
@@ -556,7 +561,7 @@ def _build_success(guard: Any, *, done: Any, total: Any, checkpoint: Any, output
             last_error_code=None,
             last_error_message=None,
         )
-        .returning(*JOB_COLUMNS)
+        .returning(*returning)
         .cte("succeeded")
     )
     attempt = (

@@ -13,13 +13,16 @@ renewed during the wait would be judged on the row as it was before, expired.
 On the store's own connections both statements are prepared and sent in one
 round trip.
 
-Each lease gets its own answer: the stored row, or ``LeaseOwnerMismatch`` when
-its fence refused it; a refused lease never stops the others from landing.
+Each lease gets its own answer: None once written, or ``LeaseOwnerMismatch``
+when its fence refused it; a refused lease never stops the others from landing.
+The statements return only each written lease, not its row: the worker needs
+no more, and reading back and decoding whole rows (payloads included) cost
+about as much as the rest of the write's client time.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence
 from uuid import UUID
 
 from sqlalchemy import BigInteger, Integer, Text, and_, any_, bindparam, cast, func, literal, select
@@ -29,13 +32,11 @@ from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidCompletionProgress, InvalidProgress, LeaseOwnerMismatch
-from runledger_sync.core.records import JobRecord
 from runledger_sync.core.types import JobCompletion, JobEventType, JobStage
 from runledger_sync.db.schema import job_attempts, job_queue
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store._prepared import PreparedStatement, execute_in_turn
-from runledger_sync.store._rows import JOB_COLUMNS, to_job
 from runledger_sync.store.lifecycle import (
     LeaseIdentity,
     _build_success,
@@ -49,8 +50,11 @@ from runledger_sync.store.lifecycle import (
 _q = job_queue.c
 _a = job_attempts.c
 
-#: Per-lease result: the row as stored, or why its fence refused the write.
-LeaseResult = Union[JobRecord, LeaseOwnerMismatch]
+#: Per-lease result: None once written, or why its fence refused the write.
+LeaseResult = Optional[LeaseOwnerMismatch]
+
+#: What a group write returns per written lease, and what its attempt and event rows need.
+_WRITTEN = (_q.id, _q.run_number, _q.attempt, _q.stage, _q.progress_done, _q.progress_total)
 
 _IDENTITY_ARRAYS = (
     ("job_id", "lease_job_ids", ARRAY(PG_UUID(as_uuid=True))),
@@ -113,7 +117,7 @@ def _build_running() -> Any:
         job_queue.update()
         .where(_live_leases(_leases(_IDENTITY_ARRAYS)))
         .values(stage=JobStage.RUNNING.value)
-        .returning(*JOB_COLUMNS)
+        .returning(*_WRITTEN)
         .cte("running")
     )
     marker = (
@@ -138,6 +142,7 @@ def _build_group_success() -> Any:
         total=values.c.progress_total,
         checkpoint=cast(values.c.checkpoint, JSONB),
         output=cast(values.c.output, JSONB),
+        returning=_WRITTEN,
     )
 
 
@@ -151,7 +156,7 @@ def mark_jobs_running(bind: Bind, identities: Sequence[LeaseIdentity]) -> list[L
     Same effect per job as :func:`runledger_sync.store.lifecycle.mark_job_running`.
 
     Returns:
-        One result per identity, in order: the stored row, or a ``LeaseOwnerMismatch``.
+        One result per identity, in order: None once written, or a ``LeaseOwnerMismatch``.
     """
     checked = [_check_identity(*_identity_values(identity)) for identity in identities]
     if not checked:
@@ -167,7 +172,7 @@ def complete_jobs_success(
     Same effect per job as :func:`runledger_sync.store.lifecycle.complete_job_success`.
 
     Returns:
-        One result per identity, in order: the stored row, or a ``LeaseOwnerMismatch``.
+        One result per identity, in order: None once written, or a ``LeaseOwnerMismatch``.
 
     Raises:
         InvalidCompletionProgress: one completion's progress is invalid, alone or
@@ -213,11 +218,8 @@ def _write_group(
         "lease_worker_ids": [i.worker_id for i in identities],
     }
     rows = execute_in_turn(connection, (_LOCK, statement), identity_params | values)
-    stored = {record.id: record for record in map(to_job, rows)}
-    return [_result_for(identity, stored.get(identity.job_id)) for identity in identities]
-
-
-def _result_for(identity: LeaseIdentity, record: Optional[JobRecord]) -> LeaseResult:
-    if record is not None and (record.run_number, record.attempt) == (identity.run_number, identity.attempt):
-        return record
-    return lease_mismatch(identity)
+    written = {(row.id, row.run_number, row.attempt) for row in rows}
+    return [
+        None if (identity.job_id, identity.run_number, identity.attempt) in written else lease_mismatch(identity)
+        for identity in identities
+    ]

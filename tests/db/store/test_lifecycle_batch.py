@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import event, text
 
 from runledger_sync.core import errors
-from runledger_sync.core.records import JobRecord, JobSpec
-from runledger_sync.core.types import JobCompletion, JobStage, JobStatus
+from runledger_sync.core.records import JobSpec
+from runledger_sync.core.types import JobCompletion
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store import lifecycle
 from runledger_sync.store.lifecycle_batch import complete_jobs_success, mark_jobs_running
@@ -33,9 +33,8 @@ def identities(jobs):
 
 def test_mark_jobs_running_matches_the_single_write_for_every_job(engine):
     jobs = claim(engine, 3)
-    results = mark_jobs_running(engine, identities(jobs))
-    assert [r.id for r in results] == [j.id for j in jobs]
-    assert all(r.stage is JobStage.RUNNING and r.status is JobStatus.LEASED for r in results)
+    assert mark_jobs_running(engine, identities(jobs)) == [None] * 3
+    assert rows(engine, "SELECT DISTINCT status, stage FROM job_queue") == [("LEASED", "running")]
     for job in jobs:
         assert event_types(engine, job.id) == ["ENQUEUED", "LEASED", "STAGE_CHANGED"]
         assert attempts(engine, job.id)[0].execution_started_persisted_at is not None
@@ -50,7 +49,7 @@ def test_a_refused_lease_does_not_stop_the_others(engine):
     expire_lease(engine, jobs[1].id)
     wrong_worker = lifecycle.LeaseIdentity(jobs[2].id, jobs[2].run_number, jobs[2].attempt, "someone-else")
     results = mark_jobs_running(engine, [identities(jobs)[0], identities(jobs)[1], wrong_worker])
-    assert results[0].stage is JobStage.RUNNING
+    assert results[0] is None
     assert isinstance(results[1], errors.LeaseOwnerMismatch) and results[1].code == "job.lease_owner_mismatch"
     assert isinstance(results[2], errors.LeaseOwnerMismatch)
     stages = dict(rows(engine, "SELECT id, stage FROM job_queue"))
@@ -66,9 +65,10 @@ def test_complete_jobs_success_writes_each_completion_with_its_attempt_and_event
         None,
         JobCompletion(progress_done=2, progress_total=2, checkpoint={"page": 9}),
     ]
-    results = complete_jobs_success(engine, list(zip(identities(jobs), completions, strict=True)))
-    assert [r.status for r in results] == [JobStatus.SUCCEEDED] * 3
+    assert complete_jobs_success(engine, list(zip(identities(jobs), completions, strict=True))) == [None] * 3
     stored = {r.id: r for r in rows(engine, "SELECT * FROM job_queue")}
+    assert {row.status for row in stored.values()} == {"SUCCEEDED"}
+    assert {row.stage for row in stored.values()} == {"completed"}
     assert stored[jobs[0].id].output == {"n": 0} and stored[jobs[1].id].output is None
     assert (stored[jobs[2].id].progress_done, stored[jobs[2].id].checkpoint) == (2, {"page": 9})
     assert all(row.worker_id is None and row.lease_expires_at is None for row in stored.values())
@@ -127,7 +127,7 @@ def test_a_lease_renewed_while_the_group_waits_is_judged_on_its_renewed_row(engi
     transaction.commit()
     renewer.close()
     writer.join(10)
-    assert [type(r).__name__ for r in results] == ["JobRecord", "LeaseOwnerMismatch"]
+    assert [type(r).__name__ for r in results] == ["NoneType", "LeaseOwnerMismatch"]
     assert rows(engine, "SELECT status FROM job_queue WHERE id = :id", id=jobs[0].id)[0][0] == "SUCCEEDED"
     assert rows(engine, "SELECT status FROM job_queue WHERE id = :id", id=jobs[1].id)[0][0] == "LEASED"
 
@@ -176,8 +176,8 @@ def test_group_writes_planned_once_on_a_nearly_empty_table_still_find_rows_by_id
     later = lifecycle.claim_prestart_jobs_for_types(engine, worker_id="worker-a", lease_ttl_seconds=30, limit=4,
                                                     job_types=[JOB_TYPE])
     group_plans.clear()
-    assert all(isinstance(r, JobRecord) for r in mark_jobs_running(held, identities(later)))
-    assert all(isinstance(r, JobRecord) for r in complete_jobs_success(held, [(i, None) for i in identities(later)]))
+    assert mark_jobs_running(held, identities(later)) == [None] * 4
+    assert complete_jobs_success(held, [(i, None) for i in identities(later)]) == [None] * 4
     with held.connect() as connection:
         kinds = connection.execute(text(
             "SELECT name, generic_plans, custom_plans FROM pg_prepared_statements WHERE name ~ "
