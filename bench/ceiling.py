@@ -1,0 +1,82 @@
+"""Print what the store alone costs per job, with no worker around it: the ceiling of any worker on this schema.
+
+Usage: python bench/ceiling.py [--jobs 8000] [--batches 8,64] [--database-url URL]
+One thread claims a batch of no-op jobs, marks it running and completes it, in a
+loop, on held connections as the worker's own roles do: the three fenced
+transactions every job needs, with their attempt and event rows, and no thread
+pool, handler, timer or group writer. PostgreSQL's CPU per job here bounds every
+worker on the same box: with C cores it cannot pass C / (PostgreSQL ms per job)
+thousand jobs/s even if the worker cost nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import _common as bench
+
+from runledger_sync.store import lifecycle, lifecycle_batch
+from runledger_sync.store.held import HeldConnection
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=8_000)
+    parser.add_argument("--batches", default="8,64", help="claim sizes to measure, comma-separated")
+    bench.add_database_option(parser)
+    return parser.parse_args()
+
+
+def drain(engine, url: str, jobs: int, batch: int) -> tuple[float, float, float]:
+    """Run the store's three transactions per batch until ``jobs`` are done; return jobs/s and CPU ms per job."""
+    claims, writes = HeldConnection(engine), HeldConnection(engine)
+    window = bench.CpuWindow(time.process_time, bench.PostgresCpu(url))
+    try:
+        done = 0
+        window.start()
+        started = time.perf_counter()
+        while done < jobs:
+            claimed = lifecycle.claim_prestart_jobs_for_types(
+                claims, worker_id="ceiling", lease_ttl_seconds=60, limit=batch, job_types=[bench.NOOP_TYPE]
+            )
+            if not claimed:
+                raise RuntimeError(f"the queue ran dry after {done} jobs")
+            leases = [lifecycle.LeaseIdentity.of(job) for job in claimed]
+            lifecycle_batch.mark_jobs_running(writes, leases)
+            lifecycle_batch.complete_jobs_success(writes, [(lease, None) for lease in leases])
+            done += len(claimed)
+        elapsed = time.perf_counter() - started
+        window.stop()
+    finally:
+        claims.close()
+        writes.close()
+    client_ms, postgres_ms = window.per_job_ms(done)
+    return done / elapsed, client_ms, postgres_ms
+
+
+def main() -> int:
+    args = parse_args()
+    batches = [int(size) for size in args.batches.split(",")]
+    cores = os.cpu_count() or 1
+    print(f"jobs={args.jobs} cores={cores}")
+    print(f"{'batch':>5}  {'jobs/s':>7}  {'client ms/job':>13}  {'PostgreSQL ms/job':>17}  {'PostgreSQL-bound ceiling':>24}")
+    with bench.server(args.database_url) as srv:
+        for batch in batches:
+            with bench.fresh_database(srv, f"bench_ceiling_{batch}") as url:
+                engine = bench.migrated_engine(url)
+                try:
+                    bench.noop_registry().sync_definitions(engine)
+                    bench.enqueue_noops(engine, args.jobs)
+                    rate, client_ms, postgres_ms = drain(engine, url, args.jobs, batch)
+                finally:
+                    engine.dispose()
+            ceiling = "-" if not postgres_ms else f"{cores * 1000 / postgres_ms:,.0f} jobs/s"
+            print(f"{batch:>5}  {rate:>7,.0f}  {client_ms:>13.3f}  {bench.fmt(postgres_ms, 3):>17}  {ceiling:>24}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
