@@ -6,8 +6,11 @@ or shutdown is asked for). A failed claim is logged and tried again next turn.
 
 While the queue is backed up (the last claim came back full), slots free one by
 one, and claiming each at once would cost a claim, a running write and a commit
-per job. The loop then waits a moment (``CLAIM_GATHER_SECONDS``) for half a
-batch of slots, so jobs are claimed and written in groups.
+per job. The loop then waits a moment (``CLAIM_GATHER_SECONDS``) for a whole
+batch of slots, so jobs are claimed and written in groups. Slots free in groups
+too (a success group commits several jobs at once), so waiting for the whole
+batch rather than part of it keeps jobs that were claimed together moving
+together through their running and success writes.
 
 An idle worker also LISTENs (:mod:`runledger_sync.runtime.listener`), so a job
 enqueued for one of its types ends the pause at once instead of at the next
@@ -88,7 +91,7 @@ class WorkerLoop:
         self.claim_bind: Engine | HeldConnection = HeldConnection(engine) if owns_connections else engine
         #: True while the last claim came back full: more jobs are due than slots.
         self.backlogged = False
-        self.gather_target = max(1, min(config.claim_batch_size, config.max_global_concurrency) // 2)
+        self.gather_target = min(config.claim_batch_size, config.max_global_concurrency)
         self.writers = HotPathWriters.start(
             engine, config.worker_id, in_flight=lambda: len(self.in_flight),
         ) if owns_connections else None

@@ -292,25 +292,28 @@ def claims(engine) -> int:
     return scalar(engine, "SELECT count(*) FROM job_attempts")
 
 
-def test_a_backed_up_loop_waits_for_half_a_batch_of_slots_and_claims_them_together(engine):
+def test_a_backed_up_loop_waits_for_a_whole_batch_of_slots_and_claims_them_together(engine):
     gate = Gate()
     loop = gated_loop(engine, gate, queued=12, gather_seconds=h.MAX_BLOCK_SECONDS)
     try:
         assert loop.turn() is True  # 4 of 12 claimed: backed up
-        assert loop.gather_target == 2
+        assert loop.gather_target == 4
         gate.release(1)
         wait_until(lambda: loop.free_slots == 1)
         turn = threading.Thread(target=loop.turn)
         turn.start()
-        # One free slot is less than the target: the claim waits instead of taking it alone.
+        # Fewer free slots than a batch: the claim waits instead of taking them alone.
+        assert holds(lambda: turn.is_alive() and claims(engine) == 4, 0.3)
+        gate.release(2)
+        wait_until(lambda: loop.free_slots == 3)
         assert holds(lambda: turn.is_alive() and claims(engine) == 4, 0.3)
         gate.release(1)
         turn.join(timeout=10)
         assert not turn.is_alive()
-        assert claims(engine) == 6
+        assert claims(engine) == 8
         leased_together = rows(engine, "SELECT occurred_at, count(*) FROM job_events WHERE event_type = 'LEASED' "
                                        "GROUP BY occurred_at ORDER BY occurred_at")
-        assert [count for _, count in leased_together] == [4, 2]
+        assert [count for _, count in leased_together] == [4, 4]
     finally:
         gate.release(12)
         loop.drain()
