@@ -336,6 +336,23 @@ def test_the_gather_wait_is_bounded_and_an_idle_loop_claims_at_once(engine):
 
 
 
+def test_a_backed_up_loop_whose_handlers_are_slow_claims_its_free_slot_without_waiting_for_more(engine):
+    gate = Gate()
+    loop = gated_loop(engine, gate, queued=12, gather_seconds=0.5)
+    try:
+        assert loop.turn() is True
+        time.sleep(1.0)
+        gate.release(1)  # a handler of a second: fewer than three more free within the gather time
+        wait_until(lambda: loop.free_slots == 1)
+        started = time.monotonic()
+        assert loop.turn() is True
+        assert time.monotonic() - started < 0.4
+        assert claims(engine) == 5
+    finally:
+        gate.release(12)
+        loop.drain()
+
+
 def test_a_loop_that_is_not_backed_up_claims_into_a_single_free_slot_at_once(engine):
     gate = Gate()
     loop = gated_loop(engine, gate, queued=3, gather_seconds=h.MAX_BLOCK_SECONDS)
