@@ -8,6 +8,7 @@ and every outcome can be read back from ``job_queue``, ``job_attempts`` and
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from datetime import timedelta
@@ -19,7 +20,7 @@ from runledger_sync.core import backoff, errors
 from runledger_sync.core.types import JobCompletion, JobDeadLetterReason, JobFailure, JobFailureKind
 from runledger_sync.db.engine import create_engine
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime.execution import HotPathWriters, lease_identity, process_claimed_job
+from runledger_sync.runtime.execution import UNKNOWN_WORKER_ID, HotPathWriters, lease_identity, process_claimed_job
 from runledger_sync.runtime.reaper import reap_once
 from runledger_sync.store import admin, lifecycle
 from runledger_sync.store import enqueue as store_enqueue
@@ -132,6 +133,20 @@ def test_handler_does_not_run_when_the_lease_changed_owner_before_start(engine, 
     assert (row.status, row.worker_id, row.stage) == ("LEASED", "worker-fast", "queued")
     assert "STAGE_CHANGED" not in event_types(engine, stale.id)
     assert records(logs, "aborting job before execution because lease ownership was already lost")
+
+
+def test_claimed_record_without_a_worker_id_is_fenced_as_unknown_worker_and_never_runs(engine, probe, logs):
+    registry = h.registry_with(JOB_TYPE, h.ok(probe))
+    config = fast_config(worker_id="worker-owner")
+    claimed = enqueue_and_claim(engine, registry, config)
+    anonymous = dataclasses.replace(claimed, worker_id=None)
+    assert lease_identity(anonymous).worker_id == UNKNOWN_WORKER_ID == "unknown-worker"
+    process_claimed_job(engine, registry, anonymous, config)
+    # The row belongs to worker-owner, so the running write under unknown-worker misses.
+    assert probe.calls == []
+    row = job_row(engine, claimed.id)
+    assert (row.status, row.worker_id, row.stage) == ("LEASED", "worker-owner", "queued")
+    assert "STAGE_CHANGED" not in event_types(engine, claimed.id)
 
 
 def test_handler_does_not_run_when_running_cannot_be_persisted_and_the_claim_stays_leased(engine, probe, logs):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 import pytest
 
@@ -277,7 +279,10 @@ class Gate:
         assert self._permits.acquire(timeout=h.MAX_BLOCK_SECONDS)
 
 
-def gated_loop(engine, gate: Gate, queued: int, gather_seconds: float) -> WorkerLoop:
+@contextmanager
+def gated_loop(engine, queued: int, gather_seconds: float) -> Iterator[tuple[Gate, WorkerLoop]]:
+    """A loop of 4 slots over ``queued`` jobs whose handlers wait for the gate; drained on exit."""
+    gate = Gate()
     registry = JobRegistry()
     registry.job(JOB_TYPE)(gate.handler)
     registry.sync_definitions(engine)
@@ -285,7 +290,12 @@ def gated_loop(engine, gate: Gate, queued: int, gather_seconds: float) -> Worker
     loop = WorkerLoop(engine, registry, fast_config(max_global_concurrency=4, claim_batch_size=4),
                       threading.Event(), listen=False)
     loop.claim_gather_seconds = gather_seconds
-    return loop
+    try:
+        yield gate, loop
+    finally:
+        # Enough for every job still in flight, so the drain does not wait on the gate.
+        gate.release(loop.config.max_global_concurrency)
+        loop.drain()
 
 
 def claims(engine) -> int:
@@ -293,9 +303,7 @@ def claims(engine) -> int:
 
 
 def test_a_backed_up_loop_waits_for_a_whole_batch_of_slots_and_claims_them_together(engine):
-    gate = Gate()
-    loop = gated_loop(engine, gate, queued=12, gather_seconds=h.MAX_BLOCK_SECONDS)
-    try:
+    with gated_loop(engine, queued=12, gather_seconds=h.MAX_BLOCK_SECONDS) as (gate, loop):
         assert loop.turn() is True  # 4 of 12 claimed: backed up
         assert loop.gather_target == 4
         gate.release(1)
@@ -314,15 +322,10 @@ def test_a_backed_up_loop_waits_for_a_whole_batch_of_slots_and_claims_them_toget
         leased_together = rows(engine, "SELECT occurred_at, count(*) FROM job_events WHERE event_type = 'LEASED' "
                                        "GROUP BY occurred_at ORDER BY occurred_at")
         assert [count for _, count in leased_together] == [4, 4]
-    finally:
-        gate.release(12)
-        loop.drain()
 
 
 def test_the_gather_wait_is_bounded_and_an_idle_loop_claims_at_once(engine):
-    gate = Gate()
-    loop = gated_loop(engine, gate, queued=12, gather_seconds=0.2)
-    try:
+    with gated_loop(engine, queued=12, gather_seconds=0.2) as (gate, loop):
         assert loop.turn() is True
         gate.release(1)
         wait_until(lambda: loop.free_slots == 1)
@@ -330,16 +333,10 @@ def test_the_gather_wait_is_bounded_and_an_idle_loop_claims_at_once(engine):
         assert loop.turn() is True  # the one free slot, once the wait is over
         assert 0.19 <= time.monotonic() - started < 5
         assert claims(engine) == 5
-    finally:
-        gate.release(12)
-        loop.drain()
-
 
 
 def test_a_backed_up_loop_whose_handlers_are_slow_claims_its_free_slot_without_waiting_for_more(engine):
-    gate = Gate()
-    loop = gated_loop(engine, gate, queued=12, gather_seconds=0.5)
-    try:
+    with gated_loop(engine, queued=12, gather_seconds=0.5) as (gate, loop):
         assert loop.turn() is True
         time.sleep(1.0)
         gate.release(1)  # a handler of a second: fewer than three more free within the gather time
@@ -348,15 +345,10 @@ def test_a_backed_up_loop_whose_handlers_are_slow_claims_its_free_slot_without_w
         assert loop.turn() is True
         assert time.monotonic() - started < 0.4
         assert claims(engine) == 5
-    finally:
-        gate.release(12)
-        loop.drain()
 
 
 def test_a_loop_that_is_not_backed_up_claims_into_a_single_free_slot_at_once(engine):
-    gate = Gate()
-    loop = gated_loop(engine, gate, queued=3, gather_seconds=h.MAX_BLOCK_SECONDS)
-    try:
+    with gated_loop(engine, queued=3, gather_seconds=h.MAX_BLOCK_SECONDS) as (gate, loop):
         assert loop.turn() is False  # 3 for 4 slots: the queue is drained, not backed up
         assert loop.free_slots == 1 < loop.gather_target
         store_enqueue.enqueue(engine, JOB_TYPE, {})
@@ -364,6 +356,3 @@ def test_a_loop_that_is_not_backed_up_claims_into_a_single_free_slot_at_once(eng
         assert loop.turn() is True
         assert time.monotonic() - started < 5
         assert claims(engine) == 4
-    finally:
-        gate.release(4)
-        loop.drain()
