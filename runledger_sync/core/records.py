@@ -8,6 +8,7 @@ from decimal import Decimal
 from typing import Any, Optional
 from uuid import UUID
 
+from runledger_sync.core.errors import LeaseOwnerMismatch
 from runledger_sync.core.types import JobStage, JobStatus
 
 
@@ -149,3 +150,36 @@ class ReapResult:
     retried: int
     dead_lettered: tuple[ReapedDeadLetter, ...]
     failed_rows: int
+
+
+@dataclass(frozen=True)
+class LeaseIdentity:
+    """The four values that fence every worker write to a claimed job."""
+
+    job_id: UUID
+    run_number: int
+    attempt: int
+    worker_id: str
+
+    @classmethod
+    def of(cls, job: JobRecord) -> "LeaseIdentity":
+        if job.worker_id is None:
+            raise LeaseOwnerMismatch(f"job {job.id} is not leased")
+        return cls(job.id, job.run_number, job.attempt, job.worker_id)
+
+    def params(self) -> dict[str, Any]:
+        """The identity as the bound values of a single fenced write.
+
+        Bind names differ from column names: SQLAlchemy would turn a parameter
+        named like a column into an extra SET clause of an UPDATE.
+        """
+        return {
+            "lease_job_id": self.job_id,
+            "lease_run_number": self.run_number,
+            "lease_attempt": self.attempt,
+            "lease_worker_id": self.worker_id,
+        }
+
+    def keywords(self) -> dict[str, Any]:
+        """The identity as the keyword arguments of the store's lifecycle functions."""
+        return {"job_id": self.job_id, "run_number": self.run_number, "attempt": self.attempt, "worker_id": self.worker_id}

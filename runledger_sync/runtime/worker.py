@@ -41,7 +41,7 @@ from runledger_sync.runtime.listener import JobListener
 from runledger_sync.runtime.timer_thread import TimerThread
 from runledger_sync.store import lifecycle
 from runledger_sync.store.held import HeldConnection
-from runledger_sync.store.lifecycle import LeaseIdentity
+from runledger_sync.core.records import LeaseIdentity
 
 log = get_logger(__name__)
 

@@ -92,9 +92,13 @@ class _Rendered:
         digest = hashlib.sha1(body.encode(), usedforsecurity=False).hexdigest()[:12]
         self.name = f"runledger_{label}_{digest}"
         self.prepare_sql = f"PREPARE {self.name} ({types}) AS {body}"
-        self.execute_sql = f"EXECUTE {self.name} ({', '.join(f':{name}' for name in names)})"
+        # A value the statement carries itself (a literal SQLAlchemy bound) gets a name
+        # of this statement's own: two statements sent together may each have a
+        # "status_1" that means different things.
+        sent_names = [name if b.required else f"{label}__{name}" for name, b in zip(names, binds, strict=True)]
+        self.execute_sql = f"EXECUTE {self.name} ({', '.join(f':{name}' for name in sent_names)})"
         self.parameters = [
-            bindparam(name, b.value, type_=b.type, required=b.required) for name, b in zip(names, binds, strict=True)
+            bindparam(name, b.value, type_=b.type, required=b.required) for name, b in zip(sent_names, binds, strict=True)
         ]
         self.columns = [column(c.key, c.type) for c in statement.exported_columns]
 

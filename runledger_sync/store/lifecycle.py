@@ -1,17 +1,13 @@
 """The lease lifecycle: claim, mark running, heartbeat, complete, release, reap.
 
-Every worker write is fenced by the lease identity (id, run_number, attempt,
-worker_id) plus status LEASED and a live lease. The guard takes the row lock in
-a scalar sub-select first and only then compares ``lease_expires_at`` with
-``clock_timestamp()``: a write that waited on the lock while the lease ran out
-is refused, as the spec requires, instead of being judged by the time it
-started. Each write and the attempt and event rows it implies are one
-statement.
+Every worker write goes through the lease fence of
+:mod:`runledger_sync.store._fence`: the rows are locked first, then written by
+one statement that judges the lease as the last committer left it and writes
+the attempt and event rows the step implies.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 from uuid import UUID
 
@@ -48,7 +44,7 @@ from runledger_sync.core.errors import (
     UnstartedClaimReleaseNotApplicable,
 )
 from runledger_sync.core.ids import uuid7
-from runledger_sync.core.records import JobRecord, ReapedDeadLetter, ReapResult
+from runledger_sync.core.records import JobRecord, LeaseIdentity, ReapedDeadLetter, ReapResult
 from runledger_sync.core.types import (
     ClaimOrigin,
     JobCompletion,
@@ -60,6 +56,7 @@ from runledger_sync.core.types import (
 from runledger_sync.db.schema import job_attempts, job_dead_letters, job_events, job_queue
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import owns_transaction, run_in_transaction
+from runledger_sync.store._fence import held_under, lease_mismatch, live_lease, one_lease, write_fenced
 from runledger_sync.store._prepared import PreparedStatement, execute_in_turn
 from runledger_sync.store._rows import JOB_COLUMNS, to_job
 
@@ -72,59 +69,6 @@ MAX_CLAIM_LIMIT = 1_000
 _q = job_queue.c
 _a = job_attempts.c
 _LEASED = JobStatus.LEASED.value
-
-
-@dataclass(frozen=True)
-class LeaseIdentity:
-    """The four values that fence every worker write to a claimed job."""
-
-    job_id: UUID
-    run_number: int
-    attempt: int
-    worker_id: str
-
-    @classmethod
-    def of(cls, job: JobRecord) -> "LeaseIdentity":
-        if job.worker_id is None:
-            raise LeaseOwnerMismatch(f"job {job.id} is not leased")
-        return cls(job.id, job.run_number, job.attempt, job.worker_id)
-
-    def params(self) -> dict[str, Any]:
-        # Bind names differ from column names: SQLAlchemy would turn a parameter
-        # named like a column into an extra SET clause of an UPDATE.
-        return {
-            "lease_job_id": self.job_id,
-            "lease_run_number": self.run_number,
-            "lease_attempt": self.attempt,
-            "lease_worker_id": self.worker_id,
-        }
-
-    def keywords(self) -> dict[str, Any]:
-        """The identity as the keyword arguments of the store's lifecycle functions."""
-        return {"job_id": self.job_id, "run_number": self.run_number, "attempt": self.attempt, "worker_id": self.worker_id}
-
-
-def _held_under(job_id: Any, run_number: Any, attempt: Any, worker_id: Any) -> Any:
-    """WHERE clause: the row is LEASED under this lease identity (bound values or columns)."""
-    return and_(
-        _q.id == job_id, _q.run_number == run_number, _q.attempt == attempt, _q.worker_id == worker_id,
-        # The same test as =, which no index can serve: a plan made on a near-empty
-        # table could otherwise read a whole index for it rather than look the id up.
-        _q.status.is_not_distinct_from(_LEASED),
-    )
-
-
-def _identity_matches() -> Any:
-    return _held_under(
-        bindparam("lease_job_id"), bindparam("lease_run_number"), bindparam("lease_attempt"),
-        bindparam("lease_worker_id"),
-    )
-
-
-def _live_lease_guard() -> Any:
-    """WHERE clause: the identity matches and the lease is live, checked after the row lock."""
-    locked_id = select(_q.id).where(_identity_matches()).with_for_update().scalar_subquery()
-    return and_(_q.id == locked_id, _q.lease_expires_at > func.clock_timestamp())
 
 
 def _seconds(name: str) -> Any:
@@ -376,7 +320,7 @@ def _build_progress_update() -> Any:
     checkpoint = cast(bindparam("new_checkpoint", type_=Text), JSONB)
     updated = (
         job_queue.update()
-        .where(_live_lease_guard())
+        .where(live_lease(*one_lease()))
         .values(
             stage=func.coalesce(stage, _q.stage),
             progress_done=func.coalesce(done, _q.progress_done),
@@ -412,7 +356,7 @@ def _build_progress_update() -> Any:
     return select(*updated.c).add_cte(marker, events)
 
 
-_PROGRESS_UPDATE = _build_progress_update()
+_PROGRESS_UPDATE = PreparedStatement("progress", _build_progress_update())
 
 
 def update_job_progress(
@@ -461,26 +405,20 @@ def mark_job_running(bind: Bind, identity: LeaseIdentity) -> JobRecord:
     return update_job_progress(bind, **identity.keywords(), stage=JobStage.RUNNING)
 
 
-def _guarded_write(connection: Connection, statement: Any, params: dict[str, Any], identity: LeaseIdentity) -> JobRecord:
-    row = connection.execute(statement, params).first()
+def _guarded_write(
+    connection: Connection, statement: PreparedStatement, params: dict[str, Any], identity: LeaseIdentity,
+    *, settings: Sequence[PreparedStatement] = (),
+) -> JobRecord:
+    row = write_fenced(connection, (statement,), [identity], params, settings=settings).first()
     if row is None:
         raise lease_mismatch(identity)
     return to_job(row)
 
 
-def lease_mismatch(identity: LeaseIdentity) -> LeaseOwnerMismatch:
-    """The error of a write whose fence refused ``identity``."""
-    return LeaseOwnerMismatch(
-        f"job {identity.job_id} run {identity.run_number} attempt {identity.attempt} is not leased "
-        f"to {identity.worker_id!r} with a live lease",
-        job_id=str(identity.job_id),
-    )
-
-
 def _build_heartbeat() -> Any:
     renewed = (
         job_queue.update()
-        .where(_live_lease_guard())
+        .where(live_lease(*one_lease()))
         .values(lease_expires_at=func.now() + _seconds("lease_seconds"), last_heartbeat_at=func.now())
         .returning(*JOB_COLUMNS)
         .cte("renewed")
@@ -493,8 +431,10 @@ def _build_heartbeat() -> Any:
     return select(*renewed.c).add_cte(events)
 
 
-_HEARTBEAT = _build_heartbeat()
-_LOCK_TIMEOUT = select(func.set_config("lock_timeout", bindparam("lock_timeout"), True))
+_HEARTBEAT = PreparedStatement("heartbeat", _build_heartbeat())
+_LOCK_TIMEOUT = PreparedStatement(
+    "lock_timeout", select(func.set_config("lock_timeout", bindparam("lock_timeout", type_=Text), True))
+)
 
 
 def heartbeat_job(
@@ -524,13 +464,11 @@ def heartbeat_job(
     if not isinstance(lease_ttl_seconds, (int, float)) or not lease_ttl_seconds > 0:
         raise InvalidLeaseDuration(f"lease_ttl_seconds must be greater than zero, got {lease_ttl_seconds!r}")
     check.check_int("lock_timeout_ms", lock_timeout_ms, (1, 3_600_000))
-    params = identity.params() | {"lease_seconds": float(lease_ttl_seconds)}
+    params = identity.params() | {"lease_seconds": float(lease_ttl_seconds), "lock_timeout": f"{lock_timeout_ms}ms"}
 
-    def work(connection: Connection) -> JobRecord:
-        connection.execute(_LOCK_TIMEOUT, {"lock_timeout": f"{lock_timeout_ms}ms"})
-        return _guarded_write(connection, _HEARTBEAT, params, identity)
-
-    return run_in_transaction(bind, work)
+    return run_in_transaction(
+        bind, lambda connection: _guarded_write(connection, _HEARTBEAT, params, identity, settings=(_LOCK_TIMEOUT,))
+    )
 
 
 # -- success -------------------------------------------------------------------
@@ -578,13 +516,13 @@ def _build_success(
     return select(*succeeded.c).add_cte(attempt, events)
 
 
-_SUCCESS = _build_success(
-    _live_lease_guard(),
+_SUCCESS = PreparedStatement("success", _build_success(
+    live_lease(*one_lease()),
     done=bindparam("new_progress_done", type_=BigInteger),
     total=bindparam("new_progress_total", type_=BigInteger),
     checkpoint=cast(bindparam("new_checkpoint", type_=Text), JSONB),
     output=cast(bindparam("new_output", type_=Text), JSONB),
-)
+))
 
 
 def complete_job_success(
@@ -709,7 +647,7 @@ def _build_failure(guard: Any) -> Any:
     return select(*failed.c).add_cte(attempt, dead_letter, events)
 
 
-_FAILURE = _build_failure(_live_lease_guard())
+_FAILURE = PreparedStatement("failure", _build_failure(live_lease(*one_lease())))
 # The reaper matches on id and run_number only: the lease is already gone.
 _REAPER_FAILURE = _build_failure(
     and_(
@@ -770,12 +708,13 @@ def _failure_params(failure: JobFailure, delay_ms: int, extra: dict[str, Any]) -
 
 
 def _build_release() -> Any:
+    job_id, run_number, attempt, worker_id = one_lease()
     unstarted_attempt = (
         select(_a.id)
         .where(
-            _a.job_id == bindparam("lease_job_id"),
-            _a.run_number == bindparam("lease_run_number"),
-            _a.attempt == bindparam("lease_attempt"),
+            _a.job_id == job_id,
+            _a.run_number == run_number,
+            _a.attempt == attempt,
             _a.claim_origin == ClaimOrigin.WORKER_PRESTART.value,
             _a.execution_started_persisted_at.is_(None),
         )
@@ -783,7 +722,9 @@ def _build_release() -> Any:
     )
     released = (
         job_queue.update()
-        .where(_identity_matches(), unstarted_attempt.is_not(None))
+        # No live-lease test: handing back an unstarted claim is what the reaper does
+        # once the lease has run out, so an expired lease changes nothing here.
+        .where(held_under(job_id, run_number, attempt, worker_id), unstarted_attempt.is_not(None))
         .values(
             status=JobStatus.PENDING.value,
             attempt=_q.attempt - 1,
@@ -804,20 +745,20 @@ def _build_release() -> Any:
         .where(
             _a.job_id == released.c.id,
             _a.run_number == released.c.run_number,
-            _a.attempt == bindparam("lease_attempt"),
+            _a.attempt == attempt,
         )
         .cte("removed_attempt")
     )
     events = _event_insert(
         released,
-        released.c.id, released.c.run_number, bindparam("lease_attempt"), literal(JobEventType.REQUEUED.value),
+        released.c.id, released.c.run_number, attempt, literal(JobEventType.REQUEUED.value),
         released.c.stage, null(), null(), func.jsonb_build_object("reason", bindparam("reason", type_=Text)),
     ).cte("released_event")
     return select(*released.c).add_cte(removed, events)
 
 
-_RELEASE = _build_release()
-_LOCK_IDENTITY = select(_q.id, _q.worker_id, _q.status).where(_q.id == bindparam("lease_job_id")).with_for_update()
+_RELEASE = PreparedStatement("release", _build_release())
+_HOLDER = select(_q.worker_id, _q.status).where(_q.id == bindparam("lease_job_id", type_=PG_UUID(as_uuid=True)))
 
 
 def release_unstarted_job_claim(
@@ -850,12 +791,12 @@ def release_unstarted_job_claim(
 
 
 def _release(connection: Connection, identity: LeaseIdentity, params: dict[str, Any]) -> JobRecord:
-    # Lock first, in its own statement, so the attempt row's execution marker is
-    # read after any concurrent mark-running has committed or rolled back.
-    current = connection.execute(_LOCK_IDENTITY, {"lease_job_id": identity.job_id}).first()
-    row = connection.execute(_RELEASE, params).first()
+    # The fence's lock comes first, so the attempt row's execution marker is read
+    # after any concurrent mark-running has committed or rolled back.
+    row = write_fenced(connection, (_RELEASE,), [identity], params).first()
     if row is not None:
         return to_job(row)
+    current = connection.execute(_HOLDER, {"lease_job_id": identity.job_id}).first()
     if current is not None and current.status == _LEASED and current.worker_id != identity.worker_id:
         raise LeaseOwnerMismatch(f"job {identity.job_id} is leased to another worker", job_id=str(identity.job_id))
     raise UnstartedClaimReleaseNotApplicable(
@@ -951,7 +892,7 @@ def _reap_row(connection: Connection, row: Any, delay_ms: int) -> Optional[JobRe
     if never_started and row.worker_id is not None:
         identity = LeaseIdentity(row.id, row.run_number, row.attempt, row.worker_id)
         params = identity.params() | {"reason": LEASE_EXPIRED_BEFORE_RUNNING_PERSISTED, "delay_ms": 0}
-        if connection.execute(_RELEASE, params).first() is not None:
+        if _RELEASE.execute(connection, params).first() is not None:
             return None
     started_without_renewal = (
         row.stage == JobStage.RUNNING.value

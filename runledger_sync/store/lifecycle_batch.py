@@ -2,16 +2,8 @@
 
 The worker's hot path writes stage ``running`` and SUCCEEDED for every job;
 one transaction per job makes each cost a round trip and a commit. These
-functions write a whole group of leases in one transaction, with the same
-fence for every row as :mod:`runledger_sync.store.lifecycle`: the identity
-must match, the job must be LEASED, and the lease must still be live when
-compared with ``clock_timestamp()`` *after* the row lock is held. The lock is
-taken by a first statement (rows locked in id order, so two group writers
-never deadlock), the write is a second one in the same transaction. One
-statement cannot do both: its snapshot predates the lock wait, so a lease
-renewed during the wait would be judged on the row as it was before, expired.
-On the store's own connections both statements are prepared and sent in one
-round trip.
+functions write a whole group of leases in one transaction, behind the same
+lease fence as the single writes (:mod:`runledger_sync.store._fence`).
 
 Each lease gets its own answer: None once written, or ``LeaseOwnerMismatch``
 when its fence refused it; a refused lease never stops the others from landing.
@@ -25,27 +17,28 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 from uuid import UUID
 
-from sqlalchemy import BigInteger, Integer, Text, and_, any_, bindparam, cast, func, literal, select
+from sqlalchemy import BigInteger, Text, and_, cast, func, literal, select
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
-from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidCompletionProgress, InvalidProgress, LeaseOwnerMismatch
+from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.types import JobCompletion, JobEventType, JobStage
 from runledger_sync.db.schema import job_attempts, job_queue
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
-from runledger_sync.store._prepared import PreparedStatement, execute_in_turn
-from runledger_sync.store.lifecycle import (
-    LeaseIdentity,
-    _build_success,
-    _check_identity,
-    _event_insert,
-    _attempt_of,
-    _held_under,
+from runledger_sync.store._fence import (
+    IDENTITY_ARRAYS,
+    by_listed_ids,
     lease_mismatch,
+    leases_columns,
+    live_lease,
+    unnested,
+    write_fenced,
 )
+from runledger_sync.store._prepared import PreparedStatement
+from runledger_sync.store.lifecycle import _attempt_of, _build_success, _check_identity, _event_insert
 
 _q = job_queue.c
 _a = job_attempts.c
@@ -56,12 +49,6 @@ LeaseResult = Optional[LeaseOwnerMismatch]
 #: What a group write returns per written lease, and what its attempt and event rows need.
 _WRITTEN = (_q.id, _q.run_number, _q.attempt, _q.stage, _q.progress_done, _q.progress_total)
 
-_IDENTITY_ARRAYS = (
-    ("job_id", "lease_job_ids", ARRAY(PG_UUID(as_uuid=True))),
-    ("run_number", "lease_run_numbers", ARRAY(Integer)),
-    ("attempt", "lease_attempts", ARRAY(Integer)),
-    ("worker_id", "lease_worker_ids", ARRAY(Text)),
-)
 _SUCCESS_ARRAYS = (
     ("progress_done", "new_progress_done", ARRAY(BigInteger)),
     ("progress_total", "new_progress_total", ARRAY(BigInteger)),
@@ -70,52 +57,15 @@ _SUCCESS_ARRAYS = (
 )
 
 
-def _leases(arrays: Sequence[tuple[str, str, Any]]) -> Any:
-    """The bound arrays as rows (one per lease), so the statement text never depends on the count."""
-    return (
-        func.unnest(*(bindparam(param, type_=array_type) for _, param, array_type in arrays))
-        .table_valued(*(column for column, _, _ in arrays))
-        .render_derived(name="leases")
-    )
-
-
-def _held_under_leases(leases: Any) -> Any:
-    # The ids once more as an array: the rows are then found by primary key in
-    # whichever order a plan made once joins them to the leases.
-    return and_(
-        _held_under(leases.c.job_id, leases.c.run_number, leases.c.attempt, leases.c.worker_id),
-        _q.id == any_(bindparam("lease_job_ids", type_=ARRAY(PG_UUID(as_uuid=True)))),
-    )
-
-
-def _build_lock() -> Any:
-    leases = _leases(_IDENTITY_ARRAYS)
-    return (
-        select(_q.id)
-        .select_from(job_queue.join(leases, _held_under_leases(leases)))
-        .order_by(_q.id)
-        .with_for_update(of=job_queue)
-    )
-
-
-# Left to choose, PostgreSQL plans these on every call (some 40% of their
-# server time); each reaches every table by an indexed id, so one plan serves.
-_LOCK = PreparedStatement("lock_leases", _build_lock(), index_plan=True)
-
-
 def _live_leases(leases: Any) -> Any:
-    """Rows of these lease identities, still LEASED, whose lease is live now.
-
-    The write runs after ``_LOCK`` in the same transaction, so its snapshot is
-    taken once the rows are locked and sees any renewal made meanwhile.
-    """
-    return and_(_held_under_leases(leases), _q.lease_expires_at > func.clock_timestamp())
+    """Rows of these lease identities, still LEASED, whose lease is live now."""
+    return and_(live_lease(*leases_columns(leases)), by_listed_ids())
 
 
 def _build_running() -> Any:
     running = (
         job_queue.update()
-        .where(_live_leases(_leases(_IDENTITY_ARRAYS)))
+        .where(_live_leases(unnested()))
         .values(stage=JobStage.RUNNING.value)
         .returning(*_WRITTEN)
         .cte("running")
@@ -135,7 +85,7 @@ def _build_running() -> Any:
 
 
 def _build_group_success() -> Any:
-    values = _leases(_IDENTITY_ARRAYS + _SUCCESS_ARRAYS)
+    values = unnested(IDENTITY_ARRAYS + _SUCCESS_ARRAYS)
     return _build_success(
         _live_leases(values),
         done=values.c.progress_done,
@@ -211,13 +161,7 @@ def _write_group(
     connection: Connection, statement: PreparedStatement, identities: list[LeaseIdentity],
     values: dict[str, list[Any]],
 ) -> list[LeaseResult]:
-    identity_params = {
-        "lease_job_ids": [i.job_id for i in identities],
-        "lease_run_numbers": [i.run_number for i in identities],
-        "lease_attempts": [i.attempt for i in identities],
-        "lease_worker_ids": [i.worker_id for i in identities],
-    }
-    rows = execute_in_turn(connection, (_LOCK, statement), identity_params | values)
+    rows = write_fenced(connection, (statement,), identities, values)
     written = {(row.id, row.run_number, row.attempt) for row in rows}
     return [
         None if (identity.job_id, identity.run_number, identity.attempt) in written else lease_mismatch(identity)

@@ -80,10 +80,18 @@ def test_a_statement_that_cannot_be_prepared_is_refused_by_name(held):
     untyped = PreparedStatement("test_untyped", select(bindparam("value")))
     with pytest.raises(TypeError, match="test_untyped: parameter value needs one explicit type"):
         run_prepared(held, untyped, parameters={"value": 1})
+    as_number = PreparedStatement("test_number", select(bindparam("value", type_=Integer)))
+    as_text = PreparedStatement("test_text", select(bindparam("value", type_=Text)))
+    with pytest.raises(TypeError, match="means different things"):
+        run_prepared(held, as_number, as_text, parameters={"value": 1})
+
+
+def test_literals_of_statements_sent_together_keep_their_own_values(held):
+    # SQLAlchemy names both literals "param_1"; each must still send its own value.
     first = PreparedStatement("test_one", select(literal(1, Integer).label("n")))
     second = PreparedStatement("test_two", select(literal(2, Integer).label("n")))
-    with pytest.raises(TypeError, match="means different things"):
-        run_prepared(held, first, second, parameters={})
+    assert run_prepared(held, second, first, parameters={}) == [(1,)]
+    assert run_prepared(held, first, second, parameters={}) == [(2,)]
 
 
 def test_a_psycopg3_engine_runs_the_plain_statements_and_its_jobs_go_through(fresh_database):
