@@ -103,16 +103,33 @@ class _FunctionHandler(JobHandler):
 class JobRegistry:
     """Map job types to handlers, with their retry rules.
 
+    A handler's exception retries (kind RETRYABLE) when its class is in the job's
+    ``retry_on`` (code ``job.handler_error``), or when it is a transient
+    infrastructure error (code ``job.handler_transient_error``): a lost database
+    connection, a server shutting down or restarting, ``OSError``, or one of
+    ``transient_errors``. Any other exception is a panic: dead-lettered at once.
+
+    Args:
+        transient_errors: Exception classes (or one class) that mean "the
+            infrastructure failed, try again" for every job type, besides the
+            built-in ones: an HTTP client's timeout, say.
+
+    Raises:
+        RegistrationError: ``transient_errors`` holds anything but Exception subclasses.
+
     Example::
 
-        registry = JobRegistry()
+        registry = JobRegistry(transient_errors=(requests.Timeout,))
 
-        @registry.job("email.send", max_attempts=5, retry_on=(ConnectionError,))
+        @registry.job("email.send", max_attempts=5, retry_on=(SmtpBusy,))
         def send_email(ctx, payload):
             ...
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, transient_errors: Any = ()) -> None:
+        self.transient_errors: tuple[type[BaseException], ...] = _checked_exception_classes(
+            "transient_errors", transient_errors
+        )
         self._handlers: dict[str, JobHandler] = {}
         self._retry_on: dict[str, tuple[type[BaseException], ...]] = {}
         self._overrides: dict[str, dict[str, int]] = {}
@@ -268,7 +285,7 @@ class JobRegistry:
         Example:
             ``registry.wrapped(app.app_context)``
         """
-        wrapped = JobRegistry()
+        wrapped = JobRegistry(transient_errors=self.transient_errors)
         for job_type, handler in self._handlers.items():
             wrapped.register(_WrappedHandler(handler, around, self.retry_on(job_type)))
         return wrapped
@@ -335,19 +352,19 @@ def _check_optional_positive_int(job_type: str, name: str, value: Any) -> None:
 
 
 def _checked_retry_on(job_type: str, retry_on: Any) -> tuple[type[BaseException], ...]:
+    return _checked_exception_classes(f"retry_on for job type {job_type!r}", retry_on)
+
+
+def _checked_exception_classes(what: str, given: Any) -> tuple[type[BaseException], ...]:
     # One class is accepted like `except` accepts one: retry_on=ConnectionError.
-    entries = (retry_on,) if isinstance(retry_on, type) else retry_on
+    entries = (given,) if isinstance(given, type) else given
     if not isinstance(entries, (tuple, list)):
-        raise RegistrationError(
-            f"retry_on for job type {job_type!r} must be a tuple of exception classes, got {retry_on!r}"
-        )
+        raise RegistrationError(f"{what} must be a tuple of exception classes, got {given!r}")
     for entry in entries:
         # Only Exception subclasses: retrying on JobCancelled or KeyboardInterrupt
         # would turn a request to stop into another attempt.
         if not (isinstance(entry, type) and issubclass(entry, Exception)):
-            raise RegistrationError(
-                f"retry_on for job type {job_type!r} must hold Exception subclasses, got {entry!r}"
-            )
+            raise RegistrationError(f"{what} must hold Exception subclasses, got {entry!r}")
     return tuple(entries)
 
 

@@ -9,8 +9,10 @@ the same codes (``db.connection_failed``, ``db.unique_violation``, ...).
 
 from __future__ import annotations
 
+import sys
 from typing import Optional
 
+import psycopg2
 from sqlalchemy import exc as sa_exc
 
 from runledger_sync.core import errors
@@ -54,6 +56,30 @@ def is_transient(exc: sa_exc.DBAPIError) -> bool:
         # psycopg2 and psycopg 3 report a refused or dropped connection without a SQLSTATE.
         return isinstance(exc, sa_exc.OperationalError)
     return state.startswith(_TRANSIENT_PREFIXES)
+
+
+def is_transient_error(exc: BaseException) -> bool:
+    """True when ``exc`` says the infrastructure failed, not the code: a lost or refused
+    connection, a server shutting down or restarting, a network error.
+
+    Covers what a job handler may meet through its own database access, whichever way
+    it reaches PostgreSQL: SQLAlchemy's ``OperationalError`` and ``InterfaceError`` (and
+    any driver error it flags as a disconnect), the drivers' own ``OperationalError``
+    and ``InterfaceError`` (psycopg2, and psycopg 3 when the handler uses it),
+    ``OSError`` (sockets, timeouts), and the store's own ``ConnectionFailed``.
+    """
+    if isinstance(exc, (OSError, errors.ConnectionFailed, sa_exc.OperationalError, sa_exc.InterfaceError)):
+        return True
+    if isinstance(exc, sa_exc.DBAPIError):
+        return is_transient(exc)
+    if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)):
+        return True
+    # psycopg 3 is optional: a handler that raised one of its errors has imported it.
+    psycopg = sys.modules.get("psycopg")
+    if psycopg is not None and isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+        return True
+    state = getattr(exc, "pgcode", None) or getattr(exc, "sqlstate", None)
+    return isinstance(state, str) and state.startswith(_TRANSIENT_PREFIXES)
 
 
 def translate(exc: sa_exc.DBAPIError, url: object = None) -> errors.RunledgerError:

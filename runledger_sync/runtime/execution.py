@@ -58,6 +58,7 @@ from runledger_sync.core.types import (
     JobStatus,
 )
 from runledger_sync.core.validation import completion_progress_problem, serialize_json
+from runledger_sync.db.errors import is_transient_error
 from runledger_sync.logging import get_logger, job_log_fields
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.group_writer import GroupWriter, Ticket
@@ -74,6 +75,7 @@ LEASE_OWNER_MISMATCH_CODE = "job.lease_owner_mismatch"
 LEASE_MAINTENANCE_FAILED_CODE = "job.lease_maintenance_failed"
 HANDLER_PANIC_CODE = "job.handler_panic"
 HANDLER_ERROR_CODE = "job.handler_error"
+HANDLER_TRANSIENT_ERROR_CODE = "job.handler_transient_error"
 HANDLER_NOT_REGISTERED_CODE = "job.handler_not_registered"
 HANDLER_INVALID_RESULT_CODE = "job.handler_invalid_result"
 INVALID_COMPLETION_PROGRESS_CODE = "job.invalid_completion_progress"
@@ -381,6 +383,8 @@ def _run_handler(execution: JobExecution) -> Outcome:
             return abandoned
         if isinstance(exc, execution.registry.retry_on(execution.job.job_type)):
             return JobFailure.retryable(HANDLER_ERROR_CODE, f"{type(exc).__name__}: {exc}")
+        if isinstance(exc, execution.registry.transient_errors) or is_transient_error(exc):
+            return _transient(execution, exc)
         return _panic(execution, exc)
     return _unless_abandoned(execution, _completion_outcome(result))
 
@@ -429,16 +433,28 @@ def _unless_abandoned(execution: JobExecution, outcome: Outcome) -> Outcome:
     return _abandoned_outcome(execution) or outcome
 
 
-def _panic(execution: JobExecution, exc: BaseException) -> JobFailure:
+def _transient(execution: JobExecution, exc: BaseException) -> JobFailure:
+    # A database restart is not a bug in the handler: the attempt retries. Only the
+    # first line: a SQLAlchemy error goes on with the statement and its parameters.
+    summary = f"{type(exc).__name__}: {(_text_of(exc).strip().splitlines() or [''])[0]}"
+    log.warning("job handler hit a transient error; the attempt will be retried",
+                extra=execution.log_fields | {"error": summary})
+    return JobFailure.retryable(HANDLER_TRANSIENT_ERROR_CODE, summary)
+
+
+def _text_of(exc: BaseException) -> str:
     try:
-        text = str(exc) or type(exc).__name__
+        return str(exc) or type(exc).__name__
     except Exception:  # noqa: BLE001 - a broken __str__ must not crash the pipeline
-        text = f"unprintable {type(exc).__name__}"
+        return f"unprintable {type(exc).__name__}"
+
+
+def _panic(execution: JobExecution, exc: BaseException) -> JobFailure:
     log.error(
         "job handler panicked",
         extra=execution.log_fields | {"traceback": "".join(traceback.format_exception(exc))},
     )
-    return JobFailure.panicked(HANDLER_PANIC_CODE, f"Job handler panicked: {text}")
+    return JobFailure.panicked(HANDLER_PANIC_CODE, f"Job handler panicked: {_text_of(exc)}")
 
 
 def _deadline(execution: JobExecution, started: float) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import types
 import uuid
@@ -359,3 +360,20 @@ def test_wrapped_registry_runs_handlers_inside_the_context_and_keeps_retry_rules
     assert wrapped.retry_delay_override("wrap.me", "x.busy") == 250
     assert wrapped.definitions() == registry.definitions()
     assert len(registry) == 1 and registry.get("wrap.me") is not wrapped.get("wrap.me")
+
+
+class _UpstreamTimeout(Exception):
+    pass
+
+
+def test_transient_errors_are_kept_and_carried_by_a_wrapped_registry():
+    registry = JobRegistry(transient_errors=_UpstreamTimeout)
+    assert registry.transient_errors == (_UpstreamTimeout,)
+    assert JobRegistry().transient_errors == ()
+    assert registry.wrapped(contextlib.nullcontext).transient_errors == (_UpstreamTimeout,)
+
+
+@pytest.mark.parametrize("given", ["Timeout", (KeyboardInterrupt,), (_UpstreamTimeout(),), 3])
+def test_transient_errors_must_be_exception_classes(given):
+    with pytest.raises(RegistrationError, match="transient_errors must"):
+        JobRegistry(transient_errors=given)
