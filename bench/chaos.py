@@ -47,6 +47,7 @@ def main() -> int:
         "churn": lambda: scenarios.worker_sigkill_churn(database(), sizes),
         "restart": lambda: scenarios.postgres_restart(root / "restart", sizes),
         "terminate": lambda: scenarios.terminate_backends(database(), sizes),
+        "restart-app-writes": lambda: scenarios.restart_under_app_writes(root / "restart-app", sizes),
         "cut": lambda: scenarios.network_cut(database()).result,
         "concurrency": lambda: scenarios.concurrency(database(), sizes),
         "suicide": lambda: scenarios.poison_suicide(database()),

@@ -31,10 +31,14 @@ NOOP = "fault.noop"
 SUICIDE = "fault.suicide"
 HANG = "fault.hang"
 PARTITION = "fault.partition"
+#: Writes its effect through the application's own SQLAlchemy engine, with no retry of its own.
+APP_WRITE = "fault.app_write"
 
 #: Retry budgets large enough that a churned job is never dead-lettered by the churn itself.
 EFFECT_MAX_ATTEMPTS = 25
 SUICIDE_MAX_ATTEMPTS = 3
+#: As in the restart report this scenario reproduces.
+APP_WRITE_MAX_ATTEMPTS = 5
 HANG_TIMEOUT_SECONDS = 1
 #: How long a handler keeps trying to record its effect while the database is away.
 EFFECT_WRITE_BUDGET_SECONDS = 30.0
@@ -140,7 +144,8 @@ class Observer:
 
 
 def build_registry(
-    observer: Optional[Observer] = None, own_engine: Any = None, settings: Optional[WorkerSettings] = None
+    observer: Optional[Observer] = None, own_engine: Any = None, settings: Optional[WorkerSettings] = None,
+    app_engine: Optional[sqlalchemy.Engine] = None,
 ) -> rl.JobRegistry:
     """The fault handlers; without an observer it only serves ``sync_definitions``."""
     registry = rl.JobRegistry()
@@ -156,6 +161,19 @@ def build_registry(
         if ctx.wait_cancelled(payload["ms"] / 1000.0):
             ctx.check_cancelled()
         observer.effect(ctx, started_at)
+
+    @registry.job(APP_WRITE, max_attempts=APP_WRITE_MAX_ATTEMPTS, timeout_seconds=60)
+    def app_write(ctx: rl.JobContext, payload: dict) -> None:
+        if ctx.wait_cancelled(payload["ms"] / 1000.0):
+            ctx.check_cancelled()
+        # The application's own engine and transaction, as a web app's handler would
+        # write: a database restart reaches the worker as the driver raised it.
+        with app_engine.begin() as conn:
+            conn.execute(
+                text("INSERT INTO fault_effects (job_id, attempt, worker_id, started_at)"
+                     " VALUES (:j, :a, :w, clock_timestamp())"),
+                {"j": ctx.job_id, "a": ctx.attempt, "w": ctx.worker_id},
+            )
 
     @registry.job(NOOP)
     def noop(ctx: rl.JobContext, payload: dict) -> None:
@@ -213,7 +231,8 @@ def main(settings: WorkerSettings) -> int:
         observer_engine = rl.create_engine(settings.observer_url, pool_size=pool_size, max_overflow=settings.max_overflow)
     else:
         observer_engine = engine
-    registry = build_registry(Observer(observer_engine), engine, settings)
+    app_engine = sqlalchemy.create_engine(settings.observer_url or settings.url)
+    registry = build_registry(Observer(observer_engine), engine, settings, app_engine)
     config = rl.JobsConfig(
         worker_id=settings.worker_id,
         poll_interval_ms=settings.poll_interval_ms,

@@ -20,7 +20,17 @@ from typing import Any, Optional
 
 import runledger_sync as rl
 from runledger_sync.db.embedded import EmbeddedPostgres
-from tests.faults.fault_worker import EFFECT, HANG, NOOP, PARTITION, SUICIDE, SUICIDE_MAX_ATTEMPTS, WorkerSettings, build_registry
+from tests.faults.fault_worker import (
+    APP_WRITE,
+    EFFECT,
+    HANG,
+    NOOP,
+    PARTITION,
+    SUICIDE,
+    SUICIDE_MAX_ATTEMPTS,
+    WorkerSettings,
+    build_registry,
+)
 from tests.faults.harness import Db, TcpProxy, WorkerFleet, max_overlap, wait_for
 
 SCALE_VARIABLE = "RUNLEDGER_FAULT_SCALE"
@@ -122,8 +132,10 @@ def enqueue(engine: Any, specs: list[rl.JobSpec], chunk: int = 5_000) -> None:
         rl.enqueue_many(engine, specs[offset:offset + chunk])
 
 
-def effect_specs(count: int, rng: random.Random, low_ms: int = 50, high_ms: int = 200) -> list[rl.JobSpec]:
-    return [rl.JobSpec(EFFECT, {"n": n, "ms": rng.randint(low_ms, high_ms)}) for n in range(count)]
+def effect_specs(
+    count: int, rng: random.Random, low_ms: int = 50, high_ms: int = 200, job_type: str = EFFECT
+) -> list[rl.JobSpec]:
+    return [rl.JobSpec(job_type, {"n": n, "ms": rng.randint(low_ms, high_ms)}) for n in range(count)]
 
 
 def drain_seconds(jobs: int, jobs_per_second: float, minimum: float = 60.0) -> float:
@@ -257,16 +269,18 @@ def _first_success_after(db: Db, at: Any) -> Any:
                      t=at)
 
 
-def _database_fault_run(url: str, jobs: int, name: str, fault: Any, reconnect: Any = None) -> ScenarioResult:
-    """Run ``jobs`` effect jobs on 2 workers; at 30 % and 60 % done, ``fault()`` breaks the database.
+def _database_fault_run(
+    url: str, jobs: int, name: str, faults: list[Any], reconnect: Any = None, job_type: str = EFFECT,
+) -> ScenarioResult:
+    """Run ``jobs`` effect jobs on 2 workers; at 30 % and 60 % done, the next of ``faults`` breaks the database.
 
-    ``fault`` returns the database time from which the workers must resume (or
-    None to skip that round). Workers are never restarted.
+    Each fault returns the database time from which the workers must resume.
+    Workers are never restarted.
     """
     engine, db = prepare(url)
     result = ScenarioResult(name, jobs, 0, 0, 0, None)
-    settings = replace(BASE_SETTINGS, url=url, job_types=[EFFECT])
-    enqueue(engine, effect_specs(jobs, random.Random(2), 50, 150))  # noqa: S311 - durations
+    settings = replace(BASE_SETTINGS, url=url, job_types=[job_type])
+    enqueue(engine, effect_specs(jobs, random.Random(2), 50, 150, job_type))  # noqa: S311 - durations
     resumes: list[float] = []
     try:
         with WorkerFleet() as fleet:
@@ -274,8 +288,8 @@ def _database_fault_run(url: str, jobs: int, name: str, fault: Any, reconnect: A
             for worker in workers:
                 worker.wait_ready()
             pids = [worker.pid for worker in workers]
-            for share in (0.3, 0.6):
-                wait_for(lambda db=db, share=share: db.count_status("SUCCEEDED", EFFECT) >= jobs * share,
+            for share, fault in zip((0.3, 0.6), faults, strict=True):
+                wait_for(lambda db=db, share=share: db.count_status("SUCCEEDED", job_type) >= jobs * share,
                          drain_seconds(jobs, 20),
                          f"{name}: {share:.0%} of the jobs done")
                 resume_from = fault()
@@ -286,14 +300,14 @@ def _database_fault_run(url: str, jobs: int, name: str, fault: Any, reconnect: A
                 first = wait_for(lambda db=db, at=resume_from: _first_success_after(db, at), 30,
                                  f"{name}: a job finishing after the fault")
                 resumes.append((first - resume_from).total_seconds())
-            terminal_wait(db, EFFECT, drain_seconds(jobs, 20), f"{name}: every job finished")
+            terminal_wait(db, job_type, drain_seconds(jobs, 20), f"{name}: every job finished")
             alive = [worker.alive() for worker in workers]
             result.details["worker_pids"] = pids
             result.expect(all(alive), f"a worker process died during the fault (alive: {alive})")
             result.details["lease_losses_logged"] = sum(
                 worker.logged("job heartbeat lost lease ownership")
                 + worker.logged("aborting job because lease heartbeat could not be persisted") for worker in workers)
-        outcome_figures(result, db, EFFECT)
+        outcome_figures(result, db, job_type)
         result.recovery_seconds = round(max(resumes), 2)
         result.details["resume_seconds"] = [round(r, 2) for r in resumes]
         # Reconnecting takes a pool ping and a retry; a lease only matters for jobs cut mid-flight.
@@ -305,60 +319,101 @@ def _database_fault_run(url: str, jobs: int, name: str, fault: Any, reconnect: A
     return result
 
 
-def postgres_restart(data_dir: str | Path, sizes: Sizes, down_seconds: float = 1.0) -> ScenarioResult:
-    """A dedicated embedded server is stopped and started again on the same data directory, twice, mid-run."""
-    data = Path(data_dir) / "pgdata"
-    server = EmbeddedPostgres(data).start()
-    url = server.create_database("fault_restart")
-    migrator = rl.create_engine(url)
-    rl.migrate(migrator)
-    migrator.dispose()
-    holder = {"server": server}
-    downtimes: list[float] = []
+class RestartableServer:
+    """A dedicated embedded server with a migrated database, stopped and started again on demand."""
 
-    def restart() -> Any:
+    def __init__(self, data_dir: str | Path, down_seconds: float = 1.0) -> None:
+        self.data = Path(data_dir) / "pgdata"
+        self.down_seconds = down_seconds
+        self.server = EmbeddedPostgres(self.data).start()
+        self.url = self.server.create_database("fault_restart")
+        migrator = rl.create_engine(self.url)
+        rl.migrate(migrator)
+        migrator.dispose()
+        self.downtimes: list[float] = []
+
+    def restart(self) -> Any:
+        """Stop the server, wait, start it again; return the database time it serves from."""
         stopped_at = time.monotonic()
-        holder["server"].stop()
-        time.sleep(down_seconds)
-        holder["server"] = EmbeddedPostgres(data).start()
-        downtimes.append(time.monotonic() - stopped_at)
-        probe = rl.create_engine(url)
+        self.server.stop()
+        time.sleep(self.down_seconds)
+        self.server = EmbeddedPostgres(self.data).start()
+        self.downtimes.append(round(time.monotonic() - stopped_at, 2))
+        probe = rl.create_engine(self.url)
         try:
             return Db(probe).now()
         finally:
             probe.dispose()
 
+    def close(self) -> None:
+        self.server.stop()
+        shutil.rmtree(self.data, ignore_errors=True)
+
+
+class BackendTerminator:
+    """``pg_terminate_backend`` on every other connection to the database, counting them."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.killed: list[int] = []
+
+    def __call__(self) -> Any:
+        # A fresh engine each time: a server restart may have come in between.
+        admin = rl.create_engine(self.url)
+        try:
+            db = Db(admin)
+            at = db.now()
+            pids = db.backend_pids()
+            for pid in pids:
+                db.scalar("SELECT pg_terminate_backend(:pid)", pid=pid)
+            self.killed.append(len(pids))
+            return at
+        finally:
+            admin.dispose()
+
+
+def postgres_restart(data_dir: str | Path, sizes: Sizes, down_seconds: float = 1.0) -> ScenarioResult:
+    """A dedicated embedded server is stopped and started again on the same data directory, twice, mid-run."""
+    server = RestartableServer(data_dir, down_seconds)
     try:
-        result = _database_fault_run(url, sizes.restart_jobs, "PostgreSQL restart", restart,
-                                     reconnect=lambda: rl.create_engine(url))
-        result.details["downtime_seconds"] = [round(d, 2) for d in downtimes]
+        result = _database_fault_run(server.url, sizes.restart_jobs, "PostgreSQL restart",
+                                     [server.restart, server.restart], reconnect=lambda: rl.create_engine(server.url))
+        result.details["downtime_seconds"] = server.downtimes
         return result
     finally:
-        holder["server"].stop()
-        shutil.rmtree(data, ignore_errors=True)
+        server.close()
 
 
 def terminate_backends(url: str, sizes: Sizes) -> ScenarioResult:
     """``pg_terminate_backend`` on every worker connection, twice, mid-run."""
-    admin = rl.create_engine(url)
-    killed: list[int] = []
+    terminate = BackendTerminator(url)
+    result = _database_fault_run(url, sizes.terminate_jobs, "pg_terminate_backend", [terminate, terminate])
+    result.details["backends_terminated"] = terminate.killed
+    result.expect(all(count > 0 for count in terminate.killed), f"no worker backend was terminated: {terminate.killed}")
+    return result
 
-    def terminate() -> Any:
-        db = Db(admin)
-        at = db.now()
-        pids = db.backend_pids()
-        for pid in pids:
-            db.scalar("SELECT pg_terminate_backend(:pid)", pid=pid)
-        killed.append(len(pids))
-        return at
 
+def restart_under_app_writes(data_dir: str | Path, sizes: Sizes) -> ScenarioResult:
+    """Handlers write through the application's own engine, without retrying; the server restarts, then
+    every backend is terminated. No job may be dead-lettered: the handlers' errors are transient."""
+    server = RestartableServer(data_dir)
+    terminate = BackendTerminator(server.url)
     try:
-        result = _database_fault_run(url, sizes.terminate_jobs, "pg_terminate_backend", terminate)
-        result.details["backends_terminated"] = killed
-        result.expect(all(count > 0 for count in killed), f"no worker backend was terminated: {killed}")
+        result = _database_fault_run(server.url, sizes.restart_jobs, "restart under app writes",
+                                     [server.restart, terminate], reconnect=lambda: rl.create_engine(server.url),
+                                     job_type=APP_WRITE)
+        result.details["downtime_seconds"] = server.downtimes
+        result.details["backends_terminated"] = terminate.killed
+        with_retries = Db(rl.create_engine(server.url))
+        try:
+            result.details["transient_retries"] = with_retries.scalar(
+                "SELECT count(*) FROM job_attempts WHERE error_code = 'job.handler_transient_error'")
+            result.expect(with_retries.count_status("DEAD_LETTERED") == 0, "a job was dead-lettered")
+        finally:
+            with_retries.engine.dispose()
         return result
     finally:
-        admin.dispose()
+        server.close()
 
 
 # -- 3. network cut ----------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 import runledger_sync as rl
 from runledger_sync.store._errors import TRANSIENT_RETRY_BUDGET_SECONDS
 from tests.faults.harness import Db, TcpProxy, wait_for
-from tests.faults.scenarios import postgres_restart, terminate_backends
+from tests.faults.scenarios import postgres_restart, restart_under_app_writes, terminate_backends
 
 
 @pytest.mark.timeout(240)
@@ -78,3 +78,14 @@ def test_an_outage_shorter_than_the_lease_costs_the_running_job_nothing(fresh_da
         proxy.close()
         engine.dispose()
         observer.dispose()
+
+
+@pytest.mark.timeout(240)
+def test_a_restart_and_killed_backends_under_handlers_writing_through_their_own_engine_lose_nothing(tmp_path, sizes):
+    # The handlers do not retry their own writes: the queue must ride the restart out for them.
+    result = restart_under_app_writes(tmp_path, sizes)
+    print(result.summary())
+    assert result.problems == []
+    assert result.lost == 0 and result.details["statuses"] == {"SUCCEEDED": sizes.restart_jobs}
+    assert result.duplicate_completions == 0
+    assert all(count > 0 for count in result.details["backends_terminated"])
