@@ -220,6 +220,8 @@ class JobExecution:
         self.local_lease_deadline = time.monotonic() + config.lease_ttl_seconds
         #: Set once the handler wrote its success in its own transaction (complete_in).
         self.completed_in_transaction = False
+        #: The outcome the attempt ended with, once one was decided (by the handler or the watch).
+        self.decided: Optional[Outcome] = None
 
     def _report_progress(self, context: JobContext, done: Optional[int], total: Optional[int], checkpoint: Any) -> None:
         lifecycle.update_job_progress(
@@ -315,7 +317,19 @@ def _process_with_timer(
         execution.gate.take()
         execution.stop_watchdog.set()
         timer.withdraw()
-    log.info("job processed", extra=execution.log_fields | {"elapsed_ms": int((time.monotonic() - started) * 1000)})
+    log.info("job processed", extra=execution.log_fields | _outcome_fields(execution.decided) | {
+        "elapsed_ms": int((time.monotonic() - started) * 1000)})
+
+
+def _outcome_fields(outcome: Optional[Outcome]) -> dict[str, Any]:
+    """How the attempt ended, for its closing log line (never the payload or the output)."""
+    if outcome is None:
+        return {"outcome": "undecided"}
+    if isinstance(outcome, LeaseLost):
+        return {"outcome": "lease_lost", "failure_code": outcome.code}
+    if isinstance(outcome, JobFailure):
+        return {"outcome": "failed", "failure_kind": outcome.kind.value, "failure_code": outcome.code}
+    return {"outcome": "succeeded"}
 
 
 # -- step 2: mark running -----------------------------------------------------------
@@ -610,6 +624,7 @@ def _was_canceled(execution: JobExecution) -> bool:
 
 
 def _finish(execution: JobExecution, outcome: Outcome) -> None:
+    execution.decided = outcome
     if isinstance(outcome, LeaseLost):
         log.warning(
             "job processing aborted because durable lease maintenance was lost",
@@ -703,6 +718,7 @@ def dead_letter_info(job: JobRecord, failure: JobFailure) -> Optional[JobDeadLet
 
 
 def _complete_failure(execution: JobExecution, failure: JobFailure) -> None:
+    execution.decided = failure
     job = execution.job
     delay = retry_delay_ms_for(execution.registry, job, failure)
     try:
