@@ -1,4 +1,4 @@
-"""The README runs as written: its first-job and run-worker snippets (only the URL swapped for the test database), every
+"""The README runs as written: its first-job snippets (only the URL swapped for the test database), every
 command of its command-line block, and a configuration table that lists every JobsConfig field."""
 
 from __future__ import annotations
@@ -28,10 +28,31 @@ def readme_snippet(name: str) -> str:
     return match.group(1)
 
 
-def test_first_job_snippet_enqueues_jobs_a_worker_then_runs(fresh_database):
-    code = readme_snippet("first-job").replace('"postgresql://app@localhost/app"', repr(fresh_database))
+def jobs_package(root: Path) -> Path:
+    """Write the README's jobs module as ``myapp/jobs.py`` under ``root``; return ``root``."""
+    package = root / "myapp"
+    package.mkdir()
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    (package / "jobs.py").write_text(readme_snippet("jobs-module"), encoding="utf-8")
+    return root
+
+
+def with_url(snippet: str, url: str) -> str:
+    return snippet.replace('"postgresql://app@localhost/app"', repr(url))
+
+
+def deploy_and_enqueue(url: str, root: Path, monkeypatch) -> dict:
+    monkeypatch.syspath_prepend(str(jobs_package(root)))
+    monkeypatch.delitem(sys.modules, "myapp", raising=False)
+    monkeypatch.delitem(sys.modules, "myapp.jobs", raising=False)
     namespace: dict = {}
+    code = with_url(readme_snippet("deploy"), url) + readme_snippet("enqueue")
     exec(compile(code, "README.md:first-job", "exec"), namespace)  # noqa: S102 - our own README
+    return namespace
+
+
+def test_first_job_snippets_deploy_enqueue_and_a_worker_runs_them(fresh_database, tmp_path, monkeypatch):
+    namespace = deploy_and_enqueue(fresh_database, tmp_path, monkeypatch)
     engine, registry = namespace["engine"], namespace["registry"]
     try:
         assert rl.count_jobs(engine, job_type="email.send") == 2
@@ -40,6 +61,29 @@ def test_first_job_snippet_enqueues_jobs_a_worker_then_runs(fresh_database):
         outputs = sorted(job.output["delivered_to"] for job in rl.list_jobs(engine))
         assert outputs == ["a@b.c", "b@c.d"]
     finally:
+        engine.dispose()
+
+
+def test_the_jobs_module_as_the_workers_app_runs_the_jobs_and_enqueues_none(fresh_database, tmp_path, monkeypatch):
+    namespace = deploy_and_enqueue(fresh_database, tmp_path, monkeypatch)
+    engine = namespace["engine"]
+    env = {key: value for key, value in os.environ.items() if not key.startswith("RUNLEDGER_")}
+    env.update(RUNLEDGER_POLL_INTERVAL_MS="20", RUNLEDGER_DATABASE_URL=fresh_database)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), str(README.parent), env.get("PYTHONPATH")]))
+    worker = subprocess.Popen([sys.executable, "-m", "runledger_sync.cli", "worker", "--app", "myapp.jobs:registry"],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: worker.poll() is not None
+                   or rl.count_jobs(engine, status=rl.JobStatus.SUCCEEDED) == 2, timeout=30)
+        assert worker.poll() is None, worker.communicate()
+        worker.send_signal(signal.SIGTERM)
+        out, err = worker.communicate(timeout=30)
+        assert worker.returncode == 0, out + err
+        assert rl.count_jobs(engine) == 2
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.communicate()
         engine.dispose()
 
 
@@ -113,16 +157,15 @@ def test_the_configuration_table_lists_every_field_with_its_variables_and_defaul
             assert float(default.strip("`")) == value, name
 
 
-def test_first_job_then_run_worker_snippets_run_every_job_and_ctrl_c_drains(fresh_database, tmp_path):
-    script = tmp_path / "first_job.py"
-    script.write_text(readme_snippet("first-job").replace('"postgresql://app@localhost/app"', repr(fresh_database))
-                      + readme_snippet("run-worker"), encoding="utf-8")
+def test_deploy_then_run_worker_snippets_run_every_job_and_ctrl_c_drains(fresh_database, tmp_path, monkeypatch):
+    engine = deploy_and_enqueue(fresh_database, tmp_path, monkeypatch)["engine"]
+    script = tmp_path / "worker.py"
+    script.write_text(with_url(readme_snippet("deploy"), fresh_database) + readme_snippet("run-worker"), encoding="utf-8")
     env = {key: value for key, value in os.environ.items() if not key.startswith("RUNLEDGER_")}
     env.update(RUNLEDGER_POLL_INTERVAL_MS="20", RUNLEDGER_LEASE_TTL_SECONDS="5")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(README.parent), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), str(README.parent), env.get("PYTHONPATH")]))
     worker = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
-    engine = rl.create_engine(fresh_database)
     try:
         wait_until(lambda: worker.poll() is not None
                    or rl.count_jobs(engine, status=rl.JobStatus.SUCCEEDED) == 2, timeout=30)
