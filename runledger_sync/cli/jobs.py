@@ -23,7 +23,9 @@ def _parse_payload(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         detail = f"{exc.msg} at line {exc.lineno} column {exc.colno}"
-        raise rl.InvalidPayload("the JSON argument", text, f"valid JSON ({detail})") from None
+        # The text is the payload: say how long it is, never what it says.
+        raise rl.InvalidPayload("the JSON argument", text, f"valid JSON ({detail})",
+                                got=f"{len(text)} characters of text") from None
 
 
 def _parse_job_id(text: str) -> UUID:
