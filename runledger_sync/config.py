@@ -8,7 +8,6 @@ it to the loops as an argument; nothing keeps it in a global.
 from __future__ import annotations
 
 import dataclasses
-import logging as _logging
 import math
 import os
 from dataclasses import dataclass, field
@@ -18,8 +17,6 @@ from runledger_sync.core import backoff
 from runledger_sync.core.errors import ConfigError, ValidationError
 from runledger_sync.core.ids import uuid7
 from runledger_sync.core.validation import WORKER_ID_MAX_LENGTH, check_job_type, check_text
-
-_log = _logging.getLogger(__name__)
 
 DEFAULT_POLL_INTERVAL_MS: float = 500
 DEFAULT_CLAIM_BATCH_SIZE: int = 16
@@ -67,6 +64,12 @@ _ENV_CLAMPS: Mapping[str, tuple[float, Optional[float]]] = {
     "reaper_retry_delay_ms": (1000, None),
 }
 
+# How a default that is not a plain number reads in a start-up warning.
+_DEFAULT_WORDS: Mapping[str, str] = {
+    "heartbeat_interval_seconds": "a third of the lease",
+    "job_types": "every registered type",
+}
+
 #: The fields each loop reads, so one loop's bad knob cannot stop another loop.
 WORKER_LOOP_FIELDS: tuple[str, ...] = (
     "worker_id",
@@ -87,6 +90,42 @@ REAPER_FIELDS: tuple[str, ...] = (
     "dead_letter_hook_timeout_seconds",
 )
 SCHEDULER_FIELDS: tuple[str, ...] = ("claim_batch_size", "schedule_poll_interval_seconds")
+
+
+@dataclass(frozen=True)
+class EnvAdjustment:
+    """One environment value :meth:`JobsConfig.from_env` did not use as given.
+
+    Attributes:
+        variable: The variable read, e.g. ``JOBS_POLL_INTERVAL_MS``.
+        field: The JobsConfig field it sets.
+        given: The text found in the environment (stripped).
+        used: The value used instead: the default, or the nearest allowed value.
+        reason: Why, in plain words (``is below the minimum of 1``).
+        is_default: ``used`` is the field's default (the given text did not parse).
+    """
+
+    variable: str
+    field: str
+    given: str
+    used: Any
+    reason: str
+    is_default: bool = False
+
+    @property
+    def problem(self) -> str:
+        """The value and what is wrong with it, as strict mode reports it."""
+        return f"{self.variable}={self.given!r} {self.reason}"
+
+    def describe(self) -> str:
+        """The problem and the value used instead, as the worker logs it at start."""
+        if not self.is_default:
+            return f"{self.problem}; using {self.used!r} instead"
+        return f"{self.problem}; using the default, {_DEFAULT_WORDS.get(self.field, repr(self.used))}"
+
+    def log_fields(self) -> dict[str, Any]:
+        """The ``extra=`` fields of the start-up warning."""
+        return {"variable": self.variable, "given": self.given, "used": self.used, "reason": self.reason}
 
 
 def generate_worker_id() -> str:
@@ -153,7 +192,7 @@ class JobsConfig:
         return float(backoff.heartbeat_interval_seconds(self.lease_ttl_seconds))
 
     @classmethod
-    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "JobsConfig":
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None, *, strict: bool = False) -> "JobsConfig":
         """Build a config from ``RUNLEDGER_<FIELD>`` variables (or the Rust ``JOBS_*`` names).
 
         Every field has a ``RUNLEDGER_`` variable named after it in upper case
@@ -161,21 +200,29 @@ class JobsConfig:
         Runledger fields also read their ``JOBS_*`` name when the ``RUNLEDGER_``
         one is unset or blank. Values are forced into the spec's ranges (poll
         >= 1 ms, batch 1..1000, TTL >= 10 s, concurrency >= 1, reaper and
-        schedule intervals >= 1 s, reaper delay >= 1000 ms); a value that does
-        not parse is replaced by the default and logged as a warning. A blank
-        worker id means a generated one. The result is not validated.
+        schedule intervals >= 1 s, reaper delay >= 1000 ms), and a value that
+        does not parse is replaced by the default. Each such change is kept in
+        :attr:`env_adjustments`, and the worker logs one warning per change when
+        it starts. A blank worker id means a generated one. The result is not
+        validated.
 
         Example:
             ``config = JobsConfig.from_env(); config.validate()``
 
         Args:
             environ: Variables to read; ``os.environ`` when None.
+            strict: Refuse instead of replacing or clamping any value.
 
         Returns:
             The config.
+
+        Raises:
+            ConfigError: ``strict`` is set and a value would have been changed;
+                ``.problems`` names every such variable.
         """
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
+        adjustments: list[EnvAdjustment] = []
         for config_field in dataclasses.fields(cls):
             name = config_field.name
             variable, raw = _lookup(env, name)
@@ -183,19 +230,35 @@ class JobsConfig:
                 continue
             parsed = _ENV_PARSERS[name](raw)
             if parsed is _UNPARSEABLE:
-                _log.warning(
-                    "ignoring unparseable %s=%r; using the default",
-                    variable,
-                    raw,
-                    extra={"variable": variable},
-                )
+                reason = _UNPARSEABLE_REASONS[_ENV_PARSERS[name]]
+                adjustments.append(EnvAdjustment(variable, name, raw, _default_of(config_field), reason, True))
                 continue
-            values[name] = _clamp(name, variable, parsed)
-        return cls(**values)
+            values[name], reason = _clamp(name, parsed)
+            if reason is not None:
+                adjustments.append(EnvAdjustment(variable, name, raw, values[name], reason))
+        if strict and adjustments:
+            raise ConfigError([adjustment.problem for adjustment in adjustments])
+        return cls(**values)._with_env_adjustments(tuple(adjustments))
+
+    @property
+    def env_adjustments(self) -> tuple[EnvAdjustment, ...]:
+        """The environment values :meth:`from_env` replaced or clamped (empty otherwise)."""
+        return self.__dict__.get("_env_adjustments", ())
+
+    def _with_env_adjustments(self, adjustments: tuple[EnvAdjustment, ...]) -> "JobsConfig":
+        # Not a dataclass field: it is a record of where the values came from,
+        # not a knob, so it stays out of equality, repr and fields().
+        object.__setattr__(self, "_env_adjustments", adjustments)
+        return self
 
     def with_overrides(self, **changes: Any) -> "JobsConfig":
-        """Return a copy with some fields replaced (not validated)."""
-        return dataclasses.replace(self, **changes)
+        """Return a copy with some fields replaced (not validated).
+
+        An environment adjustment of a replaced field is dropped: that value is no
+        longer used.
+        """
+        kept = tuple(adjustment for adjustment in self.env_adjustments if adjustment.field not in changes)
+        return dataclasses.replace(self, **changes)._with_env_adjustments(kept)
 
     def validate(self) -> "JobsConfig":
         """Check every field and report every problem at once.
@@ -429,15 +492,31 @@ _ENV_PARSERS: Mapping[str, Callable[[str], Any]] = {
 }
 
 
-def _clamp(name: str, variable: str, value: Any) -> Any:
+# Why each parser refused a value, in the words the start-up warning uses.
+_UNPARSEABLE_REASONS: Mapping[Callable[[str], Any], str] = {
+    _parse_int: "is not a whole number",
+    _parse_number: "is not a finite number",
+    _parse_bool: "is not a boolean (expected true/false, yes/no, on/off or 1/0)",
+    _parse_job_types: "names no job type (expected a comma-separated list)",
+    _ENV_PARSERS["worker_id"]: "is not a worker id",
+}
+
+
+def _clamp(name: str, value: Any) -> tuple[Any, Optional[str]]:
+    """Return the value forced into its env range, and why it changed (None if it did not)."""
     if name not in _ENV_CLAMPS:
-        return value
+        return value, None
     low, high = _ENV_CLAMPS[name]
-    clamped = max(value, low)
-    if high is not None:
-        clamped = min(clamped, high)
-    if clamped != value:
-        _log.warning(
-            "%s=%r is out of range; using %r", variable, value, clamped, extra={"variable": variable}
-        )
-    return clamped
+    if value < low:
+        return low, f"is below the minimum of {low:g}"
+    if high is not None and value > high:
+        return high, f"is above the maximum of {high:g}"
+    return value, None
+
+
+def _default_of(config_field: dataclasses.Field) -> Any:
+    if config_field.default_factory is not dataclasses.MISSING:
+        return config_field.default_factory()
+    return config_field.default
+
+

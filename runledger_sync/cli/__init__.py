@@ -10,9 +10,11 @@ writing a function that takes the parsed arguments and returns an exit code
             print(rl.queue_stats(engine))
         return EXIT_OK
 
-Exit codes: 0 success, 1 the operation failed, 2 bad usage (argparse errors and
-values the library rejects before touching the database: bad JSON, a bad UUID,
-an out-of-range number). A failure prints
+Exit codes: 0 success, 1 the operation failed, 2 bad usage or configuration
+(argparse errors, ``config.invalid``, and values the library rejects before
+touching the database: bad JSON, a bad UUID, an out-of-range number), 141 when
+the reader of stdout closed it early (``stats | head``; nothing is printed). A
+failure prints
 ``error: <code>: <message>`` and a ``hint:`` line to stderr; the traceback only
 with ``--debug``. Passwords in database URLs are never printed.
 
@@ -30,6 +32,7 @@ from runledger_sync.cli import schema, worker, jobs, dead_letters  # noqa: F401 
 from runledger_sync.cli._core import (
     COMMANDS,
     DEFAULT_HINT,
+    EXIT_BROKEN_PIPE,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -55,6 +58,7 @@ __all__ = [
     "COMMANDS",
     "Command",
     "DEFAULT_HINT",
+    "EXIT_BROKEN_PIPE",
     "EXIT_FAILED",
     "EXIT_INTERRUPTED",
     "EXIT_OK",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 import traceback
 from dataclasses import dataclass
@@ -22,14 +23,14 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+#: What a shell reports for a process killed by SIGPIPE (128 + 13): the reader went away.
+EXIT_BROKEN_PIPE = 141
 
 PROG = "runledger-sync"
 
 #: One line telling the user how to fix a failure, by error code.
 HINTS: dict[str, str] = {
-    "config.invalid": (
-        "pass --database-url postgresql://USER:PASSWORD@HOST:5432/DBNAME or set RUNLEDGER_DATABASE_URL"
-    ),
+    "config.invalid": f"see `{PROG} COMMAND --help` and the README's Configuration section for the values allowed",
     "db.connection_failed": (
         "check that PostgreSQL is running and that the URL's host, port, database, user and password are right"
     ),
@@ -54,6 +55,7 @@ HINTS: dict[str, str] = {
     "job.idempotency_conflict": "repeat the original request exactly, or pass a new --idempotency-key",
 }
 DEFAULT_HINT = "run again with --debug for the full traceback"
+DATABASE_URL_HINT = "pass --database-url postgresql://USER:PASSWORD@HOST:5432/DBNAME or set RUNLEDGER_DATABASE_URL"
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Durable background jobs in PostgreSQL: schema and queue administration.",
-        epilog="exit codes: 0 ok, 1 operation failed, 2 bad usage",
+        epilog="exit codes: 0 ok, 1 operation failed, 2 bad usage or configuration, 141 stdout closed early",
     )
     _add_global_options(parser, suppress_defaults=False)
     subcommands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
@@ -159,12 +161,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 0 for --help and 2 for bad usage
-        return _exit_code(exc.code)
+        return _flushed(_exit_code(exc.code))
     if args.debug:
         rl.configure_logging(level="DEBUG", json=False)
     try:
-        return int(args.run(args))
-    except rl.ValidationError as exc:  # rejected before the database was touched: bad usage
+        return _flushed(int(args.run(args)))
+    except BrokenPipeError:
+        return _reader_went_away()
+    except (rl.ValidationError, rl.ConfigError) as exc:  # refused before any work was done: bad usage
         hint = getattr(exc, "hint", None) or HINTS.get(exc.code, HINTS["job.invalid_argument"])
         _report(exc.code, exc.message, hint, args)
         return EXIT_USAGE
@@ -177,6 +181,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except Exception as exc:  # the console's boundary: report, never a bare traceback
         _report("internal", f"{type(exc).__name__}: {exc}", DEFAULT_HINT, args)
         return EXIT_FAILED
+
+
+def _flushed(code: int) -> int:
+    # Flushed here, not at interpreter exit, so a reader that went away is handled
+    # like any other closed pipe instead of being reported by Python on the way out.
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return _reader_went_away()
+    return code
+
+
+def _reader_went_away() -> int:
+    """Exit quietly when stdout's reader closed it (``runledger-sync stats | head -4``), as Unix tools do."""
+    # Whatever is still buffered cannot be written; point stdout at /dev/null so
+    # the interpreter's final flush does not raise again on the way out.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is not a real file (an embedding caller captured it)
+        pass
+    return EXIT_BROKEN_PIPE
 
 
 def _exit_code(code: Any) -> int:
@@ -219,7 +246,11 @@ def redact(text: str, url: Optional[str]) -> str:
 @contextlib.contextmanager
 def open_engine(args: argparse.Namespace) -> Iterator[Any]:
     """An engine for the URL and schema given (or found in the environment), disposed afterwards."""
-    engine = rl.create_engine(args.database_url, schema=args.schema)
+    try:
+        engine = rl.create_engine(args.database_url, schema=args.schema)
+    except rl.ConfigError as exc:  # only the URL is checked here, so say how to give one
+        exc.hint = DATABASE_URL_HINT  # type: ignore[attr-defined]
+        raise
     try:
         yield engine
     finally:

@@ -23,7 +23,9 @@ def _parse_payload(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         detail = f"{exc.msg} at line {exc.lineno} column {exc.colno}"
-        raise rl.InvalidPayload("the JSON argument", text, f"valid JSON ({detail})") from None
+        # The text is the payload: say how long it is, never what it says.
+        raise rl.InvalidPayload("the JSON argument", text, f"valid JSON ({detail})",
+                                got=f"{len(text)} characters of text") from None
 
 
 def _parse_job_id(text: str) -> UUID:
@@ -113,13 +115,21 @@ def _jobs_show(args: argparse.Namespace) -> int:
         print(f"{field.name + ':':<20} {'-' if shown is None else shown}")
     print(f"\nattempts ({len(attempts)}):")
     print_table(("run", "attempt", "worker", "started_at", "finished_at", "outcome", "error_code"),
-                 [(a.run_number, a.attempt, a.worker_id, when(a.started_at), when(a.finished_at), a.outcome,
+                 [(a.run_number, a.attempt, a.worker_id, when(a.started_at), when(a.finished_at), _outcome(a),
                    a.error_code) for a in attempts])
     print(f"\nevents ({len(events)}):")
     print_table(("occurred_at", "run", "attempt", "event", "stage", "payload"),
                  [(when(e.occurred_at), e.run_number, e.attempt, e.event_type, e.stage,
                    json.dumps(plain(e.payload), sort_keys=True)) for e in events])
     return EXIT_OK
+
+
+def _outcome(attempt: Any) -> str:
+    # The store leaves outcome NULL for a success (spec: finished + NULL outcome);
+    # only an unfinished attempt has no outcome yet.
+    if attempt.finished_at is None:
+        return "running"
+    return attempt.outcome or "SUCCEEDED"
 
 
 def _jobs_retry_arguments(parser: argparse.ArgumentParser) -> None:
@@ -155,7 +165,7 @@ def _stats_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the numbers as one JSON object")
 
 
-@command("stats", help="print counts by status and type, the oldest pending age and expired leases",
+@command("stats", help="print counts by status and type, due and scheduled pending jobs, and expired leases",
          arguments=_stats_arguments)
 def _stats(args: argparse.Namespace) -> int:
     with open_engine(args) as engine:
@@ -165,15 +175,25 @@ def _stats(args: argparse.Namespace) -> int:
     for (job_type, status), count in sorted(stats.by_type_and_status.items()):
         by_type.setdefault(job_type, dict.fromkeys(statuses, 0))[status] = count
     if args.json:
-        print_json({"by_status": stats.by_status, "by_type": by_type,
-                     "oldest_pending_age_seconds": stats.oldest_pending_age_seconds,
-                     "expired_leases": stats.expired_leases})
+        print_json({"by_status": stats.by_status, "by_type": by_type, "due_now": stats.due_now,
+                    "oldest_due_age_seconds": stats.oldest_due_age_seconds,
+                    "scheduled_for_later": stats.scheduled_for_later, "next_scheduled_at": stats.next_scheduled_at,
+                    # Kept for scripts written before due and scheduled jobs were told apart.
+                    "oldest_pending_age_seconds": stats.oldest_due_age_seconds,
+                    "expired_leases": stats.expired_leases})
         return EXIT_OK
     print_table(("status", "count"), [(status, stats.by_status.get(status, 0)) for status in statuses])
     print()
     print_table(("type",) + tuple(statuses), [(job_type,) + tuple(counts[s] for s in statuses)
                                                 for job_type, counts in by_type.items()])
-    age = stats.oldest_pending_age_seconds
-    print(f"\noldest pending: {'none' if age is None else f'{age:.1f} s'}")
+    print()
+    print(_pending_line("due now", stats.due_now, stats.oldest_due_age_seconds,
+                        lambda age: f"oldest due: {age:.1f} s ago"))
+    print(_pending_line("scheduled for later", stats.scheduled_for_later, stats.next_scheduled_at,
+                        lambda moment: f"next at {when(moment)}"))
     print(f"expired leases: {stats.expired_leases}")
     return EXIT_OK
+
+
+def _pending_line(label: str, count: int, detail: Any, words: Any) -> str:
+    return f"{label}: {count}" if detail is None else f"{label}: {count}, {words(detail)}"

@@ -23,6 +23,9 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only run these registered job types")
     parser.add_argument("--drain-timeout", type=float, default=30.0,
                         help="seconds in-flight jobs get to finish after SIGINT/SIGTERM (default 30)")
+    parser.add_argument("--strict-config", action="store_true",
+                        help="exit 2 listing every RUNLEDGER_*/JOBS_* value that does not parse or is out of "
+                             "range, instead of using the default or the nearest allowed value")
     for field in dataclasses.fields(rl.JobsConfig):
         if field.name in ("max_global_concurrency", "job_types"):
             continue
@@ -30,38 +33,74 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
                             metavar="VALUE", help=f"JobsConfig.{field.name} (default: $RUNLEDGER_{field.name.upper()})")
 
 
+APP_HINT = ("--app takes module:attribute naming a JobRegistry (or a callable returning one) importable "
+            "from the current directory, e.g. --app myapp.jobs:registry")
+CONFIG_HINT = ("fix each value listed: worker options win over RUNLEDGER_*/JOBS_* variables; "
+               "see `runledger-sync worker --help` and the README's Configuration section")
+
+
+def _refuse(problems: list[str], hint: str) -> Exception:
+    error = rl.ConfigError(problems)
+    error.hint = hint  # type: ignore[attr-defined]
+    return error
+
+
 def _load_registry(spec: str) -> Any:
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
-        raise rl.ConfigError([f"--app must look like module:registry, got {spec!r}"])
+        raise _refuse([f"--app must look like module:registry, got {spec!r}"], APP_HINT)
     sys.path.insert(0, os.getcwd())
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise rl.ConfigError([f"--app module {module_name!r} could not be imported: {exc}"]) from exc
+        raise _refuse([f"--app module {module_name!r} could not be imported: {exc}"], APP_HINT) from exc
     for part in attribute.split("."):
         if not hasattr(target, part):
-            raise rl.ConfigError([f"--app {spec!r}: {module_name!r} has no attribute {attribute!r}"])
+            raise _refuse([f"--app {spec!r}: {module_name!r} has no attribute {attribute!r}"], APP_HINT)
         target = getattr(target, part)
     if callable(target) and not isinstance(target, rl.JobRegistry):
         target = target()
     if not isinstance(target, rl.JobRegistry):
-        raise rl.ConfigError([f"--app {spec!r} must name a JobRegistry, got {type(target).__name__}"])
+        raise _refuse([f"--app {spec!r} must name a JobRegistry, got {type(target).__name__}"], APP_HINT)
     return target
 
 
-def _worker_config(args: argparse.Namespace) -> Any:
+def _worker_config(args: argparse.Namespace, registry: Any) -> Any:
     """JobsConfig from the environment, overridden by the options given; validated, never clamped.
 
-    The environment is clamped as the spec says, but a value typed on the
+    The environment is clamped as the spec says (each change is logged when the
+    worker starts), unless --strict-config refuses it. A value typed on the
     command line is taken as meant, so a bad one is reported rather than bent.
+    Every problem is reported at once.
     """
     overrides = {
         field.name: _coerce(field, getattr(args, field.name))
         for field in dataclasses.fields(rl.JobsConfig)
         if hasattr(args, field.name)
     }
-    return rl.JobsConfig.from_env().with_overrides(**overrides).validate()
+    config = rl.JobsConfig.from_env().with_overrides(**overrides)
+    problems = [adjustment.problem for adjustment in config.env_adjustments] if args.strict_config else []
+    try:
+        config.validate()
+    except rl.ConfigError as error:
+        problems.extend(error.problems)
+    problems.extend(_unknown_types(config.job_types, registry, args))
+    if problems:
+        raise _refuse(problems, CONFIG_HINT)
+    return config
+
+
+def _unknown_types(job_types: Any, registry: Any, args: argparse.Namespace) -> list[str]:
+    """A type the registry lacks would never be claimed; refuse it rather than run a worker that does nothing."""
+    if not isinstance(job_types, tuple):
+        return []  # None (every type) or a shape validate() has already reported
+    unknown = [t for t in job_types if isinstance(t, str) and t.strip() and t not in registry]
+    if not unknown:
+        return []
+    source = "--types" if hasattr(args, "job_types") else "RUNLEDGER_JOB_TYPES"
+    registered = ", ".join(sorted(registry.registered_types())) or "none"
+    return [f"{source} names job types not registered in --app {args.app}: {', '.join(unknown)} "
+            f"(registered: {registered})"]
 
 
 def _coerce(field: dataclasses.Field, raw: Any) -> Any:
@@ -80,14 +119,15 @@ def _coerce(field: dataclasses.Field, raw: Any) -> Any:
         if "float" in kind:
             return float(text)
     except ValueError:
-        raise rl.ConfigError([f"{option} must be a {kind.replace('Optional[', '').rstrip(']')}, got {text!r}"]) from None
+        raise _refuse([f"{option} must be a {kind.replace('Optional[', '').rstrip(']')}, got {text!r}"],
+                      CONFIG_HINT) from None
     return text
 
 
 @command("worker", help="run a worker and reaper until SIGINT/SIGTERM", arguments=_worker_arguments)
 def _worker(args: argparse.Namespace) -> int:
     registry = _load_registry(args.app)
-    config = _worker_config(args)
+    config = _worker_config(args, registry)
     if not args.debug:
         rl.configure_logging(level="INFO")
     with open_engine(args) as engine:

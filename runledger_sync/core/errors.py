@@ -54,7 +54,9 @@ Each class's docstring is its default message.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
+
+from runledger_sync.core.shapes import echo_or_shape, json_problem, type_phrase
 
 
 class RunledgerError(Exception):
@@ -107,8 +109,10 @@ class InvalidArgument(ValidationError):
     def __init__(self, argument: str, value: Any, expectation: str) -> None:
         self.argument = argument
         self.value = value
+        # Only a short scalar is repeated: a dict or list given here may be a
+        # payload passed in the wrong place.
         super().__init__(
-            f"{argument} must be {expectation}, got {value!r}",
+            f"{argument} must be {expectation}, got {echo_or_shape(value)}",
             argument=argument,
         )
 
@@ -123,6 +127,14 @@ class InvalidPayload(InvalidArgument):
     """The payload is not a JSON value."""
 
     code = "job.invalid_payload"
+
+    def __init__(self, argument: str, value: Any, expectation: str, *, got: Optional[str] = None) -> None:
+        # Payloads, outputs and checkpoints may hold secrets, and this message
+        # reaches logs and job rows: it names the value's shape, never its content.
+        shape = got if got is not None else (json_problem(value) or type_phrase(value))
+        self.argument = argument
+        self.value = shape
+        ValidationError.__init__(self, f"{argument} must be {expectation}, got {shape}", argument=argument)
 
 
 class InvalidCompletionProgress(ValidationError):

@@ -8,6 +8,7 @@ import re
 from datetime import datetime
 from typing import Any, Optional
 
+from runledger_sync.core.shapes import type_phrase
 from runledger_sync.core.errors import (
     InvalidArgument,
     InvalidCompletionProgress,
@@ -106,6 +107,10 @@ _ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 def serialize_json(argument: str, value: Any, *, max_bytes: Optional[int] = None) -> str:
     """Return ``value`` as compact JSON text, refusing what PostgreSQL's jsonb cannot hold.
 
+    The error names where the refused part is and what type it has (``got a dict
+    holding a set at key 's'``), never the value: ``value`` is a payload, an
+    output or a checkpoint, and those may hold secrets.
+
     Raises:
         InvalidPayload: not JSON-serialisable, NaN/Infinity, nested too deeply, a
             NUL character (jsonb rejects ``\\u0000``) or a lone surrogate, or
@@ -113,27 +118,24 @@ def serialize_json(argument: str, value: Any, *, max_bytes: Optional[int] = None
     """
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise InvalidPayload(argument, _short(value), f"a JSON value ({exc})") from exc
-    except RecursionError as exc:
-        raise InvalidPayload(argument, "<a deeply nested value>", "nested less deeply") from exc
+    except (TypeError, ValueError, RecursionError) as exc:
+        # json's own message is not used: ValueError's repeats the float it refused.
+        raise InvalidPayload(argument, value, _JSON_VALUE) from exc
     try:
         encoded = text.encode("utf-8")
     except UnicodeEncodeError as exc:
         # A lone surrogate: jsonb refuses it whether sent raw or as a \ud800 escape.
-        raise InvalidPayload(argument, _short(value), "valid Unicode text (no lone surrogates)") from exc
+        raise InvalidPayload(argument, value, "valid Unicode text (no lone surrogates)") from exc
     if _ESCAPED_NUL.search(text):
-        raise InvalidPayload(argument, _short(value), "free of NUL characters (jsonb cannot store \\u0000)")
+        raise InvalidPayload(argument, value, "free of NUL characters (jsonb cannot store \\u0000)")
     if max_bytes is not None:
         size = len(encoded)
         if size > max_bytes:
-            raise InvalidPayload(argument, f"<{size} bytes of JSON>", f"at most {max_bytes} bytes of JSON")
+            raise InvalidPayload(argument, value, f"at most {max_bytes} bytes of JSON", got=f"{size} bytes of JSON")
     return text
 
 
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+_JSON_VALUE = "a JSON value"
 
 
 def completion_progress_problem(done: Optional[int], total: Optional[int]) -> Optional[str]:
@@ -161,7 +163,7 @@ def check_progress_values(done: Any, total: Any, *, completion: bool) -> None:
     error = InvalidCompletionProgress if completion else InvalidProgress
     for name, value in (("progress_done", done), ("progress_total", total)):
         if value is not None and not _is_int(value):
-            raise error(f"{name} must be an integer or None, got {value!r}")
+            raise error(f"{name} must be an integer or None, got {type_phrase(value)}")
         # The columns are bigint: a larger value would fail inside PostgreSQL as db.query_failed.
         if value is not None and value > BIGINT_MAX:
             raise error(f"{name} must be at most {BIGINT_MAX}, got {value!r}")

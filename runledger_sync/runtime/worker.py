@@ -245,6 +245,10 @@ def run_worker_loop(
     Example:
         ``rl.run_worker_loop(engine, registry, rl.JobsConfig(), threading.Event())``
     """
+    # Once per start, before anything else: a value the environment gave that is
+    # not the one in use must not go unnoticed (the spec's fallback is silent).
+    for adjustment in config.env_adjustments:
+        log.warning(adjustment.describe(), extra=adjustment.log_fields())
     try:
         config.validate_worker_loop()
     except ConfigError as error:

@@ -1,4 +1,4 @@
-"""Every console command fed bad input: exit 2 (bad usage) or 1 (failed), two lines, no row changed.
+"""Every console command fed bad input: exit 2 (bad usage or configuration) or 1 (failed), two lines, no row changed.
 
 The output contract (README "Command line"): stderr is exactly
 ``error: <code>: <message>`` then ``hint: <one line>``, never a traceback, and
@@ -100,11 +100,13 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("dead-replay-org-bad-utf8", ["dead-letters", "replay", "--org", SURROGATE], USAGE, "job.invalid_argument"),
     ("stats-org-blank", ["stats", "--org", ""], USAGE, "job.invalid_argument"),
     ("stats-org-nul", ["stats", "--org", "\x00"], USAGE, "job.invalid_argument"),
-    ("worker-bad-number", ["worker", "--app", "tests.cli_app:registry", "--lease-ttl-seconds", "soon"], FAILED,
+    ("worker-bad-number", ["worker", "--app", "tests.cli_app:registry", "--lease-ttl-seconds", "soon"], USAGE,
      "config.invalid"),
-    ("worker-bad-bool", ["worker", "--app", "tests.cli_app:registry", "--log-payloads", "maybe"], FAILED,
+    ("worker-bad-bool", ["worker", "--app", "tests.cli_app:registry", "--log-payloads", "maybe"], USAGE,
      "config.invalid"),
-    ("worker-app-sql", ["worker", "--app", "os:system'; --"], FAILED, "config.invalid"),
+    ("worker-app-sql", ["worker", "--app", "os:system'; --"], USAGE, "config.invalid"),
+    ("worker-unknown-type", ["worker", "--app", "tests.cli_app:registry", "--types", "cli.echo,no.such"], USAGE,
+     "config.invalid"),
 ]
 
 

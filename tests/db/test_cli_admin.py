@@ -7,7 +7,10 @@ and the rows it left behind.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +30,7 @@ UNKNOWN_ID = "00000000-0000-7000-8000-000000000000"
 # Jobs driven past PENDING are enqueued at the top priority so the claim that
 # follows picks exactly them.
 TOP = 1_000_000
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -341,7 +345,8 @@ def test_stats_prints_counts_by_status_and_type(db, run):
     assert ["PENDING", "2"] in [line.split() for line in lines]
     assert [EMAIL, "2", "0", "0", "0", "0"] in [line.split() for line in lines]
     assert [REPORT, "0", "0", "0", "1", "0"] in [line.split() for line in lines]
-    assert any(line.startswith("oldest pending: ") and line.endswith(" s") for line in lines)
+    assert any(line.startswith("due now: 2, oldest due: ") and line.endswith(" s ago") for line in lines)
+    assert "scheduled for later: 0" in lines
     assert "expired leases: 0" in lines
 
 
@@ -352,6 +357,69 @@ def test_stats_json_and_an_empty_queue(db, run):
     stats = json.loads(out)
     assert stats["by_status"]["PENDING"] == 0 and stats["by_type"] == {}
     assert stats["oldest_pending_age_seconds"] is None and stats["expired_leases"] == 0
+    assert (stats["due_now"], stats["oldest_due_age_seconds"]) == (0, None)
+    assert (stats["scheduled_for_later"], stats["next_scheduled_at"]) == (0, None)
     _, out, _ = run("stats")
-    assert "oldest pending: none" in out
+    assert out.splitlines()[-3:] == ["due now: 0", "scheduled for later: 0", "expired leases: 0"]
+
+
+def test_stats_tells_jobs_due_now_from_jobs_scheduled_for_later(db, run):
+    rl.enqueue(db, EMAIL, {})
+    soon = rl.enqueue(db, EMAIL, {}, delay_seconds=600)
+    rl.enqueue(db, REPORT, {}, delay_seconds=3600)
+
+    code, out, _ = run("stats")
+    _, json_out, _ = run("stats", "--json")
+
+    assert code == 0
+    lines = out.splitlines()
+    assert any(line.startswith("due now: 1, oldest due: ") and line.endswith(" s ago") for line in lines), out
+    assert f"scheduled for later: 2, next at {soon.next_run_at.astimezone(timezone.utc):%Y-%m-%d %H:%M:%SZ}" in lines
+    stats = json.loads(json_out)
+    assert (stats["by_status"]["PENDING"], stats["due_now"], stats["scheduled_for_later"]) == (3, 1, 2)
+    assert datetime.fromisoformat(stats["next_scheduled_at"]) == soon.next_run_at
+    assert 0 <= stats["oldest_due_age_seconds"] < 120
+
+
+def test_stats_with_only_scheduled_jobs_does_not_say_none_are_pending(db, run):
+    rl.enqueue(db, EMAIL, {}, delay_seconds=60)
+    rl.enqueue(db, EMAIL, {}, delay_seconds=60)
+
+    _, out, _ = run("stats")
+
+    assert "due now: 0" in out.splitlines()
+    assert any(line.startswith("scheduled for later: 2, next at ") for line in out.splitlines())
+
+
+def test_jobs_show_names_a_success_and_a_running_attempt(db, run):
+    done = succeeded(db)
+    running = rl.enqueue(db, EMAIL, {}, priority=TOP)
+    claim_jobs(db, worker_id="cli-worker", lease_ttl_seconds=60, limit=1, job_types=[EMAIL])
+
+    _, done_out, _ = run("jobs", "show", str(done.id))
+    _, running_out, _ = run("jobs", "show", str(running.id))
+
+    assert attempt_outcomes(done_out) == ["SUCCEEDED"]
+    assert attempt_outcomes(running_out) == ["running"]
+
+
+def attempt_outcomes(out: str) -> list[str]:
+    section = out.split("\nattempts (", 1)[1].split("\nevents (", 1)[0]
+    header, *lines = section.splitlines()[1:]
+    column = header.index("outcome")
+    return [line[column:].split()[0] for line in lines]
+
+
+@pytest.mark.parametrize("argv", [["stats"], ["jobs", "list", "--limit", "400"]], ids=["small", "large"])
+def test_a_closed_stdout_ends_the_command_quietly_with_141(db, fresh_database, argv):
+    # `runledger-sync stats | head -4` once the reader has gone: no error line, no traceback.
+    rl.enqueue_many(db, [rl.JobSpec(EMAIL, {"n": n}) for n in range(400)])
+    process = subprocess.Popen([sys.executable, "-m", "runledger_sync.cli", "--database-url", fresh_database, *argv],
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process.stdout.close()
+
+    _, err = process.communicate(timeout=60)
+
+    assert process.returncode == cli.EXIT_BROKEN_PIPE == 141
+    assert err == ""
 

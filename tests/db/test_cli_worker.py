@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,10 +16,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def test_worker_command_runs_the_apps_jobs_and_exits_0_on_sigterm(engine, fresh_database):
+    # Two values the spec's fallback rule changes: each must be told, once, at start.
+    env = {**os.environ, "JOBS_CLAIM_BATCH_SIZE": "5000", "JOBS_REAPER_INTERVAL_SECONDS": "soon"}
     process = subprocess.Popen(
         [sys.executable, "-m", "runledger_sync.cli", "--database-url", fresh_database, "worker",
          "--app", "tests.cli_app:registry", "--poll-interval-ms", "20", "--concurrency", "2"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )
     try:
         # The worker syncs the app's definitions itself; enqueue once they exist.
@@ -31,6 +34,10 @@ def test_worker_command_runs_the_apps_jobs_and_exits_0_on_sigterm(engine, fresh_
         _, stderr = process.communicate(timeout=30)
         assert process.returncode == 0, stderr
         assert '"message": "job processed"' in stderr
+        lines = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+        warnings = [(line["variable"], line["given"], line["used"]) for line in lines if line["level"] == "WARNING"]
+        assert warnings == [("JOBS_CLAIM_BATCH_SIZE", "5000", 1000), ("JOBS_REAPER_INTERVAL_SECONDS", "soon", 15)]
+        assert "JOBS_CLAIM_BATCH_SIZE='5000' is above the maximum of 1000; using 1000 instead" in stderr
     finally:
         if process.poll() is None:
             process.kill()
@@ -42,16 +49,59 @@ def _definition_exists(engine) -> bool:
         return conn.exec_driver_sql("SELECT count(*) FROM job_definitions WHERE job_type = 'cli.echo'").scalar() == 1
 
 
-def test_worker_with_a_bad_app_is_a_config_error(fresh_database, capsys):
+def test_worker_with_a_bad_app_is_a_usage_error_with_an_app_hint(fresh_database, capsys):
     code = cli.main(["--database-url", fresh_database, "worker", "--app", "no_such_module:registry"])
-    assert code == 1
-    assert "error: config.invalid" in capsys.readouterr().err
+
+    lines = capsys.readouterr().err.splitlines()
+    assert code == 2
+    assert lines[0] == "error: config.invalid: --app module 'no_such_module' could not be imported: " \
+                       "No module named 'no_such_module'"
+    assert lines[1].startswith("hint: --app takes module:attribute") and "--database-url" not in lines[1]
 
 
 def test_worker_with_an_invalid_option_reports_every_problem(fresh_database, capsys):
     code = cli.main(["--database-url", fresh_database, "worker", "--app", "tests.cli_app:registry",
                      "--concurrency", "0", "--claim-batch-size", "0"])
-    assert code == 1
+    assert code == 2
     err = capsys.readouterr().err
     assert "config.invalid" in err
     assert "max_global_concurrency" in err and "claim_batch_size" in err
+    assert "--database-url" not in err
+
+
+def test_worker_refuses_types_its_app_does_not_register(engine, fresh_database, capsys):
+    code = cli.main(["--database-url", fresh_database, "worker", "--app", "tests.cli_app:registry",
+                     "--types", "cli.echo,no.such,also.missing"])
+
+    lines = capsys.readouterr().err.splitlines()
+    assert code == 2
+    assert lines[0] == ("error: config.invalid: --types names job types not registered in --app "
+                        "tests.cli_app:registry: no.such, also.missing (registered: cli.echo)")
+    assert not _definition_exists(engine)  # refused before the worker touched the database
+
+
+def test_worker_refuses_unknown_types_from_the_environment_too(engine, fresh_database, capsys, monkeypatch):
+    monkeypatch.setenv("RUNLEDGER_JOB_TYPES", "no.such")
+
+    code = cli.main(["--database-url", fresh_database, "worker", "--app", "tests.cli_app:registry"])
+
+    assert code == 2
+    assert "RUNLEDGER_JOB_TYPES names job types not registered" in capsys.readouterr().err
+
+
+def test_strict_config_refuses_every_value_the_environment_would_have_bent(engine, fresh_database, capsys,
+                                                                           monkeypatch):
+    monkeypatch.setenv("JOBS_MAX_GLOBAL_CONCURRENCY", "abc")
+    monkeypatch.setenv("JOBS_POLL_INTERVAL_MS", "0")
+
+    code = cli.main(["--database-url", fresh_database, "worker", "--app", "tests.cli_app:registry",
+                     "--strict-config", "--lease-ttl-seconds", "0"])
+
+    lines = capsys.readouterr().err.splitlines()
+    assert code == 2
+    assert lines[0] == (
+        "error: config.invalid: JOBS_POLL_INTERVAL_MS='0' is below the minimum of 1; "
+        "JOBS_MAX_GLOBAL_CONCURRENCY='abc' is not a whole number; "
+        "jobs config lease_ttl_seconds must be >= 1, got 0.0")
+    assert lines[1].startswith("hint: fix each value listed")
+    assert not _definition_exists(engine)

@@ -20,7 +20,8 @@ from sqlalchemy import make_url
 
 import runledger_sync as rl
 from runledger_sync import cli
-from tests.support import wait_until
+from runledger_sync.store import lifecycle
+from tests.support import claim_one, define, identity, run_worker_until, wait_until
 
 PASSWORD = "Pw-d0nt-l0g-m3"  # noqa: S105 - a marker to search for, not a credential
 # URL-encoded in the URL; both spellings must stay hidden.
@@ -211,3 +212,76 @@ def test_log_payloads_on_puts_payloads_in_the_debug_logs(engine):
     logs = run_jobs_and_capture_json_logs(engine, rl.JobsConfig(**FAST, log_payloads=True))
 
     assert PAYLOAD_SECRET in logs
+
+
+# -- error messages about payloads, outputs and checkpoints --------------------------------------
+
+# Each holds a secret beside a part jsonb refuses; the old messages repeated the whole value.
+REFUSED_VALUES = [
+    pytest.param(lambda secret: {"api_key": secret, "s": {1, 2}}, id="set"),
+    pytest.param(lambda secret: {"api_key": secret, "n": float("nan")}, id="nan"),
+    pytest.param(lambda secret: {"api_key": secret + "\x00"}, id="nul-in-secret"),
+    pytest.param(lambda secret: {"api_key": secret + "\ud800"}, id="surrogate-in-secret"),
+    pytest.param(lambda secret: {"api_key": secret, (1, 2): "tuple key"}, id="tuple-key"),
+    pytest.param(lambda secret: [secret, b"raw"], id="bytes"),
+]
+
+
+@pytest.mark.parametrize("make", REFUSED_VALUES)
+def test_a_refused_payload_never_appears_in_the_enqueue_error(engine, make):
+    define(engine, JOB_TYPE, max_attempts=1)
+
+    with pytest.raises(rl.InvalidPayload) as caught:
+        rl.enqueue(engine, JOB_TYPE, make(PAYLOAD_SECRET))
+
+    assert caught.value.code == "job.invalid_payload"
+    assert PAYLOAD_SECRET not in everything_about(caught.value)
+    assert rl.count_jobs(engine) == 0
+
+
+@pytest.mark.parametrize("make", REFUSED_VALUES)
+@pytest.mark.parametrize("field", ["output", "checkpoint"])
+def test_a_refused_completion_never_appears_in_the_store_error(engine, make, field):
+    define(engine, JOB_TYPE, max_attempts=1)
+    job = rl.enqueue(engine, JOB_TYPE, {})
+    lease = identity(claim_one(engine, job_type=JOB_TYPE))
+    completion = rl.JobCompletion(**{field: make(OUTPUT_SECRET)})
+
+    with pytest.raises(rl.InvalidPayload) as caught:
+        lifecycle.complete_job_success(engine, **lease, completion=completion)
+    with pytest.raises(rl.InvalidPayload) as progress:
+        lifecycle.update_job_progress(engine, **lease, checkpoint=make(CHECKPOINT_SECRET))
+
+    assert caught.value.message.startswith(f"{field} must be ")
+    assert OUTPUT_SECRET not in everything_about(caught.value)
+    assert CHECKPOINT_SECRET not in everything_about(progress.value)
+    assert rl.get_job(engine, job.id).status is rl.JobStatus.LEASED
+
+
+def test_a_handlers_refused_output_is_recorded_without_its_content(engine, all_logs):
+    registry = rl.JobRegistry()
+
+    @registry.job(JOB_TYPE, max_attempts=1)
+    def handle(ctx: rl.JobContext, payload: dict) -> rl.JobCompletion:
+        return rl.JobCompletion(output={"token": OUTPUT_SECRET, "seen": {1, 2}})
+
+    registry.sync_definitions(engine)
+    job = rl.enqueue(engine, JOB_TYPE, {})
+    run_worker_until(engine, registry, rl.JobsConfig(**FAST),
+                     lambda: rl.get_job(engine, job.id).status is rl.JobStatus.DEAD_LETTERED)
+
+    finished = rl.get_job(engine, job.id)
+    assert "got a dict holding a set at key 'seen'" in finished.last_error_message
+    assert OUTPUT_SECRET not in finished.last_error_message
+    assert OUTPUT_SECRET not in repr(rl.list_attempts(engine, job.id))
+    assert OUTPUT_SECRET not in all_logs.getvalue()
+
+
+@pytest.mark.parametrize("debug", [[], ["--debug"]], ids=["plain", "debug"])
+def test_the_console_never_repeats_a_payload_it_cannot_parse(capsys, debug):
+    code = cli.main([*debug, "enqueue", JOB_TYPE, '{"api_key": "%s", oops}' % PAYLOAD_SECRET])
+
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "error: job.invalid_payload: the JSON argument must be valid JSON" in err
+    assert PAYLOAD_SECRET not in err

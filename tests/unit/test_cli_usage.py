@@ -113,10 +113,10 @@ def test_a_command_name_cannot_be_registered_twice():
 
 
 @pytest.mark.parametrize("name", ["migrate", "check-schema"])
-def test_missing_database_url_is_config_invalid(capsys, name):
+def test_missing_database_url_is_config_invalid_and_exits_two(capsys, name):
     code, out, err = run(capsys, name)
 
-    assert code == cli.EXIT_FAILED == 1
+    assert code == cli.EXIT_USAGE == 2
     assert out == ""
     lines = error_lines(err)
     assert len(lines) == 2
@@ -131,7 +131,7 @@ def test_database_url_comes_from_the_environment(capsys, monkeypatch):
 
     code, _, err = run(capsys, "check-schema")
 
-    assert code == 1
+    assert code == 2
     first = error_lines(err)[0]
     assert first.startswith("error: config.invalid: database url must be a postgresql:// URL")
     assert "env-s3cret" not in err and "***" in first
@@ -154,7 +154,7 @@ def test_global_options_are_accepted_before_or_after_the_command(capsys, where):
 
     code, _, err = run(capsys, *argv)
 
-    assert code == 1
+    assert code == 2
     assert "postgresql:// URL, got mysql://u:***@h/d" in error_lines(err)[0]
     assert "opt-s3cret" not in err
 
@@ -178,7 +178,7 @@ def test_unreachable_server_fails_with_one_line_and_masks_the_password(capsys):
 def test_debug_prints_the_traceback_too(capsys, restore_logging):
     code, _, err = run(capsys, "--debug", "migrate")
 
-    assert code == 1
+    assert code == 2
     assert "Traceback (most recent call last)" in err
     assert "ConfigError" in err
     assert "error: config.invalid: " in err
@@ -187,7 +187,7 @@ def test_debug_prints_the_traceback_too(capsys, restore_logging):
 def test_debug_after_the_command_is_honoured(capsys, restore_logging):
     code, _, err = run(capsys, "check-schema", "--debug")
 
-    assert code == 1
+    assert code == 2
     assert "Traceback (most recent call last)" in err
 
 
@@ -216,7 +216,7 @@ def test_the_module_runs_as_a_script_with_the_same_exit_codes(tmp_path):
     missing = script("migrate")
 
     assert usage.returncode == 2
-    assert missing.returncode == 1
+    assert missing.returncode == 2
     assert missing.stderr.startswith("error: config.invalid: ")
     assert "Traceback" not in missing.stderr
 
@@ -311,7 +311,7 @@ def test_a_bad_since_is_exit_two_with_its_code(capsys, action):
 def test_a_valid_operator_command_without_a_url_is_config_invalid(capsys):
     code, _, err = run(capsys, "jobs", "show", "00000000-0000-7000-8000-000000000000")
 
-    assert code == 1
+    assert code == 2
     assert error_lines(err)[0].startswith("error: config.invalid: ")
 
 
@@ -331,3 +331,4 @@ def test_plain_turns_records_into_json_ready_data():
         "id": "00000000-0000-0000-0000-000000000001", "status": "PENDING", "at": "2026-01-02T00:00:00+00:00",
         "pct": 12.5, "nested": {"k": ["00000000-0000-0000-0000-000000000002"]},
     }
+

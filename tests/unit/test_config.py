@@ -400,24 +400,71 @@ def test_values_inside_the_clamps_are_kept():
         ("RUNLEDGER_JOB_TYPES", " , ,", "job_types"),
     ],
 )
-def test_unparseable_value_falls_back_to_default_with_a_warning(caplog, variable, raw, field_name):
-    caplog.set_level(logging.WARNING, logger="runledger_sync.config")
+def test_unparseable_value_falls_back_to_default_and_is_recorded(caplog, variable, raw, field_name):
+    caplog.set_level(logging.DEBUG, logger="runledger_sync")
     config = JobsConfig.from_env({variable: raw})
-    assert getattr(config, field_name) == getattr(JobsConfig, field_name)
-    warnings = [
-        r for r in caplog.records if r.name == "runledger_sync.config" and r.levelno == logging.WARNING
-    ]
-    assert len(warnings) == 1
-    assert variable in warnings[0].getMessage()
-    assert repr(raw.strip()) in warnings[0].getMessage()
+    default = getattr(JobsConfig, field_name)
+    assert getattr(config, field_name) == default
+    [adjustment] = config.env_adjustments
+    assert (adjustment.variable, adjustment.field, adjustment.given, adjustment.used) == (
+        variable, field_name, raw.strip(), default)
+    assert adjustment.is_default
+    assert adjustment.describe().startswith(f"{variable}={raw.strip()!r} ")
+    assert "using the default" in adjustment.describe()
+    # Reported once, by the worker at start, not on every from_env() call.
+    assert caplog.records == []
 
 
-def test_clamped_value_is_logged(caplog):
-    caplog.set_level(logging.WARNING, logger="runledger_sync.config")
-    JobsConfig.from_env({"JOBS_LEASE_TTL_SECONDS": "3"})
-    assert [r.getMessage() for r in caplog.records if r.name == "runledger_sync.config"] == [
-        "JOBS_LEASE_TTL_SECONDS=3 is out of range; using 10"
+def test_a_clamped_value_is_recorded_with_the_value_used_and_why():
+    config = JobsConfig.from_env({"JOBS_LEASE_TTL_SECONDS": "3", "JOBS_CLAIM_BATCH_SIZE": "5000"})
+
+    assert [a.describe() for a in config.env_adjustments] == [
+        "JOBS_CLAIM_BATCH_SIZE='5000' is above the maximum of 1000; using 1000 instead",
+        "JOBS_LEASE_TTL_SECONDS='3' is below the minimum of 10; using 10 instead",
     ]
+    assert config.env_adjustments[1].log_fields() == {
+        "variable": "JOBS_LEASE_TTL_SECONDS", "given": "3", "used": 10, "reason": "is below the minimum of 10"}
+
+
+def test_the_issue_examples_are_each_recorded():
+    config = JobsConfig.from_env({"JOBS_MAX_GLOBAL_CONCURRENCY": "abc", "JOBS_POLL_INTERVAL_MS": "0"})
+
+    assert (config.max_global_concurrency, config.poll_interval_ms) == (32, 1)
+    assert [a.describe() for a in config.env_adjustments] == [
+        "JOBS_POLL_INTERVAL_MS='0' is below the minimum of 1; using 1 instead",
+        "JOBS_MAX_GLOBAL_CONCURRENCY='abc' is not a whole number; using the default, 32",
+    ]
+
+
+def test_values_used_as_given_record_nothing():
+    config = JobsConfig.from_env({"JOBS_POLL_INTERVAL_MS": "250", "RUNLEDGER_JOB_TYPES": "a,b"})
+
+    assert config.env_adjustments == ()
+    assert JobsConfig().env_adjustments == ()
+
+
+def test_strict_from_env_refuses_every_adjusted_value_at_once():
+    env = {"JOBS_MAX_GLOBAL_CONCURRENCY": "abc", "JOBS_POLL_INTERVAL_MS": "0", "JOBS_CLAIM_BATCH_SIZE": "8"}
+
+    with pytest.raises(ConfigError) as caught:
+        JobsConfig.from_env(env, strict=True)
+
+    assert caught.value.problems == [
+        "JOBS_POLL_INTERVAL_MS='0' is below the minimum of 1",
+        "JOBS_MAX_GLOBAL_CONCURRENCY='abc' is not a whole number",
+    ]
+    assert JobsConfig.from_env({"JOBS_CLAIM_BATCH_SIZE": "8"}, strict=True).claim_batch_size == 8
+
+
+def test_an_override_drops_the_adjustment_of_the_field_it_replaces():
+    config = JobsConfig.from_env({"JOBS_MAX_GLOBAL_CONCURRENCY": "abc", "JOBS_POLL_INTERVAL_MS": "0"})
+
+    overridden = config.with_overrides(poll_interval_ms=100)
+
+    assert [a.variable for a in overridden.env_adjustments] == ["JOBS_MAX_GLOBAL_CONCURRENCY"]
+    # A record of where values came from, not a knob: equality and fields() ignore it.
+    assert overridden == JobsConfig(worker_id=config.worker_id, poll_interval_ms=100)
+    assert "env_adjustments" not in {f.name for f in dataclasses.fields(JobsConfig)}
 
 
 @pytest.mark.parametrize("raw", ["", "   "])

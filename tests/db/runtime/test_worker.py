@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from contextlib import contextmanager
@@ -9,6 +10,7 @@ from typing import Iterator
 
 import pytest
 
+from runledger_sync.config import JobsConfig
 from runledger_sync.core.records import JobSpec
 from runledger_sync.core.types import JobCompletion, RuntimeLoopExit
 from runledger_sync.registry import JobRegistry
@@ -54,6 +56,25 @@ def test_worker_with_shutdown_already_requested_returns_before_claiming(engine, 
     assert status(engine, job.id) == "PENDING"
     assert event_types(engine, job.id) == ["ENQUEUED"]
     assert probe.calls == []
+
+
+def test_worker_start_logs_one_warning_per_adjusted_environment_value(engine, probe, logs):
+    registry = h.registry_with(JOB_TYPE, h.ok(probe))
+    registry.sync_definitions(engine)
+    config = JobsConfig.from_env({"JOBS_MAX_GLOBAL_CONCURRENCY": "abc", "JOBS_POLL_INTERVAL_MS": "0"})
+    shutdown = threading.Event()
+    shutdown.set()
+
+    assert run_worker_loop(engine, registry, config, shutdown) is RuntimeLoopExit.SHUTDOWN
+
+    warnings = [r for r in logs.records if r.levelno == logging.WARNING]
+    assert [r.getMessage() for r in warnings] == [
+        "JOBS_POLL_INTERVAL_MS='0' is below the minimum of 1; using 1 instead",
+        "JOBS_MAX_GLOBAL_CONCURRENCY='abc' is not a whole number; using the default, 32",
+    ]
+    assert [(r.variable, r.given, r.used) for r in warnings] == [
+        ("JOBS_POLL_INTERVAL_MS", "0", 1), ("JOBS_MAX_GLOBAL_CONCURRENCY", "abc", 32)]
+    assert [r.getMessage() for r in logs.records if r.levelno == logging.INFO] == ["worker started"]
 
 
 @pytest.mark.parametrize("bad", [

@@ -593,13 +593,17 @@ def test_queue_stats_counts_by_status_and_type(db):
         (REPORT, "SUCCEEDED"): 1,
         (REPORT, "CANCELED"): 1,
     }
-    assert 3600 <= stats.oldest_pending_age_seconds < 3600 + 120
+    assert 3600 <= stats.oldest_due_age_seconds < 3600 + 120
+    assert stats.oldest_pending_age_seconds == stats.oldest_due_age_seconds
+    assert (stats.due_now, stats.scheduled_for_later) == (2, 1)
+    assert now + timedelta(seconds=3500) < stats.next_scheduled_at < now + timedelta(seconds=3700)
     assert stats.expired_leases == 0
 
     scoped = admin.queue_stats(db, organization_id="org-1")
     assert scoped.by_status == {"PENDING": 1, "LEASED": 1, "SUCCEEDED": 0, "DEAD_LETTERED": 0, "CANCELED": 0}
     assert scoped.by_type_and_status == {(EMAIL, "PENDING"): 1, (EMAIL, "LEASED"): 1}
     assert 0 <= scoped.oldest_pending_age_seconds < 120
+    assert (scoped.due_now, scoped.scheduled_for_later, scoped.next_scheduled_at) == (1, 0, None)
 
 
 def test_queue_stats_counts_expired_leases(db):
@@ -615,10 +619,28 @@ def test_queue_stats_counts_expired_leases(db):
     assert stats.oldest_pending_age_seconds is None
 
 
-def test_queue_stats_ignores_pending_jobs_that_are_not_due_yet(db):
-    pending(db, EMAIL, delay_seconds=3600)
+def test_queue_stats_counts_pending_jobs_that_are_not_due_yet_apart(db):
+    later = pending(db, EMAIL, delay_seconds=3600)
+    pending(db, EMAIL, delay_seconds=7200)
 
     stats = admin.queue_stats(db)
 
-    assert stats.by_status["PENDING"] == 1
-    assert stats.oldest_pending_age_seconds is None
+    assert stats.by_status["PENDING"] == 2
+    assert (stats.due_now, stats.oldest_due_age_seconds) == (0, None)
+    assert (stats.scheduled_for_later, stats.next_scheduled_at) == (2, later.next_run_at)
+
+
+@pytest.mark.parametrize("organization_id", [None, "org-1"])
+def test_the_pending_timing_pass_can_read_only_the_claim_index(db, organization_id):
+    # With sequential scans off, the plan names idx_job_queue_claim only if the
+    # statement's predicate matches that partial index's WHERE status = 'PENDING'.
+    pending(db, EMAIL)
+    pending(db, EMAIL, delay_seconds=60)
+    statement = admin.pending_timing_statement(organization_id)
+    sql = str(statement.compile(dialect=db.dialect, compile_kwargs={"literal_binds": True}))
+
+    with db.begin() as conn:
+        conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+        plan = "\n".join(row[0] for row in conn.exec_driver_sql("EXPLAIN " + sql))
+
+    assert "idx_job_queue_claim" in plan, plan
