@@ -418,7 +418,7 @@ def _completion_outcome(result: Any) -> Outcome:
         value = getattr(result, name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             return JobFailure.terminal(
-                HANDLER_INVALID_RESULT_CODE, f"Handler returned a JobCompletion whose {name} is not an int: {value!r}."
+                HANDLER_INVALID_RESULT_CODE, f"Handler returned a JobCompletion whose {name} is not an int but a {type(value).__name__}."
             )
     for name in ("checkpoint", "output"):
         try:

@@ -31,7 +31,7 @@ from sqlalchemy.engine import Engine
 
 from runledger_sync.config import JobsConfig
 from runledger_sync.core.errors import ConfigError
-from runledger_sync.core.records import JobRecord
+from runledger_sync.core.records import JobRecord, LeaseIdentity
 from runledger_sync.core.types import RuntimeLoopExit
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
@@ -41,7 +41,6 @@ from runledger_sync.runtime.listener import JobListener
 from runledger_sync.runtime.timer_thread import TimerThread
 from runledger_sync.store import lifecycle
 from runledger_sync.store.held import HeldConnection
-from runledger_sync.core.records import LeaseIdentity
 
 log = get_logger(__name__)
 
@@ -251,6 +250,7 @@ def run_worker_loop(
         log.warning(adjustment.describe(), extra=adjustment.log_fields())
     try:
         config.validate_worker_loop()
+        _check_job_types(config, registry)
     except ConfigError as error:
         log.warning("invalid jobs config; stopping worker loop", extra={"error": str(error)})
         return RuntimeLoopExit.INVALID_CONFIG
@@ -264,3 +264,14 @@ def run_worker_loop(
     finally:
         loop.drain()
     return RuntimeLoopExit.SHUTDOWN
+
+
+def _check_job_types(config: JobsConfig, registry: JobRegistry) -> None:
+    # A type no handler serves would be dropped from the claim, and its jobs would
+    # wait for ever while the worker looked healthy: a typo must stop the start.
+    unknown = sorted(set(config.job_types or ()) - set(registry.registered_types()))
+    if unknown:
+        raise ConfigError(
+            f"jobs config job_types names types no handler is registered for: {', '.join(unknown)}; "
+            f"registered: {', '.join(registry.registered_types()) or 'none'}"
+        )

@@ -79,7 +79,7 @@ def test_worker_start_logs_one_warning_per_adjusted_environment_value(engine, pr
 
 @pytest.mark.parametrize("bad", [
     {"poll_interval_ms": 0}, {"max_global_concurrency": 0}, {"lease_ttl_seconds": 0.5},
-    {"worker_id": "  "}, {"claim_batch_size": 1001},
+    {"worker_id": "  "}, {"claim_batch_size": 1001}, {"job_types": (JOB_TYPE, "test.tpyo")},
 ])
 def test_invalid_worker_config_returns_invalid_config_and_claims_nothing(engine, probe, logs, bad):
     registry = h.registry_with(JOB_TYPE, h.ok(probe))
