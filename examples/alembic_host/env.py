@@ -1,48 +1,43 @@
-"""Alembic environment of an application that includes runledger-sync's history.
+"""Alembic environment of an application whose history includes runledger-sync's.
 
-The application's revisions live in ``versions/``; runledger's are found with
-``runledger_sync.db.migrate.migrations_directory() / "versions"`` and added to
-the version locations here, because alembic.ini cannot compute a path inside
-an installed package. One ``alembic_version`` table then tracks both
-histories: ``alembic upgrade heads`` runs ours first wherever your revision
-``depends_on`` it.
+alembic.ini lists runledger's versions directory beside the application's own,
+so one ``alembic_version`` table tracks both histories, and the application's
+first revision builds on runledger's head: ``alembic upgrade head`` runs ours
+first, then the application's.
 """
 
 from __future__ import annotations
 
 import os
 from logging.config import fileConfig
-from pathlib import Path
 
+import sqlalchemy as sa
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from runledger_sync.db.migrate import migrations_directory
+from runledger_sync.db.alembic_host import include_object
 
 config = context.config
-#: Your models' MetaData, for autogenerate; this example writes its migration by hand.
-target_metadata = None
 
-RUNLEDGER_VERSIONS = migrations_directory() / "versions"
-
-
-def include_runledger_history() -> None:
-    """Add runledger's versions directory to this run's version locations.
-
-    Alembic read the locations from alembic.ini before it ran this file, so
-    setting the config option alone would come too late for this command:
-    extend the script directory's list too. Nothing has read the revision map
-    yet at this point; it is loaded when the migrations run.
-    """
-    script = context.script
-    locations = list(script.version_locations) or [str(Path(script.dir, "versions"))]
-    if str(RUNLEDGER_VERSIONS) not in locations:
-        locations.append(str(RUNLEDGER_VERSIONS))
-    script.version_locations = locations
-    config.set_main_option("version_locations", os.pathsep.join(locations))
+#: Your models' MetaData, for autogenerate. ``job_queue`` is a stub of
+#: runledger's table, only so the foreign key below has a target;
+#: ``include_object`` keeps it and every other runledger table out of the
+#: comparison, so autogenerate neither creates nor drops them.
+target_metadata = sa.MetaData()
+sa.Table("job_queue", target_metadata, sa.Column("id", sa.UUID(), primary_key=True))
+sa.Table(
+    "app_orders",
+    target_metadata,
+    sa.Column("id", sa.BigInteger(), sa.Identity(always=False), primary_key=True),
+    sa.Column("reference", sa.Text(), nullable=False, unique=True),
+    sa.Column("fulfilment_job_id", sa.UUID(), sa.ForeignKey("job_queue.id", ondelete="SET NULL"), nullable=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False),
+)
 
 
 def database_url() -> str:
+    # With SQLAlchemy 2.1 a plain postgresql:// URL means psycopg 3, which
+    # runledger-sync does not install: write postgresql+psycopg2:// (or install psycopg).
     url = config.get_main_option("sqlalchemy.url") or os.environ.get("APP_DATABASE_URL") or os.environ.get(
         "RUNLEDGER_DATABASE_URL")
     if not url:
@@ -55,7 +50,7 @@ def run_migrations_online() -> None:
     with connectable.connect() as connection:
         # Your own connection has no schema_translate_map, so runledger's
         # migrations create the queue tables in the search path (public).
-        context.configure(connection=connection, target_metadata=target_metadata)
+        context.configure(connection=connection, target_metadata=target_metadata, include_object=include_object)
         with context.begin_transaction():
             context.run_migrations()
     connectable.dispose()
@@ -63,7 +58,6 @@ def run_migrations_online() -> None:
 
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):
     fileConfig(config.config_file_name, disable_existing_loggers=False)
-include_runledger_history()
 if context.is_offline_mode():
     raise SystemExit("this example migrates online only")
 run_migrations_online()

@@ -38,8 +38,11 @@ HINTS: dict[str, str] = {
         f"run `{PROG} migrate` when the database is behind; upgrade runledger-sync when it is ahead"
     ),
     "db.migration_failed": (
-        "the database role must be allowed to CREATE in the target schema (see --schema); "
-        "run again with --debug to see the cause"
+        "run again with --debug to see the cause; on 'permission denied', the database role must be allowed "
+        "to CREATE in the target schema (see --schema)"
+    ),
+    "db.schema_managed_by_host": (
+        "your application's Alembic history includes runledger's; migrate with `alembic upgrade head` there"
     ),
     "db.permission_denied": "grant the database role the privileges this command needs, or use another role",
     "job.invalid_payload": """pass the payload as one JSON argument quoted for your shell, e.g. '{"to": "a@b.c"}'""",

@@ -41,6 +41,7 @@ Branch on ``.code`` or on the class, never on the message text::
         ├── RequiredFieldMissing                db.required_field_missing
         ├── PermissionDenied                    db.permission_denied
         ├── MigrationFailed                     db.migration_failed
+        │   └── SchemaManagedByHost             db.schema_managed_by_host
         └── SchemaMismatch                      db.schema_mismatch
 
     JobCancelled (BaseException)                job.cancelled
@@ -320,6 +321,12 @@ class MigrationFailed(StoreError):
     """A schema migration failed."""
 
     code = "db.migration_failed"
+
+
+class SchemaManagedByHost(MigrationFailed):
+    """The queue tables are managed by your application's Alembic history; run `alembic upgrade head` there."""
+
+    code = "db.schema_managed_by_host"
 
 
 class SchemaMismatch(StoreError):

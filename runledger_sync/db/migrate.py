@@ -8,22 +8,31 @@ An application may instead include our versions in its own history; then
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
+import alembic.context
+import alembic.op
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import MetaData
+from sqlalchemy import MetaData, inspect
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
 
-from runledger_sync.core.errors import InvalidArgument, MigrationFailed, RunledgerError, SchemaMismatch
+from runledger_sync.core.errors import (
+    InvalidArgument,
+    MigrationFailed,
+    RunledgerError,
+    SchemaManagedByHost,
+    SchemaMismatch,
+)
 from runledger_sync.db.engine import schema_of
 from runledger_sync.db.errors import is_transient, translate
 from runledger_sync.db.schema import metadata
@@ -78,11 +87,71 @@ def _run(bind: Engine | Connection, action: str, revision: str) -> None:
 
 def _run_on(connection: Connection, action: str, revision: str) -> None:
     config = alembic_config(connection)
-    with _ALEMBIC_LOCK:
+    with _ALEMBIC_LOCK, _keeping_the_callers_alembic_proxies():
         if action == "upgrade":
+            if _upgraded_elsewhere(connection, config, revision):
+                return
             command.upgrade(config, revision)
         else:
             command.downgrade(config, revision)
+
+
+@contextlib.contextmanager
+def _keeping_the_callers_alembic_proxies() -> Iterator[None]:
+    """Leave ``alembic.context`` and ``alembic.op`` as the caller's own Alembic run had them.
+
+    Alembic binds these module-level proxies when a command starts and deletes
+    them when it ends. Called from a host application's env.py (option 1 of the
+    README's "Schema and Alembic"), our command runs inside the host's: its end
+    would delete the host's proxies, and the host's own end then fails with
+    ``KeyError: 'script'``. Restoring both namespaces makes the nesting safe.
+    """
+    saved = [(namespace, dict(namespace)) for namespace in (vars(alembic.context), vars(alembic.op))]
+    try:
+        yield
+    finally:
+        for namespace, before in saved:
+            for name in set(namespace) - set(before):
+                del namespace[name]
+            namespace.update(before)
+
+
+def _upgraded_elsewhere(connection: Connection, config: Config, revision: str) -> bool:
+    """True when another Alembic history has our tables at ``revision`` already.
+
+    Our version table is empty but our tables exist: an application's history
+    created them (option 2 of the README) and records them in its own version
+    table. Upgrading through ours would create them again, so either there is
+    nothing to do, or only the application's ``alembic upgrade`` may move them.
+
+    Raises:
+        SchemaManagedByHost: the tables exist and are not at ``revision``.
+    """
+    schema = schema_of(connection)
+    # Tables first, then the version: both are committed in one transaction, so
+    # a migration finishing between the two reads cannot make ours look absent.
+    ours = {table.name for table in metadata.tables.values()}
+    if not ours & set(inspect(connection).get_table_names(schema=schema)):
+        return False
+    if _own_revision(connection) is not None:
+        return False
+    target = ScriptDirectory.from_config(config).as_revision_number(revision)
+    found = _locate(connection, None)
+    if found.revision is not None and found.revision == target:
+        return True
+    if found.host_table:
+        where = f"{found.host_table} holds {', '.join(found.host_heads)}"
+        if found.revision is not None:
+            where += f", runledger's schema is at {found.revision}"
+        raise SchemaManagedByHost(
+            f"runledger's tables are managed by your application's Alembic history ({where}); "
+            f"run `alembic upgrade head` in your application to bring them to {target}"
+        )
+    raise SchemaManagedByHost(
+        f"runledger's tables exist but neither {VERSION_TABLE} nor {_host_table(None)} records their revision; "
+        "if your application's Alembic history created them, run `alembic upgrade head` there "
+        f"(set {HOST_VERSION_TABLE_ENV} when its version table has another name)"
+    )
 
 
 def _check_bind(bind: Any) -> None:
@@ -96,10 +165,17 @@ def migrate(bind: Engine | Connection, revision: str = "head") -> None:
     """Upgrade the queue schema to ``revision`` (default: the newest).
 
     Safe to run from several processes at once: the migration takes an advisory
-    lock, so the others wait and then find nothing to do.
+    lock, so the others wait and then find nothing to do. Safe to call from your
+    own Alembic ``env.py`` too: your command's ``alembic.context`` survives it.
+
+    When your application's Alembic history includes ours (its version table
+    records our tables, ours is empty), nothing is created: at ``revision``
+    already, this returns; otherwise it raises :class:`SchemaManagedByHost`.
 
     Raises:
         MigrationFailed: a migration step failed; nothing of that step is kept.
+        SchemaManagedByHost: your application's history manages the tables and
+            they are not at ``revision``; run ``alembic upgrade head`` there.
     """
     _run(bind, "upgrade", revision)
 
@@ -164,10 +240,14 @@ def _schema_drift(connection: Connection) -> tuple[Any, ...]:
     return tuple(compare_metadata(context, target))
 
 
-def _locate(connection: Connection, version_table: Optional[str]) -> _Found:
-    own = MigrationContext.configure(
+def _own_revision(connection: Connection) -> Optional[str]:
+    return MigrationContext.configure(
         connection, opts={"version_table": VERSION_TABLE, "version_table_schema": schema_of(connection)}
     ).get_current_revision()
+
+
+def _locate(connection: Connection, version_table: Optional[str]) -> _Found:
+    own = _own_revision(connection)
     table = _host_table(version_table)
     if own is not None or table == VERSION_TABLE:
         return _Found(own)
@@ -209,19 +289,19 @@ def current_revision(bind: Engine | Connection, *, version_table: Optional[str] 
        ``version_locations``, see ``examples/alembic_host``). Its name is
        ``version_table``, else ``$RUNLEDGER_ALEMBIC_VERSION_TABLE``, else
        ``alembic_version``. An empty or missing table means None.
-    3. If a head stored there is one of our revision ids (``alembic upgrade
-       runledger@head``, or our branch is ahead of what the host depends on),
-       the newest such id is the answer.
-    4. Otherwise only host revisions are stored, and ours were applied through
-       their ``depends_on``. Which of ours that implies cannot be read without
+    3. If a head stored there is one of our revision ids (the host upgraded
+       to one of ours, or our newer revision is not merged into its history
+       yet), the newest such id is the answer.
+    4. Otherwise only host revisions are stored, and ours are among their
+       ancestors. Which of ours that implies cannot be read without
        the host's scripts, so the tables decide: if runledger's tables match
        this version's :data:`~runledger_sync.db.schema.metadata` exactly (an
        empty ``alembic.autogenerate.compare_metadata`` diff, host tables
        ignored), the answer is this version's head; if not, None.
 
-    Rule 4 is why a host revision should name our head (the branch label
-    ``runledger``) in ``depends_on``: then ``alembic upgrade heads`` brings
-    our schema to head and the comparison passes.
+    Rule 4 is why a host's history should build on our head (and merge our
+    newer revisions in with ``alembic merge heads``): then ``alembic upgrade
+    head`` brings our schema to head and the comparison passes.
     """
     return _find(bind, version_table).revision
 
@@ -234,7 +314,7 @@ def check_schema(bind: Engine | Connection, *, version_table: Optional[str] = No
 
     Raises:
         SchemaMismatch: the database is behind (run ``runledger-sync migrate``,
-            or the host's ``alembic upgrade heads``) or ahead (upgrade the library).
+            or the host's ``alembic upgrade head``) or ahead (upgrade the library).
     """
     expected = head_revision()
     found = _find(bind, version_table)
@@ -242,12 +322,12 @@ def check_schema(bind: Engine | Connection, *, version_table: Optional[str] = No
     if current == expected:
         return
     known = set(_known_revisions())
-    upgrade = "`alembic upgrade heads` in your application" if found.host_table else "`runledger-sync migrate`"
+    upgrade = "`alembic upgrade head` in your application" if found.host_table else "`runledger-sync migrate`"
     if found.drift:
         state = (
             f"records only your application's revisions in {found.host_table} ({', '.join(found.host_heads)}), "
             f"and runledger's tables differ from this version's schema ({len(found.drift)} difference(s), "
-            f"first: {found.drift[0]}); run {upgrade} (with a depends_on on runledger's head), "
+            f"first: {found.drift[0]}); run {upgrade} (after `alembic merge heads` if it shows two), "
             "or upgrade the library if the database is newer"
         )
     elif current is None:

@@ -79,10 +79,18 @@ def _leased_slow_job(engine):
 
 
 def _full_history(config: Config) -> ScriptDirectory:
-    """The script directory as env.py completes it: the app's versions and runledger's."""
-    script = ScriptDirectory.from_config(config)
-    script.version_locations = [str(ALEMBIC_HOST_INI.parent / "versions"), str(migrations_directory() / "versions")]
-    return script
+    """The script directory as alembic.ini lists it: the app's versions and runledger's."""
+    return ScriptDirectory.from_config(config)
+
+
+def _source_tree_locations(config: Config) -> None:
+    # alembic.ini names runledger's versions as the installed package's resource
+    # (runledger_sync/_alembic/versions); this editable checkout keeps them in
+    # alembic/versions instead. tests/db/test_alembic_host.py runs the ini as written.
+    config.set_main_option(
+        "version_locations",
+        "\n".join([str(ALEMBIC_HOST_INI.parent / "versions"), str(migrations_directory() / "versions")]),
+    )
 
 
 def _applied_revisions(engine: sqlalchemy.Engine, script: ScriptDirectory) -> set[str]:
@@ -92,21 +100,18 @@ def _applied_revisions(engine: sqlalchemy.Engine, script: ScriptDirectory) -> se
 
 
 def test_alembic_host_upgrades_both_histories_and_downgrades_them(empty_database):
-    config = Config(str(ALEMBIC_HOST_INI))
-    config.set_main_option("sqlalchemy.url", empty_database)
-    config.attributes["configure_logger"] = False  # keep the test process's logging as it is
+    config = _host_config(empty_database)
     engine = sqlalchemy.create_engine(empty_database, poolclass=sqlalchemy.pool.NullPool)
     try:
-        command.upgrade(config, "heads")
+        command.upgrade(config, "head")
 
         tables = set(sqlalchemy.inspect(engine).get_table_names())
         assert {"app_orders", "job_queue", "job_definitions", "job_events", "alembic_version"} <= tables
         # One version table tracks both histories; ours is not created on this path.
         assert VERSION_TABLE not in tables
-        # Both branch heads are applied; Alembic stores only app_0001, which implies
-        # runledger's 0001 through depends_on.
+        # One head: app_0001 builds on runledger's 0001, so Alembic stores only app_0001.
         script = _full_history(config)
-        assert set(script.get_heads()) == {"app_0001", "0001"}
+        assert script.get_heads() == ["app_0001"]
         with engine.connect() as conn:
             stored = {row[0] for row in conn.exec_driver_sql("SELECT version_num FROM alembic_version")}
         assert stored == {"app_0001"}
@@ -133,7 +138,8 @@ def test_alembic_host_upgrades_both_histories_and_downgrades_them(empty_database
 def _host_config(database_url: str) -> Config:
     config = Config(str(ALEMBIC_HOST_INI))
     config.set_main_option("sqlalchemy.url", database_url)
-    config.attributes["configure_logger"] = False
+    config.attributes["configure_logger"] = False  # keep the test process's logging as it is
+    _source_tree_locations(config)
     return config
 
 
@@ -152,14 +158,14 @@ def test_check_schema_finds_our_revision_in_the_host_version_table(empty_databas
         assert before.value.code == "db.schema_mismatch"
         assert before.value.details["current"] is None
 
-        # Only our branch: the host table stores our own revision id (rule 3).
-        command.upgrade(config, "runledger@head")
+        # Only our revision: the host table stores our own revision id (rule 3).
+        command.upgrade(config, rl.head_revision())
         assert _stored(engine) == {rl.head_revision()}
         assert rl.current_revision(engine) == rl.head_revision()
         rl.check_schema(engine)
 
-        # Both branches: only app_0001 is stored, ours is implied by its depends_on (rule 4).
-        command.upgrade(config, "heads")
+        # Both histories: only app_0001 is stored, ours is its ancestor (rule 4).
+        command.upgrade(config, "head")
         assert _stored(engine) == {"app_0001"}
         assert rl.current_revision(engine) == rl.head_revision()
         assert rl.check_schema(engine) is None
@@ -181,7 +187,7 @@ def test_check_schema_finds_our_revision_in_the_host_version_table(empty_databas
         with pytest.raises(rl.SchemaMismatch) as drifted:
             rl.check_schema(engine)
         assert "app_0001" in drifted.value.message and "idx_job_queue_claim" in drifted.value.message
-        assert "alembic upgrade heads" in drifted.value.message
+        assert "alembic upgrade head" in drifted.value.message
         assert VERSION_TABLE not in set(sqlalchemy.inspect(engine).get_table_names())
     finally:
         engine.dispose()

@@ -1,14 +1,15 @@
 """Create the app's orders table, which points at the job fulfilling each order.
 
 Revision ID: app_0001
-Revises:
+Revises: 0001
 Create Date: 2026-12-02
 
-The app's history is its own branch ("app"). It depends on runledger's first
-revision, because app_orders has a foreign key into job_queue: Alembic runs
-runledger's 0001 before this one on upgrade, and this one first on downgrade.
-Name a revision id here (or the branch label "runledger", which means its
-head); "runledger@head" is not accepted in depends_on.
+This revision builds on runledger's head (down_revision "0001"), so the
+combined history has one head and ``alembic upgrade head`` runs runledger's
+0001 before it (app_orders has a foreign key into job_queue); a downgrade runs
+this one first. When a later runledger-sync adds a revision, ``alembic heads``
+shows two heads; ``alembic merge heads -m "runledger-sync <version>"`` joins
+them again, and ``runledger-sync check-schema`` fails until it is applied.
 """
 from typing import Sequence, Union
 
@@ -17,9 +18,9 @@ import sqlalchemy as sa
 
 # revision identifiers, used by Alembic.
 revision: str = "app_0001"
-down_revision: Union[str, Sequence[str], None] = None
-branch_labels: Union[str, Sequence[str], None] = ("app",)
-depends_on: Union[str, Sequence[str], None] = ("0001",)
+down_revision: Union[str, Sequence[str], None] = "0001"
+branch_labels: Union[str, Sequence[str], None] = None
+depends_on: Union[str, Sequence[str], None] = None
 
 
 def upgrade() -> None:

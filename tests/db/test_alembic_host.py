@@ -1,0 +1,314 @@
+"""A host application's own Alembic, run as its users run it: the ``alembic`` console script.
+
+Option 1 of the README's "Schema and Alembic" is the README's env.py, which
+calls ``rl.migrate(connection)``; option 2 is ``examples/alembic_host``, whose
+alembic.ini lists our versions as the installed package's resource. Each test
+starts from an empty database. The subprocesses import runledger_sync from a
+copy laid out as the wheel installs it (setup.cfg maps ``alembic/`` to
+``runledger_sync/_alembic``), because this editable checkout has no
+``runledger_sync/_alembic`` directory for that resource to name.
+"""
+
+from __future__ import annotations
+
+import configparser
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import sqlalchemy
+
+import runledger_sync as rl
+from runledger_sync.db.migrate import VERSION_TABLE
+from tests.db.test_readme import readme_snippet
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+QUEUE_TABLES = {"job_definitions", "job_queue", "job_attempts", "job_events", "job_dead_letters"}
+NO_CHANGES = "No new upgrade operations detected."
+
+
+@pytest.fixture(scope="session")
+def installed_site(tmp_path_factory) -> Path:
+    """A directory holding runledger_sync as the wheel lays it out, for PYTHONPATH."""
+    setup = configparser.ConfigParser()
+    setup.read(REPO / "setup.cfg")
+    package_dir = dict(
+        (part.strip() for part in line.split("=", 1))
+        for line in setup["options"]["package_dir"].strip().splitlines()
+    )
+    site = tmp_path_factory.mktemp("site")
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(REPO / "runledger_sync", site / "runledger_sync", ignore=ignore)
+    shutil.copytree(REPO / package_dir["runledger_sync._alembic"], site / "runledger_sync" / "_alembic", ignore=ignore)
+    return site
+
+
+def run(tool: str, host: Path, site: Path, database_url: str, *argv: str) -> subprocess.CompletedProcess:
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("RUNLEDGER_", "PYTHON"))}
+    env.update(PYTHONPATH=str(site), APP_DATABASE_URL=database_url)
+    return subprocess.run([str(BIN / tool), *argv], cwd=host, env=env, capture_output=True, text=True, timeout=120)
+
+
+def ok(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    return result.stdout
+
+
+def tables(engine: sqlalchemy.Engine) -> set[str]:
+    return set(sqlalchemy.inspect(engine).get_table_names())
+
+
+def versions(engine: sqlalchemy.Engine, table: str) -> set[str]:
+    with engine.connect() as conn:
+        return set(conn.exec_driver_sql(f"SELECT version_num FROM {table}").scalars())
+
+
+@pytest.fixture
+def engine(empty_database):
+    engine = sqlalchemy.create_engine(empty_database, poolclass=sqlalchemy.pool.NullPool)
+    yield engine
+    engine.dispose()
+
+
+def new_revision_file(host: Path, before: set[Path]) -> Path:
+    created = set((host / "versions").glob("*.py")) - before
+    assert len(created) == 1, created
+    return created.pop()
+
+
+def take_revision_file(host: Path, before: set[Path]) -> str:
+    """The text of the one revision file written since ``before``, removed so later commands see the old history."""
+    path = new_revision_file(host, before)
+    text = path.read_text(encoding="utf-8")
+    path.unlink()
+    return text
+
+
+def upgrade_body(revision_text: str) -> str:
+    return revision_text.split("def upgrade()", 1)[1].split("def downgrade()", 1)[0]
+
+
+# -- option 1: rl.migrate(connection) in the host's env.py ------------------------------------------------
+
+OPTION_1_REVISION = '''"""Create app_users."""
+import sqlalchemy as sa
+from alembic import op
+
+revision = "a1"
+down_revision = None
+branch_labels = None
+depends_on = None
+
+
+def upgrade():
+    op.create_table("app_users", sa.Column("id", sa.BigInteger(), primary_key=True))
+
+
+def downgrade():
+    op.drop_table("app_users")
+'''
+
+
+@pytest.fixture
+def option_1_host(tmp_path, empty_database) -> Path:
+    """An application dir whose env.py is the README's, as written."""
+    host = tmp_path / "host"
+    (host / "versions").mkdir(parents=True)
+    (host / "myapp").mkdir()
+    (host / "alembic.ini").write_text(
+        "[alembic]\nscript_location = %(here)s\npath_separator = os\nprepend_sys_path = .\n"
+        f"sqlalchemy.url = {empty_database.replace('%', '%%')}\n",
+        encoding="utf-8",
+    )
+    (host / "env.py").write_text(textwrap.dedent(readme_snippet("alembic-env")), encoding="utf-8")
+    shutil.copy(REPO / "examples" / "alembic_host" / "script.py.mako", host)
+    (host / "myapp" / "__init__.py").write_text("", encoding="utf-8")
+    (host / "myapp" / "models.py").write_text(
+        "import sqlalchemy as sa\n\nmetadata = sa.MetaData()\n"
+        'sa.Table("app_users", metadata, sa.Column("id", sa.BigInteger(), primary_key=True))\n',
+        encoding="utf-8",
+    )
+    (host / "versions" / "a1_users.py").write_text(OPTION_1_REVISION, encoding="utf-8")
+    return host
+
+
+def test_option_1_every_alembic_command_works_and_both_version_tables_advance(
+    option_1_host, installed_site, empty_database, engine
+):
+    def alembic(*argv: str) -> subprocess.CompletedProcess:
+        return run("alembic", option_1_host, installed_site, empty_database, *argv)
+
+    ok(alembic("upgrade", "head"))
+
+    assert {"app_users", "alembic_version", VERSION_TABLE} | QUEUE_TABLES <= tables(engine)
+    assert versions(engine, "alembic_version") == {"a1"}
+    assert versions(engine, VERSION_TABLE) == {rl.head_revision()}
+    # Every later command works too (each runs env.py, and so rl.migrate, again).
+    for _ in range(2):
+        assert "a1 (head)" in ok(alembic("current"))
+    assert ok(alembic("heads")).strip() == "a1 (head)"
+    assert "<base> -> a1 (head)" in ok(alembic("history"))
+    assert NO_CHANGES in ok(alembic("check"))
+    before = set((option_1_host / "versions").glob("*.py"))
+    ok(alembic("revision", "--autogenerate", "-m", "probe"))
+    assert "op." not in upgrade_body(take_revision_file(option_1_host, before))
+    assert ok(run("runledger-sync", option_1_host, installed_site, empty_database,
+                  "--database-url", empty_database, "check-schema")).startswith(f"schema at {rl.head_revision()}")
+
+    ok(alembic("downgrade", "base"))
+
+    # Your downgrade is yours: our tables stay, at head, in their own version table.
+    assert "app_users" not in tables(engine)
+    assert versions(engine, "alembic_version") == set()
+    assert QUEUE_TABLES <= tables(engine)
+    assert versions(engine, VERSION_TABLE) == {rl.head_revision()}
+
+    ok(alembic("upgrade", "head"))
+    assert versions(engine, "alembic_version") == {"a1"}
+
+
+# -- option 2: our versions in the host's history ------------------------------------------------------------
+
+
+@pytest.fixture
+def option_2_host(tmp_path) -> Path:
+    host = tmp_path / "alembic_host"
+    shutil.copytree(REPO / "examples" / "alembic_host", host, ignore=shutil.ignore_patterns("__pycache__"))
+    return host
+
+
+def test_option_2_every_alembic_command_works_from_empty_to_head_and_back(
+    option_2_host, installed_site, empty_database, engine
+):
+    def alembic(*argv: str) -> subprocess.CompletedProcess:
+        return run("alembic", option_2_host, installed_site, empty_database, *argv)
+
+    # heads and history never run env.py: alembic.ini alone must find our versions.
+    heads = ok(alembic("heads")).strip().splitlines()
+    assert len(heads) == 1 and heads[0].startswith("app_0001 ") and heads[0].endswith("(head)")
+    history = ok(alembic("history"))
+    assert "0001 -> app_0001" in history and "<base> -> 0001" in history
+
+    ok(alembic("upgrade", "head"))
+
+    assert {"app_orders", "alembic_version"} | QUEUE_TABLES <= tables(engine)
+    assert VERSION_TABLE not in tables(engine)
+    assert versions(engine, "alembic_version") == {"app_0001"}
+    assert "app_0001 (head)" in ok(alembic("current"))
+    assert NO_CHANGES in ok(alembic("check"))
+    before = set((option_2_host / "versions").glob("*.py"))
+    ok(alembic("revision", "--autogenerate", "-m", "probe"))
+    assert "op." not in upgrade_body(take_revision_file(option_2_host, before))
+    ok(alembic("revision", "-m", "needs the queue", "--depends-on", "runledger"))
+    written = new_revision_file(option_2_host, before)
+    assert re.search(r"^depends_on\b.*= 'runledger'$", written.read_text(encoding="utf-8"), re.M)
+    assert ok(alembic("heads")).startswith(written.name.split("_", 1)[0] + " ")  # the label resolves
+    written.unlink()
+
+    # Our own commands read the host's table and create nothing.
+    cli = run("runledger-sync", option_2_host, installed_site, empty_database, "--database-url", empty_database, "migrate")
+    assert ok(cli) == f"schema at {rl.head_revision()} (already up to date)\n"
+    cli = run("runledger-sync", option_2_host, installed_site, empty_database,
+              "--database-url", empty_database, "check-schema")
+    assert ok(cli) == f"schema at {rl.head_revision()} (up to date)\n"
+    assert VERSION_TABLE not in tables(engine)
+
+    ok(alembic("downgrade", "base"))
+
+    assert not tables(engine) & ({"app_orders"} | QUEUE_TABLES)
+    assert versions(engine, "alembic_version") == set()
+
+
+NEXT_RUNLEDGER_REVISION = '''"""A later runledger-sync's revision (a no-op here)."""
+revision = "0002"
+down_revision = "0001"
+branch_labels = None
+depends_on = None
+
+
+def upgrade():
+    pass
+
+
+def downgrade():
+    pass
+'''
+
+
+def test_option_2_a_newer_runledger_revision_is_merged_into_the_hosts_history(
+    option_2_host, installed_site, tmp_path, empty_database, engine
+):
+    site = tmp_path / "site"
+    shutil.copytree(installed_site, site)
+    (site / "runledger_sync" / "_alembic" / "versions" / "0002_next.py").write_text(
+        NEXT_RUNLEDGER_REVISION, encoding="utf-8"
+    )
+
+    def alembic(*argv: str) -> subprocess.CompletedProcess:
+        return run("alembic", option_2_host, site, empty_database, *argv)
+
+    ok(run("alembic", option_2_host, installed_site, empty_database, "upgrade", "head"))
+    assert len(ok(alembic("heads")).strip().splitlines()) == 2
+    refused = alembic("upgrade", "head")
+    assert refused.returncode != 0 and "Multiple head revisions" in refused.stdout + refused.stderr
+
+    before = set((option_2_host / "versions").glob("*.py"))
+    ok(alembic("merge", "heads", "-m", "runledger-sync next"))
+
+    # The merge file lands in the app's directory, never in the installed package.
+    merged = set((option_2_host / "versions").glob("*.py")) - before
+    assert len(merged) == 1
+    assert sorted(p.name for p in (site / "runledger_sync" / "_alembic" / "versions").glob("*.py")) == [
+        "0001_queue_tables.py", "0002_next.py"
+    ]
+    ok(alembic("upgrade", "head"))
+    assert versions(engine, "alembic_version") == {merged.pop().name.split("_", 1)[0]}
+
+
+def test_option_2_migrate_refuses_to_move_tables_the_host_history_manages(
+    option_2_host, installed_site, empty_database, engine
+):
+    ok(run("alembic", option_2_host, installed_site, empty_database, "upgrade", "head"))
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DROP INDEX idx_job_queue_claim")
+
+    cli = run("runledger-sync", option_2_host, installed_site, empty_database, "--database-url", empty_database, "migrate")
+
+    assert cli.returncode == 1
+    error, hint = cli.stderr.splitlines()
+    assert error.startswith("error: db.schema_managed_by_host: runledger's tables are managed by your application's")
+    assert "alembic_version holds app_0001" in error and "alembic upgrade head" in error
+    assert hint.startswith("hint: ") and "alembic upgrade head" in hint and "CREATE" not in hint
+    assert VERSION_TABLE not in tables(engine)
+    rl_engine = rl.create_engine(empty_database)
+    try:
+        with pytest.raises(rl.SchemaManagedByHost) as caught:
+            rl.migrate(rl_engine)
+        assert caught.value.code == "db.schema_managed_by_host"
+        assert isinstance(caught.value, rl.MigrationFailed)
+    finally:
+        rl_engine.dispose()
+
+
+def test_migrate_refuses_tables_that_no_version_table_records(empty_database, engine):
+    rl_engine = rl.create_engine(empty_database)
+    try:
+        rl.migrate(rl_engine)
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP TABLE {VERSION_TABLE}")
+
+        with pytest.raises(rl.SchemaManagedByHost) as caught:
+            rl.migrate(rl_engine)
+
+        assert "neither runledger_alembic_version nor alembic_version records" in caught.value.message
+        assert "RUNLEDGER_ALEMBIC_VERSION_TABLE" in caught.value.message
+        assert QUEUE_TABLES <= tables(engine) and VERSION_TABLE not in tables(engine)
+    finally:
+        rl_engine.dispose()
