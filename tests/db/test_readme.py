@@ -64,26 +64,32 @@ def test_first_job_snippets_deploy_enqueue_and_a_worker_runs_them(fresh_database
         engine.dispose()
 
 
-def test_the_jobs_module_as_the_workers_app_runs_the_jobs_and_enqueues_none(fresh_database, tmp_path, monkeypatch):
-    namespace = deploy_and_enqueue(fresh_database, tmp_path, monkeypatch)
-    engine = namespace["engine"]
+def run_worker_process(argv: list[str], root: Path, engine, stop: int, **env_vars: str) -> None:
+    """Run a worker process with ``root`` importable until both README jobs succeed; stop it with ``stop``."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("RUNLEDGER_")}
-    env.update(RUNLEDGER_POLL_INTERVAL_MS="20", RUNLEDGER_DATABASE_URL=fresh_database)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), str(README.parent), env.get("PYTHONPATH")]))
-    worker = subprocess.Popen([sys.executable, "-m", "runledger_sync.cli", "worker", "--app", "myapp.jobs:registry"],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env.update(RUNLEDGER_POLL_INTERVAL_MS="20", **env_vars)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), str(README.parent), env.get("PYTHONPATH")]))
+    worker = subprocess.Popen([sys.executable, *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_until(lambda: worker.poll() is not None
                    or rl.count_jobs(engine, status=rl.JobStatus.SUCCEEDED) == 2, timeout=30)
         assert worker.poll() is None, worker.communicate()
-        worker.send_signal(signal.SIGTERM)
+        worker.send_signal(stop)
         out, err = worker.communicate(timeout=30)
         assert worker.returncode == 0, out + err
-        assert rl.count_jobs(engine) == 2
     finally:
         if worker.poll() is None:
             worker.kill()
             worker.communicate()
+
+
+def test_the_jobs_module_as_the_workers_app_runs_the_jobs_and_enqueues_none(fresh_database, tmp_path, monkeypatch):
+    engine = deploy_and_enqueue(fresh_database, tmp_path, monkeypatch)["engine"]
+    try:
+        run_worker_process(["-m", "runledger_sync.cli", "worker", "--app", "myapp.jobs:registry"], tmp_path, engine,
+                           signal.SIGTERM, RUNLEDGER_DATABASE_URL=fresh_database)
+        assert rl.count_jobs(engine) == 2
+    finally:
         engine.dispose()
 
 
@@ -161,21 +167,8 @@ def test_deploy_then_run_worker_snippets_run_every_job_and_ctrl_c_drains(fresh_d
     engine = deploy_and_enqueue(fresh_database, tmp_path, monkeypatch)["engine"]
     script = tmp_path / "worker.py"
     script.write_text(with_url(readme_snippet("deploy"), fresh_database) + readme_snippet("run-worker"), encoding="utf-8")
-    env = {key: value for key, value in os.environ.items() if not key.startswith("RUNLEDGER_")}
-    env.update(RUNLEDGER_POLL_INTERVAL_MS="20", RUNLEDGER_LEASE_TTL_SECONDS="5")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), str(README.parent), env.get("PYTHONPATH")]))
-    worker = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
     try:
-        wait_until(lambda: worker.poll() is not None
-                   or rl.count_jobs(engine, status=rl.JobStatus.SUCCEEDED) == 2, timeout=30)
-        assert worker.poll() is None, worker.communicate()
-        worker.send_signal(signal.SIGINT)
-        out, err = worker.communicate(timeout=30)
-        assert worker.returncode == 0, out + err
+        run_worker_process([str(script)], tmp_path, engine, signal.SIGINT, RUNLEDGER_LEASE_TTL_SECONDS="5")
         assert sorted(job.output["delivered_to"] for job in rl.list_jobs(engine)) == ["a@b.c", "b@c.d"]
     finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.communicate()
         engine.dispose()
