@@ -15,6 +15,9 @@ Branch on ``.code`` or on the class, never on the message text::
     │   ├── InvalidProgress                     job.invalid_progress
     │   ├── InvalidLeaseDuration                job.invalid_lease_duration
     │   ├── InvalidRetryDelay                   job.invalid_retry_delay
+    │   ├── InvalidCron                         schedule.invalid_cron
+    │   ├── InvalidTimezone                     schedule.invalid_timezone
+    │   ├── ScheduleNotFound                    schedule.not_found
     │   └── EnqueueIdempotencyUnsupportedIsolation
     │                                           job.enqueue_idempotency_unsupported_isolation
     ├── JobStateError                           runledger.job_state_rejected
@@ -160,6 +163,24 @@ class InvalidRetryDelay(ValidationError):
     """The retry delay must be a positive number of milliseconds."""
 
     code = "job.invalid_retry_delay"
+
+
+class InvalidCron(ValidationError):
+    """The schedule's cron expression cannot be parsed or never fires."""
+
+    code = "schedule.invalid_cron"
+
+
+class InvalidTimezone(ValidationError):
+    """The schedule's time zone is not an IANA zone name this machine knows."""
+
+    code = "schedule.invalid_timezone"
+
+
+class ScheduleNotFound(ValidationError):
+    """No schedule has this name."""
+
+    code = "schedule.not_found"
 
 
 class EnqueueIdempotencyUnsupportedIsolation(ValidationError):

@@ -1,0 +1,201 @@
+"""Cron expressions and the next-fire rule of schedules (spec section 8), on croniter.
+
+Three forms are accepted:
+
+- Runledger's, seconds first, 6 or 7 fields: ``sec min hour day month weekday [year]``.
+  Its numeric weekdays are those of Runledger's Rust parser, 1-7 for Sunday-Saturday;
+  names (``MON``-``SUN``) mean the same in every form.
+- The crontab form, 5 fields: ``min hour day month weekday``, firing at second 0,
+  with crontab's weekdays 0-7 (0 and 7 are Sunday).
+- The nicknames ``@yearly`` (``@annually``), ``@monthly``, ``@weekly``, ``@daily``
+  (``@midnight``) and ``@hourly``.
+
+Times are wall-clock times in the schedule's IANA time zone. Where a daylight
+saving change repeats an hour, a time in it fires once, at its first occurrence;
+where the change skips an hour, a time in the gap fires once, as far after the
+gap as it was into it (02:30 on a spring-forward night in Berlin fires at 03:30).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterator, Optional
+from uuid import UUID
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+
+from runledger_sync.core.errors import InvalidCron, InvalidTimezone
+
+UTC = timezone.utc
+DEFAULT_TIMEZONE = "UTC"
+MAX_EXPRESSION_LENGTH = 256
+
+_NICKNAMES = {
+    # Already in croniter's own form (seconds first, weekday 0 = Sunday).
+    "@yearly": "0 0 0 1 1 *",
+    "@annually": "0 0 0 1 1 *",
+    "@monthly": "0 0 0 1 * *",
+    "@weekly": "0 0 0 * * 0",
+    "@daily": "0 0 0 * * *",
+    "@midnight": "0 0 0 * * *",
+    "@hourly": "0 0 * * * *",
+}
+_FIELD_NAMES = ("second", "minute", "hour", "day of month", "month", "day of week", "year")
+#: Candidates looked at for one next fire: a per-second schedule skips up to an
+#: hour of them in the hour a daylight saving change repeats.
+_MAX_CANDIDATES = 10_000
+_WEEKDAY_TERM = re.compile(r"^(?P<first>\d+|[A-Za-z]+)(?:-(?P<last>\d+|[A-Za-z]+))?(?P<rest>(?:#\d+|L)?)$")
+
+
+@dataclass(frozen=True)
+class CronSchedule:
+    """A parsed cron expression in a time zone."""
+
+    expression: str
+    timezone: str
+    #: The expression in croniter's form: seconds first, weekday 0 = Sunday, 6 or 7 fields.
+    fields: str
+
+    @property
+    def zone(self) -> ZoneInfo:
+        return ZoneInfo(self.timezone)
+
+    def next_fire(self, after: datetime) -> datetime:
+        """The first instant strictly after ``after`` (aware) that the expression names, in UTC.
+
+        Raises:
+            InvalidCron: no instant follows (a year field in the past, say).
+        """
+        after = after.astimezone(UTC)
+        zone = self.zone
+        best: Optional[datetime] = None
+        best_wall_time: Optional[datetime] = None
+        for wall_time in self._wall_times_after(after.astimezone(zone).replace(tzinfo=None)):
+            # Real times map to themselves and times in a gap to later ones, so once
+            # the wall time passes the best instant's, nothing later can beat it.
+            if best_wall_time is not None and wall_time >= best_wall_time:
+                return best
+            instant = _instant(wall_time, zone)
+            if instant > after and (best is None or instant < best):
+                best, best_wall_time = instant, instant.astimezone(zone).replace(tzinfo=None)
+        if best is not None:
+            return best
+        raise InvalidCron(f"cron expression {self.expression!r} names no time after {after.isoformat()}")
+
+    def _wall_times_after(self, start: datetime) -> Iterator[datetime]:
+        iterator = croniter(self.fields, start, second_at_beginning=True, max_years_between_matches=50)
+        for _ in range(_MAX_CANDIDATES):
+            try:
+                yield iterator.get_next(datetime)
+            except Exception:  # noqa: BLE001 - croniter's CroniterBadDateError: nothing matches any more
+                return
+
+
+def parse_cron(expression: Any, timezone_name: Any = DEFAULT_TIMEZONE) -> CronSchedule:
+    """Parse ``expression`` in ``timezone_name``.
+
+    Raises:
+        InvalidCron: the expression is malformed; the message names the field.
+        InvalidTimezone: the zone is not an IANA name known here.
+    """
+    check_timezone(timezone_name)
+    if not isinstance(expression, str) or not expression.strip():
+        raise InvalidCron(f"a cron expression must be non-blank text, got {type(expression).__name__}")
+    if len(expression) > MAX_EXPRESSION_LENGTH:
+        raise InvalidCron(f"a cron expression may have at most {MAX_EXPRESSION_LENGTH} characters")
+    text = " ".join(expression.split())
+    if text.startswith("@"):
+        fields = _NICKNAMES.get(text.lower())
+        if fields is None:
+            raise InvalidCron(f"unknown cron nickname {text!r}: use one of {', '.join(sorted(_NICKNAMES))}")
+        return CronSchedule(expression, timezone_name, fields)
+    parts = text.split(" ")
+    if len(parts) == 5:
+        parts = ["0", *parts]
+    elif len(parts) in (6, 7):
+        parts[5] = _runledger_weekdays(parts[5])
+    else:
+        raise InvalidCron(
+            f"cron expression {expression!r} has {len(parts)} fields; expected 5 (min hour day month weekday), "
+            "or 6-7 seconds first (sec min hour day month weekday [year])"
+        )
+    for index, part in enumerate(parts):
+        _check_field(expression, parts, index, part)
+    return CronSchedule(expression, timezone_name, " ".join(parts))
+
+
+def check_timezone(name: Any) -> str:
+    """Return ``name`` if it is an IANA zone name known here.
+
+    Raises:
+        InvalidTimezone: it is not.
+    """
+    if not isinstance(name, str) or not name.strip() or len(name) > 64:
+        raise InvalidTimezone(f"a time zone must be an IANA name such as 'Europe/Berlin', got {type(name).__name__}")
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as error:
+        raise InvalidTimezone(f"unknown time zone {name!r}: use an IANA name such as 'Europe/Berlin'") from error
+    return name
+
+
+def jitter_seconds(schedule_id: UUID, instant: datetime, max_jitter_seconds: int) -> int:
+    """The spec's deterministic jitter: (id XOR instant in epoch ms) mod (max + 1) seconds."""
+    if max_jitter_seconds <= 0:
+        return 0
+    millis = int(instant.timestamp() * 1000)
+    return (schedule_id.int ^ millis) % (max_jitter_seconds + 1)
+
+
+def next_fire_at(schedule: CronSchedule, schedule_id: UUID, max_jitter_seconds: int, after: datetime) -> datetime:
+    """When a schedule fires next: its first instant after ``after``, plus its jitter."""
+    instant = schedule.next_fire(after)
+    return instant + timedelta(seconds=jitter_seconds(schedule_id, instant, max_jitter_seconds))
+
+
+def _instant(wall_time: datetime, zone: ZoneInfo) -> datetime:
+    # fold=0 is the first of a repeated wall time, and for a time in a gap it reads
+    # the wall time with the offset from before the gap: as far after the gap as it
+    # was into it. Compared in UTC only: aware datetimes of one zone compare by wall time.
+    return wall_time.replace(tzinfo=zone, fold=0).astimezone(UTC)
+
+
+def _runledger_weekdays(field: str) -> str:
+    """Runledger's weekday field (1-7, Sunday = 1) in croniter's numbering (0-6, Sunday = 0)."""
+    terms = []
+    for term in field.split(","):
+        body, slash, step = term.partition("/")
+        match = _WEEKDAY_TERM.match(body)
+        if body in ("*", "?") or match is None:
+            terms.append(term)  # left for croniter to accept or refuse
+            continue
+        first, last = match.group("first"), match.group("last")
+        shifted = _shift_weekday(first) + (f"-{_shift_weekday(last)}" if last else "") + match.group("rest")
+        terms.append(shifted + slash + step)
+    return ",".join(terms)
+
+
+def _shift_weekday(value: str) -> str:
+    if not value.isdigit():
+        return value
+    number = int(value)
+    if not 1 <= number <= 7:
+        raise InvalidCron(
+            f"day of week {number} is out of range: in the seconds-first form weekdays are 1-7 (Sunday = 1) "
+            "or SUN-SAT"
+        )
+    return str(number - 1)
+
+
+def _check_field(expression: str, parts: list[str], index: int, part: str) -> None:
+    # croniter says only that the whole expression is bad: try the field alone among
+    # stars to name the one that is wrong.
+    probe = ["*"] * len(parts)
+    probe[index] = part
+    if not croniter.is_valid(" ".join(probe), second_at_beginning=True):
+        raise InvalidCron(f"cron expression {expression!r}: the {_FIELD_NAMES[index]} field {part!r} is not valid")
+    if index == len(parts) - 1 and not croniter.is_valid(" ".join(parts), second_at_beginning=True):
+        raise InvalidCron(f"cron expression {expression!r} is not valid as a whole")
