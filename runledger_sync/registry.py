@@ -10,9 +10,12 @@ import types
 from typing import Any, Callable, ContextManager, Mapping, Optional
 
 from runledger_sync.core.errors import RegistrationError, ValidationError
-from runledger_sync.core.records import JobDefinition
+from runledger_sync.core.records import JobDefinition, ScheduleSpec
 from runledger_sync.core.types import JobCompletion, JobContext, JobDeadLetterInfo
 from runledger_sync.core.validation import check_job_type
+from runledger_sync.logging import get_logger
+
+log = get_logger(__name__)
 
 #: The longest job type a definition row accepts.
 MAX_JOB_TYPE_LENGTH = 255
@@ -131,6 +134,7 @@ class JobRegistry:
             "transient_errors", transient_errors
         )
         self._handlers: dict[str, JobHandler] = {}
+        self._schedules: dict[str, ScheduleSpec] = {}
         self._retry_on: dict[str, tuple[type[BaseException], ...]] = {}
         self._overrides: dict[str, dict[str, int]] = {}
 
@@ -259,12 +263,56 @@ class JobRegistry:
             result.append(JobDefinition(job_type, **{k: v for k, v in given.items() if v is not None}))
         return result
 
-    def sync_definitions(self, engine_or_connection: Any, *, overwrite: bool = True) -> Any:
-        """Write :meth:`definitions` to ``job_definitions`` so jobs of these types can be enqueued.
+    def schedule(
+        self,
+        name: str,
+        *,
+        cron: str,
+        job_type: str,
+        payload: Any = None,
+        max_jitter_seconds: int = 0,
+        organization_id: Optional[str] = None,
+        timezone: str = "UTC",
+    ) -> ScheduleSpec:
+        """Declare a cron schedule in code; :meth:`sync_definitions` writes it.
+
+        Args:
+            name: Unique name, how operators pause, resume and trigger it.
+            cron: 5 fields (crontab), 6-7 seconds first (Runledger), or an @-nickname.
+            job_type: The type of the job each fire enqueues.
+            payload: Each job's payload; a ``_schedule`` key is added.
+            timezone: The IANA zone the cron's wall-clock times are in.
+
+        Raises:
+            InvalidCron, InvalidTimezone, InvalidArgument: a value is invalid.
+            RegistrationError: the name is taken.
+
+        Example:
+            ``registry.schedule("nightly-report", cron="0 0 3 * * *", job_type="reports.export")``
+        """
+        spec = ScheduleSpec(name, cron, job_type, payload, organization_id, max_jitter_seconds, timezone).checked()
+        if name in self._schedules:
+            raise RegistrationError(f"a schedule named {name!r} is already declared")
+        self._schedules[name] = spec
+        return spec
+
+    @property
+    def schedules(self) -> list[ScheduleSpec]:
+        """The schedules declared with :meth:`schedule`, by name."""
+        return [self._schedules[name] for name in sorted(self._schedules)]
+
+    def sync_definitions(
+        self, engine_or_connection: Any, *, overwrite: bool = True, deactivate_undeclared_schedules: bool = False,
+    ) -> Any:
+        """Write :meth:`definitions` to ``job_definitions``, and the declared :attr:`schedules`.
+
+        A schedule of one of these types that earlier code declared and this code
+        no longer does is logged as a warning; it is paused only with
+        ``deactivate_undeclared_schedules``.
 
         Args:
             engine_or_connection: An Engine (commits itself) or a Connection (joins its transaction).
-            overwrite: Replace existing rows (True) or insert only missing ones.
+            overwrite: Replace existing definition rows (True) or insert only missing ones.
 
         Returns:
             What :func:`runledger_sync.store.enqueue.sync_job_definitions` returns.
@@ -272,8 +320,21 @@ class JobRegistry:
         # Imported here, not at module level: the registry sits below the store in
         # the layering, and the store must stay importable without the registry.
         from runledger_sync.store.enqueue import sync_job_definitions
+        from runledger_sync.store.schedules import sync_declared_schedules
 
-        return sync_job_definitions(engine_or_connection, self.definitions(), overwrite=overwrite)
+        definitions = sync_job_definitions(engine_or_connection, self.definitions(), overwrite=overwrite)
+        synced = sync_declared_schedules(
+            engine_or_connection, self.schedules, job_types=self.registered_types(),
+            deactivate_undeclared=deactivate_undeclared_schedules,
+        )
+        if synced.undeclared:
+            log.warning(
+                "schedules declared by earlier code are no longer declared"
+                + ("; paused" if synced.deactivated else "; still active (pass deactivate_undeclared_schedules=True"
+                   " or pause them)"),
+                extra={"schedule_names": [s.name for s in synced.undeclared]},
+            )
+        return definitions
 
     def wrapped(self, around: Callable[[], ContextManager[Any]]) -> "JobRegistry":
         """Return a new registry whose handlers run inside ``around()`` (a context manager factory).
@@ -286,6 +347,7 @@ class JobRegistry:
             ``registry.wrapped(app.app_context)``
         """
         wrapped = JobRegistry(transient_errors=self.transient_errors)
+        wrapped._schedules = dict(self._schedules)
         for job_type, handler in self._handlers.items():
             wrapped.register(_WrappedHandler(handler, around, self.retry_on(job_type)))
         return wrapped

@@ -8,6 +8,8 @@ from decimal import Decimal
 from typing import Any, Optional
 from uuid import UUID
 
+from runledger_sync.core import validation as check
+from runledger_sync.core.cron import check_timezone, parse_cron
 from runledger_sync.core.errors import LeaseOwnerMismatch
 from runledger_sync.core.types import JobStage, JobStatus
 
@@ -183,3 +185,81 @@ class LeaseIdentity:
     def keywords(self) -> dict[str, Any]:
         """The identity as the keyword arguments of the store's lifecycle functions."""
         return {"job_id": self.job_id, "run_number": self.run_number, "attempt": self.attempt, "worker_id": self.worker_id}
+
+
+@dataclass(frozen=True)
+class ScheduleRecord:
+    """A cron schedule (table ``job_schedules``): what it enqueues, and when next."""
+
+    id: UUID
+    name: str
+    job_type: str
+    organization_id: Optional[str]
+    payload_template: Any
+    cron_expr: str
+    timezone: str
+    is_active: bool
+    next_fire_at: datetime
+    last_fired_at: Optional[datetime]
+    max_jitter_seconds: int
+    created_by_user_id: Optional[str]
+    #: ``code`` when declared with ``registry.schedule`` and written by sync_definitions, else ``api``.
+    source: str
+    last_error_code: Optional[str]
+    last_error_message: Optional[str]
+    last_error_at: Optional[datetime]
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class ScheduleFailure:
+    """A due schedule that could not fire in a tick; it is tried again 30 s later."""
+
+    name: str
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
+class ScheduleTick:
+    """What one scheduler tick did."""
+
+    fired: int
+    failed: tuple[ScheduleFailure, ...]
+    #: True when the tick took as many due schedules as its limit: more may be due.
+    full: bool
+    #: Seconds until the soonest active schedule is due (<= 0: due now); None with none active.
+    next_due_in_seconds: Optional[float]
+
+
+#: Longest schedule name, and widest jitter a schedule may ask for.
+SCHEDULE_NAME_MAX_LENGTH = 255
+MAX_JITTER_SECONDS = 86_400
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """A schedule as written by :func:`upsert_schedule` (or declared with ``registry.schedule``)."""
+
+    name: str
+    cron_expr: str
+    job_type: str
+    payload_template: Any = None
+    organization_id: Optional[str] = None
+    max_jitter_seconds: int = 0
+    timezone: str = "UTC"
+
+    def checked(self) -> "ScheduleSpec":
+        """This spec, every value checked; raises the coded error of the first bad one."""
+        check.check_text("name", self.name, max_length=SCHEDULE_NAME_MAX_LENGTH)
+        parse_cron(self.cron_expr, check_timezone(self.timezone))
+        check.check_job_type(self.job_type)
+        check.check_optional_text("organization_id", self.organization_id, max_length=check.ORGANIZATION_ID_MAX_LENGTH)
+        check.check_int("max_jitter_seconds", self.max_jitter_seconds, (0, MAX_JITTER_SECONDS))
+        check.serialize_json("payload_template", self.template)
+        return self
+
+    @property
+    def template(self) -> Any:
+        return {} if self.payload_template is None else self.payload_template

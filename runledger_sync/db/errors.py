@@ -28,6 +28,7 @@ _BY_SQLSTATE: dict[str, type[errors.StoreError]] = {
 }
 _BY_CONSTRAINT: dict[str, type[errors.RunledgerError]] = {
     "fk_job_queue_job_type": errors.DefinitionNotFound,
+    "fk_job_schedules_job_type": errors.DefinitionNotFound,
     "ck_job_queue_progress": errors.InvalidProgress,
 }
 # Connection exceptions (08), operator intervention (57P01-57P03: shutdown,

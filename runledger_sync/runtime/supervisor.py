@@ -1,4 +1,4 @@
-"""Run the worker and reaper loops together on one shutdown event.
+"""Run the worker, reaper and scheduler loops together on one shutdown event.
 
 If one loop ends on its own (an error, an invalid config), the others are
 stopped and the failure is reported. Embed it with ``start()``/``stop()`` or
@@ -20,6 +20,7 @@ from runledger_sync.core.types import RuntimeLoopExit
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.reaper import run_reaper_loop
+from runledger_sync.runtime.scheduler import run_scheduler_loop
 from runledger_sync.runtime.worker import run_worker_loop
 
 log = get_logger(__name__)
@@ -31,7 +32,12 @@ FORCED_EXIT_STATUS = 130
 
 
 class Supervisor:
-    """Own the worker and reaper threads of one process.
+    """Own the worker, reaper and scheduler threads of one process.
+
+    Args:
+        run_reaper: recover expired leases in this process (any number may).
+        run_scheduler: fire due cron schedules in this process (any number may:
+            each due instant is enqueued once). False for processes that should only work.
 
     Example:
         ``with rl.Supervisor(engine, registry, rl.JobsConfig.from_env()): serve()``
@@ -44,6 +50,7 @@ class Supervisor:
         config: Optional[JobsConfig] = None,
         *,
         run_reaper: bool = True,
+        run_scheduler: bool = True,
     ) -> None:
         self.engine = engine
         self.registry = registry
@@ -52,6 +59,8 @@ class Supervisor:
         self._loops: dict[str, Loop] = {"worker": run_worker_loop}
         if run_reaper:
             self._loops["reaper"] = run_reaper_loop
+        if run_scheduler:
+            self._loops["scheduler"] = run_scheduler_loop
         self._threads: list[threading.Thread] = []
         self._exits: dict[str, Any] = {}
         self._failure: Optional[str] = None

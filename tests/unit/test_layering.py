@@ -49,6 +49,10 @@ ALLOWED_UPWARD_IMPORTS: dict[tuple[str, str], str] = {
         "runledger_sync.registry",
         "runledger_sync.store.enqueue",
     ): "registry.sync_definitions delegates to the store",
+    (
+        "runledger_sync.registry",
+        "runledger_sync.store.schedules",
+    ): "registry.sync_definitions writes the declared schedules through the store",
 }
 
 IO_LIBRARIES = {"sqlalchemy", "psycopg2", "psycopg", "alembic", "tenacity", "pythonjsonlogger", "pgserver"}

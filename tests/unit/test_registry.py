@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import sys
-import types
 import uuid
 
 import pytest
@@ -311,24 +309,6 @@ def test_definitions_fill_defaults_and_sort_by_type():
         ),
     ]
     assert all(d.is_enabled for d in registry.definitions())
-
-
-def test_sync_definitions_delegates_to_the_store(monkeypatch):
-    # Only the delegation is checked here (the store call itself is covered by the
-    # database suite); a stand-in module records the call.
-    calls = []
-    stand_in = types.ModuleType("runledger_sync.store.enqueue")
-    stand_in.sync_job_definitions = lambda conn, definitions, *, overwrite: calls.append(
-        (conn, definitions, overwrite)
-    ) or len(definitions)
-    monkeypatch.setitem(sys.modules, "runledger_sync.store.enqueue", stand_in)
-
-    registry = JobRegistry()
-    registry.register(Export())
-    engine = object()
-    assert registry.sync_definitions(engine) == 1
-    assert registry.sync_definitions(engine, overwrite=False) == 1
-    assert calls == [(engine, registry.definitions(), True), (engine, registry.definitions(), False)]
 
 
 def test_wrapped_registry_runs_handlers_inside_the_context_and_keeps_retry_rules():

@@ -52,7 +52,8 @@ def test_started_supervisor_runs_jobs_in_the_background_and_stop_drains_them(eng
     assert supervisor.stop(timeout=10) is True
     assert status(engine, job.id) == "SUCCEEDED"
     assert not supervisor.running and supervisor.failure is None
-    assert supervisor.exits == {"worker": RuntimeLoopExit.SHUTDOWN, "reaper": RuntimeLoopExit.SHUTDOWN}
+    assert supervisor.exits == {"worker": RuntimeLoopExit.SHUTDOWN, "reaper": RuntimeLoopExit.SHUTDOWN,
+                                "scheduler": RuntimeLoopExit.SHUTDOWN}
     with pytest.raises(RuntimeError):
         supervisor.start()
 

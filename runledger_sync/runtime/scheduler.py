@@ -1,0 +1,72 @@
+"""The scheduler loop: turn due cron schedules into jobs (spec section 8), the Supervisor's third loop.
+
+Each tick fires every due schedule, in batches of ``claim_batch_size``, each
+batch one transaction. Between ticks the loop sleeps until the soonest schedule
+is due, but never longer than ``schedule_poll_interval_seconds``, which bounds
+how late a schedule written or resumed by another process is noticed. Any
+number of processes may run it: the schedule rows are the lock.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from sqlalchemy.engine import Engine
+
+from runledger_sync.config import JobsConfig
+from runledger_sync.core.errors import ConfigError
+from runledger_sync.core.records import ScheduleTick
+from runledger_sync.core.types import RuntimeLoopExit
+from runledger_sync.logging import get_logger
+from runledger_sync.registry import JobRegistry
+from runledger_sync.store import schedules
+
+log = get_logger(__name__)
+
+#: The shortest sleep between ticks: a schedule due now but locked by another
+#: process's tick is waited for, not spun on.
+MIN_WAIT_SECONDS = 0.05
+
+
+def tick_once(engine: Engine, config: JobsConfig) -> ScheduleTick:
+    """Fire every due schedule, batch after batch; return the totals and when the next one is due."""
+    fired = 0
+    failed: list = []
+    while True:
+        tick = schedules.fire_due_schedules(engine, limit=config.claim_batch_size)
+        fired += tick.fired
+        for failure in tick.failed:
+            log.error("schedule could not fire; trying again in 30 s",
+                      extra={"schedule_name": failure.name, "error_code": failure.code, "error": failure.message})
+        failed.extend(tick.failed)
+        if not tick.full:
+            break
+    if fired:
+        log.info("schedules fired", extra={"fired": fired, "failed": len(failed)})
+    return ScheduleTick(fired, tuple(failed), False, tick.next_due_in_seconds)
+
+
+def run_scheduler_loop(
+    engine: Engine, registry: JobRegistry, config: JobsConfig, shutdown_event: threading.Event
+) -> RuntimeLoopExit:
+    """Fire due schedules until shutdown.
+
+    Returns:
+        ``SHUTDOWN``, or ``INVALID_CONFIG`` at once when the scheduler's settings are invalid.
+    """
+    try:
+        config.validate_scheduler()
+    except ConfigError as error:
+        log.warning("invalid jobs config; stopping scheduler loop", extra={"error": str(error)})
+        return RuntimeLoopExit.INVALID_CONFIG
+    while not shutdown_event.is_set():
+        wait = config.schedule_poll_interval_seconds
+        try:
+            tick = tick_once(engine, config)
+        except Exception as error:  # noqa: BLE001 - a failed tick is tried again after the interval
+            log.warning("scheduler tick failed", extra={"error": str(error)})
+        else:
+            if tick.next_due_in_seconds is not None:
+                wait = min(wait, max(MIN_WAIT_SECONDS, tick.next_due_in_seconds))
+        shutdown_event.wait(wait)
+    return RuntimeLoopExit.SHUTDOWN

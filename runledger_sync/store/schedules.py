@@ -1,0 +1,396 @@
+"""Cron schedules: write, read, pause, trigger, and the scheduler's tick (spec section 8).
+
+The schedule rows are the lock. A tick takes the due rows with ``FOR UPDATE
+SKIP LOCKED``, so any number of processes can tick at once and each due
+instant is enqueued by one of them only; the job and the schedule's new
+``next_fire_at`` commit together. Catch-up is coalesced: a schedule that missed
+several instants while nothing ticked fires once, then waits for its first
+instant after now.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from datetime import datetime, timezone
+from typing import Any, Optional, Sequence
+from uuid import UUID
+
+from sqlalchemy import DateTime, Text, bindparam, func, select, true
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import UUID as PG_UUID
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import Connection
+
+from runledger_sync.core import validation as check
+from runledger_sync.core.cron import next_fire_at, parse_cron
+from runledger_sync.core.errors import RunledgerError, ScheduleNotFound
+from runledger_sync.core.ids import uuid7
+from runledger_sync.core.records import (
+    SCHEDULE_NAME_MAX_LENGTH,
+    JobRecord,
+    JobSpec,
+    ScheduleFailure,
+    ScheduleRecord,
+    ScheduleSpec,
+    ScheduleTick,
+)
+from runledger_sync.core.types import JobStage
+from runledger_sync.db.errors import translate
+from runledger_sync.db.schema import job_schedules
+from runledger_sync.store._binds import Bind
+from runledger_sync.store._errors import run_in_transaction
+from runledger_sync.store.enqueue import enqueue_many
+
+_s = job_schedules.c
+SCHEDULE_COLUMNS = tuple(job_schedules.c[f.name] for f in fields(ScheduleRecord))
+#: A schedule that failed to fire is tried again this long after (spec section 8).
+FAILED_FIRE_RETRY_SECONDS = 30
+
+
+def _to_schedule(row: Any) -> ScheduleRecord:
+    return ScheduleRecord(**{f.name: row._mapping[f.name] for f in fields(ScheduleRecord)})
+
+
+# -- writes ---------------------------------------------------------------------
+
+_LOCK_BY_NAME = select(*SCHEDULE_COLUMNS, func.now().label("db_now")).where(
+    _s.name == bindparam("name", type_=Text)).with_for_update()
+_NOW = select(func.now())
+
+
+def upsert_schedule(
+    bind: Bind,
+    name: str,
+    *,
+    cron_expr: str,
+    job_type: str,
+    payload_template: Any = None,
+    organization_id: Optional[str] = None,
+    is_active: Optional[bool] = True,
+    max_jitter_seconds: int = 0,
+    timezone: str = "UTC",
+    source: str = "api",
+) -> ScheduleRecord:
+    """Create or replace the schedule called ``name``.
+
+    Its next fire is computed afresh when it is new, when its timing (cron, zone,
+    jitter) changed, or when it is made active again; otherwise the stored one is
+    kept, so writing the same schedule at every deploy never skips a due fire.
+
+    Args:
+        bind: an Engine (committed here), or a Connection whose transaction the call joins.
+        cron_expr: 5 fields (crontab), 6-7 seconds first (Runledger), or an @-nickname.
+        payload_template: the payload of each job, plus a ``_schedule`` key.
+        is_active: False writes it paused; None keeps a stored schedule's pause as it is.
+        timezone: the IANA zone the cron's wall-clock times are in.
+
+    Raises:
+        InvalidCron, InvalidTimezone, InvalidArgument, InvalidPayload: nothing written.
+        DefinitionNotFound: ``job_type`` has no definition.
+    """
+    spec = ScheduleSpec(name, cron_expr, job_type, payload_template, organization_id, max_jitter_seconds,
+                        timezone).checked()
+    if is_active is not None and not isinstance(is_active, bool):
+        raise check.InvalidArgument("is_active", is_active, "True, False or None")
+    return run_in_transaction(bind, lambda connection: _upsert(connection, spec, is_active, source))
+
+
+def _upsert(connection: Connection, spec: ScheduleSpec, is_active: Optional[bool], source: str) -> ScheduleRecord:
+    values = {
+        "job_type": spec.job_type, "organization_id": spec.organization_id,
+        "payload_template": spec.template, "cron_expr": spec.cron_expr, "timezone": spec.timezone,
+        "max_jitter_seconds": spec.max_jitter_seconds, "source": source,
+    }
+    current = connection.execute(_LOCK_BY_NAME, {"name": spec.name}).first()
+    if current is None:
+        new_id = uuid7()
+        now = connection.execute(_NOW).scalar_one()
+        inserted = connection.execute(
+            pg_insert(job_schedules)
+            .values(id=new_id, name=spec.name, is_active=True if is_active is None else is_active,
+                    next_fire_at=_next(spec, new_id, now), **values)
+            .on_conflict_do_nothing(index_elements=[_s.name])
+            .returning(*SCHEDULE_COLUMNS)
+        ).first()
+        if inserted is not None:
+            return _to_schedule(inserted)
+        # Written meanwhile by another upsert: replace it like any stored one.
+        current = connection.execute(_LOCK_BY_NAME, {"name": spec.name}).first()
+    active = current.is_active if is_active is None else is_active
+    timing_changed = (current.cron_expr, current.timezone, current.max_jitter_seconds) != (
+        spec.cron_expr, spec.timezone, spec.max_jitter_seconds)
+    woken = active and not current.is_active
+    next_at = _next(spec, current.id, current.db_now) if timing_changed or woken else current.next_fire_at
+    row = connection.execute(
+        job_schedules.update().where(_s.id == current.id)
+        .values(is_active=active, next_fire_at=next_at, **values)
+        .returning(*SCHEDULE_COLUMNS)
+    ).one()
+    return _to_schedule(row)
+
+
+def _next(spec: ScheduleSpec, schedule_id: UUID, now: datetime) -> datetime:
+    return next_fire_at(parse_cron(spec.cron_expr, spec.timezone), schedule_id, spec.max_jitter_seconds, now)
+
+
+def pause_schedule(bind: Bind, name: str) -> ScheduleRecord:
+    """Stop a schedule firing until it is resumed.
+
+    Raises:
+        ScheduleNotFound: no schedule has this name.
+    """
+    return _set_active(bind, name, False)
+
+
+def resume_schedule(bind: Bind, name: str) -> ScheduleRecord:
+    """Let a paused schedule fire again, from its first instant after now (missed ones are not fired).
+
+    Raises:
+        ScheduleNotFound: no schedule has this name.
+    """
+    return _set_active(bind, name, True)
+
+
+def _set_active(bind: Bind, name: str, active: bool) -> ScheduleRecord:
+    check.check_text("name", name, max_length=SCHEDULE_NAME_MAX_LENGTH)
+
+    def work(connection: Connection) -> ScheduleRecord:
+        current = _locked(connection, name)
+        next_at = current.next_fire_at
+        if active and not current.is_active:
+            spec = ScheduleSpec(current.name, current.cron_expr, current.job_type, timezone=current.timezone,
+                                max_jitter_seconds=current.max_jitter_seconds)
+            next_at = _next(spec, current.id, current.db_now)
+        row = connection.execute(
+            job_schedules.update().where(_s.id == current.id)
+            .values(is_active=active, next_fire_at=next_at).returning(*SCHEDULE_COLUMNS)
+        ).one()
+        return _to_schedule(row)
+
+    return run_in_transaction(bind, work)
+
+
+def delete_schedule(bind: Bind, name: str) -> ScheduleRecord:
+    """Delete a schedule; the jobs it enqueued stay.
+
+    Returns:
+        The schedule as it was.
+
+    Raises:
+        ScheduleNotFound: no schedule has this name.
+    """
+    check.check_text("name", name, max_length=SCHEDULE_NAME_MAX_LENGTH)
+
+    def work(connection: Connection) -> ScheduleRecord:
+        row = connection.execute(job_schedules.delete().where(_s.name == name).returning(*SCHEDULE_COLUMNS)).first()
+        if row is None:
+            raise ScheduleNotFound(f"no schedule is named {name!r}")
+        return _to_schedule(row)
+
+    return run_in_transaction(bind, work)
+
+
+def trigger_schedule(bind: Bind, name: str) -> JobRecord:
+    """Enqueue one extra fire of a schedule now, paused or not; its next fire is unchanged.
+
+    Raises:
+        ScheduleNotFound: no schedule has this name.
+        DefinitionNotFoundOrDisabled: its job type is unknown or disabled.
+    """
+    check.check_text("name", name, max_length=SCHEDULE_NAME_MAX_LENGTH)
+
+    def work(connection: Connection) -> JobRecord:
+        current = _locked(connection, name)
+        [job] = enqueue_many(connection, [_job_spec(current, current.db_now)])
+        connection.execute(job_schedules.update().where(_s.id == current.id).values(last_fired_at=func.now()))
+        return job
+
+    return run_in_transaction(bind, work)
+
+
+def _locked(connection: Connection, name: str) -> Any:
+    row = connection.execute(_LOCK_BY_NAME, {"name": name}).first()
+    if row is None:
+        raise ScheduleNotFound(f"no schedule is named {name!r}")
+    return row
+
+
+# -- reads ----------------------------------------------------------------------
+
+
+def get_schedule(bind: Bind, name: str) -> Optional[ScheduleRecord]:
+    """Return the schedule called ``name``, or None."""
+    check.check_text("name", name, max_length=SCHEDULE_NAME_MAX_LENGTH)
+    statement = select(*SCHEDULE_COLUMNS).where(_s.name == name)
+    return run_in_transaction(bind, lambda connection: _first(connection.execute(statement).first()))
+
+
+def _first(row: Any) -> Optional[ScheduleRecord]:
+    return None if row is None else _to_schedule(row)
+
+
+def list_schedules(bind: Bind, active: Optional[bool] = None) -> list[ScheduleRecord]:
+    """Return every schedule (or only the active or the paused ones), by name."""
+    statement = select(*SCHEDULE_COLUMNS).order_by(_s.name)
+    if active is not None:
+        statement = statement.where(_s.is_active.is_(bool(active)))
+    return run_in_transaction(bind, lambda connection: [_to_schedule(r) for r in connection.execute(statement)])
+
+
+# -- the tick -------------------------------------------------------------------
+
+_DUE = (
+    select(*SCHEDULE_COLUMNS, func.now().label("db_now"))
+    .where(_s.is_active.is_(true()), _s.next_fire_at <= func.now())
+    .order_by(_s.next_fire_at)
+    .limit(bindparam("limit"))
+    .with_for_update(skip_locked=True)
+)
+_FIRED_NOW = (
+    func.unnest(
+        bindparam("fired_ids", type_=ARRAY(PG_UUID(as_uuid=True))),
+        bindparam("next_fires", type_=ARRAY(DateTime(timezone=True))),
+    )
+    .table_valued("id", "next_at")
+    .render_derived(name="fired")
+)
+_MARK_FIRED = (
+    job_schedules.update()
+    .where(_s.id == _FIRED_NOW.c.id)
+    .values(last_fired_at=func.now(), next_fire_at=_FIRED_NOW.c.next_at,
+            last_error_code=None, last_error_message=None, last_error_at=None)
+)
+_NEXT_DUE = select(func.extract("epoch", func.min(_s.next_fire_at) - func.clock_timestamp())).where(
+    _s.is_active.is_(true()))
+
+
+def fire_due_schedules(bind: Bind, *, limit: int) -> ScheduleTick:
+    """Enqueue one job for each of up to ``limit`` due schedules, and move each to its next fire.
+
+    One transaction; a schedule that cannot fire (its job type disabled, its cron
+    or zone edited into something invalid) is rolled back alone and tried again
+    30 s later, with its error kept on its row, and never blocks the others.
+    """
+    check.check_int("limit", limit, (1, 10_000))
+    return run_in_transaction(bind, lambda connection: _tick(connection, limit))
+
+
+def _tick(connection: Connection, limit: int) -> ScheduleTick:
+    due = connection.execute(_DUE, {"limit": limit}).all()
+    failed: list[ScheduleFailure] = []
+    planned: list[tuple[Any, JobSpec, datetime]] = []
+    for row in due:
+        try:
+            planned.append((row, _job_spec(row, row.next_fire_at), _next(_spec_of(row), row.id, row.db_now)))
+        except RunledgerError as error:
+            failed.append(_record_failure(connection, row, error))
+    if planned and not _fire_together(connection, planned):
+        for item in planned:
+            outcome = _fire_alone(connection, item)
+            if outcome is not None:
+                failed.append(outcome)
+    fired = len(due) - len(failed)
+    next_due = connection.execute(_NEXT_DUE).scalar()
+    return ScheduleTick(fired, tuple(failed), len(due) == limit, None if next_due is None else float(next_due))
+
+
+def _fire_together(connection: Connection, planned: list[tuple[Any, JobSpec, datetime]]) -> bool:
+    """Fire the whole batch in one savepoint; False (nothing written) if any one of them fails."""
+    savepoint = connection.begin_nested()
+    try:
+        enqueue_many(connection, [spec for _, spec, _ in planned])
+        _mark_fired(connection, [(row.id, next_at) for row, _, next_at in planned])
+    except (RunledgerError, sa_exc.DBAPIError):
+        savepoint.rollback()
+        return False
+    savepoint.commit()
+    return True
+
+
+def _fire_alone(connection: Connection, item: tuple[Any, JobSpec, datetime]) -> Optional[ScheduleFailure]:
+    row, spec, next_at = item
+    savepoint = connection.begin_nested()
+    try:
+        enqueue_many(connection, [spec])
+        _mark_fired(connection, [(row.id, next_at)])
+    except sa_exc.DBAPIError as exc:
+        savepoint.rollback()
+        return _record_failure(connection, row, translate(exc))
+    except RunledgerError as error:
+        savepoint.rollback()
+        return _record_failure(connection, row, error)
+    savepoint.commit()
+    return None
+
+
+def _mark_fired(connection: Connection, fired: list[tuple[UUID, datetime]]) -> None:
+    connection.execute(_MARK_FIRED, {"fired_ids": [i for i, _ in fired], "next_fires": [n for _, n in fired]})
+
+
+def _record_failure(connection: Connection, row: Any, error: RunledgerError) -> ScheduleFailure:
+    connection.execute(
+        job_schedules.update().where(_s.id == row.id).values(
+            next_fire_at=func.now() + func.make_interval(0, 0, 0, 0, 0, 0, FAILED_FIRE_RETRY_SECONDS),
+            last_error_code=error.code, last_error_message=error.message[:2_000], last_error_at=func.now(),
+        )
+    )
+    return ScheduleFailure(row.name, error.code, error.message)
+
+
+def _spec_of(row: Any) -> ScheduleSpec:
+    return ScheduleSpec(row.name, row.cron_expr, row.job_type, timezone=row.timezone,
+                        max_jitter_seconds=row.max_jitter_seconds)
+
+
+def _job_spec(row: Any, scheduled_for: datetime) -> JobSpec:
+    """The job of one fire: the template plus ``_schedule`` (a non-object template is wrapped)."""
+    marker = {
+        "schedule_id": str(row.id),
+        "schedule_name": row.name,
+        "scheduled_for": scheduled_for.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+    }
+    template = row.payload_template
+    payload = {**template, "_schedule": marker} if isinstance(template, dict) else {"payload": template,
+                                                                                   "_schedule": marker}
+    return JobSpec(row.job_type, payload, organization_id=row.organization_id, stage=JobStage.SCHEDULED)
+
+
+@dataclass(frozen=True)
+class DeclaredScheduleSync:
+    """What writing the schedules declared in code did."""
+
+    written: tuple[ScheduleRecord, ...]
+    #: Schedules of these job types written from code before, which the code no longer declares.
+    undeclared: tuple[ScheduleRecord, ...]
+    #: True when those were paused (``deactivate_undeclared``).
+    deactivated: bool
+
+
+def sync_declared_schedules(
+    bind: Bind, declared: Sequence[ScheduleSpec], *, job_types: Sequence[str], deactivate_undeclared: bool = False,
+) -> DeclaredScheduleSync:
+    """Write the schedules declared in code, in one transaction; find those the code dropped.
+
+    A declared schedule keeps an operator's pause; only its definition is replaced.
+    A schedule written from code earlier, of one of ``job_types``, that the code no
+    longer declares is reported, and paused only with ``deactivate_undeclared``:
+    another process, running older code, may still declare it.
+    """
+    checked = [spec.checked() for spec in declared]
+    names = [spec.name for spec in checked]
+    undeclared_query = select(*SCHEDULE_COLUMNS).where(
+        _s.source == "code",
+        _s.job_type.in_(bindparam("job_types", list(job_types), expanding=True)),
+        _s.name.not_in(bindparam("declared", names, expanding=True)),
+    ).order_by(_s.name).with_for_update()
+
+    def work(connection: Connection) -> DeclaredScheduleSync:
+        written = tuple(_upsert(connection, spec, None, "code") for spec in checked)
+        undeclared = tuple(_to_schedule(row) for row in connection.execute(undeclared_query)) if job_types else ()
+        if undeclared and deactivate_undeclared:
+            connection.execute(job_schedules.update().where(_s.id.in_([s.id for s in undeclared])).values(
+                is_active=False))
+        return DeclaredScheduleSync(written, undeclared, bool(undeclared) and deactivate_undeclared)
+
+    return run_in_transaction(bind, work)

@@ -1,0 +1,95 @@
+"""The scheduler loop beside the worker and reaper: each due instant becomes one job, however many processes tick."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from datetime import datetime, timedelta
+
+import runledger_sync as rl
+from runledger_sync.core.types import RuntimeLoopExit
+from runledger_sync.runtime.scheduler import run_scheduler_loop, tick_once
+from tests import handlers as h
+from tests.handlers import fast_config
+from tests.support import JOB_TYPE, rows, wait_until
+
+WINDOW_SECONDS = 10
+
+
+def scheduled_for(engine) -> list[datetime]:
+    return [datetime.fromisoformat(row[0].replace("Z", "+00:00")) for row in rows(
+        engine, "SELECT payload -> '_schedule' ->> 'scheduled_for' FROM job_queue WHERE payload ? '_schedule'")]
+
+
+def test_three_supervisors_enqueue_each_instant_of_a_per_second_schedule_once(engine, probe, logs):
+    registry = h.registry_with(JOB_TYPE, h.ok(probe))
+    registry.schedule("every-second", cron="*/1 * * * * *", job_type=JOB_TYPE)
+    registry.sync_definitions(engine)
+    # A long poll: the loop must still fire on time by sleeping until the next due instant.
+    config = fast_config(schedule_poll_interval_seconds=30)
+    supervisors = [rl.Supervisor(engine, registry, config.with_overrides(worker_id=f"w{n}")) for n in range(3)]
+    for supervisor in supervisors:
+        supervisor.start()
+    try:
+        time.sleep(WINDOW_SECONDS)
+    finally:
+        for supervisor in supervisors:
+            supervisor.stop(timeout=10)
+    fires = Counter(scheduled_for(engine))
+    assert [instant for instant, count in fires.items() if count > 1] == []
+    instants = sorted(fires)
+    span = int((instants[-1] - instants[0]).total_seconds()) + 1
+    missing = [instants[0] + timedelta(seconds=n) for n in range(span) if instants[0] + timedelta(seconds=n) not in fires]
+    assert span >= WINDOW_SECONDS - 2 and len(missing) <= 1, (span, missing)
+    # The worker ran them as well: schedules feed the ordinary queue.
+    assert rl.count_jobs(engine, status=rl.JobStatus.SUCCEEDED) >= len(instants) - 3
+
+
+def test_the_loop_stops_at_once_on_an_invalid_config(engine, logs):
+    registry = rl.JobRegistry()
+    exit_reason = run_scheduler_loop(engine, registry, fast_config(schedule_poll_interval_seconds=0), threading.Event())
+    assert exit_reason is RuntimeLoopExit.INVALID_CONFIG
+    assert [r.getMessage() for r in logs.records] == ["invalid jobs config; stopping scheduler loop"]
+
+
+def test_a_supervisor_can_leave_the_scheduler_out(engine, probe, logs):
+    registry = h.registry_with(JOB_TYPE, h.ok(probe))
+    registry.schedule("every-second", cron="*/1 * * * * *", job_type=JOB_TYPE)
+    registry.sync_definitions(engine)
+    supervisor = rl.Supervisor(engine, registry, fast_config(), run_scheduler=False).start()
+    try:
+        time.sleep(1.5)
+    finally:
+        supervisor.stop(timeout=10)
+    assert set(supervisor.exits) == {"worker", "reaper"}
+    assert scheduled_for(engine) == []
+
+
+def test_a_schedule_that_fails_is_logged_with_its_name_and_code(engine, probe, logs):
+    registry = h.registry_with(JOB_TYPE, h.ok(probe))
+    registry.sync_definitions(engine)
+    rl.upsert_schedule(engine, "broken", cron_expr="*/1 * * * * *", job_type=JOB_TYPE)
+    rl.set_job_definition_enabled(engine, JOB_TYPE, False)
+    shutdown = threading.Event()
+    loop = threading.Thread(target=run_scheduler_loop, args=(engine, registry, fast_config(), shutdown))
+    loop.start()
+    try:
+        wait_until(lambda: [r for r in logs.records if r.getMessage().startswith("schedule could not fire")])
+    finally:
+        shutdown.set()
+        loop.join(10)
+    record = next(r for r in logs.records if r.getMessage().startswith("schedule could not fire"))
+    assert (record.schedule_name, record.error_code) == ("broken", "job.definition_not_found_or_disabled")
+
+
+def test_tick_once_fires_every_due_schedule_in_as_many_batches_as_it_takes(engine, probe, logs):
+    registry = h.registry_with(JOB_TYPE, h.ok(probe))
+    registry.sync_definitions(engine)
+    for n in range(7):
+        rl.upsert_schedule(engine, f"s{n}", cron_expr="0 * * * * *", job_type=JOB_TYPE)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE job_schedules SET next_fire_at = now() - interval '1 second'")
+    tick = tick_once(engine, fast_config(claim_batch_size=3))
+    assert tick.fired == 7 and rl.count_jobs(engine) == 7
+    assert 0 < tick.next_due_in_seconds <= 60
