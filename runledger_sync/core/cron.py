@@ -18,6 +18,7 @@ gap as it was into it (02:30 on a spring-forward night in Berlin fires at 03:30)
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -106,6 +107,13 @@ def parse_cron(expression: Any, timezone_name: Any = DEFAULT_TIMEZONE) -> CronSc
         raise InvalidCron(f"a cron expression must be non-blank text, got {type(expression).__name__}")
     if len(expression) > MAX_EXPRESSION_LENGTH:
         raise InvalidCron(f"a cron expression may have at most {MAX_EXPRESSION_LENGTH} characters")
+    return _parse(expression, timezone_name)
+
+
+# A scheduler tick parses every due schedule's expression; checking each field
+# with croniter costs about a millisecond, and schedules share few expressions.
+@functools.lru_cache(maxsize=1_024)
+def _parse(expression: str, timezone_name: str) -> CronSchedule:
     text = " ".join(expression.split())
     if text.startswith("@"):
         fields = _NICKNAMES.get(text.lower())
