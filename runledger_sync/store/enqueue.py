@@ -291,13 +291,11 @@ def _batch_parameters(specs: Sequence[JobSpec], max_payload_bytes: int) -> tuple
         delay = None if spec.delay_seconds is None else check.check_seconds("delay_seconds", spec.delay_seconds, check.DELAY_SECONDS_RANGE)
         if run_at is not None and delay is not None:
             raise check.InvalidArgument("delay_seconds", spec.delay_seconds, "None when run_at is given")
-        key = check.check_optional_text("idempotency_key", spec.idempotency_key, max_length=check.IDEMPOTENCY_KEY_MAX_LENGTH)
+        key = check.check_optional_idempotency_key(spec.idempotency_key)
         stage = _check_stage(spec.stage)
         columns["ids"].append(str(job_id))
         columns["job_types"].append(check.check_job_type(spec.job_type))
-        columns["organization_ids"].append(
-            check.check_optional_text("organization_id", spec.organization_id, max_length=check.ORGANIZATION_ID_MAX_LENGTH)
-        )
+        columns["organization_ids"].append(check.check_optional_organization_id(spec.organization_id))
         columns["payloads"].append(payload_json)
         columns["priorities"].append(priority)
         columns["max_attempts"].append(max_attempts)
