@@ -89,7 +89,7 @@ from runledger_sync.store.admin import (
     queue_stats,
     requeue_job,
 )
-from runledger_sync.store.enqueue import enqueue, enqueue_many, set_job_definition_enabled
+from runledger_sync.store.enqueue import enqueue, enqueue_many, enqueue_many_ids, set_job_definition_enabled
 
 __all__ = [
     "AlreadyEnqueued",
@@ -163,6 +163,7 @@ __all__ = [
     "downgrade",
     "enqueue",
     "enqueue_many",
+    "enqueue_many_ids",
     "get_dead_letter",
     "get_job",
     "head_revision",
