@@ -1,10 +1,11 @@
-"""Hostile text in failures: a handler's failure is recorded whatever its message holds.
+"""Hostile text in failures and outputs: a failure is always recorded, an output never merged.
 
 A lone surrogate (what Python makes of a badly encoded file name) or a NUL in
 a failure's message or code used to make the failure write raise inside the
 driver: the failure was never recorded, the lease expired and the job ended as
 ``job.lease_expired``. These tests run real workers against a real PostgreSQL
-and read back what was stored.
+and read back what was stored. Outputs and checkpoints whose keys json.dumps
+would write as strings ({1: "a", "1": "b"} becoming {"1": "b"}) are refused.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pytest
 
 import runledger_sync as rl
 from runledger_sync.store import lifecycle
+from tests.db.test_bad_input_api import table_digest
 from tests.handlers import fast_config
 from tests.support import attempts, claim_one, define, events, identity, run_worker_until
 
@@ -111,3 +113,49 @@ def test_the_store_records_a_hostile_failure_given_directly(engine):
     assert (stored.last_error_code, stored.last_error_message) == ("c\ufffd\\x00", "m\ufffd\\x00")
     failed = [payload for kind, _, payload in events(engine, claimed.id) if kind == "FAILED"]
     assert failed == [{"kind": "RETRYABLE", "error_code": "c\ufffd\\x00", "error_message": "m\ufffd\\x00"}]
+
+
+# -- outputs and checkpoints: refused, never merged ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("output", {1: "a", "1": "b"}), ("checkpoint", {None: "x", "null": "y"}), ("output", [10**5000])],
+    ids=["output-int-key", "checkpoint-none-key", "output-huge-int"],
+)
+def test_the_store_refuses_an_output_or_checkpoint_jsonb_would_change(engine, field, value):
+    define(engine, JOB_TYPE)
+    rl.enqueue(engine, JOB_TYPE, {})
+    claimed = claim_one(engine, job_type=JOB_TYPE)
+    before = table_digest(engine)
+
+    with pytest.raises(rl.InvalidPayload) as caught:
+        lifecycle.complete_job_success(engine, **identity(claimed), completion=rl.JobCompletion(**{field: value}))
+
+    assert caught.value.code == "job.invalid_payload"
+    assert table_digest(engine) == before
+
+
+def test_progress_with_a_checkpoint_holding_a_non_string_key_is_refused(engine):
+    define(engine, JOB_TYPE)
+    rl.enqueue(engine, JOB_TYPE, {})
+    claimed = claim_one(engine, job_type=JOB_TYPE)
+    before = table_digest(engine)
+
+    with pytest.raises(rl.InvalidPayload):
+        lifecycle.update_job_progress(engine, **identity(claimed), progress_done=1, progress_total=2,
+                                      checkpoint={2: "page"})
+
+    assert table_digest(engine) == before
+
+
+def test_a_handler_returning_an_output_with_int_keys_ends_terminal_with_its_reason(engine):
+    def handler(ctx, payload):
+        return rl.JobCompletion(output={1: "a", "1": "b"})
+
+    job = _run(engine, handler, max_attempts=3)
+
+    assert job.status is rl.JobStatus.DEAD_LETTERED
+    assert job.last_error_code == "job.handler_invalid_result"
+    assert "key of type int" in job.last_error_message
+    assert job.output is None
