@@ -94,7 +94,7 @@ from runledger_sync.store.admin import (
     queue_stats,
     requeue_job,
 )
-from runledger_sync.store.enqueue import enqueue, enqueue_many, set_job_definition_enabled
+from runledger_sync.store.enqueue import enqueue, enqueue_many, enqueue_many_ids, set_job_definition_enabled
 from runledger_sync.store.schedules import (
     delete_schedule,
     get_schedule,
@@ -183,6 +183,7 @@ __all__ = [
     "downgrade",
     "enqueue",
     "enqueue_many",
+    "enqueue_many_ids",
     "get_dead_letter",
     "get_job",
     "get_schedule",

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, TextIO
 from urllib.parse import unquote, urlsplit
 
 import runledger_sync as rl
+from runledger_sync.cli._output import printable
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -45,7 +46,10 @@ HINTS: dict[str, str] = {
         "your application's Alembic history includes runledger's; migrate with `alembic upgrade head` there"
     ),
     "db.permission_denied": "grant the database role the privileges this command needs, or use another role",
-    "job.invalid_payload": """pass the payload as one JSON argument quoted for your shell, e.g. '{"to": "a@b.c"}'""",
+    "job.invalid_payload": (
+        """pass the payload as one JSON argument quoted for your shell, e.g. '{"to": "a@b.c"}', """
+        "or from a file with --payload-file PATH (- for standard input)"
+    ),
     "job.invalid_argument": f"see `{PROG} COMMAND --help` for the values each option accepts",
     "job.invalid_job_type": "a job type is non-blank text of at most 255 characters, e.g. email.send",
     "job.not_found": f"list job ids with `{PROG} jobs list` (and check --org if you gave one)",
@@ -222,7 +226,8 @@ def _report(code: str, message: str, hint: str, args: argparse.Namespace, stream
     stream = stream if stream is not None else sys.stderr
     if args.debug:
         traceback.print_exc(file=stream)
-    print(f"error: {code}: {redact(first_line(message), args.database_url)}", file=stream)
+    # The message may repeat stored or upstream text: no escape sequence reaches the terminal.
+    print(f"error: {code}: {printable(redact(first_line(message), args.database_url))}", file=stream)
     print(f"hint: {hint}", file=stream)
 
 

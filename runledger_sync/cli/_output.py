@@ -1,10 +1,18 @@
-"""How commands print records: JSON-ready data, JSON lines, aligned tables and times."""
+"""How commands print records: JSON-ready data, JSON lines, aligned tables and times.
+
+Everything a table or a line shows from stored data goes through
+:func:`printable`: job types, organizations, error codes and messages come from
+callers, handlers and upstream services, and a terminal acts on the escape
+sequences they may hold (``\\x1b[2J`` clears the screen). ``--json`` output
+needs no such care: JSON escapes every control character.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import re
 from datetime import datetime, timezone
 from decimal import Decimal
 from enum import Enum
@@ -31,6 +39,27 @@ def plain(value: Any) -> Any:
     return value
 
 
+# C0 and C1 controls and DEL (ESC starts a terminal's escape sequences), the line
+# and paragraph separators (a new line inside a cell), and the bidirectional
+# marks and overrides (they reorder what the rest of the line shows).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(value: Any) -> str:
+    """``value`` as text for a terminal: ``-`` for None, and every control character escaped visibly.
+
+    Example:
+        ``printable("a\\x1b[2Jb")`` is ``"a\\\\x1b[2Jb"``, printed as ``a\\x1b[2Jb``.
+    """
+    text = "-" if value is None else str(value)
+    return _CONTROL.sub(_escaped, text)
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
 def print_json(value: Any) -> None:
     print(json.dumps(plain(value), sort_keys=True))
 
@@ -40,7 +69,8 @@ def when(moment: Optional[datetime]) -> str:
 
 
 def print_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-    cells = [[("-" if value is None else str(value)) for value in row] for row in rows]
+    """Print ``rows`` under ``headers`` in aligned columns, every cell through :func:`printable`."""
+    cells = [[printable(value) for value in row] for row in rows]
     widths = [max([len(header)] + [len(row[index]) for row in cells]) for index, header in enumerate(headers)]
     for row in [list(headers)] + cells:
         print("  ".join(value.ljust(width) for value, width in zip(row, widths, strict=True)).rstrip())

@@ -5,27 +5,77 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 import runledger_sync as rl
 from runledger_sync.cli._core import EXIT_OK, PROG, command, command_group, open_engine
-from runledger_sync.cli._output import add_json_option, plain, print_json, print_table, when
+from runledger_sync.cli._output import add_json_option, plain, print_json, print_table, printable, when
 
 command_group("jobs", help="list, show, retry and cancel jobs")
 
 JOB_TABLE_COLUMNS = ("id", "type", "status", "attempt", "stage", "next_run_at", "last_error_code")
 
 
-def _parse_payload(text: str) -> Any:
+#: What ``JSON`` or ``--payload-file`` names to read the payload from standard input.
+STDIN = "-"
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # json.loads keeps the last of repeated keys; the rest would be lost silently.
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        raise _DuplicateKey()
+    return value
+
+
+def _parse_payload(text: str, source: str = "the JSON argument") -> Any:
+    # The text is the payload: errors say how long it is, never what it says.
+    got = f"{len(text)} characters of text"
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey:
+        raise rl.InvalidPayload(source, text, "JSON whose objects name each key once", got=got) from None
     except json.JSONDecodeError as exc:
         detail = f"{exc.msg} at line {exc.lineno} column {exc.colno}"
-        # The text is the payload: say how long it is, never what it says.
-        raise rl.InvalidPayload("the JSON argument", text, f"valid JSON ({detail})",
-                                got=f"{len(text)} characters of text") from None
+        raise rl.InvalidPayload(source, text, f"valid JSON ({detail})", got=got) from None
+    except RecursionError:
+        raise rl.InvalidPayload(source, text, "JSON nested less deeply (arrays and objects within each other)",
+                                got=got) from None
+    except ValueError:
+        # Python reads no int longer than its digit limit (sys.get_int_max_str_digits).
+        raise rl.InvalidPayload(source, text, "JSON whose integers have at most 4300 digits", got=got) from None
+
+
+def _payload_text(args: argparse.Namespace) -> tuple[str, str]:
+    """The payload's JSON text and how to name its source: the argument, a file, or standard input."""
+    path = args.payload_file
+    if path is None and args.payload != STDIN:
+        return args.payload, "the JSON argument"
+    if path is None or path == STDIN:
+        stream = getattr(sys.stdin, "buffer", None)
+        data = stream.read() if stream is not None else sys.stdin.read().encode("utf-8", "surrogateescape")
+        source = "standard input"
+    else:
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except OSError as exc:
+            raise rl.InvalidArgument("--payload-file", path,
+                                     f"a readable file ({exc.strerror or type(exc).__name__})") from None
+        source = "--payload-file"
+    try:
+        # utf-8-sig: a byte-order mark, as some editors write one, is not part of the JSON.
+        return data.decode("utf-8-sig"), source
+    except UnicodeDecodeError as exc:
+        raise rl.InvalidPayload(source, None, "UTF-8 text",
+                                got=f"a byte that is not UTF-8 at offset {exc.start}") from None
 
 
 def _parse_job_id(text: str) -> UUID:
@@ -48,7 +98,12 @@ def _add_job_id(parser: argparse.ArgumentParser) -> None:
 
 def _enqueue_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job_type", metavar="TYPE", help="a registered job type, e.g. email.send")
-    parser.add_argument("payload", metavar="JSON", help="the payload as one JSON value, e.g. '{\"to\": \"a@b.c\"}'")
+    # One source or the other: the OS limits one argument to about 128 KiB, a file has no such limit.
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("payload", metavar="JSON", nargs="?",
+                        help="the payload as one JSON value, e.g. '{\"to\": \"a@b.c\"}'; - reads standard input")
+    source.add_argument("--payload-file", metavar="PATH",
+                        help="read the payload's JSON from this file (- for standard input)")
     parser.add_argument("--priority", type=int, help="higher runs first (default: the type's default)")
     parser.add_argument("--delay-seconds", type=float, metavar="S", help="start no sooner than S seconds from now")
     parser.add_argument("--org", dest="organization_id", metavar="ORG", help="the organization the job belongs to")
@@ -59,7 +114,7 @@ def _enqueue_arguments(parser: argparse.ArgumentParser) -> None:
 
 @command("enqueue", help="add one job to the queue and print its id", arguments=_enqueue_arguments)
 def _enqueue(args: argparse.Namespace) -> int:
-    payload = _parse_payload(args.payload)
+    payload = _parse_payload(*_payload_text(args))
     # The same size limit a worker's process enforces (RUNLEDGER_MAX_PAYLOAD_BYTES), not the bare default.
     max_payload_bytes = rl.JobsConfig.from_env().max_payload_bytes
     with open_engine(args) as engine:
@@ -112,7 +167,7 @@ def _jobs_show(args: argparse.Namespace) -> int:
         shown = when(value) if isinstance(value, datetime) else plain(value)
         if isinstance(shown, (dict, list)):
             shown = json.dumps(shown, sort_keys=True)
-        print(f"{field.name + ':':<20} {'-' if shown is None else shown}")
+        print(f"{field.name + ':':<20} {printable(shown)}")
     print(f"\nattempts ({len(attempts)}):")
     print_table(("run", "attempt", "worker", "started_at", "finished_at", "outcome", "error_code"),
                  [(a.run_number, a.attempt, a.worker_id, when(a.started_at), when(a.finished_at), _outcome(a),
@@ -156,7 +211,7 @@ def _jobs_cancel(args: argparse.Namespace) -> int:
     job_id = _parse_job_id(args.job_id)
     with open_engine(args) as engine:
         job = rl.cancel_job(engine, job_id, reason=args.reason)
-    print(f"job {job.id} canceled: {job.status_reason}")
+    print(f"job {job.id} canceled: {printable(job.status_reason)}")
     return EXIT_OK
 
 

@@ -9,6 +9,7 @@ caller what to fix without repeating what they sent.
 from __future__ import annotations
 
 import math
+import sys
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from enum import Enum
@@ -24,9 +25,13 @@ MAX_KEY_CHARACTERS = 40
 _MAX_PATH_STEPS = 6
 #: Longest text an argument error repeats as given.
 MAX_ECHOED_TEXT = 200
+#: Most decimal digits of an int a payload may hold. Python refuses to write a
+#: longer one as text by default (sys.get_int_max_str_digits), and it is far
+#: inside what PostgreSQL's numeric, and so jsonb, holds (131,072 digits).
+MAX_INT_DIGITS = 4_300
+_INT_LIMIT = 10**MAX_INT_DIGITS
 
 _SCALARS = (bool, int, float, Decimal, UUID, datetime, date, time, timedelta, Enum, type(None))
-_JSON_KEYS = (str, int, float, bool, type(None))
 # Type names that read as nouns ("a dict holding a set"); others read as "a value of type X".
 _NOUNS = frozenset({"dict", "list", "tuple", "set", "frozenset", "str", "int", "float", "bool"})
 
@@ -47,11 +52,28 @@ def echo_or_shape(value: Any) -> str:
     An argument error may repeat a limit of -1 or a job type, but not a dict or
     a list: one passed in the wrong place may well be a payload.
     """
+    if isinstance(value, int) and int_too_long(value):
+        # repr() itself would raise ValueError past the interpreter's digit limit.
+        return f"an int of more than {int_digit_limit()} digits"
     if isinstance(value, _SCALARS) or (isinstance(value, str) and len(value) <= MAX_ECHOED_TEXT):
         return repr(value)
     if isinstance(value, str):
         return f"a str of {len(value)} characters"
     return f"a value of type {type(value).__name__}"
+
+
+def int_digit_limit() -> int:
+    """The most digits a stored int may have: ours, or the interpreter's lower limit."""
+    interpreter = sys.get_int_max_str_digits()
+    # 0 means the interpreter has no limit.
+    return MAX_INT_DIGITS if interpreter == 0 else min(MAX_INT_DIGITS, interpreter)
+
+
+def int_too_long(value: int) -> bool:
+    """True when ``value`` has more digits than :func:`int_digit_limit`, found without writing it out."""
+    limit = int_digit_limit()
+    bound = _INT_LIMIT if limit == MAX_INT_DIGITS else 10**limit
+    return not -bound < value < bound
 
 
 def json_problem(value: Any) -> Optional[str]:
@@ -91,19 +113,19 @@ def _leaf_problem(node: Any, path: tuple[Any, ...], ancestors: frozenset[int]) -
         return _text_problem(node, "a string")
     if isinstance(node, float):
         return None if math.isfinite(node) else "a float that is NaN or infinite"
+    if isinstance(node, int) and not isinstance(node, bool) and int_too_long(node):
+        return f"an int of more than {int_digit_limit()} digits"
     if isinstance(node, (int, bool)) or node is None:
         return None
     return type_phrase(node)
 
 
 def _key_problem(key: Any) -> Optional[str]:
-    if not isinstance(key, _JSON_KEYS):
-        return f"a key of type {type(key).__name__}"
-    if isinstance(key, str):
-        return _text_problem(key, "a key")
-    if isinstance(key, float) and not math.isfinite(key):
-        return "a key that is NaN or infinite"
-    return None
+    # JSON keys are text. json.dumps would write 1 and None as "1" and "null",
+    # and {1: "a", "1": "b"} would then be stored as {"1": "b"}: refused instead.
+    if not isinstance(key, str):
+        return f"a key of type {type(key).__name__} (JSON keys are strings)"
+    return _text_problem(key, "a key")
 
 
 def _text_problem(text: str, what: str) -> Optional[str]:
@@ -131,6 +153,6 @@ def _at(root: Any, path: tuple[Any, ...], leaf: str) -> str:
 
 def _key_text(key: Any) -> str:
     if isinstance(key, int) and not isinstance(key, bool):
-        return str(key)
+        return str(key)  # a list index: always short
     text = repr(key)
     return text if len(text) <= MAX_KEY_CHARACTERS else text[: MAX_KEY_CHARACTERS - 4] + "...'"

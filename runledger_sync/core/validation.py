@@ -8,7 +8,7 @@ import re
 from datetime import datetime
 from typing import Any, Optional
 
-from runledger_sync.core.shapes import type_phrase
+from runledger_sync.core.shapes import echo_or_shape, int_digit_limit, type_phrase
 from runledger_sync.core.errors import (
     InvalidArgument,
     InvalidCompletionProgress,
@@ -20,6 +20,15 @@ from runledger_sync.core.errors import (
 JOB_TYPE_MAX_LENGTH = 255
 ORGANIZATION_ID_MAX_LENGTH = 255
 IDEMPOTENCY_KEY_MAX_LENGTH = 512
+# The unique idempotency index holds job_type, organization_id and
+# idempotency_key, and PostgreSQL refuses a btree index row over 2704 bytes.
+# Characters are up to 4 bytes of UTF-8, so character limits alone let the row
+# grow to 8 + (4 + 1020) + (4 + 1020) + (4 + 2048) bytes. With these byte limits
+# the worst row is 8 (tuple header) + 4 + 1020 (job_type, 255 characters)
+# + 4 + 512 + 4 + 1024 = 2576 bytes. ASCII text reaches the character limit first.
+ORGANIZATION_ID_MAX_BYTES = 512
+IDEMPOTENCY_KEY_MAX_BYTES = 1024
+FAILURE_CODE_MAX_LENGTH = 255
 WORKER_ID_MAX_LENGTH = 255
 DEFAULT_MAX_PAYLOAD_BYTES = 1_048_576
 PRIORITY_RANGE = (-1_000_000, 1_000_000)
@@ -36,8 +45,15 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_text(argument: str, value: Any, *, max_length: int, error: type[InvalidArgument] = InvalidArgument) -> str:
-    """Return ``value`` if it is non-blank text of at most ``max_length`` characters without NUL."""
+def check_text(
+    argument: str, value: Any, *, max_length: int, max_bytes: Optional[int] = None,
+    error: type[InvalidArgument] = InvalidArgument,
+) -> str:
+    """Return ``value`` if it is non-blank text of at most ``max_length`` characters without NUL.
+
+    ``max_bytes`` also bounds its UTF-8 size, for text an index holds: an index
+    counts bytes, and a character may take four.
+    """
     if not isinstance(value, str):
         raise error(argument, value, "a string")
     if not value.strip():
@@ -50,7 +66,66 @@ def check_text(argument: str, value: Any, *, max_length: int, error: type[Invali
         # Lone surrogates (what surrogateescape makes of bad bytes in argv) would
         # otherwise fail later inside the driver, as a UnicodeEncodeError.
         raise error(argument, value, "valid Unicode text (no lone surrogates)")
+    if max_bytes is not None:
+        size = len(value.encode("utf-8"))
+        if size > max_bytes:
+            raise error(argument, f"{value[:40]}... ({size} bytes of UTF-8)", f"at most {max_bytes} bytes of UTF-8")
     return value
+
+
+def check_organization_id(value: Any) -> str:
+    return check_text("organization_id", value, max_length=ORGANIZATION_ID_MAX_LENGTH,
+                      max_bytes=ORGANIZATION_ID_MAX_BYTES)
+
+
+def check_optional_organization_id(value: Any) -> Optional[str]:
+    return None if value is None else check_organization_id(value)
+
+
+def check_optional_idempotency_key(value: Any) -> Optional[str]:
+    if value is None:
+        return None
+    return check_text("idempotency_key", value, max_length=IDEMPOTENCY_KEY_MAX_LENGTH,
+                      max_bytes=IDEMPOTENCY_KEY_MAX_BYTES)
+
+
+# Every code point PostgreSQL text cannot hold: a lone surrogate, whatever its pair.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+#: What a NUL becomes in stored text: the four characters of its escape, visibly.
+NUL_MARKER = "\\x00"
+#: What a lone surrogate becomes in stored text: the Unicode replacement character.
+SURROGATE_MARKER = "\ufffd"
+
+
+def storable_text(text: str) -> str:
+    """Return ``text`` as PostgreSQL text can hold it, with what had to change marked.
+
+    A NUL becomes the four characters ``\\x00`` and a lone surrogate (what
+    surrogateescape makes of a badly encoded file name) becomes U+FFFD. Used
+    for text the worker must record whatever it holds, such as a handler's
+    failure message: refusing it would lose the failure.
+    """
+    if "\x00" in text:
+        text = text.replace("\x00", NUL_MARKER)
+    if not _encodes_as_utf8(text):
+        text = _SURROGATE.sub(SURROGATE_MARKER, text)
+    return text
+
+
+def check_failure_code(value: Any) -> str:
+    """Return a failure's code as it will be stored: non-blank text of at most 255 characters.
+
+    NUL and lone surrogates are replaced (see :func:`storable_text`), not refused,
+    so a failure whose code holds them is still recorded.
+    """
+    if not isinstance(value, str):
+        raise InvalidArgument("failure.code", value, "a string")
+    if not value.strip():
+        raise InvalidArgument("failure.code", value, "non-blank")
+    if len(value) > FAILURE_CODE_MAX_LENGTH:
+        raise InvalidArgument("failure.code", f"a str of {len(value)} characters",
+                              f"at most {FAILURE_CODE_MAX_LENGTH} characters")
+    return storable_text(value)
 
 
 def _encodes_as_utf8(text: str) -> bool:
@@ -113,14 +188,17 @@ def serialize_json(argument: str, value: Any, *, max_bytes: Optional[int] = None
 
     Raises:
         InvalidPayload: not JSON-serialisable, NaN/Infinity, nested too deeply, a
-            NUL character (jsonb rejects ``\\u0000``) or a lone surrogate, or
-            larger than ``max_bytes`` encoded.
+            NUL character (jsonb rejects ``\\u0000``) or a lone surrogate, a key
+            that is not a string, an int of more than 4,300 digits, or larger
+            than ``max_bytes`` encoded.
     """
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError, RecursionError) as exc:
         # json's own message is not used: ValueError's repeats the float it refused.
         raise InvalidPayload(argument, value, _JSON_VALUE) from exc
+    if _holds_what_dumps_accepts_but_jsonb_loses(value):
+        raise InvalidPayload(argument, value, _JSON_VALUE)
     try:
         encoded = text.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -136,6 +214,29 @@ def serialize_json(argument: str, value: Any, *, max_bytes: Optional[int] = None
 
 
 _JSON_VALUE = "a JSON value"
+
+
+def _holds_what_dumps_accepts_but_jsonb_loses(value: Any) -> bool:
+    """True for a non-string key or an int too long to store, both of which json.dumps writes.
+
+    json.dumps writes the key 1 as "1", so {1: "a", "1": "b"} would be stored as
+    {"1": "b"}; and with the interpreter's digit limit lifted it writes ints
+    PostgreSQL's numeric overflows on. Run only after json.dumps succeeded, so
+    the value holds no cycle and no unknown type.
+    """
+    bound = 10 ** int_digit_limit()
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if not all(isinstance(key, str) for key in node):
+                return True
+            stack.extend(node.values())
+        elif isinstance(node, (list, tuple)):
+            stack.extend(node)
+        elif isinstance(node, int) and not -bound < node < bound:
+            return True
+    return False
 
 
 def completion_progress_problem(done: Optional[int], total: Optional[int]) -> Optional[str]:
@@ -166,7 +267,7 @@ def check_progress_values(done: Any, total: Any, *, completion: bool) -> None:
             raise error(f"{name} must be an integer or None, got {type_phrase(value)}")
         # The columns are bigint: a larger value would fail inside PostgreSQL as db.query_failed.
         if value is not None and value > BIGINT_MAX:
-            raise error(f"{name} must be at most {BIGINT_MAX}, got {value!r}")
+            raise error(f"{name} must be at most {BIGINT_MAX}, got {echo_or_shape(value)}")
     problem = completion_progress_problem(done, total)
     if problem is not None:
         raise error(problem if completion else problem.replace("Handler returned invalid success progress: ", ""))

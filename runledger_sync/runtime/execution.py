@@ -40,6 +40,7 @@ from runledger_sync.core import backoff
 from runledger_sync.core.errors import (
     CommitOutcomeUnknown,
     ConnectionFailed,
+    InvalidArgument,
     InvalidCompletionProgress,
     InvalidPayload,
     JobCancelled,
@@ -57,7 +58,7 @@ from runledger_sync.core.types import (
     JobFailure,
     JobStatus,
 )
-from runledger_sync.core.validation import completion_progress_problem, serialize_json
+from runledger_sync.core.validation import check_failure_code, completion_progress_problem, serialize_json
 from runledger_sync.db.errors import is_transient_error
 from runledger_sync.logging import get_logger, job_log_fields
 from runledger_sync.registry import JobRegistry
@@ -388,7 +389,7 @@ def _run_handler(execution: JobExecution) -> Outcome:
     try:
         result = handler.execute(execution.context, execution.job.payload)
     except JobFailure as failure:
-        return _unless_abandoned(execution, failure)
+        return _unless_abandoned(execution, _recordable(failure))
     except JobCancelled as cancelled:
         return _abandoned_outcome(execution) or _panic(execution, cancelled)
     except BaseException as exc:  # noqa: BLE001 - a handler may raise anything, even SystemExit
@@ -401,6 +402,22 @@ def _run_handler(execution: JobExecution) -> Outcome:
             return _transient(execution, exc)
         return _panic(execution, exc)
     return _unless_abandoned(execution, _completion_outcome(result))
+
+
+def _recordable(failure: JobFailure) -> JobFailure:
+    """The handler's failure, or a terminal one when its code cannot be stored.
+
+    The store would refuse the write, and the failure would be lost to a lease
+    expiry. (NUL and lone surrogates in the code or message are replaced by the
+    store, not refused.)
+    """
+    try:
+        check_failure_code(failure.code)
+    except InvalidArgument as error:
+        return JobFailure.terminal(
+            HANDLER_INVALID_RESULT_CODE, f"Handler raised a JobFailure whose {error.message}: {failure.message}"
+        )
+    return failure
 
 
 def _completion_outcome(result: Any) -> Outcome:

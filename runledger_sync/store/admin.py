@@ -76,7 +76,7 @@ def _check_job_id(job_id: Any) -> UUID:
 def _scope(statement: Any, organization_id: Optional[str]) -> Any:
     if organization_id is None:
         return statement
-    check.check_text("organization_id", organization_id, max_length=check.ORGANIZATION_ID_MAX_LENGTH)
+    check.check_organization_id(organization_id)
     return statement.where(_q.organization_id == organization_id)
 
 
@@ -217,7 +217,7 @@ def list_dead_letters(
         statement = statement.where(dl.job_type == check.check_job_type(job_type))
     if organization_id is not None:
         statement = statement.where(
-            dl.organization_id == check.check_text("organization_id", organization_id, max_length=255)
+            dl.organization_id == check.check_organization_id(organization_id)
         )
     if since is not None:
         statement = statement.where(dl.failed_at >= check.check_run_at(since, "since"))

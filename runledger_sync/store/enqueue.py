@@ -1,147 +1,36 @@
 """Enqueue jobs (one or a batch, with idempotency keys) and keep job definitions.
 
-Every batch is one INSERT over ``unnest`` of bound arrays, so a thousand jobs
-cost one round trip and the statement text never changes (the compiled cache
-and the server's plan cache keep working). The same statement notifies idle
-workers (:mod:`runledger_sync.store.notify`) when the transaction commits.
+A batch is read and written in chunks of :data:`ENQUEUE_CHUNK_SIZE` specs, one
+statement per chunk (:mod:`runledger_sync.store._enqueue_batch`), so a batch of
+any length costs one round trip per chunk and bounded memory.
 """
 
 from __future__ import annotations
 
-import json
-from datetime import datetime, timezone
-from decimal import Decimal
-from typing import Any, Iterable, Optional, Sequence
+import itertools
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any, Iterable, Iterator, Optional, Sequence
 from uuid import UUID
 
-from sqlalchemy import (
-    DateTime,
-    Float,
-    Integer,
-    Text,
-    and_,
-    bindparam,
-    cast,
-    exists,
-    func,
-    literal,
-    null,
-    select,
-)
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert as pg_insert
-from sqlalchemy.dialects.postgresql import UUID as PG_UUID
+from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
-from runledger_sync.core.errors import (
-    DefinitionNotFoundOrDisabled,
-    EnqueueIdempotencyUnsupportedIsolation,
-    IdempotencyConflict,
-    IdempotencyConflictMissingExisting,
-    LegacyIdempotencySnapshotMissing,
-)
-from runledger_sync.core.ids import uuid7
+from runledger_sync.core.errors import ConnectionFailed, DefinitionNotFoundOrDisabled
 from runledger_sync.core.records import JobDefinition, JobRecord, JobSpec
-from runledger_sync.core.types import JobEventType, JobStage
-from runledger_sync.db.schema import job_definitions, job_events, job_queue
+from runledger_sync.core.types import JobStage
+from runledger_sync.db.schema import job_definitions
 from runledger_sync.store._binds import Bind
-from runledger_sync.store._errors import run_in_transaction
-from runledger_sync.store._prepared import PreparedStatement
-from runledger_sync.store._rows import DEFINITION_COLUMNS, JOB_COLUMNS, to_job, to_record
-from runledger_sync.store.notify import notify_due_types
+from runledger_sync.store._enqueue_batch import prepare_chunk, require_read_committed, write_chunk
+from runledger_sync.store._errors import owns_transaction, run_in_transaction
+from runledger_sync.store._rows import DEFINITION_COLUMNS, to_record
 
-# -- the batch statement -----------------------------------------------------
-
-_INPUT = func.unnest(
-    cast(bindparam("ids", type_=ARRAY(Text)), ARRAY(PG_UUID(as_uuid=True))),
-    bindparam("job_types", type_=ARRAY(Text)),
-    bindparam("organization_ids", type_=ARRAY(Text)),
-    cast(bindparam("payloads", type_=ARRAY(Text)), ARRAY(JSONB)),
-    bindparam("priorities", type_=ARRAY(Integer)),
-    bindparam("max_attempts", type_=ARRAY(Integer)),
-    bindparam("timeouts", type_=ARRAY(Integer)),
-    bindparam("run_ats", type_=ARRAY(DateTime(timezone=True))),
-    bindparam("delays", type_=ARRAY(Float)),
-    bindparam("stages", type_=ARRAY(Text)),
-    bindparam("keys", type_=ARRAY(Text)),
-    cast(bindparam("snapshots", type_=ARRAY(Text)), ARRAY(JSONB)),
-).table_valued(
-    "id", "job_type", "organization_id", "payload", "priority", "max_attempts", "timeout_seconds",
-    "run_at", "delay_seconds", "stage", "idempotency_key", "enqueue_request",
-    with_ordinality="ord",
-).render_derived(name="input")
-
-
-def _build_enqueue_statement() -> Any:
-    definition = job_definitions.alias("definition")
-    enabled = and_(definition.c.job_type == _INPUT.c.job_type, definition.c.is_enabled)
-    any_missing = exists(select(literal(1)).select_from(_INPUT.outerjoin(definition, enabled)).where(definition.c.job_type.is_(None)))
-    rows = (
-        select(
-            _INPUT.c.id,
-            _INPUT.c.job_type,
-            _INPUT.c.organization_id,
-            _INPUT.c.payload,
-            func.coalesce(_INPUT.c.priority, definition.c.default_priority),
-            func.coalesce(_INPUT.c.max_attempts, definition.c.max_attempts),
-            func.coalesce(_INPUT.c.timeout_seconds, definition.c.default_timeout_seconds),
-            func.coalesce(
-                _INPUT.c.run_at,
-                func.now() + func.make_interval(0, 0, 0, 0, 0, 0, func.coalesce(_INPUT.c.delay_seconds, 0.0)),
-            ),
-            _INPUT.c.stage,
-            _INPUT.c.idempotency_key,
-            _INPUT.c.enqueue_request,
-        )
-        .select_from(_INPUT.join(definition, enabled))
-        # All or nothing: one unknown or disabled type rejects the whole batch.
-        .where(~any_missing)
-        .order_by(_INPUT.c.ord)
-    )
-    inserted = (
-        pg_insert(job_queue)
-        .from_select(
-            ["id", "job_type", "organization_id", "payload", "priority", "max_attempts", "timeout_seconds",
-             "next_run_at", "stage", "idempotency_key", "enqueue_request"],
-            rows,
-        )
-        # Only the idempotency indexes can conflict (ids are fresh UUIDv7s); the
-        # skipped rows are looked up and compared afterwards.
-        .on_conflict_do_nothing()
-        .returning(*JOB_COLUMNS)
-        .cte("inserted")
-    )
-    event = (
-        job_events.insert()
-        .from_select(
-            ["job_id", "run_number", "attempt", "event_type", "stage", "payload"],
-            select(
-                inserted.c.id,
-                inserted.c.run_number,
-                null(),
-                literal(JobEventType.ENQUEUED.value),
-                inserted.c.stage,
-                func.jsonb_build_object("job_type", inserted.c.job_type),
-            ),
-        )
-        .cte("enqueued_event")
-    )
-    # Delivered on commit only, so a rolled-back enqueue wakes no worker.
-    notified = notify_due_types(inserted)
-    return select(*inserted.c).add_cte(event).where(notified >= 0)
-
-
-_ENQUEUE = PreparedStatement("enqueue", _build_enqueue_statement())
-
-_EXISTING = (
-    select(*JOB_COLUMNS)
-    .where(
-        job_queue.c.job_type == bindparam("job_type"),
-        job_queue.c.idempotency_key == bindparam("idempotency_key"),
-        job_queue.c.organization_id.is_not_distinct_from(bindparam("organization_id", type_=Text)),
-    )
-    .with_for_update()
-)
+#: Specs checked, serialized and written per statement. A longer batch is
+#: written chunk by chunk, so the call holds one chunk's parameters and rows at
+#: a time (bench/enqueue_memory.py measures it), at one round trip per chunk.
+ENQUEUE_CHUNK_SIZE = 2_000
 
 
 # -- the public API ------------------------------------------------------------
@@ -215,202 +104,154 @@ def enqueue_many(
     *,
     max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> list[JobRecord]:
-    """Add a batch of jobs in one statement; all are written or none.
+    """Add a batch of jobs; all are written or none.
+
+    ``specs`` may be any iterable, a generator included: it is read, checked and
+    written :data:`ENQUEUE_CHUNK_SIZE` specs at a time, one statement per chunk,
+    so what the call holds besides the records it returns stays bounded. A batch
+    of one chunk is one statement; a longer one is one transaction, or, in your
+    transaction, a savepoint of it, so an error in a later chunk leaves nothing
+    of the batch behind.
 
     Args:
         bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
 
     Returns:
-        One record per spec, in the order given.
+        One record per spec, in the order given. For a batch too large to hold
+        every record, :func:`enqueue_many_ids` returns only the ids.
 
     Raises:
         The same errors as :func:`enqueue`; any one of them rejects the batch.
+        ConnectionFailed: also when the connection was lost mid-way through a
+            batch of several chunks read from a one-shot iterator, which cannot
+            be sent again (nothing was written).
     """
-    specs = _checked_specs(specs)
-    check.check_int("max_payload_bytes", max_payload_bytes, check.MAX_PAYLOAD_BYTES_RANGE)
-    if not specs:
-        return []
-    params, ids = _batch_parameters(specs, max_payload_bytes)
-    keyed = any(spec.idempotency_key is not None for spec in specs)
+    return _enqueue_chunked(bind, specs, max_payload_bytes, ids_only=False)
 
-    def work(connection: Connection) -> list[JobRecord]:
-        if keyed:
-            _require_read_committed(connection)
-        inserted = {row.id: to_job(row) for row in _ENQUEUE.execute(connection, params)}
-        unkeyed_missing = [i for i, spec in zip(ids, specs, strict=True) if i not in inserted and spec.idempotency_key is None]
-        if unkeyed_missing:
-            inserted.update(_written_by_earlier_try(connection, unkeyed_missing))
-        if not inserted:
-            _raise_if_definition_missing(connection, {spec.job_type for spec in specs})
-        result = []
-        for job_id, spec, snapshot in zip(ids, specs, params["snapshots"], strict=True):
-            record = inserted.get(job_id)
-            if record is None:
-                record = _existing_for_key(connection, spec, snapshot)
-            result.append(record)
+
+def enqueue_many_ids(
+    bind: Bind,
+    specs: Iterable[JobSpec],
+    *,
+    max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
+) -> list[UUID]:
+    """Add a batch of jobs like :func:`enqueue_many`, returning only their ids.
+
+    A record holds the job's payload and about thirty fields; an id is a few
+    dozen bytes. Use this to enqueue hundreds of thousands of jobs from a
+    generator in flat memory.
+
+    Returns:
+        One job id per spec, in the order given (the existing job's for a
+        repeated idempotent request).
+
+    Example:
+        ``ids = rl.enqueue_many_ids(engine, (rl.JobSpec("import.row", row) for row in reader))``
+    """
+    return _enqueue_chunked(bind, specs, max_payload_bytes, ids_only=True)
+
+
+def _enqueue_chunked(bind: Bind, specs: Any, max_payload_bytes: int, *, ids_only: bool) -> list[Any]:
+    _check_spec_source(specs)
+    check.check_int("max_payload_bytes", max_payload_bytes, check.MAX_PAYLOAD_BYTES_RANGE)
+    iterator = iter(specs)
+    first = _next_specs(iterator, 0)
+    if not first:
+        return []
+    second = _next_specs(iterator, len(first))
+    if not second:
+        # One chunk, one statement. Its ids are drawn before the first try, so a
+        # try repeated after a lost connection cannot write twice.
+        chunk = prepare_chunk(first, max_payload_bytes)
+
+        def one(connection: Connection) -> list[Any]:
+            if chunk.keyed:
+                require_read_committed(connection)
+            return write_chunk(connection, chunk, ids_only=ids_only)
+
+        return run_in_transaction(bind, one, one_repeatable_write=True)
+
+    owned = owns_transaction(bind)
+    # A list can be read again when a lost connection makes the store retry the
+    # transaction; a generator cannot, and was already read in part.
+    replayable = isinstance(specs, Sequence)
+    tries = 0
+
+    def several(connection: Connection) -> list[Any]:
+        nonlocal tries
+        tries += 1
+        if tries == 1:
+            chunks = itertools.chain((first, second), _chunks(iterator, len(first) + len(second)))
+        elif replayable:
+            chunks = _chunks(iter(specs), 0)
+        else:
+            raise ConnectionFailed(
+                "the connection was lost during a batch read from a one-shot iterator; nothing was written, "
+                "and the specs cannot be read again: enqueue them again from their source"
+            )
+        result: list[Any] = []
+        isolation_checked = False
+        with _all_or_nothing(connection, owned):
+            for specs_of_chunk in chunks:
+                chunk = prepare_chunk(specs_of_chunk, max_payload_bytes)
+                if chunk.keyed and not isolation_checked:
+                    require_read_committed(connection)
+                    isolation_checked = True
+                result.extend(write_chunk(connection, chunk, ids_only=ids_only))
         return result
 
-    return run_in_transaction(bind, work, one_repeatable_write=True)
+    return run_in_transaction(bind, several)
 
 
-def _checked_specs(specs: Any) -> list[JobSpec]:
+def _check_spec_source(specs: Any) -> None:
     # A str or a bare JobSpec is iterable or close to it; refuse them by name
     # instead of failing on an attribute deep in the batch.
     if isinstance(specs, (str, bytes, JobSpec)) or not hasattr(specs, "__iter__"):
         raise check.InvalidArgument("specs", type(specs).__name__, "an iterable of JobSpec")
-    specs = list(specs)
-    for index, spec in enumerate(specs):
+
+
+def _next_specs(iterator: Iterator[Any], offset: int) -> list[JobSpec]:
+    """The next chunk of specs (empty at the end), each checked to be a JobSpec."""
+    specs = list(itertools.islice(iterator, ENQUEUE_CHUNK_SIZE))
+    for index, spec in enumerate(specs, start=offset):
         if not isinstance(spec, JobSpec):
             raise check.InvalidArgument(f"specs[{index}]", type(spec).__name__, "a JobSpec")
     return specs
 
 
-def _check_stage(value: Any) -> JobStage:
-    try:
-        return JobStage(value)
-    except ValueError:
-        raise check.InvalidArgument("stage", value, f"one of {', '.join(s.value for s in JobStage)}") from None
+def _chunks(iterator: Iterator[Any], offset: int) -> Iterator[list[JobSpec]]:
+    while True:
+        specs = _next_specs(iterator, offset)
+        if not specs:
+            return
+        offset += len(specs)
+        yield specs
 
 
-def _batch_parameters(specs: Sequence[JobSpec], max_payload_bytes: int) -> tuple[dict[str, list[Any]], list[UUID]]:
-    columns: dict[str, list[Any]] = {
-        name: []
-        for name in ("ids", "job_types", "organization_ids", "payloads", "priorities", "max_attempts",
-                     "timeouts", "run_ats", "delays", "stages", "keys", "snapshots")
-    }
-    ids = []
-    for spec in specs:
-        job_id = uuid7()
-        ids.append(job_id)
-        payload_json = check.serialize_json("payload", spec.payload, max_bytes=max_payload_bytes)
-        priority = check.check_optional_int("priority", spec.priority, check.PRIORITY_RANGE)
-        max_attempts = check.check_optional_int("max_attempts", spec.max_attempts, check.MAX_ATTEMPTS_RANGE)
-        timeout = check.check_optional_int("timeout_seconds", spec.timeout_seconds, check.TIMEOUT_SECONDS_RANGE)
-        run_at = check.check_run_at(spec.run_at)
-        delay = None if spec.delay_seconds is None else check.check_seconds("delay_seconds", spec.delay_seconds, check.DELAY_SECONDS_RANGE)
-        if run_at is not None and delay is not None:
-            raise check.InvalidArgument("delay_seconds", spec.delay_seconds, "None when run_at is given")
-        key = check.check_optional_text("idempotency_key", spec.idempotency_key, max_length=check.IDEMPOTENCY_KEY_MAX_LENGTH)
-        stage = _check_stage(spec.stage)
-        columns["ids"].append(str(job_id))
-        columns["job_types"].append(check.check_job_type(spec.job_type))
-        columns["organization_ids"].append(
-            check.check_optional_text("organization_id", spec.organization_id, max_length=check.ORGANIZATION_ID_MAX_LENGTH)
-        )
-        columns["payloads"].append(payload_json)
-        columns["priorities"].append(priority)
-        columns["max_attempts"].append(max_attempts)
-        columns["timeouts"].append(timeout)
-        columns["run_ats"].append(run_at)
-        columns["delays"].append(delay)
-        columns["stages"].append(stage.value)
-        columns["keys"].append(key)
-        columns["snapshots"].append(
-            None if key is None else request_snapshot(spec, payload_json=payload_json)
-        )
-    return columns, ids
-
-
-def request_snapshot(spec: JobSpec, *, payload_json: str) -> str:
-    """Return the canonical JSON of an enqueue request, compared on idempotent repeats.
-
-    It holds what the caller asked for, not the defaults it resolved to, so a
-    repeated request matches even after a definition's defaults change.
-    """
-    run_at = None
-    if spec.run_at is not None:
-        run_at = spec.run_at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    parts = {
-        "max_attempts": spec.max_attempts,
-        "next_run_at": run_at,
-        "payload": "__PAYLOAD__",
-        "priority": spec.priority,
-        "stage": JobStage(spec.stage).value,
-        "timeout_seconds": spec.timeout_seconds,
-    }
-    if spec.delay_seconds is not None:
-        parts["delay_seconds"] = float(spec.delay_seconds)
-    # The payload is already canonical JSON text; splice it in rather than re-encode it.
-    encoded = check.serialize_json("request", parts)
-    return encoded.replace('"__PAYLOAD__"', payload_json, 1)
-
-
-def _require_read_committed(connection: Connection) -> None:
-    level = connection.exec_driver_sql("SHOW transaction_isolation").scalar_one()
-    if level != "read committed":
-        raise EnqueueIdempotencyUnsupportedIsolation(
-            f"idempotent enqueue needs READ COMMITTED isolation, the transaction uses {level.upper()}"
-        )
-
-
-def _raise_if_definition_missing(connection: Connection, job_types: set[str]) -> None:
-    enabled = set(
-        connection.execute(
-            select(job_definitions.c.job_type).where(
-                job_definitions.c.job_type.in_(sorted(job_types)), job_definitions.c.is_enabled
-            )
-        ).scalars()
-    )
-    missing = sorted(job_types - enabled)
-    if missing:
-        raise DefinitionNotFoundOrDisabled(
-            f"job type {missing[0]!r} has no enabled definition; register its handler and call "
-            "registry.sync_definitions(engine), or enable it",
-            job_types=missing,
-        )
-
-
-def _same_request(stored: Any, snapshot: str) -> bool:
-    # jsonb keeps a number's decimal value, not its float: 3.602879701896397e+16
-    # comes back as the int 36028797018963970, which != the float it was. Compare
-    # numbers as the decimals their JSON spelling denotes.
-    return _as_decimals(stored) == _as_decimals(json.loads(snapshot, parse_float=Decimal, parse_int=Decimal))
-
-
-def _as_decimals(value: Any) -> Any:
-    if isinstance(value, bool) or value is None or isinstance(value, str):
-        return value
-    if isinstance(value, (int, float, Decimal)):
-        # Tagged, since Decimal(1) == True would make 1 and true the same request.
-        return ("number", value if isinstance(value, Decimal) else Decimal(repr(value)))
-    if isinstance(value, list):
-        return [_as_decimals(item) for item in value]
-    return {key: _as_decimals(item) for key, item in value.items()}
-
-
-def _written_by_earlier_try(connection: Connection, job_ids: list[UUID]) -> dict[UUID, JobRecord]:
-    # The ids were drawn before the first try, so a row that holds one is ours: a try
-    # whose connection was lost after its statement committed wrote it.
-    rows = connection.execute(select(*JOB_COLUMNS).where(job_queue.c.id.in_(job_ids)))
-    return {row.id: to_job(row) for row in rows}
-
-
-def _existing_for_key(connection: Connection, spec: JobSpec, snapshot: Optional[str]) -> JobRecord:
-    if spec.idempotency_key is None:
-        # Unkeyed rows cannot conflict, so a missing row means its definition vanished mid-batch.
-        _raise_if_definition_missing(connection, {spec.job_type})
-        raise IdempotencyConflictMissingExisting(f"job of type {spec.job_type!r} was not inserted")
-    row = connection.execute(
-        _EXISTING,
-        {"job_type": spec.job_type, "idempotency_key": spec.idempotency_key, "organization_id": spec.organization_id},
-    ).first()
-    if row is None:
-        _raise_if_definition_missing(connection, {spec.job_type})
-        raise IdempotencyConflictMissingExisting(
-            f"idempotency key {spec.idempotency_key!r} conflicted but no existing job was found"
-        )
-    existing = to_job(row)
-    if existing.enqueue_request is None:
-        raise LegacyIdempotencySnapshotMissing(
-            f"job {existing.id} holds key {spec.idempotency_key!r} but has no request snapshot to compare"
-        )
-    if snapshot is None or not _same_request(existing.enqueue_request, snapshot):
-        raise IdempotencyConflict(
-            f"idempotency key {spec.idempotency_key!r} is taken by job {existing.id} with a different request",
-            job_id=str(existing.id),
-        )
-    return existing
+@contextmanager
+def _all_or_nothing(connection: Connection, owned: bool) -> Iterator[None]:
+    """Make several statements one unit: an error leaves nothing of them behind."""
+    if owned:
+        # The store's own transaction: run_in_transaction rolls it back on error.
+        yield
+        return
+    if getattr(connection.connection.driver_connection, "autocommit", False):
+        # A caller's psycopg connection in autocommit mode (Django outside atomic())
+        # has no transaction to join; one statement was atomic by itself, several
+        # need a transaction, which ends here as it would have.
+        connection.exec_driver_sql("BEGIN")
+        try:
+            yield
+        except BaseException:
+            connection.exec_driver_sql("ROLLBACK")
+            raise
+        connection.exec_driver_sql("COMMIT")
+        return
+    # In the caller's transaction: a savepoint, so a refused chunk takes back the
+    # earlier ones and leaves the caller's own work as it was.
+    with connection.begin_nested():
+        yield
 
 
 # -- definitions ----------------------------------------------------------------

@@ -694,10 +694,13 @@ def complete_job_failure(
 
 
 def _failure_params(failure: JobFailure, delay_ms: int, extra: dict[str, Any]) -> dict[str, Any]:
+    # The code and message are made storable, not refused: a handler's message
+    # often repeats a file name or an upstream reply, and a refused write would
+    # lose the failure (the lease would expire and the job run again).
     return {
         "kind": failure.kind.value,
-        "code": check.check_text("failure.code", failure.code, max_length=255),
-        "message": str(failure.message).replace("\x00", ""),
+        "code": check.check_failure_code(failure.code),
+        "message": check.storable_text(str(failure.message)),
         "retry_delay": delay_ms,
         "non_retryable": not failure.kind.is_retryable,
         "event_extra": check.serialize_json("event", extra),

@@ -28,6 +28,7 @@ from tests.support import define
 JOB_TYPE = "bad.input"
 HOSTILE = "x'); DELETE FROM job_queue; --"
 SURROGATE = "\udcff"  # what a 0xFF byte in argv becomes under surrogateescape
+FOUR_BYTES = "\U0001f600"  # one character, four bytes of UTF-8
 UNKNOWN_ID = "00000000-0000-7000-8000-000000000000"
 TABLES = ("job_definitions", "job_queue", "job_attempts", "job_events", "job_dead_letters")
 
@@ -113,6 +114,15 @@ CASES: list[tuple[str, Call, str]] = [
     ("enqueue-payload-surrogate-key", enq(JOB_TYPE, {"\ud800": 1}), "job.invalid_payload"),
     ("enqueue-payload-nul-key", enq(JOB_TYPE, {"k\x00": 1}), "job.invalid_payload"),
     ("enqueue-payload-nul-deep", enq(JOB_TYPE, {"a": [{"b": ["\x00"]}]}), "job.invalid_payload"),
+    # -- enqueue: what json.dumps writes but jsonb would lose or cannot hold
+    ("enqueue-payload-huge-int", enq(JOB_TYPE, {"n": 10**5000}), "job.invalid_payload"),
+    ("enqueue-payload-int-4301-digits", enq(JOB_TYPE, [-(10**4300)]), "job.invalid_payload"),
+    ("enqueue-payload-nested-10000", enq(JOB_TYPE, deeply_nested(10_000)), "job.invalid_payload"),
+    ("enqueue-payload-int-key-merges", enq(JOB_TYPE, {1: "a", "1": "b"}), "job.invalid_payload"),
+    ("enqueue-payload-none-key-merges", enq(JOB_TYPE, {None: "x", "null": "y"}), "job.invalid_payload"),
+    ("enqueue-payload-bool-key", enq(JOB_TYPE, {True: 1}), "job.invalid_payload"),
+    ("enqueue-payload-float-key", enq(JOB_TYPE, {1.5: 1}), "job.invalid_payload"),
+    ("enqueue-payload-int-key-deep", enq(JOB_TYPE, {"a": [{"b": {2: "x"}}]}), "job.invalid_payload"),
     # -- enqueue: the size limit, default and configured
     ("enqueue-payload-over-default-1mib", enq(JOB_TYPE, "x" * 1_048_576), "job.invalid_payload"),
     ("enqueue-payload-one-byte-over", enq(JOB_TYPE, "x" * 9, max_payload_bytes=10), "job.invalid_payload"),
@@ -136,9 +146,18 @@ CASES: list[tuple[str, Call, str]] = [
     ("enqueue-key-int", enq(JOB_TYPE, {}, idempotency_key=1), "job.invalid_argument"),
     ("enqueue-key-nul", enq(JOB_TYPE, {}, idempotency_key="k\x00"), "job.invalid_argument"),
     ("enqueue-key-surrogate", enq(JOB_TYPE, {}, idempotency_key=SURROGATE), "job.invalid_argument"),
+    ("enqueue-type-10000-characters", enq("t" * 10_000, {}), "job.invalid_job_type"),
+    ("enqueue-org-10000-characters", enq(JOB_TYPE, {}, organization_id="o" * 10_000), "job.invalid_argument"),
+    ("enqueue-key-10000-characters", enq(JOB_TYPE, {}, idempotency_key="k" * 10_000), "job.invalid_argument"),
+    # Within the character limits, over the byte limits the idempotency index needs.
+    ("enqueue-org-4-byte-over-bytes", enq(JOB_TYPE, {}, organization_id=FOUR_BYTES * 129), "job.invalid_argument"),
+    ("enqueue-key-4-byte-over-bytes", enq(JOB_TYPE, {}, idempotency_key=FOUR_BYTES * 257), "job.invalid_argument"),
+    ("enqueue-org-and-key-4-byte-limits", enq(JOB_TYPE, {}, organization_id=FOUR_BYTES * 255,
+                                              idempotency_key=FOUR_BYTES * 512), "job.invalid_argument"),
     # -- enqueue: numbers and times of the wrong kind
     ("enqueue-priority-float", enq(JOB_TYPE, {}, priority=1.0), "job.invalid_argument"),
     ("enqueue-priority-huge", enq(JOB_TYPE, {}, priority=2**63), "job.invalid_argument"),
+    ("enqueue-priority-10-pow-5000", enq(JOB_TYPE, {}, priority=10**5000), "job.invalid_argument"),
     ("enqueue-max-attempts-str", enq(JOB_TYPE, {}, max_attempts="3"), "job.invalid_argument"),
     ("enqueue-timeout-float", enq(JOB_TYPE, {}, timeout_seconds=1.5), "job.invalid_argument"),
     ("enqueue-delay-bool", enq(JOB_TYPE, {}, delay_seconds=True), "job.invalid_argument"),
@@ -165,6 +184,13 @@ CASES: list[tuple[str, Call, str]] = [
     ("many-good-then-unknown-type",
      lambda engine, ids: rl.enqueue_many(engine, [rl.JobSpec(JOB_TYPE), rl.JobSpec(HOSTILE)]),
      "job.definition_not_found_or_disabled"),
+    ("many-good-then-int-key",
+     lambda engine, ids: rl.enqueue_many(engine, [rl.JobSpec(JOB_TYPE, {"ok": 1}), rl.JobSpec(JOB_TYPE, {1: "a"})]),
+     "job.invalid_payload"),
+    ("many-good-then-key-over-bytes",
+     lambda engine, ids: rl.enqueue_many(engine, [rl.JobSpec(JOB_TYPE, idempotency_key="k1"),
+                                                  rl.JobSpec(JOB_TYPE, idempotency_key=FOUR_BYTES * 300)]),
+     "job.invalid_argument"),
     ("many-over-limit",
      lambda engine, ids: rl.enqueue_many(engine, [rl.JobSpec(JOB_TYPE, "x" * 100)], max_payload_bytes=50),
      "job.invalid_payload"),
@@ -185,6 +211,8 @@ CASES: list[tuple[str, Call, str]] = [
     ("list-type-surrogate", lambda engine, ids: rl.list_jobs(engine, job_type=SURROGATE), "job.invalid_job_type"),
     ("list-type-too-long", lambda engine, ids: rl.list_jobs(engine, job_type="t" * 10_000), "job.invalid_job_type"),
     ("list-org-surrogate", lambda engine, ids: rl.list_jobs(engine, organization_id=SURROGATE), "job.invalid_argument"),
+    ("list-org-4-byte-over-bytes", lambda engine, ids: rl.list_jobs(engine, organization_id=FOUR_BYTES * 129),
+     "job.invalid_argument"),
     ("list-limit-huge", lambda engine, ids: rl.list_jobs(engine, limit=10**12), "job.invalid_argument"),
     ("list-limit-none", lambda engine, ids: rl.list_jobs(engine, limit=None), "job.invalid_argument"),
     ("list-offset-huge", lambda engine, ids: rl.list_jobs(engine, offset=2**40), "job.invalid_argument"),
@@ -286,6 +314,46 @@ def test_payload_exactly_at_the_limit_is_accepted(own_seed, payload, limit):
 )
 def test_awkward_but_valid_payloads_round_trip(own_seed, payload):
     job = rl.enqueue(own_seed["engine"], JOB_TYPE, payload)
+    assert rl.get_job(own_seed["engine"], job.id).payload == payload
+
+
+def test_identifiers_at_every_limit_in_four_byte_characters_are_stored_and_deduplicated(own_seed):
+    # The worst idempotency index row: job_type at 255 characters of 4 bytes, and
+    # organization_id and idempotency_key at their byte limits (512 and 1024).
+    engine = own_seed["engine"]
+    job_type = FOUR_BYTES * 255
+    organization, key = FOUR_BYTES * 128, FOUR_BYTES * 256
+    define(engine, job_type)
+
+    first = rl.enqueue(engine, job_type, {}, organization_id=organization, idempotency_key=key)
+    again = rl.enqueue(engine, job_type, {}, organization_id=organization, idempotency_key=key)
+
+    assert again.id == first.id
+    stored = rl.get_job(engine, first.id, organization_id=organization)
+    assert (stored.job_type, stored.organization_id, stored.idempotency_key) == (job_type, organization, key)
+
+
+@pytest.mark.parametrize(
+    ("job_type", "organization"),
+    [("\U0001f4e6.send", "\U0001f3e2-\u00e9"), (HOSTILE, "'; DROP TABLE job_queue; --")],
+    ids=["emoji", "sql-looking"],
+)
+def test_emoji_and_sql_looking_identifiers_are_data(own_seed, job_type, organization):
+    engine = own_seed["engine"]
+    define(engine, job_type)
+    job = rl.enqueue(engine, job_type, {"k": job_type}, organization_id=organization, idempotency_key=organization)
+    assert [found.id for found in rl.list_jobs(engine, job_type=job_type, organization_id=organization)] == [job.id]
+
+
+def test_ints_up_to_4300_digits_round_trip(own_seed):
+    payload = {"big": 10**4299, "negative": -(10**4299) + 1}
+    job = rl.enqueue(own_seed["engine"], JOB_TYPE, payload)
+    assert rl.get_job(own_seed["engine"], job.id).payload == payload
+
+
+def test_a_20_mb_payload_is_stored_under_a_raised_limit(own_seed):
+    payload = {"blob": "x" * 20_000_000, "tail": [1, 2, 3]}
+    job = rl.enqueue(own_seed["engine"], JOB_TYPE, payload, max_payload_bytes=21_000_000)
     assert rl.get_job(own_seed["engine"], job.id).payload == payload
 
 

@@ -9,6 +9,8 @@ library refuses, and failures against a real database.
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import subprocess
 import sys
@@ -20,7 +22,7 @@ import pytest
 import runledger_sync as rl
 from runledger_sync import cli
 from runledger_sync.store.lifecycle import LeaseIdentity, claim_jobs, complete_job_failure
-from tests.db.test_bad_input_api import HOSTILE, SURROGATE, UNKNOWN_ID, table_digest
+from tests.db.test_bad_input_api import FOUR_BYTES, HOSTILE, SURROGATE, UNKNOWN_ID, table_digest
 from tests.support import define
 
 JOB_TYPE = "cli.bad"
@@ -64,6 +66,19 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("enqueue-json-nul", ["enqueue", JOB_TYPE, '{"x": "a\\u0000b"}'], USAGE, "job.invalid_payload"),
     ("enqueue-json-lone-surrogate", ["enqueue", JOB_TYPE, '{"x": "\\ud800"}'], USAGE, "job.invalid_payload"),
     ("enqueue-json-over-1mib", ["enqueue", JOB_TYPE, '"' + "x" * 1_048_576 + '"'], USAGE, "job.invalid_payload"),
+    ("enqueue-json-nested-10000", ["enqueue", JOB_TYPE, "[" * 10_000 + "]" * 10_000], USAGE, "job.invalid_payload"),
+    ("enqueue-json-int-5000-digits", ["enqueue", JOB_TYPE, '{"n": ' + "9" * 5000 + "}"], USAGE,
+     "job.invalid_payload"),
+    ("enqueue-json-duplicate-keys", ["enqueue", JOB_TYPE, '{"a": {"1": "a", "1": "b"}}'], USAGE,
+     "job.invalid_payload"),
+    ("enqueue-payload-file-missing", ["enqueue", JOB_TYPE, "--payload-file", "/nonexistent/payload.json"], USAGE,
+     "job.invalid_argument"),
+    ("enqueue-payload-file-directory", ["enqueue", JOB_TYPE, "--payload-file", "/"], USAGE, "job.invalid_argument"),
+    ("enqueue-type-10000-characters", ["enqueue", "t" * 10_000, "{}"], USAGE, "job.invalid_job_type"),
+    ("enqueue-org-4-byte-over-bytes", ["enqueue", JOB_TYPE, "{}", "--org", FOUR_BYTES * 129], USAGE,
+     "job.invalid_argument"),
+    ("enqueue-key-4-byte-over-bytes", ["enqueue", JOB_TYPE, "{}", "--idempotency-key", FOUR_BYTES * 257], USAGE,
+     "job.invalid_argument"),
     ("enqueue-org-blank", ["enqueue", JOB_TYPE, "{}", "--org", ""], USAGE, "job.invalid_argument"),
     ("enqueue-org-nul", ["enqueue", JOB_TYPE, "{}", "--org", "o\x00"], USAGE, "job.invalid_argument"),
     ("enqueue-org-bad-utf8", ["enqueue", JOB_TYPE, "{}", "--org", SURROGATE], USAGE, "job.invalid_argument"),
@@ -177,3 +192,104 @@ def test_the_real_script_turns_undecodable_argv_bytes_into_a_coded_usage_error(d
     assert result.stdout == b""
     assert_two_line_error(err.replace("\r", ""), "job.invalid_job_type")
     assert table_digest(database["engine"]) == before
+
+
+# -- the payload from a file or standard input --------------------------------------
+
+
+def test_enqueue_reads_a_payload_over_the_argument_limit_from_a_file(capsys, database, tmp_path):
+    # Larger than one argv string may be (about 128 KiB on Linux).
+    payload = {"rows": ["r" * 100 for _ in range(3_000)], "name": FOUR_BYTES}
+    path = tmp_path / "payload.json"
+    path.write_text(json.dumps(payload, ensure_ascii=False), encoding="utf-8")
+
+    status, out, err = invoke(capsys, database, ["enqueue", JOB_TYPE, "--payload-file", str(path)])
+
+    assert status == 0, err
+    assert rl.get_job(database["engine"], out.strip()).payload == payload
+
+
+@pytest.mark.parametrize("argv", [["--payload-file", "-"], ["-"]], ids=["payload-file-dash", "json-dash"])
+def test_enqueue_reads_the_payload_from_standard_input(capsys, database, monkeypatch, argv):
+    payload = {"from": "stdin", "n": [1, 2]}
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(json.dumps(payload).encode())))
+
+    status, out, err = invoke(capsys, database, ["enqueue", JOB_TYPE, *argv])
+
+    assert status == 0, err
+    assert rl.get_job(database["engine"], out.strip()).payload == payload
+
+
+@pytest.mark.parametrize(
+    ("content", "code"),
+    [(b"\xff\xfe{}", "job.invalid_payload"), (b"[" * 10_000, "job.invalid_payload"), (b"{'a': 1}", "job.invalid_payload")],
+    ids=["not-utf8", "nested-10000", "not-json"],
+)
+def test_a_bad_payload_file_is_a_usage_error_and_writes_nothing(capsys, database, tmp_path, content, code):
+    path = tmp_path / "payload.json"
+    path.write_bytes(content)
+    before = table_digest(database["engine"])
+
+    status, out, err = invoke(capsys, database, ["enqueue", JOB_TYPE, "--payload-file", str(path)])
+
+    assert (status, out) == (USAGE, "")
+    assert_two_line_error(err, code)
+    assert table_digest(database["engine"]) == before
+
+
+def test_payload_file_and_json_argument_are_mutually_exclusive(capsys, database, tmp_path):
+    path = tmp_path / "payload.json"
+    path.write_text("{}")
+    before = table_digest(database["engine"])
+
+    status, out, err = invoke(capsys, database, ["enqueue", JOB_TYPE, "{}", "--payload-file", str(path)])
+
+    assert (status, out) == (USAGE, "")
+    assert "not allowed with argument JSON" in err
+    assert table_digest(database["engine"]) == before
+
+
+# -- control characters from stored data ----------------------------------------------
+
+ESCAPE = "\x1b[2J\x1b]0;owned\x07"
+SHOWN = "\\x1b[2J\\x1b]0;owned\\x07"
+
+
+@pytest.fixture
+def hostile_rows(engine):
+    """A dead-lettered job whose type, organization, error code and message hold terminal escapes."""
+    job_type = "t" + ESCAPE
+    define(engine, job_type, max_attempts=1)
+    job = rl.enqueue(engine, job_type, {}, organization_id="org" + ESCAPE)
+    claimed = claim_jobs(engine, worker_id="w", lease_ttl_seconds=60, limit=1, job_types=[job_type])
+    complete_job_failure(engine, **LeaseIdentity.of(claimed[0]).keywords(), retry_delay_ms=None,
+                         failure=rl.JobFailure.terminal("code" + ESCAPE, "upstream said " + ESCAPE + "\u202e"))
+    return {"url": engine.url.render_as_string(hide_password=False), "job": str(job.id), "org": "org" + ESCAPE}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["jobs", "list"], ["jobs", "show", "{job}"], ["stats"], ["stats", "--org", "{org}"], ["dead-letters", "list"]],
+    ids=["jobs-list", "jobs-show", "stats", "stats-org", "dead-letters-list"],
+)
+def test_tables_escape_control_characters_from_stored_data(capsys, hostile_rows, argv):
+    argv = [part.replace("{job}", hostile_rows["job"]).replace("{org}", hostile_rows["org"]) for part in argv]
+
+    status = cli.main(["--database-url", hostile_rows["url"], *argv])
+    out, err = capsys.readouterr()
+
+    assert status == 0, err
+    assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
+    assert SHOWN in out
+
+
+@pytest.mark.parametrize("argv", [["jobs", "list", "--json"], ["dead-letters", "list", "--json"]],
+                         ids=["jobs-list", "dead-letters-list"])
+def test_json_output_keeps_the_stored_text_exactly(capsys, hostile_rows, argv):
+    status = cli.main(["--database-url", hostile_rows["url"], *argv])
+    out, err = capsys.readouterr()
+
+    assert status == 0, err
+    [record] = [json.loads(line) for line in out.splitlines()]
+    assert record["job_type"] == "t" + ESCAPE
+    assert record["organization_id"] == "org" + ESCAPE

@@ -117,7 +117,10 @@ def readme_cli_commands() -> list[list[str]]:
     return commands
 
 
-def test_every_command_line_of_the_readme_runs_as_written(fresh_database, capsys):
+def test_every_command_line_of_the_readme_runs_as_written(fresh_database, capsys, tmp_path, monkeypatch):
+    # The files the commands name (enqueue --payload-file payload.json).
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "payload.json").write_text('{"to": "a@b.c"}')
     engine = rl.create_engine(fresh_database)
     try:
         define(engine, "email.send", max_attempts=1)

@@ -85,4 +85,22 @@ def test_progress_of_the_wrong_type_is_named_by_type():
 
 
 def test_json_problem_finds_nothing_in_a_valid_value():
-    assert json_problem({"a": [1, 2.5, "x", None, True, {"b": []}], 1: "int keys are fine"}) is None
+    assert json_problem({"a": [1, 2.5, "x", None, True, {"b": []}], "1": "text keys only"}) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "phrase"),
+    [
+        ({1: "a", "1": "b"}, "a dict with a key of type int (JSON keys are strings)"),
+        ({"a": {None: "x", "null": "y"}}, "a dict holding a dict with a key of type NoneType (JSON keys are strings) at key 'a'"),
+        ([0, 10**5000], "a list holding an int of more than 4300 digits at index 1"),
+    ],
+    ids=["int-key", "none-key", "huge-int"],
+)
+def test_json_problem_names_keys_json_would_merge_and_ints_jsonb_cannot_hold(value, phrase):
+    assert json_problem(value) == phrase
+
+
+def test_a_huge_int_argument_is_described_not_written_out():
+    # repr() of an int past the interpreter's digit limit raises ValueError itself.
+    assert echo_or_shape(10**5000) == "an int of more than 4300 digits"

@@ -1,0 +1,347 @@
+"""One chunk of an enqueue: validate and serialize its specs, write them in one statement.
+
+Every chunk is one INSERT over ``unnest`` of bound arrays, so a thousand jobs
+cost one round trip and the statement text never changes (the compiled cache
+and the server's plan cache keep working). The same statement notifies idle
+workers (:mod:`runledger_sync.store.notify`) when the transaction commits.
+:mod:`runledger_sync.store.enqueue` cuts a batch into chunks and decides the
+transaction; this module knows one chunk.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import timezone
+from decimal import Decimal
+from typing import Any, Optional, Sequence, Union
+from uuid import UUID
+
+from sqlalchemy import (
+    DateTime,
+    Float,
+    Integer,
+    Text,
+    and_,
+    bindparam,
+    cast,
+    exists,
+    func,
+    literal,
+    null,
+    select,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert as pg_insert
+from sqlalchemy.dialects.postgresql import UUID as PG_UUID
+from sqlalchemy.engine import Connection
+
+from runledger_sync.core import validation as check
+from runledger_sync.core.errors import (
+    DefinitionNotFoundOrDisabled,
+    EnqueueIdempotencyUnsupportedIsolation,
+    IdempotencyConflict,
+    IdempotencyConflictMissingExisting,
+    LegacyIdempotencySnapshotMissing,
+)
+from runledger_sync.core.ids import uuid7
+from runledger_sync.core.records import JobRecord, JobSpec
+from runledger_sync.core.types import JobEventType, JobStage
+from runledger_sync.db.schema import job_definitions, job_events, job_queue
+from runledger_sync.store._prepared import PreparedStatement
+from runledger_sync.store._rows import JOB_COLUMNS, to_job
+from runledger_sync.store.notify import notify_due_types
+
+# -- the batch statement -----------------------------------------------------
+
+_INPUT = func.unnest(
+    cast(bindparam("ids", type_=ARRAY(Text)), ARRAY(PG_UUID(as_uuid=True))),
+    bindparam("job_types", type_=ARRAY(Text)),
+    bindparam("organization_ids", type_=ARRAY(Text)),
+    cast(bindparam("payloads", type_=ARRAY(Text)), ARRAY(JSONB)),
+    bindparam("priorities", type_=ARRAY(Integer)),
+    bindparam("max_attempts", type_=ARRAY(Integer)),
+    bindparam("timeouts", type_=ARRAY(Integer)),
+    bindparam("run_ats", type_=ARRAY(DateTime(timezone=True))),
+    bindparam("delays", type_=ARRAY(Float)),
+    bindparam("stages", type_=ARRAY(Text)),
+    bindparam("keys", type_=ARRAY(Text)),
+    cast(bindparam("snapshots", type_=ARRAY(Text)), ARRAY(JSONB)),
+).table_valued(
+    "id", "job_type", "organization_id", "payload", "priority", "max_attempts", "timeout_seconds",
+    "run_at", "delay_seconds", "stage", "idempotency_key", "enqueue_request",
+    with_ordinality="ord",
+).render_derived(name="input")
+
+
+def _build_enqueue_statement(ids_only: bool = False) -> Any:
+    definition = job_definitions.alias("definition")
+    enabled = and_(definition.c.job_type == _INPUT.c.job_type, definition.c.is_enabled)
+    any_missing = exists(select(literal(1)).select_from(_INPUT.outerjoin(definition, enabled)).where(definition.c.job_type.is_(None)))
+    rows = (
+        select(
+            _INPUT.c.id,
+            _INPUT.c.job_type,
+            _INPUT.c.organization_id,
+            _INPUT.c.payload,
+            func.coalesce(_INPUT.c.priority, definition.c.default_priority),
+            func.coalesce(_INPUT.c.max_attempts, definition.c.max_attempts),
+            func.coalesce(_INPUT.c.timeout_seconds, definition.c.default_timeout_seconds),
+            func.coalesce(
+                _INPUT.c.run_at,
+                func.now() + func.make_interval(0, 0, 0, 0, 0, 0, func.coalesce(_INPUT.c.delay_seconds, 0.0)),
+            ),
+            _INPUT.c.stage,
+            _INPUT.c.idempotency_key,
+            _INPUT.c.enqueue_request,
+        )
+        .select_from(_INPUT.join(definition, enabled))
+        # All or nothing: one unknown or disabled type rejects the whole batch.
+        .where(~any_missing)
+        .order_by(_INPUT.c.ord)
+    )
+    inserted = (
+        pg_insert(job_queue)
+        .from_select(
+            ["id", "job_type", "organization_id", "payload", "priority", "max_attempts", "timeout_seconds",
+             "next_run_at", "stage", "idempotency_key", "enqueue_request"],
+            rows,
+        )
+        # Only the idempotency indexes can conflict (ids are fresh UUIDv7s); the
+        # skipped rows are looked up and compared afterwards.
+        .on_conflict_do_nothing()
+        .returning(*JOB_COLUMNS)
+        .cte("inserted")
+    )
+    event = (
+        job_events.insert()
+        .from_select(
+            ["job_id", "run_number", "attempt", "event_type", "stage", "payload"],
+            select(
+                inserted.c.id,
+                inserted.c.run_number,
+                null(),
+                literal(JobEventType.ENQUEUED.value),
+                inserted.c.stage,
+                func.jsonb_build_object("job_type", inserted.c.job_type),
+            ),
+        )
+        .cte("enqueued_event")
+    )
+    # Delivered on commit only, so a rolled-back enqueue wakes no worker.
+    notified = notify_due_types(inserted)
+    returned = (inserted.c.id,) if ids_only else tuple(inserted.c)
+    return select(*returned).add_cte(event).where(notified >= 0)
+
+
+_ENQUEUE = PreparedStatement("enqueue", _build_enqueue_statement())
+# For callers that want ids only: no row is sent back and decoded only to be dropped.
+_ENQUEUE_IDS = PreparedStatement("enqueue_ids", _build_enqueue_statement(ids_only=True))
+
+_EXISTING = (
+    select(*JOB_COLUMNS)
+    .where(
+        job_queue.c.job_type == bindparam("job_type"),
+        job_queue.c.idempotency_key == bindparam("idempotency_key"),
+        job_queue.c.organization_id.is_not_distinct_from(bindparam("organization_id", type_=Text)),
+    )
+    .with_for_update()
+)
+
+
+def _check_stage(value: Any) -> JobStage:
+    try:
+        return JobStage(value)
+    except ValueError:
+        raise check.InvalidArgument("stage", value, f"one of {', '.join(s.value for s in JobStage)}") from None
+
+
+def _batch_parameters(specs: Sequence[JobSpec], max_payload_bytes: int) -> tuple[dict[str, list[Any]], list[UUID]]:
+    """Validate and serialize ``specs`` into the statement's column arrays; draw their ids."""
+    columns: dict[str, list[Any]] = {
+        name: []
+        for name in ("ids", "job_types", "organization_ids", "payloads", "priorities", "max_attempts",
+                     "timeouts", "run_ats", "delays", "stages", "keys", "snapshots")
+    }
+    ids = []
+    for spec in specs:
+        job_id = uuid7()
+        ids.append(job_id)
+        payload_json = check.serialize_json("payload", spec.payload, max_bytes=max_payload_bytes)
+        priority = check.check_optional_int("priority", spec.priority, check.PRIORITY_RANGE)
+        max_attempts = check.check_optional_int("max_attempts", spec.max_attempts, check.MAX_ATTEMPTS_RANGE)
+        timeout = check.check_optional_int("timeout_seconds", spec.timeout_seconds, check.TIMEOUT_SECONDS_RANGE)
+        run_at = check.check_run_at(spec.run_at)
+        delay = None if spec.delay_seconds is None else check.check_seconds("delay_seconds", spec.delay_seconds, check.DELAY_SECONDS_RANGE)
+        if run_at is not None and delay is not None:
+            raise check.InvalidArgument("delay_seconds", spec.delay_seconds, "None when run_at is given")
+        key = check.check_optional_idempotency_key(spec.idempotency_key)
+        stage = _check_stage(spec.stage)
+        columns["ids"].append(str(job_id))
+        columns["job_types"].append(check.check_job_type(spec.job_type))
+        columns["organization_ids"].append(check.check_optional_organization_id(spec.organization_id))
+        columns["payloads"].append(payload_json)
+        columns["priorities"].append(priority)
+        columns["max_attempts"].append(max_attempts)
+        columns["timeouts"].append(timeout)
+        columns["run_ats"].append(run_at)
+        columns["delays"].append(delay)
+        columns["stages"].append(stage.value)
+        columns["keys"].append(key)
+        columns["snapshots"].append(
+            None if key is None else request_snapshot(spec, payload_json=payload_json)
+        )
+    return columns, ids
+
+
+def request_snapshot(spec: JobSpec, *, payload_json: str) -> str:
+    """Return the canonical JSON of an enqueue request, compared on idempotent repeats.
+
+    It holds what the caller asked for, not the defaults it resolved to, so a
+    repeated request matches even after a definition's defaults change.
+    """
+    run_at = None
+    if spec.run_at is not None:
+        run_at = spec.run_at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    parts = {
+        "max_attempts": spec.max_attempts,
+        "next_run_at": run_at,
+        "payload": "__PAYLOAD__",
+        "priority": spec.priority,
+        "stage": JobStage(spec.stage).value,
+        "timeout_seconds": spec.timeout_seconds,
+    }
+    if spec.delay_seconds is not None:
+        parts["delay_seconds"] = float(spec.delay_seconds)
+    # The payload is already canonical JSON text; splice it in rather than re-encode it.
+    encoded = check.serialize_json("request", parts)
+    return encoded.replace('"__PAYLOAD__"', payload_json, 1)
+
+
+def _raise_if_definition_missing(connection: Connection, job_types: set[str]) -> None:
+    enabled = set(
+        connection.execute(
+            select(job_definitions.c.job_type).where(
+                job_definitions.c.job_type.in_(sorted(job_types)), job_definitions.c.is_enabled
+            )
+        ).scalars()
+    )
+    missing = sorted(job_types - enabled)
+    if missing:
+        raise DefinitionNotFoundOrDisabled(
+            f"job type {missing[0]!r} has no enabled definition; register its handler and call "
+            "registry.sync_definitions(engine), or enable it",
+            job_types=missing,
+        )
+
+
+def _same_request(stored: Any, snapshot: str) -> bool:
+    # jsonb keeps a number's decimal value, not its float: 3.602879701896397e+16
+    # comes back as the int 36028797018963970, which != the float it was. Compare
+    # numbers as the decimals their JSON spelling denotes.
+    return _as_decimals(stored) == _as_decimals(json.loads(snapshot, parse_float=Decimal, parse_int=Decimal))
+
+
+def _as_decimals(value: Any) -> Any:
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, float, Decimal)):
+        # Tagged, since Decimal(1) == True would make 1 and true the same request.
+        return ("number", value if isinstance(value, Decimal) else Decimal(repr(value)))
+    if isinstance(value, list):
+        return [_as_decimals(item) for item in value]
+    return {key: _as_decimals(item) for key, item in value.items()}
+
+
+def _written_by_earlier_try(connection: Connection, job_ids: list[UUID]) -> dict[UUID, JobRecord]:
+    # The ids were drawn before the first try, so a row that holds one is ours: a try
+    # whose connection was lost after its statement committed wrote it.
+    rows = connection.execute(select(*JOB_COLUMNS).where(job_queue.c.id.in_(job_ids)))
+    return {row.id: to_job(row) for row in rows}
+
+
+def _existing_for_key(connection: Connection, spec: JobSpec, snapshot: Optional[str]) -> JobRecord:
+    if spec.idempotency_key is None:
+        # Unkeyed rows cannot conflict, so a missing row means its definition vanished mid-batch.
+        _raise_if_definition_missing(connection, {spec.job_type})
+        raise IdempotencyConflictMissingExisting(f"job of type {spec.job_type!r} was not inserted")
+    row = connection.execute(
+        _EXISTING,
+        {"job_type": spec.job_type, "idempotency_key": spec.idempotency_key, "organization_id": spec.organization_id},
+    ).first()
+    if row is None:
+        _raise_if_definition_missing(connection, {spec.job_type})
+        raise IdempotencyConflictMissingExisting(
+            f"idempotency key {spec.idempotency_key!r} conflicted but no existing job was found"
+        )
+    existing = to_job(row)
+    if existing.enqueue_request is None:
+        raise LegacyIdempotencySnapshotMissing(
+            f"job {existing.id} holds key {spec.idempotency_key!r} but has no request snapshot to compare"
+        )
+    if snapshot is None or not _same_request(existing.enqueue_request, snapshot):
+        raise IdempotencyConflict(
+            f"idempotency key {spec.idempotency_key!r} is taken by job {existing.id} with a different request",
+            job_id=str(existing.id),
+        )
+    return existing
+
+
+# -- one chunk -------------------------------------------------------------------
+
+
+@dataclass
+class Chunk:
+    """Specs checked and serialized, with the ids drawn for them, ready to write."""
+
+    specs: list[JobSpec]
+    params: dict[str, list[Any]]
+    ids: list[UUID]
+
+    @property
+    def keyed(self) -> bool:
+        return any(key is not None for key in self.params["keys"])
+
+
+def prepare_chunk(specs: list[JobSpec], max_payload_bytes: int) -> Chunk:
+    """Check and serialize ``specs``; raise the first argument error, before anything is written."""
+    params, ids = _batch_parameters(specs, max_payload_bytes)
+    return Chunk(specs, params, ids)
+
+
+def write_chunk(connection: Connection, chunk: Chunk, *, ids_only: bool = False) -> Union[list[JobRecord], list[UUID]]:
+    """Write one chunk in one statement and return, in spec order, its records (or their ids).
+
+    A repeated idempotent request answers with the existing job, looked up and
+    compared here; any error leaves the caller's transaction to roll back.
+    """
+    statement = _ENQUEUE_IDS if ids_only else _ENQUEUE
+    inserted: dict[UUID, Any] = {
+        row.id: (row.id if ids_only else to_job(row)) for row in statement.execute(connection, chunk.params)
+    }
+    if len(inserted) == len(chunk.ids):
+        return [inserted[job_id] for job_id in chunk.ids]
+    unkeyed_missing = [i for i, spec in zip(chunk.ids, chunk.specs, strict=True)
+                       if i not in inserted and spec.idempotency_key is None]
+    if unkeyed_missing:
+        inserted.update(
+            (job_id, job_id if ids_only else record)
+            for job_id, record in _written_by_earlier_try(connection, unkeyed_missing).items()
+        )
+    if not inserted:
+        _raise_if_definition_missing(connection, {spec.job_type for spec in chunk.specs})
+    result: list[Any] = []
+    for job_id, spec, snapshot in zip(chunk.ids, chunk.specs, chunk.params["snapshots"], strict=True):
+        found = inserted.get(job_id)
+        if found is None:
+            existing = _existing_for_key(connection, spec, snapshot)
+            found = existing.id if ids_only else existing
+        result.append(found)
+    return result
+
+
+def require_read_committed(connection: Connection) -> None:
+    level = connection.exec_driver_sql("SHOW transaction_isolation").scalar_one()
+    if level != "read committed":
+        raise EnqueueIdempotencyUnsupportedIsolation(
+            f"idempotent enqueue needs READ COMMITTED isolation, the transaction uses {level.upper()}"
+        )
