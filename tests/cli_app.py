@@ -8,3 +8,9 @@ registry = rl.JobRegistry()
 @registry.job("cli.echo")
 def echo(ctx: rl.JobContext, payload: dict) -> rl.JobCompletion:
     return rl.JobCompletion.success().with_output({"echo": payload["say"]})
+
+
+#: The same app with a schedule declared: ``--app tests.cli_app:scheduled``.
+scheduled = rl.JobRegistry()
+scheduled.job("cli.echo")(echo)
+scheduled.schedule("cli.every-second", cron="*/1 * * * * *", job_type="cli.echo", payload={"say": "tick"})

@@ -60,6 +60,7 @@ HINTS: dict[str, str] = {
         "start a worker that registers this job type (it syncs the definitions), or enable the type"
     ),
     "job.idempotency_conflict": "repeat the original request exactly, or pass a new --idempotency-key",
+    "schedule.not_found": f"list schedule names with `{PROG} schedules list`",
 }
 DEFAULT_HINT = "run again with --debug for the full traceback"
 DATABASE_URL_HINT = "pass --database-url postgresql://USER:PASSWORD@HOST:5432/DBNAME or set RUNLEDGER_DATABASE_URL"

@@ -23,6 +23,8 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only run these registered job types")
     parser.add_argument("--drain-timeout", type=float, default=30.0,
                         help="seconds in-flight jobs get to finish after SIGINT/SIGTERM (default 30)")
+    parser.add_argument("--no-scheduler", dest="run_scheduler", action="store_false",
+                        help="do not fire cron schedules in this process (another process does)")
     parser.add_argument("--strict-config", action="store_true",
                         help="exit 2 listing every RUNLEDGER_*/JOBS_* value that does not parse or is out of "
                              "range, instead of using the default or the nearest allowed value")
@@ -124,7 +126,7 @@ def _coerce(field: dataclasses.Field, raw: Any) -> Any:
     return text
 
 
-@command("worker", help="run a worker and reaper until SIGINT/SIGTERM", arguments=_worker_arguments)
+@command("worker", help="run a worker, reaper and scheduler until SIGINT/SIGTERM", arguments=_worker_arguments)
 def _worker(args: argparse.Namespace) -> int:
     registry = _load_registry(args.app)
     config = _worker_config(args, registry)
@@ -133,7 +135,8 @@ def _worker(args: argparse.Namespace) -> int:
     with open_engine(args) as engine:
         rl.check_schema(engine)
         registry.sync_definitions(engine)
-        return rl.Supervisor(engine, registry, config).run_until_shutdown(drain_timeout=args.drain_timeout)
+        supervisor = rl.Supervisor(engine, registry, config, run_scheduler=args.run_scheduler)
+        return supervisor.run_until_shutdown(drain_timeout=args.drain_timeout)
 
 
 @command("demo", help="run the demo: an embedded PostgreSQL (unless a URL is given) and a real worker")

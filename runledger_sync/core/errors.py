@@ -17,7 +17,6 @@ Branch on ``.code`` or on the class, never on the message text::
     │   ├── InvalidRetryDelay                   job.invalid_retry_delay
     │   ├── InvalidCron                         schedule.invalid_cron
     │   ├── InvalidTimezone                     schedule.invalid_timezone
-    │   ├── ScheduleNotFound                    schedule.not_found
     │   └── EnqueueIdempotencyUnsupportedIsolation
     │                                           job.enqueue_idempotency_unsupported_isolation
     ├── JobStateError                           runledger.job_state_rejected
@@ -25,6 +24,7 @@ Branch on ``.code`` or on the class, never on the message text::
     │   ├── UnstartedClaimReleaseNotApplicable  job.unstarted_claim_release_not_applicable
     │   ├── InvalidStateTransition              job.invalid_state_transition
     │   ├── JobNotFound                         job.not_found
+    │   ├── ScheduleNotFound                    schedule.not_found
     │   ├── DefinitionNotFoundOrDisabled        job.definition_not_found_or_disabled
     │   ├── WorkflowRequeueNotSupported         job.workflow_requeue_not_supported
     │   └── WorkflowReleaseConflict             workflow.release_conflict
@@ -177,12 +177,6 @@ class InvalidTimezone(ValidationError):
     code = "schedule.invalid_timezone"
 
 
-class ScheduleNotFound(ValidationError):
-    """No schedule has this name."""
-
-    code = "schedule.not_found"
-
-
 class EnqueueIdempotencyUnsupportedIsolation(ValidationError):
     """Idempotent enqueue needs a READ COMMITTED transaction."""
 
@@ -219,6 +213,12 @@ class JobNotFound(JobStateError):
     """No job with this id exists in the caller's scope."""
 
     code = "job.not_found"
+
+
+class ScheduleNotFound(JobStateError):
+    """No schedule has this name."""
+
+    code = "schedule.not_found"
 
 
 class DefinitionNotFoundOrDisabled(JobStateError):

@@ -10,7 +10,7 @@ import sys
 
 import runledger_sync as rl
 from runledger_sync import cli
-from tests.support import wait_until
+from tests.support import scalar, wait_until
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -105,3 +105,48 @@ def test_strict_config_refuses_every_value_the_environment_would_have_bent(engin
         "jobs config lease_ttl_seconds must be >= 1, got 0.0")
     assert lines[1].startswith("hint: fix each value listed")
     assert not _definition_exists(engine)
+
+
+def _start_worker(fresh_database, app: str, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "runledger_sync.cli", "--database-url", fresh_database, "worker", "--app", app,
+         "--poll-interval-ms", "20", *extra],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def _stop(process: subprocess.Popen) -> None:
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0, stderr
+
+
+def _scheduled_jobs(engine) -> list:
+    return [job for job in rl.list_jobs(engine) if "_schedule" in job.payload]
+
+
+def test_worker_fires_the_apps_declared_schedules_unless_told_not_to(engine, fresh_database):
+    quiet = _start_worker(fresh_database, "tests.cli_app:scheduled", "--no-scheduler")
+    try:
+        wait_until(lambda: rl.get_schedule(engine, "cli.every-second") is not None or quiet.poll() is not None,
+                   timeout=30)
+        assert quiet.poll() is None, quiet.communicate()[1]
+        started = rl.get_schedule(engine, "cli.every-second").next_fire_at
+        # Past two due instants: a scheduler would have fired by now.
+        wait_until(lambda: scalar(engine, "SELECT now() > :t + interval '2 seconds'", t=started), timeout=10)
+        assert _scheduled_jobs(engine) == []
+        _stop(quiet)
+    finally:
+        if quiet.poll() is None:
+            quiet.kill()
+            quiet.communicate()
+    firing = _start_worker(fresh_database, "tests.cli_app:scheduled")
+    try:
+        done = wait_until(lambda: [job for job in _scheduled_jobs(engine) if job.status is rl.JobStatus.SUCCEEDED],
+                          timeout=30)
+        assert done[0].output == {"echo": "tick"} and done[0].payload["_schedule"]["schedule_name"] == "cli.every-second"
+        _stop(firing)
+    finally:
+        if firing.poll() is None:
+            firing.kill()
+            firing.communicate()

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import runledger_sync as rl
 from runledger_sync import cli
@@ -173,5 +174,19 @@ def test_deploy_then_run_worker_snippets_run_every_job_and_ctrl_c_drains(fresh_d
     try:
         run_worker_process([str(script)], tmp_path, engine, signal.SIGINT, RUNLEDGER_LEASE_TTL_SECONDS="5")
         assert sorted(job.output["delivered_to"] for job in rl.list_jobs(engine)) == ["a@b.c", "b@c.d"]
+    finally:
+        engine.dispose()
+
+
+def test_schedules_snippet_declares_and_writes_its_schedules(fresh_database, tmp_path, monkeypatch):
+    namespace = deploy_and_enqueue(fresh_database, tmp_path, monkeypatch)
+    engine = namespace["engine"]
+    try:
+        exec(compile(readme_snippet("schedules"), "README.md:schedules", "exec"), namespace)  # noqa: S102 - our own README
+        found = {schedule.name: schedule for schedule in rl.list_schedules(engine)}
+        assert sorted(found) == ["hourly-digest", "nightly-report"]
+        nightly = found["nightly-report"]
+        assert (nightly.timezone, nightly.source, nightly.is_active) == ("Europe/Berlin", "code", True)
+        assert nightly.next_fire_at.astimezone(ZoneInfo("Europe/Berlin")).strftime("%H:%M:%S") == "02:30:00"
     finally:
         engine.dispose()

@@ -1,0 +1,84 @@
+"""The ``schedules`` commands against a real PostgreSQL: what they print and the rows they leave."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import runledger_sync as rl
+from runledger_sync import cli
+from runledger_sync.store.schedules import fire_due_schedules
+from tests.support import define, scalar
+
+REPORT = "cli.report"
+
+
+@pytest.fixture
+def db(engine):
+    define(engine, REPORT)
+    rl.upsert_schedule(engine, "nightly", cron_expr="0 30 2 * * *", job_type=REPORT, timezone="Europe/Berlin",
+                       payload_template={"kind": "daily"})
+    rl.upsert_schedule(engine, "hourly", cron_expr="@hourly", job_type=REPORT)
+    return engine
+
+
+@pytest.fixture
+def run(capsys, fresh_database):
+    def invoke(*argv: str) -> tuple[int, str, str]:
+        code = cli.main(["--database-url", fresh_database, *argv])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return invoke
+
+
+def test_list_prints_each_schedule_with_its_state_and_next_fire(db, run):
+    code, out, _ = run("schedules", "list")
+    assert code == 0
+    header, *lines = out.splitlines()
+    assert header.split()[:4] == ["name", "cron", "zone", "type"]
+    assert [line.split()[0] for line in lines if line.strip() and not line.startswith("-")] == ["hourly", "nightly"]
+    nightly = next(line for line in lines if line.startswith("nightly"))
+    assert "Europe/Berlin" in nightly and "active" in nightly
+
+
+def test_show_gives_the_next_fire_in_utc_and_in_the_schedules_zone(db, run):
+    code, out, _ = run("schedules", "show", "nightly")
+    assert code == 0
+    fields = dict(line.split(":", 1) for line in out.splitlines())
+    assert fields["state"].strip() == "active"
+    next_fire = fields["next_fire"]
+    assert "02:30:00 CE" in next_fire  # 02:30 in Berlin, CET or CEST by the date
+    assert fields["last_error"].strip() == "-"
+
+
+def test_pause_resume_trigger_and_delete_change_the_rows(db, run):
+    assert run("schedules", "pause", "nightly")[0] == 0
+    assert rl.get_schedule(db, "nightly").is_active is False
+    code, out, _ = run("schedules", "list", "--paused", "--json")
+    assert code == 0 and [json.loads(line)["name"] for line in out.splitlines()] == ["nightly"]
+    assert run("schedules", "resume", "nightly")[0] == 0
+    assert rl.get_schedule(db, "nightly").is_active is True
+    code, out, _ = run("schedules", "trigger", "hourly")
+    assert code == 0
+    job = rl.get_job(db, out.strip())
+    assert job.payload["_schedule"]["schedule_name"] == "hourly"
+    assert run("schedules", "delete", "hourly")[0] == 0
+    assert scalar(db, "SELECT count(*) FROM job_schedules") == 1
+
+
+def test_an_unknown_name_fails_with_its_code_and_a_hint(db, run):
+    code, _, err = run("schedules", "pause", "no-such")
+    assert code == 1
+    assert err.splitlines()[0] == "error: schedule.not_found: no schedule is named 'no-such'"
+    assert "schedules list" in err.splitlines()[1]
+
+
+def test_a_failing_schedule_shows_its_last_error(db, run):
+    rl.set_job_definition_enabled(db, REPORT, False)
+    with db.begin() as conn:
+        conn.exec_driver_sql("UPDATE job_schedules SET next_fire_at = now() - interval '1 second' WHERE name = 'hourly'")
+    fire_due_schedules(db, limit=16)
+    _, out, _ = run("schedules", "show", "hourly")
+    assert "job.definition_not_found_or_disabled" in out
