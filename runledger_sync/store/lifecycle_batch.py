@@ -38,7 +38,8 @@ from runledger_sync.store._fence import (
     write_fenced,
 )
 from runledger_sync.store._prepared import PreparedStatement
-from runledger_sync.store.lifecycle import _attempt_of, _build_success, _check_identity, _event_insert
+from runledger_sync.store._sql import attempt_of, check_identity, event_insert
+from runledger_sync.store._transitions import build_success
 
 _q = job_queue.c
 _a = job_attempts.c
@@ -72,11 +73,11 @@ def _build_running() -> Any:
     )
     marker = (
         job_attempts.update()
-        .where(_attempt_of(running), _a.execution_started_persisted_at.is_(None))
+        .where(attempt_of(running), _a.execution_started_persisted_at.is_(None))
         .values(execution_started_persisted_at=func.now())
         .cte("execution_marker")
     )
-    events = _event_insert(
+    events = event_insert(
         running,
         running.c.id, running.c.run_number, running.c.attempt, literal(JobEventType.STAGE_CHANGED.value),
         running.c.stage, running.c.progress_done, running.c.progress_total, func.jsonb_build_object(),
@@ -86,7 +87,7 @@ def _build_running() -> Any:
 
 def _build_group_success() -> Any:
     values = unnested(IDENTITY_ARRAYS + _SUCCESS_ARRAYS)
-    return _build_success(
+    return build_success(
         _live_leases(values),
         done=values.c.progress_done,
         total=values.c.progress_total,
@@ -108,7 +109,7 @@ def mark_jobs_running(bind: Bind, identities: Sequence[LeaseIdentity]) -> list[L
     Returns:
         One result per identity, in order: None once written, or a ``LeaseOwnerMismatch``.
     """
-    checked = [_check_identity(*_identity_values(identity)) for identity in identities]
+    checked = [check_identity(*_identity_values(identity)) for identity in identities]
     if not checked:
         return []
     return run_in_transaction(bind, lambda connection: _write_group(connection, _RUNNING, checked, {}))
@@ -131,7 +132,7 @@ def complete_jobs_success(
     checked = []
     columns: dict[str, list[Any]] = {param: [] for _, param, _ in _SUCCESS_ARRAYS}
     for identity, completion in completions:
-        checked.append(_check_identity(*_identity_values(identity)))
+        checked.append(check_identity(*_identity_values(identity)))
         completion = completion or JobCompletion()
         check.check_progress_values(completion.progress_done, completion.progress_total, completion=True)
         columns["new_progress_done"].append(completion.progress_done)

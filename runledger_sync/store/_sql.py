@@ -1,0 +1,77 @@
+"""Pieces of SQL the lifecycle statements share: intervals, event rows, attempt rows, identity checks."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import (
+    BigInteger,
+    Float,
+    and_,
+    any_,
+    bindparam,
+    cast,
+    func,
+    select,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import UUID as PG_UUID
+
+from runledger_sync.core import validation as check
+from runledger_sync.core.records import LeaseIdentity
+from runledger_sync.core.types import (
+    JobStatus,
+)
+from runledger_sync.db.schema import job_attempts, job_events, job_queue
+
+_q = job_queue.c
+_a = job_attempts.c
+_LEASED = JobStatus.LEASED.value
+
+def seconds(name: str) -> Any:
+    return func.make_interval(0, 0, 0, 0, 0, 0, bindparam(name, type_=Float))
+
+
+def milliseconds(name: str) -> Any:
+    return func.make_interval(0, 0, 0, 0, 0, 0, bindparam(name, type_=BigInteger) / 1000.0)
+
+
+def ordinals(count: int) -> Any:
+    """Rows 1..count, to write several events from one updated row in a fixed order.
+
+    generate_series rather than a VALUES list: SQLAlchemy cannot cache a
+    statement holding literal VALUES data, and these statements are on the hot path.
+    """
+    return func.generate_series(1, count).table_valued("ord").render_derived(name="kinds")
+
+
+def event_insert(source: Any, *event_columns: Any) -> Any:
+    """INSERT INTO job_events from ``source`` rows (one statement, ids in select order)."""
+    names = ["job_id", "run_number", "attempt", "event_type", "stage", "progress_done", "progress_total", "payload"]
+    return job_events.insert().from_select(names, select(*event_columns).select_from(source))
+
+
+def check_identity(job_id: Any, run_number: Any, attempt: Any, worker_id: Any) -> LeaseIdentity:
+    if not isinstance(job_id, UUID):
+        raise check.InvalidArgument("job_id", job_id, "a UUID")
+    check.check_int("run_number", run_number, (1, 2**31 - 1))
+    check.check_int("attempt", attempt, (1, 2**31 - 1))
+    check.check_text("worker_id", worker_id, max_length=check.WORKER_ID_MAX_LENGTH)
+    return LeaseIdentity(job_id, run_number, attempt, worker_id)
+
+def ids_of(rows: Any) -> Any:
+    """The ``id`` column of ``rows`` (a CTE) as one uuid array.
+
+    Compared with ``= ANY``, it reaches a table through its index on that key
+    in whatever order the planner joins the rest: no plan can read the table whole.
+    """
+    return cast(select(func.array_agg(rows.c.id)).scalar_subquery(), ARRAY(PG_UUID(as_uuid=True)))
+
+
+def attempt_of(jobs: Any) -> Any:
+    """WHERE clause: the job_attempts row of each written job's current attempt (``jobs``: a CTE of job rows)."""
+    return and_(
+        _a.job_id == jobs.c.id, _a.run_number == jobs.c.run_number, _a.attempt == jobs.c.attempt,
+        _a.job_id == any_(ids_of(jobs)),
+    )

@@ -1,0 +1,226 @@
+"""The statements of the transitions several writers make: success, failure (retry or dead letter), unstarted release.
+
+The worker's single and grouped writes and the reaper build their statements
+here, each with its own guard, so a transition is written the same way whoever makes it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Text,
+    bindparam,
+    case,
+    cast,
+    func,
+    literal,
+    null,
+    select,
+    true,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from runledger_sync.core import validation as check
+from runledger_sync.core.types import (
+    ClaimOrigin,
+    JobEventType,
+    JobFailure,
+    JobStage,
+    JobStatus,
+)
+from runledger_sync.db.schema import job_attempts, job_dead_letters, job_events, job_queue
+from runledger_sync.store._fence import held_under, one_lease
+from runledger_sync.store._prepared import PreparedStatement
+from runledger_sync.store._rows import JOB_COLUMNS
+from runledger_sync.store._sql import attempt_of, event_insert, milliseconds, ordinals
+
+_q = job_queue.c
+_a = job_attempts.c
+_LEASED = JobStatus.LEASED.value
+
+def build_success(
+    guard: Any, *, done: Any, total: Any, checkpoint: Any, output: Any, returning: Sequence[Any] = JOB_COLUMNS,
+) -> Any:
+    """The SUCCEEDED write with its attempt and event rows; the new values are columns or binds.
+
+    ``returning`` must hold the id, run, attempt, stage and progress columns the attempt and event rows use.
+    """
+    succeeded = (
+        job_queue.update()
+        .where(guard)
+        .values(
+            status=JobStatus.SUCCEEDED.value,
+            lease_expires_at=None,
+            last_heartbeat_at=None,
+            worker_id=None,
+            finished_at=func.now(),
+            stage=JobStage.COMPLETED.value,
+            progress_done=func.coalesce(done, _q.progress_done),
+            progress_total=func.coalesce(total, _q.progress_total),
+            checkpoint=func.coalesce(checkpoint, _q.checkpoint),
+            output=output,
+            status_reason=None,
+            last_error_code=None,
+            last_error_message=None,
+        )
+        .returning(*returning)
+        .cte("succeeded")
+    )
+    attempt = (
+        job_attempts.update()
+        .where(attempt_of(succeeded))
+        .values(finished_at=func.now(), outcome=None, error_code=None, error_message=None, retry_delay_ms=None)
+        .cte("finished_attempt")
+    )
+    events = event_insert(
+        succeeded,
+        succeeded.c.id, succeeded.c.run_number, succeeded.c.attempt, literal(JobEventType.SUCCEEDED.value),
+        succeeded.c.stage, succeeded.c.progress_done, succeeded.c.progress_total, func.jsonb_build_object(),
+    ).cte("succeeded_event")
+    return select(*succeeded.c).add_cte(attempt, events)
+
+def build_failure(guard: Any) -> Any:
+    """The retry-or-dead-letter write, shared by the worker (live lease) and the reaper (expired)."""
+    kind = bindparam("kind", type_=Text)
+    code = bindparam("code", type_=Text)
+    message = bindparam("message", type_=Text)
+    delay_ms = bindparam("retry_delay", type_=BigInteger)
+    dead = bindparam("non_retryable", type_=Boolean) | (_q.attempt >= _q.max_attempts)
+    failed = (
+        job_queue.update()
+        .where(guard)
+        .values(
+            status=case((dead, JobStatus.DEAD_LETTERED.value), else_=JobStatus.PENDING.value),
+            next_run_at=case((dead, _q.next_run_at), else_=func.now() + milliseconds("retry_delay")),
+            finished_at=case((dead, func.now()), else_=_q.finished_at),
+            lease_expires_at=None,
+            last_heartbeat_at=None,
+            worker_id=None,
+            status_reason=kind,
+            last_error_code=code,
+            last_error_message=message,
+        )
+        .returning(*JOB_COLUMNS)
+        .cte("failed")
+    )
+    is_dead = failed.c.status == JobStatus.DEAD_LETTERED.value
+    attempt = (
+        job_attempts.update()
+        .where(attempt_of(failed))
+        .values(
+            finished_at=func.now(),
+            outcome=kind,
+            error_code=code,
+            error_message=message,
+            retry_delay_ms=case((is_dead, null()), else_=delay_ms),
+        )
+        .cte("failed_attempt")
+    )
+    dead_letter_insert = pg_insert(job_dead_letters).from_select(
+        ["job_id", "job_type", "organization_id", "run_number", "attempt", "error_code", "error_message",
+         "payload_snapshot", "checkpoint_snapshot"],
+        select(
+            failed.c.id, failed.c.job_type, failed.c.organization_id, failed.c.run_number, failed.c.attempt,
+            code, message, failed.c.payload, failed.c.checkpoint,
+        ).where(is_dead),
+    )
+    excluded = dead_letter_insert.excluded
+    dead_letter = dead_letter_insert.on_conflict_do_update(
+        index_elements=[job_dead_letters.c.job_id],
+        set_={
+            name: excluded[name]
+            for name in ("job_type", "organization_id", "run_number", "attempt", "error_code", "error_message",
+                         "payload_snapshot", "checkpoint_snapshot")
+        }
+        | {"failed_at": func.now()},
+    ).cte("dead_letter")
+    extra = cast(bindparam("event_extra", type_=Text), JSONB)
+    kinds = ordinals(2)
+    event_type = case(
+        (kinds.c.ord == 1, JobEventType.FAILED.value),
+        (is_dead, JobEventType.DEAD_LETTERED.value),
+        else_=JobEventType.RETRY_SCHEDULED.value,
+    )
+    payload = case(
+        (kinds.c.ord == 1, func.jsonb_build_object("kind", kind, "error_code", code, "error_message", message)),
+        (is_dead, func.jsonb_build_object("kind", kind, "error_code", code)),
+        else_=func.jsonb_build_object("kind", kind, "retry_delay_ms", delay_ms, "next_run_at", failed.c.next_run_at),
+    ).op("||")(extra)
+    events = job_events.insert().from_select(
+        ["job_id", "run_number", "attempt", "event_type", "stage", "progress_done", "progress_total", "payload"],
+        select(
+            failed.c.id, failed.c.run_number, failed.c.attempt, event_type, failed.c.stage,
+            failed.c.progress_done, failed.c.progress_total, payload,
+        )
+        .select_from(failed.join(kinds, true()))
+        .order_by(kinds.c.ord),
+    ).cte("failure_events")
+    return select(*failed.c).add_cte(attempt, dead_letter, events)
+
+def failure_params(failure: JobFailure, delay_ms: int, extra: dict[str, Any]) -> dict[str, Any]:
+    # The code and message are made storable, not refused: a handler's message
+    # often repeats a file name or an upstream reply, and a refused write would
+    # lose the failure (the lease would expire and the job run again).
+    return {
+        "kind": failure.kind.value,
+        "code": check.check_failure_code(failure.code),
+        "message": check.storable_text(str(failure.message)),
+        "retry_delay": delay_ms,
+        "non_retryable": not failure.kind.is_retryable,
+        "event_extra": check.serialize_json("event", extra),
+    }
+
+def build_release() -> Any:
+    job_id, run_number, attempt, worker_id = one_lease()
+    unstarted_attempt = (
+        select(_a.id)
+        .where(
+            _a.job_id == job_id,
+            _a.run_number == run_number,
+            _a.attempt == attempt,
+            _a.claim_origin == ClaimOrigin.WORKER_PRESTART.value,
+            _a.execution_started_persisted_at.is_(None),
+        )
+        .scalar_subquery()
+    )
+    released = (
+        job_queue.update()
+        # No live-lease test: handing back an unstarted claim is what the reaper does
+        # once the lease has run out, so an expired lease changes nothing here.
+        .where(held_under(job_id, run_number, attempt, worker_id), unstarted_attempt.is_not(None))
+        .values(
+            status=JobStatus.PENDING.value,
+            attempt=_q.attempt - 1,
+            lease_expires_at=None,
+            last_heartbeat_at=None,
+            worker_id=None,
+            next_run_at=func.now() + milliseconds("delay_ms"),
+            started_at=case((_q.attempt == 1, null()), else_=_q.started_at),
+            status_reason=None,
+            last_error_code=None,
+            last_error_message=None,
+        )
+        .returning(*JOB_COLUMNS)
+        .cte("released")
+    )
+    removed = (
+        job_attempts.delete()
+        .where(
+            _a.job_id == released.c.id,
+            _a.run_number == released.c.run_number,
+            _a.attempt == attempt,
+        )
+        .cte("removed_attempt")
+    )
+    events = event_insert(
+        released,
+        released.c.id, released.c.run_number, attempt, literal(JobEventType.REQUEUED.value),
+        released.c.stage, null(), null(), func.jsonb_build_object("reason", bindparam("reason", type_=Text)),
+    ).cte("released_event")
+    return select(*released.c).add_cte(removed, events)
+
+RELEASE = PreparedStatement("release", build_release())

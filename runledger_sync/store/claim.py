@@ -1,0 +1,231 @@
+"""The claim: lease due jobs to a worker, and plan the statement that does it once per connection."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from sqlalchemy import (
+    Float,
+    Integer,
+    Text,
+    any_,
+    bindparam,
+    cast,
+    func,
+    literal,
+    literal_column,
+    null,
+    select,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import UUID as PG_UUID
+from sqlalchemy.engine import Connection
+
+from runledger_sync.core import validation as check
+from runledger_sync.core.errors import (
+    InvalidLeaseDuration,
+)
+from runledger_sync.core.ids import uuid7
+from runledger_sync.core.records import JobRecord
+from runledger_sync.core.types import (
+    ClaimOrigin,
+    JobEventType,
+    JobStatus,
+)
+from runledger_sync.db.schema import job_attempts, job_queue
+from runledger_sync.store._binds import Bind
+from runledger_sync.store._errors import owns_transaction, run_in_transaction
+from runledger_sync.store._prepared import PreparedStatement, execute_in_turn
+from runledger_sync.store._rows import JOB_COLUMNS, to_job
+
+from runledger_sync.store._sql import event_insert, ids_of, seconds
+
+MAX_CLAIM_LIMIT = 1_000
+
+_q = job_queue.c
+_LEASED = JobStatus.LEASED.value
+
+#: Written into the statement, not bound: a generic plan can use the partial claim
+#: index (``WHERE status = 'PENDING'``) only if it can prove the predicate from the
+#: text; with a parameter it cannot, and would sort the queue instead.
+_PENDING_IN_TEXT = literal_column(f"'{JobStatus.PENDING.value}'", Text)
+
+def _build_claim(with_type_filter: bool) -> Any:
+    conditions = [_q.status == _PENDING_IN_TEXT, _q.next_run_at <= func.now()]
+    if with_type_filter:
+        conditions.append(_q.job_type == func.any(bindparam("job_types", type_=ARRAY(Text))))
+    picked = (
+        select(_q.id)
+        .where(*conditions)
+        .order_by(_q.priority.desc(), _q.next_run_at, _q.created_at, _q.id)
+        .limit(bindparam("limit", type_=Integer))
+        .with_for_update(skip_locked=True)
+        .cte("picked")
+    )
+    leased = (
+        job_queue.update()
+        # No join: no join order for a plan made on a near-empty table to get backwards.
+        .where(_q.id == any_(ids_of(picked)))
+        .values(
+            status=_LEASED,
+            attempt=_q.attempt + 1,
+            worker_id=bindparam("lease_worker_id", type_=Text),
+            lease_expires_at=func.now() + seconds("lease_seconds"),
+            last_heartbeat_at=func.now(),
+            started_at=func.coalesce(_q.started_at, func.now()),
+        )
+        .returning(*JOB_COLUMNS)
+        .cte("leased")
+    )
+    numbered = select(
+        leased.c.id, leased.c.run_number, leased.c.attempt, leased.c.stage,
+        func.row_number().over(order_by=leased.c.id).label("n"),
+    ).cte("numbered")
+    # Attempt ids are UUIDv7s made in Python (PostgreSQL < 18 has no uuidv7());
+    # the caller passes one per possible row and they are paired by position.
+    attempt_ids = func.unnest(cast(bindparam("attempt_ids", type_=ARRAY(Text)), ARRAY(PG_UUID(as_uuid=True)))).table_valued(
+        "attempt_id", with_ordinality="n"
+    ).render_derived(name="attempt_ids")
+    attempts = job_attempts.insert().from_select(
+        ["id", "job_id", "run_number", "attempt", "worker_id", "claim_origin"],
+        select(
+            attempt_ids.c.attempt_id, numbered.c.id, numbered.c.run_number, numbered.c.attempt,
+            bindparam("lease_worker_id", type_=Text), bindparam("claim_origin", type_=Text),
+        ).select_from(numbered.join(attempt_ids, attempt_ids.c.n == numbered.c.n)),
+    ).cte("attempts")
+    events = event_insert(
+        leased,
+        leased.c.id, leased.c.run_number, leased.c.attempt, literal(JobEventType.LEASED.value), leased.c.stage,
+        null(), null(),
+        func.jsonb_build_object(
+            "worker_id", bindparam("lease_worker_id", type_=Text), "lease_duration_seconds", bindparam("lease_seconds", type_=Float),
+        ),
+    ).cte("leased_events")
+    return (
+        select(*leased.c)
+        .add_cte(attempts, events)
+        .order_by(leased.c.priority.desc(), leased.c.next_run_at, leased.c.created_at, leased.c.id)
+    )
+
+
+# Planned once per connection (planning cost about as much as the claim): the pick
+# reads the claim index and the update looks the picked ids up, at any queue size.
+_CLAIM_ANY_TYPE = PreparedStatement("claim", _build_claim(with_type_filter=False), index_plan=True)
+_CLAIM_FOR_TYPES = PreparedStatement("claim_for_types", _build_claim(with_type_filter=True), index_plan=True)
+
+
+def _claim(
+    bind: Bind,
+    origin: ClaimOrigin,
+    worker_id: str,
+    lease_ttl_seconds: float,
+    limit: int,
+    job_types: Optional[Sequence[str]],
+) -> list[JobRecord]:
+    check.check_text("worker_id", worker_id, max_length=check.WORKER_ID_MAX_LENGTH)
+    number = isinstance(lease_ttl_seconds, (int, float)) and not isinstance(lease_ttl_seconds, bool)
+    if not number or not lease_ttl_seconds > 0:
+        raise InvalidLeaseDuration(f"lease_ttl_seconds must be greater than zero, got {lease_ttl_seconds!r}")
+    check.check_int("limit", limit, (1, MAX_CLAIM_LIMIT))
+    params: dict[str, Any] = {
+        "lease_worker_id": worker_id,
+        "lease_seconds": float(lease_ttl_seconds),
+        "limit": limit,
+        "claim_origin": origin.value,
+        "attempt_ids": [str(uuid7()) for _ in range(limit)],
+    }
+    statement = _CLAIM_ANY_TYPE
+    if job_types is not None:
+        types = sorted({check.check_job_type(t) for t in job_types})
+        if not types:
+            return []
+        params["job_types"] = types
+        statement = _CLAIM_FOR_TYPES
+
+    if not owns_transaction(bind):
+        return run_in_transaction(bind, lambda connection: _claim_in_callers_transaction(connection, statement, params))
+    settings = _PRESTART_CLAIM_SETTINGS if origin is ClaimOrigin.WORKER_PRESTART else _CLAIM_SETTINGS
+
+    def work(connection: Connection) -> list[JobRecord]:
+        # SET LOCAL: gone when this transaction of ours ends. Set in the same round
+        # trip as the claim, which is planned after them.
+        return [to_job(row) for row in execute_in_turn(connection, (settings, statement), params)]
+
+    return run_in_transaction(bind, work)
+
+
+def _claim_in_callers_transaction(
+    connection: Connection, statement: PreparedStatement, params: dict[str, Any]
+) -> list[JobRecord]:
+    """Claim with the same planner settings, then give the caller's transaction back its own."""
+    saved = connection.execute(_PLANNER_SETTINGS_NOW).one()
+    claimed = [to_job(row) for row in execute_in_turn(connection, (_CLAIM_SETTINGS, statement), params)]
+    connection.execute(_RESTORE_PLANNER_SETTINGS, saved._asdict())
+    return claimed
+
+
+# The pick must read the claim index in queue order and stop at the limit. With
+# statistics that call the queue empty (a new table, or one analyzed while idle and
+# then hit by a burst) the planner prefers to fetch every pending row of the types
+# and sort them, so each claim costs in proportion to the queue. A sort is never
+# the right way to pick, so the claim plans without one. A disabled plan node
+# counts as a huge cost, which would also make every claim worth compiling with
+# JIT (hundreds of milliseconds each), so JIT is off as well.
+_PLANNER_SETTINGS = {"enable_sort": "off", "jit": "off"}
+_SORTED_BY_INDEX = tuple(func.set_config(name, value, True) for name, value in _PLANNER_SETTINGS.items())
+_CLAIM_SETTINGS = PreparedStatement("claim_settings", select(*_SORTED_BY_INDEX))
+# Nothing runs on a prestart claim until the running write commits, and that
+# synchronous commit flushes this one too. A claim lost in a server crash before
+# then is simply claimed again, so it need not wait for the disk.
+_PRESTART_CLAIM_SETTINGS = PreparedStatement(
+    "prestart_claim_settings", select(*_SORTED_BY_INDEX, func.set_config("synchronous_commit", "off", True))
+)
+# A caller's transaction keeps its own synchronous_commit; its planner settings
+# are read before the claim and set back after it.
+_PLANNER_SETTINGS_NOW = select(*(func.current_setting(name).label(name) for name in _PLANNER_SETTINGS))
+_RESTORE_PLANNER_SETTINGS = select(
+    *(func.set_config(name, bindparam(name, type_=Text), True) for name in _PLANNER_SETTINGS)
+)
+
+
+def claim_jobs(
+    bind: Bind,
+    *,
+    worker_id: str,
+    lease_ttl_seconds: float,
+    limit: int,
+    job_types: Optional[Sequence[str]] = None,
+) -> list[JobRecord]:
+    """Lease up to ``limit`` due jobs for ``worker_id`` (DIRECT claims: the attempt is spent).
+
+    Rows locked by other claimers are skipped, never waited for. ``job_types``
+    None means any type; an empty list claims nothing without a query.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
+            connection whose open transaction the call joins (the caller commits).
+
+    Raises:
+        InvalidLeaseDuration: ``lease_ttl_seconds`` is not positive.
+    """
+    return _claim(bind, ClaimOrigin.DIRECT, worker_id, lease_ttl_seconds, limit, job_types)
+
+
+def claim_prestart_jobs_for_types(
+    bind: Bind,
+    *,
+    worker_id: str,
+    lease_ttl_seconds: float,
+    limit: int,
+    job_types: Sequence[str],
+) -> list[JobRecord]:
+    """Lease due jobs of ``job_types`` as prestart claims, the worker's way.
+
+    A prestart claim must persist RUNNING (:func:`mark_job_running`) before the
+    handler starts; until then it can be handed back without spending an attempt.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
+            connection whose open transaction the call joins (the caller commits).
+    """
+    return _claim(bind, ClaimOrigin.WORKER_PRESTART, worker_id, lease_ttl_seconds, limit, job_types)
