@@ -30,13 +30,12 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional
 
 from sqlalchemy.engine import Engine
 from tenacity import Retrying, retry_if_exception_type, stop_before_delay, stop_when_event_set, wait_exponential
 
 from runledger_sync.config import JobsConfig
-from runledger_sync.core import backoff
 from runledger_sync.core.errors import (
     CommitOutcomeUnknown,
     ConnectionFailed,
@@ -53,10 +52,26 @@ from runledger_sync.core.records import JobRecord
 from runledger_sync.core.types import (
     JobCompletion,
     JobContext,
-    JobDeadLetterInfo,
-    JobDeadLetterReason,
     JobFailure,
     JobStatus,
+)
+from runledger_sync.core.outcomes import (
+    HANDLER_ERROR_CODE,
+    HANDLER_INVALID_RESULT_CODE,
+    HANDLER_NOT_REGISTERED_CODE,
+    HANDLER_PANIC_CODE,
+    HANDLER_TRANSIENT_ERROR_CODE,
+    INVALID_COMPLETION_PROGRESS_CODE,
+    LEASE_OWNER_MISMATCH_CODE,
+    MAINTENANCE_LOST,
+    DeadLetter,
+    LeaseLost,
+    Outcome,
+    Retry,
+    Succeed,
+    Transition,
+    decide,
+    timeout_failure,
 )
 from runledger_sync.core.validation import check_failure_code, completion_progress_problem, serialize_json
 from runledger_sync.db.errors import is_transient_error
@@ -72,15 +87,6 @@ from runledger_sync.store.held import HeldConnection
 log = get_logger(__name__)
 
 UNKNOWN_WORKER_ID = "unknown-worker"
-LEASE_OWNER_MISMATCH_CODE = "job.lease_owner_mismatch"
-LEASE_MAINTENANCE_FAILED_CODE = "job.lease_maintenance_failed"
-HANDLER_PANIC_CODE = "job.handler_panic"
-HANDLER_ERROR_CODE = "job.handler_error"
-HANDLER_TRANSIENT_ERROR_CODE = "job.handler_transient_error"
-HANDLER_NOT_REGISTERED_CODE = "job.handler_not_registered"
-HANDLER_INVALID_RESULT_CODE = "job.handler_invalid_result"
-INVALID_COMPLETION_PROGRESS_CODE = "job.invalid_completion_progress"
-TIMEOUT_EXCEEDED_CODE = "job.timeout_exceeded"
 RUNNING_PROGRESS_PERSIST_FAILED_REASON = "RUNNING_PROGRESS_PERSIST_FAILED"
 #: How long a renewal still in flight when the lease ran out may take to answer,
 #: so the lost attempt is logged with the database's reason when it has one.
@@ -98,17 +104,6 @@ GROUP_LINGER_SECONDS = 0.002
 OUTCOME_WRITE_BUDGET_SECONDS = 10.0
 
 
-@dataclass(frozen=True)
-class LeaseLost:
-    """The attempt lost its lease: nothing is written, the reaper recovers the job."""
-
-    code: str
-    message: str
-
-
-MAINTENANCE_LOST = LeaseLost(LEASE_MAINTENANCE_FAILED_CODE, "Job lease could not be durably maintained during processing.")
-
-Outcome = Union[JobCompletion, JobFailure, LeaseLost]
 SuccessItem = tuple[lifecycle.LeaseIdentity, Optional[JobCompletion]]
 
 
@@ -155,10 +150,6 @@ class HotPathWriters:
         # Both threads have stopped, so their connections are free to close here.
         for connection in self.connections:
             connection.close()
-
-
-def timeout_failure() -> JobFailure:
-    return JobFailure.timeout(TIMEOUT_EXCEEDED_CODE, "Job exceeded the configured timeout.")
 
 
 class _OutcomeGate:
@@ -221,8 +212,8 @@ class JobExecution:
         self.local_lease_deadline = time.monotonic() + config.lease_ttl_seconds
         #: Set once the handler wrote its success in its own transaction (complete_in).
         self.completed_in_transaction = False
-        #: The outcome the attempt ended with, once one was decided (by the handler or the watch).
-        self.decided: Optional[Outcome] = None
+        #: The transition the attempt ended with, once one was decided (by the handler or the watch).
+        self.decided: Optional[Transition] = None
 
     def _report_progress(self, context: JobContext, done: Optional[int], total: Optional[int], checkpoint: Any) -> None:
         lifecycle.update_job_progress(
@@ -322,15 +313,17 @@ def _process_with_timer(
         "elapsed_ms": int((time.monotonic() - started) * 1000)})
 
 
-def _outcome_fields(outcome: Optional[Outcome]) -> dict[str, Any]:
+def _outcome_fields(transition: Optional[Transition]) -> dict[str, Any]:
     """How the attempt ended, for its closing log line (never the payload or the output)."""
-    if outcome is None:
+    if transition is None:
         return {"outcome": "undecided"}
-    if isinstance(outcome, LeaseLost):
-        return {"outcome": "lease_lost", "failure_code": outcome.code}
-    if isinstance(outcome, JobFailure):
-        return {"outcome": "failed", "failure_kind": outcome.kind.value, "failure_code": outcome.code}
-    return {"outcome": "succeeded"}
+    if isinstance(transition, LeaseLost):
+        return {"outcome": "lease_lost", "failure_code": transition.code}
+    if isinstance(transition, Succeed):
+        return {"outcome": "succeeded"}
+    failure = transition.failure
+    ended = "retry_scheduled" if isinstance(transition, Retry) else "dead_lettered"
+    return {"outcome": ended, "failure_kind": failure.kind.value, "failure_code": failure.code}
 
 
 # -- step 2: mark running -----------------------------------------------------------
@@ -641,18 +634,32 @@ def _was_canceled(execution: JobExecution) -> bool:
 
 
 def _finish(execution: JobExecution, outcome: Outcome) -> None:
-    execution.decided = outcome
-    if isinstance(outcome, LeaseLost):
+    if execution.completed_in_transaction and not isinstance(outcome, LeaseLost) and _committed_by_handler(
+            execution, outcome):
+        execution.decided = Succeed(JobCompletion())
+        return
+    _apply(execution, _decide(execution, outcome))
+
+
+def _decide(execution: JobExecution, outcome: Outcome) -> Transition:
+    job = execution.job
+    override = (execution.registry.retry_delay_override(job.job_type, outcome.code)
+                if isinstance(outcome, JobFailure) and outcome.kind.is_retryable else None)
+    return decide(job, outcome, retry_delay_override=override)
+
+
+def _apply(execution: JobExecution, transition: Transition) -> None:
+    """Write the one transition the attempt ended with (nothing for a lost lease)."""
+    execution.decided = transition
+    if isinstance(transition, LeaseLost):
         log.warning(
             "job processing aborted because durable lease maintenance was lost",
-            extra=execution.log_fields | {"failure_code": outcome.code},
+            extra=execution.log_fields | {"failure_code": transition.code},
         )
-    elif execution.completed_in_transaction and _committed_by_handler(execution, outcome):
-        return
-    elif isinstance(outcome, JobFailure):
-        _complete_failure(execution, outcome)
+    elif isinstance(transition, Succeed):
+        _complete_success(execution, transition.completion)
     else:
-        _complete_success(execution, outcome)
+        _complete_failure(execution, transition)
 
 
 def _committed_by_handler(execution: JobExecution, outcome: Outcome) -> bool:
@@ -688,7 +695,7 @@ def _complete_success(execution: JobExecution, completion: JobCompletion) -> Non
     except InvalidCompletionProgress as error:
         log.warning("handler returned invalid success completion; marking job terminal",
                     extra=execution.log_fields | {"failure_code": error.code})
-        _complete_failure(execution, JobFailure.terminal(INVALID_COMPLETION_PROGRESS_CODE, error.message))
+        _apply(execution, _decide(execution, JobFailure.terminal(INVALID_COMPLETION_PROGRESS_CODE, error.message)))
     except WorkflowReleaseConflict as error:
         log.warning("job success completion conflicted with workflow cancellation; leaving lease for reaper recovery",
                     extra=execution.log_fields | {"error": str(error)})
@@ -715,29 +722,9 @@ def _write_success(execution: JobExecution, completion: JobCompletion) -> None:
         execution.engine, **execution.identity.keywords(), completion=completion))
 
 
-def retry_delay_ms_for(registry: JobRegistry, job: JobRecord, failure: JobFailure) -> Optional[int]:
-    """The seed's policy: no delay for non-retryable kinds, else the override or the backoff."""
-    if not failure.kind.is_retryable:
-        return None
-    override = registry.retry_delay_override(job.job_type, failure.code)
-    return override if override is not None else backoff.compute_retry_delay_ms(job.attempt, job.id)
-
-
-def dead_letter_info(job: JobRecord, failure: JobFailure) -> Optional[JobDeadLetterInfo]:
-    """Mirror the store's decision so the hook learns why the job was dead-lettered."""
-    if not failure.kind.is_retryable:
-        reason = JobDeadLetterReason.FAILURE_KIND_NON_RETRYABLE
-    elif job.attempt >= job.max_attempts:
-        reason = JobDeadLetterReason.ATTEMPTS_EXHAUSTED
-    else:
-        return None
-    return JobDeadLetterInfo(failure=failure, reason=reason, max_attempts=job.max_attempts)
-
-
-def _complete_failure(execution: JobExecution, failure: JobFailure) -> None:
-    execution.decided = failure
-    job = execution.job
-    delay = retry_delay_ms_for(execution.registry, job, failure)
+def _complete_failure(execution: JobExecution, transition: Retry | DeadLetter) -> None:
+    job, failure = execution.job, transition.failure
+    delay = transition.delay_ms if isinstance(transition, Retry) else None
     try:
         stored = _write(execution, lambda: lifecycle.complete_job_failure(
             execution.engine, **execution.identity.keywords(), failure=failure, retry_delay_ms=delay))
@@ -748,9 +735,9 @@ def _complete_failure(execution: JobExecution, failure: JobFailure) -> None:
     except RunledgerError as error:
         log.error("failed to mark job failure", extra=execution.log_fields | {"error": str(error)})
         return
-    info = dead_letter_info(job, failure)
-    if info is None or stored.status is not JobStatus.DEAD_LETTERED:
+    if not isinstance(transition, DeadLetter) or stored.status is not JobStatus.DEAD_LETTERED:
         return
+    info = transition.info
     log.warning(
         "job dead lettered after handler failure",
         extra=execution.log_fields | {

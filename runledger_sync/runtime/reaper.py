@@ -17,7 +17,8 @@ from sqlalchemy.engine import Engine
 from runledger_sync.config import JobsConfig
 from runledger_sync.core.errors import ConfigError
 from runledger_sync.core.records import ReapedDeadLetter, ReapResult
-from runledger_sync.core.types import JobContext, JobDeadLetterInfo, JobDeadLetterReason, JobFailure, RuntimeLoopExit
+from runledger_sync.core.types import JobContext, JobDeadLetterInfo, JobDeadLetterReason, RuntimeLoopExit
+from runledger_sync.core.outcomes import lease_expired_failure
 from runledger_sync.logging import get_logger, job_log_fields
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.hooks import run_dead_letter_hook
@@ -52,7 +53,7 @@ def reap_once(engine: Engine, registry: JobRegistry, config: JobsConfig, shutdow
 def _notify_dead_letters(
     registry: JobRegistry, config: JobsConfig, dead: Sequence[ReapedDeadLetter], shutdown: threading.Event
 ) -> None:
-    failure = JobFailure.lease_expired(lifecycle.LEASE_EXPIRED_CODE, lifecycle.LEASE_EXPIRED_MESSAGE)
+    failure = lease_expired_failure()
     info = JobDeadLetterInfo(failure=failure, reason=JobDeadLetterReason.LEASE_EXPIRED, max_attempts=None)
     calls = [(registry.get(record.job_type), record) for record in dead]
     calls = [(handler, record) for handler, record in calls if handler is not None]

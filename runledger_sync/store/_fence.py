@@ -93,7 +93,8 @@ def by_listed_ids() -> Any:
 def _build_lock() -> Any:
     leases = unnested()
     return (
-        select(_q.id)
+        # max_attempts: a failure write asks the dead-letter rule of the locked row.
+        select(_q.id, _q.max_attempts)
         .select_from(job_queue.join(leases, and_(held_under(*leases_columns(leases)), by_listed_ids())))
         .order_by(_q.id)
         .with_for_update(of=job_queue)

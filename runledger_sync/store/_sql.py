@@ -29,6 +29,7 @@ _q = job_queue.c
 _a = job_attempts.c
 _LEASED = JobStatus.LEASED.value
 
+
 def seconds(name: str) -> Any:
     return func.make_interval(0, 0, 0, 0, 0, 0, bindparam(name, type_=Float))
 
@@ -59,6 +60,7 @@ def check_identity(job_id: Any, run_number: Any, attempt: Any, worker_id: Any) -
     check.check_int("attempt", attempt, (1, 2**31 - 1))
     check.check_text("worker_id", worker_id, max_length=check.WORKER_ID_MAX_LENGTH)
     return LeaseIdentity(job_id, run_number, attempt, worker_id)
+
 
 def ids_of(rows: Any) -> Any:
     """The ``id`` column of ``rows`` (a CTE) as one uuid array.

@@ -42,6 +42,7 @@ _q = job_queue.c
 _a = job_attempts.c
 _LEASED = JobStatus.LEASED.value
 
+
 def build_success(
     guard: Any, *, done: Any, total: Any, checkpoint: Any, output: Any, returning: Sequence[Any] = JOB_COLUMNS,
 ) -> Any:
@@ -83,13 +84,15 @@ def build_success(
     ).cte("succeeded_event")
     return select(*succeeded.c).add_cte(attempt, events)
 
+
 def build_failure(guard: Any) -> Any:
     """The retry-or-dead-letter write, shared by the worker (live lease) and the reaper (expired)."""
     kind = bindparam("kind", type_=Text)
     code = bindparam("code", type_=Text)
     message = bindparam("message", type_=Text)
     delay_ms = bindparam("retry_delay", type_=BigInteger)
-    dead = bindparam("non_retryable", type_=Boolean) | (_q.attempt >= _q.max_attempts)
+    # Decided before the write, by the one rule (core.outcomes.dead_letter_reason).
+    dead = bindparam("dead_letter", type_=Boolean)
     failed = (
         job_queue.update()
         .where(guard)
@@ -161,7 +164,8 @@ def build_failure(guard: Any) -> Any:
     ).cte("failure_events")
     return select(*failed.c).add_cte(attempt, dead_letter, events)
 
-def failure_params(failure: JobFailure, delay_ms: int, extra: dict[str, Any]) -> dict[str, Any]:
+
+def failure_params(failure: JobFailure, delay_ms: int, dead_letter: bool, extra: dict[str, Any]) -> dict[str, Any]:
     # The code and message are made storable, not refused: a handler's message
     # often repeats a file name or an upstream reply, and a refused write would
     # lose the failure (the lease would expire and the job run again).
@@ -170,9 +174,10 @@ def failure_params(failure: JobFailure, delay_ms: int, extra: dict[str, Any]) ->
         "code": check.check_failure_code(failure.code),
         "message": check.storable_text(str(failure.message)),
         "retry_delay": delay_ms,
-        "non_retryable": not failure.kind.is_retryable,
+        "dead_letter": dead_letter,
         "event_extra": check.serialize_json("event", extra),
     }
+
 
 def build_release() -> Any:
     job_id, run_number, attempt, worker_id = one_lease()
@@ -222,5 +227,6 @@ def build_release() -> Any:
         released.c.stage, null(), null(), func.jsonb_build_object("reason", bindparam("reason", type_=Text)),
     ).cte("released_event")
     return select(*released.c).add_cte(removed, events)
+
 
 RELEASE = PreparedStatement("release", build_release())

@@ -50,6 +50,7 @@ _LEASED = JobStatus.LEASED.value
 #: text; with a parameter it cannot, and would sort the queue instead.
 _PENDING_IN_TEXT = literal_column(f"'{JobStatus.PENDING.value}'", Text)
 
+
 def _build_claim(with_type_filter: bool) -> Any:
     conditions = [_q.status == _PENDING_IN_TEXT, _q.next_run_at <= func.now()]
     if with_type_filter:

@@ -49,19 +49,15 @@ from runledger_sync.core.types import (
 from runledger_sync.db.schema import job_attempts, job_events, job_queue
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
-from runledger_sync.store._fence import lease_mismatch, live_lease, one_lease, write_fenced
+from runledger_sync.core.outcomes import LEASE_EXPIRED_CODE, LEASE_EXPIRED_MESSAGE, dead_letter_reason
+from runledger_sync.store._fence import LOCK_LEASES, lease_params, lease_mismatch, live_lease, one_lease, write_fenced
 from runledger_sync.store._prepared import PreparedStatement
 from runledger_sync.store._rows import JOB_COLUMNS, to_job
 
 from runledger_sync.store._sql import attempt_of, check_identity, event_insert, ordinals, seconds
 from runledger_sync.store._transitions import RELEASE, build_failure, build_success, failure_params
 from runledger_sync.store.claim import MAX_CLAIM_LIMIT, claim_jobs, claim_prestart_jobs_for_types
-from runledger_sync.store.reaper import (
-    LEASE_EXPIRED_BEFORE_RUNNING_PERSISTED,
-    LEASE_EXPIRED_CODE,
-    LEASE_EXPIRED_MESSAGE,
-    reap_expired_leases,
-)
+from runledger_sync.store.reaper import LEASE_EXPIRED_BEFORE_RUNNING_PERSISTED, reap_expired_leases
 
 __all__ = [
     "DEFAULT_HEARTBEAT_LOCK_TIMEOUT_MS",
@@ -190,6 +186,7 @@ def _guarded_write(
         raise lease_mismatch(identity)
     return to_job(row)
 
+
 def _build_heartbeat() -> Any:
     renewed = (
         job_queue.update()
@@ -295,6 +292,7 @@ def complete_job_success(
 
 _FAILURE = PreparedStatement("failure", build_failure(live_lease(*one_lease())))
 
+
 def complete_job_failure(
     bind: Bind,
     *,
@@ -308,7 +306,8 @@ def complete_job_failure(
     """Record a failed attempt: retry after ``retry_delay_ms``, or dead-letter the job.
 
     The job is dead-lettered when the failure kind is TERMINAL or PANICKED, or the
-    attempt was the last allowed (attempt >= max_attempts). A missing or negative
+    attempt was the last allowed (attempt >= max_attempts): the rule of
+    :func:`runledger_sync.core.outcomes.dead_letter_reason`. A missing or negative
     delay retries at once.
 
     Args:
@@ -325,8 +324,20 @@ def complete_job_failure(
     if not isinstance(failure, JobFailure):
         raise check.InvalidArgument("failure", failure, "a JobFailure")
     delay = 0 if retry_delay_ms is None or retry_delay_ms < 0 else check.check_int("retry_delay_ms", retry_delay_ms, (0, 2**62))
-    params = identity.params() | failure_params(failure, delay, {})
-    return run_in_transaction(bind, lambda connection: _guarded_write(connection, _FAILURE, params, identity))
+    params = identity.params() | failure_params(failure, delay, False, {})
+
+    def work(connection: Connection) -> JobRecord:
+        # Whether this attempt ends the job is the core's rule, asked of the locked row.
+        held = LOCK_LEASES.execute(connection, lease_params([identity])).first()
+        if held is None:
+            raise lease_mismatch(identity)
+        dead = dead_letter_reason(failure.kind, identity.attempt, held.max_attempts) is not None
+        row = _FAILURE.execute(connection, params | {"dead_letter": dead}).first()
+        if row is None:
+            raise lease_mismatch(identity)
+        return to_job(row)
+
+    return run_in_transaction(bind, work)
 
 _HOLDER = select(_q.worker_id, _q.status).where(_q.id == bindparam("lease_job_id", type_=PG_UUID(as_uuid=True)))
 

@@ -21,11 +21,11 @@ from runledger_sync.core.errors import (
 from runledger_sync.core.records import JobRecord, LeaseIdentity, ReapedDeadLetter, ReapResult
 from runledger_sync.core.types import (
     ClaimOrigin,
-    JobFailure,
     JobStage,
     JobStatus,
 )
 from runledger_sync.db.schema import job_attempts, job_queue
+from runledger_sync.core.outcomes import dead_letter_reason, lease_expired_failure
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store._rows import JOB_COLUMNS, to_job
@@ -33,8 +33,6 @@ from runledger_sync.store._rows import JOB_COLUMNS, to_job
 from runledger_sync.store._sql import milliseconds
 from runledger_sync.store._transitions import RELEASE, build_failure, failure_params
 
-LEASE_EXPIRED_CODE = "job.lease_expired"
-LEASE_EXPIRED_MESSAGE = "Job lease expired before completion."
 LEASE_EXPIRED_BEFORE_RUNNING_PERSISTED = "LEASE_EXPIRED_BEFORE_RUNNING_PERSISTED"
 MAX_REAP_LIMIT = 1_000
 
@@ -74,7 +72,6 @@ _POSTPONE = (
     .where(_q.id == bindparam("lease_job_id"), _q.status == _LEASED)
     .values(lease_expires_at=func.now() + milliseconds("delay_ms"))
 )
-_LEASE_EXPIRED_FAILURE = JobFailure.lease_expired(LEASE_EXPIRED_CODE, LEASE_EXPIRED_MESSAGE)
 
 
 def reap_expired_leases(bind: Bind, *, limit: int, default_retry_delay_ms: int) -> ReapResult:
@@ -143,8 +140,10 @@ def _reap_row(connection: Connection, row: Any, delay_ms: int) -> Optional[JobRe
         and row.execution_started_persisted_at is not None
         and (row.last_heartbeat_at is None or row.last_heartbeat_at <= row.execution_started_persisted_at)
     )
+    failure = lease_expired_failure()
+    dead = dead_letter_reason(failure.kind, row.attempt, row.max_attempts) is not None
     params = {"lease_job_id": row.id, "lease_run_number": row.run_number} | failure_params(
-        _LEASE_EXPIRED_FAILURE, delay_ms, {"started_without_renewal_heartbeat": started_without_renewal}
+        failure, delay_ms, dead, {"started_without_renewal_heartbeat": started_without_renewal}
     )
     result = connection.execute(_REAPER_FAILURE, params).first()
     if result is None:

@@ -621,9 +621,9 @@ def test_operator_cancel_raises_the_flag_within_a_heartbeat_and_nothing_is_writt
 @pytest.mark.parametrize(("handler", "expected"), [
     (h.ok, {"outcome": "succeeded"}),
     (lambda probe: h.fail_retryable(probe, "smtp.busy"),
-     {"outcome": "failed", "failure_kind": "RETRYABLE", "failure_code": "smtp.busy"}),
+     {"outcome": "retry_scheduled", "failure_kind": "RETRYABLE", "failure_code": "smtp.busy"}),
     (lambda probe: h.raise_error(probe, RuntimeError("boom")),
-     {"outcome": "failed", "failure_kind": "PANICKED", "failure_code": "job.handler_panic"}),
+     {"outcome": "dead_lettered", "failure_kind": "PANICKED", "failure_code": "job.handler_panic"}),
 ])
 def test_the_closing_log_line_says_how_the_attempt_ended(engine, probe, logs, handler, expected):
     job = run_job(engine, h.registry_with(JOB_TYPE, handler(probe), max_attempts=3))
