@@ -107,20 +107,21 @@ def _once(source: Engine | HeldConnection, work: Callable[[Connection], T], one_
             # Its engine stopped preparing after this connection had prepared: take its
             # statements away where it can (the session its next transaction runs in).
             _sweep(engine, connection)
-        try:
-            return _transaction(engine, connection, work, one_repeatable_write)
-        except _prepared.PreparedStatementsLost:
-            # Nothing was written (the transaction rolled back). The session lost some
-            # of them (DISCARD ALL, DEALLOCATE, a migration): drop the rest and run it
-            # again, preparing afresh.
-            _sweep(engine, connection)
+        for rerun in (False, True):
             try:
                 return _transaction(engine, connection, work, one_repeatable_write)
-            except _prepared.PreparedStatementsLost as again:
-                # Gone again at once: the next transaction ran in another session.
-                _prepared.stop_preparing(connection, again)
-        except _prepared.SessionsShared as shared:
-            _prepared.stop_preparing(connection, shared)
+            except _prepared.PreparedStatementsLost as lost:
+                if rerun:
+                    # Gone again at once: the next transaction ran in another session.
+                    _prepared.stop_preparing(connection, lost)
+                    break
+                # Nothing was written (the transaction rolled back). The session lost some
+                # of them (DISCARD ALL, DEALLOCATE, a migration): drop the rest and run it
+                # again, preparing afresh.
+                _sweep(engine, connection)
+            except _prepared.SessionsShared as shared:
+                _prepared.stop_preparing(connection, shared)
+                break
         # Sessions are shared with other clients: run it once more, unprepared, after
         # taking this connection's statements away from the session it now runs in.
         _sweep(engine, connection)
