@@ -77,6 +77,7 @@ from runledger_sync.core.types import (
 from runledger_sync.db.embedded import EmbeddedPostgres
 from runledger_sync.db.engine import create_engine, mask_url, with_schema
 from runledger_sync.db.migrate import check_schema, current_revision, downgrade, head_revision, migrate
+from runledger_sync.db.pool_mode import PoolMode
 from runledger_sync.logging import configure_logging, configure_logging_unless_configured
 from runledger_sync.registry import JobHandler, JobRegistry
 from runledger_sync.runtime.supervisor import Supervisor
@@ -153,6 +154,7 @@ __all__ = [
     "LegacyIdempotencySnapshotMissing",
     "MigrationFailed",
     "PermissionDenied",
+    "PoolMode",
     "QueueStats",
     "RegistrationError",
     "RelatedResourceMissing",

@@ -63,6 +63,8 @@ HINTS: dict[str, str] = {
     "schedule.not_found": f"list schedule names with `{PROG} schedules list`",
 }
 DEFAULT_HINT = "run again with --debug for the full traceback"
+POOL_MODE_VARIABLE = "RUNLEDGER_POOL_MODE"
+POOL_MODE_HINT = "set RUNLEDGER_POOL_MODE (or --pool-mode) to session, or to transaction behind a transaction pooler"
 DATABASE_URL_HINT = "pass --database-url postgresql://USER:PASSWORD@HOST:5432/DBNAME or set RUNLEDGER_DATABASE_URL"
 
 
@@ -121,6 +123,13 @@ def _add_global_options(parser: argparse.ArgumentParser, *, suppress_defaults: b
         metavar="NAME",
         default=default,
         help="schema holding the queue tables (default: $RUNLEDGER_SCHEMA, then the search path)",
+    )
+    parser.add_argument(
+        "--pool-mode",
+        choices=[mode.value for mode in rl.PoolMode],
+        default=default,
+        help="session (default) or transaction: use transaction behind PgBouncer in transaction pooling mode "
+             "(no prepared statements, no LISTEN: idle workers poll) (default: $RUNLEDGER_POOL_MODE, then session)",
     )
     parser.add_argument(
         "--debug",
@@ -252,12 +261,31 @@ def redact(text: str, url: Optional[str]) -> str:
     return text
 
 
+def pool_mode_of(args: argparse.Namespace) -> Optional[Any]:
+    """The --pool-mode given, else RUNLEDGER_POOL_MODE, else None (session).
+
+    Raises:
+        ConfigError: RUNLEDGER_POOL_MODE names no pool mode (argparse checks the option).
+    """
+    text = getattr(args, "pool_mode", None) or os.environ.get(POOL_MODE_VARIABLE, "").strip()
+    if not text:
+        return None
+    try:
+        return rl.PoolMode(text.lower())
+    except ValueError:
+        allowed = ", ".join(mode.value for mode in rl.PoolMode)
+        error = rl.ConfigError([f"{POOL_MODE_VARIABLE} must be one of {allowed}, got {text!r}"])
+        error.hint = POOL_MODE_HINT  # type: ignore[attr-defined]
+        raise error from None
+
+
 @contextlib.contextmanager
 def open_engine(args: argparse.Namespace) -> Iterator[Any]:
     """An engine for the URL and schema given (or found in the environment), disposed afterwards."""
+    pool_mode = pool_mode_of(args)
     try:
-        engine = rl.create_engine(args.database_url, schema=args.schema)
-    except rl.ConfigError as exc:  # only the URL is checked here, so say how to give one
+        engine = rl.create_engine(args.database_url, schema=args.schema, pool_mode=pool_mode)
+    except rl.ConfigError as exc:  # only the URL is left to check here, so say how to give one
         exc.hint = DATABASE_URL_HINT  # type: ignore[attr-defined]
         raise
     try:

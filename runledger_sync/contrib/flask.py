@@ -23,6 +23,9 @@ Configuration (read by :meth:`Runledger.init_app`, never at import):
   ``SQLALCHEMY_DATABASE_URI``, then to the ``RUNLEDGER_DATABASE_URL`` /
   ``DATABASE_URL`` environment variables.
 - ``RUNLEDGER_SCHEMA``: the schema holding the queue tables.
+- ``RUNLEDGER_POOL_MODE``: ``"session"`` (default) or ``"transaction"`` behind
+  PgBouncer in transaction pooling mode (no prepared statements, no LISTEN);
+  falls back to the ``RUNLEDGER_POOL_MODE`` environment variable.
 - ``RUNLEDGER_AUTOSTART_WORKER`` (default False): run a :class:`~runledger_sync.Supervisor`
   inside the web process.
 - ``RUNLEDGER_<FIELD>`` for any :class:`~runledger_sync.JobsConfig` field
@@ -58,6 +61,7 @@ CONFIG_PREFIX = "RUNLEDGER_"
 DATABASE_URL_KEY = "RUNLEDGER_DATABASE_URL"
 FALLBACK_DATABASE_URL_KEY = "SQLALCHEMY_DATABASE_URI"
 SCHEMA_KEY = "RUNLEDGER_SCHEMA"
+POOL_MODE_KEY = "RUNLEDGER_POOL_MODE"
 AUTOSTART_KEY = "RUNLEDGER_AUTOSTART_WORKER"
 DEFAULT_AUTOSTART_WORKER = False
 #: Set to "true" by Werkzeug's reloader in the child process that serves requests.
@@ -100,12 +104,13 @@ class Runledger:
         """Read ``app.config``, build the app's engine and register the CLI commands.
 
         Raises:
-            ConfigError: no database URL was configured or found, or it is not PostgreSQL.
+            ConfigError: no database URL was configured or found, or it is not PostgreSQL;
+                or the pool mode is neither ``"session"`` nor ``"transaction"``.
         """
         url = app.config.get(DATABASE_URL_KEY) or app.config.get(FALLBACK_DATABASE_URL_KEY) or None
         schema = app.config.get(SCHEMA_KEY) or None
         state = _AppState(
-            engine=rl.create_engine(url, schema=schema),
+            engine=rl.create_engine(url, schema=schema, pool_mode=app.config.get(POOL_MODE_KEY) or None),
             config=config_from_app(app.config),
             registry=in_app_context(self.registry, app),
             autostart=_as_bool(app.config.get(AUTOSTART_KEY, DEFAULT_AUTOSTART_WORKER)),

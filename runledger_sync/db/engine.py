@@ -9,6 +9,14 @@ import sqlalchemy
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
 from runledger_sync.core.errors import ConfigError
+from runledger_sync.db.pool_mode import (
+    DEFAULT_POOL_MODE,
+    POLICY_OPTION,
+    ConnectionPolicy,
+    PoolMode,
+    parse_pool_mode,
+    pool_mode_from_env,
+)
 
 DATABASE_URL_VARIABLES = ("RUNLEDGER_DATABASE_URL", "DATABASE_URL")
 SCHEMA_VARIABLE = "RUNLEDGER_SCHEMA"
@@ -59,6 +67,7 @@ def create_engine(
     schema: Optional[str] = None,
     pool_size: int = DEFAULT_POOL_SIZE,
     max_overflow: int = DEFAULT_MAX_OVERFLOW,
+    pool_mode: PoolMode | str | None = None,
     **engine_options: Any,
 ) -> Engine:
     """Create an engine for the queue's database.
@@ -69,6 +78,12 @@ def create_engine(
             then the connection's search_path (normally ``public``).
         pool_size: connections kept open; a worker needs about one per in-flight job.
         max_overflow: extra connections allowed under bursts.
+        pool_mode: ``"session"`` (the default) when each connection keeps its own
+            server session: directly, or through PgBouncer in session pooling mode.
+            ``"transaction"`` behind a transaction-pooling proxy (PgBouncer
+            ``pool_mode = transaction``): the store then prepares no statement and
+            leaves no session state, and workers poll instead of LISTENing.
+            Defaults to RUNLEDGER_POOL_MODE, then ``"session"``.
         **engine_options: passed to :func:`sqlalchemy.create_engine`.
 
     Returns:
@@ -76,10 +91,11 @@ def create_engine(
         ``ConnectionFailed`` on first use.
 
     Raises:
-        ConfigError: no URL was given or found, or it is not a PostgreSQL URL.
+        ConfigError: no URL was given or found, or it is not a PostgreSQL URL, or
+            the pool mode is neither ``"session"`` nor ``"transaction"``.
 
     Example:
-        ``engine = rl.create_engine("postgresql://app@localhost/app")``
+        ``engine = rl.create_engine("postgresql://app@pgbouncer:6432/app", pool_mode="transaction")``
     """
     if url is None:
         url = database_url_from_env()
@@ -87,6 +103,7 @@ def create_engine(
         raise ConfigError(
             ["database url must be given as an argument, RUNLEDGER_DATABASE_URL or DATABASE_URL, got nothing"]
         )
+    mode = parse_pool_mode(pool_mode) if pool_mode is not None else (pool_mode_from_env() or DEFAULT_POOL_MODE)
     options: dict[str, Any] = {
         # A restarted server leaves dead connections in the pool; ping before use.
         "pool_pre_ping": True,
@@ -95,6 +112,9 @@ def create_engine(
     }
     options.update(engine_options)
     engine = sqlalchemy.create_engine(normalize_url(url), **options)
+    # One policy object for this engine and every engine derived from it: what one
+    # of them detects about the sessions holds for all of them (they share the pool).
+    engine.update_execution_options(**{POLICY_OPTION: ConnectionPolicy(mode)})
     schema = schema if schema is not None else (os.environ.get(SCHEMA_VARIABLE) or None)
     return with_schema(engine, schema)
 

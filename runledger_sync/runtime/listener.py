@@ -4,10 +4,20 @@ It runs on the polling thread itself (``WorkerLoop.pause`` calls :meth:`JobListe
 so it adds no thread. When the connection is lost the worker falls back to plain
 polling and the listener reconnects on a later pause, at most once per
 :data:`RECONNECT_SECONDS`. Each change of state is logged once.
+
+A LISTEN can also fail without any error: behind a transaction-pooling proxy
+the session that registered it is not the listener's for long, so nothing
+arrives. The listener therefore proves delivery with a probe (see
+:mod:`runledger_sync.store.notify`): after connecting, before it listens for
+jobs, and on each idle pause. A probe not echoed within
+:data:`PROBE_TIMEOUT_SECONDS` counts as a lost connection; repeated failures
+back off up to :data:`MAX_RECONNECT_SECONDS`. An engine whose pool mode is
+``transaction`` (or whose sessions were found shared) never listens.
 """
 
 from __future__ import annotations
 
+import secrets
 import select
 import time
 from typing import Any, Iterable, Optional
@@ -15,26 +25,55 @@ from typing import Any, Iterable, Optional
 import psycopg2.extensions
 from sqlalchemy.engine import Engine
 
+from runledger_sync.db.pool_mode import policy_of
 from runledger_sync.logging import get_logger
 from runledger_sync.store import notify
+from runledger_sync.store.held import HeldConnection
 
 log = get_logger(__name__)
 
-#: How long a lost listener waits before trying to LISTEN again.
+#: How long a lost listener waits before trying to LISTEN again (doubled after each failed probe).
 RECONNECT_SECONDS = 1.0
+#: The longest wait between attempts while probes keep failing.
+MAX_RECONNECT_SECONDS = 60.0
+#: How long a probe notification may take to come back before the listener counts as lost.
+#: Directly it takes about a millisecond; this only bounds a LISTEN that delivers nothing.
+PROBE_TIMEOUT_SECONDS = 1.0
+
+
+class ProbeNotEchoed(Exception):
+    """A probe notification did not come back to the listener in time: its LISTEN delivers nothing."""
 
 
 class JobListener:
-    """One LISTEN connection and its connected/lost state."""
+    """One LISTEN connection and its connected/lost state.
 
-    def __init__(self, engine: Engine, job_types: Iterable[str], *, worker_id: str) -> None:
+    Args:
+        probe_bind: where probes are sent from (the polling thread's own connection);
+            defaults to ``engine``.
+        probe_interval_seconds: the least time between two probes of a connected listener.
+    """
+
+    def __init__(
+        self, engine: Engine, job_types: Iterable[str], *, worker_id: str,
+        probe_bind: Engine | HeldConnection | None = None, probe_interval_seconds: float = 1.0,
+    ) -> None:
         self.engine = engine
         self.job_types = frozenset(job_types)
         self.worker_id = worker_id
+        self.probe_bind = probe_bind if probe_bind is not None else engine
+        self.policy = policy_of(engine)
+        self.probe_channel = notify.new_probe_channel()
+        self.probe_interval_seconds = probe_interval_seconds
+        self._probed_at = 0.0
         self._connection: Optional[psycopg2.extensions.connection] = None
         self._retry_at = 0.0
+        self._failures = 0
+        # The probe sent and not yet echoed: (payload, monotonic time sent).
+        self._probe: Optional[tuple[str, float]] = None
         # None until the first attempt, so the first outcome is logged either way.
         self._was_connected: Optional[bool] = None
+        self._off_logged = False
 
     @property
     def connected(self) -> bool:
@@ -46,17 +85,51 @@ class JobListener:
         A new connection has missed whatever was enqueued before it, so the caller
         should claim once more before waiting.
         """
-        if self._connection is not None or time.monotonic() < self._retry_at:
+        if self._connection is not None or time.monotonic() < self._retry_at or not self._allowed():
             return False
         try:
-            self._connection = notify.open_listener(self.engine)
+            # The probe channel first: a LISTEN that cannot deliver then leaves behind at
+            # most that channel, on which only this listener's own probes are ever sent.
+            connection = self._connection = notify.open_listener(self.engine, (self.probe_channel,))
+            self._send_probe()
+            self._await_echo(connection, PROBE_TIMEOUT_SECONDS)
+            notify.listen(connection, notify.CHANNEL)
         except Exception as error:  # noqa: BLE001 - any failure means: poll, try again later
             self._lost(error)
             return False
+        self._failures = 0
         if self._was_connected is not True:
             log.info("listener connected", extra={"worker_id": self.worker_id, "channel": notify.CHANNEL})
         self._was_connected = True
         return True
+
+    def probe(self) -> None:
+        """On an idle pause: check that the last probe came back, and send the next one when due.
+
+        A probe still missing after :data:`PROBE_TIMEOUT_SECONDS` marks the listener
+        lost. A probe that cannot be sent (the database is unreachable) is tried on
+        a later pause: the claim reports that outage.
+        """
+        if self._connection is None:
+            return
+        if not self._allowed():
+            self.close()
+            return
+        try:
+            self._read(self._connection)
+            if self._probe is not None:
+                if time.monotonic() - self._probe[1] > PROBE_TIMEOUT_SECONDS:
+                    raise ProbeNotEchoed(f"no echo of a probe notification within {PROBE_TIMEOUT_SECONDS:g} s")
+                return
+        except (OSError, ValueError, psycopg2.Error, ProbeNotEchoed) as error:
+            self._lost(error)
+            return
+        if time.monotonic() - self._probed_at < self.probe_interval_seconds:
+            return
+        try:
+            self._send_probe()
+        except Exception as error:  # noqa: BLE001 - the next pause tries again
+            log.debug("listener probe not sent", extra={"worker_id": self.worker_id, "error": str(error)})
 
     def wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds; return True when one of our job types was notified.
@@ -69,10 +142,10 @@ class JobListener:
             return False
         try:
             # Notifications already read into psycopg2's buffer do not make the socket readable.
-            if self._relevant(notify.read_notified_types(connection)):
+            if self._relevant(self._read(connection)):
                 return True
             readable, _, _ = select.select([connection], [], [], timeout)
-            return bool(readable) and self._relevant(notify.read_notified_types(connection))
+            return bool(readable) and self._relevant(self._read(connection))
         except (OSError, ValueError, psycopg2.Error) as error:
             # ValueError: select() on a connection whose socket is already closed.
             self._lost(error)
@@ -83,24 +156,65 @@ class JobListener:
         if self._connection is None:
             return
         try:
-            notify.read_notified_types(self._connection)
+            self._read(self._connection)
         except (OSError, ValueError, psycopg2.Error) as error:
             self._lost(error)
 
     def close(self) -> None:
+        """UNLISTEN and close the connection (the listener connects again on a later pause, if allowed)."""
         connection, self._connection = self._connection, None
+        self._probe = None
         if connection is not None:
-            try:
-                notify.close_listener(connection)
-            except psycopg2.Error:  # pragma: no cover - closing a broken socket
-                pass
+            notify.close_listener(connection)
+
+    def _allowed(self) -> bool:
+        if self.policy.listens:
+            return True
+        if not self._off_logged:
+            self._off_logged = True
+            log.info("listener off; polling", extra={
+                "worker_id": self.worker_id, "pool_mode": self.policy.mode.value,
+                "reason": "the engine's sessions are shared between clients (transaction pooling)",
+            })
+        return False
+
+    def _send_probe(self) -> None:
+        payload = secrets.token_hex(8)
+        notify.send_probe(self.probe_bind, self.probe_channel, payload)
+        self._probe = (payload, time.monotonic())
+        self._probed_at = self._probe[1]
+
+    def _await_echo(self, connection: psycopg2.extensions.connection, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self._probe is not None:
+            self._read(connection)
+            remaining = deadline - time.monotonic()
+            if self._probe is None:
+                return
+            if remaining <= 0:
+                raise ProbeNotEchoed(f"no echo of a probe notification within {timeout:g} s "
+                                     "(a transaction-pooling proxy between the worker and PostgreSQL?)")
+            select.select([connection], [], [], remaining)
+
+    def _read(self, connection: psycopg2.extensions.connection) -> set[str]:
+        """Read what has arrived: note a probe's echo, return the job types notified."""
+        payloads = notify.read_notifications(connection)
+        if self._probe is not None and self._probe[0] in payloads.get(self.probe_channel, ()):
+            self._probe = None
+        return payloads.get(notify.CHANNEL, set())
 
     def _relevant(self, types: set[str]) -> bool:
         return not self.job_types.isdisjoint(types)
 
     def _lost(self, error: Any) -> None:
         self.close()
-        self._retry_at = time.monotonic() + RECONNECT_SECONDS
+        # A listener that keeps failing its probes backs off: each attempt may leave a
+        # LISTEN on a pooled session that is not ours.
+        self._failures = self._failures + 1 if isinstance(error, ProbeNotEchoed) else 0
+        delay = min(MAX_RECONNECT_SECONDS, RECONNECT_SECONDS * 2 ** max(0, self._failures - 1))
+        self._retry_at = time.monotonic() + delay
         if self._was_connected is not False:
-            log.warning("listener lost; polling", extra={"worker_id": self.worker_id, "error": str(error)})
+            log.warning("listener lost; polling", extra={
+                "worker_id": self.worker_id, "error": str(error), "retry_in_seconds": delay,
+            })
         self._was_connected = False

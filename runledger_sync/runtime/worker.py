@@ -33,6 +33,7 @@ from runledger_sync.config import JobsConfig
 from runledger_sync.core.errors import ConfigError
 from runledger_sync.core.records import JobRecord, LeaseIdentity
 from runledger_sync.core.types import RuntimeLoopExit
+from runledger_sync.db.pool_mode import policy_of
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.execution import HotPathWriters, lease_identity, process_claimed_job
@@ -53,6 +54,8 @@ LISTEN_BY_DEFAULT = True
 #: While backed up, how long a claim may wait for more slots to free. Short next
 #: to any real job, long next to a no-op one's few hundred microseconds.
 CLAIM_GATHER_SECONDS = 0.002
+#: An idle worker's listener is probed at most this often (or once per poll interval, if longer).
+PROBE_INTERVAL_SECONDS = 1.0
 
 
 class WorkerLoop:
@@ -84,12 +87,17 @@ class WorkerLoop:
         # Only an Engine can open a connection of its own; a caller's Connection just
         # polls, and its jobs write one by one on it.
         owns_connections = isinstance(engine, Engine)
-        self.listener = (
-            JobListener(engine, types, worker_id=config.worker_id) if listen and types and owns_connections else None
-        )
         # Claims come every few milliseconds under load: one connection kept for them
         # spares each a pool checkout and its pre-ping.
         self.claim_bind: Engine | HeldConnection = HeldConnection(engine) if owns_connections else engine
+        #: False when sessions are shared (pool mode transaction): a LISTEN would stay
+        #: on a pooled server connection and deliver to whoever runs there next.
+        self.listen_allowed = policy_of(engine).listens
+        self.listener = (
+            JobListener(engine, types, worker_id=config.worker_id, probe_bind=self.claim_bind,
+                        probe_interval_seconds=max(PROBE_INTERVAL_SECONDS, config.poll_interval_ms / 1000.0))
+            if listen and types and owns_connections and self.listen_allowed else None
+        )
         #: True while the last claim came back full: more jobs are due than slots.
         self.backlogged = False
         self.gather_target = min(config.claim_batch_size, config.max_global_concurrency)
@@ -188,6 +196,9 @@ class WorkerLoop:
         seconds *= 1 + random.uniform(-POLL_JITTER, POLL_JITTER)  # noqa: S311 - jitter, not security
         deadline = time.monotonic() + seconds
         listener = self.listener
+        if listener is not None and self.free_slots > 0:
+            # Idle: a LISTEN that stopped delivering is noticed within a probe interval or two.
+            listener.probe()
         while not self.shutdown.is_set():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -256,7 +267,13 @@ def run_worker_loop(
         return RuntimeLoopExit.INVALID_CONFIG
     loop = WorkerLoop(engine, registry, config, shutdown_event, listen=listen)
     log.info("worker started", extra={"worker_id": config.worker_id, "job_types": loop.job_types,
-                                      "max_global_concurrency": config.max_global_concurrency})
+                                      "max_global_concurrency": config.max_global_concurrency,
+                                      "listen": loop.listener is not None})
+    if listen and not loop.listen_allowed:
+        log.info("pool mode transaction: no LISTEN; idle workers poll", extra={
+            "worker_id": config.worker_id, "poll_interval_ms": config.poll_interval_ms,
+            "pool_mode": policy_of(engine).mode.value,
+        })
     try:
         while not shutdown_event.is_set():
             if not loop.turn():

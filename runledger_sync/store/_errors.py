@@ -101,13 +101,39 @@ def _once(source: Engine | HeldConnection, work: Callable[[Connection], T], one_
     except sa_exc.DBAPIError as exc:
         raise translate(exc, engine.url) from exc
     autocommit = one_repeatable_write and isinstance(source, Engine)
-    with checkout as connection, _prepared.owned(connection), _autocommit_if(autocommit, connection):
-        try:
-            return _transaction(engine, connection, work, one_repeatable_write)
-        except _prepared.PreparedStatementsLost:
-            # Nothing was written (the transaction rolled back): run it again, preparing
-            # afresh; should they vanish once more, that failure is reported as it is.
-            return _transaction(engine, connection, work, one_repeatable_write, statements_may_vanish=False)
+    with checkout as connection, _autocommit_if(autocommit, connection):
+        _prepared.own(connection)
+        if _prepared.needs_sweep(connection):
+            # Its engine stopped preparing after this connection had prepared: take its
+            # statements away where it can (the session its next transaction runs in).
+            _sweep(engine, connection)
+        for rerun in (False, True):
+            try:
+                return _transaction(engine, connection, work, one_repeatable_write)
+            except _prepared.PreparedStatementsLost as lost:
+                if rerun:
+                    # Gone again at once: the next transaction ran in another session.
+                    _prepared.stop_preparing(connection, lost)
+                    break
+                # Nothing was written (the transaction rolled back). The session lost some
+                # of them (DISCARD ALL, DEALLOCATE, a migration): drop the rest and run it
+                # again, preparing afresh.
+                _sweep(engine, connection)
+            except _prepared.SessionsShared as shared:
+                _prepared.stop_preparing(connection, shared)
+                break
+        # Sessions are shared with other clients: run it once more, unprepared, after
+        # taking this connection's statements away from the session it now runs in.
+        _sweep(engine, connection)
+        return _transaction(engine, connection, work, one_repeatable_write)
+
+
+def _sweep(engine: Engine, connection: Connection) -> None:
+    try:
+        _prepared.sweep(connection)
+    except sa_exc.DBAPIError as exc:
+        connection.rollback()
+        raise translate(exc, engine.url) from exc
 
 
 @contextmanager
@@ -131,14 +157,12 @@ def _autocommit_if(wanted: bool, connection: Connection) -> Iterator[None]:
 
 def _transaction(
     engine: Engine, connection: Connection, work: Callable[[Connection], T], one_repeatable_write: bool,
-    *, statements_may_vanish: bool = True,
 ) -> T:
     try:
         result = work(connection)
     except sa_exc.DBAPIError as exc:
         connection.rollback()
-        if _prepared.forget_if_lost(connection, exc) and statements_may_vanish:
-            raise _prepared.PreparedStatementsLost() from exc
+        _prepared.raise_if_ours(connection, exc)
         raise translate(exc, engine.url) from exc
     except BaseException:
         connection.rollback()

@@ -12,12 +12,24 @@ Values are still bound parameters. (psycopg 3 binds values on the server and
 prepares frequent statements itself.)
 
 A caller's connection gets the plain statement: its session is not ours to
-leave prepared statements in. An engine whose connections go through a
-transaction-pooling proxy (PgBouncer in transaction mode), where a session's
-prepared statements do not follow it, turns them off with the execution option
-``runledger_prepared_statements=False``. When the server has lost them anyway
-(``DISCARD ALL``, ``DEALLOCATE``), the transaction fails with
-:class:`PreparedStatementsLost` and is run again, prepared afresh.
+leave prepared statements in. The store marks the connections it checks out for
+its own transactions with :func:`own`; whether their sessions may keep prepared
+statements is the engine's :class:`~runledger_sync.db.pool_mode.ConnectionPolicy`
+(pool mode ``transaction``, or ``runledger_prepared_statements=False``: never).
+
+What the server says when a statement and its session part ways:
+
+- 26000 ``does not exist`` (or 0A000 ``cached plan must not change result
+  type`` after a migration): the session lost them (``DISCARD ALL``,
+  ``DEALLOCATE``) or was changed under them. The transaction fails with
+  :class:`PreparedStatementsLost`; the session's ``runledger_`` statements are
+  deallocated and the transaction is run again, prepared afresh.
+- 42P05 ``already exists``, or 26000 again on that run: the session is shared
+  with other clients from one transaction to the next (a transaction-pooling
+  proxy the engine was not told about). :class:`SessionsShared`: the engine stops
+  preparing for good, says so once in a warning naming the setting, deallocates
+  its statements where it can (on each of its connections, in whatever session
+  the next transaction lands) and runs the transaction again unprepared.
 """
 
 from __future__ import annotations
@@ -25,48 +37,104 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
-from contextlib import contextmanager
-from contextvars import ContextVar
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from sqlalchemy import bindparam, column, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, CursorResult
 from sqlalchemy.sql.sqltypes import NullType
 
-#: Engine or connection execution option; False keeps every statement plain.
-OPTION = "runledger_prepared_statements"
+from runledger_sync.db.pool_mode import PREPARED_STATEMENTS_OPTION, SETTING_NAMES, policy_of
+from runledger_sync.logging import get_logger
+
+log = get_logger(__name__)
+
+#: Engine or connection execution option; False keeps every statement plain (pool mode transaction).
+OPTION = PREPARED_STATEMENTS_OPTION
+#: Connection execution option set by :func:`own`: the store checked this connection out for itself.
+OWNED_OPTION = "runledger_store_owned"
 #: Where a database connection's info dict keeps the names it has prepared.
 _INFO_KEY = "runledger_prepared"
 #: invalid_sql_statement_name (the statement is gone) and feature_not_supported
 #: ("cached plan must not change result type", after a migration).
 _LOST_SQLSTATES = ("26000", "0A000")
+#: duplicate_prepared_statement: the session holds a statement this connection never made.
+_FOUND_ELSEWHERE_SQLSTATE = "42P05"
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
-
-_owned: ContextVar[Optional[Connection]] = ContextVar("runledger_owned_connection", default=None)
+#: Deallocates the library's statements in the session it runs in, in one round trip
+#: (so in one transaction: behind a transaction pooler, on one server connection).
+#: Every name is ours (``runledger_<label>_<digest>``) and the text is constant.
+_DEALLOCATE_OURS_SQL = (
+    "DO $$DECLARE ours record; BEGIN "
+    "FOR ours IN SELECT name FROM pg_prepared_statements WHERE name LIKE 'runledger\\_%' "
+    "LOOP EXECUTE format('DEALLOCATE %I', ours.name); END LOOP; END$$"
+)
 
 
 class PreparedStatementsLost(Exception):
     """The server no longer holds this connection's prepared statements; the transaction is worth running again."""
 
 
-@contextmanager
-def owned(connection: Connection) -> Iterator[Connection]:
-    """Mark ``connection`` as the store's own for the duration, so prepared statements may be left on it."""
-    token = _owned.set(connection)
-    try:
-        yield connection
-    finally:
-        _owned.reset(token)
+class SessionsShared(Exception):
+    """Prepared statements do not stay with this engine's connections; run the transaction again unprepared."""
 
 
-def forget_if_lost(connection: Connection, error: sa_exc.DBAPIError) -> bool:
-    """True when ``error`` says the prepared statements are gone; they are then prepared again on next use."""
-    orig = error.orig
-    if getattr(orig, "pgcode", None) not in _LOST_SQLSTATES or _INFO_KEY not in connection.info:
-        return False
+def own(connection: Connection) -> Connection:
+    """Mark ``connection`` as checked out by the store for its own transaction, so statements may be prepared on it.
+
+    An execution option of the connection, not of its engine: a Connection the
+    caller checked out of the same engine stays the caller's.
+    """
+    return connection.execution_options(**{OWNED_OPTION: True})
+
+
+def raise_if_ours(connection: Connection, error: sa_exc.DBAPIError) -> None:
+    """Raise PreparedStatementsLost or SessionsShared when ``error`` is about this connection's prepared statements.
+
+    Call it after rolling back: both mean nothing was written (a PREPARE or
+    EXECUTE failed), so the transaction may be run again.
+    """
+    code = getattr(error.orig, "pgcode", None)
+    if _INFO_KEY not in connection.info:
+        return
+    if code == _FOUND_ELSEWHERE_SQLSTATE:
+        raise SessionsShared() from error
+    if code in _LOST_SQLSTATES:
+        raise PreparedStatementsLost() from error
+
+
+def needs_sweep(connection: Connection) -> bool:
+    """True when ``connection`` prepared statements that its engine no longer wants kept."""
+    return _INFO_KEY in connection.info and not policy_of(connection).prepares
+
+
+def sweep(connection: Connection) -> None:
+    """Deallocate the library's statements in the session this connection's next transaction runs in, and forget them.
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: the statement failed (the caller maps it).
+    """
     connection.info.pop(_INFO_KEY, None)
-    return True
+    connection.exec_driver_sql(_DEALLOCATE_OURS_SQL, execution_options={"no_parameters": True})
+    connection.commit()
+
+
+def stop_preparing(connection: Connection, error: BaseException) -> None:
+    """Turn prepared statements off for the connection's engine, warning once per engine."""
+    if policy_of(connection).mark_sessions_shared():
+        cause = error.__cause__
+        code = getattr(getattr(cause, "orig", None), "pgcode", None)
+        log.warning(
+            "prepared statements do not stay on this engine's connections (a transaction-pooling proxy such as "
+            f"PgBouncer in pool_mode=transaction?); running statements unprepared from now on. Set {SETTING_NAMES}",
+            extra={"sqlstate": code, "setting": "RUNLEDGER_POOL_MODE", "detail": _first_line(cause)},
+        )
+
+
+def _first_line(error: Optional[BaseException]) -> str:
+    orig = getattr(error, "orig", error)
+    lines = [line.strip() for line in str(orig).splitlines() if line.strip()]
+    return lines[0] if lines else ""
 
 
 class _Rendered:
@@ -165,9 +233,9 @@ def _may_prepare(connection: Connection) -> bool:
     # binds them on the server (where EXECUTE takes no parameters) and prepares
     # statements it sees often by itself.
     return (
-        _owned.get() is connection
+        connection.get_execution_options().get(OWNED_OPTION, False)
         and connection.dialect.driver == "psycopg2"
-        and connection.get_execution_options().get(OPTION, True)
+        and policy_of(connection).prepares
     )
 
 

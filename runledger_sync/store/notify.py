@@ -8,21 +8,41 @@ that becomes due later (a delay, a retry) is found by polling.
 
 The listener side is one psycopg2 connection per worker, in autocommit mode,
 detached from the engine's pool (a listening session must never be handed to
-someone else, and must not use up a pool slot for the life of the worker).
+someone else, and must not use up a pool slot for the life of the worker). It
+runs ``UNLISTEN *`` before it is closed: a pooler in front of the server may
+keep the session for its next client.
+
+A LISTEN reaches the listener only while its session stays its own. Behind a
+transaction-pooling proxy the LISTEN stays on a server connection the client
+leaves at once, and nothing arrives: no error says so. So the listener proves
+delivery with a probe: a notification on a channel of its own, sent from
+another connection (:func:`send_probe`), that must come back to it. (A
+NOTIFY sent on the listener's own connection would prove nothing there: it
+would run on, and be delivered to, whichever server connection the proxy gave
+that transaction.)
 """
 
 from __future__ import annotations
 
-from typing import Any
+import re
+import secrets
+from typing import Any, Iterable
 
 import psycopg2.extensions
-from sqlalchemy import func, literal, select
-from sqlalchemy.engine import Engine
+from sqlalchemy import String, bindparam, func, literal, select
+from sqlalchemy.engine import Connection, Engine
+
+from runledger_sync.store._binds import Bind
+from runledger_sync.store._errors import run_in_transaction
 
 #: The notification channel; the payload is the job type.
 CHANNEL = "runledger_jobs"
 #: ``application_name`` of listener sessions, so operators (and tests) can find them in pg_stat_activity.
 LISTENER_APPLICATION_NAME = "runledger-listener"
+#: Probe channels are this prefix and random hex: ours, never user input (LISTEN takes an identifier).
+PROBE_CHANNEL_PREFIX = "runledger_probe_"
+_CHANNEL_NAME = re.compile(r"runledger_[a-z0-9_]{1,50}")
+_PROBE = select(func.pg_notify(bindparam("channel", type_=String), bindparam("payload", type_=String)))
 
 
 def notify_due_types(inserted: Any) -> Any:
@@ -42,8 +62,13 @@ def notify_due_types(inserted: Any) -> Any:
     return select(func.count(func.pg_notify(literal(CHANNEL), due_types.c.job_type))).scalar_subquery()
 
 
-def open_listener(engine: Engine) -> psycopg2.extensions.connection:
-    """Open a listening psycopg2 connection on :data:`CHANNEL`.
+def new_probe_channel() -> str:
+    """Return a channel name no other listener uses."""
+    return PROBE_CHANNEL_PREFIX + secrets.token_hex(8)
+
+
+def open_listener(engine: Engine, channels: Iterable[str] = (CHANNEL,)) -> psycopg2.extensions.connection:
+    """Open a psycopg2 connection listening on ``channels`` (by default :data:`CHANNEL`).
 
     The connection comes from ``engine``'s pool and is detached from it at once:
     close it with :func:`close_listener`.
@@ -59,12 +84,45 @@ def open_listener(engine: Engine) -> psycopg2.extensions.connection:
         connection.rollback()
         connection.autocommit = True
         with connection.cursor() as cursor:
+            # Session state on a session that is closed with the listener, never given back.
             cursor.execute("SET application_name = %s", (LISTENER_APPLICATION_NAME,))
-            cursor.execute(f"LISTEN {CHANNEL}")
+        for channel in channels:
+            listen(connection, channel)
     except BaseException:
         connection.close()
         raise
     return connection
+
+
+def listen(connection: psycopg2.extensions.connection, channel: str) -> None:
+    """LISTEN on one more of our channels."""
+    if not _CHANNEL_NAME.fullmatch(channel):
+        raise ValueError(f"not a channel of ours: {channel!r}")
+    with connection.cursor() as cursor:
+        cursor.execute(f"LISTEN {channel}")
+
+
+def send_probe(bind: Bind, channel: str, payload: str) -> None:
+    """Notify ``channel`` with ``payload`` from ``bind`` (not from the listener: see the module docstring)."""
+
+    def work(connection: Connection) -> None:
+        connection.execute(_PROBE, {"channel": channel, "payload": payload})
+
+    run_in_transaction(bind, work)
+
+
+def read_notifications(connection: psycopg2.extensions.connection) -> dict[str, set[str]]:
+    """Read what has arrived on the listener without blocking; return the payloads by channel.
+
+    Raises:
+        psycopg2.OperationalError (or another ``psycopg2.Error``): the connection is lost.
+    """
+    connection.poll()
+    payloads: dict[str, set[str]] = {}
+    for notify in connection.notifies:
+        payloads.setdefault(notify.channel, set()).add(notify.payload)
+    connection.notifies.clear()
+    return payloads
 
 
 def read_notified_types(connection: psycopg2.extensions.connection) -> set[str]:
@@ -73,13 +131,18 @@ def read_notified_types(connection: psycopg2.extensions.connection) -> set[str]:
     Raises:
         psycopg2.OperationalError (or another ``psycopg2.Error``): the connection is lost.
     """
-    connection.poll()
-    types = {notify.payload for notify in connection.notifies if notify.channel == CHANNEL}
-    connection.notifies.clear()
-    return types
+    return read_notifications(connection).get(CHANNEL, set())
 
 
 def close_listener(connection: psycopg2.extensions.connection) -> None:
-    """Close a listener connection; closing a lost one is fine too."""
-    if not connection.closed:
+    """Stop listening and close a listener connection; closing a lost one is fine too."""
+    if connection.closed:
+        return
+    try:
+        # A pooler may keep the session after we close: leave no LISTEN on it.
+        with connection.cursor() as cursor:
+            cursor.execute("UNLISTEN *")
+    except psycopg2.Error:
+        pass  # a broken connection: its session is gone, or no longer reachable by us
+    finally:
         connection.close()

@@ -53,7 +53,9 @@ class RunledgerConfig(AppConfig):
                 if alias not in settings.DATABASES:
                     raise ImproperlyConfigured(f"DATABASES has no {alias!r} entry for the Runledger queue")
                 url = database_url(settings.DATABASES[alias])
-                self._engines[alias] = rl.create_engine(url, schema=self.runledger_settings.schema)
+                self._engines[alias] = rl.create_engine(
+                    url, schema=self.runledger_settings.schema, pool_mode=self.runledger_settings.pool_mode
+                )
             return self._engines[alias]
 
     def get_registry(self) -> rl.JobRegistry:

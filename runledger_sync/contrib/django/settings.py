@@ -7,6 +7,7 @@ never at import::
         "REGISTRY": "myapp.jobs:registry",   # module:attribute (a callable returning one works too)
         "SCHEMA": "jobs",                    # optional; else RUNLEDGER_SCHEMA, else the search path
         "DATABASE": "default",               # optional; the DATABASES alias holding the queue
+        "POOL_MODE": "transaction",          # optional; behind PgBouncer in transaction pooling mode
         "CONFIG": {"max_global_concurrency": 8},   # JobsConfig fields over JobsConfig.from_env()
     }
 """
@@ -25,7 +26,7 @@ import runledger_sync as rl
 
 SETTING_NAME = "RUNLEDGER"
 DEFAULT_DATABASE_ALIAS = "default"
-KNOWN_KEYS = frozenset({"REGISTRY", "SCHEMA", "DATABASE", "CONFIG"})
+KNOWN_KEYS = frozenset({"REGISTRY", "SCHEMA", "DATABASE", "CONFIG", "POOL_MODE"})
 #: DATABASES ENGINE values that speak PostgreSQL.
 POSTGRES_ENGINES = frozenset(
     {"django.db.backends.postgresql", "django.db.backends.postgresql_psycopg2", "django.contrib.gis.db.backends.postgis"}
@@ -46,19 +47,23 @@ class RunledgerSettings:
         schema: The schema holding the queue tables, or None.
         database: The ``DATABASES`` alias the queue lives in.
         config: JobsConfig field -> value, applied over :meth:`JobsConfig.from_env`.
+        pool_mode: How the queue engine's connections reach PostgreSQL; None means
+            the RUNLEDGER_POOL_MODE environment variable, then session.
     """
 
     registry: str | None = None
     schema: str | None = None
     database: str = DEFAULT_DATABASE_ALIAS
     config: Mapping[str, Any] = field(default_factory=dict)
+    pool_mode: rl.PoolMode | None = None
 
 
 def read_settings(django_settings: Any) -> RunledgerSettings:
     """Return the checked ``RUNLEDGER`` setting (all defaults when it is absent).
 
     Raises:
-        ImproperlyConfigured: unknown keys, a malformed REGISTRY or unknown CONFIG fields.
+        ImproperlyConfigured: unknown keys, a malformed REGISTRY, unknown CONFIG fields
+            or a POOL_MODE other than "session" and "transaction".
     """
     raw = getattr(django_settings, SETTING_NAME, None) or {}
     if not isinstance(raw, Mapping):
@@ -79,7 +84,18 @@ def read_settings(django_settings: Any) -> RunledgerSettings:
         schema=raw.get("SCHEMA") or None,
         database=raw.get("DATABASE") or DEFAULT_DATABASE_ALIAS,
         config=config,
+        pool_mode=_pool_mode(raw.get("POOL_MODE")),
     )
+
+
+def _pool_mode(value: Any) -> rl.PoolMode | None:
+    if value is None or value == "":
+        return None
+    try:
+        return rl.PoolMode(value.strip().lower() if isinstance(value, str) else value)
+    except ValueError:
+        allowed = ", ".join(repr(mode.value) for mode in rl.PoolMode)
+        raise ImproperlyConfigured(f"{SETTING_NAME}['POOL_MODE'] must be one of {allowed}, got {value!r}") from None
 
 
 def jobs_config(overrides: Mapping[str, Any]) -> rl.JobsConfig:

@@ -6,6 +6,7 @@ in this module, on databases made for it by a module-scoped fixture.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -22,6 +23,7 @@ import sqlalchemy as sa
 
 import runledger_sync as rl
 from runledger_sync.contrib.django.settings import database_url, read_settings
+from runledger_sync.db.pool_mode import policy_of
 from tests.support import scalar, wait_until
 
 django = pytest.importorskip("django")
@@ -267,3 +269,23 @@ def test_bad_runledger_settings_are_reported():
     Settings.RUNLEDGER = {"CONFIG": {"MAX_GLOBAL_CONCURRENCY": 4}, "SCHEMA": "jobs"}
     checked = read_settings(Settings)
     assert (checked.config, checked.schema, checked.database) == ({"max_global_concurrency": 4}, "jobs", "default")
+
+
+def test_pool_mode_setting_reaches_the_queue_engine(project):
+    class Settings:
+        RUNLEDGER = {"POOL_MODE": "Transaction"}  # noqa: RUF012 - a settings stub
+
+    assert read_settings(Settings).pool_mode is rl.PoolMode.TRANSACTION
+    Settings.RUNLEDGER = {"POOL_MODE": "statement"}
+    with pytest.raises(ImproperlyConfigured, match="POOL_MODE'] must be one of 'session', 'transaction'"):
+        read_settings(Settings)
+    app_config = django.apps.apps.get_app_config("runledger")
+    configured = app_config.runledger_settings
+    app_config.dispose()  # engines are built on first use: build them again under the new setting
+    app_config.runledger_settings = dataclasses.replace(configured, pool_mode=rl.PoolMode.TRANSACTION)
+    try:
+        engine = app_config.get_engine("empty")
+        assert policy_of(engine).mode is rl.PoolMode.TRANSACTION
+    finally:
+        app_config.runledger_settings = configured
+        app_config.dispose()

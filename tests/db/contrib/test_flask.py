@@ -14,6 +14,7 @@ import sqlalchemy as sa
 
 import runledger_sync as rl
 from runledger_sync.contrib import flask as rl_flask
+from runledger_sync.db.pool_mode import policy_of
 from tests.support import scalar, wait_until
 
 JOB_TYPE = "flask.note_created"
@@ -277,3 +278,18 @@ def test_flask_sqlalchemy_session_joins_the_enqueue(fresh_database):
             db.session.remove()
             db.engine.dispose()
         ext.engine.dispose()
+
+
+def test_pool_mode_key_builds_an_engine_that_neither_prepares_nor_listens(fresh_database):
+    app = flask.Flask("pool_mode_app")
+    app.config.update(RUNLEDGER_DATABASE_URL=fresh_database, RUNLEDGER_POOL_MODE="transaction")
+    ext = rl_flask.Runledger(app, rl.JobRegistry())
+    try:
+        assert policy_of(ext.engine).mode is rl.PoolMode.TRANSACTION
+        assert not policy_of(ext.engine).prepares and not policy_of(ext.engine).listens
+    finally:
+        ext.engine.dispose()
+    bad = flask.Flask("bad_pool_mode_app")
+    bad.config.update(RUNLEDGER_DATABASE_URL=fresh_database, RUNLEDGER_POOL_MODE="statement")
+    with pytest.raises(rl.ConfigError, match="pool_mode must be one of session, transaction, got 'statement'"):
+        rl_flask.Runledger(bad)

@@ -7,9 +7,11 @@ import threading
 import time
 
 from runledger_sync.core.records import JobSpec
+from runledger_sync.db.engine import create_engine
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime import listener as listener_module
-from runledger_sync.runtime.worker import WorkerLoop
+from runledger_sync.runtime import worker as worker_module
+from runledger_sync.runtime.worker import WorkerLoop, run_worker_loop
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store import notify
 from tests.handlers import fast_config
@@ -167,3 +169,51 @@ def test_worker_without_listen_only_polls(engine, start_loop, logs):
         assert listener_pids(engine) == []
     finally:
         loop.drain()
+
+
+def test_a_listen_that_stops_delivering_is_noticed_by_its_probe_and_listened_again(engine, logs, monkeypatch):
+    # UNLISTEN behind the listener's back: its connection is fine and nothing errors,
+    # but nothing arrives any more (as when a pooler moved the session away).
+    monkeypatch.setattr(listener_module, "PROBE_TIMEOUT_SECONDS", 0.2)
+    monkeypatch.setattr(listener_module, "RECONNECT_SECONDS", 0.2)
+    monkeypatch.setattr(worker_module, "PROBE_INTERVAL_SECONDS", 0.05)
+    registry = registry_of(Starts())
+    registry.sync_definitions(engine)
+    loop = WorkerLoop(engine, registry, fast_config(poll_interval_ms=50), threading.Event())
+    try:
+        wait_until(lambda: loop.pause() or loop.listener.connected)
+        with loop.listener._connection.cursor() as cursor:
+            cursor.execute("UNLISTEN *")
+        wait_until(lambda: loop.pause() or messages(logs, "listener lost; polling"), timeout=5.0)
+        [lost] = messages(logs, "listener lost; polling")
+        assert "no echo of a probe notification" in lost.error
+        wait_until(lambda: loop.pause() or len(messages(logs, "listener connected")) == 2, timeout=5.0)
+        assert len(listener_pids(engine)) == 1
+    finally:
+        loop.drain()
+    assert listener_pids(engine) == []
+
+
+def test_an_engine_in_transaction_pool_mode_never_listens_and_says_so(fresh_database, logs):
+    engine = create_engine(fresh_database, pool_mode="transaction")
+    starts = Starts()
+    registry = registry_of(starts)
+    registry.sync_definitions(engine)
+    shutdown = threading.Event()
+    worker = threading.Thread(target=run_worker_loop, args=(engine, registry, fast_config(poll_interval_ms=100), shutdown))
+    worker.start()
+    try:
+        wait_until(lambda: messages(logs, "worker started"))
+        enqueue_and_time(engine, "polled")
+        starts.wait_for("polled", 5.0)
+        assert listener_pids(engine) == []
+        assert scalar(engine, "SELECT count(*) FROM pg_stat_activity WHERE application_name = :name",
+                      name=notify.LISTENER_APPLICATION_NAME) == 0
+    finally:
+        shutdown.set()
+        worker.join(15)
+        engine.dispose()
+    assert messages(logs, "worker started")[0].listen is False
+    [said] = messages(logs, "pool mode transaction: no LISTEN; idle workers poll")
+    assert said.poll_interval_ms == 100
+    assert messages(logs, "listener connected") == []

@@ -8,6 +8,7 @@ from sqlalchemy.engine import make_url
 
 import runledger_sync as rl
 from runledger_sync.core import errors
+from runledger_sync.db.pool_mode import POOL_MODE_VARIABLE, PoolMode, policy_of
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store import lifecycle
 from runledger_sync.store._errors import run_in_transaction
@@ -109,14 +110,84 @@ def test_a_psycopg3_engine_runs_the_plain_statements_and_its_jobs_go_through(fre
         engine.dispose()
 
 
-def test_statements_that_vanish_again_on_the_rerun_give_a_coded_error_and_write_nothing(engine, held):
+def warnings_naming_the_setting(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "RUNLEDGER_POOL_MODE" in r.getMessage()]
+
+
+def test_statements_that_vanish_again_on_the_rerun_switch_the_engine_to_plain_statements(engine, held, caplog):
+    # Gone again on the rerun: the next transaction ran in another session, as behind a
+    # transaction pooler. Nothing was written by the failed runs; the plain run writes once.
     def drop_them_first(_conn, cursor, statement, *_):
         if statement.startswith("EXECUTE"):
             cursor.execute("DEALLOCATE ALL")
 
     event.listen(engine, "before_cursor_execute", drop_them_first)
-    with pytest.raises(errors.StoreError) as caught:
-        store_enqueue.enqueue(held, JOB_TYPE, {"n": 1})
+    store_enqueue.enqueue(held, JOB_TYPE, {"n": 1})
     event.remove(engine, "before_cursor_execute", drop_them_first)
-    assert caught.value.code == "db.query_failed"
-    assert scalar(engine, "SELECT count(*) FROM job_queue") == 0
+    assert scalar(engine, "SELECT count(*) FROM job_queue") == 1
+    assert not policy_of(engine).prepares
+    assert len(warnings_naming_the_setting(caplog)) == 1
+
+
+def test_a_statement_another_client_prepared_in_the_session_switches_the_engine_and_is_deallocated(engine, held, caplog):
+    store_enqueue.enqueue(held, JOB_TYPE, {"n": 1})
+    with held.connect() as connection:
+        # What a transaction pooler does: this session now serves a client that never
+        # prepared here (it knows of no statement), and its PREPARE finds one (42P05).
+        connection.info.pop("runledger_prepared")
+    statements: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda *args: statements.append(args[2].split()[0]))
+    for n in (2, 3):
+        store_enqueue.enqueue(held, JOB_TYPE, {"n": n})
+    assert statements == ["PREPARE", "DO", "WITH", "WITH"]
+    assert sorted(job.payload["n"] for job in rl.list_jobs(engine)) == [1, 2, 3]
+    assert prepared_names(held) == []
+    [warning] = warnings_naming_the_setting(caplog)
+    assert "running statements unprepared" in warning
+    # Engines derived from it share the pool, and what was learnt about it.
+    assert not policy_of(rl.with_schema(engine, "public")).prepares
+
+
+def test_other_connections_of_a_switched_engine_deallocate_theirs_on_next_use(engine, held, caplog):
+    other = HeldConnection(engine)
+    try:
+        store_enqueue.enqueue(other, JOB_TYPE, {"n": 1})
+        assert len(prepared_names(other)) == 1
+        store_enqueue.enqueue(held, JOB_TYPE, {"n": 2})
+        with held.connect() as connection:
+            connection.info.pop("runledger_prepared")
+        store_enqueue.enqueue(held, JOB_TYPE, {"n": 3})  # 42P05: the engine stops preparing
+        store_enqueue.enqueue(other, JOB_TYPE, {"n": 4})
+        assert prepared_names(other) == []
+        assert scalar(engine, "SELECT count(*) FROM job_queue") == 4
+        assert len(warnings_naming_the_setting(caplog)) == 1
+    finally:
+        other.close()
+
+
+@pytest.mark.parametrize("how", ["argument", "environment"])
+def test_an_engine_in_transaction_pool_mode_prepares_nothing(fresh_database, monkeypatch, how):
+    monkeypatch.delenv(POOL_MODE_VARIABLE, raising=False)
+    if how == "environment":
+        monkeypatch.setenv(POOL_MODE_VARIABLE, "Transaction")
+    engine = rl.create_engine(fresh_database, pool_mode="transaction" if how == "argument" else None)
+    try:
+        define(engine)
+        statements: list[str] = []
+        event.listen(engine, "before_cursor_execute", lambda *args: statements.append(args[2].split()[0]))
+        held = HeldConnection(engine)
+        store_enqueue.enqueue(held, JOB_TYPE, {})
+        lifecycle.claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=1, job_types=[JOB_TYPE])
+        held.close()
+        assert "PREPARE" not in statements and "EXECUTE" not in statements
+        assert policy_of(engine).mode is PoolMode.TRANSACTION
+    finally:
+        engine.dispose()
+
+
+def test_an_unknown_pool_mode_is_refused_with_the_allowed_values(fresh_database, monkeypatch):
+    with pytest.raises(errors.ConfigError, match="pool_mode must be one of session, transaction, got 'statement'"):
+        rl.create_engine(fresh_database, pool_mode="statement")
+    monkeypatch.setenv(POOL_MODE_VARIABLE, "sesion")
+    with pytest.raises(errors.ConfigError, match="RUNLEDGER_POOL_MODE must be one of session, transaction"):
+        rl.create_engine(fresh_database)
