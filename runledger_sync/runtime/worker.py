@@ -36,8 +36,10 @@ from runledger_sync.core.types import RuntimeLoopExit
 from runledger_sync.db.pool_mode import policy_of
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime.execution import HotPathWriters, lease_identity, process_claimed_job
+from runledger_sync.runtime.attempt import lease_identity
+from runledger_sync.runtime.execution import process_claimed_job
 from runledger_sync.runtime.group_writer import Ticket
+from runledger_sync.runtime.hot_path import HotPathWriters
 from runledger_sync.runtime.listener import JobListener
 from runledger_sync.runtime.timer_thread import TimerThread
 from runledger_sync.store import lifecycle

@@ -37,7 +37,6 @@ from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import owns_transaction, run_in_transaction
 from runledger_sync.store._prepared import PreparedStatement, execute_in_turn
 from runledger_sync.store._rows import JOB_COLUMNS, to_job
-
 from runledger_sync.store._sql import event_insert, ids_of, seconds
 
 MAX_CLAIM_LIMIT = 1_000

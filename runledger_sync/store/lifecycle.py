@@ -38,6 +38,7 @@ from runledger_sync.core.errors import (
     LeaseOwnerMismatch,
     UnstartedClaimReleaseNotApplicable,
 )
+from runledger_sync.core.outcomes import LEASE_EXPIRED_CODE, LEASE_EXPIRED_MESSAGE, dead_letter_reason
 from runledger_sync.core.records import JobRecord, LeaseIdentity
 from runledger_sync.core.types import (
     JobCompletion,
@@ -49,11 +50,9 @@ from runledger_sync.core.types import (
 from runledger_sync.db.schema import job_attempts, job_events, job_queue
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
-from runledger_sync.core.outcomes import LEASE_EXPIRED_CODE, LEASE_EXPIRED_MESSAGE, dead_letter_reason
-from runledger_sync.store._fence import LOCK_LEASES, lease_params, lease_mismatch, live_lease, one_lease, write_fenced
+from runledger_sync.store._fence import LOCK_LEASES, lease_mismatch, lease_params, live_lease, one_lease, write_fenced
 from runledger_sync.store._prepared import PreparedStatement
 from runledger_sync.store._rows import JOB_COLUMNS, to_job
-
 from runledger_sync.store._sql import attempt_of, check_identity, event_insert, ordinals, seconds
 from runledger_sync.store._transitions import RELEASE, build_failure, build_success, failure_params
 from runledger_sync.store.claim import MAX_CLAIM_LIMIT, claim_jobs, claim_prestart_jobs_for_types

@@ -18,6 +18,7 @@ from runledger_sync.core.errors import (
     InvalidRetryDelay,
     LeaseOwnerMismatch,
 )
+from runledger_sync.core.outcomes import dead_letter_reason, lease_expired_failure
 from runledger_sync.core.records import JobRecord, LeaseIdentity, ReapedDeadLetter, ReapResult
 from runledger_sync.core.types import (
     ClaimOrigin,
@@ -25,11 +26,9 @@ from runledger_sync.core.types import (
     JobStatus,
 )
 from runledger_sync.db.schema import job_attempts, job_queue
-from runledger_sync.core.outcomes import dead_letter_reason, lease_expired_failure
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store._rows import JOB_COLUMNS, to_job
-
 from runledger_sync.store._sql import milliseconds
 from runledger_sync.store._transitions import RELEASE, build_failure, failure_params
 

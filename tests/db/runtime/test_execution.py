@@ -20,7 +20,9 @@ from runledger_sync.core import backoff, errors
 from runledger_sync.core.types import JobCompletion, JobDeadLetterReason, JobFailure, JobFailureKind
 from runledger_sync.db.engine import create_engine
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime.execution import UNKNOWN_WORKER_ID, HotPathWriters, lease_identity, process_claimed_job
+from runledger_sync.runtime.attempt import UNKNOWN_WORKER_ID, lease_identity
+from runledger_sync.runtime.execution import process_claimed_job
+from runledger_sync.runtime.hot_path import HotPathWriters
 from runledger_sync.runtime.reaper import reap_once
 from runledger_sync.store import admin, lifecycle
 from runledger_sync.store import enqueue as store_enqueue

@@ -1,0 +1,201 @@
+"""The attempt's one outcome write: decide the transition, write it, run the dead-letter hook.
+
+A success goes through the group writer when there is one; a group that fails
+as a whole is written again job by job, so grouping never changes an outcome.
+A lost connection is retried within a budget, and an unknown commit outcome is
+re-checked by reading the row rather than blindly repeated.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+from runledger_sync.core.errors import (
+    CommitOutcomeUnknown,
+    ConnectionFailed,
+    InvalidCompletionProgress,
+    LeaseOwnerMismatch,
+    RunledgerError,
+    WorkflowReleaseConflict,
+)
+from runledger_sync.core.outcomes import (
+    INVALID_COMPLETION_PROGRESS_CODE,
+    DeadLetter,
+    LeaseLost,
+    Outcome,
+    Retry,
+    Succeed,
+    Transition,
+    decide,
+)
+from runledger_sync.core.records import JobRecord
+from runledger_sync.core.types import (
+    JobCompletion,
+    JobFailure,
+    JobStatus,
+)
+from runledger_sync.logging import get_logger
+from runledger_sync.runtime.attempt import JobExecution
+from runledger_sync.runtime.hooks import run_dead_letter_hook
+from runledger_sync.store import admin, lifecycle
+
+log = get_logger(__name__)
+
+#: How long an outcome write keeps retrying a lost database connection.
+OUTCOME_WRITE_BUDGET_SECONDS = 10.0
+
+
+def finish(execution: JobExecution, outcome: Outcome) -> None:
+    if execution.completed_in_transaction and not isinstance(outcome, LeaseLost) and _committed_by_handler(
+            execution, outcome):
+        execution.decided = Succeed(JobCompletion())
+        return
+    _apply(execution, _decide(execution, outcome))
+
+
+def _decide(execution: JobExecution, outcome: Outcome) -> Transition:
+    job = execution.job
+    override = (execution.registry.retry_delay_override(job.job_type, outcome.code)
+                if isinstance(outcome, JobFailure) and outcome.kind.is_retryable else None)
+    return decide(job, outcome, retry_delay_override=override)
+
+
+def _apply(execution: JobExecution, transition: Transition) -> None:
+    """Write the one transition the attempt ended with (nothing for a lost lease)."""
+    execution.decided = transition
+    if isinstance(transition, LeaseLost):
+        log.warning(
+            "job processing aborted because durable lease maintenance was lost",
+            extra=execution.log_fields | {"failure_code": transition.code},
+        )
+    elif isinstance(transition, Succeed):
+        _complete_success(execution, transition.completion)
+    else:
+        _complete_failure(execution, transition)
+
+
+def _committed_by_handler(execution: JobExecution, outcome: Outcome) -> bool:
+    """True when the handler's complete_in transaction committed this attempt's success.
+
+    Otherwise the outcome is written as usual; the lease fence makes that safe
+    even if the read was wrong, since a second success or a late failure cannot
+    land on a SUCCEEDED row.
+    """
+    try:
+        current = admin.get_job(execution.engine, execution.job.id)
+    except RunledgerError as error:
+        log.warning("could not read back the handler's own completion; writing its outcome",
+                    extra=execution.log_fields | {"error": str(error)})
+        return False
+    same_attempt = current is not None and (current.run_number, current.attempt) == (
+        execution.identity.run_number, execution.identity.attempt)
+    if not (same_attempt and current.status is JobStatus.SUCCEEDED):
+        log.warning("handler completed the job in its own transaction but did not commit it; writing its outcome",
+                    extra=execution.log_fields | {"outcome": type(outcome).__name__})
+        return False
+    if isinstance(outcome, JobFailure):
+        log.warning("handler failed after committing its own success; the success stands",
+                    extra=execution.log_fields | {"failure_code": outcome.code})
+    else:
+        log.info("job success committed in the handler's transaction", extra=execution.log_fields)
+    return True
+
+
+def _complete_success(execution: JobExecution, completion: JobCompletion) -> None:
+    try:
+        _write_success(execution, completion)
+    except InvalidCompletionProgress as error:
+        log.warning("handler returned invalid success completion; marking job terminal",
+                    extra=execution.log_fields | {"failure_code": error.code})
+        _apply(execution, _decide(execution, JobFailure.terminal(INVALID_COMPLETION_PROGRESS_CODE, error.message)))
+    except WorkflowReleaseConflict as error:
+        log.warning("job success completion conflicted with workflow cancellation; leaving lease for reaper recovery",
+                    extra=execution.log_fields | {"error": str(error)})
+    except RunledgerError as error:
+        log.error("failed to mark job success", extra=execution.log_fields | {"error": str(error)})
+
+
+def _write_success(execution: JobExecution, completion: JobCompletion) -> None:
+    if execution.writers is not None:
+        try:
+            execution.writers.success.submit((execution.identity, completion))
+            return
+        except LeaseOwnerMismatch:
+            raise
+        except CommitOutcomeUnknown:
+            if _landed(execution) is not None:
+                return
+        except RunledgerError as error:
+            # The group failed as a whole (another job's invalid progress, a lost
+            # connection): this job's own write decides its outcome.
+            log.debug("group success write failed; writing the job alone",
+                      extra=execution.log_fields | {"error": str(error)})
+    _write(execution, lambda: lifecycle.complete_job_success(
+        execution.engine, **execution.identity.keywords(), completion=completion))
+
+
+def _complete_failure(execution: JobExecution, transition: Retry | DeadLetter) -> None:
+    job, failure = execution.job, transition.failure
+    delay = transition.delay_ms if isinstance(transition, Retry) else None
+    try:
+        stored = _write(execution, lambda: lifecycle.complete_job_failure(
+            execution.engine, **execution.identity.keywords(), failure=failure, retry_delay_ms=delay))
+    except WorkflowReleaseConflict as error:
+        log.warning("job failure completion conflicted with workflow cancellation; leaving lease for reaper recovery",
+                    extra=execution.log_fields | {"error": str(error)})
+        return
+    except RunledgerError as error:
+        log.error("failed to mark job failure", extra=execution.log_fields | {"error": str(error)})
+        return
+    if not isinstance(transition, DeadLetter) or stored.status is not JobStatus.DEAD_LETTERED:
+        return
+    info = transition.info
+    log.warning(
+        "job dead lettered after handler failure",
+        extra=execution.log_fields | {
+            "max_attempts": job.max_attempts, "dead_letter_reason": info.reason.value,
+            "failure_kind": failure.kind.value, "failure_code": failure.code, "failure_message": failure.message,
+        },
+    )
+    handler = execution.registry.get(job.job_type)
+    if handler is not None:
+        run_dead_letter_hook(
+            handler, execution.context, job.payload, info,
+            timeout_seconds=execution.config.dead_letter_hook_timeout_seconds, log_fields=execution.log_fields,
+        )
+
+
+def _write(execution: JobExecution, write: Callable[[], JobRecord]) -> JobRecord:
+    """Run an outcome write, riding out a database restart within a bounded budget.
+
+    A lost connection is retried; an unknown commit outcome is re-checked by
+    reading the row, because repeating a write that landed would be refused by
+    the fence and look like a lost lease.
+    """
+    give_up = time.monotonic() + min(OUTCOME_WRITE_BUDGET_SECONDS, execution.config.lease_ttl_seconds)
+    while True:
+        try:
+            return write()
+        except CommitOutcomeUnknown:
+            landed = _landed(execution)
+            if landed is not None:
+                return landed
+        except ConnectionFailed:
+            if time.monotonic() >= give_up:
+                raise
+        if time.monotonic() >= give_up:
+            raise ConnectionFailed("the outcome could not be written before the retry budget ran out")
+        time.sleep(0.2)
+
+
+def _landed(execution: JobExecution) -> Optional[JobRecord]:
+    try:
+        current = admin.get_job(execution.engine, execution.job.id)
+    except RunledgerError:
+        return None
+    same_attempt = current is not None and (current.run_number, current.attempt) == (
+        execution.identity.run_number, execution.identity.attempt)
+    if same_attempt and current.status is not JobStatus.LEASED:
+        return current
+    return None

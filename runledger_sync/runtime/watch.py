@@ -1,0 +1,192 @@
+"""The watch of a running attempt: renew its lease, enforce its deadline, notice an operator's cancel.
+
+It runs on the pool thread's timer thread from the first renewal or the
+deadline on. Whichever of it and the pool thread decides first takes the
+attempt's one outcome through the gate; a lost lease writes nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from tenacity import Retrying, retry_if_exception_type, stop_before_delay, stop_when_event_set, wait_exponential
+
+from runledger_sync.core.errors import (
+    ConnectionFailed,
+    LeaseOwnerMismatch,
+    RunledgerError,
+)
+from runledger_sync.core.outcomes import (
+    LEASE_OWNER_MISMATCH_CODE,
+    MAINTENANCE_LOST,
+    LeaseLost,
+    timeout_failure,
+)
+from runledger_sync.core.types import (
+    JobStatus,
+)
+from runledger_sync.logging import get_logger
+from runledger_sync.runtime.attempt import JobExecution
+from runledger_sync.runtime.completion import finish
+from runledger_sync.store import admin, lifecycle
+
+log = get_logger(__name__)
+
+#: How long a renewal still in flight when the lease ran out may take to answer,
+#: so the lost attempt is logged with the database's reason when it has one.
+LATE_RENEWAL_ANSWER_SECONDS = 1.0
+#: Pauses between renewals retried after a lost connection (growing exponentially up to the max).
+RENEWAL_RETRY_FIRST_PAUSE_SECONDS = 0.1
+RENEWAL_RETRY_MAX_PAUSE_SECONDS = 1.0
+#: How often a watchdog waiting on a renewal looks whether the attempt has ended.
+RENEWAL_JOIN_STEP_SECONDS = 0.05
+
+
+def deadline_of(execution: JobExecution, started: float) -> float:
+    return started + max(1, execution.job.timeout_seconds)
+
+
+def watch(execution: JobExecution, started: float, next_beat: float) -> None:
+    """Renew the lease, enforce the deadline, and after the grace period write the timeout."""
+    try:
+        _watch_until_done(execution, started, next_beat)
+    except Exception as error:  # noqa: BLE001 - logged with the job's fields; the timer goes on
+        log.exception("job watch crashed; its lease is no longer renewed",
+                      extra=execution.log_fields | {"error": repr(error)})
+
+
+def _watch_until_done(execution: JobExecution, started: float, next_beat: float) -> None:
+    config = execution.config
+    interval = config.heartbeat_interval
+    deadline = deadline_of(execution, started)
+    give_up = deadline + config.timeout_grace_seconds
+    while True:
+        now = time.monotonic()
+        wake_at = min(next_beat, give_up if execution.deadline_passed.is_set() else deadline)
+        if execution.stop_watchdog.wait(max(0.0, wake_at - now)):
+            return
+        now = time.monotonic()
+        if now >= deadline and not execution.deadline_passed.is_set():
+            execution.deadline_passed.set()
+            execution.context.request_cancel("timeout")
+            log.warning("job exceeded its timeout; cancellation requested", extra=execution.log_fields)
+        if execution.deadline_passed.is_set() and now >= give_up:
+            if execution.gate.take():
+                log.warning(
+                    "handler ignored cancellation past its grace period; writing the timeout without it",
+                    extra=execution.log_fields | {"grace_seconds": config.timeout_grace_seconds},
+                )
+                finish(execution, timeout_failure())
+            return
+        if now >= next_beat:
+            next_beat = now + interval
+            if not _heartbeat(execution):
+                return
+
+
+def _renew_lease(execution: JobExecution) -> None:
+    """Renew the lease, for no longer than the lease itself lasts by the local clock.
+
+    A renewal sent into a dead network can hang far longer than the lease (no
+    reply ever comes and nothing times it out). The lease is gone when its TTL
+    has passed whether or not the database said so, so the attempt is treated as
+    lost then; the renewal itself is left to finish or fail on its own. Until
+    then a lost connection is retried: a database restart shorter than the lease
+    costs the attempt nothing.
+    """
+    sent_at = time.monotonic()
+    outcome: dict[str, BaseException] = {}
+
+    retrying = Retrying(
+        retry=retry_if_exception_type(ConnectionFailed),
+        # No retry that could only land after the lease ran out, nor after the attempt ended.
+        stop=stop_before_delay(max(0.0, execution.local_lease_deadline - sent_at))
+        | stop_when_event_set(execution.stop_watchdog),
+        wait=wait_exponential(multiplier=RENEWAL_RETRY_FIRST_PAUSE_SECONDS, max=RENEWAL_RETRY_MAX_PAUSE_SECONDS),
+        sleep=execution.stop_watchdog.wait,
+        reraise=True,
+    )
+
+    def renew() -> None:
+        try:
+            retrying(
+                lifecycle.heartbeat_job, execution.engine, **execution.identity.keywords(),
+                lease_ttl_seconds=execution.config.lease_ttl_seconds,
+                lock_timeout_ms=execution.config.heartbeat_lock_timeout_ms,
+            )
+        except BaseException as error:  # noqa: BLE001 - handed to the watchdog, which decides
+            outcome["error"] = error
+
+    renewal = threading.Thread(target=renew, name=f"runledger-renew-{execution.job.id}", daemon=True)
+    renewal.start()
+    _join_unless_attempt_ended(execution, renewal, execution.local_lease_deadline)
+    if execution.stop_watchdog.is_set():
+        return  # the attempt ended meanwhile; its outcome, not this renewal, decides
+    if renewal.is_alive():
+        if not execution.completed_in_transaction:
+            # Another worker may claim the job from now on: stop the handler at once,
+            # then give the renewal a moment to say why (a row lock released just
+            # after expiry answers with the owner mismatch the database decided).
+            # _heartbeat replaces this verdict with the final one and logs it.
+            execution.lease_verdict_pending.set()
+            execution.lease_lost = MAINTENANCE_LOST
+            execution.context.request_cancel("lease_lost")
+        renewal.join(min(execution.config.heartbeat_interval_seconds, LATE_RENEWAL_ANSWER_SECONDS))
+        if renewal.is_alive() or "error" not in outcome:
+            raise ConnectionFailed(
+                f"no answer to the lease renewal of job {execution.job.id} before its lease ran out")
+    if "error" in outcome:
+        raise outcome["error"]
+    execution.local_lease_deadline = sent_at + execution.config.lease_ttl_seconds
+
+
+def _join_unless_attempt_ended(execution: JobExecution, renewal: threading.Thread, deadline: float) -> None:
+    # A handler that returns while a renewal hangs must not wait for the lease to run out.
+    while renewal.is_alive() and not execution.stop_watchdog.is_set():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        renewal.join(min(remaining, RENEWAL_JOIN_STEP_SECONDS))
+
+
+def _heartbeat(execution: JobExecution) -> bool:
+    """Renew the lease; on failure mark the attempt lost and ask the handler to stop."""
+    try:
+        _renew_lease(execution)
+        return True
+    except RunledgerError as error:
+        if execution.completed_in_transaction:
+            # Since complete_in the handler's transaction holds the row: a heartbeat
+            # waits on its lock, then misses once it commits. Neither is a lost
+            # lease, and the lock keeps the attempt safe until the handler returns.
+            log.debug("heartbeat skipped: the handler owns the completion",
+                      extra=execution.log_fields | {"error": str(error)})
+            return True
+        if isinstance(error, LeaseOwnerMismatch):
+            lost = LeaseLost(LEASE_OWNER_MISMATCH_CODE, "Job lease ownership was lost during processing.")
+            reason = "canceled" if _was_canceled(execution) else "lease_lost"
+            log.warning("job heartbeat lost lease ownership",
+                        extra=execution.log_fields | {"error": str(error), "reason": reason})
+        else:
+            lost = MAINTENANCE_LOST
+            reason = "lease_lost"
+            log.warning(
+                "aborting job because lease heartbeat could not be persisted",
+                extra=execution.log_fields | {"error": str(error)},
+            )
+    # Lease loss is recorded by where it came from (here), never inferred from a
+    # failure code, so a handler's own failure with the same code is persisted.
+    execution.lease_lost = lost
+    execution.context.request_cancel(reason)
+    if execution.gate.take():
+        finish(execution, lost)  # writes nothing; logs which kind of lease loss ended the attempt
+    return False
+
+
+def _was_canceled(execution: JobExecution) -> bool:
+    try:
+        current = admin.get_job(execution.engine, execution.job.id)
+    except RunledgerError:
+        return False
+    return current is not None and current.status is JobStatus.CANCELED
