@@ -119,7 +119,7 @@ def _process_with_timer(
         handler_started = time.monotonic()
         outcome = _run_handler(execution)
         if writers is not None:
-            writers.pace.record(time.monotonic() - handler_started)
+            writers.finishing.record(time.monotonic() - handler_started)
         if execution.lease_verdict_pending.is_set():
             # The lease ran out while a renewal was in flight: the watch logs the
             # verdict itself once that renewal has said why.

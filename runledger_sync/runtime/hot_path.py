@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 from sqlalchemy.engine import Engine
 
@@ -12,7 +12,7 @@ from runledger_sync.core.types import (
 )
 from runledger_sync.logging import get_logger
 from runledger_sync.runtime.group_writer import GroupWriter
-from runledger_sync.runtime.pace import HandlerPace
+from runledger_sync.runtime.pace import FinishingSoon
 from runledger_sync.store import lifecycle, lifecycle_batch
 from runledger_sync.store.held import HeldConnection
 
@@ -33,23 +33,18 @@ class HotPathWriters:
     success: GroupWriter[SuccessItem, None]
     #: Each writer's own connection, used only on its thread.
     connections: tuple[HeldConnection, ...]
-    #: How long handlers take lately: how many others may succeed within the linger.
-    pace: HandlerPace
+    #: How many running jobs succeed soon: the success writer lingers only for those.
+    finishing: FinishingSoon
 
     @classmethod
-    def start(cls, engine: Engine, worker_id: str, *, in_flight: Callable[[], int]) -> "HotPathWriters":
+    def start(cls, engine: Engine, worker_id: str, *, finishing: FinishingSoon) -> "HotPathWriters":
         """Start both writers.
 
         The polling thread posts each claimed batch to the running writer whole,
-        so that writer never waits for company.
-
-        Args:
-            in_flight: how many jobs are running now; any of them may be about to
-                succeed, so the success writer lingers briefly for the company of
-                those that handlers' recent pace says should come meanwhile.
+        so that writer never waits for company. The success writer lingers briefly
+        for the company of the jobs ``finishing`` says should succeed meanwhile.
         """
         running_connection, success_connection = HeldConnection(engine), HeldConnection(engine)
-        pace = HandlerPace()
         running: GroupWriter[lifecycle.LeaseIdentity, None] = GroupWriter(
             f"runledger-running-{worker_id}",
             lambda group: lifecycle_batch.mark_jobs_running(running_connection, group),
@@ -58,9 +53,11 @@ class HotPathWriters:
             f"runledger-success-{worker_id}",
             lambda group: lifecycle_batch.complete_jobs_success(success_connection, group),
             linger_seconds=GROUP_LINGER_SECONDS,
-            still_coming=lambda: pace.finishing_within(in_flight() - success.waiting, GROUP_LINGER_SECONDS),
+            still_coming=lambda: finishing.others_within(GROUP_LINGER_SECONDS),
         )
-        return cls(running=running, success=success, connections=(running_connection, success_connection), pace=pace)
+        finishing.count_succeeding(lambda: success.waiting)
+        return cls(running=running, success=success, connections=(running_connection, success_connection),
+                   finishing=finishing)
 
     def close(self) -> None:
         self.running.close()

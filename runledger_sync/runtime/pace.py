@@ -10,7 +10,7 @@ within a 2 ms linger.
 from __future__ import annotations
 
 import threading
-from typing import Optional
+from typing import Callable, Optional
 
 #: Weight of the newest handler's time in the moving average.
 WEIGHT = 0.1
@@ -38,3 +38,34 @@ class HandlerPace:
         if mean is None or mean <= seconds:
             return running
         return int(running * seconds / mean)
+
+
+class FinishingSoon:
+    """How many running jobs will have succeeded within a moment: the one batching policy.
+
+    The success writer asks it whether company is coming within its linger; the
+    claim asks it whether enough slots free within its gather time. The worker
+    loop owns it and tells it how many jobs are running; the success writer
+    tells it how many successes it holds.
+    """
+
+    def __init__(self, running_jobs: Callable[[], int]) -> None:
+        self.pace = HandlerPace()
+        self._running_jobs = running_jobs
+        self._succeeding: Callable[[], int] = lambda: 0
+
+    def count_succeeding(self, succeeding: Callable[[], int]) -> None:
+        """Use ``succeeding`` (jobs whose success is queued but not yet written) from now on."""
+        self._succeeding = succeeding
+
+    def record(self, handler_seconds: float) -> None:
+        self.pace.record(handler_seconds)
+
+    def others_within(self, seconds: float) -> int:
+        """Running jobs whose handlers, at the recent pace, return within ``seconds``."""
+        succeeding = self._succeeding()
+        return self.pace.finishing_within(max(0, self._running_jobs() - succeeding), seconds)
+
+    def within(self, seconds: float) -> int:
+        """Jobs that will have succeeded within ``seconds``: those already queued, and the others."""
+        return self._succeeding() + self.others_within(seconds)

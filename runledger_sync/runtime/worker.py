@@ -41,6 +41,7 @@ from runledger_sync.runtime.execution import process_claimed_job
 from runledger_sync.runtime.group_writer import Ticket
 from runledger_sync.runtime.hot_path import HotPathWriters
 from runledger_sync.runtime.listener import JobListener
+from runledger_sync.runtime.pace import FinishingSoon
 from runledger_sync.runtime.timer_thread import TimerThread
 from runledger_sync.store import lifecycle
 from runledger_sync.store.held import HeldConnection
@@ -103,9 +104,16 @@ class WorkerLoop:
         #: True while the last claim came back full: more jobs are due than slots.
         self.backlogged = False
         self.gather_target = min(config.claim_batch_size, config.max_global_concurrency)
+        #: The batching policy: how many running jobs succeed soon (the claim's gather
+        #: wait and the success writer's linger both ask it).
+        self.finishing = FinishingSoon(running_jobs=self._running_count)
         self.writers = HotPathWriters.start(
-            engine, config.worker_id, in_flight=lambda: len(self.in_flight),
+            engine, config.worker_id, finishing=self.finishing,
         ) if owns_connections else None
+
+    def _running_count(self) -> int:
+        with self._lock:
+            return len(self.in_flight)
 
     @property
     def free_slots(self) -> int:
@@ -156,16 +164,14 @@ class WorkerLoop:
             self._slot_freed.clear()
 
     def _freeing_within(self, seconds: float) -> int:
-        """How many busy slots should free within ``seconds``: those whose success is being
-        written, and the handlers that the recent pace says return by then.
+        """How many busy slots should free within ``seconds``.
 
         Jobs of 100 ms at concurrency 32 free one slot every 3 ms or so, so a
         wait for a batch of them would only leave slots idle.
         """
         if self.writers is None:
-            return len(self.in_flight)
-        succeeding = self.writers.success.waiting
-        return succeeding + self.writers.pace.finishing_within(len(self.in_flight) - succeeding, seconds)
+            return self._running_count()
+        return self.finishing.within(seconds)
 
     def _submit(self, job: JobRecord, running: Optional[Ticket[LeaseIdentity, None]]) -> None:
         future = self.executor.submit(self._process, job, running)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runledger_sync.runtime.pace import HandlerPace
+from runledger_sync.runtime.pace import FinishingSoon, HandlerPace
 
 LINGER = 0.002
 
@@ -31,3 +31,16 @@ def test_the_pace_follows_recent_handlers():
     for _ in range(60):
         pace.record(0.0001)
     assert pace.finishing_within(32, LINGER) == 32
+
+
+def test_finishing_soon_counts_queued_successes_and_the_handlers_due_back_meanwhile():
+    running = {"n": 10}
+    succeeding = {"n": 0}
+    finishing = FinishingSoon(running_jobs=lambda: running["n"])
+    finishing.count_succeeding(lambda: succeeding["n"])
+    assert finishing.within(LINGER) == 10  # no pace yet: every running job may come
+    finishing.record(0.1)  # handlers take 100 ms: within the linger, almost none return
+    succeeding["n"] = 3
+    assert finishing.others_within(LINGER) == 0
+    assert finishing.within(LINGER) == 3
+    assert finishing.within(0.1) == 3 + 7

@@ -23,6 +23,7 @@ from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.attempt import UNKNOWN_WORKER_ID, lease_identity
 from runledger_sync.runtime.execution import process_claimed_job
 from runledger_sync.runtime.hot_path import HotPathWriters
+from runledger_sync.runtime.pace import FinishingSoon
 from runledger_sync.runtime.reaper import reap_once
 from runledger_sync.store import admin, lifecycle
 from runledger_sync.store import enqueue as store_enqueue
@@ -104,7 +105,7 @@ def process_alone(engine, registry, job, config):
 
 def process_as_the_worker_does(engine, registry, job, config):
     """The polling thread's way: the running write posted with its batch to the group writers."""
-    writers = HotPathWriters.start(engine, config.worker_id, in_flight=lambda: 1)
+    writers = HotPathWriters.start(engine, config.worker_id, finishing=FinishingSoon(running_jobs=lambda: 1))
     try:
         [running] = writers.running.post([lease_identity(job)])
         process_claimed_job(engine, registry, job, config, writers, running)
