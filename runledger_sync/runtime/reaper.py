@@ -15,13 +15,13 @@ from typing import Sequence
 from sqlalchemy.engine import Engine
 
 from runledger_sync.config import JobsConfig
-from runledger_sync.core.errors import ConfigError
 from runledger_sync.core.records import ReapedDeadLetter, ReapResult
 from runledger_sync.core.types import JobContext, JobDeadLetterInfo, JobDeadLetterReason, RuntimeLoopExit
 from runledger_sync.core.outcomes import lease_expired_failure
 from runledger_sync.logging import get_logger, job_log_fields
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.hooks import run_dead_letter_hook
+from runledger_sync.runtime.periodic import run_periodically
 from runledger_sync.store import lifecycle
 
 log = get_logger(__name__)
@@ -112,15 +112,7 @@ def run_reaper_loop(
     Returns:
         ``SHUTDOWN``, or ``INVALID_CONFIG`` at once when the reaper's settings are invalid.
     """
-    try:
-        config.validate_reaper()
-    except ConfigError as error:
-        log.warning("invalid jobs config; stopping reaper loop", extra={"error": str(error)})
-        return RuntimeLoopExit.INVALID_CONFIG
-    while not shutdown_event.is_set():
-        try:
-            reap_once(engine, registry, config, shutdown_event)
-        except Exception as error:  # noqa: BLE001 - a failed sweep is retried next interval
-            log.warning("reaper sweep failed", extra={"error": str(error)})
-        shutdown_event.wait(config.reaper_interval_seconds)
-    return RuntimeLoopExit.SHUTDOWN
+    def sweep() -> None:
+        reap_once(engine, registry, config, shutdown_event)
+
+    return run_periodically("reaper", config.validate_reaper, sweep, config.reaper_interval_seconds, shutdown_event)

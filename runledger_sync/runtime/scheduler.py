@@ -14,11 +14,11 @@ import threading
 from sqlalchemy.engine import Engine
 
 from runledger_sync.config import JobsConfig
-from runledger_sync.core.errors import ConfigError
 from runledger_sync.core.records import ScheduleTick
 from runledger_sync.core.types import RuntimeLoopExit
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
+from runledger_sync.runtime.periodic import run_periodically
 from runledger_sync.store import schedules
 
 log = get_logger(__name__)
@@ -54,19 +54,10 @@ def run_scheduler_loop(
     Returns:
         ``SHUTDOWN``, or ``INVALID_CONFIG`` at once when the scheduler's settings are invalid.
     """
-    try:
-        config.validate_scheduler()
-    except ConfigError as error:
-        log.warning("invalid jobs config; stopping scheduler loop", extra={"error": str(error)})
-        return RuntimeLoopExit.INVALID_CONFIG
-    while not shutdown_event.is_set():
+    def tick() -> float:
+        next_due = tick_once(engine, config).next_due_in_seconds
         wait = config.schedule_poll_interval_seconds
-        try:
-            tick = tick_once(engine, config)
-        except Exception as error:  # noqa: BLE001 - a failed tick is tried again after the interval
-            log.warning("scheduler tick failed", extra={"error": str(error)})
-        else:
-            if tick.next_due_in_seconds is not None:
-                wait = min(wait, max(MIN_WAIT_SECONDS, tick.next_due_in_seconds))
-        shutdown_event.wait(wait)
-    return RuntimeLoopExit.SHUTDOWN
+        return wait if next_due is None else min(wait, max(MIN_WAIT_SECONDS, next_due))
+
+    return run_periodically("scheduler", config.validate_scheduler, tick, config.schedule_poll_interval_seconds,
+                            shutdown_event)

@@ -40,16 +40,6 @@ def db(engine):
     return engine
 
 
-@pytest.fixture
-def run(capsys, fresh_database):
-    def invoke(*argv: str) -> tuple[int, str, str]:
-        code = cli.main(["--database-url", fresh_database, *argv])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return invoke
-
-
 def _finish(db, job: rl.JobRecord, *, fail: bool) -> rl.JobRecord:
     claimed = claim_jobs(db, worker_id="cli-worker", lease_ttl_seconds=60, limit=1, job_types=[job.job_type])
     assert [c.id for c in claimed] == [job.id]

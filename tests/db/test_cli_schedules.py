@@ -7,7 +7,6 @@ import json
 import pytest
 
 import runledger_sync as rl
-from runledger_sync import cli
 from runledger_sync.store.schedules import fire_due_schedules
 from tests.support import define, scalar
 
@@ -21,16 +20,6 @@ def db(engine):
                        payload_template={"kind": "daily"})
     rl.upsert_schedule(engine, "hourly", cron_expr="@hourly", job_type=REPORT)
     return engine
-
-
-@pytest.fixture
-def run(capsys, fresh_database):
-    def invoke(*argv: str) -> tuple[int, str, str]:
-        code = cli.main(["--database-url", fresh_database, *argv])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return invoke
 
 
 def test_list_prints_each_schedule_with_its_state_and_next_fire(db, run):

@@ -1,0 +1,42 @@
+"""The shape the reaper and scheduler loops share: check the config, then one step per interval until shutdown."""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable, Optional
+
+from runledger_sync.core.errors import ConfigError
+from runledger_sync.core.types import RuntimeLoopExit
+from runledger_sync.logging import get_logger
+
+log = get_logger(__name__)
+
+
+def run_periodically(
+    name: str,
+    validate: Callable[[], object],
+    step: Callable[[], Optional[float]],
+    interval_seconds: float,
+    shutdown_event: threading.Event,
+) -> RuntimeLoopExit:
+    """Run ``step`` until shutdown, waiting what it returns (None: ``interval_seconds``) between runs.
+
+    A step that raises is logged and tried again after the interval: one failed
+    sweep or tick must never stop the loop.
+
+    Returns:
+        ``SHUTDOWN``, or ``INVALID_CONFIG`` at once when ``validate`` refuses the config.
+    """
+    try:
+        validate()
+    except ConfigError as error:
+        log.warning(f"invalid jobs config; stopping {name} loop", extra={"error": str(error)})
+        return RuntimeLoopExit.INVALID_CONFIG
+    while not shutdown_event.is_set():
+        wait: Optional[float] = None
+        try:
+            wait = step()
+        except Exception as error:  # noqa: BLE001 - logged; the next interval tries again
+            log.warning(f"{name} step failed", extra={"error": str(error)})
+        shutdown_event.wait(interval_seconds if wait is None else wait)
+    return RuntimeLoopExit.SHUTDOWN
