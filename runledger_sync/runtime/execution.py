@@ -62,6 +62,7 @@ from runledger_sync.runtime.attempt import JobExecution
 from runledger_sync.runtime.completion import finish
 from runledger_sync.runtime.group_writer import Ticket
 from runledger_sync.runtime.hot_path import HotPathWriters
+from runledger_sync.runtime.tally import OutcomeTally
 from runledger_sync.runtime.timer_thread import TimerThread
 from runledger_sync.runtime.watch import deadline_of, watch
 from runledger_sync.store import lifecycle
@@ -75,7 +76,7 @@ UNSTARTED_CLAIM_RETRY_DELAY_MS = 1_000
 def process_claimed_job(
     engine: Engine, registry: JobRegistry, job: JobRecord, config: JobsConfig,
     writers: Optional[HotPathWriters] = None, running: Optional[Ticket[lifecycle.LeaseIdentity, None]] = None,
-    timer: Optional[TimerThread] = None,
+    timer: Optional[TimerThread] = None, tally: Optional[OutcomeTally] = None,
 ) -> None:
     """Run one claimed job and write its single outcome (or none when the lease was lost).
 
@@ -87,13 +88,15 @@ def process_claimed_job(
             here on its own.
         timer: the calling pool thread's heartbeat timer thread, free for this job;
             None starts one for this job alone.
+        tally: counts how the attempt ended, for the worker's periodic summary; the
+            per-job "job processed" line is logged at DEBUG.
     """
     if timer is not None:
-        _process_with_timer(engine, registry, job, config, writers, running, timer)
+        _process_with_timer(engine, registry, job, config, writers, running, timer, tally)
         return
     timer = TimerThread(f"runledger-heartbeat-{job.id}")
     try:
-        _process_with_timer(engine, registry, job, config, writers, running, timer)
+        _process_with_timer(engine, registry, job, config, writers, running, timer, tally)
     finally:
         timer.close()
 
@@ -101,7 +104,7 @@ def process_claimed_job(
 def _process_with_timer(
     engine: Engine, registry: JobRegistry, job: JobRecord, config: JobsConfig,
     writers: Optional[HotPathWriters], running: Optional[Ticket[lifecycle.LeaseIdentity, None]],
-    timer: TimerThread,
+    timer: TimerThread, tally: Optional[OutcomeTally],
 ) -> None:
     execution = JobExecution(engine, registry, job, config, writers)
     started = time.monotonic()
@@ -142,8 +145,12 @@ def _process_with_timer(
         execution.gate.take()
         execution.stop_watchdog.set()
         timer.withdraw()
-    log.info("job processed", extra=execution.log_fields | _outcome_fields(execution.decided) | {
-        "elapsed_ms": int((time.monotonic() - started) * 1000)})
+    ended = _outcome_fields(execution.decided)
+    if tally is not None:
+        tally.count(ended["outcome"])
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("job processed", extra=execution.log_fields | ended | {
+            "elapsed_ms": int((time.monotonic() - started) * 1000)})
 
 
 def _outcome_fields(transition: Optional[Transition]) -> dict[str, Any]:

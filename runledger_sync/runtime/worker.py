@@ -42,6 +42,7 @@ from runledger_sync.runtime.group_writer import Ticket
 from runledger_sync.runtime.hot_path import HotPathWriters
 from runledger_sync.runtime.listener import JobListener
 from runledger_sync.runtime.pace import FinishingSoon
+from runledger_sync.runtime.tally import OutcomeTally
 from runledger_sync.runtime.timer_thread import TimerThread
 from runledger_sync.store import lifecycle
 from runledger_sync.store.held import HeldConnection
@@ -104,6 +105,8 @@ class WorkerLoop:
         #: True while the last claim came back full: more jobs are due than slots.
         self.backlogged = False
         self.gather_target = min(config.claim_batch_size, config.max_global_concurrency)
+        #: How attempts ended, logged as a summary a minute rather than a line a job.
+        self.tally = OutcomeTally(config.worker_id)
         #: The batching policy: how many running jobs succeed soon (the claim's gather
         #: wait and the success writer's linger both ask it).
         self.finishing = FinishingSoon(running_jobs=self._running_count)
@@ -125,6 +128,7 @@ class WorkerLoop:
         # Cleared before counting free slots, so a job finishing from here on
         # cuts the following pause short instead of being missed.
         self._slot_freed.clear()
+        self.tally.report_if_due()
         if self.backlogged:
             self._gather_free_slots()
         limit = min(self.free_slots, self.config.claim_batch_size)
@@ -187,7 +191,7 @@ class WorkerLoop:
             self._pool_thread.timer = timer
             with self._lock:
                 self._timers.append(timer)
-        process_claimed_job(self.engine, self.registry, job, self.config, self.writers, running, timer)
+        process_claimed_job(self.engine, self.registry, job, self.config, self.writers, running, timer, self.tally)
 
     def _finished(self, future: Future[None]) -> None:
         with self._lock:
@@ -238,6 +242,7 @@ class WorkerLoop:
         if self.listener is not None:
             self.listener.close()
         self.executor.shutdown(wait=True)
+        self.tally.report()
         for timer in self._timers:
             timer.close()
         if self.writers is not None:

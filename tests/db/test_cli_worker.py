@@ -33,7 +33,8 @@ def test_worker_command_runs_the_apps_jobs_and_exits_0_on_sigterm(engine, fresh_
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=30)
         assert process.returncode == 0, stderr
-        assert '"message": "job processed"' in stderr
+        [summary] = [json.loads(line) for line in stderr.splitlines() if '"message": "jobs processed"' in line]
+        assert summary["by_outcome"] == {"succeeded": 1} and summary["processed"] == 1
         lines = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
         warnings = [(line["variable"], line["given"], line["used"]) for line in lines if line["level"] == "WARNING"]
         assert warnings == [("JOBS_CLAIM_BATCH_SIZE", "5000", 1000), ("JOBS_REAPER_INTERVAL_SECONDS", "soon", 15)]

@@ -151,7 +151,7 @@ def run_worker_until(argv: list[str], database_url: str, engine: Any, job_id: An
             process.kill()
             process.communicate()
     assert process.returncode == 0, err
-    assert "job processed" in err
+    assert "jobs processed" in err  # the summary the worker logs as it stops
     return rl.get_job(engine, job_id)
 
 

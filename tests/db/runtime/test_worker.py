@@ -265,6 +265,7 @@ def test_worker_logs_carry_the_job_fields_and_never_the_payload(engine, probe, s
     registry.sync_definitions(engine)
     good = store_enqueue.enqueue(engine, "test.ok", {"secret": SECRET, "card": SECRET})
     bad = store_enqueue.enqueue(engine, "test.bad", {"secret": SECRET}, organization_id="org-7")
+    logs.set_level(logging.DEBUG, logger="runledger_sync")  # the per-job lines are DEBUG
     start_loop("worker", registry, fast_config(worker_id="worker-logs"))
     wait_status(engine, good.id, "SUCCEEDED")
     wait_status(engine, bad.id, "DEAD_LETTERED")
