@@ -142,16 +142,21 @@ def list_jobs(
     check.check_int("limit", limit, check.LIMIT_RANGE)
     check.check_int("offset", offset, (0, 2**31 - 1))
     status = _check_status(status)
-    # One part per status: each reads its index newest first, and PostgreSQL merges
-    # them (Merge Append), reading no more of any than the page needs.
+    # One part per status, each with its own ORDER BY and LIMIT: planned on its own,
+    # a part knows its status is a constant, reads its index newest first and stops
+    # at the page's end, and the parts are merged. (Without the inner LIMIT,
+    # PostgreSQL flattens the UNION ALL, loses that, and sorts the whole table.)
     statuses = [status] if status is not None else list(JobStatus)
-    parts = [_filtered(select(*JOB_COLUMNS).where(_status_is(s)), job_type, organization_id) for s in statuses]
+    newest_first = (_q.created_at.desc(), _q.id.desc())
+    parts = [
+        _filtered(select(*JOB_COLUMNS).where(_status_is(s)), job_type, organization_id).order_by(*newest_first)
+        for s in statuses
+    ]
     if len(parts) == 1:
-        statement = parts[0].order_by(_q.created_at.desc(), _q.id.desc())
+        statement = parts[0].limit(limit).offset(offset)
     else:
-        jobs = union_all(*parts).subquery("jobs")
-        statement = select(jobs).order_by(jobs.c.created_at.desc(), jobs.c.id.desc())
-    statement = statement.limit(limit).offset(offset)
+        jobs = union_all(*(part.limit(limit + offset) for part in parts)).subquery("jobs")
+        statement = select(jobs).order_by(jobs.c.created_at.desc(), jobs.c.id.desc()).limit(limit).offset(offset)
     return [to_job(row) for row in _read(bind, statement)]
 
 
