@@ -167,7 +167,7 @@ class JobsConfig:
         log_payloads: Allow payloads in debug logs (off: payloads may hold secrets).
         event_log: Which events the worker writes: ``full`` (every event of the
             spec) or ``transitions`` (no LEASED, no STAGE_CHANGED to running, no
-            HEARTBEAT rows: about a third less PostgreSQL time per job).
+            HEARTBEAT rows; bench/README.md has what it saves).
     """
 
     worker_id: str = field(default_factory=generate_worker_id)
