@@ -1,6 +1,6 @@
 """Print what the store alone costs per job, with no worker around it: the ceiling of any worker on this schema.
 
-Usage: python bench/ceiling.py [--jobs 8000] [--batches 8,64] [--database-url URL]
+Usage: python bench/ceiling.py [--jobs 8000] [--batches 8,64] [--event-log full|transitions] [--database-url URL]
 One thread claims a batch of no-op jobs, marks it running and completes it, in a
 loop, on held connections as the worker's own roles do: the three fenced
 transactions every job needs, with their attempt and event rows, and no thread
@@ -26,11 +26,13 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=8_000)
     parser.add_argument("--batches", default="8,64", help="claim sizes to measure, comma-separated")
+    parser.add_argument("--event-log", default="full", choices=["full", "transitions"],
+                        help="the JobsConfig.event_log level the claim and running writes use")
     bench.add_database_option(parser)
     return parser.parse_args()
 
 
-def drain(engine, url: str, jobs: int, batch: int) -> tuple[float, float, float]:
+def drain(engine, url: str, jobs: int, batch: int, event_log: str) -> tuple[float, float, float]:
     """Run the store's three transactions per batch until ``jobs`` are done; return jobs/s and CPU ms per job."""
     claims, writes = HeldConnection(engine), HeldConnection(engine)
     window = bench.CpuWindow(time.process_time, bench.PostgresCpu(url))
@@ -40,12 +42,13 @@ def drain(engine, url: str, jobs: int, batch: int) -> tuple[float, float, float]
         started = time.perf_counter()
         while done < jobs:
             claimed = lifecycle.claim_prestart_jobs_for_types(
-                claims, worker_id="ceiling", lease_ttl_seconds=60, limit=batch, job_types=[bench.NOOP_TYPE]
+                claims, worker_id="ceiling", lease_ttl_seconds=60, limit=batch, job_types=[bench.NOOP_TYPE],
+                event_log=event_log,
             )
             if not claimed:
                 raise RuntimeError(f"the queue ran dry after {done} jobs")
             leases = [lifecycle.LeaseIdentity.of(job) for job in claimed]
-            lifecycle_batch.mark_jobs_running(writes, leases)
+            lifecycle_batch.mark_jobs_running(writes, leases, event_log=event_log)
             lifecycle_batch.complete_jobs_success(writes, [(lease, None) for lease in leases])
             done += len(claimed)
         elapsed = time.perf_counter() - started
@@ -61,7 +64,7 @@ def main() -> int:
     args = parse_args()
     batches = [int(size) for size in args.batches.split(",")]
     cores = os.cpu_count() or 1
-    print(f"jobs={args.jobs} cores={cores}")
+    print(f"jobs={args.jobs} cores={cores} event_log={args.event_log}")
     print(f"{'batch':>5}  {'jobs/s':>7}  {'client ms/job':>13}  {'PostgreSQL ms/job':>17}  {'PostgreSQL-bound ceiling':>24}")
     with bench.server(args.database_url) as srv:
         for batch in batches:
@@ -70,7 +73,7 @@ def main() -> int:
                 try:
                     bench.noop_registry().sync_definitions(engine)
                     bench.enqueue_noops(engine, args.jobs)
-                    rate, client_ms, postgres_ms = drain(engine, url, args.jobs, batch)
+                    rate, client_ms, postgres_ms = drain(engine, url, args.jobs, batch, args.event_log)
                 finally:
                     engine.dispose()
             ceiling = "-" if not postgres_ms else f"{cores * 1000 / postgres_ms:,.0f} jobs/s"

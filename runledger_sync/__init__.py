@@ -63,6 +63,7 @@ from runledger_sync.core.records import (
     ScheduleSpec,
 )
 from runledger_sync.core.types import (
+    EventLog,
     JobCompletion,
     JobContext,
     JobDeadLetterInfo,
@@ -118,6 +119,7 @@ __all__ = [
     "DefinitionNotFoundOrDisabled",
     "EmbeddedPostgres",
     "EnqueueIdempotencyUnsupportedIsolation",
+    "EventLog",
     "IdempotencyConflict",
     "IdempotencyConflictMissingExisting",
     "InvalidArgument",

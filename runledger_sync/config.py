@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Optional
 from runledger_sync.core import backoff
 from runledger_sync.core.errors import ConfigError, ValidationError
 from runledger_sync.core.ids import uuid7
+from runledger_sync.core.types import EventLog
 from runledger_sync.core.validation import WORKER_ID_MAX_LENGTH, check_job_type, check_text
 
 DEFAULT_POLL_INTERVAL_MS: float = 500
@@ -33,6 +34,8 @@ DEFAULT_HEARTBEAT_LOCK_TIMEOUT_MS: int = 5_000
 DEFAULT_MAX_PAYLOAD_BYTES: int = 1_048_576
 DEFAULT_JOB_TYPES: Optional[tuple[str, ...]] = None
 DEFAULT_LOG_PAYLOADS: bool = False
+#: Every event of the spec; ``transitions`` leaves out LEASED, STAGE_CHANGED to running and HEARTBEAT.
+DEFAULT_EVENT_LOG: str = EventLog.FULL.value
 
 #: The largest claim batch both validate() and from_env() allow.
 MAX_CLAIM_BATCH_SIZE = 1000
@@ -49,6 +52,7 @@ ENV_ALIASES: Mapping[str, str] = {
     "reaper_interval_seconds": "JOBS_REAPER_INTERVAL_SECONDS",
     "schedule_poll_interval_seconds": "JOBS_SCHEDULE_POLL_INTERVAL_SECONDS",
     "reaper_retry_delay_ms": "JOBS_REAPER_RETRY_DELAY_MS",
+    "event_log": "JOBS_EVENT_LOG",
 }
 
 # The ranges from_env() forces env values into (spec section 10), as (low, high).
@@ -82,6 +86,7 @@ WORKER_LOOP_FIELDS: tuple[str, ...] = (
     "dead_letter_hook_timeout_seconds",
     "heartbeat_lock_timeout_ms",
     "job_types",
+    "event_log",
 )
 REAPER_FIELDS: tuple[str, ...] = (
     "claim_batch_size",
@@ -160,6 +165,9 @@ class JobsConfig:
         max_payload_bytes: Largest JSON payload enqueue accepts.
         job_types: Restrict this worker to these registered types; None means all.
         log_payloads: Allow payloads in debug logs (off: payloads may hold secrets).
+        event_log: Which events the worker writes: ``full`` (every event of the
+            spec) or ``transitions`` (no LEASED, no STAGE_CHANGED to running, no
+            HEARTBEAT rows; bench/README.md has what it saves).
     """
 
     worker_id: str = field(default_factory=generate_worker_id)
@@ -177,6 +185,7 @@ class JobsConfig:
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     job_types: Optional[tuple[str, ...]] = DEFAULT_JOB_TYPES
     log_payloads: bool = DEFAULT_LOG_PAYLOADS
+    event_log: str = DEFAULT_EVENT_LOG
 
     def __post_init__(self) -> None:
         # A list would make the frozen config unhashable; anything else that is
@@ -197,8 +206,8 @@ class JobsConfig:
 
         Every field has a ``RUNLEDGER_`` variable named after it in upper case
         (``RUNLEDGER_POLL_INTERVAL_MS``, ``RUNLEDGER_JOB_TYPES=a,b``). The eight
-        Runledger fields also read their ``JOBS_*`` name when the ``RUNLEDGER_``
-        one is unset or blank. Values are forced into the spec's ranges (poll
+        Runledger fields and ``event_log`` also read their ``JOBS_*`` name when the
+        ``RUNLEDGER_`` one is unset or blank. Values are forced into the spec's ranges (poll
         >= 1 ms, batch 1..1000, TTL >= 10 s, concurrency >= 1, reaper and
         schedule intervals >= 1 s, reaper delay >= 1000 ms), and a value that
         does not parse is replaced by the default. Each such change is kept in
@@ -406,6 +415,13 @@ def _check_log_payloads(config: JobsConfig) -> Optional[str]:
     return None
 
 
+def _check_event_log(config: JobsConfig) -> Optional[str]:
+    levels = tuple(level.value for level in EventLog)
+    if isinstance(config.event_log, str) and config.event_log in levels:
+        return None
+    return _problem("event_log", f"be one of {', '.join(repr(level) for level in levels)}", config.event_log)
+
+
 _CHECKS: Mapping[str, Callable[[JobsConfig], Optional[str]]] = {
     "worker_id": _check_worker_id,
     "poll_interval_ms": _number("poll_interval_ms", above=0),
@@ -422,6 +438,7 @@ _CHECKS: Mapping[str, Callable[[JobsConfig], Optional[str]]] = {
     "max_payload_bytes": _int_at_least("max_payload_bytes", 1),
     "job_types": _check_job_types,
     "log_payloads": _check_log_payloads,
+    "event_log": _check_event_log,
 }
 
 
@@ -473,6 +490,11 @@ def _parse_job_types(raw: str) -> Any:
     return types or _UNPARSEABLE
 
 
+def _parse_event_log(raw: str) -> Any:
+    lowered = raw.lower()
+    return lowered if lowered in {level.value for level in EventLog} else _UNPARSEABLE
+
+
 _ENV_PARSERS: Mapping[str, Callable[[str], Any]] = {
     "worker_id": lambda raw: raw,
     "poll_interval_ms": _parse_number,
@@ -489,6 +511,7 @@ _ENV_PARSERS: Mapping[str, Callable[[str], Any]] = {
     "max_payload_bytes": _parse_int,
     "job_types": _parse_job_types,
     "log_payloads": _parse_bool,
+    "event_log": _parse_event_log,
 }
 
 
@@ -498,6 +521,7 @@ _UNPARSEABLE_REASONS: Mapping[Callable[[str], Any], str] = {
     _parse_number: "is not a finite number",
     _parse_bool: "is not a boolean (expected true/false, yes/no, on/off or 1/0)",
     _parse_job_types: "names no job type (expected a comma-separated list)",
+    _parse_event_log: "is not an event log level (expected full or transitions)",
     _ENV_PARSERS["worker_id"]: "is not a worker id",
 }
 

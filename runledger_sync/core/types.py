@@ -75,6 +75,20 @@ class JobEventType(str, enum.Enum):
     REQUEUED = "REQUEUED"
 
 
+class EventLog(str, enum.Enum):
+    """How much of the event log the worker's hot path writes (``JobsConfig.event_log``).
+
+    Every transition of a job's status, and every operator action, is always
+    logged; the levels differ only in the rows that record a step within one
+    lease, which the job row and its attempt row already show.
+    """
+
+    #: Every event of the spec: LEASED at claim, STAGE_CHANGED to running, each HEARTBEAT.
+    FULL = "full"
+    #: No LEASED, no STAGE_CHANGED to running, no HEARTBEAT rows; everything else as FULL.
+    TRANSITIONS = "transitions"
+
+
 class ClaimOrigin(str, enum.Enum):
     """How an attempt was claimed; only prestart claims can be released unstarted."""
 

@@ -176,7 +176,7 @@ def _mark_running_or_abort(
         if running is not None:
             running.result()
         else:
-            lifecycle.mark_job_running(execution.engine, execution.identity)
+            lifecycle.mark_job_running(execution.engine, execution.identity, event_log=execution.config.event_log)
         return True
     except LeaseOwnerMismatch as error:
         log.warning(

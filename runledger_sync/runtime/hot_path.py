@@ -8,6 +8,7 @@ from typing import Optional
 from sqlalchemy.engine import Engine
 
 from runledger_sync.core.types import (
+    EventLog,
     JobCompletion,
 )
 from runledger_sync.logging import get_logger
@@ -37,17 +38,20 @@ class HotPathWriters:
     finishing: FinishingSoon
 
     @classmethod
-    def start(cls, engine: Engine, worker_id: str, *, finishing: FinishingSoon) -> "HotPathWriters":
+    def start(
+        cls, engine: Engine, worker_id: str, *, finishing: FinishingSoon, event_log: EventLog | str = EventLog.FULL,
+    ) -> "HotPathWriters":
         """Start both writers.
 
         The polling thread posts each claimed batch to the running writer whole,
         so that writer never waits for company. The success writer lingers briefly
         for the company of the jobs ``finishing`` says should succeed meanwhile.
+        ``event_log`` is the worker's level: ``transitions`` writes no STAGE_CHANGED(running) rows.
         """
         running_connection, success_connection = HeldConnection(engine), HeldConnection(engine)
         running: GroupWriter[lifecycle.LeaseIdentity, None] = GroupWriter(
             f"runledger-running-{worker_id}",
-            lambda group: lifecycle_batch.mark_jobs_running(running_connection, group),
+            lambda group: lifecycle_batch.mark_jobs_running(running_connection, group, event_log=event_log),
         )
         success: GroupWriter[SuccessItem, None] = GroupWriter(
             f"runledger-success-{worker_id}",

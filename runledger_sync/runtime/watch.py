@@ -112,6 +112,7 @@ def _renew_lease(execution: JobExecution) -> None:
         try:
             retrying(
                 lifecycle.heartbeat_job, execution.engine, **execution.identity.keywords(),
+                event_log=execution.config.event_log,
                 lease_ttl_seconds=execution.config.lease_ttl_seconds,
                 lock_timeout_ms=execution.config.heartbeat_lock_timeout_ms,
             )

@@ -111,7 +111,7 @@ class WorkerLoop:
         #: wait and the success writer's linger both ask it).
         self.finishing = FinishingSoon(running_jobs=self._running_count)
         self.writers = HotPathWriters.start(
-            engine, config.worker_id, finishing=self.finishing,
+            engine, config.worker_id, finishing=self.finishing, event_log=config.event_log,
         ) if owns_connections else None
 
     def _running_count(self) -> int:
@@ -137,7 +137,7 @@ class WorkerLoop:
         try:
             claimed = lifecycle.claim_prestart_jobs_for_types(
                 self.claim_bind, worker_id=self.config.worker_id, lease_ttl_seconds=self.config.lease_ttl_seconds,
-                limit=limit, job_types=self.job_types,
+                limit=limit, job_types=self.job_types, event_log=self.config.event_log,
             )
         except Exception as error:  # noqa: BLE001 - a failed claim must never stop the loop
             log.warning("worker claim failed", extra={"worker_id": self.config.worker_id, "error": str(error)})

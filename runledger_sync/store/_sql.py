@@ -7,6 +7,7 @@ from uuid import UUID
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Float,
     and_,
     any_,
@@ -21,6 +22,7 @@ from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from runledger_sync.core import validation as check
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.types import (
+    EventLog,
     JobStatus,
 )
 from runledger_sync.db.schema import job_attempts, job_events, job_queue
@@ -47,10 +49,32 @@ def ordinals(count: int) -> Any:
     return func.generate_series(1, count).table_valued("ord").render_derived(name="kinds")
 
 
-def event_insert(source: Any, *event_columns: Any) -> Any:
-    """INSERT INTO job_events from ``source`` rows (one statement, ids in select order)."""
+def event_insert(source: Any, *event_columns: Any, where: Any = None) -> Any:
+    """INSERT INTO job_events from ``source`` rows (one statement, ids in select order), those meeting ``where``."""
     names = ["job_id", "run_number", "attempt", "event_type", "stage", "progress_done", "progress_total", "payload"]
-    return job_events.insert().from_select(names, select(*event_columns).select_from(source))
+    rows = select(*event_columns).select_from(source)
+    return job_events.insert().from_select(names, rows if where is None else rows.where(where))
+
+
+def full_event_log() -> Any:
+    """Condition of the event rows that only the ``full`` event log writes (LEASED, STAGE_CHANGED running, HEARTBEAT).
+
+    A bound flag rather than a second statement: each statement stays one text,
+    prepared once per connection whatever the level, and with the flag false
+    PostgreSQL skips the event rows' SELECT as a one-time filter.
+    """
+    return bindparam("full_event_log", type_=Boolean)
+
+
+def event_log_params(event_log: Any) -> dict[str, bool]:
+    """The parameter of :func:`full_event_log` for an ``event_log`` level (an EventLog or its value)."""
+    try:
+        level = EventLog(event_log)
+    except ValueError:
+        raise check.InvalidArgument(
+            "event_log", event_log, f"one of {', '.join(level.value for level in EventLog)}"
+        ) from None
+    return {"full_event_log": level is EventLog.FULL}
 
 
 def check_identity(job_id: Any, run_number: Any, attempt: Any, worker_id: Any) -> LeaseIdentity:

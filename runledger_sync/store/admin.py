@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any, Optional
 from uuid import UUID
 
-from sqlalchemy import Text, bindparam, func, literal, select
+from sqlalchemy import Text, bindparam, func, literal, literal_column, select, union_all
 from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
@@ -96,12 +96,28 @@ def get_job(bind: Bind, job_id: UUID | str, *, organization_id: Optional[str] = 
     return to_job(rows[0]) if rows else None
 
 
-def _filtered(statement: Any, status: Any, job_type: Optional[str], organization_id: Optional[str]) -> Any:
-    if status is not None:
-        statement = statement.where(_q.status == JobStatus(status).value)
+def _filtered(statement: Any, job_type: Optional[str], organization_id: Optional[str]) -> Any:
     if job_type is not None:
         statement = statement.where(_q.job_type == check.check_job_type(job_type))
     return _scope(statement, organization_id)
+
+
+# The listing indexes leave LEASED rows out (db/schema.py), so a query reaches them
+# only when its text proves status <> 'LEASED': each status is written into the
+# SQL (they come from JobStatus, never from the caller), and a query over every
+# status is split into parts that each name theirs.
+def _status_is(status: JobStatus) -> Any:
+    return _q.status == literal_column(f"'{status.value}'", Text)
+
+
+_RESTING = _q.status != literal_column(f"'{JobStatus.LEASED.value}'", Text)
+
+
+def _parts(status: Optional[JobStatus]) -> list[Any]:
+    """WHERE clauses that together select ``status`` (None: every status), each served by one index."""
+    if status is not None:
+        return [_status_is(status)]
+    return [_RESTING, _status_is(JobStatus.LEASED)]
 
 
 def list_jobs(
@@ -126,8 +142,21 @@ def list_jobs(
     check.check_int("limit", limit, check.LIMIT_RANGE)
     check.check_int("offset", offset, (0, 2**31 - 1))
     status = _check_status(status)
-    statement = _filtered(select(*JOB_COLUMNS), status, job_type, organization_id)
-    statement = statement.order_by(_q.created_at.desc(), _q.id.desc()).limit(limit).offset(offset)
+    # One part per status, each with its own ORDER BY and LIMIT: planned on its own,
+    # a part knows its status is a constant, reads its index newest first and stops
+    # at the page's end, and the parts are merged. (Without the inner LIMIT,
+    # PostgreSQL flattens the UNION ALL, loses that, and sorts the whole table.)
+    statuses = [status] if status is not None else list(JobStatus)
+    newest_first = (_q.created_at.desc(), _q.id.desc())
+    parts = [
+        _filtered(select(*JOB_COLUMNS).where(_status_is(s)), job_type, organization_id).order_by(*newest_first)
+        for s in statuses
+    ]
+    if len(parts) == 1:
+        statement = parts[0].limit(limit).offset(offset)
+    else:
+        jobs = union_all(*(part.limit(limit + offset) for part in parts)).subquery("jobs")
+        statement = select(jobs).order_by(jobs.c.created_at.desc(), jobs.c.id.desc()).limit(limit).offset(offset)
     return [to_job(row) for row in _read(bind, statement)]
 
 
@@ -145,8 +174,11 @@ def count_jobs(
             connection whose open transaction the call joins (the caller commits).
     """
     status = _check_status(status)
-    statement = _filtered(select(func.count()).select_from(job_queue), status, job_type, organization_id)
-    return int(_read(bind, statement)[0][0])
+    counts = [
+        _filtered(select(func.count().label("n")).select_from(job_queue).where(part), job_type, organization_id)
+        for part in _parts(status)
+    ]
+    return sum(int(row[0]) for row in _read(bind, union_all(*counts)))
 
 
 def _check_status(status: Any) -> Optional[JobStatus]:
@@ -392,7 +424,9 @@ def pending_timing_statement(organization_id: Optional[str] = None) -> Any:
 
     The status = 'PENDING' predicate matches idx_job_queue_claim's WHERE, so the
     pass reads only that partial index (which holds next_run_at), never the
-    finished jobs that make up most of a long-lived table.
+    finished jobs that make up most of a long-lived table; scoped to an
+    organization, it reads that organization's PENDING entries of
+    idx_job_queue_resting_org.
     """
     now = func.now()
     due = _q.next_run_at <= now
@@ -413,9 +447,10 @@ def queue_stats(bind: Bind, *, organization_id: Optional[str] = None) -> QueueSt
         bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
     """
-    by_type = _scope(
-        select(_q.job_type, _q.status, func.count()).group_by(_q.job_type, _q.status), organization_id
-    )
+    by_type = union_all(*(
+        _scope(select(_q.job_type, _q.status, func.count()).where(part).group_by(_q.job_type, _q.status), organization_id)
+        for part in _parts(None)
+    ))
     pending = pending_timing_statement(organization_id)
     expired = _scope(
         select(func.count()).where(_q.status == JobStatus.LEASED.value, _q.lease_expires_at < func.now()),

@@ -29,6 +29,7 @@ from runledger_sync.core.ids import uuid7
 from runledger_sync.core.records import JobRecord
 from runledger_sync.core.types import (
     ClaimOrigin,
+    EventLog,
     JobEventType,
     JobStatus,
 )
@@ -37,7 +38,7 @@ from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import owns_transaction, run_in_transaction
 from runledger_sync.store._prepared import PreparedStatement, execute_in_turn
 from runledger_sync.store._rows import JOB_COLUMNS, to_job
-from runledger_sync.store._sql import event_insert, ids_of, seconds
+from runledger_sync.store._sql import event_insert, event_log_params, full_event_log, ids_of, seconds
 
 MAX_CLAIM_LIMIT = 1_000
 
@@ -100,6 +101,7 @@ def _build_claim(with_type_filter: bool) -> Any:
         func.jsonb_build_object(
             "worker_id", bindparam("lease_worker_id", type_=Text), "lease_duration_seconds", bindparam("lease_seconds", type_=Float),
         ),
+        where=full_event_log(),
     ).cte("leased_events")
     return (
         select(*leased.c)
@@ -121,6 +123,7 @@ def _claim(
     lease_ttl_seconds: float,
     limit: int,
     job_types: Optional[Sequence[str]],
+    event_log: EventLog | str,
 ) -> list[JobRecord]:
     check.check_text("worker_id", worker_id, max_length=check.WORKER_ID_MAX_LENGTH)
     number = isinstance(lease_ttl_seconds, (int, float)) and not isinstance(lease_ttl_seconds, bool)
@@ -133,7 +136,7 @@ def _claim(
         "limit": limit,
         "claim_origin": origin.value,
         "attempt_ids": [str(uuid7()) for _ in range(limit)],
-    }
+    } | event_log_params(event_log)
     statement = _CLAIM_ANY_TYPE
     if job_types is not None:
         types = sorted({check.check_job_type(t) for t in job_types})
@@ -195,6 +198,7 @@ def claim_jobs(
     lease_ttl_seconds: float,
     limit: int,
     job_types: Optional[Sequence[str]] = None,
+    event_log: EventLog | str = EventLog.FULL,
 ) -> list[JobRecord]:
     """Lease up to ``limit`` due jobs for ``worker_id`` (DIRECT claims: the attempt is spent).
 
@@ -204,11 +208,13 @@ def claim_jobs(
     Args:
         bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
+        event_log: ``full`` writes a LEASED event per job; ``transitions`` does not.
 
     Raises:
         InvalidLeaseDuration: ``lease_ttl_seconds`` is not positive.
+        InvalidArgument: ``event_log`` is not a level of :class:`EventLog`.
     """
-    return _claim(bind, ClaimOrigin.DIRECT, worker_id, lease_ttl_seconds, limit, job_types)
+    return _claim(bind, ClaimOrigin.DIRECT, worker_id, lease_ttl_seconds, limit, job_types, event_log)
 
 
 def claim_prestart_jobs_for_types(
@@ -218,6 +224,7 @@ def claim_prestart_jobs_for_types(
     lease_ttl_seconds: float,
     limit: int,
     job_types: Sequence[str],
+    event_log: EventLog | str = EventLog.FULL,
 ) -> list[JobRecord]:
     """Lease due jobs of ``job_types`` as prestart claims, the worker's way.
 
@@ -227,5 +234,10 @@ def claim_prestart_jobs_for_types(
     Args:
         bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
+        event_log: ``full`` writes a LEASED event per job; ``transitions`` does not
+            (the worker passes ``JobsConfig.event_log``).
+
+    Raises:
+        InvalidArgument: ``event_log`` is not a level of :class:`EventLog`.
     """
-    return _claim(bind, ClaimOrigin.WORKER_PRESTART, worker_id, lease_ttl_seconds, limit, job_types)
+    return _claim(bind, ClaimOrigin.WORKER_PRESTART, worker_id, lease_ttl_seconds, limit, job_types, event_log)

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any, Iterable, Iterator, Optional, Sequence
 from uuid import UUID
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
@@ -294,7 +294,8 @@ def sync_job_definitions(
         excluded = statement.excluded
         statement = statement.on_conflict_do_update(
             index_elements=[job_definitions.c.job_type],
-            set_={name: excluded[name] for name in rows[0] if name != "job_type"},
+            # ON CONFLICT DO UPDATE skips the column's onupdate, and no trigger sets it (revision 0003).
+            set_={name: excluded[name] for name in rows[0] if name != "job_type"} | {"updated_at": func.now()},
         )
     else:
         statement = statement.on_conflict_do_nothing(index_elements=[job_definitions.c.job_type])

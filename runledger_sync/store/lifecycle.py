@@ -41,6 +41,7 @@ from runledger_sync.core.errors import (
 from runledger_sync.core.outcomes import LEASE_EXPIRED_CODE, LEASE_EXPIRED_MESSAGE, dead_letter_reason
 from runledger_sync.core.records import JobRecord, LeaseIdentity
 from runledger_sync.core.types import (
+    EventLog,
     JobCompletion,
     JobEventType,
     JobFailure,
@@ -54,6 +55,7 @@ from runledger_sync.store._fence import LOCK_LEASES, lease_mismatch, lease_param
 from runledger_sync.store._prepared import PreparedStatement
 from runledger_sync.store._rows import JOB_COLUMNS, to_job
 from runledger_sync.store._sql import attempt_of, check_identity, event_insert, ordinals, seconds
+from runledger_sync.store._sql import event_log_params, full_event_log
 from runledger_sync.store._transitions import RELEASE, build_failure, build_success, failure_params
 from runledger_sync.store.claim import MAX_CLAIM_LIMIT, claim_jobs, claim_prestart_jobs_for_types
 from runledger_sync.store.reaper import LEASE_EXPIRED_BEFORE_RUNNING_PERSISTED, reap_expired_leases
@@ -112,7 +114,9 @@ def _build_progress_update() -> Any:
         .cte("execution_marker")
     )
     kinds = ordinals(2)
-    wanted = case((kinds.c.ord == 1, stage.is_not(None)), else_=done.is_not(None) | total.is_not(None))
+    # STAGE_CHANGED to running belongs to the full event log only; other stages are always logged.
+    stage_logged = stage.is_not(None) & (full_event_log() | (stage != JobStage.RUNNING.value))
+    wanted = case((kinds.c.ord == 1, stage_logged), else_=done.is_not(None) | total.is_not(None))
     event_type = case((kinds.c.ord == 1, JobEventType.STAGE_CHANGED.value), else_=JobEventType.PROGRESS.value)
     events = job_events.insert().from_select(
         ["job_id", "run_number", "attempt", "event_type", "stage", "progress_done", "progress_total", "payload"],
@@ -141,6 +145,7 @@ def update_job_progress(
     progress_done: Optional[int] = None,
     progress_total: Optional[int] = None,
     checkpoint: Any = None,
+    event_log: EventLog | str = EventLog.FULL,
 ) -> JobRecord:
     """Record stage, progress and checkpoint under the lease; None keeps a stored value.
 
@@ -150,8 +155,11 @@ def update_job_progress(
     Args:
         bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
+        event_log: ``transitions`` leaves out the STAGE_CHANGED event of stage
+            ``running``; other stages and PROGRESS events are written at either level.
 
     Raises:
+        InvalidArgument: ``event_log`` is not a level of :class:`EventLog`.
         LeaseOwnerMismatch: the lease is not this worker's or has expired.
         InvalidProgress: the values, or the values merged with stored ones, are invalid.
     """
@@ -162,18 +170,20 @@ def update_job_progress(
         "new_progress_done": progress_done,
         "new_progress_total": progress_total,
         "new_checkpoint": None if checkpoint is None else check.serialize_json("checkpoint", checkpoint),
-    }
+    } | event_log_params(event_log)
     return run_in_transaction(bind, lambda connection: _guarded_write(connection, _PROGRESS_UPDATE, params, identity))
 
 
-def mark_job_running(bind: Bind, identity: LeaseIdentity) -> JobRecord:
+def mark_job_running(bind: Bind, identity: LeaseIdentity, *, event_log: EventLog | str = EventLog.FULL) -> JobRecord:
     """Persist stage ``running`` for a claimed job: the step before its handler starts.
 
     Args:
         bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
+        event_log: ``full`` writes a STAGE_CHANGED event; ``transitions`` does not
+            (the worker passes ``JobsConfig.event_log``).
     """
-    return update_job_progress(bind, **identity.keywords(), stage=JobStage.RUNNING)
+    return update_job_progress(bind, **identity.keywords(), stage=JobStage.RUNNING, event_log=event_log)
 
 
 def _guarded_write(
@@ -198,6 +208,7 @@ def _build_heartbeat() -> Any:
         renewed,
         renewed.c.id, renewed.c.run_number, renewed.c.attempt, literal(JobEventType.HEARTBEAT.value), renewed.c.stage,
         null(), null(), func.jsonb_build_object("worker_id", renewed.c.worker_id),
+        where=full_event_log(),
     ).cte("heartbeat_event")
     return select(*renewed.c).add_cte(events)
 
@@ -217,6 +228,7 @@ def heartbeat_job(
     worker_id: str,
     lease_ttl_seconds: float,
     lock_timeout_ms: int = DEFAULT_HEARTBEAT_LOCK_TIMEOUT_MS,
+    event_log: EventLog | str = EventLog.FULL,
 ) -> JobRecord:
     """Extend a live lease to now + ``lease_ttl_seconds``.
 
@@ -226,6 +238,8 @@ def heartbeat_job(
     Args:
         bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
+        event_log: ``full`` writes a HEARTBEAT event; ``transitions`` does not
+            (the worker passes ``JobsConfig.event_log``).
 
     Raises:
         LeaseOwnerMismatch: the lease is not this worker's or has expired.
@@ -236,6 +250,7 @@ def heartbeat_job(
         raise InvalidLeaseDuration(f"lease_ttl_seconds must be greater than zero, got {lease_ttl_seconds!r}")
     check.check_int("lock_timeout_ms", lock_timeout_ms, (1, 3_600_000))
     params = identity.params() | {"lease_seconds": float(lease_ttl_seconds), "lock_timeout": f"{lock_timeout_ms}ms"}
+    params |= event_log_params(event_log)
 
     return run_in_transaction(
         bind, lambda connection: _guarded_write(connection, _HEARTBEAT, params, identity, settings=(_LOCK_TIMEOUT,))

@@ -24,7 +24,7 @@ from sqlalchemy.engine import Connection
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidCompletionProgress, InvalidProgress, LeaseOwnerMismatch
 from runledger_sync.core.records import LeaseIdentity
-from runledger_sync.core.types import JobCompletion, JobEventType, JobStage
+from runledger_sync.core.types import EventLog, JobCompletion, JobEventType, JobStage
 from runledger_sync.db.schema import job_attempts, job_queue
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
@@ -38,7 +38,7 @@ from runledger_sync.store._fence import (
     write_fenced,
 )
 from runledger_sync.store._prepared import PreparedStatement
-from runledger_sync.store._sql import attempt_of, check_identity, event_insert
+from runledger_sync.store._sql import attempt_of, check_identity, event_insert, event_log_params, full_event_log
 from runledger_sync.store._transitions import build_success
 
 _q = job_queue.c
@@ -81,6 +81,7 @@ def _build_running() -> Any:
         running,
         running.c.id, running.c.run_number, running.c.attempt, literal(JobEventType.STAGE_CHANGED.value),
         running.c.stage, running.c.progress_done, running.c.progress_total, func.jsonb_build_object(),
+        where=full_event_log(),
     ).cte("running_events")
     return select(*running.c).add_cte(marker, events)
 
@@ -101,18 +102,28 @@ _RUNNING = PreparedStatement("mark_running", _build_running(), index_plan=True)
 _GROUP_SUCCESS = PreparedStatement("complete_success", _build_group_success(), index_plan=True)
 
 
-def mark_jobs_running(bind: Bind, identities: Sequence[LeaseIdentity]) -> list[LeaseResult]:
+def mark_jobs_running(
+    bind: Bind, identities: Sequence[LeaseIdentity], *, event_log: EventLog | str = EventLog.FULL
+) -> list[LeaseResult]:
     """Persist stage ``running`` for many claimed jobs in one transaction.
 
     Same effect per job as :func:`runledger_sync.store.lifecycle.mark_job_running`.
 
+    Args:
+        event_log: ``full`` writes a STAGE_CHANGED event per job; ``transitions``
+            does not (the worker passes ``JobsConfig.event_log``).
+
     Returns:
         One result per identity, in order: None once written, or a ``LeaseOwnerMismatch``.
+
+    Raises:
+        InvalidArgument: ``event_log`` is not a level of :class:`EventLog`.
     """
+    flag = event_log_params(event_log)
     checked = [check_identity(*_identity_values(identity)) for identity in identities]
     if not checked:
         return []
-    return run_in_transaction(bind, lambda connection: _write_group(connection, _RUNNING, checked, {}))
+    return run_in_transaction(bind, lambda connection: _write_group(connection, _RUNNING, checked, flag))
 
 
 def complete_jobs_success(
@@ -160,7 +171,7 @@ def _json_or_none(name: str, value: Any) -> Optional[str]:
 
 def _write_group(
     connection: Connection, statement: PreparedStatement, identities: list[LeaseIdentity],
-    values: dict[str, list[Any]],
+    values: dict[str, Any],
 ) -> list[LeaseResult]:
     rows = write_fenced(connection, (statement,), identities, values)
     written = {(row.id, row.run_number, row.attempt) for row in rows}

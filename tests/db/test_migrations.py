@@ -108,9 +108,8 @@ def test_upgrade_to_head_on_empty_database_creates_the_queue_tables(empty_engine
     assert QUEUE_TABLES <= tables_in(empty_engine)
     assert current_revision(empty_engine) == head_revision()
     assert functions_named(empty_engine, TRIGGER_FUNCTION) == ["public"]
-    assert {("job_definitions", "trg_job_definitions_updated_at"), ("job_queue", "trg_job_queue_updated_at")} <= (
-        triggers_of(empty_engine)
-    )
+    # 0003: the hot tables' statements stamp updated_at themselves; only schedules keep a trigger.
+    assert triggers_of(empty_engine) == {("job_schedules", "trg_job_schedules_updated_at")}
 
 
 def test_migrated_schema_matches_the_sqlalchemy_metadata(empty_engine):
@@ -331,36 +330,88 @@ def test_check_schema_on_unknown_revision_reports_ahead(empty_engine):
 # -- the updated_at trigger ----------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("table", "key_column", "insert_sql"),
-    [
-        ("job_definitions", "job_type", "INSERT INTO job_definitions (job_type) VALUES ('t.touch')"),
-        (
-            "job_queue",
-            "job_type",
-            "INSERT INTO job_definitions (job_type) VALUES ('t.touch'); "
-            "INSERT INTO job_queue (id, job_type, max_attempts) VALUES (gen_random_uuid(), 't.touch', 3)",
-        ),
-    ],
-)
-def test_updated_at_trigger_bumps_updated_at_on_update(empty_engine, table, key_column, insert_sql):
+def test_updated_at_trigger_bumps_job_schedules_updated_at(empty_engine):
     migrate(empty_engine)
     with empty_engine.begin() as connection:
-        connection.exec_driver_sql(insert_sql)
+        connection.exec_driver_sql(
+            "INSERT INTO job_definitions (job_type) VALUES ('t.touch'); "
+            "INSERT INTO job_schedules (id, name, job_type, cron_expr, next_fire_at) "
+            "VALUES (gen_random_uuid(), 'touch', 't.touch', '0 * * * * *', now())"
+        )
         # Back-date the row so the trigger's now() is unambiguously later.
-        connection.exec_driver_sql(f"ALTER TABLE {table} DISABLE TRIGGER trg_{table}_updated_at")
-        connection.exec_driver_sql(f"UPDATE {table} SET updated_at = '2000-01-01T00:00:00Z'")
-        connection.exec_driver_sql(f"ALTER TABLE {table} ENABLE TRIGGER trg_{table}_updated_at")
+        connection.exec_driver_sql("ALTER TABLE job_schedules DISABLE TRIGGER trg_job_schedules_updated_at")
+        connection.exec_driver_sql("UPDATE job_schedules SET updated_at = '2000-01-01T00:00:00Z'")
+        connection.exec_driver_sql("ALTER TABLE job_schedules ENABLE TRIGGER trg_job_schedules_updated_at")
 
     with empty_engine.begin() as connection:
         # Even an explicit old value is overwritten: the trigger owns the column.
-        connection.exec_driver_sql(f"UPDATE {table} SET updated_at = '2001-01-01T00:00:00Z', {key_column} = {key_column}")
+        connection.exec_driver_sql("UPDATE job_schedules SET updated_at = '2001-01-01T00:00:00Z', name = name")
         now = connection.exec_driver_sql("SELECT now()").scalar_one()
 
     with empty_engine.connect() as connection:
-        created, updated = connection.exec_driver_sql(f"SELECT created_at, updated_at FROM {table}").one()
+        created, updated = connection.exec_driver_sql("SELECT created_at, updated_at FROM job_schedules").one()
     assert updated == now
     assert updated >= created
+
+
+# -- revision 0003: hot-path storage ---------------------------------------------------
+
+LISTING_INDEXES_0002 = {"idx_job_queue_org_status_created", "idx_job_queue_type_status_created"}
+LISTING_INDEXES_0003 = {"idx_job_queue_resting_status", "idx_job_queue_resting_type", "idx_job_queue_resting_org"}
+
+
+def job_queue_state(engine: Engine) -> tuple[set[str], list[str] | None, set[tuple[str, str]]]:
+    """job_queue's index names, its storage parameters, and the user triggers of the database."""
+    with engine.connect() as connection:
+        indexes = set(connection.execute(sqlalchemy.text(
+            "SELECT indexname FROM pg_indexes WHERE tablename = 'job_queue'")).scalars())
+        options = connection.execute(sqlalchemy.text(
+            "SELECT reloptions FROM pg_class WHERE relname = 'job_queue'")).scalar_one()
+    return indexes, options, triggers_of(engine)
+
+
+def test_0003_downgrade_restores_triggers_and_listing_indexes_and_upgrade_reapplies(empty_engine):
+    migrate(empty_engine)
+    indexes, options, triggers = job_queue_state(empty_engine)
+    assert LISTING_INDEXES_0003 <= indexes and not indexes & LISTING_INDEXES_0002
+    assert options == ["fillfactor=70"]
+    assert ("job_queue", "trg_job_queue_updated_at") not in triggers
+
+    downgrade(empty_engine, "0002")
+
+    indexes, options, triggers = job_queue_state(empty_engine)
+    assert LISTING_INDEXES_0002 <= indexes and not indexes & LISTING_INDEXES_0003
+    assert options is None
+    assert {("job_definitions", "trg_job_definitions_updated_at"), ("job_queue", "trg_job_queue_updated_at"),
+            ("job_schedules", "trg_job_schedules_updated_at")} == triggers
+    assert current_revision(empty_engine) == "0002"
+
+    migrate(empty_engine)
+
+    assert job_queue_state(empty_engine) == (
+        indexes - LISTING_INDEXES_0002 | LISTING_INDEXES_0003, ["fillfactor=70"],
+        {("job_schedules", "trg_job_schedules_updated_at")},
+    )
+    assert schema_diff(empty_engine) == []
+
+
+def test_metadata_create_all_builds_the_storage_parameters_the_migrations_set(empty_database, empty_engine):
+    # compare_metadata() does not look at storage parameters: compare them here.
+    migrate(empty_engine)
+    other = create_engine(empty_database, schema="built_by_metadata")
+    try:
+        with empty_engine.begin() as connection:
+            connection.exec_driver_sql("CREATE SCHEMA built_by_metadata")
+        with other.begin() as connection:
+            metadata.create_all(connection)
+        with empty_engine.connect() as connection:
+            options = dict(connection.execute(sqlalchemy.text(
+                "SELECT n.nspname || '.' || c.relname, c.reloptions FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE c.relname = 'job_queue'")).all())
+    finally:
+        other.dispose()
+    assert options == {"public.job_queue": ["fillfactor=70"], "built_by_metadata.job_queue": ["fillfactor=70"]}
 
 
 # -- a schema of its own -------------------------------------------------------------

@@ -11,6 +11,7 @@ import pytest
 from runledger_sync import config as config_module
 from runledger_sync.config import JobsConfig
 from runledger_sync.core.errors import ConfigError
+from runledger_sync.core.types import EventLog
 
 WORKER_ID_PATTERN = re.compile(
     r"^worker-[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$"
@@ -356,7 +357,7 @@ def test_blank_runledger_value_falls_through_to_the_alias():
     )
 
 
-def test_only_the_eight_rust_fields_have_aliases():
+def test_only_the_eight_rust_fields_and_event_log_have_aliases():
     assert JobsConfig.from_env({"JOBS_TIMEOUT_GRACE_SECONDS": "1"}).timeout_grace_seconds == 5.0
 
 
@@ -398,6 +399,7 @@ def test_values_inside_the_clamps_are_kept():
         ("RUNLEDGER_LOG_PAYLOADS", "maybe", "log_payloads"),
         ("RUNLEDGER_HEARTBEAT_INTERVAL_SECONDS", "inf", "heartbeat_interval_seconds"),
         ("RUNLEDGER_JOB_TYPES", " , ,", "job_types"),
+        ("JOBS_EVENT_LOG", "quiet", "event_log"),
     ],
 )
 def test_unparseable_value_falls_back_to_default_and_is_recorded(caplog, variable, raw, field_name):
@@ -491,3 +493,45 @@ def test_from_env_reads_os_environ_by_default(monkeypatch):
     monkeypatch.setenv("RUNLEDGER_CLAIM_BATCH_SIZE", "11")
     monkeypatch.delenv("JOBS_CLAIM_BATCH_SIZE", raising=False)
     assert JobsConfig.from_env().claim_batch_size == 11
+
+
+# -- event_log ---------------------------------------------------------------------
+
+
+def test_event_log_defaults_to_full():
+    assert JobsConfig().event_log == EventLog.FULL == "full"
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({"RUNLEDGER_EVENT_LOG": "transitions"}, "transitions"),
+        ({"JOBS_EVENT_LOG": " Transitions "}, "transitions"),
+        ({"RUNLEDGER_EVENT_LOG": "full", "JOBS_EVENT_LOG": "transitions"}, "full"),
+    ],
+)
+def test_event_log_is_read_from_the_environment(environ, expected):
+    config = JobsConfig.from_env(environ)
+    assert (config.event_log, config.env_adjustments) == (expected, ())
+    config.validate()
+
+
+def test_strict_from_env_refuses_an_unknown_event_log():
+    with pytest.raises(ConfigError) as refused:
+        JobsConfig.from_env({"RUNLEDGER_EVENT_LOG": "none"}, strict=True)
+    assert refused.value.code == "config.invalid"
+    assert refused.value.problems == [
+        "RUNLEDGER_EVENT_LOG='none' is not an event log level (expected full or transitions)"
+    ]
+
+
+@pytest.mark.parametrize("value", ["FULL", "", None, True, "transition"])
+def test_validate_refuses_an_unknown_event_log(value):
+    with pytest.raises(ConfigError) as refused:
+        JobsConfig(event_log=value).validate_worker_loop()
+    assert refused.value.problems == [f"jobs config event_log must be one of 'full', 'transitions', got {value!r}"]
+
+
+def test_validate_accepts_either_level_as_enum_or_text():
+    for value in (EventLog.FULL, EventLog.TRANSITIONS, "full", "transitions"):
+        assert JobsConfig(event_log=value).validate().event_log == value

@@ -1,0 +1,129 @@
+"""The event log level: ``full`` writes every event of the spec, ``transitions`` leaves out LEASED,
+STAGE_CHANGED to running and HEARTBEAT, and nothing else."""
+
+from __future__ import annotations
+
+import pytest
+
+from runledger_sync.core import errors
+from runledger_sync.core.types import EventLog, JobFailure, JobStage
+from runledger_sync.store import enqueue as store_enqueue
+from runledger_sync.store import lifecycle, lifecycle_batch
+from runledger_sync.store.held import HeldConnection
+from tests.support import JOB_TYPE, define, event_types, events, rows, scalar
+
+EVERY_STEP_OF_A_SUCCESS = ["ENQUEUED", "LEASED", "STAGE_CHANGED", "HEARTBEAT", "SUCCEEDED"]
+
+
+def claimed(bind, event_log, *, prestart=True):
+    store_enqueue.enqueue(bind, JOB_TYPE, {})
+    claim = lifecycle.claim_prestart_jobs_for_types if prestart else lifecycle.claim_jobs
+    [job] = claim(bind, worker_id="w", lease_ttl_seconds=30, limit=1, job_types=[JOB_TYPE], event_log=event_log)
+    return job
+
+
+def run_to_success(bind, event_log, *, grouped: bool, prestart: bool = True):
+    """Claim, mark running, heartbeat and succeed one job at ``event_log``; return its id."""
+    job = claimed(bind, event_log, prestart=prestart)
+    lease = lifecycle.LeaseIdentity.of(job)
+    if grouped:
+        assert lifecycle_batch.mark_jobs_running(bind, [lease], event_log=event_log) == [None]
+    else:
+        lifecycle.mark_job_running(bind, lease, event_log=event_log)
+    lifecycle.heartbeat_job(bind, **lease.keywords(), lease_ttl_seconds=30, event_log=event_log)
+    lifecycle.complete_job_success(bind, **lease.keywords())
+    return job.id
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["single", "grouped"])
+def test_full_event_log_writes_every_event_of_a_success(held, grouped):
+    job_id = run_to_success(held, EventLog.FULL, grouped=grouped)
+
+    assert event_types(held.engine, job_id) == EVERY_STEP_OF_A_SUCCESS
+    logged = rows(held.engine, "SELECT event_type, stage, payload FROM job_events WHERE job_id = :id ORDER BY id", id=job_id)
+    assert logged[1].payload == {"worker_id": "w", "lease_duration_seconds": 30}
+    assert (logged[2].stage, logged[3].payload) == ("running", {"worker_id": "w"})
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["single", "grouped"])
+@pytest.mark.parametrize("prestart", [True, False], ids=["prestart", "direct"])
+def test_transitions_event_log_leaves_out_leased_running_and_heartbeat_rows(held, grouped, prestart):
+    job_id = run_to_success(held, "transitions", grouped=grouped, prestart=prestart)
+
+    assert event_types(held.engine, job_id) == ["ENQUEUED", "SUCCEEDED"]
+    # The job row and its attempt keep what the left-out rows recorded.
+    attempt = rows(held.engine, "SELECT worker_id, leased_at, execution_started_persisted_at FROM job_attempts "
+                                "WHERE job_id = :id", id=job_id)[0]
+    assert attempt.worker_id == "w" and attempt.leased_at is not None
+    assert attempt.execution_started_persisted_at is not None
+
+
+def test_default_is_the_full_event_log(held):
+    store_enqueue.enqueue(held, JOB_TYPE, {})
+    [job] = lifecycle.claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=1,
+                                                    job_types=[JOB_TYPE])
+    lease = lifecycle.LeaseIdentity.of(job)
+    lifecycle.mark_job_running(held, lease)
+    lifecycle.heartbeat_job(held, **lease.keywords(), lease_ttl_seconds=30)
+
+    assert event_types(held.engine, job.id) == ["ENQUEUED", "LEASED", "STAGE_CHANGED", "HEARTBEAT"]
+
+
+def test_transitions_still_logs_progress_other_stages_failures_and_retries(held):
+    job = claimed(held, EventLog.TRANSITIONS)
+    lease = lifecycle.LeaseIdentity.of(job)
+    lifecycle.update_job_progress(held, **lease.keywords(), stage=JobStage.RUNNING, progress_done=1, progress_total=4,
+                                  event_log=EventLog.TRANSITIONS)
+    lifecycle.update_job_progress(held, **lease.keywords(), stage=JobStage.SCHEDULED, event_log=EventLog.TRANSITIONS)
+    lifecycle.complete_job_failure(held, **lease.keywords(), failure=JobFailure.retryable("x.flaky", "try again"),
+                                   retry_delay_ms=0)
+
+    logged = [(kind, payload.get("kind")) for kind, _, payload in events(held.engine, job.id)]
+    assert logged == [("ENQUEUED", None), ("PROGRESS", None), ("STAGE_CHANGED", None),
+                      ("FAILED", "RETRYABLE"), ("RETRY_SCHEDULED", "RETRYABLE")]
+    stages = rows(held.engine, "SELECT stage FROM job_events WHERE job_id = :id AND event_type = 'STAGE_CHANGED'",
+                  id=job.id)
+    assert [row.stage for row in stages] == ["scheduled"]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda bind, lease: lifecycle.claim_prestart_jobs_for_types(
+            bind, worker_id="w", lease_ttl_seconds=30, limit=1, job_types=[JOB_TYPE], event_log="none"),
+        lambda bind, lease: lifecycle.claim_jobs(bind, worker_id="w", lease_ttl_seconds=30, limit=1, event_log="FULL"),
+        lambda bind, lease: lifecycle.mark_job_running(bind, lease, event_log=None),
+        lambda bind, lease: lifecycle_batch.mark_jobs_running(bind, [lease], event_log="quiet"),
+        lambda bind, lease: lifecycle_batch.mark_jobs_running(bind, [], event_log="quiet"),
+        lambda bind, lease: lifecycle.heartbeat_job(bind, **lease.keywords(), lease_ttl_seconds=30, event_log=True),
+    ],
+    ids=["prestart claim", "direct claim", "running", "grouped running", "grouped running, no leases", "heartbeat"],
+)
+def test_an_unknown_event_log_level_is_refused_before_any_write(held, call):
+    job = claimed(held, EventLog.FULL)
+    store_enqueue.enqueue(held, JOB_TYPE, {})
+    before = scalar(held.engine, "SELECT count(*) FROM job_events")
+
+    with pytest.raises(errors.InvalidArgument) as refused:
+        call(held, lifecycle.LeaseIdentity.of(job))
+
+    assert refused.value.code == "job.invalid_argument"
+    assert "event_log" in refused.value.message
+    assert scalar(held.engine, "SELECT count(*) FROM job_events") == before
+    assert scalar(held.engine, "SELECT count(*) FROM job_queue WHERE status = 'LEASED'") == 1
+
+
+def test_both_levels_run_the_same_prepared_statements(engine):
+    # The level is a bound flag, not a second statement text: one PREPARE serves both.
+    define(engine)
+    held = HeldConnection(engine)
+    try:
+        for level in (EventLog.FULL, EventLog.TRANSITIONS, EventLog.FULL):
+            run_to_success(held, level, grouped=True)
+        with held.connect() as connection:
+            names = connection.exec_driver_sql("SELECT name FROM pg_prepared_statements ORDER BY name").scalars().all()
+    finally:
+        held.close()
+    labels = [name.rsplit("_", 1)[0] for name in names]
+    for label in ("runledger_claim_for_types", "runledger_mark_running", "runledger_heartbeat"):
+        assert labels.count(label) == 1, names
