@@ -1,0 +1,189 @@
+"""Operator actions on one job: cancel it, or requeue a finished one (spec section 4, Cancel and Requeue).
+
+Both take an optional ``organization_id`` scope, as every admin call does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+from uuid import UUID
+
+from sqlalchemy import Text, bindparam, func, literal, select
+from sqlalchemy.engine import Connection
+
+from runledger_sync.core import validation as check
+from runledger_sync.core.errors import InvalidStateTransition, JobNotFound
+from runledger_sync.core.records import JobRecord
+from runledger_sync.core.types import JobEventType, JobStage, JobStatus
+from runledger_sync.db.schema import job_attempts, job_events, job_queue
+from runledger_sync.store._binds import Bind
+from runledger_sync.store._errors import run_in_transaction
+from runledger_sync.store._rows import JOB_COLUMNS, to_job
+from runledger_sync.store._scope import check_job_id, scoped
+
+_q = job_queue.c
+CANCELABLE = (JobStatus.PENDING.value, JobStatus.LEASED.value)
+REQUEUABLE = (JobStatus.SUCCEEDED.value, JobStatus.DEAD_LETTERED.value, JobStatus.CANCELED.value)
+
+
+def _reason_event(changed: Any, event_type: JobEventType, run_number: Any, attempt: Any) -> Any:
+    """The event row of an operator's action on the ``changed`` rows, carrying its reason."""
+    return job_events.insert().from_select(
+        ["job_id", "run_number", "attempt", "event_type", "stage", "payload"],
+        select(
+            changed.c.id,
+            run_number,
+            func.nullif(attempt, 0),
+            literal(event_type.value),
+            changed.c.stage,
+            func.jsonb_build_object("reason", changed.c.status_reason),
+        ),
+    ).cte(f"{event_type.value.lower()}_event")
+
+
+def _build_cancel() -> Any:
+    reason = bindparam("reason", type_=Text)
+    canceled = (
+        job_queue.update()
+        .where(_q.id == bindparam("target_id"), _q.status.in_(CANCELABLE))
+        # lease_expires_at is kept on purpose: a requeue must not let a new attempt
+        # overlap the fenced handler that may still be running.
+        .values(
+            status=JobStatus.CANCELED.value,
+            last_heartbeat_at=None,
+            worker_id=None,
+            finished_at=func.now(),
+            status_reason=func.coalesce(reason, "CANCELED"),
+        )
+        .returning(*JOB_COLUMNS)
+    )
+    return canceled
+
+
+def _cancel_statement(organization_id: Optional[str]) -> Any:
+    canceled = scoped(_build_cancel(), organization_id).cte("canceled")
+    closed = (
+        job_attempts.update()
+        .where(
+            job_attempts.c.job_id == canceled.c.id,
+            job_attempts.c.run_number == canceled.c.run_number,
+            job_attempts.c.attempt == canceled.c.attempt,
+            job_attempts.c.finished_at.is_(None),
+        )
+        .values(finished_at=func.now())
+        .cte("closed_attempt")
+    )
+    event = _reason_event(canceled, JobEventType.CANCELED, canceled.c.run_number, canceled.c.attempt)
+    return select(*canceled.c).add_cte(closed, event)
+
+
+def cancel_job(
+    bind: Bind,
+    job_id: UUID | str,
+    *,
+    reason: Optional[str] = None,
+    organization_id: Optional[str] = None,
+) -> JobRecord:
+    """Cancel a PENDING or LEASED job.
+
+    A running handler is not interrupted here: its next heartbeat finds the lease
+    gone and sets its cancellation flag, and any write it attempts is refused.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
+            connection whose open transaction the call joins (the caller commits).
+
+    Raises:
+        JobNotFound: no such job in the scope.
+        InvalidStateTransition: the job has already finished.
+    """
+    target = check_job_id(job_id)
+    if reason is not None:
+        check.check_text("reason", reason, max_length=255)
+    statement = _cancel_statement(organization_id)
+
+    def work(connection: Connection) -> JobRecord:
+        row = connection.execute(statement, {"target_id": target, "reason": reason}).first()
+        if row is not None:
+            return to_job(row)
+        raise _transition_error(connection, target, organization_id, "canceled", CANCELABLE)
+
+    return run_in_transaction(bind, work)
+
+
+def _transition_error(
+    connection: Connection, job_id: UUID, organization_id: Optional[str], verb: str, allowed: tuple[str, ...]
+) -> Exception:
+    found = connection.execute(scoped(select(_q.status).where(_q.id == job_id), organization_id)).first()
+    if found is None:
+        return JobNotFound(f"job {job_id} was not found", job_id=str(job_id))
+    return InvalidStateTransition(
+        f"job {job_id} is {found.status} and cannot be {verb}; only {', '.join(allowed)} can",
+        job_id=str(job_id),
+        status=found.status,
+    )
+
+
+def _requeue_statement(organization_id: Optional[str]) -> Any:
+    previous = scoped(
+        select(_q.id, _q.run_number, _q.attempt).where(_q.id == bindparam("target_id"), _q.status.in_(REQUEUABLE)),
+        organization_id,
+    ).with_for_update().subquery("previous")
+    requeued = (
+        job_queue.update()
+        .where(_q.id == previous.c.id)
+        .values(
+            status=JobStatus.PENDING.value,
+            stage=JobStage.QUEUED.value,
+            progress_done=None,
+            progress_total=None,
+            checkpoint=None,
+            output=None,
+            run_number=_q.run_number + 1,
+            attempt=0,
+            lease_expires_at=None,
+            last_heartbeat_at=None,
+            worker_id=None,
+            started_at=None,
+            finished_at=None,
+            next_run_at=func.now(),
+            status_reason=func.coalesce(bindparam("reason", type_=Text), "REQUEUED"),
+            last_error_code=None,
+            last_error_message=None,
+        )
+        .returning(*JOB_COLUMNS, previous.c.run_number.label("previous_run"), previous.c.attempt.label("previous_attempt"))
+        .cte("requeued")
+    )
+    event = _reason_event(requeued, JobEventType.REQUEUED, requeued.c.previous_run, requeued.c.previous_attempt)
+    return select(*requeued.c).add_cte(event)
+
+
+def requeue_job(
+    bind: Bind,
+    job_id: UUID | str,
+    *,
+    reason: Optional[str] = None,
+    organization_id: Optional[str] = None,
+) -> JobRecord:
+    """Run a finished job again: a new run (run_number + 1) from attempt 0.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
+            connection whose open transaction the call joins (the caller commits).
+
+    Raises:
+        JobNotFound: no such job in the scope.
+        InvalidStateTransition: the job is still PENDING or LEASED.
+    """
+    target = check_job_id(job_id)
+    if reason is not None:
+        check.check_text("reason", reason, max_length=255)
+    statement = _requeue_statement(organization_id)
+
+    def work(connection: Connection) -> JobRecord:
+        row = connection.execute(statement, {"target_id": target, "reason": reason}).first()
+        if row is not None:
+            return to_job(row)
+        raise _transition_error(connection, target, organization_id, "requeued", REQUEUABLE)
+
+    return run_in_transaction(bind, work)
