@@ -1,5 +1,7 @@
 """JobsConfig: the knobs of the worker, reaper and scheduler loops, and where they come from.
 
+The environment is read by :mod:`runledger_sync.config_env`.
+
 Build one with :meth:`JobsConfig.from_env` (environment variables, clamped to
 safe ranges) or directly (not clamped; call :meth:`JobsConfig.validate`). Pass
 it to the loops as an argument; nothing keeps it in a global.
@@ -13,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
+from runledger_sync.config_env import ENV_ALIASES, ENV_PREFIX, MAX_CLAIM_BATCH_SIZE, EnvAdjustment, read_env
 from runledger_sync.core import backoff
 from runledger_sync.core.errors import ConfigError, ValidationError
 from runledger_sync.core.ids import uuid7
@@ -37,43 +40,6 @@ DEFAULT_LOG_PAYLOADS: bool = False
 #: Every event of the spec; ``transitions`` leaves out LEASED, STAGE_CHANGED to running and HEARTBEAT.
 DEFAULT_EVENT_LOG: str = EventLog.FULL.value
 
-#: The largest claim batch both validate() and from_env() allow.
-MAX_CLAIM_BATCH_SIZE = 1000
-
-ENV_PREFIX = "RUNLEDGER_"
-
-#: Runledger's (Rust) variable names, accepted as aliases; ``RUNLEDGER_*`` wins.
-ENV_ALIASES: Mapping[str, str] = {
-    "worker_id": "JOBS_WORKER_ID",
-    "poll_interval_ms": "JOBS_POLL_INTERVAL_MS",
-    "claim_batch_size": "JOBS_CLAIM_BATCH_SIZE",
-    "lease_ttl_seconds": "JOBS_LEASE_TTL_SECONDS",
-    "max_global_concurrency": "JOBS_MAX_GLOBAL_CONCURRENCY",
-    "reaper_interval_seconds": "JOBS_REAPER_INTERVAL_SECONDS",
-    "schedule_poll_interval_seconds": "JOBS_SCHEDULE_POLL_INTERVAL_SECONDS",
-    "reaper_retry_delay_ms": "JOBS_REAPER_RETRY_DELAY_MS",
-    "event_log": "JOBS_EVENT_LOG",
-}
-
-# The ranges from_env() forces env values into (spec section 10), as (low, high).
-# They are stricter than validate(): a TTL of 1 s is legal in a test config but
-# never what an operator meant in production.
-_ENV_CLAMPS: Mapping[str, tuple[float, Optional[float]]] = {
-    "poll_interval_ms": (1, None),
-    "claim_batch_size": (1, MAX_CLAIM_BATCH_SIZE),
-    "lease_ttl_seconds": (10, None),
-    "max_global_concurrency": (1, None),
-    "reaper_interval_seconds": (1, None),
-    "schedule_poll_interval_seconds": (1, None),
-    "reaper_retry_delay_ms": (1000, None),
-}
-
-# How a default that is not a plain number reads in a start-up warning.
-_DEFAULT_WORDS: Mapping[str, str] = {
-    "heartbeat_interval_seconds": "a third of the lease",
-    "job_types": "every registered type",
-}
-
 #: The fields each loop reads, so one loop's bad knob cannot stop another loop.
 WORKER_LOOP_FIELDS: tuple[str, ...] = (
     "worker_id",
@@ -95,42 +61,6 @@ REAPER_FIELDS: tuple[str, ...] = (
     "dead_letter_hook_timeout_seconds",
 )
 SCHEDULER_FIELDS: tuple[str, ...] = ("claim_batch_size", "schedule_poll_interval_seconds")
-
-
-@dataclass(frozen=True)
-class EnvAdjustment:
-    """One environment value :meth:`JobsConfig.from_env` did not use as given.
-
-    Attributes:
-        variable: The variable read, e.g. ``JOBS_POLL_INTERVAL_MS``.
-        field: The JobsConfig field it sets.
-        given: The text found in the environment (stripped).
-        used: The value used instead: the default, or the nearest allowed value.
-        reason: Why, in plain words (``is below the minimum of 1``).
-        is_default: ``used`` is the field's default (the given text did not parse).
-    """
-
-    variable: str
-    field: str
-    given: str
-    used: Any
-    reason: str
-    is_default: bool = False
-
-    @property
-    def problem(self) -> str:
-        """The value and what is wrong with it, as strict mode reports it."""
-        return f"{self.variable}={self.given!r} {self.reason}"
-
-    def describe(self) -> str:
-        """The problem and the value used instead, as the worker logs it at start."""
-        if not self.is_default:
-            return f"{self.problem}; using {self.used!r} instead"
-        return f"{self.problem}; using the default, {_DEFAULT_WORDS.get(self.field, repr(self.used))}"
-
-    def log_fields(self) -> dict[str, Any]:
-        """The ``extra=`` fields of the start-up warning."""
-        return {"variable": self.variable, "given": self.given, "used": self.used, "reason": self.reason}
 
 
 def generate_worker_id() -> str:
@@ -230,21 +160,7 @@ class JobsConfig:
                 ``.problems`` names every such variable.
         """
         env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        adjustments: list[EnvAdjustment] = []
-        for config_field in dataclasses.fields(cls):
-            name = config_field.name
-            variable, raw = _lookup(env, name)
-            if raw is None:
-                continue
-            parsed = _ENV_PARSERS[name](raw)
-            if parsed is _UNPARSEABLE:
-                reason = _UNPARSEABLE_REASONS[_ENV_PARSERS[name]]
-                adjustments.append(EnvAdjustment(variable, name, raw, _default_of(config_field), reason, True))
-                continue
-            values[name], reason = _clamp(name, parsed)
-            if reason is not None:
-                adjustments.append(EnvAdjustment(variable, name, raw, values[name], reason))
+        values, adjustments = read_env(dataclasses.fields(cls), env)
         if strict and adjustments:
             raise ConfigError([adjustment.problem for adjustment in adjustments])
         return cls(**values)._with_env_adjustments(tuple(adjustments))
@@ -442,105 +358,11 @@ _CHECKS: Mapping[str, Callable[[JobsConfig], Optional[str]]] = {
 }
 
 
-# --- environment parsing ---------------------------------------------------------
-
-_UNPARSEABLE = object()
-
-
-def _lookup(env: Mapping[str, str], name: str) -> tuple[str, Optional[str]]:
-    """Return (variable, value) for a field; a blank value counts as unset."""
-    candidates = [ENV_PREFIX + name.upper()]
-    if name in ENV_ALIASES:
-        candidates.append(ENV_ALIASES[name])
-    for variable in candidates:
-        raw = env.get(variable)
-        if raw is not None and raw.strip():
-            return variable, raw.strip()
-    return candidates[0], None
-
-
-def _parse_int(raw: str) -> Any:
-    try:
-        return int(raw)
-    except ValueError:
-        return _UNPARSEABLE
-
-
-def _parse_number(raw: str) -> Any:
-    try:
-        value = float(raw)
-    except ValueError:
-        return _UNPARSEABLE
-    if not math.isfinite(value):
-        return _UNPARSEABLE
-    return int(value) if value.is_integer() else value
-
-
-def _parse_bool(raw: str) -> Any:
-    lowered = raw.lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    return _UNPARSEABLE
-
-
-def _parse_job_types(raw: str) -> Any:
-    types = tuple(t.strip() for t in raw.split(",") if t.strip())
-    return types or _UNPARSEABLE
-
-
-def _parse_event_log(raw: str) -> Any:
-    lowered = raw.lower()
-    return lowered if lowered in {level.value for level in EventLog} else _UNPARSEABLE
-
-
-_ENV_PARSERS: Mapping[str, Callable[[str], Any]] = {
-    "worker_id": lambda raw: raw,
-    "poll_interval_ms": _parse_number,
-    "claim_batch_size": _parse_int,
-    "lease_ttl_seconds": _parse_number,
-    "max_global_concurrency": _parse_int,
-    "reaper_interval_seconds": _parse_number,
-    "schedule_poll_interval_seconds": _parse_number,
-    "reaper_retry_delay_ms": _parse_int,
-    "heartbeat_interval_seconds": _parse_number,
-    "timeout_grace_seconds": _parse_number,
-    "dead_letter_hook_timeout_seconds": _parse_number,
-    "heartbeat_lock_timeout_ms": _parse_int,
-    "max_payload_bytes": _parse_int,
-    "job_types": _parse_job_types,
-    "log_payloads": _parse_bool,
-    "event_log": _parse_event_log,
-}
-
-
-# Why each parser refused a value, in the words the start-up warning uses.
-_UNPARSEABLE_REASONS: Mapping[Callable[[str], Any], str] = {
-    _parse_int: "is not a whole number",
-    _parse_number: "is not a finite number",
-    _parse_bool: "is not a boolean (expected true/false, yes/no, on/off or 1/0)",
-    _parse_job_types: "names no job type (expected a comma-separated list)",
-    _parse_event_log: "is not an event log level (expected full or transitions)",
-    _ENV_PARSERS["worker_id"]: "is not a worker id",
-}
-
-
-def _clamp(name: str, value: Any) -> tuple[Any, Optional[str]]:
-    """Return the value forced into its env range, and why it changed (None if it did not)."""
-    if name not in _ENV_CLAMPS:
-        return value, None
-    low, high = _ENV_CLAMPS[name]
-    if value < low:
-        return low, f"is below the minimum of {low:g}"
-    if high is not None and value > high:
-        return high, f"is above the maximum of {high:g}"
-    return value, None
-
-
-def _default_of(config_field: dataclasses.Field) -> Any:
-    if config_field.default_factory is not dataclasses.MISSING:
-        return config_field.default_factory()
-    return config_field.default
-
-
+__all__ = [
+    "ENV_ALIASES",
+    "ENV_PREFIX",
+    "MAX_CLAIM_BATCH_SIZE",
+    "EnvAdjustment",
+    "JobsConfig",
+    "generate_worker_id",
+]

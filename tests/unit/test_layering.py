@@ -22,6 +22,7 @@ PACKAGE_ROOT = Path(runledger_sync.__file__).parent
 LAYERS: dict[str, int] = {
     "core": 0,
     "config": 1,
+    "config_env": 1,
     "registry": 1,
     # logging imports only the standard library and python-json-logger, and every
     # layer above core logs, so it sits with config.
