@@ -33,6 +33,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=rl.JobsConfig().claim_batch_size)
     parser.add_argument("--job-ms", type=float, default=0.0, help="each job sleeps this long (default: no-op)")
     parser.add_argument("--memory", action="store_true", help=f"sample RSS after {MEMORY_EARLY:,} jobs and at the end")
+    parser.add_argument("--event-log", default="full", choices=["full", "transitions"],
+                        help="JobsConfig.event_log: transitions writes no LEASED, running or HEARTBEAT event rows")
     bench.add_database_option(parser)
     args = parser.parse_args()
     if args.jobs is None:
@@ -107,7 +109,8 @@ def main() -> int:
             window = bench.CpuWindow(
                 lambda: bench.process_cpu_seconds(os.getpid()) - time.thread_time(), bench.PostgresCpu(url)
             )
-            config = rl.JobsConfig(max_global_concurrency=args.concurrency, claim_batch_size=args.batch)
+            config = rl.JobsConfig(max_global_concurrency=args.concurrency, claim_batch_size=args.batch,
+                                   event_log=args.event_log)
             elapsed = drain(engine, registry, config, progress, window)
             report(args, enqueue_seconds, elapsed, window, progress)
         finally:
