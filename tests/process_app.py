@@ -67,3 +67,10 @@ def make_registry() -> rl.JobRegistry:
 
 
 registry = make_registry()
+
+
+def refused_in_children() -> object:
+    """A factory that gives the parent its registry but a worker process something else, so each child refuses."""
+    import multiprocessing
+
+    return registry if multiprocessing.parent_process() is None else "not a registry"

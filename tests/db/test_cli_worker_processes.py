@@ -94,6 +94,30 @@ def test_worker_with_two_processes_runs_jobs_in_both_and_sigterm_drains_them_the
     assert sorted((record["worker_id"], record["exit_code"]) for record in stopped) == [("cli-p0", 0), ("cli-p1", 0)]
 
 
+def test_children_drain_and_exit_when_their_parent_is_killed(engine, fresh_database):
+    parent = ParentProcess(fresh_database)
+    try:
+        wait_until(lambda: len(parent.records("worker process started")) == 2 or parent.process.poll() is not None,
+                   timeout=START_TIMEOUT)
+        children = [record["pid"] for record in parent.records("worker process started")]
+        parent.process.kill()
+        # They still write to the pipe the parent's stderr was, so their last words arrive.
+        wait_until(lambda: {record["worker_id"] for record in parent.records("parent process is gone; draining")}
+                   == {"cli-p0", "cli-p1"}, timeout=30)
+        wait_until(lambda: not any(alive(pid) for pid in children), timeout=30)
+    finally:
+        parent.close()
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (an exited child that nobody has reaped yet is a zombie, not alive)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
 def test_worker_refuses_a_process_count_below_one_before_touching_the_database(engine, fresh_database, capsys):
     code = cli.main(["--database-url", fresh_database, "worker", "--app", "tests.process_app:registry",
                      "--processes", "0"])

@@ -119,3 +119,15 @@ def test_a_registry_factory_is_imported_and_called_in_each_child(app_database, s
     wait_until(lambda: rl.get_job(engine, job.id).status is rl.JobStatus.SUCCEEDED, timeout=START_TIMEOUT)
     assert supervisor.stop(timeout=30) is True
     assert runs(engine)[0].worker_id in {"factory-p0", "factory-p1"}
+
+
+def test_a_child_that_cannot_load_its_app_is_not_restarted_and_stops_the_others(app_database, supervisors, logs):
+    supervisor = Supervisor(app_database, process_app.registry, fast_config(worker_id="refused"), processes=2,
+                            app="tests.process_app:refused_in_children")
+    supervisors.append(supervisor)
+    supervisor.start()
+    wait_until(lambda: not supervisor.running, timeout=START_TIMEOUT)
+    assert "refused to start (last status 2)" in supervisor.failure
+    assert set(supervisor.exits) == {"refused-p0", "refused-p1"} and 2 in supervisor.exits.values()
+    assert not [r for r in logs.records if r.getMessage() == "worker process exited unexpectedly; restarting it"]
+    assert [r for r in logs.records if r.getMessage() == "worker process keeps failing; stopping the others"]
