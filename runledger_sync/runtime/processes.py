@@ -266,8 +266,9 @@ class ProcessGroup:
         return replace(self.config, worker_id=f"{self.config.worker_id}{suffix}")
 
     def start(self) -> None:
-        # A worker id the suffix makes too long is refused here, not in a child.
-        self.child_config(len(self.slots) - 1, 0).validate()
+        # A worker id the suffix makes too long is refused here, not in a child
+        # (checked with a restart count a long-lived group will not reach).
+        self.child_config(len(self.slots) - 1, 99_999).validate()
         self._monitor = threading.Thread(target=self._watch, name="runledger-processes", daemon=True)
         self._monitor.start()
 
@@ -288,6 +289,16 @@ class ProcessGroup:
                     process.kill()
 
     def _watch(self) -> None:
+        try:
+            self._watch_until_stopped()
+        except Exception as error:  # noqa: BLE001 - the thread's boundary: record it, leave no child behind
+            self._failure = f"the worker process monitor failed: {error!r}"
+            log.error("worker process monitor crashed; killing the worker processes", extra={"error": repr(error)},
+                      exc_info=error)
+            self.shutdown.set()
+            self.kill()
+
+    def _watch_until_stopped(self) -> None:
         stopping = False
         while True:
             if self.shutdown.is_set() and not stopping:
@@ -366,6 +377,6 @@ class ProcessGroup:
                                         # sends each child SIGTERM (a drain) instead of waiting for ever.
                                         daemon=True)
         process.start()
-        slot.process, slot.worker_id, slot.restart_at = process, config.worker_id, None
+        slot.process, slot.worker_id, slot.restart_at, slot.last_exit = process, config.worker_id, None, None
         log.info("worker process spawned", extra={"worker_id": config.worker_id, "pid": process.pid,
                                                   "restarts": slot.restarts})
