@@ -71,3 +71,17 @@ def test_a_registry_in_an_interactive_sessions_main_is_refused(engine, monkeypat
 def test_engine_options_that_cannot_reach_a_child_are_refused(engine):
     unpicklable = engine.execution_options(runledger_test_hook=lambda: None)
     assert "execution options cannot be sent" in str(refusal(unpicklable, processes=2, app="tests.cli_app:registry"))
+
+
+def test_the_password_reaches_children_only_inside_the_pickled_spec_never_its_repr(engine):
+    supervisor = rl.Supervisor(engine.execution_options(schema_translate_map={None: "jobs"}), cli_app.registry,
+                               rl.JobsConfig(), processes=2, app="tests.cli_app:registry")
+    spec = supervisor._group.engine_spec
+    assert "hunter2" in spec.url and "hunter2" not in repr(spec)
+    assert spec.execution_options == {"schema_translate_map": {None: "jobs"}}
+    rebuilt = spec.build()
+    try:
+        assert rebuilt.url == engine.url and rebuilt.get_execution_options()["schema_translate_map"] == {None: "jobs"}
+        assert rebuilt.pool.size() == engine.pool.size()
+    finally:
+        rebuilt.dispose()
