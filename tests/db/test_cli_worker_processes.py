@@ -31,6 +31,8 @@ class ParentProcess:
              "--app", "tests.process_app:registry", "--processes", "2", "--worker-id", "cli",
              "--concurrency", "1", "--poll-interval-ms", "20", *options],
             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+            # A process group of its own, so a test can signal it as a terminal's Ctrl-C does.
+            start_new_session=True,
         )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -92,6 +94,31 @@ def test_worker_with_two_processes_runs_jobs_in_both_and_sigterm_drains_them_the
     assert event_types(engine, late.id) == ["ENQUEUED"]
     stopped = parent.records("worker process stopped")
     assert sorted((record["worker_id"], record["exit_code"]) for record in stopped) == [("cli-p0", 0), ("cli-p1", 0)]
+
+
+def test_ctrl_c_drains_once_and_a_second_one_kills_the_children_and_exits_130(engine, fresh_database):
+    with engine.begin() as conn:
+        for ddl in process_app.TABLES_DDL:
+            conn.execute(text(ddl))
+    parent = ParentProcess(fresh_database)
+    try:
+        wait_until(lambda: len(parent.records("worker process started")) == 2 or parent.process.poll() is not None,
+                   timeout=START_TIMEOUT)
+        children = [record["pid"] for record in parent.records("worker process started")]
+        blockers = [rl.enqueue(engine, "proc.block", {}) for _ in range(2)]
+        wait_until(lambda: len(rows(engine, "SELECT 1 FROM process_runs")) == 2, timeout=START_TIMEOUT)
+        # Ctrl-C reaches every process of the group: the children ignore it and drain on
+        # the parent's SIGTERM, rather than count it as a second signal and exit at once.
+        os.killpg(parent.process.pid, signal.SIGINT)
+        wait_until(lambda: len(parent.records("worker shutdown requested; draining in-flight jobs")) == 2, timeout=30)
+        assert parent.process.poll() is None and all(alive(pid) for pid in children)
+        os.killpg(parent.process.pid, signal.SIGINT)
+        assert parent.process.wait(10) == 130
+        wait_until(lambda: not any(alive(pid) for pid in children), timeout=10)
+    finally:
+        parent.close()
+    # Left to the reaper, as with a single process: the leases were not given back.
+    assert {rl.get_job(engine, job.id).status for job in blockers} == {rl.JobStatus.LEASED}
 
 
 def test_children_drain_and_exit_when_their_parent_is_killed(engine, fresh_database):
