@@ -121,6 +121,29 @@ def test_ctrl_c_drains_once_and_a_second_one_kills_the_children_and_exits_130(en
     assert {rl.get_job(engine, job.id).status for job in blockers} == {rl.JobStatus.LEASED}
 
 
+def test_children_still_draining_at_the_drain_timeout_are_killed_and_the_worker_exits_1(engine, fresh_database):
+    with engine.begin() as conn:
+        for ddl in process_app.TABLES_DDL:
+            conn.execute(text(ddl))
+    parent = ParentProcess(fresh_database, "--drain-timeout", "1")
+    try:
+        wait_until(lambda: len(parent.records("worker process started")) == 2 or parent.process.poll() is not None,
+                   timeout=START_TIMEOUT)
+        children = [record["pid"] for record in parent.records("worker process started")]
+        for _ in range(2):
+            rl.enqueue(engine, "proc.block", {})
+        wait_until(lambda: len(rows(engine, "SELECT 1 FROM process_runs")) == 2, timeout=START_TIMEOUT)
+        parent.process.send_signal(signal.SIGTERM)
+        # The blocked jobs never finish: the parent gives them the drain timeout, not their 30 s.
+        assert parent.process.wait(15) == 1
+        assert not any(alive(pid) for pid in children)
+    finally:
+        parent.close()
+    stopped = parent.records("worker process stopped")
+    assert sorted((record["worker_id"], record["signal"]) for record in stopped) == [
+        ("cli-p0", "SIGKILL"), ("cli-p1", "SIGKILL")]
+
+
 def test_children_drain_and_exit_when_their_parent_is_killed(engine, fresh_database):
     parent = ParentProcess(fresh_database)
     try:
