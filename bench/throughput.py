@@ -3,15 +3,22 @@
 Usage: python bench/throughput.py [--jobs 10000] [--concurrency 32] [--batch 16] [--database-url URL]
        python bench/throughput.py --memory      # RSS after 20,000 and after 200,000 jobs (target: <10% growth)
        python bench/throughput.py --job-ms 100  # jobs that sleep 100 ms: compared with concurrency / duration
+       python bench/throughput.py --processes 2 --job-cpu-ms 5 --concurrency 4 --jobs 3000
 The worker runs in this process (a thread, as an embedding application runs it);
 its CPU is this process's minus the main thread's. With no URL an embedded
 PostgreSQL is started in a temporary directory.
+
+With --processes or --job-cpu-ms, each job burns that much of its thread's CPU,
+and rl.Supervisor(processes=N) runs the worker: in this process for N = 1, in N
+spawned worker processes otherwise (their CPU is added in). Those runs are timed
+from 10% to 90% of the jobs done, so starting the processes is not counted.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import multiprocessing
 import os
 import resource
 import sys
@@ -19,11 +26,14 @@ import threading
 import time
 
 import _common as bench
+import _cpu_app
 
 import runledger_sync as rl
 
 MEMORY_JOBS = 200_000
 MEMORY_EARLY = 20_000
+#: How often a supervised run counts finished jobs (each count costs PostgreSQL a little CPU).
+POLL_SECONDS = 0.1
 
 
 def parse_args() -> argparse.Namespace:
@@ -32,6 +42,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=rl.JobsConfig().max_global_concurrency)
     parser.add_argument("--batch", type=int, default=rl.JobsConfig().claim_batch_size)
     parser.add_argument("--job-ms", type=float, default=0.0, help="each job sleeps this long (default: no-op)")
+    parser.add_argument("--processes", type=int, default=None, help="run rl.Supervisor(processes=N) (default: one thread)")
+    parser.add_argument("--job-cpu-ms", type=float, default=0.0, help="each job burns this much CPU first")
     parser.add_argument("--memory", action="store_true", help=f"sample RSS after {MEMORY_EARLY:,} jobs and at the end")
     parser.add_argument("--event-log", default="full", choices=["full", "transitions"],
                         help="JobsConfig.event_log: transitions writes no LEASED, running or HEARTBEAT event rows")
@@ -80,6 +92,46 @@ def drain(engine, registry: rl.JobRegistry, config: rl.JobsConfig, progress: Pro
     return elapsed
 
 
+def workers_cpu_seconds() -> float:
+    """CPU of this process but its main thread, and of its worker processes (none starts or stops mid-window)."""
+    children = sum(bench.process_cpu_seconds(child.pid) for child in multiprocessing.active_children())
+    return bench.process_cpu_seconds(os.getpid()) - time.thread_time() + children
+
+
+def drain_supervised(engine, url: str, config: rl.JobsConfig, args: argparse.Namespace) -> tuple[int, float, bench.CpuWindow]:
+    """Run rl.Supervisor(processes=N) over the queue; return the jobs done from 10% to 90%, the seconds and CPU."""
+    os.environ[_cpu_app.CPU_MS_VARIABLE] = str(args.job_cpu_ms)
+    supervisor = rl.Supervisor(engine, _cpu_app.make_registry(), config, processes=args.processes,
+                               app="_cpu_app:make_registry", run_scheduler=False)
+    window = bench.CpuWindow(workers_cpu_seconds, bench.PostgresCpu(url))
+    low, high = args.jobs // 10, args.jobs - args.jobs // 10
+    supervisor.start()
+    try:
+        done = 0
+        while done < low:
+            time.sleep(POLL_SECONDS)
+            done = rl.count_jobs(engine, status=rl.JobStatus.SUCCEEDED)
+        window.start()
+        started, first = time.perf_counter(), done
+        while done < high:
+            time.sleep(POLL_SECONDS)
+            done = rl.count_jobs(engine, status=rl.JobStatus.SUCCEEDED)
+        elapsed = time.perf_counter() - started
+        window.stop()
+    finally:
+        supervisor.stop(timeout=60)
+    return done - first, elapsed, window
+
+
+def report_supervised(args: argparse.Namespace, jobs: int, elapsed: float, window: bench.CpuWindow) -> None:
+    rate = jobs / elapsed
+    worker_ms, postgres_ms = window.per_job_ms(jobs)
+    print(f"jobs={args.jobs} processes={args.processes} concurrency={args.concurrency} per process "
+          f"batch={args.batch} job_cpu_ms={args.job_cpu_ms:g}")
+    print(f"processed:    {rate:,.0f} jobs/s (10% to 90% of the jobs)")
+    print(f"CPU per job:  worker {worker_ms:.3f} ms, PostgreSQL {bench.fmt(postgres_ms, 3)} ms")
+
+
 def report(args: argparse.Namespace, enqueue_seconds: float, elapsed: float, window: bench.CpuWindow, progress: Progress) -> None:
     worker_ms, postgres_ms = window.per_job_ms(args.jobs)
     print(f"jobs={args.jobs} concurrency={args.concurrency} batch={args.batch} job_ms={args.job_ms:g}")
@@ -111,6 +163,10 @@ def main() -> int:
             )
             config = rl.JobsConfig(max_global_concurrency=args.concurrency, claim_batch_size=args.batch,
                                    event_log=args.event_log)
+            if args.processes is not None or args.job_cpu_ms:
+                args.processes = args.processes or 1
+                report_supervised(args, *drain_supervised(engine, url, config, args))
+                return 0
             elapsed = drain(engine, registry, config, progress, window)
             report(args, enqueue_seconds, elapsed, window, progress)
         finally:

@@ -76,6 +76,26 @@ def configure_logging(
     return handler
 
 
+def configured_setup() -> Optional[dict[str, Any]]:
+    """Return the arguments :func:`configure_logging` was last called with, or None if it was not.
+
+    A worker process started by the parent calls ``configure_logging(**setup)`` with
+    them, so its lines look like the parent's. Only ``sys.stdout`` is told apart as
+    a stream; any other stream reads as ``sys.stderr`` (another process cannot write
+    into this one's objects).
+    """
+    logger = _logging.getLogger(ROOT_LOGGER_NAME)
+    for handler in logger.handlers:
+        if getattr(handler, _HANDLER_MARK, False):
+            stream = getattr(handler, "stream", None)
+            return {
+                "level": logger.level,
+                "stream_name": "stdout" if stream is sys.stdout else "stderr",
+                "json": isinstance(handler.formatter, _JsonFormatter),
+            }
+    return None
+
+
 def configure_logging_unless_configured(level: Union[int, str] = "INFO") -> Optional[_logging.Handler]:
     """Install the JSON handler only when neither our logger nor the root logger has one.
 

@@ -23,6 +23,9 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only run these registered job types")
     parser.add_argument("--drain-timeout", type=float, default=30.0,
                         help="seconds in-flight jobs get to finish after SIGINT/SIGTERM (default 30)")
+    parser.add_argument("--processes", type=int, default=1, metavar="N",
+                        help="worker processes, each with its own --concurrency threads, for CPU-bound handlers; "
+                             "a parent restarts one that dies and drains all on SIGINT/SIGTERM (default 1)")
     parser.add_argument("--no-scheduler", dest="run_scheduler", action="store_false",
                         help="do not fire cron schedules in this process (another process does)")
     parser.add_argument("--strict-config", action="store_true",
@@ -133,9 +136,11 @@ def _worker(args: argparse.Namespace) -> int:
     if not args.debug:
         rl.configure_logging(level="INFO")
     with open_engine(args) as engine:
+        # Built first: a bad --processes is refused before the database is touched.
+        supervisor = rl.Supervisor(engine, registry, config, run_scheduler=args.run_scheduler,
+                                   processes=args.processes, app=args.app)
         rl.check_schema(engine)
         registry.sync_definitions(engine)
-        supervisor = rl.Supervisor(engine, registry, config, run_scheduler=args.run_scheduler)
         return supervisor.run_until_shutdown(drain_timeout=args.drain_timeout)
 
 

@@ -3,6 +3,8 @@
 If one loop ends on its own (an error, an invalid config), the others are
 stopped and the failure is reported. Embed it with ``start()``/``stop()`` or
 ``with Supervisor(...)``; a script calls :meth:`Supervisor.run_until_shutdown`.
+With ``processes=N`` (N > 1) the loops run in N child processes instead
+(:mod:`runledger_sync.runtime.processes`), for handlers that need CPU.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from runledger_sync.config import JobsConfig
 from runledger_sync.core.types import RuntimeLoopExit
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
+from runledger_sync.runtime.processes import ProcessGroup, check_processes
 from runledger_sync.runtime.reaper import run_reaper_loop
 from runledger_sync.runtime.scheduler import run_scheduler_loop
 from runledger_sync.runtime.worker import run_worker_loop
@@ -38,9 +41,26 @@ class Supervisor:
         run_reaper: recover expired leases in this process (any number may).
         run_scheduler: fire due cron schedules in this process (any number may:
             each due instant is enqueued once). False for processes that should only work.
+        processes: 1 (the default) runs the loops as threads of this process. N > 1
+            starts N worker processes, each with its own pool of
+            ``max_global_concurrency`` threads and its own engine (same URL, pool size
+            and execution options), worker ids ``<worker_id>-p0`` ... ``-p<N-1>``;
+            the first also runs the reaper and scheduler. A child that dies is
+            restarted (backoff 0.5-8 s; after 5 restarts within a minute, or a child
+            that cannot load ``app``, all are stopped and :attr:`failure` says why).
+        app: with ``processes > 1``, where each worker process imports the registry:
+            ``"module:attribute"`` naming a JobRegistry, or a callable returning
+            one, with the same job types as ``registry``. Required then, since a
+            registry object cannot be copied into another process.
+
+    Raises:
+        ConfigError: ``processes`` is not an int >= 1, or it is > 1 and ``app`` is
+            missing, does not import, names no registry or one with other types,
+            or is the ``__main__`` of an interactive session.
 
     Example:
-        ``with rl.Supervisor(engine, registry, rl.JobsConfig.from_env()): serve()``
+        ``with rl.Supervisor(engine, registry, rl.JobsConfig.from_env()): serve()``, or
+        ``rl.Supervisor(engine, registry, config, processes=4, app="myapp.jobs:registry").run_until_shutdown()``
     """
 
     def __init__(
@@ -51,6 +71,8 @@ class Supervisor:
         *,
         run_reaper: bool = True,
         run_scheduler: bool = True,
+        processes: int = 1,
+        app: Optional[str] = None,
     ) -> None:
         self.engine = engine
         self.registry = registry
@@ -64,26 +86,43 @@ class Supervisor:
         self._threads: list[threading.Thread] = []
         self._exits: dict[str, Any] = {}
         self._failure: Optional[str] = None
+        self.processes = check_processes(processes)
+        self._group = ProcessGroup(
+            engine, registry, app, self.config, processes, run_reaper=run_reaper, run_scheduler=run_scheduler,
+            shutdown_event=self.shutdown_event,
+        ) if processes > 1 else None
 
     @property
     def failure(self) -> Optional[str]:
-        """Why a loop ended before it was asked to, or None."""
-        return self._failure
+        """Why a loop (or a worker process) ended before it was asked to, or None."""
+        return self._group.failure if self._group is not None else self._failure
 
     @property
     def exits(self) -> dict[str, Any]:
-        """Each finished loop's RuntimeLoopExit (or the exception that ended it)."""
-        return dict(self._exits)
+        """Each finished loop's RuntimeLoopExit (or the exception that ended it).
+
+        With ``processes > 1``: each worker process's id -> its last exit status.
+        """
+        return self._group.exits if self._group is not None else dict(self._exits)
 
     @property
     def running(self) -> bool:
+        if self._group is not None:
+            return self._group.running
         return any(thread.is_alive() for thread in self._threads)
 
     def start(self) -> "Supervisor":
         """Start the loops in background threads; return at once."""
-        if self._threads:
+        if self._threads or (self._group is not None and self._group.started):
             raise RuntimeError("this Supervisor was already started")
         self.config.validate()
+        if self._group is not None:
+            # The parent logs the environment's adjustments once; its children do not.
+            for adjustment in self.config.env_adjustments:
+                log.warning(adjustment.describe(), extra=adjustment.log_fields())
+            self._group.start()
+            log.info("supervisor started", extra={"worker_id": self.config.worker_id, "processes": self.processes})
+            return self
         for name, loop in self._loops.items():
             thread = threading.Thread(target=self._run, args=(name, loop), name=f"runledger-{name}", daemon=True)
             self._threads.append(thread)
@@ -111,6 +150,12 @@ class Supervisor:
             their threads; if the process exits, their leases expire and the
             reaper gives them to another worker.
         """
+        if self._group is not None:
+            stopped = self._group.stop(timeout)
+            if not stopped:
+                log.warning("supervisor stop timed out with worker processes still draining",
+                            extra={"timeout_seconds": timeout})
+            return stopped
         self.shutdown_event.set()
         deadline = time.monotonic() + timeout
         for thread in self._threads:
@@ -125,7 +170,9 @@ class Supervisor:
 
         The first signal stops claiming and drains in-flight jobs for up to
         ``drain_timeout`` seconds; a second signal exits at once (leases left
-        behind are recovered by the reaper).
+        behind are recovered by the reaper). With ``processes > 1`` each child is
+        sent SIGTERM on the first signal and SIGKILL on the second, and children
+        still draining at the deadline are killed.
 
         Returns:
             0 after a clean stop, 1 when a loop failed or the drain timed out.
@@ -139,6 +186,8 @@ class Supervisor:
                 self.shutdown_event.set()
             else:
                 log.warning("second shutdown signal; exiting now", extra={"signal": signal.Signals(signum).name})
+                if self._group is not None:
+                    self._group.kill()
                 os._exit(FORCED_EXIT_STATUS)
 
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -147,10 +196,14 @@ class Supervisor:
             while not self.shutdown_event.wait(0.2):
                 pass
             stopped = self.stop(drain_timeout)
+            if not stopped and self._group is not None:
+                # Their leases expire and the reaper gives the jobs to another worker.
+                self._group.kill()
+                self._group.stop(timeout=10)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        return 0 if stopped and self._failure is None else 1
+        return 0 if stopped and self.failure is None else 1
 
     def __enter__(self) -> "Supervisor":
         return self.start()
