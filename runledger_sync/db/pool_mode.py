@@ -124,9 +124,21 @@ class ConnectionPolicy:
             self._shared = True
             return True
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A worker process (--processes) gets the engine's options pickled: it gets
+        # a policy of its own, with what this one has learnt, but not its lock.
+        return (_restored_policy, (self.mode, self._shared))
+
     def __repr__(self) -> str:
         detected = " (shared sessions detected)" if self._shared and self.mode is PoolMode.SESSION else ""
         return f"ConnectionPolicy({self.mode.value}{detected})"
+
+
+def _restored_policy(mode: PoolMode, shared: bool) -> ConnectionPolicy:
+    policy = ConnectionPolicy(mode)
+    if shared:
+        policy.mark_sessions_shared()
+    return policy
 
 
 _TRANSACTION_POLICY = ConnectionPolicy(PoolMode.TRANSACTION)

@@ -8,12 +8,8 @@ re-checked by reading the row rather than blindly repeated.
 
 from __future__ import annotations
 
-import time
-from typing import Callable, Optional
-
 from runledger_sync.core.errors import (
     CommitOutcomeUnknown,
-    ConnectionFailed,
     InvalidCompletionProgress,
     LeaseOwnerMismatch,
     RunledgerError,
@@ -29,7 +25,6 @@ from runledger_sync.core.outcomes import (
     Transition,
     decide,
 )
-from runledger_sync.core.records import JobRecord
 from runledger_sync.core.types import (
     JobCompletion,
     JobFailure,
@@ -38,7 +33,8 @@ from runledger_sync.core.types import (
 from runledger_sync.logging import get_logger
 from runledger_sync.runtime.attempt import JobExecution
 from runledger_sync.runtime.hooks import run_dead_letter_hook
-from runledger_sync.store import admin, lifecycle
+from runledger_sync.store import admin
+from runledger_sync.store.apply import apply_transition, landed_outcome
 
 log = get_logger(__name__)
 
@@ -124,23 +120,25 @@ def _write_success(execution: JobExecution, completion: JobCompletion) -> None:
         except LeaseOwnerMismatch:
             raise
         except CommitOutcomeUnknown:
-            if _landed(execution) is not None:
+            if landed_outcome(execution.engine, execution.identity) is not None:
                 return
         except RunledgerError as error:
             # The group failed as a whole (another job's invalid progress, a lost
             # connection): this job's own write decides its outcome.
             log.debug("group success write failed; writing the job alone",
                       extra=execution.log_fields | {"error": str(error)})
-    _write(execution, lambda: lifecycle.complete_job_success(
-        execution.engine, **execution.identity.keywords(), completion=completion))
+    apply_transition(execution.engine, execution.identity, Succeed(completion), budget_seconds=_budget(execution))
+
+
+def _budget(execution: JobExecution) -> float:
+    # Past its lease the attempt is the reaper's: no outcome write outlives it.
+    return min(OUTCOME_WRITE_BUDGET_SECONDS, execution.config.lease_ttl_seconds)
 
 
 def _complete_failure(execution: JobExecution, transition: Retry | DeadLetter) -> None:
     job, failure = execution.job, transition.failure
-    delay = transition.delay_ms if isinstance(transition, Retry) else None
     try:
-        stored = _write(execution, lambda: lifecycle.complete_job_failure(
-            execution.engine, **execution.identity.keywords(), failure=failure, retry_delay_ms=delay))
+        stored = apply_transition(execution.engine, execution.identity, transition, budget_seconds=_budget(execution))
     except WorkflowReleaseConflict as error:
         log.warning("job failure completion conflicted with workflow cancellation; leaving lease for reaper recovery",
                     extra=execution.log_fields | {"error": str(error)})
@@ -164,38 +162,3 @@ def _complete_failure(execution: JobExecution, transition: Retry | DeadLetter) -
             handler, execution.context, job.payload, info,
             timeout_seconds=execution.config.dead_letter_hook_timeout_seconds, log_fields=execution.log_fields,
         )
-
-
-def _write(execution: JobExecution, write: Callable[[], JobRecord]) -> JobRecord:
-    """Run an outcome write, riding out a database restart within a bounded budget.
-
-    A lost connection is retried; an unknown commit outcome is re-checked by
-    reading the row, because repeating a write that landed would be refused by
-    the fence and look like a lost lease.
-    """
-    give_up = time.monotonic() + min(OUTCOME_WRITE_BUDGET_SECONDS, execution.config.lease_ttl_seconds)
-    while True:
-        try:
-            return write()
-        except CommitOutcomeUnknown:
-            landed = _landed(execution)
-            if landed is not None:
-                return landed
-        except ConnectionFailed:
-            if time.monotonic() >= give_up:
-                raise
-        if time.monotonic() >= give_up:
-            raise ConnectionFailed("the outcome could not be written before the retry budget ran out")
-        time.sleep(0.2)
-
-
-def _landed(execution: JobExecution) -> Optional[JobRecord]:
-    try:
-        current = admin.get_job(execution.engine, execution.job.id)
-    except RunledgerError:
-        return None
-    same_attempt = current is not None and (current.run_number, current.attempt) == (
-        execution.identity.run_number, execution.identity.attempt)
-    if same_attempt and current.status is not JobStatus.LEASED:
-        return current
-    return None

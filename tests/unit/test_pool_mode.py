@@ -37,3 +37,16 @@ def test_cli_refuses_a_bad_pool_mode_variable_with_a_hint_and_a_bad_option_as_us
     assert err[1].startswith("hint: set RUNLEDGER_POOL_MODE (or --pool-mode)")
     assert cli.main(["--pool-mode", "statement", "stats"]) == 2
     assert "invalid choice: 'statement'" in capsys.readouterr().err
+
+
+def test_a_policy_travels_to_a_worker_process_with_what_it_learnt():
+    import pickle
+
+    from runledger_sync.db.pool_mode import ConnectionPolicy, PoolMode
+
+    learnt = ConnectionPolicy(PoolMode.SESSION)
+    learnt.mark_sessions_shared()
+    copy = pickle.loads(pickle.dumps(learnt))  # noqa: S301 - our own bytes, as multiprocessing sends them
+    assert (copy.mode, copy.sessions_shared, copy.prepares) == (PoolMode.SESSION, True, False)
+    fresh = pickle.loads(pickle.dumps(ConnectionPolicy(PoolMode.SESSION)))  # noqa: S301 - our own bytes
+    assert (fresh.sessions_shared, fresh.mark_sessions_shared()) == (False, True)
