@@ -97,18 +97,7 @@ def cancel_job(
         JobNotFound: no such job in the scope.
         InvalidStateTransition: the job has already finished.
     """
-    target = check_job_id(job_id)
-    if reason is not None:
-        check.check_text("reason", reason, max_length=255)
-    statement = _cancel_statement(organization_id)
-
-    def work(connection: Connection) -> JobRecord:
-        row = connection.execute(statement, {"target_id": target, "reason": reason}).first()
-        if row is not None:
-            return to_job(row)
-        raise _transition_error(connection, target, organization_id, "canceled", CANCELABLE)
-
-    return run_in_transaction(bind, work)
+    return _act(bind, job_id, reason, organization_id, _cancel_statement(organization_id), "canceled", CANCELABLE)
 
 
 def _transition_error(
@@ -175,15 +164,22 @@ def requeue_job(
         JobNotFound: no such job in the scope.
         InvalidStateTransition: the job is still PENDING or LEASED.
     """
+    return _act(bind, job_id, reason, organization_id, _requeue_statement(organization_id), "requeued", REQUEUABLE)
+
+
+def _act(
+    bind: Bind, job_id: Any, reason: Optional[str], organization_id: Optional[str], statement: Any, verb: str,
+    allowed: tuple[str, ...],
+) -> JobRecord:
+    """Run an operator's one-statement action on a job; explain why when it changed nothing."""
     target = check_job_id(job_id)
     if reason is not None:
         check.check_text("reason", reason, max_length=255)
-    statement = _requeue_statement(organization_id)
 
     def work(connection: Connection) -> JobRecord:
         row = connection.execute(statement, {"target_id": target, "reason": reason}).first()
         if row is not None:
             return to_job(row)
-        raise _transition_error(connection, target, organization_id, "requeued", REQUEUABLE)
+        raise _transition_error(connection, target, organization_id, verb, allowed)
 
     return run_in_transaction(bind, work)

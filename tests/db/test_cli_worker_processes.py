@@ -61,7 +61,8 @@ class ParentProcess:
         self.process.stderr.close()
 
 
-def test_worker_with_two_processes_runs_jobs_in_both_and_sigterm_drains_them_then_exits_0(engine, fresh_database):
+def start_two_children(engine, fresh_database) -> "ParentProcess":
+    """The app's tables, then `worker --processes 2` until both children said they started."""
     with engine.begin() as conn:
         for ddl in process_app.TABLES_DDL:
             conn.execute(text(ddl))
@@ -69,6 +70,15 @@ def test_worker_with_two_processes_runs_jobs_in_both_and_sigterm_drains_them_the
     try:
         wait_until(lambda: len(parent.records("worker process started")) == 2 or parent.process.poll() is not None,
                    timeout=START_TIMEOUT)
+    except BaseException:
+        parent.close()
+        raise
+    return parent
+
+
+def test_worker_with_two_processes_runs_jobs_in_both_and_sigterm_drains_them_then_exits_0(engine, fresh_database):
+    parent = start_two_children(engine, fresh_database)
+    try:
         assert parent.process.poll() is None, "".join(parent.lines)
         blockers = [rl.enqueue(engine, "proc.block", {}) for _ in range(2)]
         # One slot per child: both blockers running means each child took one.
@@ -97,13 +107,8 @@ def test_worker_with_two_processes_runs_jobs_in_both_and_sigterm_drains_them_the
 
 
 def test_ctrl_c_drains_once_and_a_second_one_kills_the_children_and_exits_130(engine, fresh_database):
-    with engine.begin() as conn:
-        for ddl in process_app.TABLES_DDL:
-            conn.execute(text(ddl))
-    parent = ParentProcess(fresh_database)
+    parent = start_two_children(engine, fresh_database)
     try:
-        wait_until(lambda: len(parent.records("worker process started")) == 2 or parent.process.poll() is not None,
-                   timeout=START_TIMEOUT)
         children = [record["pid"] for record in parent.records("worker process started")]
         blockers = [rl.enqueue(engine, "proc.block", {}) for _ in range(2)]
         wait_until(lambda: len(rows(engine, "SELECT 1 FROM process_runs")) == 2, timeout=START_TIMEOUT)
