@@ -78,7 +78,9 @@ def test_the_password_reaches_children_only_inside_the_pickled_spec_never_its_re
                                rl.JobsConfig(), processes=2, app="tests.cli_app:registry")
     spec = supervisor._group.engine_spec
     assert "hunter2" in spec.url and "hunter2" not in repr(spec)
-    assert spec.execution_options == {"schema_translate_map": {None: "jobs"}}
+    assert spec.execution_options["schema_translate_map"] == {None: "jobs"}
+    # The engine's pool-mode policy goes too (pickled as its mode), so a child prepares as the parent does.
+    assert spec.execution_options["runledger_connection_policy"].mode is rl.PoolMode.SESSION
     rebuilt = spec.build()
     try:
         assert rebuilt.url == engine.url and rebuilt.get_execution_options()["schema_translate_map"] == {None: "jobs"}
