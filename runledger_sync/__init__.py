@@ -80,7 +80,7 @@ from runledger_sync.db.engine import create_engine, mask_url, with_schema
 from runledger_sync.db.migrate import check_schema, current_revision, downgrade, head_revision, migrate
 from runledger_sync.db.pool_mode import PoolMode
 from runledger_sync.logging import configure_logging, configure_logging_unless_configured
-from runledger_sync.registry import JobHandler, JobRegistry
+from runledger_sync.registry import JobHandler, JobRegistry, load_registry
 from runledger_sync.runtime.supervisor import Supervisor
 from runledger_sync.runtime.worker import run_worker_loop
 from runledger_sync.store.admin import (
@@ -197,6 +197,7 @@ __all__ = [
     "list_events",
     "list_jobs",
     "list_schedules",
+    "load_registry",
     "mask_url",
     "migrate",
     "pause_schedule",

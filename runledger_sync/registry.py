@@ -6,10 +6,11 @@ reads the registry afterwards, so it needs no lock.
 
 from __future__ import annotations
 
+import importlib
 import types
 from typing import Any, Callable, ContextManager, Mapping, Optional
 
-from runledger_sync.core.errors import RegistrationError, ValidationError
+from runledger_sync.core.errors import ConfigError, RegistrationError, ValidationError
 from runledger_sync.core.records import JobDefinition, ScheduleSpec
 from runledger_sync.core.types import JobCompletion, JobContext, JobDeadLetterInfo
 from runledger_sync.core.validation import check_job_type
@@ -446,3 +447,34 @@ def _checked_overrides(job_type: str, overrides: Any) -> dict[str, int]:
                 f"got {delay_ms!r}"
             )
     return dict(overrides)
+
+
+def load_registry(spec: str, *, option: str = "app") -> JobRegistry:
+    """Import ``module:attribute`` and return the JobRegistry it names (calling it if it is a factory).
+
+    The one way a registry is named outside the code that builds it: the CLI's
+    ``--app`` and ``Supervisor(processes=N, app=...)``, whose worker processes
+    import it again.
+
+    Args:
+        option: how the spec was given, for the messages (``--app`` on the command line).
+
+    Raises:
+        ConfigError: the spec is malformed, does not import, or names no JobRegistry.
+    """
+    module_name, _, attribute = spec.partition(":") if isinstance(spec, str) else ("", "", "")
+    if not module_name or not attribute:
+        raise ConfigError([f"{option} must look like 'module:attribute', got {spec!r}"])
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError([f"{option} module {module_name!r} could not be imported: {exc}"]) from exc
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise ConfigError([f"{option} {spec!r}: {module_name!r} has no attribute {attribute!r}"])
+        target = getattr(target, part)
+    if callable(target) and not isinstance(target, JobRegistry):
+        target = target()
+    if not isinstance(target, JobRegistry):
+        raise ConfigError([f"{option} {spec!r} must name a JobRegistry, got {type(target).__name__}"])
+    return target

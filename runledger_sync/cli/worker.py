@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import os
 import sys
 from typing import Any
@@ -51,23 +50,12 @@ def _refuse(problems: list[str], hint: str) -> Exception:
 
 
 def _load_registry(spec: str) -> Any:
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise _refuse([f"--app must look like module:registry, got {spec!r}"], APP_HINT)
+    # The worker runs from the app's directory: its modules import as in the app.
     sys.path.insert(0, os.getcwd())
     try:
-        target: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise _refuse([f"--app module {module_name!r} could not be imported: {exc}"], APP_HINT) from exc
-    for part in attribute.split("."):
-        if not hasattr(target, part):
-            raise _refuse([f"--app {spec!r}: {module_name!r} has no attribute {attribute!r}"], APP_HINT)
-        target = getattr(target, part)
-    if callable(target) and not isinstance(target, rl.JobRegistry):
-        target = target()
-    if not isinstance(target, rl.JobRegistry):
-        raise _refuse([f"--app {spec!r} must name a JobRegistry, got {type(target).__name__}"], APP_HINT)
-    return target
+        return rl.load_registry(spec, option="--app")
+    except rl.ConfigError as error:
+        raise _refuse(error.problems, APP_HINT) from error
 
 
 def _worker_config(args: argparse.Namespace, registry: Any) -> Any:

@@ -26,7 +26,6 @@ multiprocessing's pipe, never its command line or environment.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -46,7 +45,7 @@ from runledger_sync.config import JobsConfig
 from runledger_sync.core.errors import ConfigError
 from runledger_sync.db.engine import create_engine
 from runledger_sync.logging import configure_logging, configured_setup, get_logger
-from runledger_sync.registry import JobRegistry
+from runledger_sync.registry import JobRegistry, load_registry
 
 log = get_logger(__name__)
 
@@ -58,7 +57,6 @@ MAX_RESTARTS_PER_MINUTE = 5
 RESTART_BACKOFF_SECONDS = (0.5, 1.0, 2.0, 4.0, 8.0)
 #: How often the parent looks at its children, and a child at its parent.
 CHECK_SECONDS = 0.1
-APP_HINT = "app='module:attribute' names a JobRegistry (or a callable returning one) in an importable module"
 
 
 def check_processes(processes: Any) -> int:
@@ -66,30 +64,6 @@ def check_processes(processes: Any) -> int:
     if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
         raise ConfigError([f"processes must be an integer >= 1, got {processes!r}"])
     return processes
-
-
-def load_app(spec: str) -> JobRegistry:
-    """Import ``module:attribute`` and return the JobRegistry it names (calling it if it is a factory).
-
-    Raises:
-        ConfigError: the spec is malformed, does not import, or names no JobRegistry.
-    """
-    module_name, _, attribute = spec.partition(":") if isinstance(spec, str) else ("", "", "")
-    if not module_name or not attribute:
-        raise ConfigError([f"app must look like 'module:attribute', got {spec!r}; {APP_HINT}"])
-    try:
-        target: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError([f"app module {module_name!r} could not be imported: {exc}"]) from exc
-    for part in attribute.split("."):
-        if not hasattr(target, part):
-            raise ConfigError([f"app {spec!r}: {module_name!r} has no attribute {attribute!r}"])
-        target = getattr(target, part)
-    if callable(target) and not isinstance(target, JobRegistry):
-        target = target()
-    if not isinstance(target, JobRegistry):
-        raise ConfigError([f"app {spec!r} must name a JobRegistry, got {type(target).__name__}"])
-    return target
 
 
 def _check_main_importable(spec: str) -> None:
@@ -166,7 +140,7 @@ def child_main(spec: ChildSpec) -> None:
         setup = dict(spec.logging)
         configure_logging(level=setup["level"], json=setup["json"], stream=getattr(sys, setup["stream_name"]))
     try:
-        registry = load_app(spec.app)
+        registry = load_registry(spec.app)
     except ConfigError as error:
         log.error("worker process could not load its app", extra={"worker_id": spec.config.worker_id,
                                                                     "error": str(error)})
@@ -227,7 +201,7 @@ class ProcessGroup:
                                "so that each worker process can import it (a registry object cannot be "
                                "copied into another process)"])
         _check_main_importable(app)
-        loaded = load_app(app)
+        loaded = load_registry(app)
         if sorted(loaded.registered_types()) != sorted(registry.registered_types()):
             raise ConfigError([f"app {app!r} registers {sorted(loaded.registered_types())}, but the registry "
                                f"given registers {sorted(registry.registered_types())}; name the same registry"])
