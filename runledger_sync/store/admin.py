@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any, Optional
 from uuid import UUID
 
-from sqlalchemy import func, select, union_all
+from sqlalchemy import func, select, tuple_, union_all
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidArgument
@@ -62,12 +62,16 @@ def list_jobs(
     organization_id: Optional[str] = None,
     limit: int = DEFAULT_LIST_LIMIT,
     offset: int = 0,
+    before: Optional[JobRecord] = None,
 ) -> list[JobRecord]:
     """Return jobs matching the filters, newest first.
 
     Args:
         bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
+        before: the last job of the previous page: only jobs older than it (by
+            ``created_at``, then ``id``) are returned. Unlike ``offset``, a page found
+            this way costs the same however deep it is.
 
     Raises:
         InvalidArgument: a filter is malformed (an unknown status raises ValueError's
@@ -82,8 +86,9 @@ def list_jobs(
     # PostgreSQL flattens the UNION ALL, loses that, and sorts the whole table.)
     statuses = [status] if status is not None else list(JobStatus)
     newest_first = (_q.created_at.desc(), _q.id.desc())
+    older = [] if before is None else [tuple_(_q.created_at, _q.id) < tuple_(*_cursor(before))]
     parts = [
-        _filtered(select(*JOB_COLUMNS).where(status_is(s)), job_type, organization_id).order_by(*newest_first)
+        _filtered(select(*JOB_COLUMNS).where(status_is(s), *older), job_type, organization_id).order_by(*newest_first)
         for s in statuses
     ]
     if len(parts) == 1:
@@ -92,6 +97,12 @@ def list_jobs(
         jobs = union_all(*(part.limit(limit + offset) for part in parts)).subquery("jobs")
         statement = select(jobs).order_by(jobs.c.created_at.desc(), jobs.c.id.desc()).limit(limit).offset(offset)
     return [to_job(row) for row in _read(bind, statement)]
+
+
+def _cursor(before: Any) -> tuple[Any, UUID]:
+    if not isinstance(before, JobRecord):
+        raise InvalidArgument("before", before, "the JobRecord of the previous page's last job")
+    return before.created_at, before.id
 
 
 def count_jobs(

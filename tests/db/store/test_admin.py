@@ -206,9 +206,25 @@ def test_list_jobs_pages_with_limit_and_offset(db, mixed):
     assert ids(admin.list_jobs(db, status="PENDING", limit=1, offset=1)) == [mixed["pending_report"].id]
 
 
+
+def test_list_jobs_pages_by_keyset_from_the_last_job_shown(db, mixed):
+    newest_first = [job.id for job in reversed(list(mixed.values()))]
+    pages, before = [], None
+    while True:
+        page = admin.list_jobs(db, limit=3, before=before)
+        if not page:
+            break
+        pages.append(ids(page))
+        before = page[-1]
+    assert pages == [newest_first[0:3], newest_first[3:6], newest_first[6:7]]
+    [first_pending, *_] = admin.list_jobs(db, status="PENDING", limit=1)
+    assert ids(admin.list_jobs(db, status="PENDING", limit=1, before=first_pending)) == [mixed["pending_report"].id]
+
+
 @pytest.mark.parametrize(
     ("filters", "argument"),
     [
+        ({"before": "01a2"}, "before"),
         ({"status": "RUNNING"}, "status"),
         ({"status": "pending"}, "status"),
         ({"limit": 0}, "limit"),
