@@ -2,8 +2,8 @@
 
 A success goes through the group writer when there is one; a group that fails
 as a whole is written again job by job, so grouping never changes an outcome.
-A lost connection is retried within a budget, and an unknown commit outcome is
-re-checked by reading the row rather than blindly repeated.
+Every write goes through :func:`runledger_sync.store.apply.apply_transition`,
+which rides out a lost connection and reads back an unknown commit.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from runledger_sync.core.types import (
 from runledger_sync.logging import get_logger
 from runledger_sync.runtime.attempt import JobExecution
 from runledger_sync.runtime.hooks import run_dead_letter_hook
-from runledger_sync.store import admin
 from runledger_sync.store.apply import apply_transition, landed_outcome
 
 log = get_logger(__name__)
@@ -78,15 +77,8 @@ def _committed_by_handler(execution: JobExecution, outcome: Outcome) -> bool:
     even if the read was wrong, since a second success or a late failure cannot
     land on a SUCCEEDED row.
     """
-    try:
-        current = admin.get_job(execution.engine, execution.job.id)
-    except RunledgerError as error:
-        log.warning("could not read back the handler's own completion; writing its outcome",
-                    extra=execution.log_fields | {"error": str(error)})
-        return False
-    same_attempt = current is not None and (current.run_number, current.attempt) == (
-        execution.identity.run_number, execution.identity.attempt)
-    if not (same_attempt and current.status is JobStatus.SUCCEEDED):
+    landed = landed_outcome(execution.engine, execution.identity)
+    if landed is None or landed.status is not JobStatus.SUCCEEDED:
         log.warning("handler completed the job in its own transaction but did not commit it; writing its outcome",
                     extra=execution.log_fields | {"outcome": type(outcome).__name__})
         return False

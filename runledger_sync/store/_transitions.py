@@ -165,7 +165,8 @@ def build_failure(guard: Any) -> Any:
     return select(*failed.c).add_cte(attempt, dead_letter, events)
 
 
-def failure_params(failure: JobFailure, delay_ms: int, dead_letter: bool, extra: dict[str, Any]) -> dict[str, Any]:
+def failure_params(failure: JobFailure, delay_ms: int, extra: dict[str, Any]) -> dict[str, Any]:
+    """The failure statement's values but ``dead_letter``, which the writer adds once it has read the row."""
     # The code and message are made storable, not refused: a handler's message
     # often repeats a file name or an upstream reply, and a refused write would
     # lose the failure (the lease would expire and the job run again).
@@ -174,7 +175,6 @@ def failure_params(failure: JobFailure, delay_ms: int, dead_letter: bool, extra:
         "code": check.check_failure_code(failure.code),
         "message": check.storable_text(str(failure.message)),
         "retry_delay": delay_ms,
-        "dead_letter": dead_letter,
         "event_extra": check.serialize_json("event", extra),
     }
 

@@ -338,7 +338,7 @@ def complete_job_failure(
     if not isinstance(failure, JobFailure):
         raise check.InvalidArgument("failure", failure, "a JobFailure")
     delay = 0 if retry_delay_ms is None or retry_delay_ms < 0 else check.check_int("retry_delay_ms", retry_delay_ms, (0, 2**62))
-    params = identity.params() | failure_params(failure, delay, False, {})
+    params = identity.params() | failure_params(failure, delay, {})
 
     def work(connection: Connection) -> JobRecord:
         # Whether this attempt ends the job is the core's rule, asked of the locked row.
@@ -352,6 +352,7 @@ def complete_job_failure(
         return to_job(row)
 
     return run_in_transaction(bind, work)
+
 
 _HOLDER = select(_q.worker_id, _q.status).where(_q.id == bindparam("lease_job_id", type_=PG_UUID(as_uuid=True)))
 

@@ -142,8 +142,8 @@ def _reap_row(connection: Connection, row: Any, delay_ms: int) -> Optional[JobRe
     failure = lease_expired_failure()
     dead = dead_letter_reason(failure.kind, row.attempt, row.max_attempts) is not None
     params = {"lease_job_id": row.id, "lease_run_number": row.run_number} | failure_params(
-        failure, delay_ms, dead, {"started_without_renewal_heartbeat": started_without_renewal}
-    )
+        failure, delay_ms, {"started_without_renewal_heartbeat": started_without_renewal}
+    ) | {"dead_letter": dead}
     result = connection.execute(_REAPER_FAILURE, params).first()
     if result is None:
         raise LeaseOwnerMismatch(f"job {row.id} changed while it was being reaped")
