@@ -109,6 +109,8 @@ def _process_with_timer(
     execution = JobExecution(engine, registry, job, config, writers)
     started = time.monotonic()
     if not _mark_running_or_abort(execution, running):
+        if tally is not None:
+            tally.count("not_started")  # handed back, or left to the reaper: the handler never ran
         return
     if log.isEnabledFor(logging.DEBUG):
         # Payloads may hold secrets: only an operator's explicit log_payloads shows them.

@@ -25,6 +25,7 @@ from runledger_sync.runtime.attempt import UNKNOWN_WORKER_ID, lease_identity
 from runledger_sync.runtime.execution import process_claimed_job
 from runledger_sync.runtime.hot_path import HotPathWriters
 from runledger_sync.runtime.pace import FinishingSoon
+from runledger_sync.runtime.tally import OutcomeTally
 from runledger_sync.runtime.reaper import reap_once
 from runledger_sync.store import admin, lifecycle
 from runledger_sync.store import enqueue as store_enqueue
@@ -137,6 +138,20 @@ def test_handler_does_not_run_when_the_lease_changed_owner_before_start(engine, 
     assert (row.status, row.worker_id, row.stage) == ("LEASED", "worker-fast", "queued")
     assert "STAGE_CHANGED" not in event_types(engine, stale.id)
     assert records(logs, "aborting job before execution because lease ownership was already lost")
+
+
+def test_an_attempt_that_never_started_is_counted_apart_in_the_workers_summary(engine, probe, logs):
+    registry = h.registry_with(JOB_TYPE, h.ok(probe))
+    config = fast_config(worker_id="worker-slow")
+    stale = enqueue_and_claim(engine, registry, config)
+    expire_lease(engine, stale.id)
+    reap_once(engine, registry, config, threading.Event())
+    claim_one(engine, worker_id="worker-fast")
+    tally = OutcomeTally("worker-slow")
+    process_claimed_job(engine, registry, stale, config, tally=tally)
+    tally.report()
+    [summary] = records(logs, "jobs processed")
+    assert summary.by_outcome == {"not_started": 1} and probe.calls == []
 
 
 def test_claimed_record_without_a_worker_id_is_fenced_as_unknown_worker_and_never_runs(engine, probe, logs):
