@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import enum
-import threading
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Optional
 from uuid import UUID
 
 from runledger_sync.core.errors import JobCancelled
+from runledger_sync.core.flag import Flag
 
 if TYPE_CHECKING:
     from runledger_sync.core.records import JobRecord
@@ -214,7 +214,7 @@ class JobContext:
     worker_id: str
     job_type: str = ""
     checkpoint: Any = None
-    _cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
+    _cancel_flag: Flag = field(default_factory=Flag, repr=False, compare=False)
     _cancel_reason: Optional[str] = field(default=None, repr=False)
     _progress_reporter: Optional[ProgressReporter] = field(default=None, repr=False, compare=False)
     _completer: Optional[Completer] = field(default=None, repr=False, compare=False)
@@ -222,7 +222,7 @@ class JobContext:
     @property
     def cancelled(self) -> bool:
         """True once the worker has asked this attempt to stop."""
-        return self._cancel_event.is_set()
+        return self._cancel_flag.is_set()
 
     @property
     def cancel_reason(self) -> Optional[str]:
@@ -230,18 +230,18 @@ class JobContext:
 
     def check_cancelled(self) -> None:
         """Raise :class:`JobCancelled` if the worker has asked this attempt to stop."""
-        if self._cancel_event.is_set():
+        if self._cancel_flag.is_set():
             raise JobCancelled(self._cancel_reason or "cancelled")
 
     def wait_cancelled(self, timeout: float) -> bool:
         """Sleep up to ``timeout`` seconds, waking early on cancellation; return the flag."""
-        return self._cancel_event.wait(timeout)
+        return self._cancel_flag.wait(timeout)
 
     def request_cancel(self, reason: str) -> None:
         """Set the cancellation flag; the first reason given is kept."""
-        if not self._cancel_event.is_set():
+        if self._cancel_reason is None:
             self._cancel_reason = reason
-            self._cancel_event.set()
+        self._cancel_flag.set()
 
     def report_progress(self, done: Optional[int], total: Optional[int], checkpoint: Any = None) -> None:
         """Persist progress (and optionally a checkpoint) under this attempt's lease.

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from typing import Any, Optional
+from functools import cached_property
+from typing import Any, Callable, Optional
 
 from sqlalchemy.engine import Engine
 
@@ -15,8 +17,11 @@ from runledger_sync.core.errors import (
 from runledger_sync.core.outcomes import (
     LEASE_OWNER_MISMATCH_CODE,
     LeaseLost,
+    Retry,
+    Succeed,
     Transition,
 )
+from runledger_sync.core.flag import Flag
 from runledger_sync.core.records import JobRecord
 from runledger_sync.core.types import (
     JobCompletion,
@@ -25,6 +30,7 @@ from runledger_sync.core.types import (
 from runledger_sync.logging import get_logger, job_log_fields
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.hot_path import HotPathWriters
+from runledger_sync.runtime.tally import OutcomeTally
 from runledger_sync.store import lifecycle
 
 log = get_logger(__name__)
@@ -47,6 +53,23 @@ class OutcomeGate:
             return True
 
 
+def outcome_fields(transition: Optional[Transition]) -> dict[str, Any]:
+    """How the attempt ended, for its closing log line (never the payload or the output)."""
+    if transition is None:
+        return {"outcome": "undecided"}
+    if isinstance(transition, LeaseLost):
+        return {"outcome": "lease_lost", "failure_code": transition.code}
+    if isinstance(transition, Succeed):
+        return {"outcome": "succeeded"}
+    failure = transition.failure
+    ended = "retry_scheduled" if isinstance(transition, Retry) else "dead_lettered"
+    return {"outcome": ended, "failure_kind": failure.kind.value, "failure_code": failure.code}
+
+
+def _on_a_thread_of_its_own(work: Callable[[], None]) -> None:
+    threading.Thread(target=work, name="runledger-follow-up", daemon=True).start()
+
+
 def lease_identity(job: JobRecord) -> lifecycle.LeaseIdentity:
     """The lease a claimed job runs under: every write of the attempt is fenced by it."""
     return lifecycle.LeaseIdentity(job.id, job.run_number, job.attempt, job.worker_id or UNKNOWN_WORKER_ID)
@@ -57,8 +80,10 @@ class JobExecution:
 
     def __init__(
         self, engine: Engine, registry: JobRegistry, job: JobRecord, config: JobsConfig,
-        writers: Optional[HotPathWriters],
+        writers: Optional[HotPathWriters], *, tally: Optional[OutcomeTally] = None,
+        on_ended: Optional[Callable[[], None]] = None, hand_back: Optional[Callable[[Callable[[], None]], None]] = None,
     ) -> None:
+        self.started = time.monotonic()
         self.engine = engine
         self.writers = writers
         self.registry = registry
@@ -77,16 +102,12 @@ class JobExecution:
             _progress_reporter=self._report_progress,
             _completer=self._complete_in,
         )
-        self.log_fields = job_log_fields(
-            job_id=job.id, job_type=job.job_type, run_number=job.run_number, attempt=job.attempt,
-            organization_id=job.organization_id, worker_id=worker_id,
-        )
         self.gate = OutcomeGate()
-        self.stop_watchdog = threading.Event()
-        self.deadline_passed = threading.Event()
+        self.stop_watchdog = Flag()
+        self.deadline_passed = Flag()
         self.lease_lost: Optional[LeaseLost] = None
         #: Set when the lease ran out by the local clock with a renewal still unanswered.
-        self.lease_verdict_pending = threading.Event()
+        self.lease_verdict_pending = Flag()
         #: When the lease runs out by this process's clock, at the latest: TTL after
         #: the last renewal was sent (the claim for the first one, a little before this).
         self.local_lease_deadline = time.monotonic() + config.lease_ttl_seconds
@@ -94,6 +115,34 @@ class JobExecution:
         self.completed_in_transaction = False
         #: The transition the attempt ended with, once one was decided (by the handler or the watch).
         self.decided: Optional[Transition] = None
+        self._tally = tally
+        self._on_ended = on_ended
+        self._ended = False
+        #: Runs a follow-up write on a pool thread.
+        self.hand_back = hand_back or _on_a_thread_of_its_own
+
+    def end(self, outcome: Optional[str] = None) -> None:
+        """The attempt is over: count it, log it at DEBUG, and give its slot back (only the first call counts)."""
+        if self._ended:
+            return
+        self._ended = True
+        ended = {"outcome": outcome} if outcome is not None else outcome_fields(self.decided)
+        if self._tally is not None:
+            self._tally.count(ended["outcome"])
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("job processed", extra=self.log_fields | ended | {
+                "elapsed_ms": int((time.monotonic() - self.started) * 1000)})
+        if self._on_ended is not None:
+            self._on_ended()
+
+    @cached_property
+    def log_fields(self) -> dict[str, Any]:
+        """The attempt's identity for its log lines (built on first use: most jobs log nothing)."""
+        job = self.job
+        return job_log_fields(
+            job_id=job.id, job_type=job.job_type, run_number=job.run_number, attempt=job.attempt,
+            organization_id=job.organization_id, worker_id=self.identity.worker_id,
+        )
 
     def _report_progress(self, context: JobContext, done: Optional[int], total: Optional[int], checkpoint: Any) -> None:
         lifecycle.update_job_progress(

@@ -1,9 +1,11 @@
 """The attempt's one outcome write: decide the transition, write it, run the dead-letter hook.
 
-A success goes through the group writer when there is one; a group that fails
-as a whole is written again job by job, so grouping never changes an outcome.
-Every write goes through :func:`runledger_sync.store.apply.apply_transition`,
-which rides out a lost connection and reads back an unknown commit.
+A success goes to the success writer when there is one, and the pool thread
+moves on: the writer's thread ends the attempt once its group is written (the
+completer). A group that fails as a whole is written again job by job, on a
+pool thread, so grouping never changes an outcome. Every other write goes
+through :func:`runledger_sync.store.apply.apply_transition`, which rides out a
+lost connection and reads back an unknown commit.
 """
 
 from __future__ import annotations
@@ -41,12 +43,23 @@ log = get_logger(__name__)
 OUTCOME_WRITE_BUDGET_SECONDS = 10.0
 
 
-def finish(execution: JobExecution, outcome: Outcome) -> None:
+def finish(execution: JobExecution, outcome: Outcome) -> bool:
+    """Write the attempt's outcome; True when the success writer took it and will end the attempt."""
     if execution.completed_in_transaction and not isinstance(outcome, LeaseLost) and _committed_by_handler(
             execution, outcome):
         execution.decided = Succeed(JobCompletion())
-        return
-    _apply(execution, _decide(execution, outcome))
+        return False
+    transition = _decide(execution, outcome)
+    if isinstance(transition, Succeed) and execution.writers is not None:
+        execution.decided = transition
+        try:
+            execution.writers.success.post([(execution.identity, transition.completion)],
+                                           lambda _item, result: _group_answered(execution, transition, result))
+            return True
+        except RuntimeError:
+            pass  # the writer is closed (the worker is stopping): write it here
+    _apply(execution, transition)
+    return False
 
 
 def _decide(execution: JobExecution, outcome: Outcome) -> Transition:
@@ -92,7 +105,7 @@ def _committed_by_handler(execution: JobExecution, outcome: Outcome) -> bool:
 
 def _complete_success(execution: JobExecution, completion: JobCompletion) -> None:
     try:
-        _write_success(execution, completion)
+        apply_transition(execution.engine, execution.identity, Succeed(completion), budget_seconds=_budget(execution))
     except InvalidCompletionProgress as error:
         log.warning("handler returned invalid success completion; marking job terminal",
                     extra=execution.log_fields | {"failure_code": error.code})
@@ -104,22 +117,35 @@ def _complete_success(execution: JobExecution, completion: JobCompletion) -> Non
         log.error("failed to mark job success", extra=execution.log_fields | {"error": str(error)})
 
 
-def _write_success(execution: JobExecution, completion: JobCompletion) -> None:
-    if execution.writers is not None:
-        try:
-            execution.writers.success.submit((execution.identity, completion))
+def _group_answered(execution: JobExecution, transition: Succeed, result: object) -> None:
+    """On the success writer's thread: end the attempt, or have its success written alone."""
+    if result is None:
+        execution.end()
+    elif isinstance(result, LeaseOwnerMismatch):
+        log.error("failed to mark job success", extra=execution.log_fields | {"error": str(result)})
+        execution.end()
+    else:
+        # The group failed as a whole (another job's invalid progress, a lost
+        # connection): this job's own write decides its outcome, off this thread.
+        execution.hand_back(lambda: _write_alone_after_group(execution, transition, result))
+
+
+def _write_alone_after_group(execution: JobExecution, transition: Succeed, error: object) -> None:
+    try:
+        if isinstance(error, CommitOutcomeUnknown) and _landed(execution):
             return
-        except LeaseOwnerMismatch:
-            raise
-        except CommitOutcomeUnknown:
-            if landed_outcome(execution.engine, execution.identity) is not None:
-                return
-        except RunledgerError as error:
-            # The group failed as a whole (another job's invalid progress, a lost
-            # connection): this job's own write decides its outcome.
-            log.debug("group success write failed; writing the job alone",
-                      extra=execution.log_fields | {"error": str(error)})
-    apply_transition(execution.engine, execution.identity, Succeed(completion), budget_seconds=_budget(execution))
+        log.debug("group success write failed; writing the job alone",
+                  extra=execution.log_fields | {"error": str(error)})
+        _apply(execution, transition)
+    finally:
+        execution.end()
+
+
+def _landed(execution: JobExecution) -> bool:
+    try:
+        return landed_outcome(execution.engine, execution.identity) is not None
+    except RunledgerError:
+        return False
 
 
 def _budget(execution: JobExecution) -> float:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from sqlalchemy.engine import Engine
 
@@ -44,9 +44,6 @@ from runledger_sync.core.outcomes import (
     INVALID_COMPLETION_PROGRESS_CODE,
     LeaseLost,
     Outcome,
-    Retry,
-    Succeed,
-    Transition,
     timeout_failure,
 )
 from runledger_sync.core.records import JobRecord
@@ -60,7 +57,6 @@ from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.attempt import JobExecution
 from runledger_sync.runtime.completion import finish
-from runledger_sync.runtime.group_writer import Ticket
 from runledger_sync.runtime.hot_path import HotPathWriters
 from runledger_sync.runtime.tally import OutcomeTally
 from runledger_sync.runtime.timer_thread import TimerThread
@@ -73,54 +69,67 @@ RUNNING_PROGRESS_PERSIST_FAILED_REASON = "RUNNING_PROGRESS_PERSIST_FAILED"
 UNSTARTED_CLAIM_RETRY_DELAY_MS = 1_000
 
 
+#: ``running`` for a job whose running write has not been made: the pool thread makes it.
+WRITE_RUNNING = object()
+
+
 def process_claimed_job(
     engine: Engine, registry: JobRegistry, job: JobRecord, config: JobsConfig,
-    writers: Optional[HotPathWriters] = None, running: Optional[Ticket[lifecycle.LeaseIdentity, None]] = None,
+    writers: Optional[HotPathWriters] = None, running: object = WRITE_RUNNING,
     timer: Optional[TimerThread] = None, tally: Optional[OutcomeTally] = None,
+    *, on_ended: Optional[Callable[[], None]] = None, hand_back: Optional[Callable[[Callable[[], None]], None]] = None,
 ) -> None:
     """Run one claimed job and write its single outcome (or none when the lease was lost).
 
     Args:
         writers: group writers shared with the worker's other jobs; None writes
-            this job's running and success on their own.
-        running: this job's running write, already posted to ``writers.running``
-            with the rest of its batch (the polling thread does so); None writes it
-            here on its own.
+            this job's running and success on their own, before this returns.
+        running: the answer to this job's running write when the polling thread
+            had it made with its batch (None once written, or the error that kept
+            it from landing); ``WRITE_RUNNING`` makes it here.
         timer: the calling pool thread's heartbeat timer thread, free for this job;
             None starts one for this job alone.
         tally: counts how the attempt ended, for the worker's periodic summary; the
             per-job "job processed" line is logged at DEBUG.
+        on_ended: called once when the attempt is over (its outcome durable, or
+            nothing left to write). With ``writers``, a success ends on the success
+            writer's thread, after this has returned.
+        hand_back: runs a follow-up write on a pool thread (a success the group
+            could not write is written alone); None runs it on a thread of its own.
     """
+    try:
+        execution = JobExecution(engine, registry, job, config, writers, tally=tally, on_ended=on_ended,
+                                 hand_back=hand_back)
+    except BaseException:
+        if on_ended is not None:
+            on_ended()  # the slot must come back even when the job could not even be set up
+        raise
     if timer is not None:
-        _process_with_timer(engine, registry, job, config, writers, running, timer, tally)
+        _process_with_timer(execution, running, timer)
         return
     timer = TimerThread(f"runledger-heartbeat-{job.id}")
     try:
-        _process_with_timer(engine, registry, job, config, writers, running, timer, tally)
+        _process_with_timer(execution, running, timer)
     finally:
         timer.close()
 
 
-def _process_with_timer(
-    engine: Engine, registry: JobRegistry, job: JobRecord, config: JobsConfig,
-    writers: Optional[HotPathWriters], running: Optional[Ticket[lifecycle.LeaseIdentity, None]],
-    timer: TimerThread, tally: Optional[OutcomeTally],
-) -> None:
-    execution = JobExecution(engine, registry, job, config, writers)
-    started = time.monotonic()
-    if not _mark_running_or_abort(execution, running):
-        if tally is not None:
-            tally.count("not_started")  # handed back, or left to the reaper: the handler never ran
-        return
-    if log.isEnabledFor(logging.DEBUG):
-        # Payloads may hold secrets: only an operator's explicit log_payloads shows them.
-        shown = {"payload": job.payload} if config.log_payloads else {}
-        log.debug("job started", extra=execution.log_fields | shown)
-    first_beat = time.monotonic() + config.heartbeat_interval
-    # The timer thread wakes only if the job is still running when its first
-    # renewal or its deadline comes; a job done sooner is simply withdrawn.
-    timer.schedule(min(first_beat, deadline_of(execution, started)), lambda: watch(execution, started, first_beat))
+def _process_with_timer(execution: JobExecution, running: object, timer: TimerThread) -> None:
+    job, config, writers = execution.job, execution.config, execution.writers
+    handed_off = False
     try:
+        if not _mark_running_or_abort(execution, running):
+            execution.end("not_started")  # handed back, or left to the reaper: the handler never ran
+            return
+        if log.isEnabledFor(logging.DEBUG):
+            # Payloads may hold secrets: only an operator's explicit log_payloads shows them.
+            shown = {"payload": job.payload} if config.log_payloads else {}
+            log.debug("job started", extra=execution.log_fields | shown)
+        started = execution.started
+        first_beat = time.monotonic() + config.heartbeat_interval
+        # The timer thread wakes only if the job is still running when its first
+        # renewal or its deadline comes; a job done sooner is simply withdrawn.
+        timer.schedule(min(first_beat, deadline_of(execution, started)), lambda: watch(execution, started, first_beat))
         handler_started = time.monotonic()
         outcome = _run_handler(execution)
         if writers is not None:
@@ -132,7 +141,7 @@ def _process_with_timer(
         elif execution.gate.take():
             execution.stop_watchdog.set()
             timer.withdraw()
-            finish(execution, outcome)
+            handed_off = finish(execution, outcome)
         elif not isinstance(outcome, LeaseLost):
             log.warning(
                 "handler finished after its attempt was already decided; result discarded",
@@ -147,51 +156,36 @@ def _process_with_timer(
         execution.gate.take()
         execution.stop_watchdog.set()
         timer.withdraw()
-    ended = _outcome_fields(execution.decided)
-    if tally is not None:
-        tally.count(ended["outcome"])
-    if log.isEnabledFor(logging.DEBUG):
-        log.debug("job processed", extra=execution.log_fields | ended | {
-            "elapsed_ms": int((time.monotonic() - started) * 1000)})
-
-
-def _outcome_fields(transition: Optional[Transition]) -> dict[str, Any]:
-    """How the attempt ended, for its closing log line (never the payload or the output)."""
-    if transition is None:
-        return {"outcome": "undecided"}
-    if isinstance(transition, LeaseLost):
-        return {"outcome": "lease_lost", "failure_code": transition.code}
-    if isinstance(transition, Succeed):
-        return {"outcome": "succeeded"}
-    failure = transition.failure
-    ended = "retry_scheduled" if isinstance(transition, Retry) else "dead_lettered"
-    return {"outcome": ended, "failure_kind": failure.kind.value, "failure_code": failure.code}
+        if not handed_off:
+            execution.end()
 
 
 # -- step 2: mark running -----------------------------------------------------------
 
 
-def _mark_running_or_abort(
-    execution: JobExecution, running: Optional[Ticket[lifecycle.LeaseIdentity, None]],
-) -> bool:
-    try:
-        if running is not None:
-            running.result()
-        else:
+def _mark_running_or_abort(execution: JobExecution, running: object) -> bool:
+    if running is WRITE_RUNNING:
+        try:
             lifecycle.mark_job_running(execution.engine, execution.identity, event_log=execution.config.event_log)
+        except RunledgerError as error:
+            running = error
+        else:
+            running = None
+    if running is None:
         return True
-    except LeaseOwnerMismatch as error:
+    if isinstance(running, LeaseOwnerMismatch):
         log.warning(
             "aborting job before execution because lease ownership was already lost",
-            extra=execution.log_fields | {"error": str(error)},
+            extra=execution.log_fields | {"error": str(running)},
         )
-        return False
-    except RunledgerError as error:
-        _release_after_running_persist_failure(execution, error)
-        return False
+    else:
+        # Whatever kept the group's write from landing (a lost connection, the
+        # writer stopping), the job never started: hand its claim back.
+        _release_after_running_persist_failure(execution, running)
+    return False
 
 
-def _release_after_running_persist_failure(execution: JobExecution, error: RunledgerError) -> None:
+def _release_after_running_persist_failure(execution: JobExecution, error: object) -> None:
     fields = execution.log_fields | {"error": str(error)}
     try:
         lifecycle.release_unstarted_job_claim(

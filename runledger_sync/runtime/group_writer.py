@@ -1,4 +1,4 @@
-"""Group commit for the hot path: many pool threads' writes in one transaction.
+"""Group commit for the hot path: many jobs' writes in one transaction, on a thread of its own.
 
 Every job writes stage ``running`` before its handler and SUCCEEDED after it.
 Written one by one, each costs a round trip and a commit. A
@@ -9,18 +9,18 @@ how many more items are on their way (``still_coming``): it then waits up to
 together instead of the first alone and the rest behind it. With nothing on
 its way a lone job is written at once.
 
-Each caller blocks in :meth:`GroupWriter.submit` until its own item is written,
-so a job's slot is only freed after its outcome is durable: grouping changes
-how many commits there are, never what a crash can lose. A caller that already
-holds several items (the polling thread, with a claimed batch) queues them
-together with :meth:`GroupWriter.post` and each job waits on its own ticket.
+Callers do not wait for their write: they :meth:`~GroupWriter.post` items with
+a callback, which the writer's thread calls with each item's result once its
+group is written. The worker frees a job's slot only from that callback, so
+grouping changes how many commits there are, never what a crash can lose.
+(:meth:`~GroupWriter.submit` waits, for callers that have nothing else to do.)
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import deque
+from queue import Empty, SimpleQueue
 from typing import Callable, Generic, Optional, Sequence, TypeVar
 
 from runledger_sync.logging import get_logger
@@ -34,32 +34,13 @@ R = TypeVar("R")
 MAX_GROUP_SIZE = 256
 
 
-class Ticket(Generic[T, R]):
-    """One queued item; :meth:`result` waits until its group is written."""
-
-    __slots__ = ("item", "done", "value", "error")
-
-    def __init__(self, item: T) -> None:
-        self.item = item
-        self.done = threading.Event()
-        self.value: Optional[R] = None
-        self.error: Optional[BaseException] = None
-
-    def result(self) -> R:
-        """The item's result once written, or its error raised."""
-        self.done.wait()
-        if self.error is not None:
-            raise self.error
-        return self.value  # type: ignore[return-value]
-
-
 class GroupWriter(Generic[T, R]):
-    """Writes submitted items in groups on a thread of its own.
+    """Writes posted items in groups on a thread of its own.
 
     Args:
         write_group: writes a list of items in one transaction and returns one
             result per item, in order; an item's result may be an exception,
-            which :meth:`submit` raises for that item only. If the call itself
+            which that item's callback receives alone. If the call itself
             raises, every item of the group gets that exception.
     """
 
@@ -70,90 +51,140 @@ class GroupWriter(Generic[T, R]):
         self._write_group = write_group
         self._linger_seconds = linger_seconds
         self._still_coming = still_coming
-        #: Items queued and not written yet, so a caller can tell how many more it expects.
-        self.waiting = 0
-        self._queue: deque[Ticket[T, R]] = deque()
-        self._wake = threading.Condition()
+        # Each entry is one post: its items and their callback. A SimpleQueue is
+        # the cheapest hand-off between threads the standard library has.
+        self._queue: SimpleQueue[Optional[tuple[Sequence[T], Callable[[T, object], None]]]] = SimpleQueue()
+        self._waiting = 0
+        self._waiting_lock = threading.Lock()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
+    @property
+    def waiting(self) -> int:
+        """Items posted and not yet answered."""
+        return self._waiting
+
+    def _count(self, items: int) -> None:
+        with self._waiting_lock:
+            self._waiting += items
+
+    def post(self, items: Sequence[T], on_written: Callable[[T, object], None]) -> None:
+        """Queue ``items`` to be written in the same group; ``on_written(item, result)`` is called for each.
+
+        The callback runs on the writer's thread: it must be quick and must not
+        block on the database. ``result`` is the item's result or an exception.
+        """
+        if self._closed:
+            raise RuntimeError("the group writer is closed")
+        if items:
+            self._count(len(items))
+            self._queue.put((items, on_written))
+
     def submit(self, item: T) -> R:
         """Queue ``item``, wait until its group is written, and return its result (or raise its error)."""
-        return self.post([item])[0].result()
+        done = threading.Event()
+        answer: list[object] = []
 
-    def post(self, items: Sequence[T]) -> list[Ticket[T, R]]:
-        """Queue ``items`` at once, so they are written in the same group, and return without waiting."""
-        tickets: list[Ticket[T, R]] = [Ticket(item) for item in items]
-        with self._wake:
-            if self._closed:
-                raise RuntimeError("the group writer is closed")
-            self._queue.extend(tickets)
-            self.waiting += len(tickets)
-            self._wake.notify()
-        return tickets
+        def written(_item: T, result: object) -> None:
+            answer.append(result)
+            done.set()
+
+        self.post([item], written)
+        done.wait()
+        if isinstance(answer[0], BaseException):
+            raise answer[0]
+        return answer[0]  # type: ignore[return-value]
 
     def close(self) -> None:
         """Write what is queued, then stop the thread."""
-        with self._wake:
-            self._closed = True
-            self._wake.notify()
+        self._closed = True
+        self._queue.put(None)
         self._thread.join()
+        # A post that raced close() landed behind the stop mark: nobody may wait on it for ever.
+        self._answer_all(self._take_queued()[0], RuntimeError("the group writer stopped"))
 
     def _run(self) -> None:
+        pending: list[tuple[T, Callable[[T, object], None]]] = []
         try:
-            self._write_until_closed()
+            closing = False
+            while pending or not closing:
+                if not pending:
+                    closing = self._take(self._queue.get(), pending)
+                    if closing and not pending:
+                        return
+                queued, stop = self._take_queued()
+                pending.extend(queued)
+                closing = closing or stop
+                if not closing:
+                    closing = self._linger(pending)
+                group, pending = pending[:MAX_GROUP_SIZE], pending[MAX_GROUP_SIZE:]
+                self._write(group)
         finally:
             # Whatever ended the thread, nobody may wait on it for ever.
-            with self._wake:
-                self._closed = True
-                orphans = list(self._queue)
-                self._queue.clear()
-            self._finish(orphans, RuntimeError("the group writer stopped"))
+            self._closed = True
+            self._answer_all(pending + self._take_queued()[0], RuntimeError("the group writer stopped"))
 
-    def _write_until_closed(self) -> None:
+    @staticmethod
+    def _take(entry: Optional[tuple[Sequence[T], Callable[[T, object], None]]],
+              pending: list[tuple[T, Callable[[T, object], None]]]) -> bool:
+        """Add one queue entry's items to ``pending``; True if it was the stop mark."""
+        if entry is None:
+            return True
+        items, callback = entry
+        pending.extend((item, callback) for item in items)
+        return False
+
+    def _take_queued(self) -> tuple[list[tuple[T, Callable[[T, object], None]]], bool]:
+        """Everything queued right now, without waiting, and whether the stop mark was among it."""
+        taken: list[tuple[T, Callable[[T, object], None]]] = []
+        stop = False
         while True:
-            with self._wake:
-                while not self._queue and not self._closed:
-                    self._wake.wait()
-                if not self._queue:
-                    return
-                self._linger()
-                group = [self._queue.popleft() for _ in range(min(len(self._queue), MAX_GROUP_SIZE))]
-            self._write(group)
+            try:
+                entry = self._queue.get_nowait()
+            except Empty:
+                return taken, stop
+            stop = self._take(entry, taken) or stop
 
-    def _linger(self) -> None:
-        """Wait (lock held) up to the linger time while more items are on their way."""
+    def _linger(self, pending: list[tuple[T, Callable[[T, object], None]]]) -> bool:
+        """Wait up to the linger time while more items are on their way; True if the stop mark came."""
         if self._still_coming is None or self._linger_seconds <= 0:
-            return
+            return False
         deadline = time.monotonic() + self._linger_seconds
-        while len(self._queue) < MAX_GROUP_SIZE and not self._closed and self._still_coming() > 0:
+        while len(pending) < MAX_GROUP_SIZE and self._still_coming() > 0:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return
-            self._wake.wait(remaining)
+                return False
+            try:
+                entry = self._queue.get(timeout=remaining)
+            except Empty:
+                return False
+            if self._take(entry, pending):
+                return True
+        return False
 
-    def _write(self, group: list[Ticket[T, R]]) -> None:
+    def _write(self, group: list[tuple[T, Callable[[T, object], None]]]) -> None:
         try:
-            results = self._write_group([ticket.item for ticket in group])
+            results = self._write_group([item for item, _ in group])
             if len(results) != len(group):
                 raise RuntimeError(f"group write returned {len(results)} results for {len(group)} items")
-        except BaseException as error:  # noqa: BLE001 - every waiter must be woken, whatever happened
-            self._finish(group, error)
+        except BaseException as error:  # noqa: BLE001 - every item must be answered, whatever happened
+            self._answer_all(group, error)
             if not isinstance(error, Exception):
                 raise
             return
-        for ticket, result in zip(group, results, strict=True):
-            if isinstance(result, BaseException):
-                ticket.error = result
-            else:
-                ticket.value = result  # type: ignore[assignment]
-        self._finish(group)
+        self._count(-len(group))
+        for (item, callback), result in zip(group, results, strict=True):
+            self._answer(item, callback, result)
 
-    def _finish(self, group: list[Ticket[T, R]], error: Optional[BaseException] = None) -> None:
-        with self._wake:
-            self.waiting -= len(group)
-        for ticket in group:
-            if error is not None:
-                ticket.error = error
-            ticket.done.set()
+    def _answer_all(self, group: list[tuple[T, Callable[[T, object], None]]], error: BaseException) -> None:
+        self._count(-len(group))
+        for item, callback in group:
+            self._answer(item, callback, error)
+
+    @staticmethod
+    def _answer(item: T, callback: Callable[[T, object], None], result: object) -> None:
+        try:
+            callback(item, result)
+        except Exception:  # noqa: BLE001 - one caller's broken callback must not cost the others theirs
+            log.exception("group write callback crashed")

@@ -7,6 +7,7 @@ from typing import Optional
 
 from sqlalchemy.engine import Engine
 
+from runledger_sync.core.records import JobRecord
 from runledger_sync.core.types import (
     EventLog,
     JobCompletion,
@@ -24,13 +25,15 @@ log = get_logger(__name__)
 GROUP_LINGER_SECONDS = 0.002
 
 SuccessItem = tuple[lifecycle.LeaseIdentity, Optional[JobCompletion]]
+#: A claimed job and the lease it runs under, on its way to its running write.
+RunningItem = tuple[lifecycle.LeaseIdentity, JobRecord]
 
 
 @dataclass(frozen=True)
 class HotPathWriters:
     """The group writers for the two writes every job makes: running, then success."""
 
-    running: GroupWriter[lifecycle.LeaseIdentity, None]
+    running: GroupWriter[RunningItem, None]
     success: GroupWriter[SuccessItem, None]
     #: Each writer's own connection, used only on its thread.
     connections: tuple[HeldConnection, ...]
@@ -44,14 +47,16 @@ class HotPathWriters:
         """Start both writers.
 
         The polling thread posts each claimed batch to the running writer whole,
-        so that writer never waits for company. The success writer lingers briefly
+        so that writer never waits for company; each job goes to a pool thread
+        once its running write has been answered. The success writer lingers briefly
         for the company of the jobs ``finishing`` says should succeed meanwhile.
         ``event_log`` is the worker's level: ``transitions`` writes no STAGE_CHANGED(running) rows.
         """
         running_connection, success_connection = HeldConnection(engine), HeldConnection(engine)
-        running: GroupWriter[lifecycle.LeaseIdentity, None] = GroupWriter(
+        running: GroupWriter[RunningItem, None] = GroupWriter(
             f"runledger-running-{worker_id}",
-            lambda group: lifecycle_batch.mark_jobs_running(running_connection, group, event_log=event_log),
+            lambda group: lifecycle_batch.mark_jobs_running(
+                running_connection, [identity for identity, _ in group], event_log=event_log),
         )
         success: GroupWriter[SuccessItem, None] = GroupWriter(
             f"runledger-success-{worker_id}",

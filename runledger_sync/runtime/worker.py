@@ -24,22 +24,22 @@ from __future__ import annotations
 import random
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Optional
+from concurrent.futures import ThreadPoolExecutor
+from queue import SimpleQueue
+from typing import Any, Callable, Optional
 
 from sqlalchemy.engine import Engine
 
 from runledger_sync.config import JobsConfig
 from runledger_sync.core.errors import ConfigError
-from runledger_sync.core.records import JobRecord, LeaseIdentity
+from runledger_sync.core.records import JobRecord
 from runledger_sync.core.types import RuntimeLoopExit
 from runledger_sync.db.pool_mode import policy_of
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.attempt import lease_identity
-from runledger_sync.runtime.execution import process_claimed_job
-from runledger_sync.runtime.group_writer import Ticket
-from runledger_sync.runtime.hot_path import HotPathWriters
+from runledger_sync.runtime.execution import WRITE_RUNNING, process_claimed_job
+from runledger_sync.runtime.hot_path import HotPathWriters, RunningItem
 from runledger_sync.runtime.listener import JobListener
 from runledger_sync.runtime.pace import FinishingSoon
 from runledger_sync.runtime.tally import OutcomeTally
@@ -79,14 +79,20 @@ class WorkerLoop:
         if config.job_types is not None:
             types = [t for t in types if t in set(config.job_types)]
         self.job_types = types
-        self.in_flight: set[Future[None]] = set()
+        #: Claimed jobs whose attempt has not ended yet: each holds a slot.
+        self.in_flight = 0
         self._lock = threading.Lock()
         self._slot_freed = threading.Event()
         self.executor = ThreadPoolExecutor(
             max_workers=config.max_global_concurrency, thread_name_prefix=f"runledger-job-{config.worker_id}"
         )
-        #: Each pool thread's heartbeat timer thread, made on its first job and kept.
-        self._pool_thread = threading.local()
+        # The pool's threads each run one job after another, taken from this queue:
+        # a future per job, and the callback that freed its slot, cost more than
+        # a no-op job's own work. A runner is started only when none is idle.
+        self._tasks: SimpleQueue[Optional[tuple[Callable[..., None], Any, Any]]] = SimpleQueue()
+        self._runners = 0
+        self._idle_runners = 0
+        #: Each runner's heartbeat timer thread, made when the runner starts and kept.
         self._timers: list[TimerThread] = []
         # Only an Engine can open a connection of its own; a caller's Connection just
         # polls, and its jobs write one by one on it.
@@ -115,13 +121,11 @@ class WorkerLoop:
         ) if owns_connections else None
 
     def _running_count(self) -> int:
-        with self._lock:
-            return len(self.in_flight)
+        return self.in_flight
 
     @property
     def free_slots(self) -> int:
-        with self._lock:
-            return self.config.max_global_concurrency - len(self.in_flight)
+        return self.config.max_global_concurrency - self.in_flight
 
     def turn(self) -> bool:
         """Claim and dispatch once; return True when the batch was full (loop again at once)."""
@@ -143,14 +147,15 @@ class WorkerLoop:
             log.warning("worker claim failed", extra={"worker_id": self.config.worker_id, "error": str(error)})
             self.backlogged = False
             return False
-        # The batch's running writes are queued together before any pool thread wakes,
-        # so they share one transaction without the writer waiting for stragglers.
-        running: list[Optional[Ticket[LeaseIdentity, None]]] = (
-            list(self.writers.running.post([lease_identity(job) for job in claimed]))
-            if self.writers is not None else [None] * len(claimed)
-        )
-        for job, ticket in zip(claimed, running, strict=True):
-            self._submit(job, ticket)
+        with self._lock:
+            self.in_flight += len(claimed)
+        if self.writers is not None:
+            # The batch's running writes are queued together, so they share one
+            # transaction; each job goes to a pool thread once its write is answered.
+            self.writers.running.post([(lease_identity(job), job) for job in claimed], self._running_written)
+        else:
+            for job in claimed:
+                self._dispatch(self._process, job, WRITE_RUNNING)
         self.backlogged = len(claimed) == limit
         return self.backlogged
 
@@ -177,29 +182,53 @@ class WorkerLoop:
             return self._running_count()
         return self.finishing.within(seconds)
 
-    def _submit(self, job: JobRecord, running: Optional[Ticket[LeaseIdentity, None]]) -> None:
-        future = self.executor.submit(self._process, job, running)
-        with self._lock:
-            self.in_flight.add(future)
-        future.add_done_callback(self._finished)
+    def _running_written(self, item: RunningItem, result: object) -> None:
+        """On the running writer's thread: hand the job to a pool thread with its write's answer."""
+        self._dispatch(self._process, item[1], result)
 
-    def _process(self, job: JobRecord, running: Optional[Ticket[LeaseIdentity, None]]) -> None:
-        """Run one job on this pool thread, with the pool thread's own timer thread."""
-        timer = getattr(self._pool_thread, "timer", None)
-        if timer is None:
-            timer = TimerThread(f"runledger-heartbeat-{threading.current_thread().name}")
-            self._pool_thread.timer = timer
+    def _dispatch(self, task: Callable[..., None], first: Any, second: Any = None) -> None:
+        """Run ``task(first, second)`` on a pool thread: an idle runner, or a new one."""
+        with self._lock:
+            start_runner = self._idle_runners == 0
+            if start_runner:
+                self._runners += 1
+            else:
+                self._idle_runners -= 1
+        self._tasks.put((task, first, second))
+        if start_runner:
+            self.executor.submit(self._run_tasks)
+
+    def _run_tasks(self) -> None:
+        """A pool thread's life: run queued tasks one after another until told to stop."""
+        timer = TimerThread(f"runledger-heartbeat-{threading.current_thread().name}")
+        with self._lock:
+            self._timers.append(timer)
+        tasks = self._tasks
+        while True:
+            entry = tasks.get()
+            if entry is None:
+                return
+            task, first, second = entry
+            try:
+                task(first, second, timer)
+            except BaseException as error:  # noqa: BLE001 - one job's crash must not end the runner
+                log.error("job task crashed", extra={"worker_id": self.config.worker_id, "error": repr(error)},
+                          exc_info=error)
             with self._lock:
-                self._timers.append(timer)
-        process_claimed_job(self.engine, self.registry, job, self.config, self.writers, running, timer, self.tally)
+                self._idle_runners += 1
 
-    def _finished(self, future: Future[None]) -> None:
+    def _process(self, job: JobRecord, running: object, timer: TimerThread) -> None:
+        """Run one job on this pool thread; its slot is freed when its attempt ends."""
+        process_claimed_job(self.engine, self.registry, job, self.config, self.writers, running, timer, self.tally,
+                            on_ended=self._slot_ended, hand_back=self._hand_back)
+
+    def _hand_back(self, work: Callable[[], None]) -> None:
+        """Run ``work`` on a pool thread (a success write that must be retried alone)."""
+        self._dispatch(_call, work)
+
+    def _slot_ended(self) -> None:
         with self._lock:
-            self.in_flight.discard(future)
-        error = future.exception()
-        if error is not None:
-            log.error("job task crashed", extra={"worker_id": self.config.worker_id, "error": repr(error)},
-                      exc_info=error)
+            self.in_flight -= 1
         self._slot_freed.set()
 
     def pause(self) -> None:
@@ -238,9 +267,14 @@ class WorkerLoop:
         """Wait for every in-flight job to finish (no deadline: the supervisor bounds it)."""
         if self.in_flight:
             log.info("worker shutdown requested; draining in-flight jobs",
-                     extra={"worker_id": self.config.worker_id, "in_flight": len(self.in_flight)})
+                     extra={"worker_id": self.config.worker_id, "in_flight": self.in_flight})
         if self.listener is not None:
             self.listener.close()
+        while self.in_flight > 0:
+            self._slot_freed.wait(SHUTDOWN_CHECK_SECONDS)
+            self._slot_freed.clear()
+        for _ in range(self._runners):
+            self._tasks.put(None)
         self.executor.shutdown(wait=True)
         self.tally.report()
         for timer in self._timers:
@@ -294,6 +328,10 @@ def run_worker_loop(
     finally:
         loop.drain()
     return RuntimeLoopExit.SHUTDOWN
+
+
+def _call(work: Callable[[], None], _unused: Any, _timer: TimerThread) -> None:
+    work()
 
 
 def _check_job_types(config: JobsConfig, registry: JobRegistry) -> None:

@@ -108,9 +108,12 @@ def process_alone(engine, registry, job, config):
 def process_as_the_worker_does(engine, registry, job, config):
     """The polling thread's way: the running write posted with its batch to the group writers."""
     writers = HotPathWriters.start(engine, config.worker_id, finishing=FinishingSoon(running_jobs=lambda: 1))
+    answered = threading.Event()
+    running: list[object] = []
     try:
-        [running] = writers.running.post([lease_identity(job)])
-        process_claimed_job(engine, registry, job, config, writers, running)
+        writers.running.post([(lease_identity(job), job)], lambda _item, result: (running.append(result), answered.set()))
+        assert answered.wait(10)
+        process_claimed_job(engine, registry, job, config, writers, running[0])
     finally:
         writers.close()
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from runledger_sync.core.records import JobSpec
 from runledger_sync.core.types import JobCompletion
 from runledger_sync.registry import JobRegistry
@@ -116,23 +118,48 @@ def test_group_writer_gives_each_caller_its_own_result_or_error():
     assert writer.waiting == 0
 
 
-def test_posted_items_are_written_in_one_group_and_each_ticket_waits_for_its_own_result():
+def test_posted_items_are_written_in_one_group_and_each_gets_its_own_result_on_the_writer_thread():
     release = threading.Event()
     groups: list[list[int]] = []
+    answered: dict[int, tuple[object, str]] = {}
+    all_answered = threading.Event()
 
     def write(items):
         release.wait(5)
         groups.append(items)
         return [i * 10 for i in items]
 
+    def on_written(item, result):
+        answered[item] = (result, threading.current_thread().name)
+        if len(answered) == 3:
+            all_answered.set()
+
     writer: GroupWriter[int, int] = GroupWriter("test-post", write)
-    tickets = writer.post([1, 2, 3])
+    writer.post([1, 2, 3], on_written)
     # Posting does not wait: nothing is written until the writer is let go.
-    assert not any(ticket.done.is_set() for ticket in tickets) and writer.waiting == 3
+    assert not answered and writer.waiting == 3
     release.set()
-    assert [ticket.result() for ticket in tickets] == [10, 20, 30]
+    assert all_answered.wait(5)
+    assert answered == {1: (10, "test-post"), 2: (20, "test-post"), 3: (30, "test-post")}
     writer.close()
     assert groups == [[1, 2, 3]] and writer.waiting == 0
+
+
+def test_a_post_after_close_is_refused_and_a_crashing_callback_costs_the_others_nothing(logs):
+    answered = []
+
+    def on_written(item, result):
+        if item == 1:
+            raise RuntimeError("broken callback")
+        answered.append((item, result))
+
+    writer: GroupWriter[int, int] = GroupWriter("test-callbacks", lambda items: [i * 10 for i in items])
+    writer.post([1, 2], on_written)
+    writer.close()
+    assert answered == [(2, 20)]
+    assert "group write callback crashed" in [r.getMessage() for r in logs.records]
+    with pytest.raises(RuntimeError, match="closed"):
+        writer.post([3], on_written)
 
 
 def test_group_writer_that_fails_as_a_whole_wakes_every_caller_with_the_error():
