@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any, Mapping, TypeVar
 
-from sqlalchemy.engine import Row
+from sqlalchemy.engine import Result, Row
 
 from runledger_sync.core.records import (
     DeadLetterRecord,
@@ -25,6 +25,30 @@ EVENT_COLUMNS = tuple(job_events.c[f.name] for f in fields(JobEventRecord))
 DEAD_LETTER_COLUMNS = tuple(job_dead_letters.c[f.name] for f in fields(DeadLetterRecord))
 DEFINITION_COLUMNS = tuple(job_definitions.c[f.name] for f in fields(JobDefinition))
 _JOB_FIELDS = tuple(f.name for f in fields(JobRecord))
+
+
+_STATUS_BY_VALUE = {status.value: status for status in JobStatus}
+_STAGE_BY_VALUE = {stage.value: stage for stage in JobStage}
+
+
+def to_jobs(result: Result[Any]) -> list[JobRecord]:
+    """Every row of ``result`` as a JobRecord, cheaply when its columns are exactly JobRecord's fields.
+
+    The claim decodes a batch of rows on every turn of the worker: building each
+    record through the frozen dataclass's ``__init__`` (one ``object.__setattr__``
+    per field) cost more than the rest of the decoding.
+    """
+    if tuple(result.keys()) != _JOB_FIELDS:
+        return [to_job(row) for row in result]
+    jobs = []
+    for row in result:
+        values = dict(zip(_JOB_FIELDS, row, strict=True))
+        values["status"] = _STATUS_BY_VALUE[values["status"]]
+        values["stage"] = _STAGE_BY_VALUE[values["stage"]]
+        job = object.__new__(JobRecord)
+        job.__dict__.update(values)
+        jobs.append(job)
+    return jobs
 
 
 def to_job(row: Row[Any] | Mapping[str, Any]) -> JobRecord:

@@ -25,7 +25,7 @@ from runledger_sync.core import validation as check
 from runledger_sync.core.errors import (
     InvalidLeaseDuration,
 )
-from runledger_sync.core.ids import uuid7
+from runledger_sync.core.ids import uuid7_strings
 from runledger_sync.core.records import JobRecord
 from runledger_sync.core.types import (
     ClaimOrigin,
@@ -37,7 +37,7 @@ from runledger_sync.db.schema import job_attempts, job_queue
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import owns_transaction, run_in_transaction
 from runledger_sync.store._prepared import PreparedStatement, execute_in_turn
-from runledger_sync.store._rows import JOB_COLUMNS, to_job
+from runledger_sync.store._rows import JOB_COLUMNS, to_jobs
 from runledger_sync.store._sql import event_insert, event_log_params, full_event_log, ids_of, seconds
 
 MAX_CLAIM_LIMIT = 1_000
@@ -135,7 +135,7 @@ def _claim(
         "lease_seconds": float(lease_ttl_seconds),
         "limit": limit,
         "claim_origin": origin.value,
-        "attempt_ids": [str(uuid7()) for _ in range(limit)],
+        "attempt_ids": uuid7_strings(limit),
     } | event_log_params(event_log)
     statement = _CLAIM_ANY_TYPE
     if job_types is not None:
@@ -152,7 +152,7 @@ def _claim(
     def work(connection: Connection) -> list[JobRecord]:
         # SET LOCAL: gone when this transaction of ours ends. Set in the same round
         # trip as the claim, which is planned after them.
-        return [to_job(row) for row in execute_in_turn(connection, (settings, statement), params)]
+        return to_jobs(execute_in_turn(connection, (settings, statement), params))
 
     return run_in_transaction(bind, work)
 
@@ -162,7 +162,7 @@ def _claim_in_callers_transaction(
 ) -> list[JobRecord]:
     """Claim with the same planner settings, then give the caller's transaction back its own."""
     saved = connection.execute(_PLANNER_SETTINGS_NOW).one()
-    claimed = [to_job(row) for row in execute_in_turn(connection, (_CLAIM_SETTINGS, statement), params)]
+    claimed = to_jobs(execute_in_turn(connection, (_CLAIM_SETTINGS, statement), params))
     connection.execute(_RESTORE_PLANNER_SETTINGS, saved._asdict())
     return claimed
 

@@ -174,7 +174,8 @@ def _write_group(
     values: dict[str, Any],
 ) -> list[LeaseResult]:
     rows = write_fenced(connection, (statement,), identities, values)
-    written = {(row.id, row.run_number, row.attempt) for row in rows}
+    # By position: _WRITTEN starts with id, run_number, attempt.
+    written = {(row[0], row[1], row[2]) for row in rows}
     return [
         None if (identity.job_id, identity.run_number, identity.attempt) in written else lease_mismatch(identity)
         for identity in identities
