@@ -6,7 +6,8 @@ The peers are installed from PyPI into bench/.peers-venv on first use (gitignore
 
 Every system is driven the same way, through a runner under bench/peers/ that uses
 its library's public API, in a process of its own, each phase in a fresh database:
-  processed   N pre-inserted no-op jobs drained by one worker process at concurrency 8;
+  processed   N pre-inserted no-op jobs drained by one worker process, each system with its
+              own default settings (--concurrency default) or all capped at N jobs in flight;
               timed from outside, by polling the system's own job table, from the first
               job seen started to the last seen finished
   bulk        inserting those N jobs in batches (--bulk-batch)
@@ -95,12 +96,22 @@ class Result:
     notes: list[str] = field(default_factory=list)
 
 
+DEFAULT_CONCURRENCY = "default"
+
+
+def _concurrency(text: str) -> str:
+    if text != DEFAULT_CONCURRENCY and not (text.isdigit() and int(text) > 0):
+        raise argparse.ArgumentTypeError(f"a positive number or {DEFAULT_CONCURRENCY!r}, not {text!r}")
+    return text
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=10_000, help="jobs drained per system")
     parser.add_argument("--runs", type=int, default=1, help="repeat everything; the table shows ranges")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, from {', '.join(SYSTEMS)}")
-    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--concurrency", type=_concurrency, default=DEFAULT_CONCURRENCY,
+                        help="jobs in flight per worker, or 'default': each system's own default settings")
     parser.add_argument("--bulk-batch", type=int, default=5_000)
     parser.add_argument("--single-jobs", type=int, default=1_000)
     parser.add_argument("--latency-jobs", type=int, default=200)
@@ -171,7 +182,7 @@ class Runner:
         return json.loads(lines[-1]) if lines else {}
 
     @contextlib.contextmanager
-    def worker(self, url: str, concurrency: int, record: Optional[Path] = None) -> Iterator[subprocess.Popen]:
+    def worker(self, url: str, concurrency: int | str, record: Optional[Path] = None) -> Iterator[subprocess.Popen]:
         """A running worker process, stopped with SIGTERM (its graceful stop) on exit."""
         with tempfile.TemporaryFile("w+") as errors:
             extra = [str(record)] if record else []

@@ -10,8 +10,10 @@ written by a worker and commit times printed by a producer can be subtracted.
     single URL N              insert N jobs one call at a time; prints {"seconds": s}
     produce URL N GAP_MS      insert N jobs GAP_MS apart; prints {"committed": [t0, ...]}
     work URL CONCURRENCY [RECORD]
-                              run a worker until SIGTERM; with RECORD, write
-                              {"n": start time} of every job there at exit
+                              run a worker until SIGTERM, at most CONCURRENCY jobs
+                              in flight ("default": the system's own default
+                              settings); with RECORD, write {"n": start time} of
+                              every job there at exit
     version                   prints {"version": "x.y.z"}
 Every job carries its ordinal n (0..N-1) so a start can be matched to its commit.
 """
@@ -26,6 +28,8 @@ from importlib import metadata
 from typing import Callable, Optional, Protocol
 
 READY_LINE = "ready"
+#: The CONCURRENCY that leaves every setting of the worker at the system's own default.
+DEFAULT = "default"
 
 
 @dataclass
@@ -47,7 +51,7 @@ class Runner(Protocol):
     def bulk(self, url: str, count: int, batch: int) -> None: ...
     def single(self, url: str, count: int) -> None: ...
     def produce(self, url: str, count: int, gap_ms: float) -> list[float]: ...
-    def work(self, url: str, concurrency: int, recorder: Recorder, ready: Callable[[], None]) -> None: ...
+    def work(self, url: str, concurrency: Optional[int], recorder: Recorder, ready: Callable[[], None]) -> None: ...
 
 
 def announce_ready() -> None:
@@ -76,7 +80,7 @@ def main(runner: Runner, argv: Optional[list[str]] = None) -> int:
         result = {"committed": runner.produce(rest[0], int(rest[1]), float(rest[2]))}
     elif command == "work":
         recorder = Recorder(enabled=len(rest) > 2)
-        runner.work(rest[0], int(rest[1]), recorder, announce_ready)
+        runner.work(rest[0], None if rest[1] == DEFAULT else int(rest[1]), recorder, announce_ready)
         if recorder.enabled:
             with open(rest[2], "w") as handle:
                 json.dump(recorder.started, handle)

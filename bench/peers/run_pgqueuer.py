@@ -1,9 +1,10 @@
-"""pgqueuer behind the bench protocol, through its public API on asyncpg with default worker settings.
+"""pgqueuer behind the bench protocol, through its public API on asyncpg.
 
 Schema: Queries.install() (what ``pgq install`` runs). Enqueue: Queries.enqueue,
-one job per call or lists of a batch. Worker: PgQueuer(...).run() with its
-defaults (batch_size 10, no task cap: its cap must be at least twice the batch,
-so a cap of 8 is refused), stopped by setting PgQueuer.shutdown on SIGTERM.
+one job per call or lists of a batch. Worker: PgQueuer(...).run(), stopped by
+setting PgQueuer.shutdown on SIGTERM: with its defaults (batch_size 10, no cap on
+tasks in flight), or capped at N in flight with max_concurrent_tasks=N, which it
+allows only with a batch of at most N/2 (so batch_size=N//2).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-from typing import Callable
+from typing import Callable, Optional
 
 import _protocol
 import asyncpg
@@ -73,7 +74,10 @@ class PgqueuerRunner:
         # The event loop's clock is time.monotonic(), the protocol's clock.
         return asyncio.run(insert())
 
-    def work(self, url: str, concurrency: int, recorder: _protocol.Recorder, ready: Callable[[], None]) -> None:
+    def work(self, url: str, concurrency: Optional[int], recorder: _protocol.Recorder, ready: Callable[[], None]) -> None:
+        capped = {} if concurrency is None else {
+            "batch_size": max(1, concurrency // 2), "max_concurrent_tasks": max(2, concurrency)}
+
         async def run() -> None:
             connection = await asyncpg.connect(url)
             pgq = PgQueuer.from_asyncpg_connection(connection)
@@ -84,7 +88,7 @@ class PgqueuerRunner:
 
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, pgq.shutdown.set)
             ready()
-            await pgq.run()
+            await pgq.run(**capped)
             await connection.close()
 
         asyncio.run(run())

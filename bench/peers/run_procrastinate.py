@@ -8,7 +8,7 @@ stops gracefully on SIGTERM and LISTENs for new jobs by default.
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from typing import Callable, Optional
 
 import _protocol
 import procrastinate
@@ -50,10 +50,10 @@ class ProcrastinateRunner:
             task = app.tasks["bench_noop"]
             return _protocol.paced(count, gap_ms, lambda n: task.defer(n=n))
 
-    def work(self, url: str, concurrency: int, recorder: _protocol.Recorder, ready: Callable[[], None]) -> None:
+    def work(self, url: str, concurrency: Optional[int], recorder: _protocol.Recorder, ready: Callable[[], None]) -> None:
         app = _app(url, recorder)
         ready()
-        app.run_worker(concurrency=concurrency)
+        app.run_worker(**({} if concurrency is None else {"concurrency": concurrency}))
 
 
 if __name__ == "__main__":

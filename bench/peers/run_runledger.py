@@ -1,4 +1,4 @@
-"""runledger-sync behind the bench protocol: enqueue, enqueue_many and a Supervisor at concurrency N.
+"""runledger-sync behind the bench protocol: enqueue, enqueue_many and a Supervisor (JobsConfig defaults, or concurrency N).
 
 Runs in the project's own virtualenv; compare.py and scale.py start it as a process.
 """
@@ -6,7 +6,7 @@ Runs in the project's own virtualenv; compare.py and scale.py start it as a proc
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from typing import Callable, Optional
 
 import _protocol
 
@@ -50,10 +50,14 @@ class RunledgerRunner:
         engine.dispose()
         return committed
 
-    def work(self, url: str, concurrency: int, recorder: _protocol.Recorder, ready: Callable[[], None]) -> None:
+    def work(self, url: str, concurrency: Optional[int], recorder: _protocol.Recorder, ready: Callable[[], None]) -> None:
         self.recorder = recorder
-        engine = rl.create_engine(url, pool_size=concurrency + 4)
-        supervisor = rl.Supervisor(engine, self.registry, rl.JobsConfig(max_global_concurrency=concurrency))
+        if concurrency is None:
+            engine, config = rl.create_engine(url), rl.JobsConfig()
+        else:
+            engine = rl.create_engine(url, pool_size=concurrency + 4)
+            config = rl.JobsConfig(max_global_concurrency=concurrency)
+        supervisor = rl.Supervisor(engine, self.registry, config)
         ready()
         supervisor.run_until_shutdown()
         engine.dispose()

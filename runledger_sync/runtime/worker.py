@@ -229,7 +229,8 @@ class WorkerLoop:
     def _slot_ended(self) -> None:
         with self._lock:
             self.in_flight -= 1
-        self._slot_freed.set()
+        if not self._slot_freed.is_set():  # setting an Event takes its Condition: skip it when nobody cleared it
+            self._slot_freed.set()
 
     def pause(self) -> None:
         """Wait one jittered poll interval, or less when a slot frees up, a job is enqueued or shutdown is asked for."""
