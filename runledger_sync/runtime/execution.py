@@ -28,6 +28,7 @@ from sqlalchemy.engine import Engine
 
 from runledger_sync.config import JobsConfig
 from runledger_sync.core.errors import (
+    CommitOutcomeUnknown,
     InvalidArgument,
     InvalidPayload,
     JobCancelled,
@@ -62,6 +63,7 @@ from runledger_sync.runtime.tally import OutcomeTally
 from runledger_sync.runtime.timer_thread import TimerThread
 from runledger_sync.runtime.watch import deadline_of, watch
 from runledger_sync.store import lifecycle
+from runledger_sync.store.apply import running_landed
 
 log = get_logger(__name__)
 
@@ -171,6 +173,8 @@ def _mark_running_or_abort(execution: JobExecution, running: object) -> bool:
             running = error
         else:
             running = None
+    if isinstance(running, CommitOutcomeUnknown) and running_landed(execution.engine, execution.identity):
+        running = None  # the write landed before its connection went
     if running is None:
         return True
     if isinstance(running, LeaseOwnerMismatch):

@@ -8,6 +8,12 @@ Only transient connection failures are retried, and only while retrying cannot
 repeat a write: a failure while sending COMMIT leaves the outcome unknown, and
 is reported as such, unless the work says that running it again cannot write
 twice (enqueue: its job ids are chosen before the first try).
+
+The hot path's transactions (claim, running, success) are each one query of
+prepared statements. On the store's own connections they are sent without BEGIN
+and COMMIT: PostgreSQL runs the statements of one query as one implicit
+transaction and commits it at the end, so each costs one round trip instead of
+three. A connection lost during such a query leaves its outcome unknown.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ def run_in_transaction(
     work: Callable[[Connection], T],
     *,
     one_repeatable_write: bool = False,
+    one_query: bool = False,
 ) -> T:
     """Run ``work`` in one transaction and return its result.
 
@@ -53,6 +60,11 @@ def run_in_transaction(
             that statement then commits by itself (autocommit), which saves the BEGIN and
             COMMIT round trips, and a connection lost mid-way is retried rather than
             reported as an unknown outcome.
+        one_query: ``work`` sends everything it writes as one query (one
+            :func:`~runledger_sync.store._prepared.execute_in_turn` call). Where its
+            statements run prepared, that query is then the whole transaction,
+            committed by the server without BEGIN or COMMIT round trips, and a
+            connection lost during it raises ``CommitOutcomeUnknown``.
 
     Raises:
         InvalidArgument: ``bind`` is none of the accepted kinds.
@@ -70,7 +82,7 @@ def run_in_transaction(
     try:
         # The first try outside tenacity: building its Retrying costs about 8 us,
         # paid on every store call although nearly all of them succeed at once.
-        return _once(bind, work, one_repeatable_write)
+        return _once(bind, work, one_repeatable_write, one_query)
     except errors.ConnectionFailed as exc:
         if not _worth_retrying(exc):
             raise
@@ -82,7 +94,7 @@ def run_in_transaction(
     )
     for attempt in retrying:
         with attempt:
-            return _once(bind, work, one_repeatable_write)
+            return _once(bind, work, one_repeatable_write, one_query)
     raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
 
 
@@ -101,38 +113,54 @@ def _worth_retrying(exc: BaseException) -> bool:
     return isinstance(exc, errors.ConnectionFailed) and not isinstance(exc, errors.CommitOutcomeUnknown)
 
 
-def _once(source: Engine | HeldConnection, work: Callable[[Connection], T], one_repeatable_write: bool) -> T:
+def _once(
+    source: Engine | HeldConnection, work: Callable[[Connection], T], one_repeatable_write: bool, one_query: bool,
+) -> T:
     engine = source if isinstance(source, Engine) else source.engine
     try:
         checkout = source.connect()
     except sa_exc.DBAPIError as exc:
         raise translate(exc, engine.url) from exc
-    autocommit = one_repeatable_write and isinstance(source, Engine)
-    with checkout as connection, _autocommit_if(autocommit, connection):
+    with checkout as connection:
         _prepared.own(connection)
-        if _prepared.needs_sweep(connection):
-            # Its engine stopped preparing after this connection had prepared: take its
-            # statements away where it can (the session its next transaction runs in).
-            _sweep(engine, connection)
-        for rerun in (False, True):
-            try:
-                return _transaction(engine, connection, work, one_repeatable_write)
-            except _prepared.PreparedStatementsLost as lost:
-                if rerun:
-                    # Gone again at once: the next transaction ran in another session.
-                    _prepared.stop_preparing(connection, lost)
-                    break
-                # Nothing was written (the transaction rolled back). The session lost some
-                # of them (DISCARD ALL, DEALLOCATE, a migration): drop the rest and run it
-                # again, preparing afresh.
-                _sweep(engine, connection)
-            except _prepared.SessionsShared as shared:
-                _prepared.stop_preparing(connection, shared)
-                break
-        # Sessions are shared with other clients: run it once more, unprepared, after
-        # taking this connection's statements away from the session it now runs in.
+        implicit = one_query and _prepared.may_prepare(connection)
+        autocommit = implicit or (one_repeatable_write and isinstance(source, Engine))
+        with _autocommit_if(autocommit, connection):
+            return _run_owned(engine, connection, work, one_repeatable_write, implicit)
+
+
+def _run_owned(
+    engine: Engine, connection: Connection, work: Callable[[Connection], T], one_repeatable_write: bool,
+    implicit: bool,
+) -> T:
+    """Run ``work`` on the store's own connection, preparing afresh (or not at all) as the session allows."""
+    if _prepared.needs_sweep(connection):
+        # Its engine stopped preparing after this connection had prepared: take its
+        # statements away where it can (the session its next transaction runs in).
         _sweep(engine, connection)
-        return _transaction(engine, connection, work, one_repeatable_write)
+    for rerun in (False, True):
+        try:
+            return _transaction(engine, connection, work, one_repeatable_write, implicit)
+        except _prepared.PreparedStatementsLost as lost:
+            if rerun:
+                # Gone again at once: the next transaction ran in another session.
+                _prepared.stop_preparing(connection, lost)
+                break
+            # Nothing was written (the transaction rolled back). The session lost some
+            # of them (DISCARD ALL, DEALLOCATE, a migration): drop the rest and run it
+            # again, preparing afresh.
+            _sweep(engine, connection)
+        except _prepared.SessionsShared as shared:
+            _prepared.stop_preparing(connection, shared)
+            break
+    # Sessions are shared with other clients: run it once more, unprepared, after
+    # taking this connection's statements away from the session it now runs in.
+    _sweep(engine, connection)
+    if implicit:
+        # Unprepared, its statements go one by one: they need an explicit transaction.
+        with _driver_autocommit(connection, False):
+            return _transaction(engine, connection, work, one_repeatable_write, False)
+    return _transaction(engine, connection, work, one_repeatable_write, False)
 
 
 def _sweep(engine: Engine, connection: Connection) -> None:
@@ -151,10 +179,16 @@ def _autocommit_if(wanted: bool, connection: Connection) -> Iterator[None]:
     if not wanted or connection.dialect.driver not in ("psycopg2", "psycopg"):
         yield
         return
-    driver_connection = connection.connection.dbapi_connection
     # An engine made with isolation_level="AUTOCOMMIT" is in autocommit already, and stays so.
+    with _driver_autocommit(connection, True):
+        yield
+
+
+@contextmanager
+def _driver_autocommit(connection: Connection, on: bool) -> Iterator[None]:
+    driver_connection = connection.connection.dbapi_connection
     before = driver_connection.autocommit
-    driver_connection.autocommit = True
+    driver_connection.autocommit = on
     try:
         yield
     finally:
@@ -164,12 +198,16 @@ def _autocommit_if(wanted: bool, connection: Connection) -> Iterator[None]:
 
 def _transaction(
     engine: Engine, connection: Connection, work: Callable[[Connection], T], one_repeatable_write: bool,
+    implicit: bool,
 ) -> T:
     try:
         result = work(connection)
     except sa_exc.DBAPIError as exc:
         connection.rollback()
         _prepared.raise_if_ours(connection, exc)
+        if implicit and is_transient(exc):
+            # The query was its own transaction: it may have committed before the connection went.
+            raise errors.CommitOutcomeUnknown(f"outcome of a one-query transaction unknown: {exc.orig}") from exc
         raise translate(exc, engine.url) from exc
     except BaseException:
         connection.rollback()

@@ -228,7 +228,8 @@ class PreparedStatement:
 _combined: dict[tuple[Any, ...], Any] = {}
 
 
-def _may_prepare(connection: Connection) -> bool:
+def may_prepare(connection: Connection) -> bool:
+    """True when statements run prepared on ``connection``, so :func:`execute_in_turn` sends them as one query."""
     # Only psycopg2 sends statements as text with the values inlined; psycopg 3
     # binds them on the server (where EXECUTE takes no parameters) and prepares
     # statements it sees often by itself.
@@ -248,7 +249,7 @@ def execute_in_turn(
     and keeps the last result); otherwise each is sent on its own. Where two
     statements name the same parameter it means the same value.
     """
-    if not _may_prepare(connection):
+    if not may_prepare(connection):
         for statement in statements[:-1]:
             connection.execute(statement.statement, parameters)
         return connection.execute(statements[-1].statement, parameters)

@@ -14,7 +14,7 @@ from typing import Callable, Optional
 from runledger_sync.core.errors import CommitOutcomeUnknown, ConnectionFailed, RunledgerError
 from runledger_sync.core.outcomes import DeadLetter, Retry, Succeed
 from runledger_sync.core.records import JobRecord, LeaseIdentity
-from runledger_sync.core.types import JobStatus
+from runledger_sync.core.types import JobStage, JobStatus
 from runledger_sync.store import admin, lifecycle
 from runledger_sync.store._binds import Bind
 
@@ -69,3 +69,16 @@ def landed_outcome(bind: Bind, identity: LeaseIdentity) -> Optional[JobRecord]:
     if same_attempt and current.status is not JobStatus.LEASED:
         return current
     return None
+
+
+def running_landed(bind: Bind, identity: LeaseIdentity) -> bool:
+    """True if this attempt's running write landed: the job is still leased under ``identity``, at stage running."""
+    try:
+        current = admin.get_job(bind, identity.job_id)
+    except RunledgerError:
+        return False
+    return (
+        current is not None and current.status is JobStatus.LEASED and current.stage is JobStage.RUNNING
+        and (current.run_number, current.attempt, current.worker_id)
+        == (identity.run_number, identity.attempt, identity.worker_id)
+    )

@@ -154,7 +154,7 @@ def _claim(
         # trip as the claim, which is planned after them.
         return to_jobs(execute_in_turn(connection, (settings, statement), params))
 
-    return run_in_transaction(bind, work)
+    return run_in_transaction(bind, work, one_query=True)
 
 
 def _claim_in_callers_transaction(

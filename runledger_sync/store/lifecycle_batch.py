@@ -118,12 +118,14 @@ def mark_jobs_running(
 
     Raises:
         InvalidArgument: ``event_log`` is not a level of :class:`EventLog`.
+        CommitOutcomeUnknown: the connection was lost while the write ran; it may have landed.
     """
     flag = event_log_params(event_log)
     checked = [check_identity(*_identity_values(identity)) for identity in identities]
     if not checked:
         return []
-    return run_in_transaction(bind, lambda connection: _write_group(connection, _RUNNING, checked, flag))
+    return run_in_transaction(bind, lambda connection: _write_group(connection, _RUNNING, checked, flag),
+                              one_query=True)
 
 
 def complete_jobs_success(
@@ -139,6 +141,7 @@ def complete_jobs_success(
     Raises:
         InvalidCompletionProgress: one completion's progress is invalid, alone or
             merged with the stored progress; nothing is written for any of them.
+        CommitOutcomeUnknown: the connection was lost while the write ran; it may have landed.
     """
     checked = []
     columns: dict[str, list[Any]] = {param: [] for _, param, _ in _SUCCESS_ARRAYS}
@@ -153,7 +156,8 @@ def complete_jobs_success(
     if not checked:
         return []
     try:
-        return run_in_transaction(bind, lambda connection: _write_group(connection, _GROUP_SUCCESS, checked, columns))
+        return run_in_transaction(bind, lambda connection: _write_group(connection, _GROUP_SUCCESS, checked, columns),
+                                  one_query=True)
     except InvalidProgress as exc:
         raise InvalidCompletionProgress(
             "Handler returned invalid success progress: merged with the stored progress, "

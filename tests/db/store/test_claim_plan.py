@@ -44,9 +44,8 @@ def claim_plans(engine) -> Iterator[list[dict[str, Any]]]:
         # own), sent after the planner settings in the same query.
         *settings, claim = statement.split("; ")
         if claim.lstrip().startswith(("WITH picked AS", "EXECUTE runledger_claim")):
-            for setting in settings:
-                cursor.execute(setting, parameters)
-            cursor.execute("EXPLAIN (FORMAT JSON) " + claim, parameters)
+            # In one query, as the claim sends them: its transaction may be that query alone.
+            cursor.execute("; ".join([*settings, "EXPLAIN (FORMAT JSON) " + claim]), parameters)
             explained = cursor.fetchone()[0]
             plans.append((json.loads(explained) if isinstance(explained, str) else explained)[0])
 

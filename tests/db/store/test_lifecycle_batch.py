@@ -144,9 +144,9 @@ def group_plans(engine):
     def explain(_conn, cursor, statement, parameters, _context, _executemany):
         prelude, *statements = statement.split("; ")
         if statements and statements[0].startswith("EXECUTE runledger_lock_leases"):
-            cursor.execute(prelude, parameters)
             for one in statements:
-                cursor.execute("EXPLAIN (FORMAT JSON) " + one, parameters)
+                # With the prelude in the same query: the write's transaction may be that query alone.
+                cursor.execute(f"{prelude}; EXPLAIN (FORMAT JSON) {one}", parameters)
                 explained = cursor.fetchone()[0]
                 plans.append((one.split("(")[0], json.loads(explained) if isinstance(explained, str) else explained))
 
