@@ -32,6 +32,7 @@ LAYERS: dict[str, int] = {
     "runtime": 4,
     "cli": 5,
     "contrib": 5,
+    "web": 5,
     "testing": 5,
     "demo": 5,
     "__main__": 5,
