@@ -1,4 +1,4 @@
-"""The dashboard's actions and its refusals, checked in the database: replay, cancel, retry, schedules; read-only, CSRF, authorize, escaping."""
+"""The dashboard's actions and refusals, checked in the database: replay, cancel, retry, schedules, read-only, CSRF."""
 
 from __future__ import annotations
 
