@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
-from typing import Any
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+from wsgiref.simple_server import make_server
 
 import pytest
 from werkzeug.test import Client
@@ -19,6 +26,7 @@ REPORT = "web.report"
 TOP = 1_000_000
 #: What an attacker would put in every field a user controls.
 HOSTILE = '<script>alert("x")</script><img src=x onerror=alert(1)>'
+REPO = Path(__file__).resolve().parents[3]
 CSRF_FIELD = re.compile(r'name="csrf_token" value="([0-9a-f]{64})"')
 
 
@@ -76,3 +84,37 @@ def post_form(client: Client, page_url: str, action_url: str, data: dict[str, An
     token = CSRF_FIELD.search(page(client, page_url))
     assert token is not None, f"{page_url} draws no form"
     return client.post(action_url, data={**data, "csrf_token": token.group(1)})
+
+
+@contextlib.contextmanager
+def dashboard_process(database_url: str, *options: str) -> Iterator[str]:
+    """Run ``runledger-sync dashboard --port 0`` in a process; yield its base URL; stop it with SIGTERM (exit 0)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "runledger_sync.cli", "--database-url", database_url, "dashboard", "--port", "0", *options],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        first = process.stdout.readline()
+        found = re.search(r"(http://[\d.]+:\d+)/", first)
+        assert found, f"no address printed: {first!r} {process.stderr.read() if process.poll() is not None else ''}"
+        yield found.group(1)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0, stderr
+
+
+@contextlib.contextmanager
+def serving(app: Any) -> Iterator[str]:
+    """Serve a WSGI app on a free local port in a thread; yield its base URL."""
+    from runledger_sync.cli.dashboard import _QuietHandler, _ThreadingServer
+
+    server = make_server("127.0.0.1", 0, app, server_class=_ThreadingServer, handler_class=_QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
