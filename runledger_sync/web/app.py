@@ -7,6 +7,7 @@ Jinja2 templates, usable without JavaScript.
 
 from __future__ import annotations
 
+import io
 import re
 import secrets
 from datetime import datetime, timezone
@@ -20,7 +21,7 @@ import runledger_sync as rl
 from runledger_sync.core.errors import ActionForbidden, DashboardReadOnly, DashboardRefusal
 from runledger_sync.web import views_jobs, views_operations, views_overview, views_workflows
 from runledger_sync.web.csrf import FIELD_NAME, CsrfGuard
-from runledger_sync.web.http import Request, Response
+from runledger_sync.web.http import HOST_REQUEST_KEY, Request, Response
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 #: The action names the authorize hook is asked about; "view" is every page read.
@@ -74,8 +75,18 @@ class Dashboard:
         self.templates.filters["when"] = _when
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
-        request = Request(environ)
-        return self.respond(request).wsgi(start_response)
+        return self.respond(Request(environ)).wsgi(start_response)
+
+    def mounted(self, environ: dict[str, Any], prefix: str, rest: str, body: bytes, host_request: Any) -> Response:
+        """Answer a request a host framework routed here: ``prefix`` is the mount point, ``rest`` the path below it.
+
+        The host has read the body already (its own CSRF or form parsing may have), so it is passed in.
+        """
+        environ = {
+            **environ, "SCRIPT_NAME": prefix.rstrip("/"), "PATH_INFO": "/" + rest.lstrip("/"),
+            "wsgi.input": io.BytesIO(body), "CONTENT_LENGTH": str(len(body)), HOST_REQUEST_KEY: host_request,
+        }
+        return self.respond(Request(environ))
 
     def respond(self, request: Request) -> Response:
         if request.method == "GET" and request.path == "/static/style.css":
@@ -175,8 +186,9 @@ def create_app(
         authorize: ``authorize(request, action) -> bool``, asked before each page
             (action ``"view"``) and each action (``"cancel"``, ``"retry"``, ``"replay"``,
             ``"pause"``, ``"resume"``, ``"trigger"``). ``request.environ`` is the WSGI
-            environ, so a host can read its session or user there. Without a hook
-            every page can be read and every action is refused.
+            environ; mounted in Flask or Django, ``request.host_request`` is that
+            framework's request (its user, its session). Without a hook every page
+            can be read and every action is refused.
         organization_id: Scope every page and action to one organization: a fixed id,
             or a callable ``(request) -> id or None`` (None: every organization).
         secret: The CSRF key, the same in every process serving the dashboard; a

@@ -26,13 +26,15 @@ class CsrfGuard:
     """Issues form tokens and checks them on POST.
 
     Args:
-        secret: The key of the HMAC. Give the same one to every process serving the
-            dashboard; a new random one is made when None (tokens then live as long
-            as the process).
+        secret: What the HMAC key is derived from. Give the same one to every process
+            serving the dashboard (a host app's own secret key is fine: the key is
+            derived for this use alone); a new random one is made when None (tokens
+            then live as long as the process).
     """
 
     def __init__(self, secret: Optional[bytes] = None) -> None:
-        self._secret = secret if secret is not None else secrets.token_bytes(32)
+        seed = secret if secret is not None else secrets.token_bytes(32)
+        self._secret = hmac.new(seed, b"runledger dashboard csrf", hashlib.sha256).digest()
 
     def browser_token(self, request: Request) -> tuple[str, bool]:
         """This browser's cookie value, and whether it is new (and must be set on the response)."""

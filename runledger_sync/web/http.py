@@ -10,6 +10,8 @@ from urllib.parse import parse_qs, urlencode
 
 #: The largest form body read; the dashboard's forms carry ids and a token, far less.
 MAX_FORM_BYTES = 1_048_576
+#: The environ key under which a host framework (contrib.flask, contrib.django) passes its own request.
+HOST_REQUEST_KEY = "runledger.host_request"
 
 
 class Request:
@@ -20,6 +22,8 @@ class Request:
         method: ``GET``, ``POST``...
         path: The path below the dashboard's mount point, starting with ``/``.
         root: The mount point (``SCRIPT_NAME``), ``""`` at the server root.
+        host_request: The host framework's own request when the dashboard is mounted
+            in Flask or Django (an authorize hook reads its user there), else None.
     """
 
     def __init__(self, environ: dict[str, Any]) -> None:
@@ -28,6 +32,7 @@ class Request:
         self.path = environ.get("PATH_INFO") or "/"
         self.root = str(environ.get("SCRIPT_NAME", "")).rstrip("/")
         self._query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=False)
+        self.host_request = environ.get(HOST_REQUEST_KEY)
         self._form: Optional[dict[str, list[str]]] = None
 
     def arg(self, name: str) -> Optional[str]:
@@ -86,8 +91,13 @@ class Response:
         # 303: the browser follows a form's POST with a GET, so a reload never repeats the action.
         return cls(status=HTTPStatus.SEE_OTHER, headers=[("Location", location)])
 
-    def wsgi(self, start_response: Any) -> Iterable[bytes]:
+    def status_line(self) -> str:
         status = HTTPStatus(self.status)
-        headers = [("Content-Type", self.content_type), ("Content-Length", str(len(self.body))), *self.headers]
-        start_response(f"{status.value} {status.phrase}", headers)
+        return f"{status.value} {status.phrase}"
+
+    def all_headers(self) -> list[tuple[str, str]]:
+        return [("Content-Type", self.content_type), ("Content-Length", str(len(self.body))), *self.headers]
+
+    def wsgi(self, start_response: Any) -> Iterable[bytes]:
+        start_response(self.status_line(), self.all_headers())
         return [self.body]
