@@ -53,6 +53,7 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlencode
 
 import click
 from flask import Flask, Response, current_app, has_app_context, request
@@ -281,8 +282,10 @@ def _mount_dashboard(app: Flask, prefix: str, engine: Any) -> None:
     prefix = "/" + prefix.strip("/")
 
     def view(rest: str = "") -> Any:
-        answer = dashboard.mounted(request.environ, request.script_root + prefix, rest,
-                                   request.get_data(cache=True), request._get_current_object())  # type: ignore[attr-defined]
+        # Flask has parsed the form, whichever its encoding; the dashboard reads it urlencoded.
+        form = urlencode(list(request.form.lists()), doseq=True).encode()
+        answer = dashboard.mounted(request.environ, request.script_root + prefix, rest, form,
+                                   request._get_current_object())  # type: ignore[attr-defined]
         return Response(answer.body, status=answer.status, headers=answer.all_headers())
 
     methods = ["GET", "POST"]

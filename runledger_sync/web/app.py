@@ -77,14 +77,15 @@ class Dashboard:
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         return self.respond(Request(environ)).wsgi(start_response)
 
-    def mounted(self, environ: dict[str, Any], prefix: str, rest: str, body: bytes, host_request: Any) -> Response:
+    def mounted(self, environ: dict[str, Any], prefix: str, rest: str, form: bytes, host_request: Any) -> Response:
         """Answer a request a host framework routed here: ``prefix`` is the mount point, ``rest`` the path below it.
 
-        The host has read the body already (its own CSRF or form parsing may have), so it is passed in.
+        The host has parsed the form already (its own CSRF middleware may have), so it passes the
+        form in, urlencoded.
         """
         environ = {
             **environ, "SCRIPT_NAME": prefix.rstrip("/"), "PATH_INFO": "/" + rest.lstrip("/"),
-            "wsgi.input": io.BytesIO(body), "CONTENT_LENGTH": str(len(body)), HOST_REQUEST_KEY: host_request,
+            "wsgi.input": io.BytesIO(form), "CONTENT_LENGTH": str(len(form)), HOST_REQUEST_KEY: host_request,
         }
         return self.respond(Request(environ))
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import threading
 from typing import Any
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
@@ -23,7 +24,8 @@ from runledger_sync.contrib.django import _app_config, get_engine
 
 app_name = "runledger"
 _lock = threading.Lock()
-_dashboards: dict[str, Any] = {}
+#: The dashboard and the engine it was built on; rebuilt when the app config's engine changes (after dispose()).
+_built: dict[str, Any] = {}
 
 
 def staff_only(request: Any, action: str) -> bool:
@@ -45,23 +47,29 @@ def _dashboard() -> Any:
     """The dashboard app, built on first use (settings are read once Django is ready)."""
     from runledger_sync.web import create_app
 
+    engine = get_engine()
     with _lock:
-        if "app" not in _dashboards:
+        if _built.get("engine") is not engine:
             options = _app_config().runledger_settings.dashboard
             secret = settings.SECRET_KEY.encode() if settings.SECRET_KEY else None
-            _dashboards["app"] = create_app(get_engine(), read_only=options.read_only,
-                                            authorize=_hook(options.authorize),
-                                            organization_id=options.organization, secret=secret)
-        return _dashboards["app"]
+            _built["app"] = create_app(engine, read_only=options.read_only, authorize=_hook(options.authorize),
+                                       organization_id=options.organization, secret=secret)
+            _built["engine"] = engine
+        return _built["app"]
 
 
 @csrf_exempt
 def dashboard(request: HttpRequest, rest: str = "") -> HttpResponse:
     prefix = request.path[: len(request.path) - len(rest)] if rest else request.path
-    answer = _dashboard().mounted(request.META, prefix, rest, request.body, request)
+    # Django has parsed the form, whichever its encoding; the dashboard reads it urlencoded.
+    form = urlencode(list(request.POST.lists()), doseq=True).encode()
+    answer = _dashboard().mounted(request.META, prefix, rest, form, request)
     response = HttpResponse(answer.body, status=answer.status, content_type=answer.content_type)
     for name, value in answer.headers:
-        response[name] = value
+        if name == "Set-Cookie":
+            response.cookies.load(value)  # Django sends (and its test client keeps) cookies from here
+        else:
+            response[name] = value
     return response
 
 
