@@ -122,6 +122,22 @@ def _cursor(before: Any) -> tuple[Any, UUID]:
     return before.created_at, before.id
 
 
+def job_statuses(
+    bind: Bind, job_ids: list[UUID | str], *, organization_id: Optional[str] = None
+) -> dict[UUID, JobStatus]:
+    """Return the status of each of the jobs that exist in the scope, in one primary-key read.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
+            connection whose open transaction the call joins (the caller commits).
+    """
+    ids = [check_job_id(job_id) for job_id in job_ids]
+    if not ids:
+        return {}
+    statement = scoped(select(_q.id, _q.status).where(_q.id.in_(ids)), organization_id)
+    return {row.id: JobStatus(row.status) for row in _read(bind, statement)}
+
+
 def count_jobs(
     bind: Bind,
     *,
@@ -224,6 +240,7 @@ __all__ = [
     "count_jobs",
     "get_dead_letter",
     "get_job",
+    "job_statuses",
     "list_attempts",
     "list_dead_letters",
     "list_events",

@@ -1,7 +1,8 @@
 """The dashboard's WSGI application: routing, rendering, the read-only switch and the authorize hook.
 
 Views live in ``views_*.py``; each is a function ``(dashboard, request, **url_parts)
--> Response`` listed in :data:`ROUTES`. Every page is plain HTML from autoescaping
+-> Response`` listed in :data:`ROUTES`. A POST route names its action in the URL
+(the ``action`` part), which is what the authorize hook is asked about. Every page is plain HTML from autoescaping
 Jinja2 templates, usable without JavaScript.
 """
 
@@ -24,8 +25,6 @@ from runledger_sync.web.csrf import FIELD_NAME, CsrfGuard
 from runledger_sync.web.http import HOST_REQUEST_KEY, Request, Response
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-#: The action names the authorize hook is asked about; "view" is every page read.
-ACTIONS = ("view", "cancel", "retry", "replay", "pause", "resume", "trigger")
 
 Authorize = Callable[[Request, str], bool]
 OrganizationScope = Union[str, Callable[[Request], Optional[str]], None]
@@ -36,7 +35,7 @@ ROUTES: list[tuple[str, re.Pattern[str], Callable[..., Response]]] = [
     ("GET", re.compile(r"/jobs/(?P<job_id>[0-9a-fA-F-]{32,36})"), views_jobs.job_page),
     ("POST", re.compile(r"/jobs/(?P<job_id>[0-9a-fA-F-]{32,36})/(?P<action>cancel|retry)"), views_jobs.job_action),
     ("GET", re.compile(r"/dead-letters"), views_operations.dead_letters),
-    ("POST", re.compile(r"/dead-letters/replay"), views_operations.replay),
+    ("POST", re.compile(r"/dead-letters/(?P<action>replay)"), views_operations.replay),
     ("GET", re.compile(r"/schedules"), views_operations.schedules),
     ("POST", re.compile(r"/schedules/(?P<action>pause|resume|trigger)"), views_operations.schedule_action),
     ("GET", re.compile(r"/workflows"), views_workflows.workflows),
@@ -98,7 +97,7 @@ class Dashboard:
             return self.error_page(request, status, "web.not_found", f"no page {request.method} {request.path}")
         try:
             if request.method == "POST":
-                self._check_action(request, parts.get("action", "replay"))
+                self._check_action(request, parts["action"])
             else:
                 self.require(request, "view")
             return view(self, request, **parts)

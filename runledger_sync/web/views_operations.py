@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 
 import runledger_sync as rl
+from runledger_sync.store.admin import job_statuses
 from runledger_sync.web.http import Request, Response
 
 if TYPE_CHECKING:
@@ -24,10 +25,8 @@ def dead_letters(dashboard: "Dashboard", request: Request) -> Response:
     letters = rl.list_dead_letters(dashboard.engine, job_type=job_type, organization_id=organization_id,
                                    limit=DEAD_LETTER_PAGE)
     # A dead-letter row outlives a replay; the job's status tells whether it is still dead.
-    rows = []
-    for letter in letters:
-        job = rl.get_job(dashboard.engine, letter.job_id, organization_id=organization_id)
-        rows.append((letter, job is not None and job.status is rl.JobStatus.DEAD_LETTERED))
+    statuses = job_statuses(dashboard.engine, [letter.job_id for letter in letters], organization_id=organization_id)
+    rows = [(letter, statuses.get(letter.job_id) is rl.JobStatus.DEAD_LETTERED) for letter in letters]
     replayed = request.arg("replayed")
     return dashboard.render(
         request, "dead_letters.html", rows=rows, job_type=job_type, organization_id=organization_id,
@@ -35,7 +34,7 @@ def dead_letters(dashboard: "Dashboard", request: Request) -> Response:
     )
 
 
-def replay(dashboard: "Dashboard", request: Request) -> Response:
+def replay(dashboard: "Dashboard", request: Request, action: str) -> Response:
     """Requeue the dead-lettered jobs ticked in the form (or the one of a row's button)."""
     scope = dashboard.organization(request)
     targets = request.form_list("job_id")
