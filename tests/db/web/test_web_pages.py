@@ -175,3 +175,19 @@ def test_the_scope_can_be_read_from_each_request(db, scope):
     scoped = Client(create_app(db, organization_id=scope))
     response = scoped.get("/jobs", headers={"X-Org": "org-a"})
     assert listed(response.get_data(as_text=True)) == [str(mine.id)]
+
+
+def test_workflows_page_draws_a_runs_steps_in_dependency_layers(db, client, monkeypatch):
+    # The workflow API is not part of this version: stand-ins shaped as ARCHITECTURE.md describes it.
+    from types import SimpleNamespace
+
+    step = lambda key, after=(): SimpleNamespace(step_key=key, status="BLOCKED", job_id=None, depends_on=list(after))  # noqa: E731
+    run = SimpleNamespace(id="run-1", status="RUNNING", organization_id=None,
+                          steps=[step("notify", ["ship", "approve"]), step("charge"), step("ship", ["charge"]),
+                                 step("approve", ["charge"])])
+    monkeypatch.setattr(rl, "list_workflow_runs", lambda engine, limit: [run], raising=False)
+    monkeypatch.setattr(rl, "get_workflow_run", lambda engine, run_id: run if run_id == "run-1" else None, raising=False)
+    assert 'href="/workflows?run=run-1"' in page(client, "/workflows")
+    graph = page(client, "/workflows?run=run-1").split('id="step-graph"', 1)[1]
+    layers = [re.findall(r"<strong>([a-z]+)</strong>", layer) for layer in graph.split('class="layer"')[1:]]
+    assert layers == [["charge"], ["ship", "approve"], ["notify"]]
