@@ -20,6 +20,8 @@ import listing_plans
 from sqlalchemy import text
 from werkzeug.test import Client
 
+import runledger_sync as rl
+from runledger_sync.store.overview import recent_overview
 from runledger_sync.web import create_app
 
 _KEYS_SQL = ("UPDATE job_queue SET idempotency_key = 'order-' || id::text, enqueue_request = '{}'::jsonb "
@@ -103,6 +105,14 @@ def main() -> int:
             for name, page_url in pages.items():
                 median, slowest, _ = timed(client, page_url, args.repeat)
                 print(f"{name:<40} {median:>10.1f} {slowest:>10.1f}")
+            # The overview's two reads apart: which one its time goes to.
+            for name, read in (("  of which queue_stats", rl.queue_stats), ("  of which recent_overview", recent_overview)):
+                times = []
+                for _ in range(args.repeat):
+                    started = time.perf_counter()
+                    read(engine)
+                    times.append(time.perf_counter() - started)
+                print(f"{name:<40} {statistics.median(times) * 1000:>10.1f} {max(times) * 1000:>10.1f}")
         finally:
             engine.dispose()
     return 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
 import threading
 from socketserver import ThreadingMixIn
@@ -11,9 +10,10 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import runledger_sync as rl
+from runledger_sync.logging import get_logger
 from runledger_sync.cli._core import EXIT_OK, command, open_engine
 
-logger = logging.getLogger("runledger_sync.web")
+log = get_logger("web")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 EXTRA_HINT = "install the dashboard extra: pip install 'runledger-sync[dashboard]'"
@@ -27,7 +27,7 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         # One structured line per request, without the query string (it may carry search text).
-        logger.info("dashboard request", extra={"request_line": self.requestline.split("?", 1)[0],
+        log.info("dashboard request", extra={"request_line": self.requestline.split("?", 1)[0],
                                                 "status": args[1] if len(args) > 1 else None})
 
 

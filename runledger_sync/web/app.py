@@ -20,11 +20,13 @@ import jinja2
 
 import runledger_sync as rl
 from runledger_sync.core.errors import ActionForbidden, DashboardReadOnly, DashboardRefusal
+from runledger_sync.logging import get_logger
 from runledger_sync.web import views_jobs, views_operations, views_overview, views_workflows
 from runledger_sync.web.csrf import FIELD_NAME, CsrfGuard
 from runledger_sync.web.http import HOST_REQUEST_KEY, Request, Response
 
 PACKAGE_DIR = Path(__file__).resolve().parent
+log = get_logger(__name__)
 
 Authorize = Callable[[Request, str], bool]
 OrganizationScope = Union[str, Callable[[Request], Optional[str]], None]
@@ -93,28 +95,39 @@ class Dashboard:
             return Response((PACKAGE_DIR / "static" / "style.css").read_bytes(), content_type="text/css; charset=utf-8")
         view, parts, allowed = self._route(request)
         if view is None:
-            status = HTTPStatus.METHOD_NOT_ALLOWED if allowed else HTTPStatus.NOT_FOUND
-            return self.error_page(request, status, "web.not_found", f"no page {request.method} {request.path}")
+            if allowed:
+                response = self.error_page(request, HTTPStatus.METHOD_NOT_ALLOWED, "web.method_not_allowed",
+                                           f"{request.method} is not served at {request.path}")
+                response.headers.append(("Allow", ", ".join(allowed)))
+                return response
+            return self.error_page(request, HTTPStatus.NOT_FOUND, "web.not_found", f"no page at {request.path}")
         try:
             if request.method == "POST":
                 self._check_action(request, parts["action"])
             else:
                 self.require(request, "view")
-            return view(self, request, **parts)
+            response = view(self, request, **parts)
         except rl.RunledgerError as error:
             status = _STATUS_OF_CODE.get(error.code) or _STATUS_OF_CATEGORY.get(error.category, HTTPStatus.INTERNAL_SERVER_ERROR)
-            return self.error_page(request, status, error.code, error.message)
+            if request.method == "POST":
+                log.info("dashboard action refused", extra={"action": parts["action"], "path": request.path,
+                                                            "error_code": error.code})
+            return self.error_page(request, status, error.code, error.message, refused=isinstance(error, DashboardRefusal))
+        if request.method == "POST":
+            log.info("dashboard action", extra={"action": parts["action"], "path": request.path})
+        return response
 
-    def _route(self, request: Request) -> tuple[Optional[Callable[..., Response]], dict[str, str], bool]:
-        path_known = False
+    def _route(self, request: Request) -> tuple[Optional[Callable[..., Response]], dict[str, str], list[str]]:
+        """The view and URL parts of the request; else None and the methods the path allows (none: no such page)."""
+        allowed = []
         for method, pattern, view in ROUTES:
             match = pattern.fullmatch(request.path.rstrip("/") or "/")
             if match is None:
                 continue
-            path_known = True
             if method == request.method:
-                return view, match.groupdict(), True
-        return None, {}, path_known
+                return view, match.groupdict(), [method]
+            allowed.append(method)
+        return None, {}, allowed
 
     def _check_action(self, request: Request, action: str) -> None:
         # Read-only first: such an app refuses every POST whatever the token says.
@@ -164,9 +177,8 @@ class Dashboard:
             headers.append(self.csrf.cookie_header(browser_token, request.root + "/"))
         return Response(body.encode("utf-8"), status=status, headers=headers)
 
-    def error_page(self, request: Request, status: int, code: str, message: str) -> Response:
-        return self.render(request, "error.html", status=status, code=code, message=message,
-                           refused=code.startswith(DashboardRefusal.code.split(".")[0] + "."))
+    def error_page(self, request: Request, status: int, code: str, message: str, *, refused: bool = False) -> Response:
+        return self.render(request, "error.html", status=status, code=code, message=message, refused=refused)
 
 
 def create_app(

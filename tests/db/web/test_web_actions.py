@@ -213,3 +213,14 @@ def test_every_user_controlled_field_is_escaped(db, admin, hostile):
     assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in job_page.split('id="last-error"', 1)[1]
     assert "&lt;img src=x onerror=alert(1)&gt;" in job_page.split('id="payload"', 1)[1]
     assert "&lt;script&gt;" in page(admin, "/schedules").split('id="schedules"', 1)[1]
+
+
+def test_each_action_and_refusal_is_logged_without_the_payload(db, admin, caplog):
+    job = dead_lettered(db, payload={"secret": "do-not-log-me"})
+    caplog.set_level("INFO", logger="runledger_sync.web")
+    post_form(admin, "/dead-letters", "/dead-letters/replay", {"job_id": str(job.id)})
+    post_form(admin, f"/jobs/{job.id}", f"/jobs/{job.id}/retry", {})  # PENDING now: refused
+    records = [(r.getMessage(), r.action, getattr(r, "error_code", None)) for r in caplog.records if hasattr(r, "action")]
+    assert records == [("dashboard action", "replay", None),
+                       ("dashboard action refused", "retry", "job.invalid_state_transition")]
+    assert "do-not-log-me" not in caplog.text

@@ -155,7 +155,9 @@ def test_stylesheet_is_served_and_unknown_paths_are_not_found(db, client):
     response = client.get("/static/style.css")
     assert response.status_code == 200 and response.headers["Content-Type"].startswith("text/css")
     assert "web.not_found" in page(client, "/nowhere", status=404)
-    assert client.post("/jobs").status_code == 405
+    refused = client.post("/jobs")
+    assert refused.status_code == 405 and refused.headers["Allow"] == "GET"
+    assert 'id="error-code">web.method_not_allowed<' in refused.get_data(as_text=True)
 
 
 def test_an_organization_scoped_dashboard_sees_only_its_organization(db):
