@@ -174,7 +174,8 @@ class Dashboard:
             ("Cache-Control", "no-store"),
         ]
         if new:
-            headers.append(self.csrf.cookie_header(browser_token, request.root + "/"))
+            secure = request.environ.get("wsgi.url_scheme") == "https"
+            headers.append(self.csrf.cookie_header(browser_token, request.root + "/", secure=secure))
         return Response(body.encode("utf-8"), status=status, headers=headers)
 
     def error_page(self, request: Request, status: int, code: str, message: str, *, refused: bool = False) -> Response:

@@ -54,7 +54,9 @@ class CsrfGuard:
             raise CsrfRejected()
 
     @staticmethod
-    def cookie_header(browser_token: str, path: str) -> tuple[str, str]:
+    def cookie_header(browser_token: str, path: str, *, secure: bool) -> tuple[str, str]:
         # HttpOnly: page scripts never need it (the form carries the signed copy).
         # SameSite=Strict: other sites' requests do not even carry it.
-        return ("Set-Cookie", f"{COOKIE_NAME}={browser_token}; Path={path or '/'}; HttpOnly; SameSite=Strict")
+        # Secure when the page came over HTTPS, so the cookie never travels in clear.
+        flags = "; HttpOnly; SameSite=Strict" + ("; Secure" if secure else "")
+        return ("Set-Cookie", f"{COOKIE_NAME}={browser_token}; Path={path or '/'}{flags}")

@@ -1,4 +1,4 @@
-"""Imports only point down the layers: core < config, registry < db < store < runtime < cli, contrib, testing.
+"""Imports only point down the layers: core < config, registry < db < store < runtime < cli, contrib, web, testing.
 
 The walk reads every module under ``runledger_sync`` with ``ast`` (nothing is
 imported), including imports inside functions, so a lazy import of a higher

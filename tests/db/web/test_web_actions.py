@@ -224,3 +224,9 @@ def test_each_action_and_refusal_is_logged_without_the_payload(db, admin, caplog
     assert records == [("dashboard action", "replay", None),
                        ("dashboard action refused", "retry", "job.invalid_state_transition")]
     assert "do-not-log-me" not in caplog.text
+
+
+def test_the_csrf_cookie_is_http_only_strict_and_secure_over_https(db, client):
+    plain = client.get("/").headers["Set-Cookie"]
+    assert "HttpOnly" in plain and "SameSite=Strict" in plain and "Secure" not in plain
+    assert "; Secure" in Client(create_app(db)).get("/", base_url="https://localhost/").headers["Set-Cookie"]
