@@ -28,6 +28,11 @@ Configuration (read by :meth:`Runledger.init_app`, never at import):
   falls back to the ``RUNLEDGER_POOL_MODE`` environment variable.
 - ``RUNLEDGER_AUTOSTART_WORKER`` (default False): run a :class:`~runledger_sync.Supervisor`
   inside the web process.
+- ``RUNLEDGER_DASHBOARD_READ_ONLY`` (default True), ``RUNLEDGER_DASHBOARD_AUTHORIZE``
+  (``authorize(request, action) -> bool``; ``flask.request`` and ``flask.session`` are
+  the current ones when it runs) and ``RUNLEDGER_DASHBOARD_ORGANIZATION``: the
+  dashboard's options when ``Runledger(app, dashboard="/jobs")`` mounts it (see
+  :func:`runledger_sync.web.create_app`); its CSRF key is ``app.secret_key`` when set.
 - ``RUNLEDGER_<FIELD>`` for any :class:`~runledger_sync.JobsConfig` field
   (``RUNLEDGER_POLL_INTERVAL_MS``, ``RUNLEDGER_MAX_GLOBAL_CONCURRENCY``...),
   applied over :meth:`JobsConfig.from_env`.
@@ -48,9 +53,10 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlencode
 
 import click
-from flask import Flask, current_app, has_app_context
+from flask import Flask, Response, current_app, has_app_context, request
 from flask.cli import AppGroup
 
 import runledger_sync as rl
@@ -63,6 +69,9 @@ FALLBACK_DATABASE_URL_KEY = "SQLALCHEMY_DATABASE_URI"
 SCHEMA_KEY = "RUNLEDGER_SCHEMA"
 POOL_MODE_KEY = "RUNLEDGER_POOL_MODE"
 AUTOSTART_KEY = "RUNLEDGER_AUTOSTART_WORKER"
+DASHBOARD_READ_ONLY_KEY = "RUNLEDGER_DASHBOARD_READ_ONLY"
+DASHBOARD_AUTHORIZE_KEY = "RUNLEDGER_DASHBOARD_AUTHORIZE"
+DASHBOARD_ORGANIZATION_KEY = "RUNLEDGER_DASHBOARD_ORGANIZATION"
 DEFAULT_AUTOSTART_WORKER = False
 #: Set to "true" by Werkzeug's reloader in the child process that serves requests.
 RELOADER_CHILD_VARIABLE = "WERKZEUG_RUN_MAIN"
@@ -88,14 +97,19 @@ class Runledger:
         app: The app to set up now; or call :meth:`init_app` later (app factories).
         registry: The handlers the in-process worker and ``flask runledger worker``
             run. Without one, the app can enqueue but not run jobs.
+        dashboard: A URL path (``"/jobs"``) at which to mount the operator dashboard,
+            or None for no dashboard.
 
     Example:
         ``runledger = Runledger(); runledger.init_app(app)``
     """
 
-    def __init__(self, app: Flask | None = None, registry: rl.JobRegistry | None = None) -> None:
+    def __init__(
+        self, app: Flask | None = None, registry: rl.JobRegistry | None = None, *, dashboard: str | None = None
+    ) -> None:
         self.app = app
         self.registry = registry if registry is not None else rl.JobRegistry()
+        self.dashboard = dashboard
         self._states: weakref.WeakKeyDictionary[Flask, _AppState] = weakref.WeakKeyDictionary()
         if app is not None:
             self.init_app(app)
@@ -118,6 +132,8 @@ class Runledger:
         self._states[app] = state
         app.extensions[EXTENSION_KEY] = self
         app.cli.add_command(_command_group())
+        if self.dashboard is not None:
+            _mount_dashboard(app, self.dashboard, state.engine)
         if state.autostart:
             if os.environ.get(RELOADER_CHILD_VARIABLE) == "true":
                 self.start_worker(app)
@@ -242,6 +258,39 @@ def _stop_at_exit(supervisor_ref: weakref.ref[rl.Supervisor]) -> None:
     supervisor = supervisor_ref()
     if supervisor is not None:
         supervisor.stop()
+
+
+# -- the dashboard ---------------------------------------------------------------------------
+
+
+def _mount_dashboard(app: Flask, prefix: str, engine: Any) -> None:
+    """Route ``prefix`` and everything below it to the dashboard, as views of this app.
+
+    Views rather than a WSGI middleware: the authorize hook then runs inside the
+    request context, where the app's login extension knows the user.
+    """
+    from runledger_sync.web import create_app
+
+    secret = app.secret_key.encode() if isinstance(app.secret_key, str) else app.secret_key
+    dashboard = create_app(
+        engine,
+        read_only=_as_bool(app.config.get(DASHBOARD_READ_ONLY_KEY, True)),
+        authorize=app.config.get(DASHBOARD_AUTHORIZE_KEY),
+        organization_id=app.config.get(DASHBOARD_ORGANIZATION_KEY),
+        secret=secret or None,
+    )
+    prefix = "/" + prefix.strip("/")
+
+    def view(rest: str = "") -> Any:
+        # Flask has parsed the form, whichever its encoding; the dashboard reads it urlencoded.
+        form = urlencode(list(request.form.lists()), doseq=True).encode()
+        answer = dashboard.mounted(request.environ, request.script_root + prefix, rest, form,
+                                   request._get_current_object())  # type: ignore[attr-defined]
+        return Response(answer.body, status=answer.status, headers=answer.all_headers())
+
+    methods = ["GET", "POST"]
+    app.add_url_rule(prefix + "/", "runledger_dashboard", view, methods=methods)
+    app.add_url_rule(prefix + "/<path:rest>", "runledger_dashboard_page", view, methods=methods)
 
 
 # -- translating app.config ----------------------------------------------------------------

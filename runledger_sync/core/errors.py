@@ -33,6 +33,10 @@ Branch on ``.code`` or on the class, never on the message text::
     │   ├── IdempotencyConflict                 job.idempotency_conflict
     │   ├── IdempotencyConflictMissingExisting  job.idempotency_conflict_missing_existing
     │   └── LegacyIdempotencySnapshotMissing    job.legacy_idempotency_snapshot_missing
+    ├── DashboardRefusal                        web.refused
+    │   ├── DashboardReadOnly                   web.read_only
+    │   ├── CsrfRejected                        web.csrf_rejected
+    │   └── ActionForbidden                     web.action_forbidden
     └── StoreError                              db.query_failed
         ├── ConnectionFailed                    db.connection_failed
         │   └── CommitOutcomeUnknown            db.commit_outcome_unknown
@@ -270,6 +274,31 @@ class LegacyIdempotencySnapshotMissing(ConflictError):
     """The existing job with this idempotency key has no request snapshot to compare."""
 
     code = "job.legacy_idempotency_snapshot_missing"
+
+
+class DashboardRefusal(RunledgerError):
+    """The dashboard refused the request."""
+
+    code = "web.refused"
+    category = "forbidden"
+
+
+class DashboardReadOnly(DashboardRefusal):
+    """The dashboard is read-only: create_app(engine, read_only=False, authorize=...) enables actions."""
+
+    code = "web.read_only"
+
+
+class CsrfRejected(DashboardRefusal):
+    """The form's CSRF token is missing or does not match this browser's cookie; reload the page and try again."""
+
+    code = "web.csrf_rejected"
+
+
+class ActionForbidden(DashboardRefusal):
+    """The authorize hook refused this action."""
+
+    code = "web.action_forbidden"
 
 
 class StoreError(RunledgerError):

@@ -48,10 +48,22 @@ def get_job(bind: Bind, job_id: UUID | str, *, organization_id: Optional[str] = 
     return to_job(rows[0]) if rows else None
 
 
-def _filtered(statement: Any, job_type: Optional[str], organization_id: Optional[str]) -> Any:
+def _filtered(statement: Any, job_type: Optional[str], organization_id: Optional[str], search: Optional[str] = None) -> Any:
     if job_type is not None:
         statement = statement.where(_q.job_type == check.check_job_type(job_type))
+    if search is not None:
+        statement = statement.where(_matching(search))
     return scoped(statement, organization_id)
+
+
+def _matching(search: str) -> Any:
+    """A whole job id finds that job (by primary key); other text is an idempotency key prefix."""
+    check.check_text("search", search, max_length=check.IDEMPOTENCY_KEY_MAX_LENGTH)
+    try:
+        return _q.id == UUID(search.strip())
+    except ValueError:
+        # autoescape: a % or _ typed by the operator matches itself, not any text.
+        return _q.idempotency_key.startswith(search, autoescape=True)
 
 
 def list_jobs(
@@ -63,6 +75,7 @@ def list_jobs(
     limit: int = DEFAULT_LIST_LIMIT,
     offset: int = 0,
     before: Optional[JobRecord] = None,
+    search: Optional[str] = None,
 ) -> list[JobRecord]:
     """Return jobs matching the filters, newest first.
 
@@ -72,6 +85,9 @@ def list_jobs(
         before: the last job of the previous page: only jobs older than it (by
             ``created_at``, then ``id``) are returned. Unlike ``offset``, a page found
             this way costs the same however deep it is.
+        search: a whole job id (that job only), or the start of an idempotency key.
+            A key prefix is checked on each row the listing walks, newest first, so
+            a rare key is found only as fast as the filters narrow the walk.
 
     Raises:
         InvalidArgument: a filter is malformed (an unknown status raises ValueError's
@@ -88,7 +104,8 @@ def list_jobs(
     newest_first = (_q.created_at.desc(), _q.id.desc())
     older = [] if before is None else [tuple_(_q.created_at, _q.id) < tuple_(*_cursor(before))]
     parts = [
-        _filtered(select(*JOB_COLUMNS).where(status_is(s), *older), job_type, organization_id).order_by(*newest_first)
+        _filtered(select(*JOB_COLUMNS).where(status_is(s), *older), job_type, organization_id, search)
+        .order_by(*newest_first)
         for s in statuses
     ]
     if len(parts) == 1:
@@ -103,6 +120,22 @@ def _cursor(before: Any) -> tuple[Any, UUID]:
     if not isinstance(before, JobRecord):
         raise InvalidArgument("before", before, "the JobRecord of the previous page's last job")
     return before.created_at, before.id
+
+
+def job_statuses(
+    bind: Bind, job_ids: list[UUID | str], *, organization_id: Optional[str] = None
+) -> dict[UUID, JobStatus]:
+    """Return the status of each of the jobs that exist in the scope, in one primary-key read.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
+            connection whose open transaction the call joins (the caller commits).
+    """
+    ids = [check_job_id(job_id) for job_id in job_ids]
+    if not ids:
+        return {}
+    statement = scoped(select(_q.id, _q.status).where(_q.id.in_(ids)), organization_id)
+    return {row.id: JobStatus(row.status) for row in _read(bind, statement)}
 
 
 def count_jobs(
@@ -207,6 +240,7 @@ __all__ = [
     "count_jobs",
     "get_dead_letter",
     "get_job",
+    "job_statuses",
     "list_attempts",
     "list_dead_letters",
     "list_events",

@@ -1,4 +1,4 @@
-"""Imports only point down the layers: core < config, registry < db < store < runtime < cli, contrib, testing.
+"""Imports only point down the layers: core < config, registry < db < store < runtime < cli, contrib, web, testing.
 
 The walk reads every module under ``runledger_sync`` with ``ast`` (nothing is
 imported), including imports inside functions, so a lazy import of a higher
@@ -32,6 +32,7 @@ LAYERS: dict[str, int] = {
     "runtime": 4,
     "cli": 5,
     "contrib": 5,
+    "web": 5,
     "testing": 5,
     "demo": 5,
     "__main__": 5,

@@ -9,6 +9,11 @@ never at import::
         "DATABASE": "default",               # optional; the DATABASES alias holding the queue
         "POOL_MODE": "transaction",          # optional; behind PgBouncer in transaction pooling mode
         "CONFIG": {"max_global_concurrency": 8},   # JobsConfig fields over JobsConfig.from_env()
+        "DASHBOARD": {                       # optional; the dashboard mounted by contrib.django.urls
+            "READ_ONLY": False,              # default True
+            "AUTHORIZE": "myapp.ops:can",    # authorize(request, action); default: staff users only
+            "ORGANIZATION": None,            # an organization id, or a callable of the request
+        },
     }
 """
 
@@ -26,7 +31,8 @@ import runledger_sync as rl
 
 SETTING_NAME = "RUNLEDGER"
 DEFAULT_DATABASE_ALIAS = "default"
-KNOWN_KEYS = frozenset({"REGISTRY", "SCHEMA", "DATABASE", "CONFIG", "POOL_MODE"})
+KNOWN_KEYS = frozenset({"REGISTRY", "SCHEMA", "DATABASE", "CONFIG", "POOL_MODE", "DASHBOARD"})
+DASHBOARD_KEYS = frozenset({"READ_ONLY", "AUTHORIZE", "ORGANIZATION"})
 #: DATABASES ENGINE values that speak PostgreSQL.
 POSTGRES_ENGINES = frozenset(
     {"django.db.backends.postgresql", "django.db.backends.postgresql_psycopg2", "django.contrib.gis.db.backends.postgis"}
@@ -36,6 +42,21 @@ POSTGRES_ENGINES = frozenset(
 DJANGO_ONLY_OPTIONS = frozenset(
     {"isolation_level", "server_side_binding", "pool", "assume_role", "cursor_factory", "prepare_threshold"}
 )
+
+
+@dataclass(frozen=True)
+class DashboardSettings:
+    """The ``DASHBOARD`` part of the setting: the options of :func:`runledger_sync.web.create_app`.
+
+    Attributes:
+        read_only: Refuse every action.
+        authorize: ``module:attribute`` of the hook, or the hook itself; None: staff users only.
+        organization: An organization id, or a callable ``(request) -> id or None``.
+    """
+
+    read_only: bool = True
+    authorize: Any = None
+    organization: Any = None
 
 
 @dataclass(frozen=True)
@@ -56,6 +77,7 @@ class RunledgerSettings:
     database: str = DEFAULT_DATABASE_ALIAS
     config: Mapping[str, Any] = field(default_factory=dict)
     pool_mode: rl.PoolMode | None = None
+    dashboard: DashboardSettings = field(default_factory=DashboardSettings)
 
 
 def read_settings(django_settings: Any) -> RunledgerSettings:
@@ -85,7 +107,22 @@ def read_settings(django_settings: Any) -> RunledgerSettings:
         database=raw.get("DATABASE") or DEFAULT_DATABASE_ALIAS,
         config=config,
         pool_mode=_pool_mode(raw.get("POOL_MODE")),
+        dashboard=_dashboard(raw.get("DASHBOARD")),
     )
+
+
+def _dashboard(value: Any) -> DashboardSettings:
+    if value is None:
+        return DashboardSettings()
+    if not isinstance(value, Mapping) or set(value) - DASHBOARD_KEYS:
+        raise ImproperlyConfigured(
+            f"{SETTING_NAME}['DASHBOARD'] must be a dict with keys among {sorted(DASHBOARD_KEYS)}, got {value!r}"
+        )
+    read_only = value.get("READ_ONLY", True)
+    if not isinstance(read_only, bool):
+        raise ImproperlyConfigured(f"{SETTING_NAME}['DASHBOARD']['READ_ONLY'] must be True or False, got {read_only!r}")
+    return DashboardSettings(read_only=read_only, authorize=value.get("AUTHORIZE"),
+                             organization=value.get("ORGANIZATION"))
 
 
 def _pool_mode(value: Any) -> rl.PoolMode | None:

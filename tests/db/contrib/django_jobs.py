@@ -22,3 +22,8 @@ def order_placed(ctx: Any, payload: Any) -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
     runs.append((was_open, connection, payload))
+
+
+def dashboard_operator(request: Any, action: str) -> bool:
+    """The dashboard's authorize hook in the test settings: reads for all, actions for the operator ada."""
+    return action == "view" or request.host_request.META.get("HTTP_X_OPERATOR") == "ada"

@@ -4,8 +4,11 @@ SETTINGS = {
     "SECRET_KEY": "runledger-tests-only",
     "INSTALLED_APPS": ["runledger_sync.contrib.django"],
     "USE_TZ": True,
+    "ALLOWED_HOSTS": ["testserver"],
+    "ROOT_URLCONF": "tests.db.contrib.django_urls",
     "RUNLEDGER": {
         "REGISTRY": "tests.db.contrib.django_jobs:registry",
+        "DASHBOARD": {"READ_ONLY": False, "AUTHORIZE": "tests.db.contrib.django_jobs:dashboard_operator"},
         "CONFIG": {
             "poll_interval_ms": 20,
             "lease_ttl_seconds": 5,

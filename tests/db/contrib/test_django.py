@@ -289,3 +289,55 @@ def test_pool_mode_setting_reaches_the_queue_engine(project):
     finally:
         app_config.runledger_settings = configured
         app_config.dispose()
+
+
+# -- the dashboard (runledger_sync.contrib.django.urls) -----------------------------------------
+
+
+def test_dashboard_mounted_by_include_serves_pages_and_replays_for_the_hooks_operator(runledger):
+    import re
+
+    from django.test import Client
+
+    engine = runledger.get_engine()
+    job = rl.enqueue(engine, JOB_TYPE, {"item": "lost"})
+    with engine.begin() as conn:  # dead-letter it as a worker would have
+        conn.exec_driver_sql("UPDATE job_queue SET status = 'DEAD_LETTERED', finished_at = now() WHERE id = %s",
+                             (job.id,))
+    client = Client()
+    overview = client.get("/ops/")
+    assert overview.status_code == 200 and 'href="/ops/jobs"' in overview.content.decode()
+    page = client.get("/ops/dead-letters", HTTP_X_OPERATOR="ada").content.decode()
+    token = re.search(r'name="csrf_token" value="([0-9a-f]{64})"', page).group(1)
+    refused = client.post("/ops/dead-letters/replay", {"job_id": str(job.id), "csrf_token": token})
+    assert refused.status_code == 403 and "web.action_forbidden" in refused.content.decode()
+    assert rl.get_job(engine, job.id).status is rl.JobStatus.DEAD_LETTERED
+    done = client.post("/ops/dead-letters/replay", {"job_id": str(job.id), "csrf_token": token}, HTTP_X_OPERATOR="ada")
+    assert done.status_code == 303 and done["Location"] == "/ops/dead-letters?replayed=1"
+    assert rl.get_job(engine, job.id).status is rl.JobStatus.PENDING
+
+
+def test_dashboard_default_hook_admits_staff_users_only(project):
+    from types import SimpleNamespace
+
+    from runledger_sync.contrib.django.urls import staff_only
+
+    def asking(user: Any) -> Any:
+        return SimpleNamespace(host_request=SimpleNamespace(user=user))
+
+    assert staff_only(asking(SimpleNamespace(is_staff=True)), "view")
+    assert not staff_only(asking(SimpleNamespace(is_staff=False)), "replay")
+    assert not staff_only(SimpleNamespace(host_request=SimpleNamespace()), "view")  # no auth middleware
+
+
+def test_dashboard_setting_is_checked(project):
+    class Settings:
+        RUNLEDGER = {"DASHBOARD": {"READONLY": False}}  # noqa: RUF012 - a settings stub
+
+    with pytest.raises(ImproperlyConfigured, match="DASHBOARD"):
+        read_settings(Settings)
+    Settings.RUNLEDGER = {"DASHBOARD": {"READ_ONLY": "no"}}
+    with pytest.raises(ImproperlyConfigured, match="READ_ONLY"):
+        read_settings(Settings)
+    Settings.RUNLEDGER = {"DASHBOARD": {"READ_ONLY": False, "AUTHORIZE": "a.b:c"}}
+    assert read_settings(Settings).dashboard.read_only is False

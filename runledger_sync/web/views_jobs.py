@@ -1,0 +1,81 @@
+"""The jobs list (filters, keyset pages), one job's page, and its cancel and retry actions."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, Optional
+
+import runledger_sync as rl
+from runledger_sync.web.http import Request, Response
+
+if TYPE_CHECKING:
+    from runledger_sync.web.app import Dashboard
+
+PAGE_SIZE = 50
+#: What the operator is told after an action, by the ``done`` query value (never echoed as given).
+DONE_MESSAGES = {
+    "canceled": "The job was canceled.",
+    "retried": "The job was queued again as a new run.",
+}
+
+
+def jobs_list(dashboard: "Dashboard", request: Request) -> Response:
+    scope = dashboard.organization(request)
+    filters = {
+        "status": request.arg("status"),
+        "job_type": request.arg("type"),
+        # A scoped dashboard shows its own organization whatever the query asks.
+        "organization_id": scope if scope is not None else request.arg("org"),
+        "search": request.arg("q"),
+    }
+    before = _page_cursor(dashboard, request.arg("before"), filters["organization_id"])
+    jobs = rl.list_jobs(dashboard.engine, **filters, before=before, limit=PAGE_SIZE + 1)
+    next_before = str(jobs[PAGE_SIZE - 1].id) if len(jobs) > PAGE_SIZE else None
+    return dashboard.render(
+        request, "jobs.html", jobs=jobs[:PAGE_SIZE], filters=filters, next_before=next_before,
+        statuses=[status.value for status in rl.JobStatus], paged=before is not None,
+    )
+
+
+def _page_cursor(dashboard: "Dashboard", before_id: Optional[str], organization_id: Optional[str]) -> Any:
+    """The job a page starts after: the list continues below its (created_at, id)."""
+    if before_id is None:
+        return None
+    job = rl.get_job(dashboard.engine, before_id, organization_id=organization_id)
+    if job is None:
+        raise rl.JobNotFound(f"the page cursor {before_id} names no job; start from the first page")
+    return job
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def job_page(dashboard: "Dashboard", request: Request, job_id: str) -> Response:
+    job = rl.get_job(dashboard.engine, job_id, organization_id=dashboard.organization(request))
+    if job is None:
+        raise rl.JobNotFound(f"job {job_id} was not found")
+    # The payload may hold personal data: it is sent only when asked for, never hidden by CSS.
+    show_payload = request.arg("payload") == "1"
+    return dashboard.render(
+        request, "job.html", job=job,
+        attempts=rl.list_attempts(dashboard.engine, job.id),
+        events=[(event, _pretty(event.payload) if event.payload else "") for event in rl.list_events(dashboard.engine, job.id)],
+        dead_letter=rl.get_dead_letter(dashboard.engine, job.id),
+        output=None if job.output is None else _pretty(job.output),
+        checkpoint=None if job.checkpoint is None else _pretty(job.checkpoint),
+        payload=_pretty(job.payload) if show_payload else None,
+        done=DONE_MESSAGES.get(request.arg("done") or ""),
+        cancelable=job.status in (rl.JobStatus.PENDING, rl.JobStatus.LEASED),
+    )
+
+
+def job_action(dashboard: "Dashboard", request: Request, job_id: str, action: str) -> Response:
+    scope = dashboard.organization(request)
+    if action == "cancel":
+        rl.cancel_job(dashboard.engine, job_id, reason="CANCELED_FROM_DASHBOARD", organization_id=scope)
+        done = "canceled"
+    else:
+        rl.requeue_job(dashboard.engine, job_id, reason="RETRIED_FROM_DASHBOARD", organization_id=scope)
+        done = "retried"
+    return Response.redirect(request.url(f"/jobs/{job_id}", done=done))

@@ -1,0 +1,165 @@
+"""The dashboard in a real headless Chromium, driven by Selenium, over a real HTTP server and PostgreSQL.
+
+Chromium and its driver come from the system (Debian's ``chromium`` and
+``chromium-driver``); Selenium Manager is kept offline so nothing is downloaded.
+Without them these tests skip, saying so, except under CI=true, where they fail.
+Each page visited is saved as a PNG in tests/artifacts/screenshots/. With
+RUNLEDGER_UPDATE_SCREENSHOTS=1 the README's two screenshots (docs/screenshots/)
+are made again from the same pages.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+import runledger_sync as rl
+from runledger_sync.web import create_app
+from tests.db.web.conftest import EMAIL, REPO, allow_all, dead_lettered, serving
+from tests.db.web.screenshot_data import seed_showcase
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+WINDOW = (1280, 800)
+ARTIFACTS = REPO / "tests" / "artifacts" / "screenshots"
+README_SCREENSHOTS = REPO / "docs" / "screenshots"
+
+
+def _require_chromium() -> None:
+    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.access(path, os.X_OK)]
+    if not missing:
+        return
+    reason = f"{' and '.join(missing)} missing: apt-get install chromium chromium-driver"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI must run the browser tests: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[webdriver.Chrome]:
+    _require_chromium()
+    os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must never fetch a browser or driver
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                     f"--window-size={WINDOW[0]},{WINDOW[1]}", "--hide-scrollbars"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(30)
+    # The page area itself, not the window around it, is WINDOW: the screenshots' size.
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                           {"width": WINDOW[0], "height": WINDOW[1], "deviceScaleFactor": 1, "mobile": False})
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def chrome(browser) -> webdriver.Chrome:
+    browser.delete_all_cookies()
+    return browser
+
+
+def snap(driver: webdriver.Chrome, name: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    target = ARTIFACTS / f"{name}.png"
+    assert driver.save_screenshot(str(target)), f"no screenshot for {name}"
+    return target
+
+
+def text_of(driver: webdriver.Chrome, element_id: str) -> str:
+    """The text of an element, waiting for it: a click or a submit may still be loading the next page."""
+    return WebDriverWait(driver, 15).until(lambda d: d.find_element(By.ID, element_id)).text
+
+
+def test_overview_leads_to_a_job_page_and_its_payload(db, chrome):
+    showcase = seed_showcase(db)
+    with serving(create_app(db, read_only=False, authorize=allow_all)) as base:
+        chrome.get(base + "/")
+        assert chrome.title == "Overview · runledger"
+        assert text_of(chrome, "count-dead_lettered") == str(rl.count_jobs(db, status="DEAD_LETTERED"))
+        overview = snap(chrome, "overview")
+
+        chrome.find_element(By.LINK_TEXT, "Jobs").click()
+        assert chrome.title == "Jobs · runledger"
+        snap(chrome, "jobs")
+        chrome.get(f"{base}/jobs?q={showcase.idempotency_key}")
+        chrome.find_element(By.CSS_SELECTOR, "a.job-link").click()
+        assert text_of(chrome, "job-status") == "DEAD_LETTERED"
+        assert not chrome.find_elements(By.ID, "payload")
+        job_page = snap(chrome, "job")
+
+        chrome.find_element(By.ID, "show-payload").click()
+        assert showcase.payload_marker in text_of(chrome, "payload")
+        snap(chrome, "job-payload")
+        for name, path in (("dead-letters", "/dead-letters"), ("schedules", "/schedules"), ("workflows", "/workflows")):
+            chrome.get(base + path)
+            snap(chrome, name)
+    if os.environ.get("RUNLEDGER_UPDATE_SCREENSHOTS") == "1":
+        README_SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(overview, README_SCREENSHOTS / "overview.png")
+        shutil.copyfile(job_page, README_SCREENSHOTS / "job.png")
+
+
+def test_replay_a_dead_letter_by_clicking(db, chrome):
+    job, other = dead_lettered(db), dead_lettered(db)
+    with serving(create_app(db, read_only=False, authorize=allow_all)) as base:
+        chrome.get(base + "/dead-letters")
+        chrome.find_element(By.ID, f"replay-{job.id}").click()
+        assert text_of(chrome, "done") == "Requeued 1 job(s)."
+        snap(chrome, "dead-letters-replayed")
+    replayed = rl.get_job(db, job.id)
+    assert (replayed.status, replayed.run_number, replayed.status_reason) == (rl.JobStatus.PENDING, 2, "DEAD_LETTER_REPLAY")
+    assert rl.get_job(db, other.id).status is rl.JobStatus.DEAD_LETTERED
+
+
+def test_bulk_replay_of_ticked_dead_letters(db, chrome):
+    first, second, left = dead_lettered(db), dead_lettered(db), dead_lettered(db)
+    with serving(create_app(db, read_only=False, authorize=allow_all)) as base:
+        chrome.get(base + "/dead-letters")
+        for job in (first, second):
+            chrome.find_element(By.CSS_SELECTOR, f'input[type=checkbox][value="{job.id}"]').click()
+        chrome.find_element(By.ID, "replay-chosen").click()
+        assert text_of(chrome, "done") == "Requeued 2 job(s)."
+    assert [rl.get_job(db, j.id).status for j in (first, second, left)] == [
+        rl.JobStatus.PENDING, rl.JobStatus.PENDING, rl.JobStatus.DEAD_LETTERED]
+
+
+def test_a_form_posted_without_the_browsers_csrf_cookie_is_refused(db, chrome):
+    job = dead_lettered(db)
+    with serving(create_app(db, read_only=False, authorize=allow_all)) as base:
+        chrome.get(base + "/dead-letters")
+        # As if another site made this browser post the form: the token is there, the cookie is not.
+        chrome.delete_cookie("runledger_csrf")
+        chrome.find_element(By.ID, f"replay-{job.id}").click()
+        assert text_of(chrome, "error-code") == "web.csrf_rejected"
+        snap(chrome, "csrf-refused")
+    assert rl.get_job(db, job.id).status is rl.JobStatus.DEAD_LETTERED
+
+
+def test_read_only_dashboard_draws_no_actions_and_refuses_a_forged_post(db, chrome):
+    job = dead_lettered(db)
+    pending = rl.enqueue(db, EMAIL, {"n": 1})
+    with serving(create_app(db)) as base:
+        chrome.get(base + "/dead-letters")
+        assert not chrome.find_elements(By.CSS_SELECTOR, "button.replay-one")
+        chrome.get(f"{base}/jobs/{pending.id}")
+        assert not chrome.find_elements(By.ID, "cancel-job")
+        chrome.execute_script(
+            "const form = document.createElement('form'); form.method = 'post'; form.action = arguments[0];"
+            "const id = document.createElement('input'); id.name = 'job_id'; id.value = arguments[1];"
+            "form.appendChild(id); document.body.appendChild(form); form.submit();",
+            base + "/dead-letters/replay", str(job.id),
+        )
+        assert text_of(chrome, "error-code") == "web.read_only"
+        snap(chrome, "read-only-refused")
+    assert rl.get_job(db, job.id).status is rl.JobStatus.DEAD_LETTERED
