@@ -118,6 +118,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--gap-ms", type=float, default=20.0)
     parser.add_argument("--pgbench-seconds", type=int, default=10)
     parser.add_argument("--pgbench-clients", type=int, default=8)
+    parser.add_argument("--markdown", action="store_true", help="also print the table as the README's Markdown")
     parser.add_argument("--peers-python", default=None, help="interpreter for the peers' venv (default: the newest found)")
     bench.add_database_option(parser)
     args = parser.parse_args()
@@ -369,6 +370,12 @@ def report(runs: list[dict[str, Result]], skipped: dict[str, str], tps: list[Opt
         for name in names
     ]
     bench.print_table(headers, rows)
+    if args.markdown:
+        # The README's form: pickup and CPU figures paired in one column each.
+        print("\n| system | version | processed/s | single enqueue/s | bulk enqueue/s | pickup p50 / p95 ms "
+              "| CPU ms/job worker / PostgreSQL | ours / this |\n|---|---|---|---|---|---|---|---|")
+        for name, version, processed, single, bulk, p50, p95, worker, postgres, ours in rows:
+            print(f"| {name} | {version} | {processed} | {single} | {bulk} | {p50} / {p95} | {worker} / {postgres} | {ours} |")
     known_tps = [t for t in tps if t]
     ratio_text = f"; ours processed / pgbench tps = {fmean(ours) / fmean(known_tps):.2f}" if ours and known_tps else ""
     print(f"pgbench -N ({args.pgbench_clients} clients, {args.pgbench_seconds} s): "
