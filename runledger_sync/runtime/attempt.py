@@ -25,6 +25,7 @@ from runledger_sync.core.types import (
 from runledger_sync.logging import get_logger, job_log_fields
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.hot_path import HotPathWriters
+from runledger_sync.runtime.observer import WorkerObserver
 from runledger_sync.store import lifecycle
 
 log = get_logger(__name__)
@@ -57,10 +58,12 @@ class JobExecution:
 
     def __init__(
         self, engine: Engine, registry: JobRegistry, job: JobRecord, config: JobsConfig,
-        writers: Optional[HotPathWriters],
+        writers: Optional[HotPathWriters], *, observer: Optional[WorkerObserver] = None,
     ) -> None:
         self.engine = engine
         self.writers = writers
+        #: Told of failed lease renewals; None when metrics are off.
+        self.observer = observer
         self.registry = registry
         self.job = job
         self.config = config

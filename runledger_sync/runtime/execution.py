@@ -106,11 +106,12 @@ def _process_with_timer(
     writers: Optional[HotPathWriters], running: Optional[Ticket[lifecycle.LeaseIdentity, None]],
     timer: TimerThread, tally: Optional[OutcomeTally],
 ) -> None:
-    execution = JobExecution(engine, registry, job, config, writers)
+    execution = JobExecution(engine, registry, job, config, writers,
+                             observer=tally.observer if tally is not None else None)
     started = time.monotonic()
     if not _mark_running_or_abort(execution, running):
         if tally is not None:
-            tally.count("not_started")  # handed back, or left to the reaper: the handler never ran
+            tally.count("not_started", job.job_type)  # handed back, or left to the reaper: the handler never ran
         return
     if log.isEnabledFor(logging.DEBUG):
         # Payloads may hold secrets: only an operator's explicit log_payloads shows them.
@@ -123,8 +124,9 @@ def _process_with_timer(
     try:
         handler_started = time.monotonic()
         outcome = _run_handler(execution)
+        handler_seconds = time.monotonic() - handler_started
         if writers is not None:
-            writers.finishing.record(time.monotonic() - handler_started)
+            writers.finishing.record(handler_seconds)
         if execution.lease_verdict_pending.is_set():
             # The lease ran out while a renewal was in flight: the watch logs the
             # verdict itself once that renewal has said why.
@@ -149,7 +151,7 @@ def _process_with_timer(
         timer.withdraw()
     ended = _outcome_fields(execution.decided)
     if tally is not None:
-        tally.count(ended["outcome"])
+        tally.count(ended["outcome"], job.job_type, handler_seconds)
     if log.isEnabledFor(logging.DEBUG):
         log.debug("job processed", extra=execution.log_fields | ended | {
             "elapsed_ms": int((time.monotonic() - started) * 1000)})

@@ -131,3 +131,8 @@ def queue_gauges(bind: Bind) -> QueueGauges:
                            dead_lettered_recently=dead, late_schedules=late, oldest_late_schedule_seconds=oldest_late)
 
     return run_in_transaction(bind, work)
+
+
+def ping(bind: Bind) -> None:
+    """Raise a StoreError (ConnectionFailed when unreachable) unless the database answers a trivial query."""
+    run_in_transaction(bind, lambda connection: connection.execute(select(literal(1))).scalar_one())
