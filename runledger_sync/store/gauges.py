@@ -8,7 +8,9 @@ most of a long-lived job_queue:
 - PENDING jobs through idx_job_queue_claim, LEASED ones through
   idx_job_queue_leased_expiry (both partial on their status);
 - dead letters of the last hour through idx_job_dead_letters_failed_at;
-- due schedules through idx_job_schedules_due.
+- due schedules through idx_job_schedules_due;
+- the job types from job_definitions (a row per type), so a type with no
+  unfinished jobs reads as zero rather than as missing.
 
 Finished jobs are not counted here: a count of SUCCEEDED rows reads every one of
 them. The worker counts the jobs it finishes instead (runledger_sync.metrics).
@@ -24,7 +26,7 @@ from sqlalchemy import Float, Integer, Interval, Text, func, literal, null, sele
 from sqlalchemy.engine import Connection
 
 from runledger_sync.core.types import JobStatus
-from runledger_sync.db.schema import job_dead_letters, job_queue, job_schedules
+from runledger_sync.db.schema import job_dead_letters, job_definitions, job_queue, job_schedules
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store._scope import status_is
@@ -45,6 +47,7 @@ class QueueGauges:
     """The unfinished part of the queue, by job type.
 
     Attributes:
+        job_types: Every defined job type, sorted.
         jobs: Jobs per (job type, status), for PENDING and LEASED only.
         due: PENDING jobs whose next_run_at has come, per job type.
         oldest_due_age_seconds: Per job type, how long its longest-waiting due job has been due.
@@ -54,6 +57,7 @@ class QueueGauges:
         oldest_late_schedule_seconds: How long the most overdue active schedule has been due; None if none is due.
     """
 
+    job_types: tuple[str, ...]
     jobs: dict[tuple[str, str], int]
     due: dict[str, int]
     oldest_due_age_seconds: dict[str, float]
@@ -95,7 +99,11 @@ def queue_gauges_statement() -> Any:
         "schedules", null().cast(Text), null().cast(Text), func.count(),
         func.count().filter(_s.next_fire_at < now - late_after), _age(func.min(_s.next_fire_at)),
     )).where(_s.is_active, _s.next_fire_at <= now)
-    return union_all(pending, leased, dead, schedules)
+    types = select(*_row(
+        "types", job_definitions.c.job_type, null().cast(Text), literal(0, Integer), null().cast(Integer),
+        null().cast(Float),
+    ))
+    return union_all(pending, leased, dead, schedules, types)
 
 
 def queue_gauges(bind: Bind) -> QueueGauges:
@@ -113,9 +121,12 @@ def queue_gauges(bind: Bind) -> QueueGauges:
         ages: dict[str, float] = {}
         expired: dict[str, int] = {}
         dead: dict[str, int] = {}
+        types: list[str] = []
         late, oldest_late = 0, None
         for kind, job_type, status, count, part, age in connection.execute(statement):
-            if kind == "dead_letters":
+            if kind == "types":
+                types.append(job_type)
+            elif kind == "dead_letters":
                 dead[job_type] = int(count)
             elif kind == "schedules":
                 late, oldest_late = int(part), None if age is None else float(age)
@@ -127,7 +138,7 @@ def queue_gauges(bind: Bind) -> QueueGauges:
                     due[job_type] = int(part)
                     if age is not None:
                         ages[job_type] = float(age)
-        return QueueGauges(jobs=jobs, due=due, oldest_due_age_seconds=ages, expired_leases=expired,
+        return QueueGauges(job_types=tuple(sorted(types)), jobs=jobs, due=due, oldest_due_age_seconds=ages, expired_leases=expired,
                            dead_lettered_recently=dead, late_schedules=late, oldest_late_schedule_seconds=oldest_late)
 
     return run_in_transaction(bind, work)

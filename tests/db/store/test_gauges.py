@@ -25,6 +25,7 @@ def _dead_letter(engine, job_type: str) -> None:
 def test_gauges_count_unfinished_jobs_by_type_and_status(engine):
     define(engine, "a")
     define(engine, "b")
+    define(engine, "idle")
     for _ in range(3):
         rl.enqueue(engine, "a", {})
     rl.enqueue(engine, "a", {}, delay_seconds=3600)
@@ -39,6 +40,7 @@ def test_gauges_count_unfinished_jobs_by_type_and_status(engine):
 
     read = gauges.queue_gauges(engine)
 
+    assert read.job_types == ("a", "b", "idle")
     assert read.jobs == {("a", "PENDING"): 3, ("a", "LEASED"): 1, ("b", "LEASED"): 1}
     assert read.due == {"a": 2}
     assert 89 < read.oldest_due_age_seconds["a"] < 120 and set(read.oldest_due_age_seconds) == {"a"}
