@@ -127,15 +127,15 @@ def _coerce(field: dataclasses.Field, raw: Any) -> Any:
 def _worker(args: argparse.Namespace) -> int:
     registry = _load_registry(args.app)
     config = _worker_config(args, registry)
-    if not args.debug:
-        rl.configure_logging(level="INFO")
-    # Made before the database is touched, so a missing metrics extra is refused first.
-    # Worker processes keep counts in their own memory: with --processes N the port
-    # serves the queue gauges and each process's health only.
     if args.metrics_port is not None and not 0 <= args.metrics_port <= MAX_PORT:
         raise _refuse([f"--metrics-port must be a port number from 0 to {MAX_PORT}, got {args.metrics_port}"],
                       "give a free TCP port, e.g. --metrics-port 9100 (0 picks one)")
+    # Made before the database is touched, so a missing metrics extra is refused first.
+    # Worker processes keep counts in their own memory: with --processes N the port
+    # serves the queue gauges and each process's health only.
     worker_metrics = _worker_metrics() if args.metrics_port is not None else None
+    if not args.debug:
+        rl.configure_logging(level="INFO")
     observer = worker_metrics if args.processes == 1 else None
     with open_engine(args) as engine:
         # Built first: a bad --processes is refused before the database is touched.
