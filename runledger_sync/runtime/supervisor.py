@@ -151,7 +151,7 @@ class Supervisor:
             try:
                 ping(self.engine)
             except RunledgerError as failure:
-                error = str(failure)
+                error = (str(failure).splitlines() or [failure.code])[0]
         return SupervisorHealth(loops=loops, database_reachable=error is None, database_error=error)
 
     def _thread_health(self) -> dict[str, LoopHealth]:
