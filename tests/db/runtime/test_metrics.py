@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import re
 import threading
+from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
@@ -154,3 +157,17 @@ def test_an_observer_is_refused_with_worker_processes(engine):
     with pytest.raises(rl.ConfigError, match="observer needs processes=1"):
         rl.Supervisor(engine, rl.JobRegistry(), fast_config(), processes=2, app="tests.cli_app:registry",
                       observer=WorkerMetrics())
+
+
+def test_the_grafana_dashboard_queries_only_metrics_a_worker_serves(engine):
+    dashboard = json.loads((Path(__file__).parents[3] / "examples" / "grafana" / "runledger-sync.json").read_text())
+    queries = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    every_family = families(registry_for(engine, worker=WorkerMetrics()))
+    served = {name + suffix for name, kind in every_family.items() for suffix in suffixes[kind]}
+
+    used = {name for query in queries for name in re.findall(r"runledger_[a-z_]+", query)}
+
+    assert len(queries) >= 12 and used
+    assert used - served == set()
+    assert {re.sub(r"_(bucket|sum|count|total)$", "", name) for name in used} == set(every_family)
