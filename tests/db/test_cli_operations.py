@@ -84,14 +84,17 @@ def test_worker_metrics_port_serves_metrics_and_health_over_http(engine, fresh_d
         wait_until(lambda: rl.get_job(engine, job.id).status is rl.JobStatus.SUCCEEDED, timeout=30)
         base = f"http://127.0.0.1:{port}"
 
-        status, body = _get(f"{base}/metrics")
+        succeeded = ("runledger_jobs_total", (("job_type", "cli.echo"), ("outcome", "succeeded")))
+        # The counter moves just after the success commits, on the job's own thread.
+        status, body = wait_until(lambda: (lambda got: got if succeeded in _samples(got[1]) else None)(
+            _get(f"{base}/metrics")))
         samples = _samples(body)
         health_status, health_body = _get(f"{base}/health")
         missing_status, _ = _get(f"{base}/nothing")
 
         assert status == 200
         assert samples[("runledger_queue_up", ())] == 1
-        assert samples[("runledger_jobs_total", (("job_type", "cli.echo"), ("outcome", "succeeded")))] == 1
+        assert samples[succeeded] == 1
         assert samples[("runledger_queue_jobs", (("job_type", "cli.echo"), ("status", "PENDING")))] == 0
         health = json.loads(health_body)
         assert health_status == 200 and health["healthy"] and health["database_reachable"]

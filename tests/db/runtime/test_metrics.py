@@ -171,3 +171,28 @@ def test_the_grafana_dashboard_queries_only_metrics_a_worker_serves(engine):
     assert len(queries) >= 12 and used
     assert used - served == set()
     assert {re.sub(r"_(bucket|sum|count|total)$", "", name) for name in used} == set(every_family)
+
+
+def test_the_readme_metrics_snippet_serves_the_workers_counters(engine):
+    readme = (Path(__file__).parents[3] / "README.md").read_text(encoding="utf-8")
+    snippet = re.search(r"<!-- readme-test: metrics -->\s*```python\n(.*?)```", readme, re.S).group(1)
+    jobs = _workload_registry()
+    jobs.sync_definitions(engine)
+    job = rl.enqueue(engine, "m.ok", {})
+    namespace = {"rl": rl, "engine": engine, "registry": jobs, "config": fast_config()}
+
+    exec(compile(snippet, "README.md:metrics", "exec"), namespace)  # noqa: S102 - our own README
+    with namespace["supervisor"]:
+        wait_until(lambda: rl.get_job(engine, job.id).status is rl.JobStatus.SUCCEEDED)
+        # The counter moves just after the success commits, on the job's own thread.
+        ok = ("runledger_jobs_total", (("job_type", "m.ok"), ("outcome", "succeeded")))
+        wait_until(lambda: ok in scrape(namespace["metrics"]))
+    status: list[str] = []
+    body = b"".join(namespace["metrics_app"]({"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics", "QUERY_STRING": ""},
+                                             lambda line, headers: status.append(line)))
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(body.decode()) for s in family.samples}
+
+    assert status == ["200 OK"]
+    assert samples[ok] == 1
+    assert samples[("runledger_queue_jobs", (("job_type", "m.ok"), ("status", "PENDING")))] == 0
