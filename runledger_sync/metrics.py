@@ -75,7 +75,7 @@ class WorkerMetrics:
             "runledger_job_pickup_latency_seconds", "From a job's due time (enqueue, run_at or retry) to its claim.",
             ["job_type"], buckets=PICKUP_BUCKETS, registry=None)
         self.claim_batch = client.Histogram(
-            "runledger_claim_batch_jobs", "Jobs returned by one claim.", buckets=SIZE_BUCKETS, registry=None)
+            "runledger_claim_batch_jobs", "Jobs returned by one claim that found any.", buckets=SIZE_BUCKETS, registry=None)
         self.group_size = client.Histogram(
             "runledger_group_write_jobs", "Jobs written by one group write.", ["writer"], buckets=SIZE_BUCKETS,
             registry=None)
@@ -99,6 +99,8 @@ class WorkerMetrics:
         return child
 
     def claimed(self, jobs: Sequence[JobRecord]) -> None:
+        if not jobs:
+            return  # an idle worker's polls would bury the batch sizes under zeros
         self.claim_batch.observe(len(jobs))
         for job in jobs:
             # Both times come from the database clock: the claim sets last_heartbeat_at to its now().
@@ -236,7 +238,7 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
 
 
 class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: Any) -> None:
         """A scrape every few seconds is not worth a log line."""
 
 

@@ -78,3 +78,27 @@ def test_health_can_skip_the_database(engine):
         broken.dispose()
 
     assert health.database_reachable and health.database_error is None
+
+
+def test_health_with_worker_processes_reports_each_process(engine):
+    from tests import cli_app
+
+    cli_app.registry.sync_definitions(engine)
+    supervisor = rl.Supervisor(engine, cli_app.registry, fast_config(worker_id="health"), processes=2,
+                               app="tests.cli_app:registry")
+    supervisor.start()
+    try:
+        # Spawning imports the library afresh in each child: allow for a busy 2-core machine.
+        running = wait_until(lambda: (lambda h: h if len(h.loops) == 2 and all(
+            loop.alive for loop in h.loops.values()) else None)(supervisor.health()), timeout=60)
+    finally:
+        assert supervisor.stop(timeout=30)
+
+    assert set(running.loops) == {"health-p0", "health-p1"} and running.healthy
+    stopped = supervisor.health()
+    assert not stopped.healthy
+    # A child stopped while still importing ends by the signal itself (-15), one that got as far as
+    # its drain with 0: either way health shows the status the supervisor recorded.
+    assert {name: (loop.alive, loop.exit) for name, loop in stopped.loops.items()} == {
+        name: (False, str(status)) for name, status in supervisor.exits.items()}
+    assert set(supervisor.exits) == {"health-p0", "health-p1"}
