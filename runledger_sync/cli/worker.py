@@ -160,8 +160,13 @@ def _worker_metrics() -> Any:
 def _serve_metrics(args: argparse.Namespace, engine: Any, observer: Any, supervisor: Any) -> Any:
     from runledger_sync import metrics
 
-    return metrics.serve_metrics(metrics.registry_for(engine, worker=observer), args.metrics_port,
-                                 host=args.metrics_host or metrics.DEFAULT_METRICS_HOST, health=supervisor.health)
+    host = args.metrics_host or metrics.DEFAULT_METRICS_HOST
+    try:
+        return metrics.serve_metrics(metrics.registry_for(engine, worker=observer), args.metrics_port, host=host,
+                                     health=supervisor.health)
+    except OSError as error:  # the port is taken, or the host is not an address of this machine
+        raise _refuse([f"--metrics-port {args.metrics_port} cannot be served on {host!r}: {error.strerror or error}"],
+                      "pick a free port (0 picks one) or another --metrics-host") from error
 
 
 @command("demo", help="run the demo: an embedded PostgreSQL (unless a URL is given) and a real worker")

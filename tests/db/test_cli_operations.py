@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import urllib.error
 import urllib.request
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 
@@ -114,6 +117,33 @@ def test_worker_refuses_a_metrics_port_out_of_range(fresh_database, capsys):
     assert code == 2
     assert "error: config.invalid: --metrics-port must be a port number from 0 to 65535, got 70000" in \
         capsys.readouterr().err
+
+
+@pytest.fixture
+def restore_logging():
+    """Remove the handlers an in-process worker command installs (they write to a captured stream)."""
+    logger = logging.getLogger("runledger_sync")
+    handlers, level = list(logger.handlers), logger.level
+    yield
+    for handler in list(logger.handlers):
+        if handler not in handlers:
+            logger.removeHandler(handler)
+            handler.close()
+    logger.setLevel(level)
+
+
+def test_worker_refuses_a_metrics_port_already_taken(engine, fresh_database, capsys, restore_logging):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = rl_cli(["--database-url", fresh_database, "worker", "--app", "tests.cli_app:registry",
+                       "--metrics-port", str(port), "--metrics-host", "127.0.0.1"])
+
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"error: config.invalid: --metrics-port {port} cannot be served on '127.0.0.1': Address already in use" in err
+    assert rl.count_jobs(engine) == 0
 
 
 def rl_cli(argv: list[str]) -> int:
