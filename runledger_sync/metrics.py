@@ -180,7 +180,7 @@ def _queue_families(core: Any, read: QueueGauges) -> Iterable[Any]:
                                  value=read.late_schedules)
     yield core.GaugeMetricFamily("runledger_schedules_max_lateness_seconds",
                                  "How long the most overdue active schedule has been due (0: none is due).",
-                                 value=read.oldest_late_schedule_seconds or 0.0)
+                                 value=read.max_schedule_lateness_seconds or 0.0)
 
 
 def registry_for(bind: Any, *, worker: Optional[WorkerMetrics] = None) -> Any:

@@ -54,7 +54,7 @@ class QueueGauges:
         expired_leases: LEASED jobs whose lease has run out (the reaper's work), per job type.
         dead_lettered_recently: Dead letters of the last ``DEAD_LETTER_WINDOW_SECONDS``, per job type.
         late_schedules: Active schedules due for longer than ``LATE_SCHEDULE_SECONDS``.
-        oldest_late_schedule_seconds: How long the most overdue active schedule has been due; None if none is due.
+        max_schedule_lateness_seconds: How long the most overdue active schedule has been due; None if none is due.
     """
 
     job_types: tuple[str, ...]
@@ -64,7 +64,7 @@ class QueueGauges:
     expired_leases: dict[str, int]
     dead_lettered_recently: dict[str, int]
     late_schedules: int
-    oldest_late_schedule_seconds: Optional[float]
+    max_schedule_lateness_seconds: Optional[float]
 
 
 def _row(kind: str, job_type: Any, status: Any, count: Any, part: Any, age: Any) -> list[Any]:
@@ -122,14 +122,14 @@ def queue_gauges(bind: Bind) -> QueueGauges:
         expired: dict[str, int] = {}
         dead: dict[str, int] = {}
         types: list[str] = []
-        late, oldest_late = 0, None
+        late, max_lateness = 0, None
         for kind, job_type, status, count, part, age in connection.execute(statement):
             if kind == "types":
                 types.append(job_type)
             elif kind == "dead_letters":
                 dead[job_type] = int(count)
             elif kind == "schedules":
-                late, oldest_late = int(part), None if age is None else float(age)
+                late, max_lateness = int(part), None if age is None else float(age)
             else:
                 jobs[(job_type, status)] = int(count)
                 if status == JobStatus.LEASED.value:
@@ -139,7 +139,7 @@ def queue_gauges(bind: Bind) -> QueueGauges:
                     if age is not None:
                         ages[job_type] = float(age)
         return QueueGauges(job_types=tuple(sorted(types)), jobs=jobs, due=due, oldest_due_age_seconds=ages, expired_leases=expired,
-                           dead_lettered_recently=dead, late_schedules=late, oldest_late_schedule_seconds=oldest_late)
+                           dead_lettered_recently=dead, late_schedules=late, max_schedule_lateness_seconds=max_lateness)
 
     return run_in_transaction(bind, work)
 
