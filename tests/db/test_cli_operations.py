@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pty
 import queue
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -250,3 +252,31 @@ def test_top_once_prints_counts_that_match_the_rows(engine, run):
 
 def _cells(line: str) -> list[str]:
     return [cell.strip() for cell in re.split(r"[│┃]", line)[1:-1]]
+
+
+def test_top_redraws_until_interrupted_and_then_exits_0(engine, fresh_database):
+    define(engine, "top.a")
+    rl.enqueue(engine, "top.a", {})
+    # A terminal of its own: rich redraws a live view only on a terminal.
+    controller, terminal = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "runledger_sync.cli", "--database-url", fresh_database, "top", "--interval", "0.2"],
+        cwd=REPO, stdin=subprocess.DEVNULL, stdout=terminal, stderr=subprocess.PIPE, text=True,
+    )
+    os.close(terminal)
+    shown = bytearray()
+    try:
+        while shown.count(b"runledger-sync top") < 3 and process.poll() is None:
+            ready, _, _ = select.select([controller], [], [], 30)
+            assert ready, "top drew nothing for 30 s"
+            shown += os.read(controller, 65536)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+        os.close(controller)
+
+    assert process.returncode == 0, err
+    assert shown.count(b"runledger-sync top") >= 3 and b"top.a" in shown
