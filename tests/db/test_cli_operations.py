@@ -173,6 +173,17 @@ def test_health_exits_1_when_the_database_is_unreachable(capsys):
     assert "127.0.0.1" in report["error"]
 
 
+def test_health_never_prints_the_password(capsys):
+    from tests.db.test_security_secrets import TRICKY_PASSWORD, secret_spellings, unreachable_url
+
+    code = rl_cli(["--database-url", unreachable_url(TRICKY_PASSWORD), "health", "--timeout", "2"])
+
+    out, err = capsys.readouterr()
+    assert code == 1 and json.loads(out)["error"]
+    for secret in secret_spellings(TRICKY_PASSWORD):
+        assert secret not in out + err
+
+
 def test_health_exits_1_on_a_database_without_the_schema(empty_database, capsys):
     code = rl_cli(["--database-url", empty_database, "health"])
 
