@@ -63,7 +63,7 @@ def _top(args: argparse.Namespace) -> int:
     console = rich.console.Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
     with open_engine(args) as engine:
         if args.once:
-            console.print(_frame(rich, _read(engine), None, args.interval))
+            console.print(_frame(rich, _read(engine), None, 0))
             return EXIT_OK
         previous: Optional[Snapshot] = None
         try:
@@ -82,9 +82,11 @@ def _read(engine: Any) -> Snapshot:
 
 
 def _frame(rich: ModuleType, now: Snapshot, before: Optional[Snapshot], interval: float) -> Any:
+    """One frame; ``interval`` 0 means a single frame (``--once``)."""
     text, table = rich.text.Text, rich.table.Table
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
-    title = text(f"runledger-sync top  {stamp}  every {interval:g} s  (Ctrl-C quits)", style="bold")
+    refresh = "one frame" if before is None and interval == 0 else f"every {interval:g} s  (Ctrl-C quits)"
+    title = text(f"runledger-sync top  {stamp}  {refresh}", style="bold")
     statuses = table(title="jobs by status", title_justify="left")
     for status in STATUSES:
         statuses.add_column(status, justify="right")
