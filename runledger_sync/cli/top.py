@@ -85,7 +85,7 @@ def _frame(rich: ModuleType, now: Snapshot, before: Optional[Snapshot], interval
     """One frame; ``interval`` 0 means a single frame (``--once``)."""
     text, table = rich.text.Text, rich.table.Table
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
-    refresh = "one frame" if before is None and interval == 0 else f"every {interval:g} s  (Ctrl-C quits)"
+    refresh = "one frame" if interval == 0 else f"every {interval:g} s  (Ctrl-C quits)"
     title = text(f"runledger-sync top  {stamp}  {refresh}", style="bold")
     statuses = table(title="jobs by status", title_justify="left")
     for status in STATUSES:
