@@ -4,6 +4,7 @@ Usage: python bench/throughput.py [--jobs 10000] [--concurrency 32] [--batch 16]
        python bench/throughput.py --memory      # RSS after 20,000 and after 200,000 jobs (target: <10% growth)
        python bench/throughput.py --job-ms 100  # jobs that sleep 100 ms: compared with concurrency / duration
        python bench/throughput.py --processes 2 --job-cpu-ms 5 --concurrency 4 --jobs 3000
+       python bench/throughput.py --metrics     # with the Prometheus observer (runledger_sync.metrics)
 The worker runs in this process (a thread, as an embedding application runs it);
 its CPU is this process's minus the main thread's. With no URL an embedded
 PostgreSQL is started in a temporary directory.
@@ -47,6 +48,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--memory", action="store_true", help=f"sample RSS after {MEMORY_EARLY:,} jobs and at the end")
     parser.add_argument("--event-log", default="full", choices=["full", "transitions"],
                         help="JobsConfig.event_log: transitions writes no LEASED, running or HEARTBEAT event rows")
+    parser.add_argument("--metrics", action="store_true",
+                        help="give the worker a runledger_sync.metrics.WorkerMetrics observer (prometheus_client)")
     bench.add_database_option(parser)
     args = parser.parse_args()
     if args.jobs is None:
@@ -76,9 +79,11 @@ class Progress:
             self.all_ran.set()
 
 
-def drain(engine, registry: rl.JobRegistry, config: rl.JobsConfig, progress: Progress, window: bench.CpuWindow) -> float:
+def drain(engine, registry: rl.JobRegistry, config: rl.JobsConfig, progress: Progress, window: bench.CpuWindow,
+          observer: object = None) -> float:
     shutdown = threading.Event()
-    worker = threading.Thread(target=rl.run_worker_loop, args=(engine, registry, config, shutdown))
+    worker = threading.Thread(target=rl.run_worker_loop, args=(engine, registry, config, shutdown),
+                              kwargs={"observer": observer})
     window.start()
     started = time.perf_counter()
     worker.start()
@@ -134,7 +139,8 @@ def report_supervised(args: argparse.Namespace, jobs: int, elapsed: float, windo
 
 def report(args: argparse.Namespace, enqueue_seconds: float, elapsed: float, window: bench.CpuWindow, progress: Progress) -> None:
     worker_ms, postgres_ms = window.per_job_ms(args.jobs)
-    print(f"jobs={args.jobs} concurrency={args.concurrency} batch={args.batch} job_ms={args.job_ms:g}")
+    print(f"jobs={args.jobs} concurrency={args.concurrency} batch={args.batch} job_ms={args.job_ms:g}"
+          f"{' metrics=on' if args.metrics else ''}")
     print(f"enqueue_many: {args.jobs / enqueue_seconds:,.0f} jobs/s")
     print(f"processed:    {args.jobs / elapsed:,.0f} jobs/s ({elapsed:.2f} s)")
     if args.job_ms:
@@ -147,6 +153,14 @@ def report(args: argparse.Namespace, enqueue_seconds: float, elapsed: float, win
         early, late = progress.rss_at[MEMORY_EARLY], progress.rss_at[args.jobs]
         print(f"worker RSS: {early:.1f} MiB after {MEMORY_EARLY:,} jobs, {late:.1f} MiB after {args.jobs:,} "
               f"(growth {100 * (late - early) / early:+.1f}%, target < 10%)")
+
+
+def _observer(args: argparse.Namespace) -> object:
+    if not args.metrics:
+        return None
+    from runledger_sync.metrics import WorkerMetrics
+
+    return WorkerMetrics()
 
 
 def main() -> int:
@@ -167,7 +181,7 @@ def main() -> int:
                 args.processes = args.processes or 1
                 report_supervised(args, *drain_supervised(engine, url, config, args))
                 return 0
-            elapsed = drain(engine, registry, config, progress, window)
+            elapsed = drain(engine, registry, config, progress, window, observer=_observer(args))
             report(args, enqueue_seconds, elapsed, window, progress)
         finally:
             engine.dispose()

@@ -36,6 +36,7 @@ from runledger_sync.core.errors import (
     LeaseOwnerMismatch,
     LegacyIdempotencySnapshotMissing,
     MigrationFailed,
+    MissingExtra,
     PermissionDenied,
     RegistrationError,
     RelatedResourceMissing,
@@ -81,6 +82,7 @@ from runledger_sync.db.migrate import check_schema, current_revision, downgrade,
 from runledger_sync.db.pool_mode import PoolMode
 from runledger_sync.logging import configure_logging, configure_logging_unless_configured
 from runledger_sync.registry import JobHandler, JobRegistry, load_registry
+from runledger_sync.runtime.health import LoopHealth, SupervisorHealth
 from runledger_sync.runtime.supervisor import Supervisor
 from runledger_sync.runtime.worker import run_worker_loop
 from runledger_sync.store.admin import (
@@ -97,6 +99,7 @@ from runledger_sync.store.admin import (
     requeue_job,
 )
 from runledger_sync.store.enqueue import enqueue, enqueue_many, enqueue_many_ids, set_job_definition_enabled
+from runledger_sync.store.gauges import QueueGauges, queue_gauges
 from runledger_sync.store.schedules import (
     delete_schedule,
     get_schedule,
@@ -154,9 +157,12 @@ __all__ = [
     "JobsConfig",
     "LeaseOwnerMismatch",
     "LegacyIdempotencySnapshotMissing",
+    "LoopHealth",
     "MigrationFailed",
+    "MissingExtra",
     "PermissionDenied",
     "PoolMode",
+    "QueueGauges",
     "QueueStats",
     "RegistrationError",
     "RelatedResourceMissing",
@@ -171,6 +177,7 @@ __all__ = [
     "SchemaMismatch",
     "StoreError",
     "Supervisor",
+    "SupervisorHealth",
     "UniqueViolation",
     "UnstartedClaimReleaseNotApplicable",
     "ValidationError",
@@ -201,6 +208,7 @@ __all__ = [
     "mask_url",
     "migrate",
     "pause_schedule",
+    "queue_gauges",
     "queue_stats",
     "requeue_job",
     "resume_schedule",

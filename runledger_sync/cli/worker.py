@@ -27,6 +27,11 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
                              "a parent restarts one that dies and drains all on SIGINT/SIGTERM (default 1)")
     parser.add_argument("--no-scheduler", dest="run_scheduler", action="store_false",
                         help="do not fire cron schedules in this process (another process does)")
+    parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics and the supervisor's health at "
+                             "/health (needs the metrics extra; 0 picks a free port, logged at start)")
+    parser.add_argument("--metrics-host", default=None, metavar="HOST",
+                        help="the address the metrics port listens on (default: every interface)")
     parser.add_argument("--strict-config", action="store_true",
                         help="exit 2 listing every RUNLEDGER_*/JOBS_* value that does not parse or is out of "
                              "range, instead of using the default or the nearest allowed value")
@@ -37,6 +42,7 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
                             metavar="VALUE", help=f"JobsConfig.{field.name} (default: $RUNLEDGER_{field.name.upper()})")
 
 
+MAX_PORT = 65535
 APP_HINT = ("--app takes module:attribute naming a JobRegistry (or a callable returning one) importable "
             "from the current directory, e.g. --app myapp.jobs:registry")
 CONFIG_HINT = ("fix each value listed: worker options win over RUNLEDGER_*/JOBS_* variables; "
@@ -121,15 +127,46 @@ def _coerce(field: dataclasses.Field, raw: Any) -> Any:
 def _worker(args: argparse.Namespace) -> int:
     registry = _load_registry(args.app)
     config = _worker_config(args, registry)
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= MAX_PORT:
+        raise _refuse([f"--metrics-port must be a port number from 0 to {MAX_PORT}, got {args.metrics_port}"],
+                      "give a free TCP port, e.g. --metrics-port 9100 (0 picks one)")
+    # Made before the database is touched, so a missing metrics extra is refused first.
+    # Worker processes keep counts in their own memory: with --processes N the port
+    # serves the queue gauges and each process's health only.
+    worker_metrics = _worker_metrics() if args.metrics_port is not None else None
     if not args.debug:
         rl.configure_logging(level="INFO")
+    observer = worker_metrics if args.processes == 1 else None
     with open_engine(args) as engine:
         # Built first: a bad --processes is refused before the database is touched.
         supervisor = rl.Supervisor(engine, registry, config, run_scheduler=args.run_scheduler,
-                                   processes=args.processes, app=args.app)
+                                   processes=args.processes, app=args.app, observer=observer)
         rl.check_schema(engine)
         registry.sync_definitions(engine)
-        return supervisor.run_until_shutdown(drain_timeout=args.drain_timeout)
+        server = _serve_metrics(args, engine, observer, supervisor) if worker_metrics is not None else None
+        try:
+            return supervisor.run_until_shutdown(drain_timeout=args.drain_timeout)
+        finally:
+            if server is not None:
+                server.close()
+
+
+def _worker_metrics() -> Any:
+    from runledger_sync import metrics
+
+    return metrics.WorkerMetrics()
+
+
+def _serve_metrics(args: argparse.Namespace, engine: Any, observer: Any, supervisor: Any) -> Any:
+    from runledger_sync import metrics
+
+    host = args.metrics_host or metrics.DEFAULT_METRICS_HOST
+    try:
+        return metrics.serve_metrics(metrics.registry_for(engine, worker=observer), args.metrics_port, host=host,
+                                     health=supervisor.health)
+    except OSError as error:  # the port is taken, or the host is not an address of this machine
+        raise _refuse([f"--metrics-port {args.metrics_port} cannot be served on {host!r}: {error.strerror or error}"],
+                      "pick a free port (0 picks one) or another --metrics-host") from error
 
 
 @command("demo", help="run the demo: an embedded PostgreSQL (unless a URL is given) and a real worker")

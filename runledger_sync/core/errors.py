@@ -6,6 +6,7 @@ Branch on ``.code`` or on the class, never on the message text::
 
     RunledgerError                              runledger.error
     ├── ConfigError                             config.invalid
+    │   └── MissingExtra                        config.missing_extra
     ├── RegistrationError                       registry.invalid_registration
     ├── ValidationError                         runledger.validation_failed
     │   ├── InvalidArgument                     job.invalid_argument
@@ -93,6 +94,17 @@ class ConfigError(RunledgerError):
     def __init__(self, problems: list[str]) -> None:
         self.problems = list(problems)
         super().__init__("; ".join(self.problems) or None, problems=self.problems)
+
+
+class MissingExtra(ConfigError):
+    """This feature needs an optional dependency that is not installed."""
+
+    code = "config.missing_extra"
+
+    def __init__(self, extra: str, module: str) -> None:
+        super().__init__([f"{module} is not installed; install it with: pip install 'runledger-sync[{extra}]'"])
+        self.extra = extra
+        self.module = module
 
 
 class RegistrationError(RunledgerError):

@@ -86,6 +86,10 @@ class JobExecution:
         self.started = time.monotonic()
         self.engine = engine
         self.writers = writers
+        #: Told of failed lease renewals; None when metrics are off.
+        self.observer = tally.observer if tally is not None else None
+        #: How long the handler ran, once it has returned.
+        self.handler_seconds: Optional[float] = None
         self.registry = registry
         self.job = job
         self.config = config
@@ -128,7 +132,7 @@ class JobExecution:
         self._ended = True
         ended = {"outcome": outcome} if outcome is not None else outcome_fields(self.decided)
         if self._tally is not None:
-            self._tally.count(ended["outcome"])
+            self._tally.count(ended["outcome"], self.job.job_type, self.handler_seconds)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("job processed", extra=self.log_fields | ended | {
                 "elapsed_ms": int((time.monotonic() - self.started) * 1000)})

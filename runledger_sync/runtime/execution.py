@@ -134,8 +134,9 @@ def _process_with_timer(execution: JobExecution, running: object, timer: TimerTh
         timer.schedule(min(first_beat, deadline_of(execution, started)), lambda: watch(execution, started, first_beat))
         handler_started = time.monotonic()
         outcome = _run_handler(execution)
+        execution.handler_seconds = handler_seconds = time.monotonic() - handler_started
         if writers is not None:
-            writers.finishing.record(time.monotonic() - handler_started)
+            writers.finishing.record(handler_seconds)
         if execution.lease_verdict_pending.is_set():
             # The lease ran out while a renewal was in flight: the watch logs the
             # verdict itself once that renewal has said why.

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional, TypeVar
 
 from sqlalchemy.engine import Engine
 
@@ -14,6 +15,7 @@ from runledger_sync.core.types import (
 )
 from runledger_sync.logging import get_logger
 from runledger_sync.runtime.group_writer import GroupWriter
+from runledger_sync.runtime.observer import WorkerObserver
 from runledger_sync.runtime.pace import FinishingSoon
 from runledger_sync.store import lifecycle, lifecycle_batch
 from runledger_sync.store.held import HeldConnection
@@ -27,6 +29,7 @@ GROUP_LINGER_SECONDS = 0.002
 SuccessItem = tuple[lifecycle.LeaseIdentity, Optional[JobCompletion]]
 #: A claimed job and the lease it runs under, on its way to its running write.
 RunningItem = tuple[lifecycle.LeaseIdentity, JobRecord]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,7 @@ class HotPathWriters:
     @classmethod
     def start(
         cls, engine: Engine, worker_id: str, *, finishing: FinishingSoon, event_log: EventLog | str = EventLog.FULL,
+        observer: Optional[WorkerObserver] = None,
     ) -> "HotPathWriters":
         """Start both writers.
 
@@ -51,16 +55,17 @@ class HotPathWriters:
         once its running write has been answered. The success writer lingers briefly
         for the company of the jobs ``finishing`` says should succeed meanwhile.
         ``event_log`` is the worker's level: ``transitions`` writes no STAGE_CHANGED(running) rows.
+        ``observer`` is told the size and duration of each group write.
         """
         running_connection, success_connection = HeldConnection(engine), HeldConnection(engine)
         running: GroupWriter[RunningItem, None] = GroupWriter(
             f"runledger-running-{worker_id}",
-            lambda group: lifecycle_batch.mark_jobs_running(
-                running_connection, [identity for identity, _ in group], event_log=event_log),
+            _timed(observer, "running", lambda group: lifecycle_batch.mark_jobs_running(
+                running_connection, [identity for identity, _ in group], event_log=event_log)),
         )
         success: GroupWriter[SuccessItem, None] = GroupWriter(
             f"runledger-success-{worker_id}",
-            lambda group: lifecycle_batch.complete_jobs_success(success_connection, group),
+            _timed(observer, "success", lambda group: lifecycle_batch.complete_jobs_success(success_connection, group)),
             linger_seconds=GROUP_LINGER_SECONDS,
             still_coming=lambda: finishing.others_within(GROUP_LINGER_SECONDS),
         )
@@ -74,3 +79,19 @@ class HotPathWriters:
         # Both threads have stopped, so their connections are free to close here.
         for connection in self.connections:
             connection.close()
+
+
+def _timed(
+    observer: Optional[WorkerObserver], writer: str, write: Callable[[list[T]], list[object]],
+) -> Callable[[list[T]], list[object]]:
+    """``write``, reporting each group's size and duration to ``observer``; ``write`` itself when there is none."""
+    if observer is None:
+        return write
+
+    def timed_write(group: list[T]) -> list[object]:
+        started = time.monotonic()
+        results = write(group)
+        observer.group_written(writer, len(group), time.monotonic() - started)
+        return results
+
+    return timed_write

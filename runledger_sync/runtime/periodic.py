@@ -18,11 +18,13 @@ def run_periodically(
     step: Callable[[], Optional[float]],
     interval_seconds: float,
     shutdown_event: threading.Event,
+    on_success: Optional[Callable[[], None]] = None,
 ) -> RuntimeLoopExit:
     """Run ``step`` until shutdown, waiting what it returns (None: ``interval_seconds``) between runs.
 
     A step that raises is logged and tried again after the interval: one failed
-    sweep or tick must never stop the loop.
+    sweep or tick must never stop the loop. ``on_success`` is called after each
+    step that did not raise.
 
     Returns:
         ``SHUTDOWN``, or ``INVALID_CONFIG`` at once when ``validate`` refuses the config.
@@ -36,6 +38,8 @@ def run_periodically(
         wait: Optional[float] = None
         try:
             wait = step()
+            if on_success is not None:
+                on_success()
         except Exception as error:  # noqa: BLE001 - logged; the next interval tries again
             log.warning(f"{name} step failed", extra={"error": str(error)})
         shutdown_event.wait(interval_seconds if wait is None else wait)

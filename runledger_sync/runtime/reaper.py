@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Sequence
+from typing import Optional, Sequence
 
 from sqlalchemy.engine import Engine
 
@@ -20,6 +20,7 @@ from runledger_sync.core.types import JobContext, JobDeadLetterInfo, JobDeadLett
 from runledger_sync.core.outcomes import lease_expired_failure
 from runledger_sync.logging import get_logger, job_log_fields
 from runledger_sync.registry import JobRegistry
+from runledger_sync.runtime.health import REAP, LoopMarks
 from runledger_sync.runtime.hooks import run_dead_letter_hook
 from runledger_sync.runtime.periodic import run_periodically
 from runledger_sync.store import lifecycle
@@ -105,9 +106,13 @@ def _join_hooks(threads: Sequence[threading.Thread], shutdown: threading.Event) 
 
 
 def run_reaper_loop(
-    engine: Engine, registry: JobRegistry, config: JobsConfig, shutdown_event: threading.Event
+    engine: Engine, registry: JobRegistry, config: JobsConfig, shutdown_event: threading.Event,
+    *, marks: Optional[LoopMarks] = None,
 ) -> RuntimeLoopExit:
     """Sweep expired leases every ``reaper_interval_seconds`` until shutdown.
+
+    Args:
+        marks: where each sweep that did not fail is marked (the Supervisor's health).
 
     Returns:
         ``SHUTDOWN``, or ``INVALID_CONFIG`` at once when the reaper's settings are invalid.
@@ -115,4 +120,5 @@ def run_reaper_loop(
     def sweep() -> None:
         reap_once(engine, registry, config, shutdown_event)
 
-    return run_periodically("reaper", config.validate_reaper, sweep, config.reaper_interval_seconds, shutdown_event)
+    return run_periodically("reaper", config.validate_reaper, sweep, config.reaper_interval_seconds, shutdown_event,
+                            on_success=None if marks is None else lambda: marks.mark(REAP))

@@ -10,6 +10,7 @@ number of processes may run it: the schedule rows are the lock.
 from __future__ import annotations
 
 import threading
+from typing import Optional
 
 from sqlalchemy.engine import Engine
 
@@ -18,6 +19,7 @@ from runledger_sync.core.records import ScheduleTick
 from runledger_sync.core.types import RuntimeLoopExit
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
+from runledger_sync.runtime.health import TICK, LoopMarks
 from runledger_sync.runtime.periodic import run_periodically
 from runledger_sync.store import schedules
 
@@ -47,9 +49,13 @@ def tick_once(engine: Engine, config: JobsConfig) -> ScheduleTick:
 
 
 def run_scheduler_loop(
-    engine: Engine, registry: JobRegistry, config: JobsConfig, shutdown_event: threading.Event
+    engine: Engine, registry: JobRegistry, config: JobsConfig, shutdown_event: threading.Event,
+    *, marks: Optional[LoopMarks] = None,
 ) -> RuntimeLoopExit:
     """Fire due schedules until shutdown.
+
+    Args:
+        marks: where each tick that did not fail is marked (the Supervisor's health).
 
     Returns:
         ``SHUTDOWN``, or ``INVALID_CONFIG`` at once when the scheduler's settings are invalid.
@@ -60,4 +66,4 @@ def run_scheduler_loop(
         return wait if next_due is None else min(wait, max(MIN_WAIT_SECONDS, next_due))
 
     return run_periodically("scheduler", config.validate_scheduler, tick, config.schedule_poll_interval_seconds,
-                            shutdown_event)
+                            shutdown_event, on_success=None if marks is None else lambda: marks.mark(TICK))

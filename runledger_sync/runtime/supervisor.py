@@ -9,6 +9,7 @@ With ``processes=N`` (N > 1) the loops run in N child processes instead
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import threading
@@ -18,17 +19,23 @@ from typing import Any, Callable, Optional
 from sqlalchemy.engine import Engine
 
 from runledger_sync.config import JobsConfig
+from runledger_sync.core.errors import ConfigError, RunledgerError
 from runledger_sync.core.types import RuntimeLoopExit
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
+from runledger_sync.runtime.health import CLAIM, REAP, TICK, LoopHealth, LoopMarks, SupervisorHealth
+from runledger_sync.runtime.observer import WorkerObserver
 from runledger_sync.runtime.processes import ProcessGroup, check_processes
 from runledger_sync.runtime.reaper import run_reaper_loop
 from runledger_sync.runtime.scheduler import run_scheduler_loop
 from runledger_sync.runtime.worker import run_worker_loop
+from runledger_sync.store.gauges import ping
 
 log = get_logger(__name__)
 
 Loop = Callable[[Engine, JobRegistry, JobsConfig, threading.Event], RuntimeLoopExit]
+#: The step each loop marks when it succeeds, shown as its last_success_at.
+LOOP_STEPS = {"worker": CLAIM, "reaper": REAP, "scheduler": TICK}
 DEFAULT_DRAIN_TIMEOUT_SECONDS = 30.0
 #: Exit status of a process stopped by a second signal, as shells report SIGINT.
 FORCED_EXIT_STATUS = 130
@@ -48,6 +55,9 @@ class Supervisor:
             the first also runs the reaper and scheduler. A child that dies is
             restarted (backoff 0.5-8 s; after 5 restarts within a minute, or a child
             that cannot load ``app``, all are stopped and :attr:`failure` says why).
+        observer: told of each claimed batch, job end and group write of the
+            worker (:class:`runledger_sync.metrics.WorkerMetrics` keeps Prometheus
+            counters); only with ``processes=1``, since it lives in this process.
         app: with ``processes > 1``, where each worker process imports the registry:
             ``"module:attribute"`` naming a JobRegistry, or a callable returning
             one, with the same job types as ``registry``. Required then, since a
@@ -56,7 +66,8 @@ class Supervisor:
     Raises:
         ConfigError: ``processes`` is not an int >= 1, or it is > 1 and ``app`` is
             missing, does not import, names no registry or one with other types,
-            or is the ``__main__`` of an interactive session.
+            or is the ``__main__`` of an interactive session; or an ``observer`` is
+            given with ``processes > 1``.
 
     Example:
         ``with rl.Supervisor(engine, registry, rl.JobsConfig.from_env()): serve()``, or
@@ -73,20 +84,27 @@ class Supervisor:
         run_scheduler: bool = True,
         processes: int = 1,
         app: Optional[str] = None,
+        observer: Optional[WorkerObserver] = None,
     ) -> None:
         self.engine = engine
         self.registry = registry
         self.config = config if config is not None else JobsConfig.from_env()
         self.shutdown_event = threading.Event()
-        self._loops: dict[str, Loop] = {"worker": run_worker_loop}
+        self._marks = LoopMarks()
+        self._loops: dict[str, Loop] = {
+            "worker": functools.partial(run_worker_loop, observer=observer, marks=self._marks),
+        }
         if run_reaper:
-            self._loops["reaper"] = run_reaper_loop
+            self._loops["reaper"] = functools.partial(run_reaper_loop, marks=self._marks)
         if run_scheduler:
-            self._loops["scheduler"] = run_scheduler_loop
+            self._loops["scheduler"] = functools.partial(run_scheduler_loop, marks=self._marks)
         self._threads: list[threading.Thread] = []
         self._exits: dict[str, Any] = {}
         self._failure: Optional[str] = None
         self.processes = check_processes(processes)
+        if observer is not None and processes > 1:
+            raise ConfigError([f"an observer needs processes=1 (got {processes}): worker processes "
+                               "keep their counts in their own memory"])
         self._group = ProcessGroup(
             engine, registry, app, self.config, processes, run_reaper=run_reaper, run_scheduler=run_scheduler,
             shutdown_event=self.shutdown_event,
@@ -110,6 +128,46 @@ class Supervisor:
         if self._group is not None:
             return self._group.running
         return any(thread.is_alive() for thread in self._threads)
+
+    def health(self, *, check_database: bool = True) -> SupervisorHealth:
+        """Report whether each loop runs, when it last did its work, and whether the database answers.
+
+        Args:
+            check_database: run one ``SELECT`` to see that the database answers
+                (False reports ``database_reachable`` as True without asking).
+
+        Returns:
+            A :class:`SupervisorHealth`: per loop (``worker``, ``reaper``,
+            ``scheduler``, and ``listener`` when the worker LISTENs) whether it is
+            alive and its last successful claim, sweep or tick; with
+            ``processes > 1``, whether each worker process is alive.
+
+        Example:
+            ``status = sup.health(); status.healthy, status.loops["worker"].last_success_at``
+        """
+        loops = self._thread_health() if self._group is None else _process_health(self._group)
+        error = None
+        if check_database:
+            try:
+                ping(self.engine)
+            except RunledgerError as failure:
+                error = (str(failure).splitlines() or [failure.code])[0]
+        return SupervisorHealth(loops=loops, database_reachable=error is None, database_error=error)
+
+    def _thread_health(self) -> dict[str, LoopHealth]:
+        threads = dict(zip(self._loops, self._threads, strict=False))  # no threads before start()
+        loops = {}
+        for name in self._loops:
+            thread = threads.get(name)
+            ended = self._exits.get(name)
+            loops[name] = LoopHealth(
+                name, alive=thread is not None and thread.is_alive(),
+                last_success_at=self._marks.last(LOOP_STEPS[name]), exit=None if ended is None else repr(ended),
+            )
+        listener = self._marks.listener
+        if listener is not None:
+            loops["listener"] = LoopHealth("listener", alive=listener.connected)
+        return loops
 
     def start(self) -> "Supervisor":
         """Start the loops in background threads; return at once."""
@@ -210,3 +268,12 @@ class Supervisor:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def _process_health(group: ProcessGroup) -> dict[str, LoopHealth]:
+    health = {}
+    for slot in group.slots:
+        name = slot.worker_id or f"p{slot.index}"
+        health[name] = LoopHealth(name, alive=slot.process is not None and slot.process.is_alive(),
+                                  exit=None if slot.last_exit is None else str(slot.last_exit))
+    return health

@@ -9,8 +9,10 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from typing import Optional
 
 from runledger_sync.logging import get_logger
+from runledger_sync.runtime.observer import WorkerObserver
 
 log = get_logger(__name__)
 
@@ -19,17 +21,23 @@ SUMMARY_INTERVAL_SECONDS = 60.0
 
 
 class OutcomeTally:
-    """Attempts ended since the last summary, by outcome (``succeeded``, ``retry_scheduled``, ...)."""
+    """Attempts ended since the last summary, by outcome (``succeeded``, ``retry_scheduled``, ...).
 
-    def __init__(self, worker_id: str) -> None:
+    Every ending is also told to ``observer`` when there is one (metrics on).
+    """
+
+    def __init__(self, worker_id: str, observer: Optional[WorkerObserver] = None) -> None:
         self.worker_id = worker_id
+        self.observer = observer
         self._counts: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._since = time.monotonic()
 
-    def count(self, outcome: str) -> None:
+    def count(self, outcome: str, job_type: str = "", handler_seconds: Optional[float] = None) -> None:
         with self._lock:
             self._counts[outcome] += 1
+        if self.observer is not None:
+            self.observer.job_finished(job_type, outcome, handler_seconds)
 
     def report_if_due(self) -> None:
         if time.monotonic() - self._since >= SUMMARY_INTERVAL_SECONDS:

@@ -105,6 +105,7 @@ def _renew_lease(execution: JobExecution) -> None:
         | stop_when_event_set(execution.stop_watchdog),
         wait=wait_exponential(multiplier=RENEWAL_RETRY_FIRST_PAUSE_SECONDS, max=RENEWAL_RETRY_MAX_PAUSE_SECONDS),
         sleep=execution.stop_watchdog.wait,
+        before_sleep=lambda _state: _count_heartbeat_failure(execution),
         reraise=True,
     )
 
@@ -164,6 +165,7 @@ def _heartbeat(execution: JobExecution) -> bool:
             log.debug("heartbeat skipped: the handler owns the completion",
                       extra=execution.log_fields | {"error": str(error)})
             return True
+        _count_heartbeat_failure(execution)
         if isinstance(error, LeaseOwnerMismatch):
             lost = LeaseLost(LEASE_OWNER_MISMATCH_CODE, "Job lease ownership was lost during processing.")
             reason = "canceled" if _was_canceled(execution) else "lease_lost"
@@ -183,6 +185,11 @@ def _heartbeat(execution: JobExecution) -> bool:
     if execution.gate.take():
         finish(execution, lost)  # writes nothing; logs which kind of lease loss ended the attempt
     return False
+
+
+def _count_heartbeat_failure(execution: JobExecution) -> None:
+    if execution.observer is not None:
+        execution.observer.heartbeat_failed(execution.job.job_type)
 
 
 def _was_canceled(execution: JobExecution) -> bool:

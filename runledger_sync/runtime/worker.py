@@ -39,8 +39,10 @@ from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.attempt import lease_identity
 from runledger_sync.runtime.execution import WRITE_RUNNING, process_claimed_job
+from runledger_sync.runtime.health import CLAIM, LoopMarks
 from runledger_sync.runtime.hot_path import HotPathWriters, RunningItem
 from runledger_sync.runtime.listener import JobListener
+from runledger_sync.runtime.observer import WorkerObserver
 from runledger_sync.runtime.pace import FinishingSoon
 from runledger_sync.runtime.tally import OutcomeTally
 from runledger_sync.runtime.timer_thread import TimerThread
@@ -69,7 +71,8 @@ class WorkerLoop:
 
     def __init__(
         self, engine: Engine, registry: JobRegistry, config: JobsConfig, shutdown: threading.Event,
-        *, listen: bool = LISTEN_BY_DEFAULT,
+        *, listen: bool = LISTEN_BY_DEFAULT, observer: Optional[WorkerObserver] = None,
+        marks: Optional[LoopMarks] = None,
     ) -> None:
         self.engine = engine
         self.registry = registry
@@ -108,16 +111,22 @@ class WorkerLoop:
                         probe_interval_seconds=max(PROBE_INTERVAL_SECONDS, config.poll_interval_ms / 1000.0))
             if listen and types and owns_connections and self.listen_allowed else None
         )
+        #: Told of each claimed batch, job end and group write; None when metrics are off.
+        self.observer = observer
+        #: Where a successful claim is marked, for the supervisor's health.
+        self.marks = marks
+        if marks is not None:
+            marks.listener = self.listener
         #: True while the last claim came back full: more jobs are due than slots.
         self.backlogged = False
         self.gather_target = min(config.claim_batch_size, config.max_global_concurrency)
         #: How attempts ended, logged as a summary a minute rather than a line a job.
-        self.tally = OutcomeTally(config.worker_id)
+        self.tally = OutcomeTally(config.worker_id, observer)
         #: The batching policy: how many running jobs succeed soon (the claim's gather
         #: wait and the success writer's linger both ask it).
         self.finishing = FinishingSoon(running_jobs=self._running_count)
         self.writers = HotPathWriters.start(
-            engine, config.worker_id, finishing=self.finishing, event_log=config.event_log,
+            engine, config.worker_id, finishing=self.finishing, event_log=config.event_log, observer=observer,
         ) if owns_connections else None
 
     def _running_count(self) -> int:
@@ -147,6 +156,10 @@ class WorkerLoop:
             log.warning("worker claim failed", extra={"worker_id": self.config.worker_id, "error": str(error)})
             self.backlogged = False
             return False
+        if self.marks is not None:
+            self.marks.mark(CLAIM)
+        if self.observer is not None:
+            self.observer.claimed(claimed)
         with self._lock:
             self.in_flight += len(claimed)
         if self.writers is not None:
@@ -288,13 +301,16 @@ class WorkerLoop:
 
 def run_worker_loop(
     engine: Engine, registry: JobRegistry, config: JobsConfig, shutdown_event: threading.Event,
-    *, listen: bool = LISTEN_BY_DEFAULT,
+    *, listen: bool = LISTEN_BY_DEFAULT, observer: Optional[WorkerObserver] = None, marks: Optional[LoopMarks] = None,
 ) -> RuntimeLoopExit:
     """Run the worker until ``shutdown_event`` is set, then drain in-flight jobs.
 
     Args:
         listen: LISTEN for enqueue notifications so an idle worker starts new jobs
             at once; False leaves only the poll.
+        observer: told of each claimed batch, job end and group write (e.g.
+            :class:`runledger_sync.metrics.WorkerMetrics`); None keeps no metrics.
+        marks: where each successful claim is marked (the Supervisor's health).
 
     Returns:
         ``RuntimeLoopExit.SHUTDOWN`` after a drain, or ``INVALID_CONFIG`` at once
@@ -313,7 +329,7 @@ def run_worker_loop(
     except ConfigError as error:
         log.warning("invalid jobs config; stopping worker loop", extra={"error": str(error)})
         return RuntimeLoopExit.INVALID_CONFIG
-    loop = WorkerLoop(engine, registry, config, shutdown_event, listen=listen)
+    loop = WorkerLoop(engine, registry, config, shutdown_event, listen=listen, observer=observer, marks=marks)
     log.info("worker started", extra={"worker_id": config.worker_id, "job_types": loop.job_types,
                                       "max_global_concurrency": config.max_global_concurrency,
                                       "listen": loop.listener is not None})

@@ -11,6 +11,7 @@ from runledger_sync.core.errors import (
     ConfigError,
     InvalidArgument,
     JobCancelled,
+    MissingExtra,
     RunledgerError,
     all_error_classes,
 )
@@ -24,6 +25,8 @@ def instantiate(cls: type) -> BaseException:
     """Build an instance with each constructor's own arguments."""
     if cls is JobCancelled:
         return cls("deadline")
+    if cls is MissingExtra:
+        return cls("metrics", "prometheus_client")
     if issubclass(cls, ConfigError):
         return cls(["jobs config poll_interval_ms must be > 0, got 0"])
     if issubclass(cls, InvalidArgument):

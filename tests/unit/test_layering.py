@@ -30,6 +30,9 @@ LAYERS: dict[str, int] = {
     "db": 2,
     "store": 3,
     "runtime": 4,
+    # Beside runtime: it reads the store and implements the runtime's observer
+    # interface, which the runtime reaches only through that interface.
+    "metrics": 4,
     "cli": 5,
     "contrib": 5,
     "web": 5,
@@ -190,6 +193,14 @@ def test_core_does_no_io():
             else:
                 continue
             found += [f"{name}:{node.lineno} imports {top}" for top in tops if top in IO_LIBRARIES]
+    assert found == []
+
+
+def test_runtime_never_imports_metrics():
+    # The worker holds an observer or None; importing the implementation would tie
+    # the hot path to prometheus_client.
+    found = [f"{e.importer}:{e.line}" for e in all_edges()
+             if e.importer.startswith(f"{PACKAGE}.runtime") and e.target.startswith(f"{PACKAGE}.metrics")]
     assert found == []
 
 

@@ -1,0 +1,270 @@
+"""Prometheus metrics: queue gauges read from the database on each scrape, worker counters kept in process.
+
+``runledger-sync worker --metrics-port 9100`` serves both at ``/metrics`` and the
+supervisor's health at ``/health``. In your own process::
+
+    from prometheus_client import make_wsgi_app
+    from runledger_sync.metrics import WorkerMetrics, registry_for
+
+    metrics = WorkerMetrics()
+    supervisor = rl.Supervisor(engine, registry, config, observer=metrics)
+    app = make_wsgi_app(registry_for(engine, worker=metrics))   # mount it where you like
+
+The queue gauges cost one statement per scrape (:mod:`runledger_sync.store.gauges`
+says which indexes it reads). The worker's counters cost nothing when no
+observer is given, and a few counter and histogram updates per job when one is.
+prometheus_client is the ``metrics`` extra: without it, this module still
+imports, and the functions that need it raise :class:`MissingExtra`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from socketserver import ThreadingMixIn
+from types import ModuleType
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from runledger_sync.core.errors import MissingExtra, RunledgerError
+from runledger_sync.core.records import JobRecord
+from runledger_sync.logging import get_logger
+from runledger_sync.runtime.health import SupervisorHealth
+from runledger_sync.store.gauges import DEAD_LETTER_WINDOW_SECONDS, LATE_SCHEDULE_SECONDS, QueueGauges, queue_gauges
+
+log = get_logger(__name__)
+
+HANDLER_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
+PICKUP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+WRITE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000)
+#: The outcome under which a job's end counts as a lease loss too.
+LEASE_LOST = "lease_lost"
+DEFAULT_METRICS_HOST = "0.0.0.0"  # noqa: S104 - a scrape comes from another host; --metrics-host narrows it
+
+
+def _prometheus() -> ModuleType:
+    try:
+        import prometheus_client
+        import prometheus_client.core  # noqa: F401 - the metric families of a custom collector
+    except ImportError:
+        raise MissingExtra("metrics", "prometheus_client") from None
+    return prometheus_client
+
+
+class WorkerMetrics:
+    """The worker's counters and histograms: give it to ``Supervisor(observer=...)`` and to :func:`registry_for`.
+
+    It is a :class:`runledger_sync.runtime.observer.WorkerObserver` and a
+    Prometheus collector. Its metrics belong to no registry until you register it.
+
+    Raises:
+        MissingExtra: prometheus_client is not installed.
+    """
+
+    def __init__(self) -> None:
+        client = _prometheus()
+        self.jobs = client.Counter("runledger_jobs", "Attempts ended, by job type and outcome.",
+                                   ["job_type", "outcome"], registry=None)
+        self.handler_seconds = client.Histogram(
+            "runledger_job_handler_duration_seconds", "Time in the handler, per attempt that ran it.",
+            ["job_type"], buckets=HANDLER_BUCKETS, registry=None)
+        self.pickup_seconds = client.Histogram(
+            "runledger_job_pickup_latency_seconds", "From a job's due time (enqueue, run_at or retry) to its claim.",
+            ["job_type"], buckets=PICKUP_BUCKETS, registry=None)
+        self.claim_batch = client.Histogram(
+            "runledger_claim_batch_jobs", "Jobs returned by one claim that found any.", buckets=SIZE_BUCKETS, registry=None)
+        self.group_size = client.Histogram(
+            "runledger_group_write_jobs", "Jobs written by one group write.", ["writer"], buckets=SIZE_BUCKETS,
+            registry=None)
+        self.group_seconds = client.Histogram(
+            "runledger_group_write_duration_seconds", "Duration of one group write's transaction.", ["writer"],
+            buckets=WRITE_BUCKETS, registry=None)
+        self.heartbeat_failures = client.Counter(
+            "runledger_heartbeat_failures", "Lease renewals that failed (retried or given up).", ["job_type"],
+            registry=None)
+        self.lease_losses = client.Counter(
+            "runledger_lease_losses", "Attempts that lost their lease (nothing written; the reaper recovers them).",
+            ["job_type"], registry=None)
+        # Label children looked up once: a job's end then costs a dict read per metric.
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def claimed(self, jobs: Sequence[JobRecord]) -> None:
+        if not jobs:
+            return  # an idle worker's polls would bury the batch sizes under zeros
+        self.claim_batch.observe(len(jobs))
+        for job in jobs:
+            # Both times come from the database clock: the claim sets last_heartbeat_at to its now().
+            if job.last_heartbeat_at is not None:
+                waited = (job.last_heartbeat_at - job.next_run_at).total_seconds()
+                self._child(self.pickup_seconds, job.job_type).observe(max(0.0, waited))
+
+    def job_finished(self, job_type: str, outcome: str, handler_seconds: Optional[float]) -> None:
+        self._child(self.jobs, job_type, outcome).inc()
+        if handler_seconds is not None:
+            self._child(self.handler_seconds, job_type).observe(handler_seconds)
+        if outcome == LEASE_LOST:
+            self._child(self.lease_losses, job_type).inc()
+
+    def group_written(self, writer: str, size: int, seconds: float) -> None:
+        self._child(self.group_size, writer).observe(size)
+        self._child(self.group_seconds, writer).observe(seconds)
+
+    def heartbeat_failed(self, job_type: str) -> None:
+        self._child(self.heartbeat_failures, job_type).inc()
+
+    def collect(self) -> Iterator[Any]:
+        for metric in (self.jobs, self.handler_seconds, self.pickup_seconds, self.claim_batch, self.group_size,
+                       self.group_seconds, self.heartbeat_failures, self.lease_losses):
+            yield from metric.collect()
+
+
+class QueueCollector:
+    """Reads :func:`~runledger_sync.store.gauges.queue_gauges` on each scrape and turns it into gauges.
+
+    A failed read is logged and reported as ``runledger_queue_up 0``, never as an
+    error of the whole scrape, so the worker's own counters are still collected.
+    """
+
+    def __init__(self, bind: Any) -> None:
+        self.bind = bind
+        self._core = _prometheus().core
+
+    def collect(self) -> Iterator[Any]:
+        core = self._core
+        started = time.monotonic()
+        try:
+            read: Optional[QueueGauges] = queue_gauges(self.bind)
+        except RunledgerError as error:
+            log.warning("queue metrics could not be read", extra={"error": str(error)})
+            read = None
+        yield core.GaugeMetricFamily("runledger_queue_up", "1 when the last scrape read the queue, else 0.",
+                                     value=0 if read is None else 1)
+        yield core.GaugeMetricFamily("runledger_queue_scrape_duration_seconds",
+                                     "How long the scrape's queue read took.", value=time.monotonic() - started)
+        if read is not None:
+            yield from _queue_families(core, read)
+
+
+def _queue_families(core: Any, read: QueueGauges) -> Iterable[Any]:
+    def by_type(name: str, documentation: str, values: dict[str, Any]) -> Any:
+        family = core.GaugeMetricFamily(name, documentation, labels=["job_type"])
+        for job_type in sorted(set(read.job_types) | set(values)):
+            family.add_metric([job_type], values.get(job_type, 0))
+        return family
+
+    jobs = core.GaugeMetricFamily("runledger_queue_jobs", "Unfinished jobs, by job type and status (PENDING, LEASED).",
+                                  labels=["job_type", "status"])
+    for job_type in sorted(set(read.job_types) | {job_type for job_type, _ in read.jobs}):
+        for status in ("PENDING", "LEASED"):
+            jobs.add_metric([job_type, status], read.jobs.get((job_type, status), 0))
+    yield jobs
+    yield by_type("runledger_queue_due_jobs", "PENDING jobs whose run time has come.", read.due)
+    yield by_type("runledger_queue_oldest_due_age_seconds", "How long the longest-waiting due job has been due.",
+                  read.oldest_due_age_seconds)
+    yield by_type("runledger_queue_expired_leases", "LEASED jobs whose lease ran out (the reaper's work).",
+                  read.expired_leases)
+    yield by_type("runledger_dead_letters_recent",
+                  f"Jobs dead-lettered in the last {DEAD_LETTER_WINDOW_SECONDS} seconds.", read.dead_lettered_recently)
+    yield core.GaugeMetricFamily("runledger_schedules_late",
+                                 f"Active schedules due for more than {LATE_SCHEDULE_SECONDS} seconds.",
+                                 value=read.late_schedules)
+    yield core.GaugeMetricFamily("runledger_schedules_max_lateness_seconds",
+                                 "How long the most overdue active schedule has been due (0: none is due).",
+                                 value=read.max_schedule_lateness_seconds or 0.0)
+
+
+def registry_for(bind: Any, *, worker: Optional[WorkerMetrics] = None) -> Any:
+    """Return a CollectorRegistry with the queue gauges of ``bind`` (and ``worker``'s counters, if given).
+
+    Args:
+        bind: the Engine to read the queue from, once per scrape.
+        worker: the WorkerMetrics given to your Supervisor as its observer.
+
+    Returns:
+        A ``prometheus_client.CollectorRegistry`` of its own, so nothing else in
+        the process's default registry is mixed in; mount it with
+        ``prometheus_client.make_wsgi_app(registry)``.
+
+    Raises:
+        MissingExtra: prometheus_client is not installed.
+
+    Example:
+        ``make_wsgi_app(registry_for(engine, worker=metrics))``
+    """
+    registry = _prometheus().CollectorRegistry()
+    registry.register(QueueCollector(bind))
+    if worker is not None:
+        registry.register(worker)
+    return registry
+
+
+def metrics_app(registry: Any, *, health: Optional[Callable[[], SupervisorHealth]] = None) -> Callable[..., Any]:
+    """A WSGI app serving ``registry`` at ``/metrics`` and, given ``health``, its answer at ``/health``.
+
+    ``/health`` answers 200 when healthy and 503 otherwise, with the JSON of
+    :meth:`SupervisorHealth.as_dict`; container probes read the status.
+    """
+    scrape = _prometheus().make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "/")
+        if path == "/metrics":
+            return scrape(environ, start_response)
+        if path == "/health" and health is not None:
+            answer = health()
+            body = json.dumps(answer.as_dict()).encode()
+            status = "200 OK" if answer.healthy else "503 Service Unavailable"
+            start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+            return [body]
+        body = b"not found: try /metrics or /health\n"
+        start_response("404 Not Found", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+        return [body]
+
+    return app
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """A scrape every few seconds is not worth a log line."""
+
+
+@dataclass
+class MetricsServer:
+    """An HTTP server for :func:`metrics_app` on a thread of its own."""
+
+    server: WSGIServer
+    thread: threading.Thread
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_address[1])
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+def serve_metrics(
+    registry: Any, port: int, *, host: str = DEFAULT_METRICS_HOST, health: Optional[Callable[[], SupervisorHealth]] = None,
+) -> MetricsServer:
+    """Serve :func:`metrics_app` on ``host:port`` (0: any free port) until :meth:`MetricsServer.close`."""
+    server = make_server(host, port, metrics_app(registry, health=health), _ThreadingServer, _QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, name="runledger-metrics", daemon=True)
+    thread.start()
+    log.info("metrics served", extra={"host": host, "port": server.server_address[1]})
+    return MetricsServer(server, thread)
