@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from typing import Any, Optional
+from uuid import UUID
 
 from sqlalchemy.engine import Engine
 
@@ -18,6 +19,7 @@ from runledger_sync.core.outcomes import (
     Transition,
 )
 from runledger_sync.core.records import JobRecord
+from runledger_sync.core.workflow import WorkflowContext
 from runledger_sync.core.types import (
     JobCompletion,
     JobContext,
@@ -25,7 +27,7 @@ from runledger_sync.core.types import (
 from runledger_sync.logging import get_logger, job_log_fields
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.hot_path import HotPathWriters
-from runledger_sync.store import lifecycle
+from runledger_sync.store import lifecycle, workflows
 
 log = get_logger(__name__)
 
@@ -74,6 +76,7 @@ class JobExecution:
             worker_id=worker_id,
             job_type=job.job_type,
             checkpoint=job.checkpoint,
+            workflow=None if job.workflow_step_id is None else self._workflow_context(job.workflow_step_id),
             _progress_reporter=self._report_progress,
             _completer=self._complete_in,
         )
@@ -94,6 +97,14 @@ class JobExecution:
         self.completed_in_transaction = False
         #: The transition the attempt ended with, once one was decided (by the handler or the watch).
         self.decided: Optional[Transition] = None
+
+    def _workflow_context(self, step_id: UUID) -> WorkflowContext:
+        # Read when the handler first asks, so a step that never looks pays no query.
+        return WorkflowContext(
+            step_id,
+            lambda step: workflows.load_step(self.engine, step),
+            lambda run_id, key: workflows.step_output(self.engine, run_id, key),
+        )
 
     def _report_progress(self, context: JobContext, done: Optional[int], total: Optional[int], checkpoint: Any) -> None:
         lifecycle.update_job_progress(

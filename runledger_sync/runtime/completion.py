@@ -109,7 +109,7 @@ def _write_success(execution: JobExecution, completion: JobCompletion) -> None:
         try:
             execution.writers.success.submit((execution.identity, completion))
             return
-        except LeaseOwnerMismatch:
+        except (LeaseOwnerMismatch, WorkflowReleaseConflict):
             raise
         except CommitOutcomeUnknown:
             if landed_outcome(execution.engine, execution.identity) is not None:

@@ -38,6 +38,7 @@ from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import owns_transaction, run_in_transaction
 from runledger_sync.store._prepared import PreparedStatement, execute_in_turn
 from runledger_sync.store._rows import JOB_COLUMNS, to_job
+from runledger_sync.store._workflow_steps import steps_claimed
 from runledger_sync.store._sql import event_insert, event_log_params, full_event_log, ids_of, seconds
 
 MAX_CLAIM_LIMIT = 1_000
@@ -152,7 +153,9 @@ def _claim(
     def work(connection: Connection) -> list[JobRecord]:
         # SET LOCAL: gone when this transaction of ours ends. Set in the same round
         # trip as the claim, which is planned after them.
-        return [to_job(row) for row in execute_in_turn(connection, (settings, statement), params)]
+        claimed = [to_job(row) for row in execute_in_turn(connection, (settings, statement), params)]
+        steps_claimed(connection, claimed)
+        return claimed
 
     return run_in_transaction(bind, work)
 
@@ -163,6 +166,7 @@ def _claim_in_callers_transaction(
     """Claim with the same planner settings, then give the caller's transaction back its own."""
     saved = connection.execute(_PLANNER_SETTINGS_NOW).one()
     claimed = [to_job(row) for row in execute_in_turn(connection, (_CLAIM_SETTINGS, statement), params)]
+    steps_claimed(connection, claimed)
     connection.execute(_RESTORE_PLANNER_SETTINGS, saved._asdict())
     return claimed
 

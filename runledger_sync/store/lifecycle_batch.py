@@ -22,9 +22,14 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
-from runledger_sync.core.errors import InvalidCompletionProgress, InvalidProgress, LeaseOwnerMismatch
+from runledger_sync.core.errors import (
+    InvalidCompletionProgress,
+    InvalidProgress,
+    LeaseOwnerMismatch,
+    WorkflowReleaseConflict,
+)
 from runledger_sync.core.records import LeaseIdentity
-from runledger_sync.core.types import EventLog, JobCompletion, JobEventType, JobStage
+from runledger_sync.core.types import EventLog, JobCompletion, JobEventType, JobStage, JobStatus
 from runledger_sync.db.schema import job_attempts, job_queue
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
@@ -40,15 +45,17 @@ from runledger_sync.store._fence import (
 from runledger_sync.store._prepared import PreparedStatement
 from runledger_sync.store._sql import attempt_of, check_identity, event_insert, event_log_params, full_event_log
 from runledger_sync.store._transitions import build_success
+from runledger_sync.store._workflow_steps import JobEnd, jobs_ended
 
 _q = job_queue.c
 _a = job_attempts.c
 
-#: Per-lease result: None once written, or why its fence refused the write.
-LeaseResult = Optional[LeaseOwnerMismatch]
+#: Per-lease result: None once written, or why it was not: its fence refused it, or
+#: (a workflow's job) its run is being cancelled.
+LeaseResult = Optional[LeaseOwnerMismatch | WorkflowReleaseConflict]
 
 #: What a group write returns per written lease, and what its attempt and event rows need.
-_WRITTEN = (_q.id, _q.run_number, _q.attempt, _q.stage, _q.progress_done, _q.progress_total)
+_WRITTEN = (_q.id, _q.run_number, _q.attempt, _q.stage, _q.progress_done, _q.progress_total, _q.workflow_step_id)
 
 _SUCCESS_ARRAYS = (
     ("progress_done", "new_progress_done", ARRAY(BigInteger)),
@@ -140,20 +147,41 @@ def complete_jobs_success(
         InvalidCompletionProgress: one completion's progress is invalid, alone or
             merged with the stored progress; nothing is written for any of them.
     """
-    checked = []
-    columns: dict[str, list[Any]] = {param: [] for _, param, _ in _SUCCESS_ARRAYS}
+    values: list[tuple[LeaseIdentity, tuple[Any, ...]]] = []
     for identity, completion in completions:
-        checked.append(check_identity(*_identity_values(identity)))
         completion = completion or JobCompletion()
         check.check_progress_values(completion.progress_done, completion.progress_total, completion=True)
-        columns["new_progress_done"].append(completion.progress_done)
-        columns["new_progress_total"].append(completion.progress_total)
-        columns["new_checkpoint"].append(_json_or_none("checkpoint", completion.checkpoint))
-        columns["new_output"].append(_json_or_none("output", completion.output))
-    if not checked:
-        return []
+        values.append((check_identity(*_identity_values(identity)), (
+            completion.progress_done, completion.progress_total,
+            _json_or_none("checkpoint", completion.checkpoint), _json_or_none("output", completion.output),
+        )))
+    results: dict[int, LeaseResult] = {}
+    # A workflow's job whose run a cancel holds cannot be written now: the group
+    # is written again without it, so the other jobs still commit together.
+    while len(results) < len(values):
+        group = [index for index in range(len(values)) if index not in results]
+        try:
+            written = _write_success_group(bind, [values[index] for index in group])
+        except WorkflowReleaseConflict as conflict:
+            held_back = [index for index in group
+                         if str(values[index][0].job_id) in conflict.details.get("job_ids", ())]
+            if not held_back:
+                raise
+            results.update((index, conflict) for index in held_back)
+            continue
+        results.update(zip(group, written, strict=True))
+    return [results[index] for index in range(len(values))]
+
+
+def _write_success_group(bind: Bind, values: list[tuple[LeaseIdentity, tuple[Any, ...]]]) -> list[LeaseResult]:
+    identities = [identity for identity, _ in values]
+    columns = {param: [row[position] for _, row in values] for position, (_, param, _) in enumerate(_SUCCESS_ARRAYS)}
+
+    def work(connection: Connection) -> list[LeaseResult]:
+        return _write_group(connection, _GROUP_SUCCESS, identities, columns, ended=JobStatus.SUCCEEDED)
+
     try:
-        return run_in_transaction(bind, lambda connection: _write_group(connection, _GROUP_SUCCESS, checked, columns))
+        return run_in_transaction(bind, work)
     except InvalidProgress as exc:
         raise InvalidCompletionProgress(
             "Handler returned invalid success progress: merged with the stored progress, "
@@ -171,9 +199,12 @@ def _json_or_none(name: str, value: Any) -> Optional[str]:
 
 def _write_group(
     connection: Connection, statement: PreparedStatement, identities: list[LeaseIdentity],
-    values: dict[str, Any],
+    values: dict[str, Any], *, ended: Optional[JobStatus] = None,
 ) -> list[LeaseResult]:
-    rows = write_fenced(connection, (statement,), identities, values)
+    rows = write_fenced(connection, (statement,), identities, values).all()
+    if ended is not None and any(row.workflow_step_id is not None for row in rows):
+        jobs_ended(connection, [JobEnd(row.id, row.workflow_step_id, ended) for row in rows
+                                if row.workflow_step_id is not None])
     written = {(row.id, row.run_number, row.attempt) for row in rows}
     return [
         None if (identity.job_id, identity.run_number, identity.attempt) in written else lease_mismatch(identity)

@@ -44,7 +44,7 @@ _s = workflow_steps.c
 _r = workflow_runs.c
 _q = job_queue.c
 _UUIDS = ARRAY(PG_UUID(as_uuid=True))
-_RUN_ID = bindparam("run_id", type_=PG_UUID(as_uuid=True))
+_RUN_ID = bindparam("target_run_id", type_=PG_UUID(as_uuid=True))
 _NOT_STARTED = (WorkflowStepStatus.BLOCKED.value, WorkflowStepStatus.WAITING_FOR_EXTERNAL.value,
                 WorkflowStepStatus.ENQUEUED.value)
 
@@ -63,7 +63,7 @@ def _build_cancel_jobs() -> Any:
         # Only jobs no worker holds: a running one finishes, and its end releases nothing in a cancelled run.
         .where(_q.workflow_step_id == any_(func.array(steps_of_run)), _q.status == JobStatus.PENDING.value)
         .values(status=JobStatus.CANCELED.value, finished_at=func.now(),
-                status_reason=func.coalesce(bindparam("reason", type_=Text), "CANCELED"))
+                status_reason=func.coalesce(bindparam("cancel_reason", type_=Text), "CANCELED"))
         .returning(_q.id, _q.workflow_step_id, _q.run_number, _q.attempt, _q.stage, _q.status_reason)
         .cte("canceled")
     )
@@ -82,13 +82,13 @@ _CANCEL_STEPS = (
     .where(_s.run_id == _RUN_ID,
            _s.status.in_(_NOT_STARTED) | (_s.id == any_(bindparam("step_ids", type_=_UUIDS))))
     .values(status=WorkflowStepStatus.CANCELED.value, finished_at=func.now(),
-            error_message=func.coalesce(bindparam("reason", type_=Text), "CANCELED"))
+            error_message=func.coalesce(bindparam("cancel_reason", type_=Text), "CANCELED"))
 )
 _CANCEL_RUN = (
     workflow_runs.update()
     .where(_r.id == _RUN_ID)
     .values(status=WorkflowRunStatus.CANCELED.value, finished_at=func.now(),
-            status_reason=func.coalesce(bindparam("reason", type_=Text), "CANCELED"))
+            status_reason=func.coalesce(bindparam("cancel_reason", type_=Text), "CANCELED"))
 )
 
 
@@ -112,7 +112,7 @@ def cancel_workflow_run(bind: Bind, run_id: UUID | str, *, reason: Optional[str]
     target = check_run_id(run_id)
     if reason is not None:
         check.check_text("reason", reason, max_length=255)
-    params = {"run_id": target, "reason": reason}
+    params = {"target_run_id": target, "cancel_reason": reason}
 
     def work(connection: Connection) -> WorkflowRunRecord:
         connection.execute(_LOCK_EXCLUSIVE, params)
@@ -134,14 +134,14 @@ def cancel_workflow_run(bind: Bind, run_id: UUID | str, *, reason: Optional[str]
 
 _STEP_FOR_UPDATE = (
     select(_s.id, _s.kind, _s.status, _s.output)
-    .where(_s.run_id == _RUN_ID, _s.step_key == bindparam("step_key"))
+    .where(_s.run_id == _RUN_ID, _s.step_key == bindparam("target_step_key"))
     .with_for_update()
 )
 _RUN_EXISTS = select(_r.id).where(_r.id == _RUN_ID)
 _STORE_OUTPUT = (
     workflow_steps.update()
-    .where(_s.id == bindparam("step_id", type_=PG_UUID(as_uuid=True)))
-    .values(output=cast(bindparam("output", type_=Text), JSONB))
+    .where(_s.id == bindparam("target_step_id", type_=PG_UUID(as_uuid=True)))
+    .values(output=cast(bindparam("new_output", type_=Text), JSONB))
 )
 
 
@@ -174,7 +174,7 @@ def complete_external_step(
     if output is not None and not succeeded:
         raise ExternalStepOutputInvalidStatus("an output can only be given with succeeded=True")
     output_json = None if output is None else check.serialize_json("output", output)
-    params = {"run_id": target, "step_key": step_key}
+    params = {"target_run_id": target, "target_step_key": step_key}
 
     def work(connection: Connection) -> WorkflowRunRecord:
         if lock_runs_for_release(connection, {target}):
@@ -186,7 +186,7 @@ def complete_external_step(
             raise ExternalStepNotFound(f"workflow run {target} has no step {step_key!r}", step_key=step_key)
         _check_answerable(step, succeeded, output_json)
         if step.status == WorkflowStepStatus.WAITING_FOR_EXTERNAL.value:
-            connection.execute(_STORE_OUTPUT, {"step_id": step.id, "output": output_json})
+            connection.execute(_STORE_OUTPUT, {"target_step_id": step.id, "new_output": output_json})
             end = (StepEnd(step.id, WorkflowStepStatus.SUCCEEDED) if succeeded else
                    StepEnd(step.id, WorkflowStepStatus.FAILED, EXTERNAL_STEP_FAILED_CODE,
                            "the external step was answered as failed"))
