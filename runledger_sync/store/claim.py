@@ -38,8 +38,8 @@ from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import owns_transaction, run_in_transaction
 from runledger_sync.store._prepared import PreparedStatement, execute_in_turn
 from runledger_sync.store._rows import JOB_COLUMNS, to_job
-from runledger_sync.store._workflow_steps import steps_claimed
 from runledger_sync.store._sql import event_insert, event_log_params, full_event_log, ids_of, seconds
+from runledger_sync.store._workflow_steps import steps_claimed
 
 MAX_CLAIM_LIMIT = 1_000
 

@@ -56,8 +56,8 @@ from runledger_sync.store._prepared import PreparedStatement
 from runledger_sync.store._rows import JOB_COLUMNS, to_job
 from runledger_sync.store._sql import attempt_of, check_identity, event_insert, ordinals, seconds
 from runledger_sync.store._sql import event_log_params, full_event_log
-from runledger_sync.store._workflow_steps import job_ends, jobs_ended, steps_handed_back
 from runledger_sync.store._transitions import RELEASE, build_failure, build_success, failure_params
+from runledger_sync.store._workflow_steps import job_ends, jobs_ended, steps_handed_back
 from runledger_sync.store.claim import MAX_CLAIM_LIMIT, claim_jobs, claim_prestart_jobs_for_types
 from runledger_sync.store.reaper import LEASE_EXPIRED_BEFORE_RUNNING_PERSISTED, reap_expired_leases
 

@@ -30,8 +30,8 @@ from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store._rows import JOB_COLUMNS, to_job
 from runledger_sync.store._sql import milliseconds
-from runledger_sync.store._workflow_steps import job_ends, jobs_ended, steps_handed_back
 from runledger_sync.store._transitions import RELEASE, build_failure, failure_params
+from runledger_sync.store._workflow_steps import job_ends, jobs_ended, steps_handed_back
 
 LEASE_EXPIRED_BEFORE_RUNNING_PERSISTED = "LEASE_EXPIRED_BEFORE_RUNNING_PERSISTED"
 MAX_REAP_LIMIT = 1_000
