@@ -338,6 +338,9 @@ def test_a_grouped_success_commits_the_plain_jobs_and_leaves_out_the_held_workfl
     assert rl.get_job(typed, held.id).status is rl.JobStatus.LEASED
     assert all(rl.get_job(typed, job_id).status is rl.JobStatus.SUCCEEDED for job_id in by_job)
     assert rl.get_workflow_run(typed, free_run.id).status is Run.SUCCEEDED
+    # One transaction wrote them all: their rows carry the same xmin.
+    assert scalar(typed, "SELECT count(DISTINCT xmin::text) FROM job_queue WHERE id = ANY(:ids)",
+                  ids=list(by_job)) == 1
 
 
 def test_the_reaper_postpones_a_job_whose_run_a_cancel_holds_and_finishes_it_afterwards(typed):
