@@ -18,8 +18,15 @@ Branch on ``.code`` or on the class, never on the message text::
     │   ├── InvalidRetryDelay                   job.invalid_retry_delay
     │   ├── InvalidCron                         schedule.invalid_cron
     │   ├── InvalidTimezone                     schedule.invalid_timezone
-    │   └── EnqueueIdempotencyUnsupportedIsolation
-    │                                           job.enqueue_idempotency_unsupported_isolation
+    │   ├── EnqueueIdempotencyUnsupportedIsolation
+    │   │                                       job.enqueue_idempotency_unsupported_isolation
+    │   ├── InvalidWorkflow                     workflow.invalid_definition
+    │   │   ├── WorkflowEmpty                   workflow.empty
+    │   │   ├── DuplicateStepKey                workflow.duplicate_step_key
+    │   │   ├── UnknownDependency               workflow.unknown_dependency
+    │   │   └── DependencyCycle                 workflow.dependency_cycle
+    │   ├── ExternalStepInvalidTerminalStatus   workflow.external_step_invalid_terminal_status
+    │   └── ExternalStepOutputInvalidStatus     workflow.external_step_output_invalid_status
     ├── JobStateError                           runledger.job_state_rejected
     │   ├── LeaseOwnerMismatch                  job.lease_owner_mismatch
     │   ├── UnstartedClaimReleaseNotApplicable  job.unstarted_claim_release_not_applicable
@@ -28,12 +35,25 @@ Branch on ``.code`` or on the class, never on the message text::
     │   ├── ScheduleNotFound                    schedule.not_found
     │   ├── DefinitionNotFoundOrDisabled        job.definition_not_found_or_disabled
     │   ├── WorkflowRequeueNotSupported         job.workflow_requeue_not_supported
-    │   └── WorkflowReleaseConflict             workflow.release_conflict
+    │   ├── WorkflowReleaseConflict             workflow.release_conflict
+    │   ├── WorkflowDefinitionNotFoundOrDisabled
+    │   │                                       workflow.definition_not_found_or_disabled
+    │   ├── WorkflowRunNotFound                 workflow.run_not_found
+    │   ├── WorkflowStepNotFound                workflow.step_not_found
+    │   ├── WorkflowRunFinished                 workflow.run_finished
+    │   ├── ExternalStepNotFound                workflow.external_step_not_found
+    │   ├── ExternalStepNotExternal             workflow.external_step_not_external
+    │   └── ExternalStepNotWaiting              workflow.external_step_not_waiting
     ├── ConflictError                           runledger.conflict
     │   ├── AlreadyEnqueued                     job.already_enqueued
     │   ├── IdempotencyConflict                 job.idempotency_conflict
     │   ├── IdempotencyConflictMissingExisting  job.idempotency_conflict_missing_existing
-    │   └── LegacyIdempotencySnapshotMissing    job.legacy_idempotency_snapshot_missing
+    │   ├── LegacyIdempotencySnapshotMissing    job.legacy_idempotency_snapshot_missing
+    │   ├── WorkflowAlreadyEnqueued             workflow.already_enqueued
+    │   ├── WorkflowEnqueueConflictingRetry     workflow.enqueue_conflicting_retry
+    │   ├── WorkflowLegacySnapshotMissing       workflow.legacy_idempotency_snapshot_missing
+    │   ├── ExternalStepConflictingCompletion   workflow.external_step_conflicting_completion_retry
+    │   └── ExternalStepConflictingOutput       workflow.external_step_conflicting_output_retry
     ├── DashboardRefusal                        web.refused
     │   ├── DashboardReadOnly                   web.read_only
     │   ├── CsrfRejected                        web.csrf_rejected
@@ -48,6 +68,8 @@ Branch on ``.code`` or on the class, never on the message text::
         ├── BusinessRuleViolation               db.business_rule_violation
         ├── RequiredFieldMissing                db.required_field_missing
         ├── PermissionDenied                    db.permission_denied
+        ├── WorkflowLinkageSymmetryViolation    workflow.linkage_symmetry_violation
+        ├── WorkflowLinkageTriggerTableInvalid  workflow.linkage_symmetry_trigger_table_invalid
         ├── MigrationFailed                     db.migration_failed
         │   └── SchemaManagedByHost             db.schema_managed_by_host
         └── SchemaMismatch                      db.schema_mismatch
@@ -199,6 +221,48 @@ class EnqueueIdempotencyUnsupportedIsolation(ValidationError):
     code = "job.enqueue_idempotency_unsupported_isolation"
 
 
+class InvalidWorkflow(ValidationError):
+    """The workflow definition is invalid."""
+
+    code = "workflow.invalid_definition"
+
+
+class WorkflowEmpty(InvalidWorkflow):
+    """A workflow needs at least one step."""
+
+    code = "workflow.empty"
+
+
+class DuplicateStepKey(InvalidWorkflow):
+    """Two steps of the workflow have the same key."""
+
+    code = "workflow.duplicate_step_key"
+
+
+class UnknownDependency(InvalidWorkflow):
+    """A step depends on a step that is not part of this workflow."""
+
+    code = "workflow.unknown_dependency"
+
+
+class DependencyCycle(InvalidWorkflow):
+    """The steps' dependencies form a cycle, so some step could never start."""
+
+    code = "workflow.dependency_cycle"
+
+
+class ExternalStepInvalidTerminalStatus(ValidationError):
+    """An external step can only be completed as succeeded (True) or failed (False)."""
+
+    code = "workflow.external_step_invalid_terminal_status"
+
+
+class ExternalStepOutputInvalidStatus(ValidationError):
+    """Only a succeeded external step can carry an output."""
+
+    code = "workflow.external_step_output_invalid_status"
+
+
 class JobStateError(RunledgerError):
     """The job is not in a state that allows this operation."""
 
@@ -256,6 +320,48 @@ class WorkflowReleaseConflict(JobStateError):
     category = "conflict"
 
 
+class WorkflowDefinitionNotFoundOrDisabled(JobStateError):
+    """A job type of the workflow has no enabled definition."""
+
+    code = "workflow.definition_not_found_or_disabled"
+
+
+class WorkflowRunNotFound(JobStateError):
+    """No workflow run with this id exists."""
+
+    code = "workflow.run_not_found"
+
+
+class WorkflowStepNotFound(JobStateError):
+    """The workflow run has no step with this key."""
+
+    code = "workflow.step_not_found"
+
+
+class WorkflowRunFinished(JobStateError):
+    """The workflow run has already finished and cannot be cancelled."""
+
+    code = "workflow.run_finished"
+
+
+class ExternalStepNotFound(JobStateError):
+    """The workflow run has no step with this key."""
+
+    code = "workflow.external_step_not_found"
+
+
+class ExternalStepNotExternal(JobStateError):
+    """The step is a job step; its job completes it."""
+
+    code = "workflow.external_step_not_external"
+
+
+class ExternalStepNotWaiting(JobStateError):
+    """The external step is not waiting for an answer (still blocked, or cancelled)."""
+
+    code = "workflow.external_step_not_waiting"
+
+
 class ConflictError(RunledgerError):
     """The request conflicts with an existing job."""
 
@@ -286,6 +392,36 @@ class LegacyIdempotencySnapshotMissing(ConflictError):
     """The existing job with this idempotency key has no request snapshot to compare."""
 
     code = "job.legacy_idempotency_snapshot_missing"
+
+
+class WorkflowAlreadyEnqueued(ConflictError):
+    """A workflow run with this idempotency key already exists."""
+
+    code = "workflow.already_enqueued"
+
+
+class WorkflowEnqueueConflictingRetry(ConflictError):
+    """A workflow run with this idempotency key exists with a different request."""
+
+    code = "workflow.enqueue_conflicting_retry"
+
+
+class WorkflowLegacySnapshotMissing(ConflictError):
+    """The existing workflow run with this idempotency key has no request snapshot to compare."""
+
+    code = "workflow.legacy_idempotency_snapshot_missing"
+
+
+class ExternalStepConflictingCompletion(ConflictError):
+    """The external step was already completed with the other answer."""
+
+    code = "workflow.external_step_conflicting_completion_retry"
+
+
+class ExternalStepConflictingOutput(ConflictError):
+    """The external step was already completed with a different output."""
+
+    code = "workflow.external_step_conflicting_output_retry"
 
 
 class DashboardRefusal(RunledgerError):
@@ -377,6 +513,19 @@ class PermissionDenied(StoreError):
 
     code = "db.permission_denied"
     category = "forbidden"
+
+
+class WorkflowLinkageSymmetryViolation(StoreError):
+    """A job and a workflow step do not point at each other (job_queue.workflow_step_id, workflow_steps.job_id)."""
+
+    code = "workflow.linkage_symmetry_violation"
+    category = "validation"
+
+
+class WorkflowLinkageTriggerTableInvalid(StoreError):
+    """The job/step linkage trigger fired on a table it does not know."""
+
+    code = "workflow.linkage_symmetry_trigger_table_invalid"
 
 
 class MigrationFailed(StoreError):

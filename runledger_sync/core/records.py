@@ -75,6 +75,8 @@ class JobRecord:
     last_error_message: Optional[str]
     created_at: datetime
     updated_at: datetime
+    #: The workflow step this job runs, or None for a plain job.
+    workflow_step_id: Optional[UUID] = None
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from runledger_sync.core.flag import Flag
 
 if TYPE_CHECKING:
     from runledger_sync.core.records import JobRecord
+    from runledger_sync.core.workflow import WorkflowContext
 
 
 class JobStatus(str, enum.Enum):
@@ -214,6 +215,8 @@ class JobContext:
     worker_id: str
     job_type: str = ""
     checkpoint: Any = None
+    #: The workflow step this job runs (``.run_id``, ``.step_key``, ``.output_of(key)``); None for a plain job.
+    workflow: Optional["WorkflowContext"] = None
     _cancel_flag: Flag = field(default_factory=Flag, repr=False, compare=False)
     _cancel_reason: Optional[str] = field(default=None, repr=False)
     _progress_reporter: Optional[ProgressReporter] = field(default=None, repr=False, compare=False)

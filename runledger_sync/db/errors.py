@@ -25,6 +25,9 @@ _BY_SQLSTATE: dict[str, type[errors.StoreError]] = {
     "23514": errors.BusinessRuleViolation,
     "23502": errors.RequiredFieldMissing,
     "42501": errors.PermissionDenied,
+    # Raised by the job/step linkage trigger (revision 0004), which names its own SQLSTATEs.
+    "RLW01": errors.WorkflowLinkageSymmetryViolation,
+    "RLW02": errors.WorkflowLinkageTriggerTableInvalid,
 }
 _BY_CONSTRAINT: dict[str, type[errors.RunledgerError]] = {
     "fk_job_queue_job_type": errors.DefinitionNotFound,

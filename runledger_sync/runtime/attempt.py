@@ -7,12 +7,14 @@ import threading
 import time
 from functools import cached_property
 from typing import Any, Callable, Optional
+from uuid import UUID
 
 from sqlalchemy.engine import Engine
 
 from runledger_sync.config import JobsConfig
 from runledger_sync.core.errors import (
     LeaseOwnerMismatch,
+    WorkflowReleaseConflict,
 )
 from runledger_sync.core.outcomes import (
     LEASE_OWNER_MISMATCH_CODE,
@@ -23,6 +25,7 @@ from runledger_sync.core.outcomes import (
 )
 from runledger_sync.core.flag import Flag
 from runledger_sync.core.records import JobRecord
+from runledger_sync.core.workflow import WorkflowContext
 from runledger_sync.core.types import (
     JobCompletion,
     JobContext,
@@ -31,7 +34,7 @@ from runledger_sync.logging import get_logger, job_log_fields
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.hot_path import HotPathWriters
 from runledger_sync.runtime.tally import OutcomeTally
-from runledger_sync.store import lifecycle
+from runledger_sync.store import lifecycle, workflows
 
 log = get_logger(__name__)
 
@@ -103,6 +106,7 @@ class JobExecution:
             worker_id=worker_id,
             job_type=job.job_type,
             checkpoint=job.checkpoint,
+            workflow=None if job.workflow_step_id is None else self._workflow_context(job.workflow_step_id),
             _progress_reporter=self._report_progress,
             _completer=self._complete_in,
         )
@@ -148,6 +152,14 @@ class JobExecution:
             organization_id=job.organization_id, worker_id=self.identity.worker_id,
         )
 
+    def _workflow_context(self, step_id: UUID) -> WorkflowContext:
+        # Read when the handler first asks, so a step that never looks pays no query.
+        return WorkflowContext(
+            step_id,
+            lambda step: workflows.load_step(self.engine, step),
+            lambda run_id, key: workflows.step_output(self.engine, run_id, key),
+        )
+
     def _report_progress(self, context: JobContext, done: Optional[int], total: Optional[int], checkpoint: Any) -> None:
         lifecycle.update_job_progress(
             self.engine, **self.identity.keywords(), progress_done=done, progress_total=total, checkpoint=checkpoint
@@ -167,6 +179,11 @@ class JobExecution:
             # lost lease (nothing written, the reaper recovers it), as a heartbeat would.
             self.lease_lost = LeaseLost(LEASE_OWNER_MISMATCH_CODE, "Job lease ownership was lost during processing.")
             context.request_cancel("lease_lost")
+            raise
+        except WorkflowReleaseConflict as conflict:
+            # The step's run is being cancelled: write nothing for the attempt and
+            # leave the lease, which the reaper finishes once the cancel committed.
+            self.lease_lost = LeaseLost(conflict.code, conflict.message)
             raise
         self.completed_in_transaction = True
         return record

@@ -124,6 +124,10 @@ def _group_answered(execution: JobExecution, transition: Succeed, result: object
     elif isinstance(result, LeaseOwnerMismatch):
         log.error("failed to mark job success", extra=execution.log_fields | {"error": str(result)})
         execution.end()
+    elif isinstance(result, WorkflowReleaseConflict):
+        log.warning("job success completion conflicted with workflow cancellation; leaving lease for reaper recovery",
+                    extra=execution.log_fields | {"error": str(result)})
+        execution.end()
     else:
         # The group failed as a whole (another job's invalid progress, a lost
         # connection): this job's own write decides its outcome, off this thread.

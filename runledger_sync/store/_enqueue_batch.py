@@ -234,7 +234,7 @@ def _raise_if_definition_missing(connection: Connection, job_types: set[str]) ->
         )
 
 
-def _same_request(stored: Any, snapshot: str) -> bool:
+def same_request(stored: Any, snapshot: str) -> bool:
     # jsonb keeps a number's decimal value, not its float: 3.602879701896397e+16
     # comes back as the int 36028797018963970, which != the float it was. Compare
     # numbers as the decimals their JSON spelling denotes.
@@ -278,7 +278,7 @@ def _existing_for_key(connection: Connection, spec: JobSpec, snapshot: Optional[
         raise LegacyIdempotencySnapshotMissing(
             f"job {existing.id} holds key {spec.idempotency_key!r} but has no request snapshot to compare"
         )
-    if snapshot is None or not _same_request(existing.enqueue_request, snapshot):
+    if snapshot is None or not same_request(existing.enqueue_request, snapshot):
         raise IdempotencyConflict(
             f"idempotency key {spec.idempotency_key!r} is taken by job {existing.id} with a different request",
             job_id=str(existing.id),

@@ -12,7 +12,7 @@ from sqlalchemy import Text, bindparam, func, literal, select
 from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
-from runledger_sync.core.errors import InvalidStateTransition, JobNotFound
+from runledger_sync.core.errors import InvalidStateTransition, JobNotFound, WorkflowRequeueNotSupported
 from runledger_sync.core.records import JobRecord
 from runledger_sync.core.types import JobEventType, JobStage, JobStatus
 from runledger_sync.db.schema import job_attempts, job_events, job_queue
@@ -20,6 +20,7 @@ from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store._rows import JOB_COLUMNS, to_job
 from runledger_sync.store._scope import check_job_id, scoped
+from runledger_sync.store._workflow_steps import job_ends, jobs_ended
 
 _q = job_queue.c
 CANCELABLE = (JobStatus.PENDING.value, JobStatus.LEASED.value)
@@ -103,9 +104,13 @@ def cancel_job(
 def _transition_error(
     connection: Connection, job_id: UUID, organization_id: Optional[str], verb: str, allowed: tuple[str, ...]
 ) -> Exception:
-    found = connection.execute(scoped(select(_q.status).where(_q.id == job_id), organization_id)).first()
+    found = connection.execute(
+        scoped(select(_q.status, _q.workflow_step_id).where(_q.id == job_id), organization_id)).first()
     if found is None:
         return JobNotFound(f"job {job_id} was not found", job_id=str(job_id))
+    if verb == "requeued" and found.workflow_step_id is not None:
+        return WorkflowRequeueNotSupported(
+            f"job {job_id} belongs to a workflow step and cannot be requeued on its own", job_id=str(job_id))
     return InvalidStateTransition(
         f"job {job_id} is {found.status} and cannot be {verb}; only {', '.join(allowed)} can",
         job_id=str(job_id),
@@ -115,7 +120,9 @@ def _transition_error(
 
 def _requeue_statement(organization_id: Optional[str]) -> Any:
     previous = scoped(
-        select(_q.id, _q.run_number, _q.attempt).where(_q.id == bindparam("target_id"), _q.status.in_(REQUEUABLE)),
+        # A workflow's job runs once per run: its step's end has released its dependents.
+        select(_q.id, _q.run_number, _q.attempt).where(
+            _q.id == bindparam("target_id"), _q.status.in_(REQUEUABLE), _q.workflow_step_id.is_(None)),
         organization_id,
     ).with_for_update().subquery("previous")
     requeued = (
@@ -179,7 +186,10 @@ def _act(
     def work(connection: Connection) -> JobRecord:
         row = connection.execute(statement, {"target_id": target, "reason": reason}).first()
         if row is not None:
-            return to_job(row)
+            record = to_job(row)
+            if record.workflow_step_id is not None:
+                jobs_ended(connection, job_ends([record]))
+            return record
         raise _transition_error(connection, target, organization_id, verb, allowed)
 
     return run_in_transaction(bind, work)

@@ -27,13 +27,14 @@ from runledger_sync.core.errors import (
 )
 from runledger_sync.core.ids import uuid7_strings
 from runledger_sync.core.records import JobRecord
+from runledger_sync.core.workflow import WorkflowStepStatus
 from runledger_sync.core.types import (
     ClaimOrigin,
     EventLog,
     JobEventType,
     JobStatus,
 )
-from runledger_sync.db.schema import job_attempts, job_queue
+from runledger_sync.db.schema import job_attempts, job_queue, workflow_steps
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import owns_transaction, run_in_transaction
 from runledger_sync.store._prepared import PreparedStatement, execute_in_turn
@@ -103,9 +104,25 @@ def _build_claim(with_type_filter: bool) -> Any:
         ),
         where=full_event_log(),
     ).cte("leased_events")
+    # The claim hook of a workflow's job (spec section 11), in the claim's own
+    # statement: its step is RUNNING. For plain jobs the array is NULL and
+    # nothing is looked up.
+    steps = (
+        workflow_steps.update()
+        .where(
+            workflow_steps.c.id == any_(cast(
+                select(func.array_agg(leased.c.workflow_step_id).filter(leased.c.workflow_step_id.is_not(None)))
+                .scalar_subquery(),
+                ARRAY(PG_UUID(as_uuid=True)),
+            )),
+            workflow_steps.c.status == WorkflowStepStatus.ENQUEUED.value,
+        )
+        .values(status=WorkflowStepStatus.RUNNING.value)
+        .cte("claimed_steps")
+    )
     return (
         select(*leased.c)
-        .add_cte(attempts, events)
+        .add_cte(attempts, events, steps)
         .order_by(leased.c.priority.desc(), leased.c.next_run_at, leased.c.created_at, leased.c.id)
     )
 

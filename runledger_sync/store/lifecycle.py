@@ -57,6 +57,7 @@ from runledger_sync.store._rows import JOB_COLUMNS, to_job
 from runledger_sync.store._sql import attempt_of, check_identity, event_insert, ordinals, seconds
 from runledger_sync.store._sql import event_log_params, full_event_log
 from runledger_sync.store._transitions import RELEASE, build_failure, build_success, failure_params
+from runledger_sync.store._workflow_steps import job_ends, jobs_ended, steps_handed_back
 from runledger_sync.store.claim import MAX_CLAIM_LIMIT, claim_jobs, claim_prestart_jobs_for_types
 from runledger_sync.store.reaper import LEASE_EXPIRED_BEFORE_RUNNING_PERSISTED, reap_expired_leases
 
@@ -295,8 +296,14 @@ def complete_job_success(
         "new_output": None if completion.output is None else check.serialize_json("output", completion.output),
     }
 
+    def work(connection: Connection) -> JobRecord:
+        record = _guarded_write(connection, _SUCCESS, params, identity)
+        if record.workflow_step_id is not None:
+            jobs_ended(connection, job_ends([record]))
+        return record
+
     try:
-        return run_in_transaction(bind, lambda connection: _guarded_write(connection, _SUCCESS, params, identity))
+        return run_in_transaction(bind, work)
     except InvalidProgress as exc:
         # The CHECK constraint judged the completion merged with the stored progress.
         raise InvalidCompletionProgress(
@@ -349,7 +356,10 @@ def complete_job_failure(
         row = _FAILURE.execute(connection, params | {"dead_letter": dead}).first()
         if row is None:
             raise lease_mismatch(identity)
-        return to_job(row)
+        record = to_job(row)
+        if record.workflow_step_id is not None:
+            jobs_ended(connection, job_ends([record]))
+        return record
 
     return run_in_transaction(bind, work)
 
@@ -391,7 +401,9 @@ def _release(connection: Connection, identity: LeaseIdentity, params: dict[str, 
     # after any concurrent mark-running has committed or rolled back.
     row = write_fenced(connection, (RELEASE,), [identity], params).first()
     if row is not None:
-        return to_job(row)
+        record = to_job(row)
+        steps_handed_back(connection, [record])
+        return record
     current = connection.execute(_HOLDER, {"lease_job_id": identity.job_id}).first()
     if current is not None and current.status == _LEASED and current.worker_id != identity.worker_id:
         raise LeaseOwnerMismatch(f"job {identity.job_id} is leased to another worker", job_id=str(identity.job_id))

@@ -22,9 +22,14 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
-from runledger_sync.core.errors import InvalidCompletionProgress, InvalidProgress, LeaseOwnerMismatch
+from runledger_sync.core.errors import (
+    InvalidCompletionProgress,
+    InvalidProgress,
+    LeaseOwnerMismatch,
+    WorkflowReleaseConflict,
+)
 from runledger_sync.core.records import LeaseIdentity
-from runledger_sync.core.types import EventLog, JobCompletion, JobEventType, JobStage
+from runledger_sync.core.types import EventLog, JobCompletion, JobEventType, JobStage, JobStatus
 from runledger_sync.db.schema import job_attempts, job_queue
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
@@ -40,15 +45,17 @@ from runledger_sync.store._fence import (
 from runledger_sync.store._prepared import PreparedStatement
 from runledger_sync.store._sql import attempt_of, check_identity, event_insert, event_log_params, full_event_log
 from runledger_sync.store._transitions import build_success
+from runledger_sync.store._workflow_steps import JobEnd, jobs_ended
 
 _q = job_queue.c
 _a = job_attempts.c
 
-#: Per-lease result: None once written, or why its fence refused the write.
-LeaseResult = Optional[LeaseOwnerMismatch]
+#: Per-lease result: None once written, or why it was not: its fence refused it, or
+#: (a workflow's job) its run is being cancelled.
+LeaseResult = Optional[LeaseOwnerMismatch | WorkflowReleaseConflict]
 
 #: What a group write returns per written lease, and what its attempt and event rows need.
-_WRITTEN = (_q.id, _q.run_number, _q.attempt, _q.stage, _q.progress_done, _q.progress_total)
+_WRITTEN = (_q.id, _q.run_number, _q.attempt, _q.stage, _q.progress_done, _q.progress_total, _q.workflow_step_id)
 
 _SUCCESS_ARRAYS = (
     ("progress_done", "new_progress_done", ARRAY(BigInteger)),
@@ -86,10 +93,11 @@ def _build_running() -> Any:
     return select(*running.c).add_cte(marker, events)
 
 
-def _build_group_success() -> Any:
+def _build_group_success(plain_jobs_only: bool) -> Any:
     values = unnested(IDENTITY_ARRAYS + _SUCCESS_ARRAYS)
+    fence = _live_leases(values)
     return build_success(
-        _live_leases(values),
+        and_(fence, _q.workflow_step_id.is_(None)) if plain_jobs_only else fence,
         done=values.c.progress_done,
         total=values.c.progress_total,
         checkpoint=cast(values.c.checkpoint, JSONB),
@@ -99,7 +107,10 @@ def _build_group_success() -> Any:
 
 
 _RUNNING = PreparedStatement("mark_running", _build_running(), index_plan=True)
-_GROUP_SUCCESS = PreparedStatement("complete_success", _build_group_success(), index_plan=True)
+_GROUP_SUCCESS = PreparedStatement("complete_success", _build_group_success(plain_jobs_only=False), index_plan=True)
+# The plain jobs' success, which needs no workflow hook, so its one query is the whole transaction.
+_GROUP_SUCCESS_PLAIN = PreparedStatement(
+    "complete_success_plain", _build_group_success(plain_jobs_only=True), index_plan=True)
 
 
 def mark_jobs_running(
@@ -143,21 +154,51 @@ def complete_jobs_success(
             merged with the stored progress; nothing is written for any of them.
         CommitOutcomeUnknown: the connection was lost while the write ran; it may have landed.
     """
-    checked = []
-    columns: dict[str, list[Any]] = {param: [] for _, param, _ in _SUCCESS_ARRAYS}
+    values: list[tuple[LeaseIdentity, tuple[Any, ...]]] = []
     for identity, completion in completions:
-        checked.append(check_identity(*_identity_values(identity)))
         completion = completion or JobCompletion()
         check.check_progress_values(completion.progress_done, completion.progress_total, completion=True)
-        columns["new_progress_done"].append(completion.progress_done)
-        columns["new_progress_total"].append(completion.progress_total)
-        columns["new_checkpoint"].append(_json_or_none("checkpoint", completion.checkpoint))
-        columns["new_output"].append(_json_or_none("output", completion.output))
-    if not checked:
-        return []
+        values.append((check_identity(*_identity_values(identity)), (
+            completion.progress_done, completion.progress_total,
+            _json_or_none("checkpoint", completion.checkpoint), _json_or_none("output", completion.output),
+        )))
+    # Plain jobs first, in one query. A workflow's job is left out of it (its step
+    # must end in the job's own transaction, which takes more statements than one
+    # query can decide on) and written below with the rest that query refused.
+    results: dict[int, LeaseResult] = {
+        index: None for index, result in enumerate(_write_success_group(bind, values, plain_jobs_only=True))
+        if result is None
+    }
+    # A workflow's job whose run a cancel holds cannot be written now: the group
+    # is written again without it, so the other jobs still commit together.
+    while len(results) < len(values):
+        group = [index for index in range(len(values)) if index not in results]
+        try:
+            written = _write_success_group(bind, [values[index] for index in group], plain_jobs_only=False)
+        except WorkflowReleaseConflict as conflict:
+            held_back = [index for index in group
+                         if str(values[index][0].job_id) in conflict.details.get("job_ids", ())]
+            if not held_back:
+                raise
+            results.update((index, conflict) for index in held_back)
+            continue
+        results.update(zip(group, written, strict=True))
+    return [results[index] for index in range(len(values))]
+
+
+def _write_success_group(
+    bind: Bind, values: list[tuple[LeaseIdentity, tuple[Any, ...]]], *, plain_jobs_only: bool,
+) -> list[LeaseResult]:
+    identities = [identity for identity, _ in values]
+    columns = {param: [row[position] for _, row in values] for position, (_, param, _) in enumerate(_SUCCESS_ARRAYS)}
+
+    def work(connection: Connection) -> list[LeaseResult]:
+        if plain_jobs_only:
+            return _write_group(connection, _GROUP_SUCCESS_PLAIN, identities, columns)
+        return _write_group(connection, _GROUP_SUCCESS, identities, columns, ended=JobStatus.SUCCEEDED)
+
     try:
-        return run_in_transaction(bind, lambda connection: _write_group(connection, _GROUP_SUCCESS, checked, columns),
-                                  one_query=True)
+        return run_in_transaction(bind, work, one_query=plain_jobs_only)
     except InvalidProgress as exc:
         raise InvalidCompletionProgress(
             "Handler returned invalid success progress: merged with the stored progress, "
@@ -175,9 +216,12 @@ def _json_or_none(name: str, value: Any) -> Optional[str]:
 
 def _write_group(
     connection: Connection, statement: PreparedStatement, identities: list[LeaseIdentity],
-    values: dict[str, Any],
+    values: dict[str, Any], *, ended: Optional[JobStatus] = None,
 ) -> list[LeaseResult]:
-    rows = write_fenced(connection, (statement,), identities, values)
+    rows = write_fenced(connection, (statement,), identities, values).all()
+    if ended is not None and any(row.workflow_step_id is not None for row in rows):
+        jobs_ended(connection, [JobEnd(row.id, row.workflow_step_id, ended) for row in rows
+                                if row.workflow_step_id is not None])
     # By position: _WRITTEN starts with id, run_number, attempt.
     written = {(row[0], row[1], row[2]) for row in rows}
     return [

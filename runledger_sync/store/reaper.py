@@ -31,6 +31,7 @@ from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store._rows import JOB_COLUMNS, to_job
 from runledger_sync.store._sql import milliseconds
 from runledger_sync.store._transitions import RELEASE, build_failure, failure_params
+from runledger_sync.store._workflow_steps import job_ends, jobs_ended, steps_handed_back
 
 LEASE_EXPIRED_BEFORE_RUNNING_PERSISTED = "LEASE_EXPIRED_BEFORE_RUNNING_PERSISTED"
 MAX_REAP_LIMIT = 1_000
@@ -132,7 +133,9 @@ def _reap_row(connection: Connection, row: Any, delay_ms: int) -> Optional[JobRe
     if never_started and row.worker_id is not None:
         identity = LeaseIdentity(row.id, row.run_number, row.attempt, row.worker_id)
         params = identity.params() | {"reason": LEASE_EXPIRED_BEFORE_RUNNING_PERSISTED, "delay_ms": 0}
-        if RELEASE.execute(connection, params).first() is not None:
+        released = RELEASE.execute(connection, params).first()
+        if released is not None:
+            steps_handed_back(connection, [released])
             return None
     started_without_renewal = (
         row.stage == JobStage.RUNNING.value
@@ -147,4 +150,8 @@ def _reap_row(connection: Connection, row: Any, delay_ms: int) -> Optional[JobRe
     result = connection.execute(_REAPER_FAILURE, params).first()
     if result is None:
         raise LeaseOwnerMismatch(f"job {row.id} changed while it was being reaped")
-    return to_job(result)
+    record = to_job(result)
+    # A release conflict (the run is being cancelled) rolls this row's savepoint
+    # back: the row is postponed like any failed row and reaped once the cancel committed.
+    jobs_ended(connection, job_ends([record]))
+    return record

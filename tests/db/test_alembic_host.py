@@ -192,16 +192,16 @@ def test_option_2_every_alembic_command_works_from_empty_to_head_and_back(
 
     # heads and history never run env.py: alembic.ini alone must find our versions.
     heads = ok(alembic("heads")).strip().splitlines()
-    assert len(heads) == 1 and heads[0].startswith("app_0003 ") and heads[0].endswith("(head)")
+    assert len(heads) == 1 and heads[0].startswith("app_0004 ") and heads[0].endswith("(head)")
     history = ok(alembic("history"))
-    assert "0001 -> app_0001" in history and "<base> -> 0001" in history and "-> app_0002" in history and "-> app_0003" in history
+    assert "0001 -> app_0001" in history and "<base> -> 0001" in history and "-> app_0003" in history and "-> app_0004" in history
 
     ok(alembic("upgrade", "head"))
 
     assert {"app_orders", "alembic_version"} | QUEUE_TABLES <= tables(engine)
     assert VERSION_TABLE not in tables(engine)
-    assert versions(engine, "alembic_version") == {"app_0003"}
-    assert "app_0003 (head)" in ok(alembic("current"))
+    assert versions(engine, "alembic_version") == {"app_0004"}
+    assert "app_0004 (head)" in ok(alembic("current"))
     assert NO_CHANGES in ok(alembic("check"))
     before = set((option_2_host / "versions").glob("*.py"))
     ok(alembic("revision", "--autogenerate", "-m", "probe"))
@@ -228,7 +228,7 @@ def test_option_2_every_alembic_command_works_from_empty_to_head_and_back(
 
 NEXT_RUNLEDGER_REVISION = '''"""A later runledger-sync's revision (a no-op here)."""
 revision = "0099"
-down_revision = "0003"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 
@@ -266,7 +266,7 @@ def test_option_2_a_newer_runledger_revision_is_merged_into_the_hosts_history(
     merged = set((option_2_host / "versions").glob("*.py")) - before
     assert len(merged) == 1
     assert sorted(p.name for p in (site / "runledger_sync" / "_alembic" / "versions").glob("*.py")) == [
-        "0001_queue_tables.py", "0002_job_schedules.py", "0003_hot_path_storage.py", "0099_next.py"
+        "0001_queue_tables.py", "0002_job_schedules.py", "0003_hot_path_storage.py", "0004_workflows.py", "0099_next.py"
     ]
     ok(alembic("upgrade", "head"))
     assert versions(engine, "alembic_version") == {merged.pop().name.split("_", 1)[0]}
@@ -284,7 +284,7 @@ def test_option_2_migrate_refuses_to_move_tables_the_host_history_manages(
     assert cli.returncode == 1
     error, hint = cli.stderr.splitlines()
     assert error.startswith("error: db.schema_managed_by_host: runledger's tables are managed by your application's")
-    assert "alembic_version holds app_0003" in error and "alembic upgrade head" in error
+    assert "alembic_version holds app_0004" in error and "alembic upgrade head" in error
     assert hint.startswith("hint: ") and "alembic upgrade head" in hint and "CREATE" not in hint
     assert VERSION_TABLE not in tables(engine)
     rl_engine = rl.create_engine(empty_database)

@@ -43,6 +43,8 @@ from runledger_sync.store.enqueue import enqueue, sync_job_definitions
 
 QUEUE_TABLES = {"job_definitions", "job_queue", "job_attempts", "job_events", "job_dead_letters"}
 TRIGGER_FUNCTION = "runledger_set_updated_at"
+WORKFLOW_TABLES = {"workflow_runs", "workflow_steps", "workflow_step_dependencies"}
+LINK_TRIGGERS = {("job_queue", "trg_job_queue_workflow_link"), ("workflow_steps", "trg_workflow_steps_job_link")}
 
 
 @pytest.fixture
@@ -109,7 +111,8 @@ def test_upgrade_to_head_on_empty_database_creates_the_queue_tables(empty_engine
     assert current_revision(empty_engine) == head_revision()
     assert functions_named(empty_engine, TRIGGER_FUNCTION) == ["public"]
     # 0003: the hot tables' statements stamp updated_at themselves; only schedules keep a trigger.
-    assert triggers_of(empty_engine) == {("job_schedules", "trg_job_schedules_updated_at")}
+    # 0004: the job/step linkage triggers.
+    assert triggers_of(empty_engine) == {("job_schedules", "trg_job_schedules_updated_at")} | LINK_TRIGGERS
 
 
 def test_migrated_schema_matches_the_sqlalchemy_metadata(empty_engine):
@@ -389,8 +392,8 @@ def test_0003_downgrade_restores_triggers_and_listing_indexes_and_upgrade_reappl
     migrate(empty_engine)
 
     assert job_queue_state(empty_engine) == (
-        indexes - LISTING_INDEXES_0002 | LISTING_INDEXES_0003, ["fillfactor=70"],
-        {("job_schedules", "trg_job_schedules_updated_at")},
+        indexes - LISTING_INDEXES_0002 | LISTING_INDEXES_0003 | {"uq_job_queue_workflow_step_id"}, ["fillfactor=70"],
+        {("job_schedules", "trg_job_schedules_updated_at")} | LINK_TRIGGERS,
     )
     assert schema_diff(empty_engine) == []
 
@@ -412,6 +415,51 @@ def test_metadata_create_all_builds_the_storage_parameters_the_migrations_set(em
     finally:
         other.dispose()
     assert options == {"public.job_queue": ["fillfactor=70"], "built_by_metadata.job_queue": ["fillfactor=70"]}
+
+
+# -- revision 0004: workflows ------------------------------------------------------------
+
+
+def job_queue_columns(engine: Engine) -> set[str]:
+    with engine.connect() as connection:
+        return set(connection.execute(sqlalchemy.text(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'job_queue'")).scalars())
+
+
+def test_0004_downgrade_removes_the_workflow_schema_and_upgrade_rebuilds_it(empty_engine):
+    migrate(empty_engine)
+    assert WORKFLOW_TABLES <= tables_in(empty_engine)
+    assert "workflow_step_id" in job_queue_columns(empty_engine)
+
+    downgrade(empty_engine, "0003")
+
+    assert tables_in(empty_engine) & WORKFLOW_TABLES == set()
+    assert "workflow_step_id" not in job_queue_columns(empty_engine)
+    assert triggers_of(empty_engine) & LINK_TRIGGERS == set()
+    assert functions_named(empty_engine, "runledger_check_workflow_link") == []
+    assert current_revision(empty_engine) == "0003"
+
+    migrate(empty_engine)
+
+    assert WORKFLOW_TABLES <= tables_in(empty_engine)
+    assert LINK_TRIGGERS <= triggers_of(empty_engine)
+    assert schema_diff(empty_engine) == []
+
+
+def test_0004_keeps_jobs_enqueued_before_it(empty_engine):
+    downgrade_target = "0003"
+    migrate(empty_engine)
+    downgrade(empty_engine, downgrade_target)
+    with empty_engine.begin() as connection:
+        connection.execute(sqlalchemy.text("INSERT INTO job_definitions (job_type) VALUES ('kept')"))
+        connection.execute(sqlalchemy.text(
+            "INSERT INTO job_queue (id, job_type, max_attempts) VALUES (gen_random_uuid(), 'kept', 3)"))
+
+    migrate(empty_engine)
+
+    with empty_engine.connect() as connection:
+        rows = connection.execute(sqlalchemy.text("SELECT job_type, workflow_step_id FROM job_queue")).all()
+    assert [tuple(row) for row in rows] == [("kept", None)]
 
 
 # -- a schema of its own -------------------------------------------------------------

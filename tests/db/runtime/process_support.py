@@ -18,10 +18,10 @@ SCRIPT = Path(__file__).with_name("worker_process.py")
 
 
 class WorkerProcess:
-    def __init__(self, url: str, mode: str) -> None:
+    def __init__(self, url: str, mode: str | None, *, script: Path = SCRIPT) -> None:
         env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
         self.process = subprocess.Popen(
-            [sys.executable, str(SCRIPT), url, mode],
+            [sys.executable, str(script), url, *([mode] if mode else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
         )
         self.lines: list[str] = []

@@ -1,0 +1,27 @@
+"""Merge runledger-sync's 0004 (workflows: runs, steps, dependencies, job/step link) into the app's history.
+
+Revision ID: app_0004
+Revises: app_0003, 0004
+Create Date: 2026-12-05
+
+Written by ``alembic merge heads -m "runledger-sync 0004"`` after upgrading
+runledger-sync: each release that adds a revision leaves a second head until
+the app merges it, and ``runledger-sync check-schema`` fails until it is applied.
+"""
+from typing import Sequence, Union
+
+# revision identifiers, used by Alembic.
+revision: str = "app_0004"
+down_revision: Union[str, Sequence[str], None] = ("app_0003", "0004")
+branch_labels: Union[str, Sequence[str], None] = None
+depends_on: Union[str, Sequence[str], None] = None
+
+
+def upgrade() -> None:
+    """Upgrade schema."""
+    pass
+
+
+def downgrade() -> None:
+    """Downgrade schema."""
+    pass

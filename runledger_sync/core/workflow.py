@@ -1,0 +1,314 @@
+"""Workflows: a run of job and external steps joined by dependencies (spec section 11).
+
+:class:`Workflow` builds the definition in memory and checks it whole (unique
+step keys, dependencies inside the workflow, no cycle) before anything is
+written; :func:`runledger_sync.store.workflows.enqueue_workflow` writes it.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Callable, Iterable, Optional, Sequence
+from uuid import UUID
+
+from runledger_sync.core import validation as check
+from runledger_sync.core.errors import DependencyCycle, DuplicateStepKey, UnknownDependency, WorkflowEmpty
+
+STEP_KEY_MAX_LENGTH = 200
+WORKFLOW_NAME_MAX_LENGTH = 200
+
+
+class WorkflowRunStatus(str, enum.Enum):
+    """Where a run is (column ``workflow_runs.status``), recomputed from its steps after each step change."""
+
+    #: Some step is BLOCKED, ENQUEUED or RUNNING.
+    RUNNING = "RUNNING"
+    #: Nothing can move until an external step is answered.
+    WAITING_FOR_EXTERNAL = "WAITING_FOR_EXTERNAL"
+    #: Every step succeeded.
+    SUCCEEDED = "SUCCEEDED"
+    #: Every step ended, some failed or were cancelled.
+    COMPLETED_WITH_ERRORS = "COMPLETED_WITH_ERRORS"
+    #: Into: cancel_workflow_run; kept whatever its running steps do afterwards.
+    CANCELED = "CANCELED"
+
+
+class WorkflowStepStatus(str, enum.Enum):
+    """Where a step is (column ``workflow_steps.status``)."""
+
+    #: Into: enqueue. Out: its last prerequisite ends (released or cancelled), run cancel.
+    BLOCKED = "BLOCKED"
+    #: An external step released: waits for complete_external_step.
+    WAITING_FOR_EXTERNAL = "WAITING_FOR_EXTERNAL"
+    #: A job step released: its job is PENDING. Out: claim, run cancel.
+    ENQUEUED = "ENQUEUED"
+    #: Its job was claimed; a retry keeps it here. Out: the job's end, unstarted release.
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELED = "CANCELED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (WorkflowStepStatus.SUCCEEDED, WorkflowStepStatus.FAILED, WorkflowStepStatus.CANCELED)
+
+
+class WorkflowStepKind(str, enum.Enum):
+    JOB = "JOB"
+    EXTERNAL = "EXTERNAL"
+
+
+class WorkflowReleaseMode(str, enum.Enum):
+    """When a dependency lets its dependent go (``workflow_step_dependencies.release_mode``)."""
+
+    #: Once the prerequisite ended, whatever its outcome.
+    ON_TERMINAL = "ON_TERMINAL"
+    #: Only if the prerequisite succeeded; otherwise the dependent is cancelled.
+    ON_SUCCESS = "ON_SUCCESS"
+
+
+@dataclass(frozen=True)
+class WorkflowStep:
+    """One step of a :class:`Workflow`, as built; pass it in another step's ``after``."""
+
+    key: str
+    kind: WorkflowStepKind
+    job_type: Optional[str]
+    payload: Any
+    after: tuple[str, ...]
+    release: WorkflowReleaseMode
+    priority: Optional[int] = None
+    max_attempts: Optional[int] = None
+    timeout_seconds: Optional[int] = None
+    #: The workflow that built the step: a step of another workflow is not a valid dependency.
+    owner: Any = field(default=None, repr=False, compare=False)
+
+
+class Workflow:
+    """A workflow definition to enqueue with :func:`runledger_sync.enqueue_workflow`.
+
+    Example:
+        >>> wf = Workflow("order.fulfil", idempotency_key="order-42")
+        >>> charge = wf.job("charge", "payments.charge", {"order": 42})
+        >>> ship = wf.job("ship", "shipping.send", {"order": 42}, after=[charge], release="on_success")
+        >>> approve = wf.external("approval", after=[charge])
+        >>> _ = wf.job("notify", "email.send", {"order": 42}, after=[ship, approve])
+        >>> [step.key for step in wf.steps]
+        ['charge', 'ship', 'approval', 'notify']
+    """
+
+    def __init__(self, name: str, *, idempotency_key: Optional[str] = None, organization_id: Optional[str] = None):
+        self.name = check.check_text("name", name, max_length=WORKFLOW_NAME_MAX_LENGTH)
+        self.idempotency_key = check.check_optional_idempotency_key(idempotency_key)
+        self.organization_id = check.check_optional_organization_id(organization_id)
+        self._steps: list[WorkflowStep] = []
+
+    @property
+    def steps(self) -> tuple[WorkflowStep, ...]:
+        return tuple(self._steps)
+
+    def job(
+        self, key: str, job_type: str, payload: Any = None, *, after: Iterable[WorkflowStep | str] = (),
+        release: WorkflowReleaseMode | str = WorkflowReleaseMode.ON_TERMINAL, priority: Optional[int] = None,
+        max_attempts: Optional[int] = None, timeout_seconds: Optional[int] = None,
+    ) -> WorkflowStep:
+        """Add a step that runs a job of ``job_type`` once every step in ``after`` has ended.
+
+        Args:
+            after: the steps (or their keys) this one waits for.
+            release: ``"on_terminal"`` (default) starts it whatever they ended with;
+                ``"on_success"`` only if they all succeeded, and cancels it otherwise.
+            priority, max_attempts, timeout_seconds: as for :func:`runledger_sync.enqueue`;
+                unset values come from the job type's definition.
+
+        Raises:
+            InvalidArgument, InvalidJobType, InvalidPayload: nothing is added.
+        """
+        check.check_job_type(job_type)
+        check.serialize_json("payload", {} if payload is None else payload)
+        for name, value, allowed in (("priority", priority, check.PRIORITY_RANGE),
+                                     ("max_attempts", max_attempts, check.MAX_ATTEMPTS_RANGE),
+                                     ("timeout_seconds", timeout_seconds, check.TIMEOUT_SECONDS_RANGE)):
+            if value is not None:
+                check.check_int(name, value, allowed)
+        return self._add(WorkflowStep(
+            key, WorkflowStepKind.JOB, job_type, {} if payload is None else payload, self._keys_of(after),
+            _release_mode(release), priority, max_attempts, timeout_seconds, owner=self,
+        ))
+
+    def external(
+        self, key: str, *, after: Iterable[WorkflowStep | str] = (),
+        release: WorkflowReleaseMode | str = WorkflowReleaseMode.ON_TERMINAL,
+    ) -> WorkflowStep:
+        """Add a step that something outside the queue completes (an approval, a webhook).
+
+        Once released it waits in WAITING_FOR_EXTERNAL until
+        :func:`runledger_sync.complete_external_step` answers it.
+        """
+        return self._add(WorkflowStep(
+            key, WorkflowStepKind.EXTERNAL, None, None, self._keys_of(after), _release_mode(release), owner=self,
+        ))
+
+    def _add(self, step: WorkflowStep) -> WorkflowStep:
+        check.check_text("key", step.key, max_length=STEP_KEY_MAX_LENGTH)
+        if any(existing.key == step.key for existing in self._steps):
+            raise DuplicateStepKey(f"workflow {self.name!r} already has a step {step.key!r}", step_key=step.key)
+        self._steps.append(step)
+        return step
+
+    def _keys_of(self, after: Iterable[WorkflowStep | str]) -> tuple[str, ...]:
+        if isinstance(after, (str, WorkflowStep)):
+            after = [after]
+        keys = []
+        for prerequisite in after:
+            if isinstance(prerequisite, WorkflowStep):
+                if prerequisite.owner is not self:
+                    raise UnknownDependency(
+                        f"step {prerequisite.key!r} belongs to another workflow", step_key=prerequisite.key)
+                keys.append(prerequisite.key)
+            elif isinstance(prerequisite, str):
+                keys.append(prerequisite)
+            else:
+                raise check.InvalidArgument("after", type(prerequisite).__name__, "steps of this workflow or their keys")
+        return tuple(dict.fromkeys(keys))
+
+    def validate(self) -> None:
+        """Check the whole definition: some step, known dependencies, no cycle.
+
+        Raises:
+            WorkflowEmpty, UnknownDependency, DependencyCycle.
+        """
+        if not self._steps:
+            raise WorkflowEmpty(f"workflow {self.name!r} has no steps")
+        keys = {step.key for step in self._steps}
+        for step in self._steps:
+            unknown = [key for key in step.after if key not in keys]
+            if unknown:
+                raise UnknownDependency(
+                    f"step {step.key!r} depends on {unknown[0]!r}, which is not a step of workflow {self.name!r}",
+                    step_key=step.key, dependency=unknown[0],
+                )
+        cycle = find_cycle({step.key: step.after for step in self._steps})
+        if cycle:
+            raise DependencyCycle(f"workflow {self.name!r} has a dependency cycle: {' -> '.join(cycle)}", cycle=cycle)
+
+
+def _release_mode(value: WorkflowReleaseMode | str) -> WorkflowReleaseMode:
+    if isinstance(value, str):
+        try:
+            return WorkflowReleaseMode(value.upper())
+        except ValueError:
+            pass
+    raise check.InvalidArgument("release", value, "'on_terminal' or 'on_success'")
+
+
+def find_cycle(after: dict[str, Sequence[str]]) -> list[str]:
+    """A dependency cycle as keys (first key repeated at the end), or [] when there is none."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    for start in after:
+        if state.get(start):
+            continue
+        path = [start]
+        stack = [iter(after[start])]
+        state[start] = 1
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                stack.pop()
+            elif state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            elif not state.get(nxt):
+                state[nxt] = 1
+                path.append(nxt)
+                stack.append(iter(after[nxt]))
+    return []
+
+
+class WorkflowContext:
+    """What a workflow step's handler sees as ``ctx.workflow``.
+
+    The run and step are read on first use, and each prerequisite's output when
+    asked for, so a handler that never looks pays no query.
+    """
+
+    def __init__(self, step_id: UUID, load_step: Callable[[UUID], tuple[UUID, str]],
+                 load_output: Callable[[UUID, str], Any]) -> None:
+        self.step_id = step_id
+        self._load_step = load_step
+        self._load_output = load_output
+        self._step: Optional[tuple[UUID, str]] = None
+        self._lock = threading.Lock()
+
+    def _loaded(self) -> tuple[UUID, str]:
+        with self._lock:
+            if self._step is None:
+                self._step = self._load_step(self.step_id)
+            return self._step
+
+    @property
+    def run_id(self) -> UUID:
+        return self._loaded()[0]
+
+    @property
+    def step_key(self) -> str:
+        return self._loaded()[1]
+
+    def output_of(self, step_key: str) -> Any:
+        """The stored output of step ``step_key`` of this run: its job's output, or an external step's.
+
+        None while that step has not finished, or when it stored none.
+
+        Raises:
+            WorkflowStepNotFound: the run has no such step.
+        """
+        return self._load_output(self.run_id, step_key)
+
+
+@dataclass(frozen=True)
+class WorkflowStepRecord:
+    """One row of ``workflow_steps``, with the keys of the steps it waits for."""
+
+    id: UUID
+    key: str
+    kind: WorkflowStepKind
+    status: WorkflowStepStatus
+    job_type: Optional[str]
+    job_id: Optional[UUID]
+    deps: tuple[str, ...]
+    release: WorkflowReleaseMode
+    dependencies_total: int
+    dependencies_pending: int
+    dependencies_unsatisfied: int
+    #: The job's output (job steps) or the answer's (external steps), once finished.
+    output: Any
+    error_code: Optional[str]
+    error_message: Optional[str]
+    created_at: datetime
+    finished_at: Optional[datetime]
+
+
+@dataclass(frozen=True)
+class WorkflowRunRecord:
+    """One row of ``workflow_runs`` and, when read with :func:`get_workflow_run`, its steps in creation order."""
+
+    id: UUID
+    name: str
+    status: WorkflowRunStatus
+    organization_id: Optional[str]
+    idempotency_key: Optional[str]
+    status_reason: Optional[str]
+    created_at: datetime
+    updated_at: datetime
+    finished_at: Optional[datetime]
+    steps: tuple[WorkflowStepRecord, ...] = ()
+
+    def step(self, key: str) -> WorkflowStepRecord:
+        """The step with this key (KeyError if there is none)."""
+        for step in self.steps:
+            if step.key == key:
+                return step
+        raise KeyError(key)

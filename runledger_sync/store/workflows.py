@@ -1,0 +1,305 @@
+"""Workflow runs: enqueue one, read them, cancel one, answer an external step (spec section 11).
+
+What a step's job does to its step, within the job's own transitions, is in
+:mod:`runledger_sync.store._workflow_steps`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+from uuid import UUID
+
+from sqlalchemy import Text, and_, bindparam, cast, func, literal, select, tuple_
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import UUID as PG_UUID
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import Connection
+
+from runledger_sync.core import validation as check
+from runledger_sync.core.errors import (
+    WorkflowAlreadyEnqueued,
+    WorkflowDefinitionNotFoundOrDisabled,
+    WorkflowEnqueueConflictingRetry,
+    WorkflowLegacySnapshotMissing,
+    WorkflowStepNotFound,
+)
+from runledger_sync.core.ids import uuid7
+from runledger_sync.core.workflow import (
+    Workflow,
+    WorkflowReleaseMode,
+    WorkflowRunRecord,
+    WorkflowRunStatus,
+    WorkflowStepKind,
+    WorkflowStepRecord,
+    WorkflowStepStatus,
+)
+from runledger_sync.db.schema import job_definitions, job_queue, workflow_runs, workflow_step_dependencies, workflow_steps
+from runledger_sync.store._binds import Bind
+from runledger_sync.store._enqueue_batch import require_read_committed
+from runledger_sync.store._enqueue_batch import same_request
+from runledger_sync.store._errors import run_in_transaction
+from runledger_sync.store._scope import check_job_id
+from runledger_sync.store._workflow_steps import finish_steps, refresh_runs, release_steps
+
+DEFAULT_LIST_LIMIT = 100
+
+_s = workflow_steps.c
+_r = workflow_runs.c
+_d = workflow_step_dependencies.c
+_RUN_COLUMNS = (_r.id, _r.name, _r.status, _r.organization_id, _r.idempotency_key, _r.status_reason,
+                _r.created_at, _r.updated_at, _r.finished_at)
+
+
+# -- enqueue ---------------------------------------------------------------------
+
+
+def enqueue_workflow(bind: Bind, workflow: Workflow) -> WorkflowRunRecord:
+    """Write a workflow run: its steps, their dependencies, and the jobs of the steps that wait for nothing.
+
+    The whole definition is checked first (and its job types against their
+    definitions); a bad one raises and writes nothing. With an idempotency key,
+    the same request again returns the existing run.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
+            connection whose open transaction the call joins (the caller commits).
+
+    Returns:
+        The run with its steps.
+
+    Raises:
+        WorkflowEmpty, DuplicateStepKey, UnknownDependency, DependencyCycle: a bad definition.
+        WorkflowDefinitionNotFoundOrDisabled: a step's job type has no enabled definition.
+        WorkflowEnqueueConflictingRetry: the key exists with a different request.
+
+    Example:
+        ``run = rl.enqueue_workflow(engine, wf)``; in your transaction,
+        ``with engine.begin() as conn: rl.enqueue_workflow(conn, wf)``.
+    """
+    if not isinstance(workflow, Workflow):
+        raise check.InvalidArgument("workflow", type(workflow).__name__, "a Workflow")
+    workflow.validate()
+    snapshot = _request_snapshot(workflow)
+    return run_in_transaction(bind, lambda connection: _enqueue(connection, workflow, snapshot))
+
+
+def _request_snapshot(workflow: Workflow) -> str:
+    steps = [
+        {"key": step.key, "kind": step.kind.value, "job_type": step.job_type, "payload": step.payload,
+         "after": list(step.after), "release": step.release.value, "priority": step.priority,
+         "max_attempts": step.max_attempts, "timeout_seconds": step.timeout_seconds}
+        for step in workflow.steps
+    ]
+    return check.serialize_json("workflow", {"name": workflow.name, "steps": steps})
+
+
+def _enqueue(connection: Connection, workflow: Workflow, snapshot: str) -> WorkflowRunRecord:
+    if workflow.idempotency_key is not None:
+        require_read_committed(connection)
+    _check_definitions(connection, {step.job_type for step in workflow.steps if step.job_type is not None})
+    run_id = uuid7()
+    inserted = connection.execute(
+        pg_insert(workflow_runs)
+        .values(id=run_id, name=workflow.name, organization_id=workflow.organization_id,
+                idempotency_key=workflow.idempotency_key,
+                enqueue_request=None if workflow.idempotency_key is None else cast(literal(snapshot, Text), JSONB))
+        .on_conflict_do_nothing()
+        .returning(_r.id)
+    ).first()
+    if inserted is None:
+        return _existing_run(connection, workflow, snapshot)
+    step_ids = {step.key: uuid7() for step in workflow.steps}
+    connection.execute(workflow_steps.insert(), [
+        {"id": step_ids[step.key], "run_id": run_id, "step_key": step.key, "kind": step.kind.value,
+         "job_type": step.job_type,
+         "payload": None if step.kind is WorkflowStepKind.EXTERNAL else step.payload,
+         "priority": step.priority, "max_attempts": step.max_attempts, "timeout_seconds": step.timeout_seconds,
+         "dependencies_total": len(step.after), "dependencies_pending": len(step.after)}
+        for step in workflow.steps
+    ])
+    edges = [{"step_id": step_ids[step.key], "prerequisite_step_id": step_ids[key], "release_mode": step.release.value}
+             for step in workflow.steps for key in step.after]
+    if edges:
+        connection.execute(workflow_step_dependencies.insert(), edges)
+    roots = [(step_ids[step.key], step.kind.value) for step in workflow.steps if not step.after]
+    failed = release_steps(connection, roots)
+    if failed:
+        finish_steps(connection, failed, {run_id})
+    else:
+        refresh_runs(connection, {run_id})
+    return read_run(connection, run_id)  # type: ignore[return-value]
+
+
+def _check_definitions(connection: Connection, job_types: set[str]) -> None:
+    if not job_types:
+        return
+    enabled = set(connection.execute(
+        select(job_definitions.c.job_type).where(
+            job_definitions.c.job_type.in_(sorted(job_types)), job_definitions.c.is_enabled)
+    ).scalars())
+    missing = sorted(job_types - enabled)
+    if missing:
+        raise WorkflowDefinitionNotFoundOrDisabled(
+            f"job type {missing[0]!r} has no enabled definition; register its handler and call "
+            "registry.sync_definitions(engine), or enable it",
+            job_types=missing,
+        )
+
+
+def _existing_run(connection: Connection, workflow: Workflow, snapshot: str) -> WorkflowRunRecord:
+    existing = connection.execute(
+        select(_r.id, _r.enqueue_request)
+        .where(_r.name == workflow.name, _r.idempotency_key == workflow.idempotency_key,
+               _r.organization_id.is_not_distinct_from(cast(workflow.organization_id, Text)))
+        .with_for_update()
+    ).first()
+    if existing is None:
+        # The conflicting run was deleted between the insert and this read.
+        raise WorkflowAlreadyEnqueued(
+            f"workflow {workflow.name!r} with idempotency key {workflow.idempotency_key!r} already exists")
+    if existing.enqueue_request is None:
+        raise WorkflowLegacySnapshotMissing(f"workflow run {existing.id} has no request snapshot to compare")
+    if not same_request(existing.enqueue_request, snapshot):
+        raise WorkflowEnqueueConflictingRetry(
+            f"workflow {workflow.name!r} with idempotency key {workflow.idempotency_key!r} exists with a different "
+            "definition", run_id=str(existing.id))
+    return read_run(connection, existing.id)  # type: ignore[return-value]
+
+
+# -- reads -------------------------------------------------------------------------
+
+_STEP_ROWS = (
+    select(
+        _s.id, _s.step_key, _s.kind, _s.status, _s.job_type, _s.job_id, _s.dependencies_total,
+        _s.dependencies_pending, _s.dependencies_unsatisfied, _s.error_code, _s.error_message, _s.created_at,
+        _s.finished_at,
+        func.coalesce(job_queue.c.output, _s.output).label("output"),
+    )
+    .select_from(workflow_steps.outerjoin(job_queue, job_queue.c.id == _s.job_id))
+    .where(_s.run_id == bindparam("run_id"))
+    .order_by(_s.created_at, _s.id)
+)
+_EDGE_ROWS = (
+    select(_d.step_id, _d.release_mode, workflow_steps.c.step_key.label("prerequisite_key"))
+    .select_from(workflow_step_dependencies.join(workflow_steps, workflow_steps.c.id == _d.prerequisite_step_id))
+    .where(workflow_steps.c.run_id == bindparam("run_id"))
+    .order_by(workflow_steps.c.created_at, workflow_steps.c.id)
+)
+
+
+def _run_record(row: Any, steps: tuple[WorkflowStepRecord, ...] = ()) -> WorkflowRunRecord:
+    return WorkflowRunRecord(
+        id=row.id, name=row.name, status=WorkflowRunStatus(row.status), organization_id=row.organization_id,
+        idempotency_key=row.idempotency_key, status_reason=row.status_reason, created_at=row.created_at,
+        updated_at=row.updated_at, finished_at=row.finished_at, steps=steps,
+    )
+
+
+def read_run(connection: Connection, run_id: UUID) -> Optional[WorkflowRunRecord]:
+    run = connection.execute(select(*_RUN_COLUMNS).where(_r.id == run_id)).first()
+    if run is None:
+        return None
+    deps: dict[UUID, list[str]] = {}
+    release: dict[UUID, str] = {}
+    for edge in connection.execute(_EDGE_ROWS, {"run_id": run_id}):
+        deps.setdefault(edge.step_id, []).append(edge.prerequisite_key)
+        release[edge.step_id] = edge.release_mode
+    steps = tuple(
+        WorkflowStepRecord(
+            id=row.id, key=row.step_key, kind=WorkflowStepKind(row.kind), status=WorkflowStepStatus(row.status),
+            job_type=row.job_type, job_id=row.job_id, deps=tuple(deps.get(row.id, ())),
+            release=WorkflowReleaseMode(release.get(row.id, WorkflowReleaseMode.ON_TERMINAL.value)),
+            dependencies_total=row.dependencies_total, dependencies_pending=row.dependencies_pending,
+            dependencies_unsatisfied=row.dependencies_unsatisfied, output=row.output, error_code=row.error_code,
+            error_message=row.error_message, created_at=row.created_at, finished_at=row.finished_at,
+        )
+        for row in connection.execute(_STEP_ROWS, {"run_id": run_id})
+    )
+    return _run_record(run, steps)
+
+
+def check_run_id(run_id: Any) -> UUID:
+    try:
+        return check_job_id(run_id)
+    except check.InvalidArgument:
+        raise check.InvalidArgument("run_id", run_id, "a UUID") from None
+
+
+def get_workflow_run(bind: Bind, run_id: UUID | str) -> Optional[WorkflowRunRecord]:
+    """Return the run with its steps (each with its deps, job id, output or error), or None.
+
+    Args:
+        bind: an Engine, or a Connection, ORM Session or psycopg (2 or 3) connection.
+    """
+    target = check_run_id(run_id)
+    return run_in_transaction(bind, lambda connection: read_run(connection, target))
+
+
+def list_workflow_runs(
+    bind: Bind,
+    *,
+    status: Optional[WorkflowRunStatus | str] = None,
+    limit: int = DEFAULT_LIST_LIMIT,
+    before: Optional[WorkflowRunRecord] = None,
+) -> list[WorkflowRunRecord]:
+    """Return runs newest first, without their steps (read one with :func:`get_workflow_run`).
+
+    Args:
+        status: only runs in this status.
+        before: the last run of the previous page: only older runs (by ``created_at``,
+            then ``id``), read from an index at the same cost however deep the page.
+    """
+    check.check_int("limit", limit, check.LIMIT_RANGE)
+    conditions = []
+    if status is not None:
+        try:
+            conditions.append(_r.status == WorkflowRunStatus(status).value)
+        except ValueError:
+            raise check.InvalidArgument(
+                "status", status, f"one of {', '.join(s.value for s in WorkflowRunStatus)}") from None
+    if before is not None:
+        if not isinstance(before, WorkflowRunRecord):
+            raise check.InvalidArgument("before", type(before).__name__, "a WorkflowRunRecord")
+        conditions.append(tuple_(_r.created_at, _r.id) < tuple_(before.created_at, before.id))
+    statement = (
+        select(*_RUN_COLUMNS).where(*conditions).order_by(_r.created_at.desc(), _r.id.desc()).limit(limit)
+    )
+    return run_in_transaction(bind, lambda connection: [_run_record(row) for row in connection.execute(statement)])
+
+
+# -- what a step's handler reads (ctx.workflow) ------------------------------------
+
+_STEP_OF_ID = select(_s.run_id, _s.step_key).where(_s.id == bindparam("step_id", type_=PG_UUID(as_uuid=True)))
+_OUTPUT_OF_KEY = (
+    select(func.coalesce(job_queue.c.output, _s.output).label("output"))
+    .select_from(workflow_steps.outerjoin(
+        job_queue, and_(job_queue.c.id == _s.job_id, job_queue.c.status == "SUCCEEDED")))
+    .where(_s.run_id == bindparam("run_id", type_=PG_UUID(as_uuid=True)), _s.step_key == bindparam("step_key"))
+)
+
+
+def load_step(bind: Bind, step_id: UUID) -> tuple[UUID, str]:
+    """The run id and key of a step (for ``ctx.workflow``).
+
+    Raises:
+        WorkflowStepNotFound: the step is gone (its run was deleted).
+    """
+    row = run_in_transaction(bind, lambda connection: connection.execute(_STEP_OF_ID, {"step_id": step_id}).first())
+    if row is None:
+        raise WorkflowStepNotFound(f"workflow step {step_id} was not found")
+    return row.run_id, row.step_key
+
+
+def step_output(bind: Bind, run_id: UUID, step_key: str) -> Any:
+    """A step's stored output: its succeeded job's, or an external step's answer; None before that.
+
+    Raises:
+        WorkflowStepNotFound: the run has no step ``step_key``.
+    """
+    check.check_text("step_key", step_key, max_length=200)
+    params = {"run_id": run_id, "step_key": step_key}
+    row = run_in_transaction(bind, lambda connection: connection.execute(_OUTPUT_OF_KEY, params).first())
+    if row is None:
+        raise WorkflowStepNotFound(f"workflow run {run_id} has no step {step_key!r}", step_key=step_key)
+    return row.output
+
