@@ -200,7 +200,17 @@ def run_snippets(namespace: dict, *names: str) -> None:
         exec(compile(readme_snippet(name), f"README.md:{name}", "exec"), namespace)  # noqa: S102 - our own README
 
 
-def test_workflow_snippets_fan_out_fan_in_and_the_approval_gate_run_to_success(fresh_database, tmp_path, monkeypatch):
+def tree_column(table_text: str) -> list[tuple[str, str]]:
+    """The step column (the tree) and the note column of a ``workflows show`` step table."""
+    lines = [line for line in table_text.splitlines() if line.strip()]
+    header = next(line for line in lines if line.split()[:2] == ["step", "kind"])
+    kind_at, note_at = header.index("kind"), header.index("note")
+    body = lines[lines.index(header) + 1:]
+    return [(line[:kind_at].rstrip(), line[note_at:].rstrip()) for line in body]
+
+
+def test_workflow_snippets_fan_out_fan_in_and_the_approval_gate_run_to_success(
+        fresh_database, tmp_path, monkeypatch, capsys):
     namespace = deploy_and_enqueue(fresh_database, tmp_path, monkeypatch)
     engine, registry = namespace["engine"], namespace["registry"]
     try:
@@ -219,6 +229,12 @@ def test_workflow_snippets_fan_out_fan_in_and_the_approval_gate_run_to_success(f
                          lambda: step_status("approval") is rl.WorkflowStepStatus.WAITING_FOR_EXTERNAL
                          and all(step_status(key) is rl.WorkflowStepStatus.SUCCEEDED for key in picks))
         assert step_status("ship") is rl.WorkflowStepStatus.BLOCKED
+        # `workflows show` draws the tree the README shows.
+        capsys.readouterr()
+        assert cli.main(["--database-url", fresh_database, "workflows", "show", str(run_id)]) == 0
+        shown = capsys.readouterr().out
+        readme_sample = readme_section("Workflows").split("show` draws the steps as a tree", 1)[1]
+        assert tree_column(shown) == tree_column(readme_sample.replace("\n    ", "\n"))
         run_snippets(namespace, "workflow-approve")
         run_worker_until(engine, registry, config,
                          lambda: rl.get_workflow_run(engine, run_id).status is rl.WorkflowRunStatus.SUCCEEDED)
