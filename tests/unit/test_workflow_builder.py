@@ -1,0 +1,71 @@
+"""The workflow builder: each step checked as it is added, the whole definition before it is written."""
+
+from __future__ import annotations
+
+import pytest
+
+import runledger_sync as rl
+from runledger_sync.core.workflow import find_cycle
+
+
+def test_steps_keep_their_order_dependencies_and_release_mode():
+    wf = rl.Workflow("order.fulfil", idempotency_key="order-42", organization_id="org-1")
+    charge = wf.job("charge", "payments.charge", {"order": 42}, priority=5, max_attempts=3, timeout_seconds=60)
+    ship = wf.job("ship", "shipping.send", after=charge, release="on_success")
+    gate = wf.external("approval", after=["charge"])
+    wf.job("notify", "email.send", after=[ship, gate, ship])
+
+    wf.validate()
+
+    assert [(s.key, s.kind.value, s.after, s.release.value) for s in wf.steps] == [
+        ("charge", "JOB", (), "ON_TERMINAL"),
+        ("ship", "JOB", ("charge",), "ON_SUCCESS"),
+        ("approval", "EXTERNAL", ("charge",), "ON_TERMINAL"),
+        ("notify", "JOB", ("ship", "approval"), "ON_TERMINAL"),
+    ]
+    assert (charge.priority, charge.max_attempts, charge.timeout_seconds, charge.payload) == (5, 3, 60, {"order": 42})
+    assert wf.steps[1].payload == {}
+
+
+@pytest.mark.parametrize(
+    ("build", "error"),
+    [
+        (lambda wf: wf.job(" ", "a.b"), rl.InvalidArgument),
+        (lambda wf: wf.job("a", ""), rl.InvalidJobType),
+        (lambda wf: wf.job("a", "a.b", float("nan")), rl.InvalidPayload),
+        (lambda wf: wf.job("a", "a.b", priority=10**9), rl.InvalidArgument),
+        (lambda wf: wf.job("a", "a.b", release=None), rl.InvalidArgument),
+        (lambda wf: wf.job("a", "a.b", after=[3]), rl.InvalidArgument),
+        (lambda wf: (wf.job("a", "a.b"), wf.external("a")), rl.DuplicateStepKey),
+    ],
+)
+def test_a_bad_step_is_refused_as_it_is_added_and_not_kept(build, error):
+    wf = rl.Workflow("bad")
+    with pytest.raises(error):
+        build(wf)
+    assert len(wf.steps) <= 1
+
+
+def test_a_blank_name_or_key_is_refused():
+    with pytest.raises(rl.InvalidArgument):
+        rl.Workflow("")
+    with pytest.raises(rl.InvalidArgument):
+        rl.Workflow("w", idempotency_key=" ")
+
+
+@pytest.mark.parametrize(
+    ("graph", "cycle"),
+    [
+        ({"a": [], "b": ["a"], "c": ["a", "b"]}, []),
+        ({"a": ["a"]}, ["a", "a"]),
+        ({"a": ["c"], "b": ["a"], "c": ["b"], "d": []}, ["a", "c", "b", "a"]),
+        ({"x": [], "a": ["b"], "b": ["c"], "c": ["b"]}, ["b", "c", "b"]),
+    ],
+)
+def test_find_cycle(graph, cycle):
+    assert find_cycle(graph) == cycle
+
+
+def test_a_long_chain_has_no_cycle_and_no_recursion_limit():
+    graph = {f"s{i}": [f"s{i - 1}"] if i else [] for i in range(5_000)}
+    assert find_cycle(graph) == []
