@@ -334,3 +334,13 @@ def test_plain_turns_records_into_json_ready_data():
         "pct": 12.5, "nested": {"k": ["00000000-0000-0000-0000-000000000002"]},
     }
 
+
+
+def test_every_hint_names_a_code_the_library_raises():
+    classes, codes = [runledger_sync.RunledgerError], set()
+    while classes:
+        cls = classes.pop()
+        codes.add(cls.code)
+        classes.extend(cls.__subclasses__())
+    assert "workflow.release_conflict" in codes  # the walk reached the leaves
+    assert sorted(set(cli.HINTS) - codes) == []
