@@ -12,6 +12,7 @@ from sqlalchemy.engine import Engine
 from runledger_sync.config import JobsConfig
 from runledger_sync.core.errors import (
     LeaseOwnerMismatch,
+    WorkflowReleaseConflict,
 )
 from runledger_sync.core.outcomes import (
     LEASE_OWNER_MISMATCH_CODE,
@@ -125,6 +126,11 @@ class JobExecution:
             # lost lease (nothing written, the reaper recovers it), as a heartbeat would.
             self.lease_lost = LeaseLost(LEASE_OWNER_MISMATCH_CODE, "Job lease ownership was lost during processing.")
             context.request_cancel("lease_lost")
+            raise
+        except WorkflowReleaseConflict as conflict:
+            # The step's run is being cancelled: write nothing for the attempt and
+            # leave the lease, which the reaper finishes once the cancel committed.
+            self.lease_lost = LeaseLost(conflict.code, conflict.message)
             raise
         self.completed_in_transaction = True
         return record

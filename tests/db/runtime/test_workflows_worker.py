@@ -118,3 +118,39 @@ def test_a_completion_while_the_cancel_holds_the_run_leaves_the_lease_and_the_re
     assert (final.step("hold").status, final.step("next").status) == (Step.FAILED, Step.CANCELED)
     assert final.step("next").job_id is None
     assert probe.notes.count("next ran") == 1  # the plain job only
+
+
+IN_TX = "race.in_transaction"
+
+
+def test_a_handler_completing_in_its_own_transaction_while_the_cancel_holds_the_run_writes_nothing(
+        engine, start_loop, logs):
+    probe = Probe()
+    registry = rl.JobRegistry()
+
+    @registry.job(IN_TX, max_attempts=1)
+    def in_transaction(ctx: rl.JobContext, payload: dict) -> None:
+        probe.note("started")
+        probe.release.wait(20)
+        with engine.begin() as connection:
+            ctx.complete_in(connection)
+
+    registry.sync_definitions(engine)
+    wf = rl.Workflow("race.in_tx")
+    first = wf.job("first", IN_TX)
+    wf.job("second", IN_TX, after=[first])
+    run = rl.enqueue_workflow(engine, wf)
+    start_loop("worker", registry, fast_config())
+    wait_until(lambda: probe.notes)
+    job_id = rl.get_workflow_run(engine, run.id).step("first").job_id
+
+    with engine.connect() as connection:
+        with connection.begin():
+            rl.cancel_workflow_run(connection, run.id)
+            probe.release.set()
+            wait_until(lambda: any(getattr(r, "failure_code", None) == "workflow.release_conflict"
+                                   for r in logs.records))
+
+    job = rl.get_job(engine, job_id)
+    assert (job.status, job.last_error_code) == (rl.JobStatus.LEASED, None)
+    assert rl.get_workflow_run(engine, run.id).step("second").status is Step.CANCELED

@@ -338,3 +338,31 @@ def test_a_grouped_success_commits_the_plain_jobs_and_leaves_out_the_held_workfl
     assert rl.get_job(typed, held.id).status is rl.JobStatus.LEASED
     assert all(rl.get_job(typed, job_id).status is rl.JobStatus.SUCCEEDED for job_id in by_job)
     assert rl.get_workflow_run(typed, free_run.id).status is Run.SUCCEEDED
+
+
+def test_the_reaper_postpones_a_job_whose_run_a_cancel_holds_and_finishes_it_afterwards(typed):
+    run = rl.enqueue_workflow(typed, chain("on_terminal"))
+    for attempt in (1, 2):
+        job = claim(typed, A)
+        lifecycle.mark_job_running(typed, LeaseIdentity.of(job))
+        if attempt == 1:
+            lifecycle.complete_job_failure(
+                typed, **LeaseIdentity.of(job).keywords(),
+                failure=rl.JobFailure(rl.JobFailureKind.RETRYABLE, "again", "again"), retry_delay_ms=0)
+    expire_lease(typed, job.id)
+    holder = hold_cancel_lock(typed, run.id)
+    try:
+        held = lifecycle.reap_expired_leases(typed, limit=10, default_retry_delay_ms=60_000)
+    finally:
+        holder.rollback()
+        holder.close()
+
+    assert (held.failed_rows, held.dead_lettered) == (1, ())
+    assert rl.get_job(typed, job.id).status is rl.JobStatus.LEASED
+    assert statuses(typed, run.id)["a"] is Step.RUNNING
+
+    expire_lease(typed, job.id)
+    reaped = lifecycle.reap_expired_leases(typed, limit=10, default_retry_delay_ms=60_000)
+
+    assert [dead.job_id for dead in reaped.dead_lettered] == [job.id]
+    assert statuses(typed, run.id) == {"a": Step.FAILED, "b": Step.ENQUEUED, "c": Step.BLOCKED}
