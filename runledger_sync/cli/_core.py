@@ -62,6 +62,17 @@ HINTS: dict[str, str] = {
     ),
     "job.idempotency_conflict": "repeat the original request exactly, or pass a new --idempotency-key",
     "schedule.not_found": f"list schedule names with `{PROG} schedules list`",
+    "workflow.run_not_found": f"list run ids with `{PROG} workflows list`",
+    "workflow.run_finished": "a run that has finished keeps its outcome; there is nothing left to cancel",
+    "workflow.external_step_not_found": f"`{PROG} workflows show RUN_ID` lists the run's steps and their kinds",
+    "workflow.external_step_not_external": "a JOB step ends with its job; only EXTERNAL steps take an answer",
+    "workflow.external_step_not_waiting": (
+        f"a step takes its answer once its prerequisites have ended; see its status with `{PROG} workflows show`"
+    ),
+    "workflow.external_step_conflicting_completion_retry": "the step was answered otherwise before; its answer stays",
+    "workflow.external_step_conflicting_output_retry": "the step was answered with another output; its answer stays",
+    "workflow.external_step_output_invalid_status": "give --output only with --succeeded",
+    "workflow.release_conflict": "the run is being cancelled right now; run the command again once the cancel is done",
 }
 DEFAULT_HINT = "run again with --debug for the full traceback"
 POOL_MODE_VARIABLE = "RUNLEDGER_POOL_MODE"

@@ -35,7 +35,8 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return value
 
 
-def _parse_payload(text: str, source: str = "the JSON argument") -> Any:
+def parse_json_argument(text: str, source: str = "the JSON argument") -> Any:
+    """The JSON value ``text`` holds; ``source`` names where it came from in the error."""
     # The text is the payload: errors say how long it is, never what it says.
     got = f"{len(text)} characters of text"
     try:
@@ -114,7 +115,7 @@ def _enqueue_arguments(parser: argparse.ArgumentParser) -> None:
 
 @command("enqueue", help="add one job to the queue and print its id", arguments=_enqueue_arguments)
 def _enqueue(args: argparse.Namespace) -> int:
-    payload = _parse_payload(*_payload_text(args))
+    payload = parse_json_argument(*_payload_text(args))
     # The same size limit a worker's process enforces (RUNLEDGER_MAX_PAYLOAD_BYTES), not the bare default.
     max_payload_bytes = rl.JobsConfig.from_env().max_payload_bytes
     with open_engine(args) as engine:

@@ -33,11 +33,11 @@ UNKNOWN_ID = "00000000-0000-7000-8000-000000000000"
 TABLES = ("job_definitions", "job_queue", "job_attempts", "job_events", "job_dead_letters")
 
 
-def table_digest(engine: Any) -> dict[str, tuple[int, str]]:
+def table_digest(engine: Any, tables: tuple[str, ...] = TABLES) -> dict[str, tuple[int, str]]:
     """Row count and an md5 over every row's text, per queue table."""
     digest = {}
     with engine.connect() as conn:
-        for table in TABLES:  # constants, never input
+        for table in tables:  # constants, never input
             row = conn.execute(
                 text(f"SELECT count(*), coalesce(md5(string_agg(t::text, '|' ORDER BY t::text)), '') FROM {table} t")  # noqa: S608 - fixed table names
             ).one()

@@ -22,11 +22,17 @@ import pytest
 import runledger_sync as rl
 from runledger_sync import cli
 from runledger_sync.store.lifecycle import LeaseIdentity, claim_jobs, complete_job_failure
-from tests.db.test_bad_input_api import FOUR_BYTES, HOSTILE, SURROGATE, UNKNOWN_ID, table_digest
+from tests.db.test_bad_input_api import FOUR_BYTES, HOSTILE, SURROGATE, TABLES, UNKNOWN_ID
+from tests.db.test_bad_input_api import table_digest as queue_digest
 from tests.support import define
 
 JOB_TYPE = "cli.bad"
 REPO = Path(__file__).resolve().parents[2]
+WORKFLOW_TABLES = ("workflow_runs", "workflow_steps", "workflow_step_dependencies")
+
+
+def table_digest(engine: Any) -> dict[str, tuple[int, str]]:
+    return queue_digest(engine, TABLES + WORKFLOW_TABLES)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +47,10 @@ def database(pg_server, template_database):
     claimed = claim_jobs(engine, worker_id="seed", lease_ttl_seconds=60, limit=1, job_types=[JOB_TYPE])
     complete_job_failure(engine, **LeaseIdentity.of(claimed[0]).keywords(),
                          failure=rl.JobFailure.terminal("seed.failed", "seeded"), retry_delay_ms=None)
-    yield {"url": url, "engine": engine, "pending": str(pending.id), "dead": str(dead.id)}
+    gate = rl.Workflow("cli.bad.gate")
+    gate.external("approval")  # a root external step: it waits for an answer from the start
+    run = rl.enqueue_workflow(engine, gate)
+    yield {"url": url, "engine": engine, "pending": str(pending.id), "dead": str(dead.id), "run": str(run.id)}
     engine.dispose()
     pg_server.drop_database(name)
 
@@ -54,7 +63,7 @@ def clean_environment(monkeypatch):
 
 USAGE, FAILED = 2, 1
 
-# (case id, argv with {pending}/{dead} placeholders, exit code, error code)
+# (case id, argv with {pending}/{dead}/{run} placeholders, exit code, error code)
 CASES: list[tuple[str, list[str], int, str]] = [
     ("enqueue-type-blank", ["enqueue", "", "{}"], USAGE, "job.invalid_job_type"),
     ("enqueue-type-spaces", ["enqueue", "   ", "{}"], USAGE, "job.invalid_job_type"),
@@ -115,6 +124,32 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("dead-replay-org-bad-utf8", ["dead-letters", "replay", "--org", SURROGATE], USAGE, "job.invalid_argument"),
     ("stats-org-blank", ["stats", "--org", ""], USAGE, "job.invalid_argument"),
     ("stats-org-nul", ["stats", "--org", "\x00"], USAGE, "job.invalid_argument"),
+    ("workflows-list-limit-zero", ["workflows", "list", "--limit", "0"], USAGE, "job.invalid_argument"),
+    ("workflows-show-id-sql", ["workflows", "show", "'; DROP TABLE workflow_runs; --"], USAGE,
+     "job.invalid_argument"),
+    ("workflows-show-unknown", ["workflows", "show", UNKNOWN_ID], FAILED, "workflow.run_not_found"),
+    ("workflows-cancel-unknown", ["workflows", "cancel", UNKNOWN_ID], FAILED, "workflow.run_not_found"),
+    ("workflows-cancel-reason-too-long", ["workflows", "cancel", "{run}", "--reason", "r" * 256], USAGE,
+     "job.invalid_argument"),
+    ("workflows-cancel-reason-bad-utf8", ["workflows", "cancel", "{run}", "--reason", SURROGATE], USAGE,
+     "job.invalid_argument"),
+    ("workflows-complete-unknown-run", ["workflows", "complete-external", UNKNOWN_ID, "approval", "--succeeded"],
+     FAILED, "workflow.run_not_found"),
+    ("workflows-complete-step-blank", ["workflows", "complete-external", "{run}", " ", "--succeeded"], USAGE,
+     "job.invalid_argument"),
+    ("workflows-complete-step-bad-utf8", ["workflows", "complete-external", "{run}", SURROGATE, "--succeeded"],
+     USAGE, "job.invalid_argument"),
+    ("workflows-complete-step-sql-unknown", ["workflows", "complete-external", "{run}", HOSTILE, "--succeeded"],
+     FAILED, "workflow.external_step_not_found"),
+    ("workflows-complete-output-nan", ["workflows", "complete-external", "{run}", "approval", "--succeeded",
+                                       "--output", "NaN"], USAGE, "job.invalid_payload"),
+    ("workflows-complete-output-nul", ["workflows", "complete-external", "{run}", "approval", "--succeeded",
+                                       "--output", '"a\\u0000b"'], USAGE, "job.invalid_payload"),
+    ("workflows-complete-output-duplicate-keys", ["workflows", "complete-external", "{run}", "approval",
+                                                  "--succeeded", "--output", '{"a": 1, "a": 2}'], USAGE,
+     "job.invalid_payload"),
+    ("workflows-complete-output-with-failed", ["workflows", "complete-external", "{run}", "approval", "--failed",
+                                               "--output", "{}"], USAGE, "workflow.external_step_output_invalid_status"),
     ("worker-bad-number", ["worker", "--app", "tests.cli_app:registry", "--lease-ttl-seconds", "soon"], USAGE,
      "config.invalid"),
     ("worker-bad-bool", ["worker", "--app", "tests.cli_app:registry", "--log-payloads", "maybe"], USAGE,
@@ -126,7 +161,8 @@ CASES: list[tuple[str, list[str], int, str]] = [
 
 
 def invoke(capsys, database: dict[str, Any], argv: list[str]) -> tuple[int, str, str]:
-    argv = [part.replace("{pending}", database["pending"]).replace("{dead}", database["dead"]) for part in argv]
+    argv = [part.replace("{pending}", database["pending"]).replace("{dead}", database["dead"])
+            .replace("{run}", database["run"]) for part in argv]
     code = cli.main(["--database-url", database["url"], *argv])
     out, err = capsys.readouterr()
     return code, out, err

@@ -1,5 +1,5 @@
-"""The README runs as written: its first-job snippets (only the URL swapped for the test database), every
-command of its command-line block, and a configuration table that lists every JobsConfig field."""
+"""The README runs as written: its first-job and workflow snippets (only the URL swapped for the test database),
+every command of its command-line block, and a configuration table that lists every JobsConfig field."""
 
 from __future__ import annotations
 
@@ -135,12 +135,15 @@ def test_every_command_line_of_the_readme_runs_as_written(fresh_database, capsys
         # Long-running ones have tests of their own (test_cli_worker.py, test_demo.py).
         runnable = [argv for argv in commands if argv[1] not in ("worker", "demo")]
         assert {argv[1] for argv in commands} >= {"migrate", "check-schema", "worker", "enqueue", "jobs",
-                                                   "dead-letters", "stats", "demo"}
+                                                   "dead-letters", "stats", "demo", "workflows"}
+        gate = rl.Workflow("gate")
+        gate.external("approval")
+        run_id = str(rl.enqueue_workflow(engine, gate).id)
         for argv in runnable:
             job_id = str(finished.id)
             if argv[1:3] == ["jobs", "cancel"]:
                 job_id = str(rl.enqueue(engine, "email.send", {"to": "later@y.z"}).id)
-            argv = [job_id if word == "<id>" else word for word in argv[1:]]
+            argv = [{"<id>": job_id, "<run>": run_id}.get(word, word) for word in argv[1:]]
             code = cli.main(["--database-url", fresh_database, *argv])
             out, err = capsys.readouterr()
             assert code == 0, f"runledger-sync {' '.join(argv)} exited {code}: {out}{err}"
@@ -188,5 +191,77 @@ def test_schedules_snippet_declares_and_writes_its_schedules(fresh_database, tmp
         nightly = found["nightly-report"]
         assert (nightly.timezone, nightly.source, nightly.is_active) == ("Europe/Berlin", "code", True)
         assert nightly.next_fire_at.astimezone(ZoneInfo("Europe/Berlin")).strftime("%H:%M:%S") == "02:30:00"
+    finally:
+        engine.dispose()
+
+
+def run_snippets(namespace: dict, *names: str) -> None:
+    for name in names:
+        exec(compile(readme_snippet(name), f"README.md:{name}", "exec"), namespace)  # noqa: S102 - our own README
+
+
+def tree_column(table_text: str) -> list[tuple[str, str]]:
+    """The step column (the tree) and the note column of a ``workflows show`` step table."""
+    lines = [line for line in table_text.splitlines() if line.strip()]
+    header = next(line for line in lines if line.split()[:2] == ["step", "kind"])
+    kind_at, note_at = header.index("kind"), header.index("note")
+    body = lines[lines.index(header) + 1:]
+    return [(line[:kind_at].rstrip(), line[note_at:].rstrip()) for line in body]
+
+
+def test_workflow_snippets_fan_out_fan_in_and_the_approval_gate_run_to_success(
+        fresh_database, tmp_path, monkeypatch, capsys):
+    namespace = deploy_and_enqueue(fresh_database, tmp_path, monkeypatch)
+    engine, registry = namespace["engine"], namespace["registry"]
+    try:
+        run_snippets(namespace, "workflow-handlers")
+        registry.sync_definitions(engine)
+        run_snippets(namespace, "workflow-enqueue")
+        run_id = namespace["run"].id
+        config = rl.JobsConfig(poll_interval_ms=20, lease_ttl_seconds=5, heartbeat_interval_seconds=0.5)
+
+        def step_status(key: str) -> rl.WorkflowStepStatus:
+            return rl.get_workflow_run(engine, run_id).step(key).status
+
+        # The gate waits; the picks run meanwhile, and ship waits for the answer.
+        picks = [f"pick-{w}" for w in namespace["warehouses"]]
+        run_worker_until(engine, registry, config,
+                         lambda: step_status("approval") is rl.WorkflowStepStatus.WAITING_FOR_EXTERNAL
+                         and all(step_status(key) is rl.WorkflowStepStatus.SUCCEEDED for key in picks))
+        assert step_status("ship") is rl.WorkflowStepStatus.BLOCKED
+        # `workflows show` draws the tree the README shows.
+        capsys.readouterr()
+        assert cli.main(["--database-url", fresh_database, "workflows", "show", str(run_id)]) == 0
+        shown = capsys.readouterr().out
+        readme_sample = readme_section("Workflows").split("show` draws the steps as a tree", 1)[1]
+        assert tree_column(shown) == tree_column(readme_sample.replace("\n    ", "\n"))
+        run_snippets(namespace, "workflow-approve")
+        run_worker_until(engine, registry, config,
+                         lambda: rl.get_workflow_run(engine, run_id).status is rl.WorkflowRunStatus.SUCCEEDED)
+
+        final = rl.get_workflow_run(engine, run_id)
+        assert final.step("ship").output == {"picked": 6, "approved_by": "ada"}
+        assert final.step("notify").status is rl.WorkflowStepStatus.SUCCEEDED
+        assert rl.count_jobs(engine, job_type="orders.pick") == 3
+        assert rl.count_jobs(engine, job_type="orders.ship") == 1
+    finally:
+        engine.dispose()
+
+
+def test_the_workflows_complete_external_command_answers_the_gate_as_written(fresh_database, capsys):
+    [line] = [line for line in readme_section("Workflows").splitlines()
+              if line.startswith("    runledger-sync workflows complete-external ")]
+    engine = rl.create_engine(fresh_database)
+    try:
+        gate = rl.Workflow("gate")
+        gate.external("approval")
+        run = rl.enqueue_workflow(engine, gate)
+        argv = [str(run.id) if word == "<run>" else word for word in shlex.split(line)[1:]]
+        code = cli.main(["--database-url", fresh_database, *argv])
+        out, err = capsys.readouterr()
+        assert code == 0, out + err
+        answered = rl.get_workflow_run(engine, run.id)
+        assert answered.status is rl.WorkflowRunStatus.SUCCEEDED
+        assert answered.step("approval").output == {"by": "ada"}
     finally:
         engine.dispose()

@@ -226,10 +226,11 @@ def test_the_module_runs_as_a_script_with_the_same_exit_codes(tmp_path):
 
 OPERATOR_COMMANDS = ["enqueue", "jobs list", "jobs show", "jobs retry", "jobs cancel", "dead-letters list",
                      "dead-letters replay", "stats", "schedules list", "schedules show", "schedules pause",
-                     "schedules resume", "schedules trigger", "schedules delete"]
+                     "schedules resume", "schedules trigger", "schedules delete", "workflows list", "workflows show",
+                     "workflows cancel", "workflows complete-external"]
 
 
-@pytest.mark.parametrize("name", OPERATOR_COMMANDS + ["jobs", "dead-letters", "schedules"])
+@pytest.mark.parametrize("name", OPERATOR_COMMANDS + ["jobs", "dead-letters", "schedules", "workflows"])
 def test_each_operator_command_has_help(capsys, name):
     code, out, _ = run(capsys, *name.split(), "--help")
 
@@ -239,7 +240,7 @@ def test_each_operator_command_has_help(capsys, name):
 
 def test_operator_commands_are_registered_under_their_groups():
     assert set(OPERATOR_COMMANDS) <= set(cli.COMMANDS)
-    assert set(cli.GROUPS) == {"jobs", "dead-letters", "schedules"}
+    assert set(cli.GROUPS) == {"jobs", "dead-letters", "schedules", "workflows"}
 
 
 def test_a_nested_command_needs_its_group():
@@ -333,3 +334,13 @@ def test_plain_turns_records_into_json_ready_data():
         "pct": 12.5, "nested": {"k": ["00000000-0000-0000-0000-000000000002"]},
     }
 
+
+
+def test_every_hint_names_a_code_the_library_raises():
+    classes, codes = [runledger_sync.RunledgerError], set()
+    while classes:
+        cls = classes.pop()
+        codes.add(cls.code)
+        classes.extend(cls.__subclasses__())
+    assert "workflow.release_conflict" in codes  # the walk reached the leaves
+    assert sorted(set(cli.HINTS) - codes) == []
