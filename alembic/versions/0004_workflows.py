@@ -62,6 +62,9 @@ def upgrade() -> None:
                     [sa.literal_column('created_at DESC'), sa.literal_column('id DESC')], unique=False)
     op.create_index('idx_workflow_runs_status_created', 'workflow_runs',
                     ['status', sa.literal_column('created_at DESC'), sa.literal_column('id DESC')], unique=False)
+    op.create_index('idx_workflow_runs_org_created', 'workflow_runs',
+                    ['organization_id', sa.literal_column('created_at DESC'), sa.literal_column('id DESC')],
+                    unique=False, postgresql_where=sa.text('organization_id IS NOT NULL'))
     op.create_index('uq_workflow_runs_name_idempotency_org', 'workflow_runs',
                     ['name', 'organization_id', 'idempotency_key'], unique=True,
                     postgresql_where=sa.text('organization_id IS NOT NULL AND idempotency_key IS NOT NULL'))
@@ -145,6 +148,8 @@ def downgrade() -> None:
                   postgresql_where=sa.text('organization_id IS NULL AND idempotency_key IS NOT NULL'))
     op.drop_index('uq_workflow_runs_name_idempotency_org', table_name='workflow_runs',
                   postgresql_where=sa.text('organization_id IS NOT NULL AND idempotency_key IS NOT NULL'))
+    op.drop_index('idx_workflow_runs_org_created', table_name='workflow_runs',
+                  postgresql_where=sa.text('organization_id IS NOT NULL'))
     op.drop_index('idx_workflow_runs_status_created', table_name='workflow_runs')
     op.drop_index('idx_workflow_runs_created', table_name='workflow_runs')
     op.drop_table('workflow_runs')

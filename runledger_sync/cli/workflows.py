@@ -32,6 +32,7 @@ def _add_run_id(parser: argparse.ArgumentParser) -> None:
 
 def _list_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--status", type=str.upper, choices=[status.value for status in rl.WorkflowRunStatus])
+    parser.add_argument("--org", dest="organization_id", metavar="ORG", help="only this organization's runs")
     parser.add_argument("--limit", type=int, default=100, metavar="N", help="most rows to print (default 100)")
     parser.add_argument("--json", action="store_true", help="print one JSON object per run (JSON lines)")
 
@@ -39,7 +40,7 @@ def _list_arguments(parser: argparse.ArgumentParser) -> None:
 @command("workflows list", help="list workflow runs, newest first", arguments=_list_arguments)
 def _workflows_list(args: argparse.Namespace) -> int:
     with open_engine(args) as engine:
-        runs = rl.list_workflow_runs(engine, status=args.status, limit=args.limit)
+        runs = rl.list_workflow_runs(engine, status=args.status, organization_id=args.organization_id, limit=args.limit)
     if args.json:
         for run in runs:
             print_json(run)

@@ -396,6 +396,13 @@ Index(
     workflow_runs.c.id.desc(),
 )
 Index(
+    "idx_workflow_runs_org_created",
+    workflow_runs.c.organization_id,
+    workflow_runs.c.created_at.desc(),
+    workflow_runs.c.id.desc(),
+    postgresql_where=text("organization_id IS NOT NULL"),
+)
+Index(
     "uq_workflow_runs_name_idempotency_org",
     workflow_runs.c.name,
     workflow_runs.c.organization_id,

@@ -239,6 +239,7 @@ def list_workflow_runs(
     bind: Bind,
     *,
     status: Optional[WorkflowRunStatus | str] = None,
+    organization_id: Optional[str] = None,
     limit: int = DEFAULT_LIST_LIMIT,
     before: Optional[WorkflowRunRecord] = None,
 ) -> list[WorkflowRunRecord]:
@@ -246,6 +247,7 @@ def list_workflow_runs(
 
     Args:
         status: only runs in this status.
+        organization_id: only this organization's runs.
         before: the last run of the previous page: only older runs (by ``created_at``,
             then ``id``), read from an index at the same cost however deep the page.
     """
@@ -257,6 +259,8 @@ def list_workflow_runs(
         except ValueError:
             raise check.InvalidArgument(
                 "status", status, f"one of {', '.join(s.value for s in WorkflowRunStatus)}") from None
+    if organization_id is not None:
+        conditions.append(_r.organization_id == check.check_organization_id(organization_id))
     if before is not None:
         if not isinstance(before, WorkflowRunRecord):
             raise check.InvalidArgument("before", type(before).__name__, "a WorkflowRunRecord")

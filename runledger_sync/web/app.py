@@ -46,6 +46,7 @@ ROUTES: list[tuple[str, re.Pattern[str], Callable[..., Response]]] = [
 _STATUS_OF_CODE = {
     "job.not_found": HTTPStatus.NOT_FOUND,
     "schedule.not_found": HTTPStatus.NOT_FOUND,
+    "workflow.run_not_found": HTTPStatus.NOT_FOUND,
     "job.invalid_state_transition": HTTPStatus.CONFLICT,
 }
 _STATUS_OF_CATEGORY = {"validation": HTTPStatus.BAD_REQUEST, "forbidden": HTTPStatus.FORBIDDEN,

@@ -1,15 +1,11 @@
-"""Workflow runs and their step graphs, through the public workflow API when the installed library has it.
-
-Kept apart from the other views on purpose: it reads only ``rl.list_workflow_runs``
-and ``rl.get_workflow_run`` and writes no SQL of its own; without them the page
-says that this version has no workflow support.
-"""
+"""Workflow runs and their step graphs, read through the public workflow API (no SQL of its own)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import runledger_sync as rl
+from runledger_sync.core.workflow import WorkflowStepRecord
 from runledger_sync.web.http import Request, Response
 
 if TYPE_CHECKING:
@@ -18,32 +14,30 @@ if TYPE_CHECKING:
 RUNS_SHOWN = 100
 
 
-def _layers(steps: list[Any]) -> list[list[Any]]:
+def _layers(steps: list[WorkflowStepRecord]) -> list[list[WorkflowStepRecord]]:
     """Steps grouped by depth: a step sits one layer below the deepest step it waits for."""
-    by_key = {step.step_key: step for step in steps}
+    by_key = {step.key: step for step in steps}
     depth: dict[str, int] = {}
 
-    def depth_of(key: str, seen: frozenset[str]) -> int:
+    def depth_of(key: str) -> int:
+        # A run's steps form no cycle (the builder refuses one), so this ends.
         if key not in depth:
-            after = [k for k in getattr(by_key[key], "depends_on", ()) if k in by_key and k not in seen]
-            depth[key] = 1 + max((depth_of(k, seen | {key}) for k in after), default=-1)
+            depth[key] = 1 + max((depth_of(k) for k in by_key[key].deps if k in by_key), default=-1)
         return depth[key]
 
-    layers: dict[int, list[Any]] = {}
+    layers: dict[int, list[WorkflowStepRecord]] = {}
     for step in steps:
-        layers.setdefault(depth_of(step.step_key, frozenset()), []).append(step)
+        layers.setdefault(depth_of(step.key), []).append(step)
     return [layers[d] for d in sorted(layers)]
 
 
 def workflows(dashboard: "Dashboard", request: Request) -> Response:
-    if not hasattr(rl, "list_workflow_runs"):
-        return dashboard.render(request, "workflows.html", supported=False, runs=[], run=None, layers=[])
     scope = dashboard.organization(request)
     run_id = request.arg("run")
-    run = rl.get_workflow_run(dashboard.engine, run_id) if run_id is not None else None
-    if run is not None and scope is not None and run.organization_id != scope:
-        run = None
-    runs = [] if run is not None else rl.list_workflow_runs(dashboard.engine, limit=RUNS_SHOWN)
-    runs = [r for r in runs if scope is None or r.organization_id == scope]
-    return dashboard.render(request, "workflows.html", supported=True, runs=runs, run=run,
-                            layers=_layers(list(run.steps)) if run is not None else [])
+    if run_id is not None:
+        run = rl.get_workflow_run(dashboard.engine, run_id)
+        if run is None or (scope is not None and run.organization_id != scope):
+            raise rl.WorkflowRunNotFound(f"workflow run {run_id} was not found")
+        return dashboard.render(request, "workflows.html", runs=[], run=run, layers=_layers(list(run.steps)))
+    runs = rl.list_workflow_runs(dashboard.engine, organization_id=scope, limit=RUNS_SHOWN)
+    return dashboard.render(request, "workflows.html", runs=runs, run=None, layers=[])

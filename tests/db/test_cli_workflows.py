@@ -103,6 +103,16 @@ def test_list_prints_runs_newest_first_and_filters_by_status(db, run):
     assert code == 0 and [json.loads(line)["id"] for line in out.splitlines()] == [str(newer.id)]
 
 
+def test_list_keeps_to_an_organization(db, run):
+    wf = rl.Workflow("order.fulfil", idempotency_key="a", organization_id="org-a")
+    wf.job("charge", CHARGE, {"order": 1})
+    mine = rl.enqueue_workflow(db, wf)
+    rl.enqueue_workflow(db, order("no-org"))
+
+    code, out, _ = run("workflows", "list", "--org", "org-a", "--json")
+    assert code == 0 and [json.loads(line)["id"] for line in out.splitlines()] == [str(mine.id)]
+
+
 def test_list_refuses_an_unknown_status_and_a_bad_limit(db, run):
     code, out, err = run("workflows", "list", "--status", "DONE")
     assert (code, out) == (2, "") and "invalid choice: 'DONE'" in err

@@ -104,6 +104,11 @@ def test_overview_leads_to_a_job_page_and_its_payload(db, chrome):
         for name, path in (("dead-letters", "/dead-letters"), ("schedules", "/schedules"), ("workflows", "/workflows")):
             chrome.get(base + path)
             snap(chrome, name)
+        chrome.find_element(By.CSS_SELECTOR, "#workflow-runs a").click()
+        drawn = [[step.get_attribute("data-step") for step in layer.find_elements(By.CSS_SELECTOR, ".step")]
+                 for layer in chrome.find_elements(By.CSS_SELECTOR, "#step-graph .layer")]
+        assert drawn == [["charge"], ["receipt", "approval"], ["deliver"]]
+        snap(chrome, "workflow-run")
     if os.environ.get("RUNLEDGER_UPDATE_SCREENSHOTS") == "1":
         README_SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(overview, README_SCREENSHOTS / "overview.png")

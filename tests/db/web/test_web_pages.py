@@ -146,11 +146,6 @@ def test_schedules_page_lists_every_schedule(db, client):
     assert re.search(r"<td>paused-one</td>.*?<td>paused</td>", html, re.S)
 
 
-def test_workflows_page_says_there_is_no_support_without_the_api(db, client, monkeypatch):
-    monkeypatch.delattr(rl, "list_workflow_runs", raising=False)
-    assert 'id="no-workflows"' in page(client, "/workflows")
-
-
 def test_stylesheet_is_served_and_unknown_paths_are_not_found(db, client):
     response = client.get("/static/style.css")
     assert response.status_code == 200 and response.headers["Content-Type"].startswith("text/css")
@@ -179,17 +174,42 @@ def test_the_scope_can_be_read_from_each_request(db, scope):
     assert listed(response.get_data(as_text=True)) == [str(mine.id)]
 
 
-def test_workflows_page_draws_a_runs_steps_in_dependency_layers(db, client, monkeypatch):
-    # The workflow API is not part of this version: stand-ins shaped as ARCHITECTURE.md describes it.
-    from types import SimpleNamespace
+def order_workflow(organization_id=None, key="order-42"):
+    wf = rl.Workflow("order.fulfil", idempotency_key=key, organization_id=organization_id)
+    charge = wf.job("charge", EMAIL, {"order": 42})
+    ship = wf.job("ship", REPORT, {"order": 42}, after=[charge], release="on_success")
+    approve = wf.external("approve", after=[charge])
+    wf.job("notify", EMAIL, {"order": 42}, after=[ship, approve])
+    return wf
 
-    step = lambda key, after=(): SimpleNamespace(step_key=key, status="BLOCKED", job_id=None, depends_on=list(after))  # noqa: E731
-    run = SimpleNamespace(id="run-1", status="RUNNING", organization_id=None,
-                          steps=[step("notify", ["ship", "approve"]), step("charge"), step("ship", ["charge"]),
-                                 step("approve", ["charge"])])
-    monkeypatch.setattr(rl, "list_workflow_runs", lambda engine, limit: [run], raising=False)
-    monkeypatch.setattr(rl, "get_workflow_run", lambda engine, run_id: run if run_id == "run-1" else None, raising=False)
-    assert 'href="/workflows?run=run-1"' in page(client, "/workflows")
-    graph = page(client, "/workflows?run=run-1").split('id="step-graph"', 1)[1]
-    layers = [re.findall(r"<strong>([a-z]+)</strong>", layer) for layer in graph.split('class="layer"')[1:]]
+
+def test_workflows_page_lists_runs_and_draws_a_runs_steps_in_dependency_layers(db, client):
+    run = rl.enqueue_workflow(db, order_workflow())
+    listing = page(client, "/workflows").split('id="workflow-runs"', 1)[1]
+    assert f'href="/workflows?run={run.id}"' in listing and "order.fulfil" in listing and "RUNNING" in listing
+    graph = page(client, f"/workflows?run={run.id}").split('id="step-graph"', 1)[1]
+    layers = [re.findall(r'data-step="([a-z]+)"', layer) for layer in graph.split('class="layer"')[1:]]
     assert layers == [["charge"], ["ship", "approve"], ["notify"]]
+    charge_job = rl.get_workflow_run(db, run.id).step("charge").job_id
+    assert f'href="/jobs/{charge_job}"' in graph
+    assert "after ship, approve" in graph and "(on success)" in graph
+
+
+def test_workflows_pages_keep_to_the_organization_and_answer_unknown_runs(db):
+    mine = rl.enqueue_workflow(db, order_workflow("org-a", key="a"))
+    theirs = rl.enqueue_workflow(db, order_workflow("org-b", key="b"))
+    scoped = Client(create_app(db, organization_id="org-a"))
+    listing = page(scoped, "/workflows")
+    assert str(mine.id) in listing and str(theirs.id) not in listing
+    assert "workflow.run_not_found" in page(scoped, f"/workflows?run={theirs.id}", status=404)
+    assert "workflow.run_not_found" in page(scoped, "/workflows?run=00000000-0000-0000-0000-000000000000", status=404)
+    page(scoped, "/workflows?run=not-a-uuid", status=400)
+
+
+def test_workflow_names_and_step_keys_are_escaped(db, client):
+    wf = rl.Workflow("<script>alert('run')</script>")
+    wf.job("<img src=x onerror=alert(1)>", EMAIL, {})
+    run = rl.enqueue_workflow(db, wf)
+    for html in (page(client, "/workflows"), page(client, f"/workflows?run={run.id}")):
+        assert "<script>alert" not in html and "<img src=x" not in html
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page(client, f"/workflows?run={run.id}")
