@@ -374,8 +374,8 @@ def report(runs: list[dict[str, Result]], skipped: dict[str, str], tps: list[Opt
         # The README's form: pickup and CPU figures paired in one column each.
         print("\n| system | version | processed/s | single enqueue/s | bulk enqueue/s | pickup p50 / p95 ms "
               "| CPU ms/job worker / PostgreSQL | ours / this |\n|---|---|---|---|---|---|---|---|")
-        for name, version, processed, single, bulk, p50, p95, worker, postgres, ours in rows:
-            print(f"| {name} | {version} | {processed} | {single} | {bulk} | {p50} / {p95} | {worker} / {postgres} | {ours} |")
+        for name, version, processed, single, bulk, p50, p95, worker, postgres, ratio_to_ours in rows:
+            print(f"| {name} | {version} | {processed} | {single} | {bulk} | {p50} / {p95} | {worker} / {postgres} | {ratio_to_ours} |")
     known_tps = [t for t in tps if t]
     ratio_text = f"; ours processed / pgbench tps = {fmean(ours) / fmean(known_tps):.2f}" if ours and known_tps else ""
     print(f"pgbench -N ({args.pgbench_clients} clients, {args.pgbench_seconds} s): "
