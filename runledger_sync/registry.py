@@ -1,4 +1,8 @@
-"""JobHandler and JobRegistry: which code runs for which job type.
+"""JobRegistry: which code runs for which job type, with its retry rules and declared schedules.
+
+The handler classes (:class:`JobHandler` and the adapters the registry wraps
+functions and handlers in) are in :mod:`runledger_sync.handlers`; ``JobHandler``
+stays importable from here.
 
 Register handlers once at startup, before the worker starts; the worker only
 reads the registry afterwards, so it needs no lock.
@@ -7,101 +11,18 @@ reads the registry afterwards, so it needs no lock.
 from __future__ import annotations
 
 import importlib
-import types
 from typing import Any, Callable, ContextManager, Mapping, Optional
 
 from runledger_sync.core.errors import ConfigError, RegistrationError, ValidationError
 from runledger_sync.core.records import JobDefinition, ScheduleSpec
-from runledger_sync.core.types import JobCompletion, JobContext, JobDeadLetterInfo
 from runledger_sync.core.validation import check_job_type
+from runledger_sync.handlers import DeadLetterHook, FunctionHandler, HandlerFunction, JobHandler, WrappedHandler
 from runledger_sync.logging import get_logger
 
 log = get_logger(__name__)
 
 #: The longest job type a definition row accepts.
 MAX_JOB_TYPE_LENGTH = 255
-
-HandlerFunction = Callable[[JobContext, Any], Optional[JobCompletion]]
-DeadLetterHook = Callable[[JobContext, Any, JobDeadLetterInfo], None]
-
-
-class JobHandler:
-    """Subclass to run one job type; register an instance with :meth:`JobRegistry.register`.
-
-    Example::
-
-        class Export(JobHandler):
-            job_type = "reports.export"
-            max_attempts = 3
-
-            def execute(self, ctx, payload):
-                ...
-
-    Attributes:
-        job_type: The type this handler runs (non-blank, at most 255 characters).
-        max_attempts: Attempts before dead-lettering; None means the definition default (8).
-        timeout_seconds: Per-attempt deadline; None means the default (900).
-        priority: Default priority of enqueued jobs; None means 100.
-        retry_on: Exception classes that become retryable failures instead of panics.
-        retry_delay_overrides: Failure code -> retry delay in ms, replacing the backoff.
-    """
-
-    job_type: str
-    max_attempts: Optional[int] = None
-    timeout_seconds: Optional[int] = None
-    priority: Optional[int] = None
-    retry_on: tuple[type[BaseException], ...] = ()
-    # Read-only, so a subclass cannot mutate the default shared by every handler.
-    retry_delay_overrides: Mapping[str, int] = types.MappingProxyType({})
-
-    def execute(self, ctx: JobContext, payload: Any) -> Optional[JobCompletion]:
-        """Run one attempt of the job.
-
-        Args:
-            ctx: The attempt's identity and cancellation flag.
-            payload: The job's JSON payload.
-
-        Returns:
-            None or a :class:`JobCompletion` on success.
-
-        Raises:
-            JobFailure: To choose the outcome (retryable, terminal, timeout).
-        """
-        raise NotImplementedError(f"{type(self).__name__}.execute is not implemented")
-
-    def on_dead_letter(self, ctx: JobContext, payload: Any, info: JobDeadLetterInfo) -> None:
-        """React to the job being dead-lettered; the default does nothing.
-
-        Called once the dead letter is committed, with a timeout; what it raises
-        is logged and swallowed.
-        """
-
-
-class _FunctionHandler(JobHandler):
-    """Adapt a ``fn(ctx, payload)`` registered with ``@registry.job`` to the class form."""
-
-    def __init__(
-        self,
-        job_type: str,
-        fn: HandlerFunction,
-        hook: Optional[DeadLetterHook],
-        **options: Any,
-    ) -> None:
-        self.job_type = job_type
-        self._fn = fn
-        self._hook = hook
-        for name, value in options.items():
-            setattr(self, name, value)
-
-    def execute(self, ctx: JobContext, payload: Any) -> Optional[JobCompletion]:
-        return self._fn(ctx, payload)
-
-    def on_dead_letter(self, ctx: JobContext, payload: Any, info: JobDeadLetterInfo) -> None:
-        if self._hook is not None:
-            self._hook(ctx, payload, info)
-
-    def __repr__(self) -> str:
-        return f"<job handler {self.job_type!r} -> {getattr(self._fn, '__qualname__', self._fn)!r}>"
 
 
 class JobRegistry:
@@ -178,7 +99,7 @@ class JobRegistry:
                 raise RegistrationError(
                     f"on_dead_letter for job type {job_type!r} must be callable, got {on_dead_letter!r}"
                 )
-            handler = _FunctionHandler(
+            handler = FunctionHandler(
                 job_type,
                 fn,
                 on_dead_letter,
@@ -350,7 +271,7 @@ class JobRegistry:
         wrapped = JobRegistry(transient_errors=self.transient_errors)
         wrapped._schedules = dict(self._schedules)
         for job_type, handler in self._handlers.items():
-            wrapped.register(_WrappedHandler(handler, around, self.retry_on(job_type)))
+            wrapped.register(WrappedHandler(handler, around, self.retry_on(job_type)))
         return wrapped
 
     def __contains__(self, job_type: object) -> bool:
@@ -361,33 +282,6 @@ class JobRegistry:
 
     def __repr__(self) -> str:
         return f"<JobRegistry {self.registered_types()!r}>"
-
-
-class _WrappedHandler(JobHandler):
-    """Run another handler's execute and on_dead_letter inside a context manager."""
-
-    def __init__(
-        self, inner: JobHandler, around: Callable[[], ContextManager[Any]], retry_on: tuple[type[BaseException], ...]
-    ) -> None:
-        self.inner = inner
-        self.around = around
-        self.job_type = inner.job_type
-        self.max_attempts = inner.max_attempts
-        self.timeout_seconds = inner.timeout_seconds
-        self.priority = inner.priority
-        self.retry_on = retry_on
-        self.retry_delay_overrides = inner.retry_delay_overrides
-
-    def execute(self, ctx: JobContext, payload: Any) -> Optional[JobCompletion]:
-        with self.around():
-            return self.inner.execute(ctx, payload)
-
-    def on_dead_letter(self, ctx: JobContext, payload: Any, info: JobDeadLetterInfo) -> None:
-        with self.around():
-            self.inner.on_dead_letter(ctx, payload, info)
-
-    def __repr__(self) -> str:
-        return f"<{self.inner!r} inside {self.around!r}>"
 
 
 def _checked_job_type(job_type: Any, handler: JobHandler) -> str:

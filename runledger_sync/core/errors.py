@@ -80,7 +80,11 @@ Branch on ``.code`` or on the class, never on the message text::
 ``BaseException`` so that a handler's ``except Exception`` cannot swallow the
 worker's request to stop.
 
-Each class's docstring is its default message.
+Each class's docstring is its default message. The workflow classes (every
+``workflow.*`` code) are defined in :mod:`runledger_sync.core.workflow_errors`,
+the ``web.*`` refusals in :mod:`runledger_sync.core.dashboard_errors`, the
+``StoreError`` branch (but its workflow leaves) in :mod:`runledger_sync.core.store_errors`,
+the rest here; all of them are importable from this module.
 """
 
 from __future__ import annotations
@@ -221,48 +225,6 @@ class EnqueueIdempotencyUnsupportedIsolation(ValidationError):
     code = "job.enqueue_idempotency_unsupported_isolation"
 
 
-class InvalidWorkflow(ValidationError):
-    """The workflow definition is invalid."""
-
-    code = "workflow.invalid_definition"
-
-
-class WorkflowEmpty(InvalidWorkflow):
-    """A workflow needs at least one step."""
-
-    code = "workflow.empty"
-
-
-class DuplicateStepKey(InvalidWorkflow):
-    """Two steps of the workflow have the same key."""
-
-    code = "workflow.duplicate_step_key"
-
-
-class UnknownDependency(InvalidWorkflow):
-    """A step depends on a step that is not part of this workflow."""
-
-    code = "workflow.unknown_dependency"
-
-
-class DependencyCycle(InvalidWorkflow):
-    """The steps' dependencies form a cycle, so some step could never start."""
-
-    code = "workflow.dependency_cycle"
-
-
-class ExternalStepInvalidTerminalStatus(ValidationError):
-    """An external step can only be completed as succeeded (True) or failed (False)."""
-
-    code = "workflow.external_step_invalid_terminal_status"
-
-
-class ExternalStepOutputInvalidStatus(ValidationError):
-    """Only a succeeded external step can carry an output."""
-
-    code = "workflow.external_step_output_invalid_status"
-
-
 class JobStateError(RunledgerError):
     """The job is not in a state that allows this operation."""
 
@@ -313,55 +275,6 @@ class WorkflowRequeueNotSupported(JobStateError):
     code = "job.workflow_requeue_not_supported"
 
 
-class WorkflowReleaseConflict(JobStateError):
-    """A workflow dependent release conflicted with a cancellation."""
-
-    code = "workflow.release_conflict"
-    category = "conflict"
-
-
-class WorkflowDefinitionNotFoundOrDisabled(JobStateError):
-    """A job type of the workflow has no enabled definition."""
-
-    code = "workflow.definition_not_found_or_disabled"
-
-
-class WorkflowRunNotFound(JobStateError):
-    """No workflow run with this id exists."""
-
-    code = "workflow.run_not_found"
-
-
-class WorkflowStepNotFound(JobStateError):
-    """The workflow run has no step with this key."""
-
-    code = "workflow.step_not_found"
-
-
-class WorkflowRunFinished(JobStateError):
-    """The workflow run has already finished and cannot be cancelled."""
-
-    code = "workflow.run_finished"
-
-
-class ExternalStepNotFound(JobStateError):
-    """The workflow run has no step with this key."""
-
-    code = "workflow.external_step_not_found"
-
-
-class ExternalStepNotExternal(JobStateError):
-    """The step is a job step; its job completes it."""
-
-    code = "workflow.external_step_not_external"
-
-
-class ExternalStepNotWaiting(JobStateError):
-    """The external step is not waiting for an answer (still blocked, or cancelled)."""
-
-    code = "workflow.external_step_not_waiting"
-
-
 class ConflictError(RunledgerError):
     """The request conflicts with an existing job."""
 
@@ -394,158 +307,6 @@ class LegacyIdempotencySnapshotMissing(ConflictError):
     code = "job.legacy_idempotency_snapshot_missing"
 
 
-class WorkflowAlreadyEnqueued(ConflictError):
-    """A workflow run with this idempotency key already exists."""
-
-    code = "workflow.already_enqueued"
-
-
-class WorkflowEnqueueConflictingRetry(ConflictError):
-    """A workflow run with this idempotency key exists with a different request."""
-
-    code = "workflow.enqueue_conflicting_retry"
-
-
-class WorkflowLegacySnapshotMissing(ConflictError):
-    """The existing workflow run with this idempotency key has no request snapshot to compare."""
-
-    code = "workflow.legacy_idempotency_snapshot_missing"
-
-
-class ExternalStepConflictingCompletion(ConflictError):
-    """The external step was already completed with the other answer."""
-
-    code = "workflow.external_step_conflicting_completion_retry"
-
-
-class ExternalStepConflictingOutput(ConflictError):
-    """The external step was already completed with a different output."""
-
-    code = "workflow.external_step_conflicting_output_retry"
-
-
-class DashboardRefusal(RunledgerError):
-    """The dashboard refused the request."""
-
-    code = "web.refused"
-    category = "forbidden"
-
-
-class DashboardReadOnly(DashboardRefusal):
-    """The dashboard is read-only: create_app(engine, read_only=False, authorize=...) enables actions."""
-
-    code = "web.read_only"
-
-
-class CsrfRejected(DashboardRefusal):
-    """The form's CSRF token is missing or does not match this browser's cookie; reload the page and try again."""
-
-    code = "web.csrf_rejected"
-
-
-class ActionForbidden(DashboardRefusal):
-    """The authorize hook refused this action."""
-
-    code = "web.action_forbidden"
-
-
-class StoreError(RunledgerError):
-    """A database statement failed."""
-
-    code = "db.query_failed"
-
-
-class ConnectionFailed(StoreError):
-    """The database could not be reached."""
-
-    code = "db.connection_failed"
-
-
-class CommitOutcomeUnknown(ConnectionFailed):
-    """The connection was lost while committing; the write may or may not have landed."""
-
-    code = "db.commit_outcome_unknown"
-
-
-class UniqueViolation(StoreError):
-    """A unique constraint was violated."""
-
-    code = "db.unique_violation"
-    category = "conflict"
-
-
-class RelatedResourceMissing(StoreError):
-    """A referenced row does not exist."""
-
-    code = "db.related_resource_missing"
-    category = "validation"
-
-
-class DefinitionNotFound(RelatedResourceMissing):
-    """The job type has no definition."""
-
-    code = "job.definition_not_found"
-
-
-class RelatedResourceStillReferenced(StoreError):
-    """The row is still referenced by other rows."""
-
-    code = "db.related_resource_still_referenced"
-    category = "validation"
-
-
-class BusinessRuleViolation(StoreError):
-    """A check constraint was violated."""
-
-    code = "db.business_rule_violation"
-    category = "validation"
-
-
-class RequiredFieldMissing(StoreError):
-    """A required column was NULL."""
-
-    code = "db.required_field_missing"
-    category = "validation"
-
-
-class PermissionDenied(StoreError):
-    """The database role lacks a privilege this operation needs."""
-
-    code = "db.permission_denied"
-    category = "forbidden"
-
-
-class WorkflowLinkageSymmetryViolation(StoreError):
-    """A job and a workflow step do not point at each other (job_queue.workflow_step_id, workflow_steps.job_id)."""
-
-    code = "workflow.linkage_symmetry_violation"
-    category = "validation"
-
-
-class WorkflowLinkageTriggerTableInvalid(StoreError):
-    """The job/step linkage trigger fired on a table it does not know."""
-
-    code = "workflow.linkage_symmetry_trigger_table_invalid"
-
-
-class MigrationFailed(StoreError):
-    """A schema migration failed."""
-
-    code = "db.migration_failed"
-
-
-class SchemaManagedByHost(MigrationFailed):
-    """The queue tables are managed by your application's Alembic history; run `alembic upgrade head` there."""
-
-    code = "db.schema_managed_by_host"
-
-
-class SchemaMismatch(StoreError):
-    """The database schema is not at the revision this library expects."""
-
-    code = "db.schema_mismatch"
-
-
 class JobCancelled(BaseException):
     """The worker asked the handler to stop (deadline, lease loss or operator cancel)."""
 
@@ -565,3 +326,23 @@ def all_error_classes() -> list[type]:
         found.append(cls)
         pending.extend(cls.__subclasses__())
     return found
+
+
+# The families defined elsewhere derive from the bases above, so they are imported
+# last, once those exist; every error stays importable from this module.
+from runledger_sync.core.dashboard_errors import (  # noqa: E402, F401
+    ActionForbidden, CsrfRejected, DashboardReadOnly, DashboardRefusal,
+)
+from runledger_sync.core.store_errors import (  # noqa: E402, F401
+    BusinessRuleViolation, CommitOutcomeUnknown, ConnectionFailed, DefinitionNotFound, MigrationFailed,
+    PermissionDenied, RelatedResourceMissing, RelatedResourceStillReferenced, RequiredFieldMissing,
+    SchemaManagedByHost, SchemaMismatch, StoreError, UniqueViolation,
+)
+from runledger_sync.core.workflow_errors import (  # noqa: E402, F401
+    DependencyCycle, DuplicateStepKey, ExternalStepConflictingCompletion, ExternalStepConflictingOutput,
+    ExternalStepInvalidTerminalStatus, ExternalStepNotExternal, ExternalStepNotFound, ExternalStepNotWaiting,
+    ExternalStepOutputInvalidStatus, InvalidWorkflow, UnknownDependency, WorkflowAlreadyEnqueued,
+    WorkflowDefinitionNotFoundOrDisabled, WorkflowEmpty, WorkflowEnqueueConflictingRetry,
+    WorkflowLegacySnapshotMissing, WorkflowLinkageSymmetryViolation, WorkflowLinkageTriggerTableInvalid,
+    WorkflowReleaseConflict, WorkflowRunFinished, WorkflowRunNotFound, WorkflowStepNotFound,
+)

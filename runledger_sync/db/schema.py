@@ -8,6 +8,10 @@ keep them in a schema of its own.
 Statuses, kinds and event types are text columns with CHECK constraints rather
 than PostgreSQL enum types: operators query them as text, and a new value is a
 one-line migration instead of an ``ALTER TYPE`` that cannot run in a transaction.
+
+The workflow tables (revision 0004) are defined on the same :data:`metadata` in
+:mod:`runledger_sync.db.schema_workflows`; this module imports them, so they are
+importable from here and every table is on :data:`metadata` once it is loaded.
 """
 
 from __future__ import annotations
@@ -36,7 +40,6 @@ from sqlalchemy.schema import DDL
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
 from runledger_sync.core.types import ClaimOrigin, JobEventType, JobFailureKind, JobStage, JobStatus
-from runledger_sync.core.workflow import WorkflowReleaseMode, WorkflowRunStatus, WorkflowStepKind, WorkflowStepStatus
 
 metadata = MetaData(
     naming_convention={
@@ -51,12 +54,13 @@ NOW = text("now()")
 EMPTY_JSON = text("'{}'::jsonb")
 
 
-def _one_of(column: str, enum_cls: type) -> str:
+def one_of(column: str, enum_cls: type) -> str:
+    """A CHECK expression: ``column`` holds one of the enum's values."""
     values = ", ".join(f"'{member.value}'" for member in enum_cls)
     return f"{column} IN ({values})"
 
 
-def _timestamps(*, stamped_by_statements: bool = False) -> list[Column]:
+def timestamp_columns(*, stamped_by_statements: bool = False) -> list[Column]:
     """created_at and updated_at; ``stamped_by_statements``: every Core UPDATE sets updated_at = now().
 
     job_queue and job_definitions have no updated_at trigger (revision 0003): a
@@ -84,7 +88,7 @@ job_definitions = Table(
     Column("default_timeout_seconds", Integer, nullable=False, server_default=text("900")),
     Column("default_priority", Integer, nullable=False, server_default=text("100")),
     Column("is_enabled", Boolean, nullable=False, server_default=text("true")),
-    *_timestamps(stamped_by_statements=True),
+    *timestamp_columns(stamped_by_statements=True),
     CheckConstraint("btrim(job_type) <> ''", name="ck_job_definitions_job_type_not_blank"),
     CheckConstraint("version > 0", name="ck_job_definitions_version_positive"),
     CheckConstraint("max_attempts > 0", name="ck_job_definitions_max_attempts_positive"),
@@ -134,15 +138,15 @@ job_queue = Table(
     Column("status_reason", Text),
     Column("last_error_code", Text),
     Column("last_error_message", Text),
-    *_timestamps(stamped_by_statements=True),
+    *timestamp_columns(stamped_by_statements=True),
     # use_alter: workflow_steps.job_id points back here, so one of the two keys is added after both tables.
     Column(
         "workflow_step_id",
         UUID(as_uuid=True),
         ForeignKey("workflow_steps.id", ondelete="SET NULL", name="fk_job_queue_workflow_step_id", use_alter=True),
     ),
-    CheckConstraint(_one_of("status", JobStatus), name="ck_job_queue_status"),
-    CheckConstraint(_one_of("stage", JobStage), name="ck_job_queue_stage"),
+    CheckConstraint(one_of("status", JobStatus), name="ck_job_queue_status"),
+    CheckConstraint(one_of("stage", JobStage), name="ck_job_queue_stage"),
     CheckConstraint("run_number > 0", name="ck_job_queue_run_number_positive"),
     CheckConstraint("attempt >= 0", name="ck_job_queue_attempt_non_negative"),
     CheckConstraint("max_attempts > 0", name="ck_job_queue_max_attempts_positive"),
@@ -271,8 +275,8 @@ job_attempts = Table(
     UniqueConstraint("job_id", "run_number", "attempt", name="uq_job_attempts_job_run_attempt"),
     CheckConstraint("attempt > 0", name="ck_job_attempts_attempt_positive"),
     CheckConstraint("retry_delay_ms IS NULL OR retry_delay_ms >= 0", name="ck_job_attempts_retry_delay"),
-    CheckConstraint(f"outcome IS NULL OR {_one_of('outcome', JobFailureKind)}", name="ck_job_attempts_outcome"),
-    CheckConstraint(_one_of("claim_origin", ClaimOrigin), name="ck_job_attempts_claim_origin"),
+    CheckConstraint(f"outcome IS NULL OR {one_of('outcome', JobFailureKind)}", name="ck_job_attempts_outcome"),
+    CheckConstraint(one_of("claim_origin", ClaimOrigin), name="ck_job_attempts_claim_origin"),
 )
 Index(
     "idx_job_attempts_job_run_created",
@@ -300,7 +304,7 @@ job_events = Table(
     Column("payload", JSONB, nullable=False, server_default=EMPTY_JSON),
     Column("occurred_at", DateTime(timezone=True), nullable=False, server_default=NOW),
     CheckConstraint("attempt IS NULL OR attempt > 0", name="ck_job_events_attempt_positive"),
-    CheckConstraint(_one_of("event_type", JobEventType), name="ck_job_events_event_type"),
+    CheckConstraint(one_of("event_type", JobEventType), name="ck_job_events_event_type"),
 )
 Index("idx_job_events_job_run_id", job_events.c.job_id, job_events.c.run_number, job_events.c.id)
 Index("idx_job_events_type_occurred", job_events.c.event_type, job_events.c.occurred_at.desc())
@@ -357,7 +361,7 @@ job_schedules = Table(
     Column("last_error_code", Text),
     Column("last_error_message", Text),
     Column("last_error_at", DateTime(timezone=True)),
-    *_timestamps(),
+    *timestamp_columns(),
     UniqueConstraint("name", name="uq_job_schedules_name"),
     CheckConstraint("btrim(name) <> ''", name="ck_job_schedules_name_not_blank"),
     CheckConstraint("btrim(timezone) <> ''", name="ck_job_schedules_timezone_not_blank"),
@@ -367,147 +371,9 @@ job_schedules = Table(
 # The tick reads the head of this index only: due schedules, oldest first.
 Index("idx_job_schedules_due", job_schedules.c.next_fire_at, postgresql_where=text("is_active"))
 
-# -- workflows (revision 0004) ---------------------------------------------------------
 
-workflow_runs = Table(
-    "workflow_runs",
-    metadata,
-    Column("id", UUID(as_uuid=True), primary_key=True),
-    Column("name", Text, nullable=False),
-    Column("organization_id", Text),
-    Column("status", Text, nullable=False, server_default=text("'RUNNING'")),
-    Column("idempotency_key", Text),
-    Column("enqueue_request", JSONB),
-    Column("status_reason", Text),
-    Column("finished_at", DateTime(timezone=True)),
-    *_timestamps(stamped_by_statements=True),
-    CheckConstraint(_one_of("status", WorkflowRunStatus), name="ck_workflow_runs_status"),
-    CheckConstraint("btrim(name) <> ''", name="ck_workflow_runs_name_not_blank"),
-    CheckConstraint(
-        "idempotency_key IS NULL OR enqueue_request IS NOT NULL", name="ck_workflow_runs_idempotency_enqueue_request"
-    ),
-)
-# Listing reads these newest first and pages on (created_at, id).
-Index("idx_workflow_runs_created", workflow_runs.c.created_at.desc(), workflow_runs.c.id.desc())
-Index(
-    "idx_workflow_runs_status_created",
-    workflow_runs.c.status,
-    workflow_runs.c.created_at.desc(),
-    workflow_runs.c.id.desc(),
-)
-Index(
-    "idx_workflow_runs_org_created",
-    workflow_runs.c.organization_id,
-    workflow_runs.c.created_at.desc(),
-    workflow_runs.c.id.desc(),
-    postgresql_where=text("organization_id IS NOT NULL"),
-)
-Index(
-    "uq_workflow_runs_name_idempotency_org",
-    workflow_runs.c.name,
-    workflow_runs.c.organization_id,
-    workflow_runs.c.idempotency_key,
-    unique=True,
-    postgresql_where=text("organization_id IS NOT NULL AND idempotency_key IS NOT NULL"),
-)
-Index(
-    "uq_workflow_runs_name_idempotency_global",
-    workflow_runs.c.name,
-    workflow_runs.c.idempotency_key,
-    unique=True,
-    postgresql_where=text("organization_id IS NULL AND idempotency_key IS NOT NULL"),
-)
-
-workflow_steps = Table(
-    "workflow_steps",
-    metadata,
-    Column("id", UUID(as_uuid=True), primary_key=True),
-    Column(
-        "run_id",
-        UUID(as_uuid=True),
-        ForeignKey("workflow_runs.id", ondelete="CASCADE", name="fk_workflow_steps_run_id"),
-        nullable=False,
-    ),
-    Column("step_key", Text, nullable=False),
-    Column("kind", Text, nullable=False),
-    Column("status", Text, nullable=False, server_default=text("'BLOCKED'")),
-    # What a job step's job is made of when the step is released.
-    Column("job_type", Text),
-    Column("payload", JSONB),
-    Column("priority", Integer),
-    Column("max_attempts", Integer),
-    Column("timeout_seconds", Integer),
-    Column("job_id", UUID(as_uuid=True), ForeignKey("job_queue.id", ondelete="SET NULL", name="fk_workflow_steps_job_id")),
-    Column("dependencies_total", Integer, nullable=False, server_default=text("0")),
-    Column("dependencies_pending", Integer, nullable=False, server_default=text("0")),
-    Column("dependencies_unsatisfied", Integer, nullable=False, server_default=text("0")),
-    # An external step's answer; a job step's output stays on its job row.
-    Column("output", JSONB),
-    Column("error_code", Text),
-    Column("error_message", Text),
-    Column("finished_at", DateTime(timezone=True)),
-    *_timestamps(stamped_by_statements=True),
-    UniqueConstraint("run_id", "step_key", name="uq_workflow_steps_run_id_step_key"),
-    CheckConstraint(_one_of("kind", WorkflowStepKind), name="ck_workflow_steps_kind"),
-    CheckConstraint(_one_of("status", WorkflowStepStatus), name="ck_workflow_steps_status"),
-    CheckConstraint("(kind = 'JOB') = (job_type IS NOT NULL)", name="ck_workflow_steps_job_type"),
-    CheckConstraint(
-        "dependencies_pending >= 0 AND dependencies_unsatisfied >= 0 "
-        "AND dependencies_pending <= dependencies_total AND dependencies_unsatisfied <= dependencies_total",
-        name="ck_workflow_steps_dependency_counts",
-    ),
-)
-Index("uq_workflow_steps_job_id", workflow_steps.c.job_id, unique=True, postgresql_where=text("job_id IS NOT NULL"))
-
-workflow_step_dependencies = Table(
-    "workflow_step_dependencies",
-    metadata,
-    Column(
-        "step_id",
-        UUID(as_uuid=True),
-        ForeignKey("workflow_steps.id", ondelete="CASCADE", name="fk_workflow_step_dependencies_step_id"),
-        primary_key=True,
-    ),
-    Column(
-        "prerequisite_step_id",
-        UUID(as_uuid=True),
-        ForeignKey("workflow_steps.id", ondelete="CASCADE", name="fk_workflow_step_dependencies_prerequisite_step_id"),
-        primary_key=True,
-    ),
-    Column("release_mode", Text, nullable=False, server_default=text("'ON_TERMINAL'")),
-    CheckConstraint(_one_of("release_mode", WorkflowReleaseMode), name="ck_workflow_step_dependencies_release_mode"),
-    CheckConstraint("step_id <> prerequisite_step_id", name="ck_workflow_step_dependencies_not_self"),
-)
-# A step's end walks its outgoing edges.
-Index("idx_workflow_step_dependencies_prerequisite", workflow_step_dependencies.c.prerequisite_step_id)
-
-#: The deferred trigger function keeping job_queue.workflow_step_id and workflow_steps.job_id
-#: symmetric (spec section 11). It reads the other table in the schema of the table that fired
-#: it, so one body serves any schema. Created by revision 0004.
-WORKFLOW_LINK_FUNCTION = "runledger_check_workflow_link"
-WORKFLOW_LINK_FUNCTION_BODY = """
-DECLARE
-  linked boolean;
-BEGIN
-  IF TG_TABLE_NAME = 'job_queue' THEN
-    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I.workflow_steps WHERE id = $1 AND job_id = $2)', TG_TABLE_SCHEMA)
-      INTO linked USING NEW.workflow_step_id, NEW.id;
-  ELSIF TG_TABLE_NAME = 'workflow_steps' THEN
-    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I.job_queue WHERE id = $1 AND workflow_step_id = $2)', TG_TABLE_SCHEMA)
-      INTO linked USING NEW.job_id, NEW.id;
-  ELSE
-    RAISE EXCEPTION 'workflow.linkage_symmetry_trigger_table_invalid: fired on %', TG_TABLE_NAME
-      USING ERRCODE = 'RLW02';
-  END IF;
-  IF NOT linked THEN
-    RAISE EXCEPTION 'workflow.linkage_symmetry_violation: % row % is linked one way only', TG_TABLE_NAME, NEW.id
-      USING ERRCODE = 'RLW01';
-  END IF;
-  RETURN NULL;
-END
-"""
-#: (table, trigger, linking column): the rows each trigger checks, only those with a link.
-WORKFLOW_LINK_TRIGGERS = (
-    ("job_queue", "trg_job_queue_workflow_link", "workflow_step_id"),
-    ("workflow_steps", "trg_workflow_steps_job_link", "job_id"),
+# Imported last: the workflow tables are built on the metadata and helpers above.
+from runledger_sync.db.schema_workflows import (  # noqa: E402, F401
+    WORKFLOW_LINK_FUNCTION, WORKFLOW_LINK_FUNCTION_BODY, WORKFLOW_LINK_TRIGGERS, workflow_runs,
+    workflow_step_dependencies, workflow_steps,
 )

@@ -29,10 +29,11 @@ from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.engine import Connection, CursorResult
 
 from runledger_sync.core.errors import LeaseOwnerMismatch
-from runledger_sync.core.records import LeaseIdentity
+from runledger_sync.core.records import JobRecord, LeaseIdentity
 from runledger_sync.core.types import JobStatus
 from runledger_sync.db.schema import job_queue
 from runledger_sync.store._prepared import PreparedStatement, execute_in_turn
+from runledger_sync.store._rows import to_job
 
 _q = job_queue.c
 _LEASED = JobStatus.LEASED.value
@@ -133,3 +134,14 @@ def lease_mismatch(identity: LeaseIdentity) -> LeaseOwnerMismatch:
         f"to {identity.worker_id!r} with a live lease",
         job_id=str(identity.job_id),
     )
+
+
+def write_one_fenced(
+    connection: Connection, statement: PreparedStatement, params: dict[str, Any], identity: LeaseIdentity,
+    *, settings: Sequence[PreparedStatement] = (),
+) -> JobRecord:
+    """Lock ``identity``'s row, then run ``statement``; return the written job or raise LeaseOwnerMismatch."""
+    row = write_fenced(connection, (statement,), [identity], params, settings=settings).first()
+    if row is None:
+        raise lease_mismatch(identity)
+    return to_job(row)

@@ -1,9 +1,11 @@
-"""The worker's fenced writes to one claimed job: mark running, progress, heartbeat, success, failure, release.
+"""The worker's fenced writes that end one claimed job's attempt: success, failure, unstarted release.
 
 Every one goes through the lease fence of :mod:`runledger_sync.store._fence`:
 the row is locked first, then written by one statement that judges the lease
 as the last committer left it and writes the attempt and event rows the step
-implies. The claim is in :mod:`~runledger_sync.store.claim`, the grouped writes
+implies. The writes made while the job runs (mark running, progress,
+heartbeat) are in :mod:`~runledger_sync.store.running`, the claim in
+:mod:`~runledger_sync.store.claim`, the grouped writes
 in :mod:`~runledger_sync.store.lifecycle_batch`, the reaper's recovery in
 :mod:`~runledger_sync.store.reaper`; their functions are importable from here
 too, the store's lifecycle as one name space.
@@ -11,21 +13,10 @@ too, the store's lifecycle as one name space.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 from uuid import UUID
 
-from sqlalchemy import (
-    BigInteger,
-    Text,
-    bindparam,
-    case,
-    cast,
-    func,
-    literal,
-    null,
-    select,
-    true,
-)
+from sqlalchemy import BigInteger, Text, bindparam, cast, select
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.engine import Connection
@@ -33,33 +24,32 @@ from sqlalchemy.engine import Connection
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import (
     InvalidCompletionProgress,
-    InvalidLeaseDuration,
     InvalidProgress,
     LeaseOwnerMismatch,
     UnstartedClaimReleaseNotApplicable,
 )
 from runledger_sync.core.outcomes import LEASE_EXPIRED_CODE, LEASE_EXPIRED_MESSAGE, dead_letter_reason
 from runledger_sync.core.records import JobRecord, LeaseIdentity
-from runledger_sync.core.types import (
-    EventLog,
-    JobCompletion,
-    JobEventType,
-    JobFailure,
-    JobStage,
-    JobStatus,
-)
-from runledger_sync.db.schema import job_attempts, job_events, job_queue
+from runledger_sync.core.types import JobCompletion, JobFailure, JobStatus
+from runledger_sync.db.schema import job_queue
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
-from runledger_sync.store._fence import LOCK_LEASES, lease_mismatch, lease_params, live_lease, one_lease, write_fenced
+from runledger_sync.store._fence import (
+    LOCK_LEASES, lease_mismatch, lease_params, live_lease, one_lease, write_fenced, write_one_fenced,
+)
 from runledger_sync.store._prepared import PreparedStatement
-from runledger_sync.store._rows import JOB_COLUMNS, to_job
-from runledger_sync.store._sql import attempt_of, check_identity, event_insert, ordinals, seconds
-from runledger_sync.store._sql import event_log_params, full_event_log
+from runledger_sync.store._rows import to_job
+from runledger_sync.store._sql import check_identity
 from runledger_sync.store._transitions import RELEASE, build_failure, build_success, failure_params
 from runledger_sync.store._workflow_steps import job_ends, jobs_ended, steps_handed_back
 from runledger_sync.store.claim import MAX_CLAIM_LIMIT, claim_jobs, claim_prestart_jobs_for_types
 from runledger_sync.store.reaper import LEASE_EXPIRED_BEFORE_RUNNING_PERSISTED, reap_expired_leases
+from runledger_sync.store.running import (
+    DEFAULT_HEARTBEAT_LOCK_TIMEOUT_MS,
+    heartbeat_job,
+    mark_job_running,
+    update_job_progress,
+)
 
 __all__ = [
     "DEFAULT_HEARTBEAT_LOCK_TIMEOUT_MS",
@@ -80,182 +70,9 @@ __all__ = [
     "update_job_progress",
 ]
 
-DEFAULT_HEARTBEAT_LOCK_TIMEOUT_MS = 5_000
-
 _q = job_queue.c
-_a = job_attempts.c
 _LEASED = JobStatus.LEASED.value
 
-
-def _build_progress_update() -> Any:
-    stage = bindparam("new_stage", type_=Text)
-    done = bindparam("new_progress_done", type_=BigInteger)
-    total = bindparam("new_progress_total", type_=BigInteger)
-    checkpoint = cast(bindparam("new_checkpoint", type_=Text), JSONB)
-    updated = (
-        job_queue.update()
-        .where(live_lease(*one_lease()))
-        .values(
-            stage=func.coalesce(stage, _q.stage),
-            progress_done=func.coalesce(done, _q.progress_done),
-            progress_total=func.coalesce(total, _q.progress_total),
-            checkpoint=func.coalesce(checkpoint, _q.checkpoint),
-        )
-        .returning(*JOB_COLUMNS)
-        .cte("updated")
-    )
-    marker = (
-        job_attempts.update()
-        .where(
-            attempt_of(updated),
-            _a.execution_started_persisted_at.is_(None),
-            bindparam("new_stage", type_=Text) == JobStage.RUNNING.value,
-        )
-        .values(execution_started_persisted_at=func.now())
-        .cte("execution_marker")
-    )
-    kinds = ordinals(2)
-    # STAGE_CHANGED to running belongs to the full event log only; other stages are always logged.
-    stage_logged = stage.is_not(None) & (full_event_log() | (stage != JobStage.RUNNING.value))
-    wanted = case((kinds.c.ord == 1, stage_logged), else_=done.is_not(None) | total.is_not(None))
-    event_type = case((kinds.c.ord == 1, JobEventType.STAGE_CHANGED.value), else_=JobEventType.PROGRESS.value)
-    events = job_events.insert().from_select(
-        ["job_id", "run_number", "attempt", "event_type", "stage", "progress_done", "progress_total", "payload"],
-        select(
-            updated.c.id, updated.c.run_number, updated.c.attempt, event_type, updated.c.stage,
-            updated.c.progress_done, updated.c.progress_total, func.jsonb_build_object(),
-        )
-        .select_from(updated.join(kinds, true()))
-        .where(wanted)
-        .order_by(kinds.c.ord),
-    ).cte("progress_events")
-    return select(*updated.c).add_cte(marker, events)
-
-
-_PROGRESS_UPDATE = PreparedStatement("progress", _build_progress_update())
-
-
-def update_job_progress(
-    bind: Bind,
-    *,
-    job_id: UUID,
-    run_number: int,
-    attempt: int,
-    worker_id: str,
-    stage: Optional[JobStage] = None,
-    progress_done: Optional[int] = None,
-    progress_total: Optional[int] = None,
-    checkpoint: Any = None,
-    event_log: EventLog | str = EventLog.FULL,
-) -> JobRecord:
-    """Record stage, progress and checkpoint under the lease; None keeps a stored value.
-
-    Setting stage ``running`` also stamps the attempt's execution marker, after
-    which the claim can no longer be released unstarted.
-
-    Args:
-        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
-            connection whose open transaction the call joins (the caller commits).
-        event_log: ``transitions`` leaves out the STAGE_CHANGED event of stage
-            ``running``; other stages and PROGRESS events are written at either level.
-
-    Raises:
-        InvalidArgument: ``event_log`` is not a level of :class:`EventLog`.
-        LeaseOwnerMismatch: the lease is not this worker's or has expired.
-        InvalidProgress: the values, or the values merged with stored ones, are invalid.
-    """
-    identity = check_identity(job_id, run_number, attempt, worker_id)
-    check.check_progress_values(progress_done, progress_total, completion=False)
-    params = identity.params() | {
-        "new_stage": None if stage is None else JobStage(stage).value,
-        "new_progress_done": progress_done,
-        "new_progress_total": progress_total,
-        "new_checkpoint": None if checkpoint is None else check.serialize_json("checkpoint", checkpoint),
-    } | event_log_params(event_log)
-    return run_in_transaction(bind, lambda connection: _guarded_write(connection, _PROGRESS_UPDATE, params, identity))
-
-
-def mark_job_running(bind: Bind, identity: LeaseIdentity, *, event_log: EventLog | str = EventLog.FULL) -> JobRecord:
-    """Persist stage ``running`` for a claimed job: the step before its handler starts.
-
-    Args:
-        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
-            connection whose open transaction the call joins (the caller commits).
-        event_log: ``full`` writes a STAGE_CHANGED event; ``transitions`` does not
-            (the worker passes ``JobsConfig.event_log``).
-    """
-    return update_job_progress(bind, **identity.keywords(), stage=JobStage.RUNNING, event_log=event_log)
-
-
-def _guarded_write(
-    connection: Connection, statement: PreparedStatement, params: dict[str, Any], identity: LeaseIdentity,
-    *, settings: Sequence[PreparedStatement] = (),
-) -> JobRecord:
-    row = write_fenced(connection, (statement,), [identity], params, settings=settings).first()
-    if row is None:
-        raise lease_mismatch(identity)
-    return to_job(row)
-
-
-def _build_heartbeat() -> Any:
-    renewed = (
-        job_queue.update()
-        .where(live_lease(*one_lease()))
-        .values(lease_expires_at=func.now() + seconds("lease_seconds"), last_heartbeat_at=func.now())
-        .returning(*JOB_COLUMNS)
-        .cte("renewed")
-    )
-    events = event_insert(
-        renewed,
-        renewed.c.id, renewed.c.run_number, renewed.c.attempt, literal(JobEventType.HEARTBEAT.value), renewed.c.stage,
-        null(), null(), func.jsonb_build_object("worker_id", renewed.c.worker_id),
-        where=full_event_log(),
-    ).cte("heartbeat_event")
-    return select(*renewed.c).add_cte(events)
-
-
-_HEARTBEAT = PreparedStatement("heartbeat", _build_heartbeat())
-_LOCK_TIMEOUT = PreparedStatement(
-    "lock_timeout", select(func.set_config("lock_timeout", bindparam("lock_timeout", type_=Text), True))
-)
-
-
-def heartbeat_job(
-    bind: Bind,
-    *,
-    job_id: UUID,
-    run_number: int,
-    attempt: int,
-    worker_id: str,
-    lease_ttl_seconds: float,
-    lock_timeout_ms: int = DEFAULT_HEARTBEAT_LOCK_TIMEOUT_MS,
-    event_log: EventLog | str = EventLog.FULL,
-) -> JobRecord:
-    """Extend a live lease to now + ``lease_ttl_seconds``.
-
-    The row-lock wait is capped at ``lock_timeout_ms`` so a heartbeat stuck
-    behind another transaction fails (``db.query_failed``) instead of hanging.
-
-    Args:
-        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
-            connection whose open transaction the call joins (the caller commits).
-        event_log: ``full`` writes a HEARTBEAT event; ``transitions`` does not
-            (the worker passes ``JobsConfig.event_log``).
-
-    Raises:
-        LeaseOwnerMismatch: the lease is not this worker's or has expired.
-        StoreError: the lock wait timed out.
-    """
-    identity = check_identity(job_id, run_number, attempt, worker_id)
-    if not isinstance(lease_ttl_seconds, (int, float)) or not lease_ttl_seconds > 0:
-        raise InvalidLeaseDuration(f"lease_ttl_seconds must be greater than zero, got {lease_ttl_seconds!r}")
-    check.check_int("lock_timeout_ms", lock_timeout_ms, (1, 3_600_000))
-    params = identity.params() | {"lease_seconds": float(lease_ttl_seconds), "lock_timeout": f"{lock_timeout_ms}ms"}
-    params |= event_log_params(event_log)
-
-    return run_in_transaction(
-        bind, lambda connection: _guarded_write(connection, _HEARTBEAT, params, identity, settings=(_LOCK_TIMEOUT,))
-    )
 
 _SUCCESS = PreparedStatement("success", build_success(
     live_lease(*one_lease()),
@@ -297,7 +114,7 @@ def complete_job_success(
     }
 
     def work(connection: Connection) -> JobRecord:
-        record = _guarded_write(connection, _SUCCESS, params, identity)
+        record = write_one_fenced(connection, _SUCCESS, params, identity)
         if record.workflow_step_id is not None:
             jobs_ended(connection, job_ends([record]))
         return record

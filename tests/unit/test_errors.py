@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import re
+import types
 
 import pytest
 
+from runledger_sync import core
 from runledger_sync.core import errors
 from runledger_sync.core.errors import (
     ConfigError,
@@ -47,13 +51,34 @@ def test_tree_is_found():
     assert len(CLASSES) == len(set(CLASSES)) >= 30
 
 
-def test_every_public_error_class_in_the_module_is_in_the_tree():
-    in_module = {
-        obj
-        for obj in vars(errors).values()
-        if isinstance(obj, type) and issubclass(obj, BaseException) and obj.__module__ == errors.__name__
+def error_modules() -> list[types.ModuleType]:
+    """core/errors.py and the family modules beside it (core/*_errors.py)."""
+    names = [info.name for info in pkgutil.iter_modules(core.__path__) if info.name.endswith("errors")]
+    return [importlib.import_module(f"{core.__name__}.{name}") for name in names]
+
+
+def test_the_family_modules_are_found():
+    assert {module.__name__.rpartition(".")[2] for module in error_modules()} >= {
+        "errors",
+        "workflow_errors",
+        "store_errors",
+        "dashboard_errors",
     }
-    assert in_module == set(CLASSES)
+
+
+def test_every_error_class_defined_in_the_error_modules_is_in_the_tree():
+    defined = {
+        obj
+        for module in error_modules()
+        for obj in vars(module).values()
+        if isinstance(obj, type) and issubclass(obj, BaseException) and obj.__module__ == module.__name__
+    }
+    assert defined == set(CLASSES)
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_every_class_is_importable_from_core_errors(cls):
+    assert getattr(errors, cls.__name__) is cls
 
 
 def test_codes_are_unique():

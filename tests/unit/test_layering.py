@@ -24,6 +24,7 @@ LAYERS: dict[str, int] = {
     "config": 1,
     "config_env": 1,
     "registry": 1,
+    "handlers": 1,
     # logging imports only the standard library and python-json-logger, and every
     # layer above core logs, so it sits with config.
     "logging": 1,
