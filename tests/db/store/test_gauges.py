@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from sqlalchemy import text
@@ -89,14 +88,14 @@ def test_scrape_statement_reads_indexes_not_a_million_finished_jobs(engine):
         plan = conn.execute(text(f"EXPLAIN (FORMAT JSON) {compiled}")).scalar_one()
     scans = _scans(plan[0]["Plan"] if isinstance(plan, list) else json.loads(plan)[0]["Plan"])
 
-    assert [scan for scan in scans if scan["Node Type"] == "Seq Scan" and scan["Relation Name"] == "job_queue"] == []
-    indexes = {scan["Index Name"] for scan in scans if "Index Name" in scan}
-    assert {"idx_job_queue_claim", "idx_job_queue_leased_expiry"} <= indexes, scans
-    started = time.monotonic()
+    # Every read of job_queue goes through an index, bounded to the unfinished rows (the
+    # plan's choice among the indexes may vary with the statistics): none reads the
+    # million finished ones.
+    queue_scans = [scan for scan in scans if scan.get("Relation Name") == "job_queue"]
+    assert queue_scans and all(scan["Node Type"] != "Seq Scan" for scan in queue_scans), scans
+    assert all(scan["Plan Rows"] < FINISHED_ROWS // 100 for scan in queue_scans), scans
     read = gauges.queue_gauges(engine)
-    elapsed = time.monotonic() - started
     assert read.jobs == {("a", "PENDING"): 4, ("a", "LEASED"): 1}
-    assert elapsed < 0.5, f"a scrape over {FINISHED_ROWS} finished jobs took {elapsed:.3f} s"
 
 
 def _scans(node: dict) -> list[dict]:
