@@ -653,3 +653,29 @@ def test_the_closing_log_line_says_how_the_attempt_ended(engine, probe, logs, ha
     [closing] = records(logs, "job processed")
     assert {key: getattr(closing, key, None) for key in expected} == expected
     assert (closing.job_id, closing.attempt) == (str(job.id), 1)
+
+
+# -- a running write whose commit outcome is unknown is read back, not guessed ----------
+
+
+def test_a_running_write_of_unknown_outcome_that_landed_runs_the_handler(engine, probe, logs):
+    registry = h.registry_with(JOB_TYPE, h.ok(probe))
+    config = fast_config()
+    job = enqueue_and_claim(engine, registry, config)
+    # The one-query running write committed, but its connection went before the reply.
+    lifecycle.mark_job_running(engine, lease_identity(job))
+    process_claimed_job(engine, registry, job, config, running=errors.CommitOutcomeUnknown("reply lost"))
+    assert len(probe.calls) == 1
+    assert job_row(engine, job.id).status == "SUCCEEDED"
+    assert [a.attempt for a in attempts(engine, job.id)] == [1]
+
+
+def test_a_running_write_of_unknown_outcome_that_did_not_land_hands_the_claim_back(engine, probe, logs):
+    registry = h.registry_with(JOB_TYPE, h.ok(probe))
+    config = fast_config()
+    job = enqueue_and_claim(engine, registry, config)
+    process_claimed_job(engine, registry, job, config, running=errors.CommitOutcomeUnknown("connection lost"))
+    assert probe.calls == []
+    assert job_row(engine, job.id).status == "PENDING"
+    assert events(engine, job.id)[-1] == ("REQUEUED", 1, {"reason": "RUNNING_PROGRESS_PERSIST_FAILED"})
+    assert attempts(engine, job.id) == []

@@ -7,9 +7,11 @@ import pytest
 from sqlalchemy import event, text
 
 from runledger_sync.core import errors
+from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.db.engine import create_engine
 from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store import lifecycle
+from runledger_sync.store import lifecycle, lifecycle_batch
+from runledger_sync.store.held import HeldConnection
 from tests.support import JOB_TYPE, claim_one, define, identity, scalar
 
 
@@ -79,4 +81,33 @@ def test_an_enqueue_whose_reply_is_lost_after_it_committed_returns_the_job_writt
         assert job.payload == {"once": True}
         assert scalar(engine, "SELECT count(*) FROM job_events WHERE event_type = 'ENQUEUED'") == 1
     finally:
+        engine.dispose()
+
+
+def test_a_group_success_whose_reply_is_lost_after_its_one_query_committed_is_unknown_not_repeated(fresh_database):
+    engine = create_engine(fresh_database, pool_size=1, max_overflow=0)
+    held = HeldConnection(engine)
+    try:
+        define(engine)
+        store_enqueue.enqueue(engine, JOB_TYPE, {})
+        job = claim_one(engine)
+        lost = []
+
+        def lose_the_reply(conn, cursor, statement, *rest):
+            if "EXECUTE runledger_complete_success_plain" in statement and not lost:
+                # The query was the whole transaction and has committed; the reply never comes.
+                lost.append(conn.connection.dbapi_connection.get_backend_pid())
+                with create_engine(fresh_database).connect() as killer:
+                    killer.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": lost[0]})
+                raise psycopg2.OperationalError("server closed the connection unexpectedly")
+
+        event.listen(engine, "after_cursor_execute", lose_the_reply)
+        with pytest.raises(errors.CommitOutcomeUnknown):
+            lifecycle_batch.complete_jobs_success(held, [(LeaseIdentity.of(job), None)])
+        event.remove(engine, "after_cursor_execute", lose_the_reply)
+        assert lost
+        assert scalar(engine, "SELECT status FROM job_queue WHERE id = :id", id=job.id) == "SUCCEEDED"
+        assert scalar(engine, "SELECT count(*) FROM job_events WHERE event_type = 'SUCCEEDED'") == 1
+    finally:
+        held.close()
         engine.dispose()
