@@ -13,7 +13,6 @@ Callers do not wait for their write: they :meth:`~GroupWriter.post` items with
 a callback, which the writer's thread calls with each item's result once its
 group is written. The worker frees a job's slot only from that callback, so
 grouping changes how many commits there are, never what a crash can lose.
-(:meth:`~GroupWriter.submit` waits, for callers that have nothing else to do.)
 """
 
 from __future__ import annotations
@@ -80,21 +79,6 @@ class GroupWriter(Generic[T, R]):
         if items:
             self._count(len(items))
             self._queue.put((items, on_written))
-
-    def submit(self, item: T) -> R:
-        """Queue ``item``, wait until its group is written, and return its result (or raise its error)."""
-        done = threading.Event()
-        answer: list[object] = []
-
-        def written(_item: T, result: object) -> None:
-            answer.append(result)
-            done.set()
-
-        self.post([item], written)
-        done.wait()
-        if isinstance(answer[0], BaseException):
-            raise answer[0]
-        return answer[0]  # type: ignore[return-value]
 
     def close(self) -> None:
         """Write what is queued, then stop the thread."""

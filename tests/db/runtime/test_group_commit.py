@@ -97,24 +97,30 @@ def test_one_invalid_completion_in_a_group_fails_alone(engine):
         "job.invalid_completion_progress"
 
 
-def test_group_writer_gives_each_caller_its_own_result_or_error():
+def answers_of(writer, posts):
+    """Post each list of items on its own; return every item's answer once all have come."""
+    answers: dict[int, object] = {}
+    done = threading.Event()
+    total = sum(len(items) for items in posts)
+
+    def on_written(item, result):
+        answers[item] = result
+        if len(answers) == total:
+            done.set()
+
+    for items in posts:
+        writer.post(items, on_written)
+    assert done.wait(5)
+    return answers
+
+
+def test_group_writer_gives_each_item_its_own_result_or_error():
     writer: GroupWriter[int, int] = GroupWriter(
         "test-group", lambda items: [ValueError(f"odd {i}") if i % 2 else i * 10 for i in items])
-    results: dict[int, object] = {}
-
-    def call(i):
-        try:
-            results[i] = writer.submit(i)
-        except ValueError as error:
-            results[i] = str(error)
-
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(5)
+    answers = answers_of(writer, [[i] for i in range(6)])
     writer.close()
-    assert results == {0: 0, 1: "odd 1", 2: 20, 3: "odd 3", 4: 40, 5: "odd 5"}
+    assert {i: str(a) if isinstance(a, ValueError) else a for i, a in answers.items()} == {
+        0: 0, 1: "odd 1", 2: 20, 3: "odd 3", 4: 40, 5: "odd 5"}
     assert writer.waiting == 0
 
 
@@ -162,24 +168,12 @@ def test_a_post_after_close_is_refused_and_a_crashing_callback_costs_the_others_
         writer.post([3], on_written)
 
 
-def test_group_writer_that_fails_as_a_whole_wakes_every_caller_with_the_error():
+def test_group_writer_that_fails_as_a_whole_answers_every_item_with_the_error():
     def broken(items):
         raise ConnectionError("database went away")
 
     writer: GroupWriter[int, int] = GroupWriter("test-broken", broken)
-    errors = []
-    threads = [threading.Thread(target=lambda: errors.append(_error_of(writer.submit, 1))) for _ in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(5)
+    answers = answers_of(writer, [[1], [2, 3]])
     writer.close()
-    assert [type(e) for e in errors] == [ConnectionError] * 3
+    assert sorted(answers) == [1, 2, 3] and all(isinstance(a, ConnectionError) for a in answers.values())
 
-
-def _error_of(call, *args):
-    try:
-        call(*args)
-    except Exception as error:  # noqa: BLE001 - the test inspects whatever was raised
-        return error
-    return None
