@@ -51,13 +51,11 @@ def finish(execution: JobExecution, outcome: Outcome) -> bool:
         return False
     transition = _decide(execution, outcome)
     if isinstance(transition, Succeed) and execution.writers is not None:
+        # The worker closes its writers only once every attempt has ended, so this one is open.
         execution.decided = transition
-        try:
-            execution.writers.success.post([(execution.identity, transition.completion)],
-                                           lambda _item, result: _group_answered(execution, transition, result))
-            return True
-        except RuntimeError:
-            pass  # the writer is closed (the worker is stopping): write it here
+        execution.writers.success.post([(execution.identity, transition.completion)],
+                                       lambda _item, result: _group_answered(execution, transition, result))
+        return True
     _apply(execution, transition)
     return False
 
@@ -136,20 +134,13 @@ def _group_answered(execution: JobExecution, transition: Succeed, result: object
 
 def _write_alone_after_group(execution: JobExecution, transition: Succeed, error: object) -> None:
     try:
-        if isinstance(error, CommitOutcomeUnknown) and _landed(execution):
+        if isinstance(error, CommitOutcomeUnknown) and landed_outcome(execution.engine, execution.identity) is not None:
             return
         log.debug("group success write failed; writing the job alone",
                   extra=execution.log_fields | {"error": str(error)})
         _apply(execution, transition)
     finally:
         execution.end()
-
-
-def _landed(execution: JobExecution) -> bool:
-    try:
-        return landed_outcome(execution.engine, execution.identity) is not None
-    except RunledgerError:
-        return False
 
 
 def _budget(execution: JobExecution) -> float:

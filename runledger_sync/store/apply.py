@@ -60,25 +60,23 @@ def land(bind: Bind, identity: LeaseIdentity, write: Callable[[], JobRecord], *,
 
 def landed_outcome(bind: Bind, identity: LeaseIdentity) -> Optional[JobRecord]:
     """The row if this attempt's outcome has been written (it is no longer LEASED), else None."""
-    try:
-        current = admin.get_job(bind, identity.job_id)
-    except RunledgerError:
-        return None
-    same_attempt = current is not None and (current.run_number, current.attempt) == (
-        identity.run_number, identity.attempt)
-    if same_attempt and current.status is not JobStatus.LEASED:
-        return current
-    return None
+    current = _this_attempt(bind, identity)
+    return current if current is not None and current.status is not JobStatus.LEASED else None
 
 
 def running_landed(bind: Bind, identity: LeaseIdentity) -> bool:
     """True if this attempt's running write landed: the job is still leased under ``identity``, at stage running."""
+    current = _this_attempt(bind, identity)
+    return (current is not None and current.status is JobStatus.LEASED and current.stage is JobStage.RUNNING
+            and current.worker_id == identity.worker_id)
+
+
+def _this_attempt(bind: Bind, identity: LeaseIdentity) -> Optional[JobRecord]:
+    """The job's row while it is still at ``identity``'s run and attempt; None otherwise, or when unreadable."""
     try:
         current = admin.get_job(bind, identity.job_id)
     except RunledgerError:
-        return False
-    return (
-        current is not None and current.status is JobStatus.LEASED and current.stage is JobStage.RUNNING
-        and (current.run_number, current.attempt, current.worker_id)
-        == (identity.run_number, identity.attempt, identity.worker_id)
-    )
+        return None
+    if current is None or (current.run_number, current.attempt) != (identity.run_number, identity.attempt):
+        return None
+    return current
