@@ -679,3 +679,26 @@ def test_a_running_write_of_unknown_outcome_that_did_not_land_hands_the_claim_ba
     assert job_row(engine, job.id).status == "PENDING"
     assert events(engine, job.id)[-1] == ("REQUEUED", 1, {"reason": "RUNNING_PROGRESS_PERSIST_FAILED"})
     assert attempts(engine, job.id) == []
+
+
+def test_a_grouped_success_refused_by_the_fence_is_logged_and_still_ends_the_attempt(engine, probe, logs):
+    go = threading.Event()
+    registry = h.registry_with(JOB_TYPE, h.scripted(probe, lambda ctx, payload, call: go.wait(10) and None))
+    config = fast_config(lease_ttl_seconds=5, heartbeat_interval_seconds=4)  # no heartbeat during the test
+    job = enqueue_and_claim(engine, registry, config)
+    writers = HotPathWriters.start(engine, config.worker_id, finishing=FinishingSoon(running_jobs=lambda: 1))
+    ended = threading.Event()
+    try:
+        worker = threading.Thread(target=process_claimed_job, args=(engine, registry, job, config, writers),
+                                  kwargs={"on_ended": ended.set}, daemon=True)
+        worker.start()
+        probe.wait_calls(1)
+        expire_lease(engine, job.id)
+        go.set()
+        worker.join(10)
+        # The success writer's thread answers the attempt: refused, so logged, and its slot comes back.
+        assert ended.wait(10)
+    finally:
+        writers.close()
+    assert records(logs, "failed to mark job success")
+    assert job_row(engine, job.id).status == "LEASED"
