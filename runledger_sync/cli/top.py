@@ -24,7 +24,7 @@ from runledger_sync.cli._output import printable
 DEFAULT_INTERVAL_SECONDS = 2.0
 #: The width of a frame printed where stdout is not a terminal (a pipe, a file, a test).
 PIPE_WIDTH = 160
-FINISHED = (rl.JobStatus.SUCCEEDED.value, rl.JobStatus.DEAD_LETTERED.value, rl.JobStatus.CANCELED.value)
+FINISHED = tuple(status.value for status in rl.JobStatus if status.is_terminal)
 STATUSES = tuple(status.value for status in rl.JobStatus)
 
 

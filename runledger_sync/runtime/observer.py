@@ -17,7 +17,7 @@ class WorkerObserver(Protocol):
     """What a worker tells its observer. Calls come from many threads at once."""
 
     def claimed(self, jobs: Sequence[JobRecord]) -> None:
-        """A claim returned ``jobs`` (possibly none); each carries its next_run_at and the claim's updated_at."""
+        """A claim returned ``jobs`` (possibly none); each carries its next_run_at and the claim's time as last_heartbeat_at."""
 
     def job_finished(self, job_type: str, outcome: str, handler_seconds: Optional[float]) -> None:
         """An attempt ended with ``outcome`` (succeeded, retry_scheduled, dead_lettered, lease_lost,

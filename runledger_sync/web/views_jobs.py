@@ -66,7 +66,7 @@ def job_page(dashboard: "Dashboard", request: Request, job_id: str) -> Response:
         checkpoint=None if job.checkpoint is None else _pretty(job.checkpoint),
         payload=_pretty(job.payload) if show_payload else None,
         done=DONE_MESSAGES.get(request.arg("done") or ""),
-        cancelable=job.status in (rl.JobStatus.PENDING, rl.JobStatus.LEASED),
+        cancelable=not job.status.is_terminal,
     )
 
 

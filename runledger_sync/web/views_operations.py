@@ -43,12 +43,13 @@ def replay(dashboard: "Dashboard", request: Request, action: str) -> Response:
     if len(targets) > REPLAY_LIMIT:
         raise rl.InvalidArgument("job_id", len(targets), f"at most {REPLAY_LIMIT} jobs at once")
     replayed = 0
-    for job_id in targets:
-        job = rl.get_job(dashboard.engine, job_id, organization_id=scope)
-        if job is None or job.status is not rl.JobStatus.DEAD_LETTERED:
-            continue  # replayed, or out of scope: never requeue a job that is not dead-lettered
+    # One read for the whole selection; a job replayed already, or out of scope, is left alone.
+    statuses = job_statuses(dashboard.engine, targets, organization_id=scope)
+    for job_id, status in statuses.items():
+        if status is not rl.JobStatus.DEAD_LETTERED:
+            continue  # never requeue a job that is not dead-lettered
         try:
-            rl.requeue_job(dashboard.engine, job.id, reason=REPLAY_REASON, organization_id=scope)
+            rl.requeue_job(dashboard.engine, job_id, reason=REPLAY_REASON, organization_id=scope)
         except rl.InvalidStateTransition:
             continue  # replayed by someone else meanwhile
         replayed += 1
