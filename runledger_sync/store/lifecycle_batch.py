@@ -142,16 +142,22 @@ def mark_jobs_running(
 def complete_jobs_success(
     bind: Bind, completions: Sequence[tuple[LeaseIdentity, Optional[JobCompletion]]]
 ) -> list[LeaseResult]:
-    """Finish many leased jobs as SUCCEEDED in one transaction.
+    """Finish many leased jobs as SUCCEEDED, the plain ones in one transaction.
 
     Same effect per job as :func:`runledger_sync.store.lifecycle.complete_job_success`.
+    Plain jobs are written together in one query. Workflow jobs (and any lease that
+    query refused) follow in a transaction of their own that also ends their steps;
+    one whose run a cancel holds is answered ``WorkflowReleaseConflict`` and written
+    later, without costing the others theirs.
 
     Returns:
-        One result per identity, in order: None once written, or a ``LeaseOwnerMismatch``.
+        One result per identity, in order: None once written, a ``LeaseOwnerMismatch``,
+        or a ``WorkflowReleaseConflict``.
 
     Raises:
         InvalidCompletionProgress: one completion's progress is invalid, alone or
-            merged with the stored progress; nothing is written for any of them.
+            merged with the stored progress; nothing of that transaction is written
+            (plain jobs already written by the first one stay written).
         CommitOutcomeUnknown: the connection was lost while the write ran; it may have landed.
     """
     values: list[tuple[LeaseIdentity, tuple[Any, ...]]] = []
@@ -195,7 +201,10 @@ def _write_success_group(
     def work(connection: Connection) -> list[LeaseResult]:
         if plain_jobs_only:
             return _write_group(connection, _GROUP_SUCCESS_PLAIN, identities, columns)
-        return _write_group(connection, _GROUP_SUCCESS, identities, columns, ended=JobStatus.SUCCEEDED)
+        # A savepoint: when a run's cancel refuses the step hooks, the job rows this
+        # pass wrote must go too, even in a caller's transaction that goes on.
+        with connection.begin_nested():
+            return _write_group(connection, _GROUP_SUCCESS, identities, columns, ended=JobStatus.SUCCEEDED)
 
     try:
         return run_in_transaction(bind, work, one_query=plain_jobs_only)

@@ -371,3 +371,30 @@ def test_the_reaper_postpones_a_job_whose_run_a_cancel_holds_and_finishes_it_aft
 
     assert [dead.job_id for dead in reaped.dead_lettered] == [job.id]
     assert statuses(typed, run.id) == {"a": Step.FAILED, "b": Step.ENQUEUED, "c": Step.BLOCKED}
+
+
+def test_a_grouped_success_in_the_callers_transaction_keeps_nothing_of_a_pass_a_cancel_refused(typed):
+    held_run = rl.enqueue_workflow(typed, chain("on_terminal"))
+    free = rl.Workflow("free")
+    free.job("a", A)
+    free_run = rl.enqueue_workflow(typed, free)
+    jobs = lifecycle.claim_prestart_jobs_for_types(typed, worker_id="w", lease_ttl_seconds=30, limit=10, job_types=[A])
+    assert len(jobs) == 2
+    lifecycle_batch.mark_jobs_running(typed, [LeaseIdentity.of(job) for job in jobs])
+    held_step = rl.get_workflow_run(typed, held_run.id).step("a").id
+    holder = hold_cancel_lock(typed, held_run.id)
+    try:
+        with typed.begin() as conn:
+            # Both workflow jobs go in one pass, which the held run refuses; the pass is
+            # written again without it, in the same (caller's) transaction.
+            results = lifecycle_batch.complete_jobs_success(conn, [(LeaseIdentity.of(job), None) for job in jobs])
+    finally:
+        holder.rollback()
+        holder.close()
+
+    by_step = {job.workflow_step_id: result for job, result in zip(jobs, results, strict=True)}
+    assert isinstance(by_step.pop(held_step), rl.WorkflowReleaseConflict)
+    assert list(by_step.values()) == [None]
+    held_job = next(job for job in jobs if job.workflow_step_id == held_step)
+    assert rl.get_job(typed, held_job.id).status is rl.JobStatus.LEASED
+    assert rl.get_workflow_run(typed, free_run.id).status is Run.SUCCEEDED
