@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import runledger_sync as rl
+from runledger_sync.store._workflow_steps import ADVISORY_LOCK_NAMESPACE
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.workflow import WorkflowRunStatus as Run
 from runledger_sync.core.workflow import WorkflowStepStatus as Step
@@ -290,7 +291,8 @@ def hold_cancel_lock(engine, run_id):
     connection = engine.connect()
     connection.begin()
     connection.exec_driver_sql(
-        "SELECT pg_advisory_xact_lock(1380734790, hashtext(%(id)s::text))", {"id": str(run_id)})
+        "SELECT pg_advisory_xact_lock(%(namespace)s, hashtext(%(id)s::text))",
+        {"namespace": ADVISORY_LOCK_NAMESPACE, "id": str(run_id)})
     return connection
 
 
