@@ -132,8 +132,7 @@ class Workflow:
         for name, value, allowed in (("priority", priority, check.PRIORITY_RANGE),
                                      ("max_attempts", max_attempts, check.MAX_ATTEMPTS_RANGE),
                                      ("timeout_seconds", timeout_seconds, check.TIMEOUT_SECONDS_RANGE)):
-            if value is not None:
-                check.check_int(name, value, allowed)
+            check.check_optional_int(name, value, allowed)
         return self._add(WorkflowStep(
             key, WorkflowStepKind.JOB, job_type, {} if payload is None else payload, self._keys_of(after),
             _release_mode(release), priority, max_attempts, timeout_seconds, owner=self,

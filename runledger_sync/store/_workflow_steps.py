@@ -50,7 +50,8 @@ ADVISORY_LOCK_NAMESPACE = 0x524C5746  # "RLWF"
 _s = workflow_steps.c
 _r = workflow_runs.c
 _d = workflow_step_dependencies.c
-_UUIDS = ARRAY(PG_UUID(as_uuid=True))
+#: A bound array of ids (step, run or job ids).
+UUIDS = ARRAY(PG_UUID(as_uuid=True))
 _TERMINAL_STEP = [s.value for s in WorkflowStepStatus if s.is_terminal]
 _STEP_OF_JOB = {
     JobStatus.SUCCEEDED: WorkflowStepStatus.SUCCEEDED,
@@ -85,7 +86,7 @@ def run_lock_key(run_id: Any) -> tuple[Any, Any]:
 
 _STEPS_HANDED_BACK = (
     workflow_steps.update()
-    .where(_s.id == any_(bindparam("step_ids", type_=_UUIDS)), _s.status == WorkflowStepStatus.RUNNING.value)
+    .where(_s.id == any_(bindparam("step_ids", type_=UUIDS)), _s.status == WorkflowStepStatus.RUNNING.value)
     .values(status=WorkflowStepStatus.ENQUEUED.value)
 )
 
@@ -112,7 +113,7 @@ def job_ends(jobs: Iterable[Any]) -> list[JobEnd]:
     return ends
 
 
-_RUNS_OF_STEPS = select(_s.id, _s.run_id).where(_s.id == any_(bindparam("step_ids", type_=_UUIDS)))
+_RUNS_OF_STEPS = select(_s.id, _s.run_id).where(_s.id == any_(bindparam("step_ids", type_=UUIDS)))
 
 
 def jobs_ended(connection: Connection, ends: Sequence[JobEnd]) -> None:
@@ -141,14 +142,14 @@ def jobs_ended(connection: Connection, ends: Sequence[JobEnd]) -> None:
 
 
 _TRY_SHARED = select(
-    func.unnest(bindparam("run_ids", type_=_UUIDS)).label("run_id")
+    func.unnest(bindparam("run_ids", type_=UUIDS)).label("run_id")
 ).subquery("runs")
 _TRY_SHARED_LOCKS = select(_TRY_SHARED.c.run_id).where(
     ~func.pg_try_advisory_xact_lock_shared(*run_lock_key(_TRY_SHARED.c.run_id))
 )
 _LOCK_RUN_ROWS = (
     select(_r.id)
-    .where(_r.id == any_(bindparam("run_ids", type_=_UUIDS)))
+    .where(_r.id == any_(bindparam("run_ids", type_=UUIDS)))
     .order_by(_r.id)
     .with_for_update()
 )
@@ -168,7 +169,7 @@ def lock_runs_for_release(connection: Connection, run_ids: set[UUID]) -> set[UUI
 
 def _build_end_steps() -> Any:
     ended = func.unnest(
-        bindparam("step_ids", type_=_UUIDS), bindparam("statuses", type_=ARRAY(Text)),
+        bindparam("step_ids", type_=UUIDS), bindparam("statuses", type_=ARRAY(Text)),
         bindparam("codes", type_=ARRAY(Text)), bindparam("messages", type_=ARRAY(Text)),
     ).table_valued("step_id", "status", "error_code", "error_message").render_derived(name="ended")
     return (
@@ -194,7 +195,7 @@ def _build_count_down() -> Any:
             func.count().filter(not_succeeded).label("unsatisfied"),
         )
         .select_from(workflow_step_dependencies.join(prerequisite, prerequisite.c.id == _d.prerequisite_step_id))
-        .where(_d.prerequisite_step_id == any_(bindparam("step_ids", type_=_UUIDS)))
+        .where(_d.prerequisite_step_id == any_(bindparam("step_ids", type_=UUIDS)))
         .group_by(_d.step_id)
         .subquery("edges")
     )
@@ -239,7 +240,7 @@ def finish_steps(connection: Connection, ends: Sequence[StepEnd], run_ids: set[U
 
 def _build_release_jobs() -> Any:
     wanted = func.unnest(
-        bindparam("step_ids", type_=_UUIDS), bindparam("job_ids", type_=_UUIDS),
+        bindparam("step_ids", type_=UUIDS), bindparam("job_ids", type_=UUIDS),
     ).table_valued("step_id", "job_id").render_derived(name="wanted")
     definition = job_definitions.alias("definition")
     rows = (
@@ -283,7 +284,7 @@ def _build_release_jobs() -> Any:
 _RELEASE_JOBS = _build_release_jobs()
 _WAIT_FOR_EXTERNAL = (
     workflow_steps.update()
-    .where(_s.id == any_(bindparam("step_ids", type_=_UUIDS)))
+    .where(_s.id == any_(bindparam("step_ids", type_=UUIDS)))
     .values(status=WorkflowStepStatus.WAITING_FOR_EXTERNAL.value)
 )
 
@@ -318,7 +319,7 @@ def _build_refresh_runs() -> Any:
             func.bool_or(_s.status == WorkflowStepStatus.WAITING_FOR_EXTERNAL.value).label("waiting"),
             func.bool_or(_s.status.in_(errors)).label("errors"),
         )
-        .where(_s.run_id == any_(bindparam("run_ids", type_=_UUIDS)))
+        .where(_s.run_id == any_(bindparam("run_ids", type_=UUIDS)))
         .group_by(_s.run_id)
         .subquery("summary")
     )

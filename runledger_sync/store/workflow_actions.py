@@ -6,7 +6,7 @@ from typing import Any, Optional
 from uuid import UUID
 
 from sqlalchemy import Text, any_, bindparam, cast, func, literal, select
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.engine import Connection
 
@@ -25,6 +25,7 @@ from runledger_sync.core.errors import (
 )
 from runledger_sync.core.types import JobEventType, JobStatus
 from runledger_sync.core.workflow import (
+    STEP_KEY_MAX_LENGTH,
     WorkflowRunRecord,
     WorkflowRunStatus,
     WorkflowStepKind,
@@ -34,7 +35,7 @@ from runledger_sync.db.schema import job_events, job_queue, workflow_runs, workf
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._enqueue_batch import same_request
 from runledger_sync.store._errors import run_in_transaction
-from runledger_sync.store._workflow_steps import StepEnd, finish_steps, lock_runs_for_release, run_lock_key
+from runledger_sync.store._workflow_steps import UUIDS, StepEnd, finish_steps, lock_runs_for_release, run_lock_key
 from runledger_sync.store.workflows import check_run_id, read_run
 
 #: The stored error code of an external step answered as failed.
@@ -43,7 +44,6 @@ EXTERNAL_STEP_FAILED_CODE = "workflow.external_step_failed"
 _s = workflow_steps.c
 _r = workflow_runs.c
 _q = job_queue.c
-_UUIDS = ARRAY(PG_UUID(as_uuid=True))
 _RUN_ID = bindparam("target_run_id", type_=PG_UUID(as_uuid=True))
 _NOT_STARTED = (WorkflowStepStatus.BLOCKED.value, WorkflowStepStatus.WAITING_FOR_EXTERNAL.value,
                 WorkflowStepStatus.ENQUEUED.value)
@@ -80,7 +80,7 @@ _CANCEL_JOBS = _build_cancel_jobs()
 _CANCEL_STEPS = (
     workflow_steps.update()
     .where(_s.run_id == _RUN_ID,
-           _s.status.in_(_NOT_STARTED) | (_s.id == any_(bindparam("step_ids", type_=_UUIDS))))
+           _s.status.in_(_NOT_STARTED) | (_s.id == any_(bindparam("step_ids", type_=UUIDS))))
     .values(status=WorkflowStepStatus.CANCELED.value, finished_at=func.now(),
             error_message=func.coalesce(bindparam("cancel_reason", type_=Text), "CANCELED"))
 )
@@ -110,8 +110,7 @@ def cancel_workflow_run(bind: Bind, run_id: UUID | str, *, reason: Optional[str]
         WorkflowRunFinished: the run has already finished.
     """
     target = check_run_id(run_id)
-    if reason is not None:
-        check.check_text("reason", reason, max_length=255)
+    check.check_optional_text("reason", reason, max_length=255)
     params = {"target_run_id": target, "cancel_reason": reason}
 
     def work(connection: Connection) -> WorkflowRunRecord:
@@ -168,7 +167,7 @@ def complete_external_step(
         ``rl.complete_external_step(engine, run.id, "approval", succeeded=True, output={"by": "ada"})``
     """
     target = check_run_id(run_id)
-    check.check_text("step_key", step_key, max_length=200)
+    check.check_text("step_key", step_key, max_length=STEP_KEY_MAX_LENGTH)
     if not isinstance(succeeded, bool):
         raise ExternalStepInvalidTerminalStatus(f"succeeded must be True or False, got {type(succeeded).__name__}")
     if output is not None and not succeeded:

@@ -25,6 +25,7 @@ from runledger_sync.core.errors import (
 )
 from runledger_sync.core.ids import uuid7
 from runledger_sync.core.workflow import (
+    STEP_KEY_MAX_LENGTH,
     Workflow,
     WorkflowReleaseMode,
     WorkflowRunRecord,
@@ -300,7 +301,7 @@ def step_output(bind: Bind, run_id: UUID, step_key: str) -> Any:
     Raises:
         WorkflowStepNotFound: the run has no step ``step_key``.
     """
-    check.check_text("step_key", step_key, max_length=200)
+    check.check_text("step_key", step_key, max_length=STEP_KEY_MAX_LENGTH)
     params = {"run_id": run_id, "step_key": step_key}
     row = run_in_transaction(bind, lambda connection: connection.execute(_OUTPUT_OF_KEY, params).first())
     if row is None:
