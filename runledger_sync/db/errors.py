@@ -34,6 +34,8 @@ _BY_CONSTRAINT: dict[str, type[errors.RunledgerError]] = {
     "fk_job_schedules_job_type": errors.DefinitionNotFound,
     "ck_job_queue_progress": errors.InvalidProgress,
 }
+# undefined_table, undefined_column, undefined_function: a database not migrated, or behind.
+_SCHEMA_MISSING_STATES = frozenset({"42P01", "42703", "42883"})
 # Connection exceptions (08), operator intervention (57P01-57P03: shutdown,
 # crash, cannot connect now) and a standby that stopped being writable.
 _TRANSIENT_PREFIXES = ("08", "57P")
@@ -96,6 +98,14 @@ def translate(exc: sa_exc.DBAPIError, url: object = None) -> errors.RunledgerErr
     state = _sqlstate(exc)
     if state == "55P03":
         return errors.StoreError(f"lock wait timed out: {detail}", sqlstate=state)
+    if state in _SCHEMA_MISSING_STATES:
+        # Every statement of ours names only our own tables and columns, so a missing one
+        # means the schema was never migrated (or is behind), not a bug in the caller.
+        return errors.SchemaMismatch(
+            f"the job tables are missing or behind this version of runledger-sync ({detail}); "
+            "run `runledger-sync migrate` (or your Alembic upgrade) first",
+            sqlstate=state,
+        )
     cls = _BY_CONSTRAINT.get(constraint or "") or _BY_SQLSTATE.get(state or "", errors.StoreError)
     return cls(f"{detail}", sqlstate=state, constraint=constraint)
 
