@@ -8,7 +8,7 @@ import re
 from datetime import datetime
 from typing import Any, Optional
 
-from runledger_sync.core.shapes import echo_or_shape, int_digit_limit, type_phrase
+from runledger_sync.core.shapes import echo_or_shape, int_too_long, type_phrase
 from runledger_sync.core.errors import (
     InvalidArgument,
     InvalidCompletionProgress,
@@ -224,7 +224,6 @@ def _holds_what_dumps_accepts_but_jsonb_loses(value: Any) -> bool:
     PostgreSQL's numeric overflows on. Run only after json.dumps succeeded, so
     the value holds no cycle and no unknown type.
     """
-    bound = 10 ** int_digit_limit()
     stack = [value]
     while stack:
         node = stack.pop()
@@ -234,7 +233,7 @@ def _holds_what_dumps_accepts_but_jsonb_loses(value: Any) -> bool:
             stack.extend(node.values())
         elif isinstance(node, (list, tuple)):
             stack.extend(node)
-        elif isinstance(node, int) and not -bound < node < bound:
+        elif isinstance(node, int) and int_too_long(node):
             return True
     return False
 
