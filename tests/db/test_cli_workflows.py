@@ -180,6 +180,27 @@ def test_show_escapes_control_characters_of_step_keys(db, run):
     assert code == 0 and "\x1b" not in out and "a\\x1b[2Jb" in out
 
 
+
+def chain(steps: int) -> rl.Workflow:
+    wf = rl.Workflow("chain")
+    for index in range(steps):
+        wf.external(f"s{index}", after=[f"s{index - 1}"] if index else ())
+    return wf
+
+
+def test_show_draws_a_chain_of_thousands_of_steps_with_bounded_indentation(db, run):
+    run_record = rl.enqueue_workflow(db, chain(5_000))
+
+    code, out, _ = run("workflows", "show", str(run_record.id))
+    assert code == 0
+    drawn = table(out)
+    assert len(drawn) == 5_000
+    assert [row["step"].strip(" |`-") for row in drawn[:3]] == ["s0", "s1", "s2"]
+    # Deep steps say their depth rather than being pushed thousands of columns right.
+    assert drawn[-1]["step"].endswith("s4999") and "4999" in drawn[-1]["step"].split("s4999")[0]
+    assert max(len(line) for line in out.splitlines()) < 300
+
+
 # -- cancel ------------------------------------------------------------------------
 
 
