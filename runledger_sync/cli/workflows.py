@@ -167,7 +167,10 @@ def _workflows_complete_external(args: argparse.Namespace) -> int:
     try:
         output = None if args.output is None else parse_json_argument(args.output, "--output")
         with open_engine(args) as engine:
-            run = rl.complete_external_step(engine, run_id, args.step_key, succeeded=args.succeeded, output=output)
+            run = rl.complete_external_step(engine, run_id, args.step_key, succeeded=args.succeeded, output=output,
+                                            max_output_bytes=rl.JobsConfig.from_env().max_output_bytes)
+    except rl.OutputTooLarge:
+        raise
     except rl.InvalidPayload as error:  # only the output is JSON here
         error.hint = OUTPUT_HINT  # type: ignore[attr-defined]
         raise
