@@ -236,6 +236,9 @@ def _run_handler(execution: JobExecution) -> Outcome:
         abandoned = _abandoned_outcome(execution)
         if abandoned is not None:
             return abandoned
+        if isinstance(exc, OutputTooLarge):
+            # ctx.complete_in refused the output: the same code would return it again.
+            return JobFailure.terminal(exc.code, f"The handler's {exc.message}; the output was not stored.")
         if isinstance(exc, execution.registry.retry_on(execution.job.job_type)):
             return JobFailure.retryable(HANDLER_ERROR_CODE, f"{type(exc).__name__}: {exc}")
         if isinstance(exc, execution.registry.transient_errors) or is_transient_error(exc):

@@ -186,6 +186,7 @@ def test_an_output_over_the_limit_dead_letters_the_job_at_once_with_output_too_l
     first = wf.job("big", BIG)
     wf.job("after", AFTER_BIG, after=[first], release="on_success")
     run = rl.enqueue_workflow(engine, wf)
+    in_transaction = rl.enqueue(engine, BIG_IN_TX, {})
     start_loop("worker", registry, fast_config(max_output_bytes=10_000))
 
     job_id = run.step("big").job_id
@@ -197,6 +198,11 @@ def test_an_output_over_the_limit_dead_letters_the_job_at_once_with_output_too_l
     final = rl.get_workflow_run(engine, run.id)
     assert (final.step("big").status, final.step("big").error_code) == (Step.FAILED, "job.output_too_large")
     assert final.step("after").status is Step.CANCELED
+    # Refused inside the handler's own transaction (ctx.complete_in): the same, at once.
+    wait_until(lambda: rl.get_job(engine, in_transaction.id).status is rl.JobStatus.DEAD_LETTERED)
+    job = rl.get_job(engine, in_transaction.id)
+    assert (job.attempt, job.last_error_code, job.output) == (1, "job.output_too_large", None)
+    assert "at most 10000 bytes of JSON" in job.last_error_message
     # The logs fixture checks that no record carries the output (it holds the secret marker).
 
 
