@@ -154,7 +154,7 @@ def test_a_form_posted_without_the_browsers_csrf_cookie_is_refused(db, chrome):
 def test_read_only_dashboard_draws_no_actions_and_refuses_a_forged_post(db, chrome):
     job = dead_lettered(db)
     pending = rl.enqueue(db, EMAIL, {"n": 1})
-    with serving(create_app(db)) as base:
+    with serving(create_app(db, authorize=allow_all)) as base:
         chrome.get(base + "/dead-letters")
         assert not chrome.find_elements(By.CSS_SELECTOR, "button.replay-one")
         chrome.get(f"{base}/jobs/{pending.id}")
