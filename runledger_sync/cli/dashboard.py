@@ -2,12 +2,15 @@
 
 The command has no login of its own: whoever can reach its address is let in (read-only
 unless ``--allow-actions``). Running it is that choice, made by someone who holds the
-database URL; the address is 127.0.0.1 unless ``--host`` says otherwise.
+database URL; the address is 127.0.0.1 unless ``--host`` says otherwise. On a loopback
+address it answers only to loopback host names, so a web page whose domain an attacker
+re-points at 127.0.0.1 (DNS rebinding) cannot read it through the browser.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import signal
 import threading
 from socketserver import ThreadingMixIn
@@ -27,6 +30,7 @@ SERVER_NAME = "runledger-sync"
 #: How long a connection may sit without sending what it announced (a request line,
 #: a body shorter than its Content-Length) before its thread gives up on it.
 READ_TIMEOUT_SECONDS = 30.0
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
@@ -75,10 +79,21 @@ def _create_app(engine: Any, args: argparse.Namespace) -> Any:
         error = rl.ConfigError([f"the dashboard cannot start: {exc}"])
         error.hint = EXTRA_HINT  # type: ignore[attr-defined]
         raise error from exc
-    setup = Setup(authorize="", enable_actions="start `runledger-sync dashboard` with --allow-actions to enable actions",
+    setup = Setup(authorize="`runledger-sync dashboard` lets in everyone who can reach its address",
+                  enable_actions="start `runledger-sync dashboard` with --allow-actions to enable actions",
                   migrate="runledger-sync migrate")
     return Dashboard(engine, read_only=not args.allow_actions, authorize=allow_anyone,
-                     organization_id=args.organization_id, secret=None, setup=setup)
+                     organization_id=args.organization_id, secret=None, setup=setup,
+                     allowed_hosts=_loopback_names(args.host))
+
+
+def _loopback_names(host: str) -> frozenset[str] | None:
+    """The host names a loopback-bound dashboard answers to; None (any) for another address."""
+    try:
+        loopback = host.lower() == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return None  # a host name: the operator chose the names it is reached by
+    return LOOPBACK_NAMES | {host.lower()} if loopback else None
 
 
 def _listen(args: argparse.Namespace, app: Any) -> Any:

@@ -106,10 +106,14 @@ class Dashboard:
     """The WSGI app returned by :func:`create_app`; call it as any WSGI application."""
 
     def __init__(self, engine: Any, *, read_only: bool, authorize: Optional[Authorize],
-                 organization_id: OrganizationScope, secret: Optional[bytes], setup: Setup = STANDALONE) -> None:
+                 organization_id: OrganizationScope, secret: Optional[bytes], setup: Setup = STANDALONE,
+                 allowed_hosts: Optional[frozenset[str]] = None) -> None:
         self.engine = engine
         self.read_only = read_only
         self.setup = setup
+        # Host names this app answers to (None: any). A page another site's domain was
+        # re-pointed at (DNS rebinding) arrives with that domain as its Host and is refused.
+        self.allowed_hosts = allowed_hosts
         self._authorize = authorize
         self._organization = organization_id
         self.csrf = CsrfGuard(secret)
@@ -148,6 +152,10 @@ class Dashboard:
                                    "the dashboard failed to answer this request; the server log has the details")
 
     def _respond(self, request: Request) -> Response:
+        host = request.host_name()
+        if self.allowed_hosts is not None and host is not None and host not in self.allowed_hosts:
+            return self.error_page(request, HTTPStatus.BAD_REQUEST, "web.host_not_allowed",
+                                   f"this dashboard answers only to {', '.join(sorted(self.allowed_hosts))}")
         if request.method == "GET" and request.path == "/static/style.css":
             return Response((PACKAGE_DIR / "static" / "style.css").read_bytes(), content_type="text/css; charset=utf-8")
         view, parts, allowed = self._route(request)

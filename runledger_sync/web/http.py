@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.cookies import CookieError, SimpleCookie
 from typing import Any, Iterable, Optional
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 from runledger_sync.core.errors import IncompleteRequestBody
 
@@ -110,6 +110,16 @@ class Request:
         except CookieError:
             return None
         return morsel.value if morsel is not None else None
+
+    def host_name(self) -> Optional[str]:
+        """The host name the client addressed (the Host header without its port), lowercased; None without one."""
+        host = self.environ.get("HTTP_HOST")
+        if not host:
+            return None
+        try:
+            return urlsplit(f"//{host}").hostname
+        except ValueError:
+            return ""
 
     def header(self, name: str) -> Optional[str]:
         """A request header by its HTTP name (``Origin``), or None."""

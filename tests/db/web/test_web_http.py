@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import re
 import socket
 import subprocess
@@ -134,3 +135,22 @@ def test_dashboard_command_on_a_busy_port_is_a_coded_error(fresh_database):
     assert done.returncode == 2, done.stderr
     assert f"error: config.invalid: --port {port} cannot be served on '127.0.0.1'" in done.stderr
     assert "hint: pick a free --port" in done.stderr and "internal" not in done.stderr
+
+
+def get_with_host(base: str, host: str) -> tuple[int, str]:
+    address, port = base.removeprefix("http://").rsplit(":", 1)
+    connection = http.client.HTTPConnection(address, int(port), timeout=30)
+    try:
+        connection.request("GET", "/", headers={"Host": f"{host}:{port}"})
+        response = connection.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        connection.close()
+
+
+def test_dashboard_command_on_loopback_answers_only_to_loopback_host_names(fresh_database):
+    with dashboard_process(fresh_database) as base:
+        # What a browser sends for a page whose domain was re-pointed at 127.0.0.1 (DNS rebinding).
+        status, html = get_with_host(base, "rebind.attacker.example")
+        assert status == 400 and 'id="error-code">web.host_not_allowed<' in html
+        assert [get_with_host(base, host)[0] for host in ("localhost", "127.0.0.1")] == [200, 200]
