@@ -105,7 +105,8 @@ class Runledger:
         registry: The handlers the in-process worker and ``flask runledger worker``
             run. Without one, the app can enqueue but not run jobs.
         dashboard: A URL path (``"/jobs"``) at which to mount the operator dashboard,
-            or None for no dashboard.
+            or None for no dashboard. It serves nobody until
+            ``RUNLEDGER_DASHBOARD_AUTHORIZE`` names a hook.
 
     Example:
         ``runledger = Runledger(); runledger.init_app(app)``
