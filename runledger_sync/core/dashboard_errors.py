@@ -22,7 +22,7 @@ class AuthorizeHookMissing(DashboardRefusal):
 
 
 class DashboardReadOnly(DashboardRefusal):
-    """The dashboard is read-only: create_app(engine, read_only=False, authorize=...) enables actions."""
+    """The dashboard is read-only, so every action is refused; the message says how it was set up to allow them."""
 
     code = "web.read_only"
 
