@@ -22,7 +22,7 @@ from werkzeug.test import Client
 
 import runledger_sync as rl
 from runledger_sync.store.overview import recent_overview
-from runledger_sync.web import create_app
+from runledger_sync.web import allow_anyone, create_app
 
 _KEYS_SQL = ("UPDATE job_queue SET idempotency_key = 'order-' || id::text, enqueue_request = '{}'::jsonb "
              "WHERE hashtext(id::text) % 5 = 0")
@@ -83,7 +83,7 @@ def main() -> int:
             started = time.perf_counter()
             fill(engine, args.rows, args.events)
             print(f"{args.rows:,} jobs and {args.events:,} events in {time.perf_counter() - started:.0f} s")
-            client = Client(create_app(engine))
+            client = Client(create_app(engine, authorize=allow_anyone))
             with engine.connect() as connection:
                 some = connection.execute(text(
                     "SELECT id, idempotency_key FROM job_queue WHERE idempotency_key IS NOT NULL LIMIT 1 OFFSET 100000"

@@ -1,12 +1,20 @@
-"""``runledger-sync dashboard``: serve the operator dashboard with the standard library's WSGI server."""
+"""``runledger-sync dashboard``: serve the operator dashboard with the standard library's WSGI server.
+
+The command has no login of its own: whoever can reach its address is let in (read-only
+unless ``--allow-actions``). Running it is that choice, made by someone who holds the
+database URL; the address is 127.0.0.1 unless ``--host`` says otherwise. On a loopback
+address it answers only to loopback host names, so a web page whose domain an attacker
+re-points at 127.0.0.1 (DNS rebinding) cannot read it through the browser.
+"""
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import signal
 import threading
 from socketserver import ThreadingMixIn
-from typing import Any
+from typing import Any, Iterable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import runledger_sync as rl
@@ -17,6 +25,12 @@ log = get_logger("web")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 EXTRA_HINT = "install the dashboard extra: pip install 'runledger-sync[dashboard]'"
+#: The Server header: the program, never the Python version behind it.
+SERVER_NAME = "runledger-sync"
+#: How long a connection may sit without sending what it announced (a request line,
+#: a body shorter than its Content-Length) before its thread gives up on it.
+READ_TIMEOUT_SECONDS = 30.0
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
@@ -25,14 +39,32 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
 
 
 class _QuietHandler(WSGIRequestHandler):
+    timeout = READ_TIMEOUT_SECONDS
+    server_version = SERVER_NAME
+
+    def version_string(self) -> str:
+        # The error pages of the HTTP layer itself (a malformed request line) name the server here.
+        return SERVER_NAME
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         # One structured line per request, without the query string (it may carry search text).
         log.info("dashboard request", extra={"request_line": self.requestline.split("?", 1)[0],
                                                 "status": args[1] if len(args) > 1 else None})
 
 
+def _named_server(app: Any) -> Any:
+    """``app`` with its own Server header, which wsgiref then sends instead of its own (naming Python)."""
+    def serve(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            return start_response(status, [*headers, ("Server", SERVER_NAME)], exc_info)
+        return app(environ, start)
+    return serve
+
+
 def _dashboard_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})")
+    parser.add_argument("--host", default=DEFAULT_HOST,
+                        help=f"address to listen on (default {DEFAULT_HOST}); there is no login, so everyone who can "
+                             "reach it can read every page")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on, 0 for any free one (default {DEFAULT_PORT})")
     parser.add_argument("--org", dest="organization_id", metavar="ORG", help="show and act on this organization's jobs only")
     parser.add_argument("--allow-actions", action="store_true",
@@ -42,15 +74,36 @@ def _dashboard_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _create_app(engine: Any, args: argparse.Namespace) -> Any:
     try:
-        from runledger_sync.web import create_app
+        from runledger_sync.web import Dashboard, Setup, allow_anyone
     except ImportError as exc:
         error = rl.ConfigError([f"the dashboard cannot start: {exc}"])
         error.hint = EXTRA_HINT  # type: ignore[attr-defined]
         raise error from exc
-    if args.allow_actions:
-        return create_app(engine, read_only=False, authorize=lambda request, action: True,
-                          organization_id=args.organization_id)
-    return create_app(engine, organization_id=args.organization_id)
+    setup = Setup(authorize="`runledger-sync dashboard` lets in everyone who can reach its address",
+                  enable_actions="start `runledger-sync dashboard` with --allow-actions to enable actions",
+                  migrate="runledger-sync migrate")
+    return Dashboard(engine, read_only=not args.allow_actions, authorize=allow_anyone,
+                     organization_id=args.organization_id, secret=None, setup=setup,
+                     allowed_hosts=_loopback_names(args.host))
+
+
+def _loopback_names(host: str) -> frozenset[str] | None:
+    """The host names a loopback-bound dashboard answers to; None (any) for another address."""
+    try:
+        loopback = host.lower() == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return None  # a host name: the operator chose the names it is reached by
+    return LOOPBACK_NAMES | {host.lower()} if loopback else None
+
+
+def _listen(args: argparse.Namespace, app: Any) -> Any:
+    try:
+        return make_server(args.host, args.port, _named_server(app), server_class=_ThreadingServer,
+                           handler_class=_QuietHandler)
+    except OSError as error:  # the port is taken, or the host is not an address of this machine
+        refused = rl.ConfigError([f"--port {args.port} cannot be served on {args.host!r}: {error.strerror or error}"])
+        refused.hint = "pick a free --port (0 picks one) or another --host"  # type: ignore[attr-defined]
+        raise refused from error
 
 
 @command("dashboard", help="serve the operator dashboard over HTTP until SIGINT/SIGTERM",
@@ -58,11 +111,11 @@ def _create_app(engine: Any, args: argparse.Namespace) -> Any:
 def _dashboard(args: argparse.Namespace) -> int:
     rl.configure_logging_unless_configured()
     with open_engine(args) as engine:
-        app = _create_app(engine, args)
-        with make_server(args.host, args.port, app, server_class=_ThreadingServer, handler_class=_QuietHandler) as server:
+        with _listen(args, _create_app(engine, args)) as server:
             host, port = server.server_address[:2]
             mode = "actions enabled" if args.allow_actions else "read-only"
-            print(f"serving the dashboard on http://{host}:{port}/ ({mode}); Ctrl-C stops", flush=True)
+            print(f"serving the dashboard on http://{host}:{port}/ ({mode}, no login: everyone who can reach "
+                  "this address); Ctrl-C stops", flush=True)
             # shutdown() waits for serve_forever() to return, so it runs off the main thread.
             signal.signal(signal.SIGTERM, lambda signum, frame: threading.Thread(target=server.shutdown).start())
             try:

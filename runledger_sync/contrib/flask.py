@@ -29,10 +29,12 @@ Configuration (read by :meth:`Runledger.init_app`, never at import):
 - ``RUNLEDGER_AUTOSTART_WORKER`` (default False): run a :class:`~runledger_sync.Supervisor`
   inside the web process.
 - ``RUNLEDGER_DASHBOARD_READ_ONLY`` (default True), ``RUNLEDGER_DASHBOARD_AUTHORIZE``
-  (``authorize(request, action) -> bool``; ``flask.request`` and ``flask.session`` are
-  the current ones when it runs) and ``RUNLEDGER_DASHBOARD_ORGANIZATION``: the
-  dashboard's options when ``Runledger(app, dashboard="/jobs")`` mounts it (see
-  :func:`runledger_sync.web.create_app`); its CSRF key is ``app.secret_key`` when set.
+  (``authorize(request, action)``, given the Flask request and run in the request
+  context, returning False, True or the user's id; without one the dashboard serves
+  nobody, and ``runledger_sync.web.allow_anyone`` lets everyone in) and
+  ``RUNLEDGER_DASHBOARD_ORGANIZATION``: the dashboard's options when
+  ``Runledger(app, dashboard="/jobs")`` mounts it (see :func:`runledger_sync.web.create_app`);
+  its CSRF key is ``app.secret_key`` when set, and its forms are bound to the Flask session.
 - ``RUNLEDGER_<FIELD>`` for any :class:`~runledger_sync.JobsConfig` field
   (``RUNLEDGER_POLL_INTERVAL_MS``, ``RUNLEDGER_MAX_GLOBAL_CONCURRENCY``...),
   applied over :meth:`JobsConfig.from_env`.
@@ -49,6 +51,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
+import secrets
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -56,7 +59,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import click
-from flask import Flask, Response, current_app, has_app_context, request
+from flask import Flask, Response, current_app, has_app_context, request, session
 from flask.cli import AppGroup
 
 import runledger_sync as rl
@@ -73,6 +76,10 @@ DASHBOARD_READ_ONLY_KEY = "RUNLEDGER_DASHBOARD_READ_ONLY"
 DASHBOARD_AUTHORIZE_KEY = "RUNLEDGER_DASHBOARD_AUTHORIZE"
 DASHBOARD_ORGANIZATION_KEY = "RUNLEDGER_DASHBOARD_ORGANIZATION"
 DEFAULT_AUTOSTART_WORKER = False
+#: The Flask session key of the random value the dashboard's form tokens are bound to.
+DASHBOARD_SESSION_KEY = "runledger_csrf"
+SESSION_VALUE_BYTES = 32
+SESSION_VALUE_LENGTH = 43  # token_urlsafe(32)
 #: Set to "true" by Werkzeug's reloader in the child process that serves requests.
 RELOADER_CHILD_VARIABLE = "WERKZEUG_RUN_MAIN"
 
@@ -98,7 +105,8 @@ class Runledger:
         registry: The handlers the in-process worker and ``flask runledger worker``
             run. Without one, the app can enqueue but not run jobs.
         dashboard: A URL path (``"/jobs"``) at which to mount the operator dashboard,
-            or None for no dashboard.
+            or None for no dashboard. It serves nobody until
+            ``RUNLEDGER_DASHBOARD_AUTHORIZE`` names a hook.
 
     Example:
         ``runledger = Runledger(); runledger.init_app(app)``
@@ -266,18 +274,28 @@ def _stop_at_exit(supervisor_ref: weakref.ref[rl.Supervisor]) -> None:
 def _mount_dashboard(app: Flask, prefix: str, engine: Any) -> None:
     """Route ``prefix`` and everything below it to the dashboard, as views of this app.
 
-    Views rather than a WSGI middleware: the authorize hook then runs inside the
-    request context, where the app's login extension knows the user.
+    Views rather than a WSGI middleware: each dashboard request, its hooks included,
+    runs inside this app's request context, so ``flask.request``, ``flask.g``,
+    ``flask.session`` and the app's login extension all work in them; the hooks are
+    given the Flask request itself.
     """
-    from runledger_sync.web import create_app
+    from runledger_sync.web import Dashboard, Setup
 
     secret = app.secret_key.encode() if isinstance(app.secret_key, str) else app.secret_key
-    dashboard = create_app(
+    setup = Setup(
+        authorize=(f"set app.config[{DASHBOARD_AUTHORIZE_KEY!r}] = hook, hook(request, action) returning True or "
+                   "the user's id (it runs in the request context: flask.request, flask.session, current_user); "
+                   "runledger_sync.web.allow_anyone lets in everyone who can reach the app"),
+        enable_actions=f"set app.config[{DASHBOARD_READ_ONLY_KEY!r}] = False to enable actions",
+        migrate="flask runledger migrate",
+    )
+    dashboard = Dashboard(
         engine,
         read_only=_as_bool(app.config.get(DASHBOARD_READ_ONLY_KEY, True)),
         authorize=app.config.get(DASHBOARD_AUTHORIZE_KEY),
         organization_id=app.config.get(DASHBOARD_ORGANIZATION_KEY),
         secret=secret or None,
+        setup=setup,
     )
     prefix = "/" + prefix.strip("/")
 
@@ -285,12 +303,27 @@ def _mount_dashboard(app: Flask, prefix: str, engine: Any) -> None:
         # Flask has parsed the form, whichever its encoding; the dashboard reads it urlencoded.
         form = urlencode(list(request.form.lists()), doseq=True).encode()
         answer = dashboard.mounted(request.environ, request.script_root + prefix, rest, form,
-                                   request._get_current_object())  # type: ignore[attr-defined]
+                                   request._get_current_object(),  # type: ignore[attr-defined]
+                                   session_value=_session_value())
         return Response(answer.body, status=answer.status, headers=answer.all_headers())
 
     methods = ["GET", "POST"]
     app.add_url_rule(prefix + "/", "runledger_dashboard", view, methods=methods)
     app.add_url_rule(prefix + "/<path:rest>", "runledger_dashboard_page", view, methods=methods)
+
+
+def _session_value() -> str | None:
+    """A random value kept in this user's Flask session, which the form tokens are bound to.
+
+    None without a secret key (Flask then has no session); the dashboard keeps the value
+    in a cookie of its own instead.
+    """
+    if not current_app.secret_key:
+        return None
+    value = session.get(DASHBOARD_SESSION_KEY)
+    if not isinstance(value, str) or len(value) != SESSION_VALUE_LENGTH:
+        value = session[DASHBOARD_SESSION_KEY] = secrets.token_urlsafe(SESSION_VALUE_BYTES)
+    return value
 
 
 # -- translating app.config ----------------------------------------------------------------

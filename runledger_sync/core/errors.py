@@ -27,7 +27,8 @@ Branch on ``.code`` or on the class, never on the message text::
     │   │   ├── UnknownDependency               workflow.unknown_dependency
     │   │   └── DependencyCycle                 workflow.dependency_cycle
     │   ├── ExternalStepInvalidTerminalStatus   workflow.external_step_invalid_terminal_status
-    │   └── ExternalStepOutputInvalidStatus     workflow.external_step_output_invalid_status
+    │   ├── ExternalStepOutputInvalidStatus     workflow.external_step_output_invalid_status
+    │   └── IncompleteRequestBody               web.incomplete_body
     ├── JobStateError                           runledger.job_state_rejected
     │   ├── LeaseOwnerMismatch                  job.lease_owner_mismatch
     │   ├── UnstartedClaimReleaseNotApplicable  job.unstarted_claim_release_not_applicable
@@ -56,8 +57,10 @@ Branch on ``.code`` or on the class, never on the message text::
     │   ├── ExternalStepConflictingCompletion   workflow.external_step_conflicting_completion_retry
     │   └── ExternalStepConflictingOutput       workflow.external_step_conflicting_output_retry
     ├── DashboardRefusal                        web.refused
+    │   ├── AuthorizeHookMissing                web.authorize_missing
     │   ├── DashboardReadOnly                   web.read_only
     │   ├── CsrfRejected                        web.csrf_rejected
+    │   │   └── CrossOriginRejected             web.cross_origin_rejected
     │   └── ActionForbidden                     web.action_forbidden
     └── StoreError                              db.query_failed
         ├── ConnectionFailed                    db.connection_failed
@@ -83,7 +86,7 @@ worker's request to stop.
 
 Each class's docstring is its default message. The workflow classes (every
 ``workflow.*`` code) are defined in :mod:`runledger_sync.core.workflow_errors`,
-the ``web.*`` refusals in :mod:`runledger_sync.core.dashboard_errors`, the
+the ``web.*`` errors in :mod:`runledger_sync.core.dashboard_errors`, the
 ``StoreError`` branch (but its workflow leaves) in :mod:`runledger_sync.core.store_errors`,
 the rest here; all of them are importable from this module.
 """
@@ -338,7 +341,8 @@ def all_error_classes() -> list[type]:
 # The families defined elsewhere derive from the bases above, so they are imported
 # last, once those exist; every error stays importable from this module.
 from runledger_sync.core.dashboard_errors import (  # noqa: E402, F401
-    ActionForbidden, CsrfRejected, DashboardReadOnly, DashboardRefusal,
+    ActionForbidden, AuthorizeHookMissing, CrossOriginRejected, CsrfRejected, DashboardReadOnly, DashboardRefusal,
+    IncompleteRequestBody,
 )
 from runledger_sync.core.store_errors import (  # noqa: E402, F401
     BusinessRuleViolation, CommitOutcomeUnknown, ConnectionFailed, DefinitionNotFound, MigrationFailed,

@@ -4,6 +4,10 @@ Views live in ``views_*.py``; each is a function ``(dashboard, request, **url_pa
 -> Response`` listed in :data:`ROUTES`. A POST route names its action in the URL
 (the ``action`` part), which is what the authorize hook is asked about. Every page is plain HTML from autoescaping
 Jinja2 templates, usable without JavaScript.
+
+Without an authorize hook nothing but the stylesheet is served: reading jobs needs a
+decision as much as acting on them does (:func:`allow_anyone` is that decision made
+out loud).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import io
 import re
 import secrets
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from http import HTTPStatus
 from pathlib import Path
@@ -19,17 +24,18 @@ from typing import Any, Callable, Iterable, Optional, Union
 import jinja2
 
 import runledger_sync as rl
-from runledger_sync.core.errors import ActionForbidden, DashboardReadOnly, DashboardRefusal
+from runledger_sync.core.errors import ActionForbidden, AuthorizeHookMissing, DashboardReadOnly, DashboardRefusal
 from runledger_sync.logging import get_logger
 from runledger_sync.web import views_jobs, views_operations, views_overview, views_workflows
-from runledger_sync.web.csrf import FIELD_NAME, CsrfGuard
-from runledger_sync.web.http import HOST_REQUEST_KEY, Request, Response
+from runledger_sync.web.csrf import FIELD_NAME, CsrfGuard, check_origin
+from runledger_sync.web.http import HostForm, Request, Response
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 log = get_logger(__name__)
 
-Authorize = Callable[[Request, str], bool]
-OrganizationScope = Union[str, Callable[[Request], Optional[str]], None]
+#: ``authorize(request, action)``: False refuses; True allows; a non-empty str allows and is the user's id.
+Authorize = Callable[[Any, str], Union[bool, str]]
+OrganizationScope = Union[str, Callable[[Any], Optional[str]], None]
 
 ROUTES: list[tuple[str, re.Pattern[str], Callable[..., Response]]] = [
     ("GET", re.compile(r"/"), views_overview.overview),
@@ -48,9 +54,46 @@ _STATUS_OF_CODE = {
     "schedule.not_found": HTTPStatus.NOT_FOUND,
     "workflow.run_not_found": HTTPStatus.NOT_FOUND,
     "job.invalid_state_transition": HTTPStatus.CONFLICT,
+    # The dashboard is fine; what it reads is not there yet or not reachable: try again later.
+    "db.schema_mismatch": HTTPStatus.SERVICE_UNAVAILABLE,
+    "db.connection_failed": HTTPStatus.SERVICE_UNAVAILABLE,
 }
 _STATUS_OF_CATEGORY = {"validation": HTTPStatus.BAD_REQUEST, "forbidden": HTTPStatus.FORBIDDEN,
                        "conflict": HTTPStatus.CONFLICT}
+
+
+def allow_anyone(request: Any, action: str) -> bool:
+    """An authorize hook that lets in everyone who can reach the dashboard: pass it to say so.
+
+    With ``read_only=True`` (the default) that is every page, payloads included, and
+    no action; with ``read_only=False`` every action too. Fit for a dashboard only you
+    can reach (a loopback address, a VPN) or one behind a proxy that authenticates.
+    """
+    return True
+
+
+@dataclass(frozen=True)
+class Setup:
+    """How this dashboard was set up, in the words its refusals use to say what to change.
+
+    Attributes:
+        authorize: How to give an authorize hook.
+        enable_actions: How to turn read-only off.
+        migrate: The command that creates or upgrades the job tables.
+    """
+
+    authorize: str
+    enable_actions: str
+    migrate: str
+
+
+#: The words of :func:`create_app`, the dashboard used as a plain WSGI app.
+STANDALONE = Setup(
+    authorize=("pass create_app(engine, authorize=hook), hook(request, action) returning True or the user's id; "
+               "authorize=runledger_sync.web.allow_anyone lets in everyone who can reach it"),
+    enable_actions="create_app(engine, read_only=False, authorize=...) enables actions",
+    migrate="runledger-sync migrate",
+)
 
 
 def _when(moment: Optional[datetime]) -> str:
@@ -63,9 +106,14 @@ class Dashboard:
     """The WSGI app returned by :func:`create_app`; call it as any WSGI application."""
 
     def __init__(self, engine: Any, *, read_only: bool, authorize: Optional[Authorize],
-                 organization_id: OrganizationScope, secret: Optional[bytes]) -> None:
+                 organization_id: OrganizationScope, secret: Optional[bytes], setup: Setup = STANDALONE,
+                 allowed_hosts: Optional[frozenset[str]] = None) -> None:
         self.engine = engine
         self.read_only = read_only
+        self.setup = setup
+        # Host names this app answers to (None: any). A page another site's domain was
+        # re-pointed at (DNS rebinding) arrives with that domain as its Host and is refused.
+        self.allowed_hosts = allowed_hosts
         self._authorize = authorize
         self._organization = organization_id
         self.csrf = CsrfGuard(secret)
@@ -79,19 +127,35 @@ class Dashboard:
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         return self.respond(Request(environ)).wsgi(start_response)
 
-    def mounted(self, environ: dict[str, Any], prefix: str, rest: str, form: bytes, host_request: Any) -> Response:
+    def mounted(self, environ: dict[str, Any], prefix: str, rest: str, form: bytes, host_request: Any, *,
+                session_value: Optional[str] = None, host_form: Optional[HostForm] = None) -> Response:
         """Answer a request a host framework routed here: ``prefix`` is the mount point, ``rest`` the path below it.
 
         The host has parsed the form already (its own CSRF middleware may have), so it passes the
-        form in, urlencoded.
+        form in, urlencoded. The hooks are given ``host_request``; ``session_value`` binds the CSRF
+        token to the host's session, and ``host_form`` says the host checks forms itself.
         """
         environ = {
             **environ, "SCRIPT_NAME": prefix.rstrip("/"), "PATH_INFO": "/" + rest.lstrip("/"),
-            "wsgi.input": io.BytesIO(form), "CONTENT_LENGTH": str(len(form)), HOST_REQUEST_KEY: host_request,
+            "wsgi.input": io.BytesIO(form), "CONTENT_LENGTH": str(len(form)),
         }
-        return self.respond(Request(environ))
+        return self.respond(Request(environ, host_request=host_request, session_value=session_value,
+                                    host_form=host_form))
 
     def respond(self, request: Request) -> Response:
+        """Answer one request; whatever goes wrong, the answer is a page with every security header."""
+        try:
+            return self._respond(request)
+        except Exception:  # the request's boundary: log it, and answer a page rather than a bare 500
+            log.exception("dashboard request failed", extra={"path": request.path, "method": request.method})
+            return self.error_page(request, HTTPStatus.INTERNAL_SERVER_ERROR, "web.internal_error",
+                                   "the dashboard failed to answer this request; the server log has the details")
+
+    def _respond(self, request: Request) -> Response:
+        host = request.host_name()
+        if self.allowed_hosts is not None and host is not None and host not in self.allowed_hosts:
+            return self.error_page(request, HTTPStatus.BAD_REQUEST, "web.host_not_allowed",
+                                   f"this dashboard answers only to {', '.join(sorted(self.allowed_hosts))}")
         if request.method == "GET" and request.path == "/static/style.css":
             return Response((PACKAGE_DIR / "static" / "style.css").read_bytes(), content_type="text/css; charset=utf-8")
         view, parts, allowed = self._route(request)
@@ -113,7 +177,9 @@ class Dashboard:
             if request.method == "POST":
                 log.info("dashboard action refused", extra={"action": parts["action"], "path": request.path,
                                                             "error_code": error.code})
-            return self.error_page(request, status, error.code, error.message, refused=isinstance(error, DashboardRefusal))
+            hint = f"run `{self.setup.migrate}`" if error.code == "db.schema_mismatch" else None
+            return self.error_page(request, status, error.code, error.message,
+                                   refused=isinstance(error, DashboardRefusal), hint=hint)
         if request.method == "POST":
             log.info("dashboard action", extra={"action": parts["action"], "path": request.path})
         return response
@@ -131,56 +197,79 @@ class Dashboard:
         return None, {}, allowed
 
     def _check_action(self, request: Request, action: str) -> None:
-        # Read-only first: such an app refuses every POST whatever the token says.
+        # Read-only first: such an app refuses every POST whatever the form says.
         if self.read_only:
-            raise DashboardReadOnly()
-        self.csrf.check(request)
+            raise DashboardReadOnly(self.setup.enable_actions)
+        if request.host_form is None:
+            check_origin(request)
+        # The hook names the user, whom the token must have been drawn for.
         self.require(request, action)
+        if request.host_form is None:
+            self.csrf.check(request)
+
+    def hook_argument(self, request: Request) -> Any:
+        """What the hooks are given: the host framework's request when mounted, else the dashboard's."""
+        return request.host_request if request.host_request is not None else request
 
     def require(self, request: Request, action: str) -> None:
-        """Raise ActionForbidden unless the authorize hook allows ``action`` (no hook: reads only)."""
+        """Raise unless the authorize hook allows ``action``; remember the user it names on ``request.user``.
+
+        Raises:
+            AuthorizeHookMissing: there is no hook (nothing is served without one).
+            ActionForbidden: the hook refused.
+        """
         if self._authorize is None:
-            if action == "view":
-                return
-            raise ActionForbidden("actions need an authorize hook: create_app(engine, read_only=False, authorize=...)")
-        if not self._authorize(request, action):
+            raise AuthorizeHookMissing(f"this dashboard has no authorize hook, so it serves nobody: {self.setup.authorize}")
+        answer = self._authorize(self.hook_argument(request), action)
+        if not answer:
             raise ActionForbidden(f"the authorize hook refused {action!r}", action=action)
+        request.user = answer if isinstance(answer, str) else ""
 
     def organization(self, request: Request) -> Optional[str]:
         """The organization this request is scoped to, or None for every organization."""
         if callable(self._organization):
-            return self._organization(request)
+            return self._organization(self.hook_argument(request))
         return self._organization
 
     def can(self, request: Request, action: str) -> bool:
         """Whether to show the buttons of ``action``: the app allows actions and the hook this one."""
         if self.read_only or self._authorize is None:
             return False
-        return bool(self._authorize(request, action))
+        return bool(self._authorize(self.hook_argument(request), action))
 
     def render(self, request: Request, template: str, status: int = HTTPStatus.OK, **context: Any) -> Response:
-        browser_token, new = self.csrf.browser_token(request)
+        """A page of the dashboard; its forms carry the CSRF token of this browser and user."""
+        if request.host_form is not None:
+            field, token, cookie = request.host_form.field, request.host_form.token, None
+        else:
+            value, new = self.csrf.session_value(request)
+            field, token = FIELD_NAME, self.csrf.form_token(value, request.user)
+            secure = request.environ.get("wsgi.url_scheme") == "https"
+            cookie = self.csrf.cookie_header(value, request.root + "/", secure=secure) if new else None
+        response = self._page(request, template, status, scope=self.organization(request),
+                              can=lambda action: self.can(request, action), csrf_field=field, csrf_token=token,
+                              **context)
+        if cookie is not None:
+            response.headers.append(cookie)
+        return response
+
+    def error_page(self, request: Request, status: int, code: str, message: str, *, refused: bool = False,
+                   hint: Optional[str] = None) -> Response:
+        """An error page; it asks no hook (one may be what failed) and draws no form."""
+        response = self._page(request, "error.html", status, scope=None, can=lambda action: False,
+                              csrf_field=FIELD_NAME, csrf_token="", code=code, message=message, refused=refused,
+                              hint=hint)
+        response.error_code = code
+        return response
+
+    def _page(self, request: Request, template: str, status: int, **context: Any) -> Response:
         nonce = secrets.token_urlsafe(16)
         body = self.templates.get_template(template).render(
-            request=request, url=request.url, can=lambda action: self.can(request, action),
-            read_only=self.read_only, scope=self.organization(request), nonce=nonce,
-            csrf_field=FIELD_NAME, csrf_token=self.csrf.form_token(browser_token), **context,
+            request=request, url=request.url, read_only=self.read_only, nonce=nonce, **context,
         )
-        headers = [
-            ("Content-Security-Policy",
-             f"default-src 'none'; style-src 'self'; img-src 'self'; script-src 'nonce-{nonce}'; "
-             "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"),
-            ("X-Content-Type-Options", "nosniff"),
-            ("Referrer-Policy", "same-origin"),
-            ("Cache-Control", "no-store"),
-        ]
-        if new:
-            secure = request.environ.get("wsgi.url_scheme") == "https"
-            headers.append(self.csrf.cookie_header(browser_token, request.root + "/", secure=secure))
-        return Response(body.encode("utf-8"), status=status, headers=headers)
-
-    def error_page(self, request: Request, status: int, code: str, message: str, *, refused: bool = False) -> Response:
-        return self.render(request, "error.html", status=status, code=code, message=message, refused=refused)
+        policy = (f"default-src 'none'; style-src 'self'; img-src 'self'; script-src 'nonce-{nonce}'; "
+                  "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+        return Response(body.encode("utf-8"), status=status, headers=[("Content-Security-Policy", policy)])
 
 
 def create_app(
@@ -197,14 +286,18 @@ def create_app(
         engine: The queue's Engine (``rl.create_engine``).
         read_only: When True (the default) every POST is refused with ``web.read_only``
             and no action buttons are drawn.
-        authorize: ``authorize(request, action) -> bool``, asked before each page
-            (action ``"view"``) and each action (``"cancel"``, ``"retry"``, ``"replay"``,
-            ``"pause"``, ``"resume"``, ``"trigger"``). ``request.environ`` is the WSGI
-            environ; mounted in Flask or Django, ``request.host_request`` is that
-            framework's request (its user, its session). Without a hook every page
-            can be read and every action is refused.
+        authorize: ``authorize(request, action)``, asked before each page (action
+            ``"view"``) and each action (``"cancel"``, ``"retry"``, ``"replay"``,
+            ``"pause"``, ``"resume"``, ``"trigger"``). It returns False to refuse, True
+            to allow, or the user's id (a non-empty str, the same for every action) to
+            allow and bind that user's forms to them (a form token read by one user is
+            refused for another). ``request.environ`` is the WSGI environ; mounted in
+            Flask or Django the hook is given that framework's request instead.
+            Without a hook nothing is served (``web.authorize_missing``); pass
+            :func:`allow_anyone` to let in everyone who can reach the app.
         organization_id: Scope every page and action to one organization: a fixed id,
-            or a callable ``(request) -> id or None`` (None: every organization).
+            or a callable ``(request) -> id or None`` (None: every organization),
+            given the same request as ``authorize``.
         secret: The CSRF key, the same in every process serving the dashboard; a
             random one per process when None.
 
@@ -213,7 +306,7 @@ def create_app(
 
     Example:
         >>> app = create_app(engine, read_only=False,                          # doctest: +SKIP
-        ...                  authorize=lambda request, action: is_admin(request.environ))
+        ...                  authorize=lambda request, action: user_of(request.environ))
         >>> wsgiref.simple_server.make_server("127.0.0.1", 8080, app).serve_forever()  # doctest: +SKIP
     """
     return Dashboard(engine, read_only=read_only, authorize=authorize, organization_id=organization_id, secret=secret)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Optional
 
 import runledger_sync as rl
@@ -27,11 +28,20 @@ def dead_letters(dashboard: "Dashboard", request: Request) -> Response:
     # A dead-letter row outlives a replay; the job's status tells whether it is still dead.
     statuses = job_statuses(dashboard.engine, [letter.job_id for letter in letters], organization_id=organization_id)
     rows = [(letter, statuses.get(letter.job_id) is rl.JobStatus.DEAD_LETTERED) for letter in letters]
-    replayed = request.arg("replayed")
     return dashboard.render(
         request, "dead_letters.html", rows=rows, job_type=job_type, organization_id=organization_id,
-        replayed=int(replayed) if replayed is not None and replayed.isdigit() else None,
+        replayed=_count_arg(request, "replayed"),
     )
+
+
+def _count_arg(request: Request, name: str) -> Optional[int]:
+    """A small count from the query; ASCII digits only (str.isdigit() also takes '²', which int() refuses)."""
+    value = request.arg(name)
+    if value is None:
+        return None
+    if not re.fullmatch(r"[0-9]{1,6}", value):
+        raise rl.InvalidArgument(name, value, "a count of jobs (digits, at most 6)")
+    return int(value)
 
 
 def replay(dashboard: "Dashboard", request: Request, action: str) -> Response:

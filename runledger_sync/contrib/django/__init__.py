@@ -27,6 +27,7 @@ import contextlib
 from typing import Any, Iterator
 
 from django.apps import apps as django_apps
+from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections, connections, transaction
 
 import runledger_sync as rl
@@ -34,7 +35,12 @@ import runledger_sync as rl
 
 def _app_config() -> Any:
     # Not named `apps`: importing the .apps submodule would rebind that package attribute.
-    return django_apps.get_app_config("runledger")
+    try:
+        return django_apps.get_app_config("runledger")
+    except LookupError:
+        problem = rl.ConfigError(['the Runledger app is not installed: add "runledger_sync.contrib.django" '
+                                  "to INSTALLED_APPS in your settings"])
+        raise ImproperlyConfigured(str(problem)) from None
 
 
 def get_engine(using: str | None = None) -> Any:

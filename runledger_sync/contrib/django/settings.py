@@ -11,7 +11,7 @@ never at import::
         "CONFIG": {"max_global_concurrency": 8},   # JobsConfig fields over JobsConfig.from_env()
         "DASHBOARD": {                       # optional; the dashboard mounted by contrib.django.urls
             "READ_ONLY": False,              # default True
-            "AUTHORIZE": "myapp.ops:can",    # authorize(request, action); default: staff users only
+            "AUTHORIZE": "myapp.ops:can",    # authorize(django_request, action); default: staff users only
             "ORGANIZATION": None,            # an organization id, or a callable of the request
         },
     }

@@ -6,6 +6,8 @@ SETTINGS = {
     "USE_TZ": True,
     "ALLOWED_HOSTS": ["testserver"],
     "ROOT_URLCONF": "tests.db.contrib.django_urls",
+    "MIDDLEWARE": ["tests.db.contrib.django_users.header_user"],
+    "LOGIN_URL": "/accounts/login/",
     "RUNLEDGER": {
         "REGISTRY": "tests.db.contrib.django_jobs:registry",
         "DASHBOARD": {"READ_ONLY": False, "AUTHORIZE": "tests.db.contrib.django_jobs:dashboard_operator"},

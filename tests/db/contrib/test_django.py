@@ -6,10 +6,12 @@ in this module, on databases made for it by a module-scoped fixture.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -56,10 +58,13 @@ def project(pg_server, template_database) -> Iterator[None]:
     if settings.configured:
         pytest.skip("Django settings were already configured in this process")
     main, empty = f"rl_django_{os.getpid()}", f"rl_django_empty_{os.getpid()}"
+    unmigrated = f"rl_django_unmigrated_{os.getpid()}"  # stays empty, unlike "empty", which a test migrates
     url = pg_server.create_database(main, template=template_database, drop_existing=True)
     empty_url = pg_server.create_database(empty, drop_existing=True)
+    unmigrated_url = pg_server.create_database(unmigrated, drop_existing=True)
     settings.configure(
-        DATABASES={"default": django_database(url), "empty": django_database(empty_url)},
+        DATABASES={"default": django_database(url), "empty": django_database(empty_url),
+                   "unmigrated": django_database(unmigrated_url)},
         **django_settings.SETTINGS,
     )
     django.setup()
@@ -73,8 +78,8 @@ def project(pg_server, template_database) -> Iterator[None]:
     finally:
         connections.close_all()
         django.apps.apps.get_app_config("runledger").dispose()
-        pg_server.drop_database(main)
-        pg_server.drop_database(empty)
+        for name in (main, empty, unmigrated):
+            pg_server.drop_database(name)
 
 
 @pytest.fixture
@@ -294,27 +299,126 @@ def test_pool_mode_setting_reaches_the_queue_engine(project):
 # -- the dashboard (runledger_sync.contrib.django.urls) -----------------------------------------
 
 
-def test_dashboard_mounted_by_include_serves_pages_and_replays_for_the_hooks_operator(runledger):
-    import re
-
-    from django.test import Client
-
-    engine = runledger.get_engine()
+def dead_lettered_job(engine: Any) -> rl.JobRecord:
     job = rl.enqueue(engine, JOB_TYPE, {"item": "lost"})
     with engine.begin() as conn:  # dead-letter it as a worker would have
         conn.exec_driver_sql("UPDATE job_queue SET status = 'DEAD_LETTERED', finished_at = now() WHERE id = %s",
                              (job.id,))
-    client = Client()
+    return job
+
+
+def django_csrf_token(html: str) -> str:
+    found = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', html)
+    assert found, "the page draws no form with Django's CSRF token"
+    return found.group(1)
+
+
+@contextlib.contextmanager
+def dashboard_settings(**changes: Any) -> Iterator[None]:
+    """Serve the dashboard under other RUNLEDGER settings for the block (it is rebuilt on each change)."""
+    from runledger_sync.contrib.django import urls
+
+    app_config = django.apps.apps.get_app_config("runledger")
+    configured = app_config.runledger_settings
+    dashboard = dataclasses.replace(configured.dashboard, **changes.pop("dashboard", {}))
+    app_config.runledger_settings = dataclasses.replace(configured, dashboard=dashboard, **changes)
+    urls._built.clear()
+    try:
+        yield
+    finally:
+        app_config.runledger_settings = configured
+        urls._built.clear()
+
+
+def test_dashboard_mounted_by_include_serves_pages_and_replays_for_the_hooks_operator(runledger):
+    from django.test import Client
+
+    engine = runledger.get_engine()
+    job = dead_lettered_job(engine)
+    client = Client(enforce_csrf_checks=True)
     overview = client.get("/ops/")
     assert overview.status_code == 200 and 'href="/ops/jobs"' in overview.content.decode()
-    page = client.get("/ops/dead-letters", HTTP_X_OPERATOR="ada").content.decode()
-    token = re.search(r'name="csrf_token" value="([0-9a-f]{64})"', page).group(1)
-    refused = client.post("/ops/dead-letters/replay", {"job_id": str(job.id), "csrf_token": token})
+    token = django_csrf_token(client.get("/ops/dead-letters", HTTP_X_OPERATOR="ada").content.decode())
+    form = {"job_id": str(job.id), "csrfmiddlewaretoken": token}
+    refused = client.post("/ops/dead-letters/replay", form, HTTP_ORIGIN="http://testserver")
     assert refused.status_code == 403 and "web.action_forbidden" in refused.content.decode()
     assert rl.get_job(engine, job.id).status is rl.JobStatus.DEAD_LETTERED
-    done = client.post("/ops/dead-letters/replay", {"job_id": str(job.id), "csrf_token": token}, HTTP_X_OPERATOR="ada")
+    done = client.post("/ops/dead-letters/replay", form, HTTP_X_OPERATOR="ada", HTTP_ORIGIN="http://testserver")
     assert done.status_code == 303 and done["Location"] == "/ops/dead-letters?replayed=1"
     assert rl.get_job(engine, job.id).status is rl.JobStatus.PENDING
+
+
+def test_dashboard_forms_are_checked_by_djangos_csrf_protection(runledger):
+    from django.test import Client
+
+    engine = runledger.get_engine()
+    job = dead_lettered_job(engine)
+    client = Client(enforce_csrf_checks=True)
+    page = client.get("/ops/dead-letters", HTTP_X_OPERATOR="ada")
+    html = page.content.decode()
+    token = django_csrf_token(html)
+    assert 'name="csrf_token"' not in html and "runledger_csrf" not in page.cookies
+    assert page["X-Frame-Options"] == "DENY" and page["X-Content-Type-Options"] == "nosniff"
+    # Without Django's token, and then with it from another port of the same host: both refused by Django.
+    missing = client.post("/ops/dead-letters/replay", {"job_id": str(job.id)}, HTTP_X_OPERATOR="ada")
+    other_port = client.post("/ops/dead-letters/replay", {"job_id": str(job.id), "csrfmiddlewaretoken": token},
+                             HTTP_X_OPERATOR="ada", HTTP_ORIGIN="http://testserver:8081")
+    assert (missing.status_code, other_port.status_code) == (403, 403)
+    assert b"CSRF" in missing.content and b"CSRF" in other_port.content
+    assert rl.get_job(engine, job.id).status is rl.JobStatus.DEAD_LETTERED
+
+
+def test_dashboard_default_hook_admits_staff_and_sends_anonymous_visitors_to_login(runledger):
+    from django.test import Client
+
+    client = Client()
+    with dashboard_settings(dashboard={"authorize": None}):
+        anonymous = client.get("/ops/jobs?status=PENDING")
+        assert anonymous.status_code == 302
+        assert anonymous["Location"] == "/accounts/login/?next=%2Fops%2Fjobs%3Fstatus%3DPENDING"
+        not_staff = client.get("/ops/jobs", HTTP_X_USER="user:bob")
+        assert not_staff.status_code == 403 and "web.action_forbidden" in not_staff.content.decode()
+        assert client.get("/ops/jobs", HTTP_X_USER="staff:ada").status_code == 200
+
+
+def test_dashboard_read_only_refusal_names_the_django_setting(runledger):
+    from django.test import Client
+
+    job = dead_lettered_job(runledger.get_engine())
+    client = Client(enforce_csrf_checks=True)
+    with dashboard_settings(dashboard={"read_only": True}):
+        client.get("/ops/", HTTP_X_OPERATOR="ada")  # a read-only page draws no form, but sets Django's cookie
+        token = client.cookies["csrftoken"].value
+        refused = client.post("/ops/dead-letters/replay", {"job_id": str(job.id), "csrfmiddlewaretoken": token},
+                              HTTP_X_OPERATOR="ada")
+    html = refused.content.decode()
+    assert refused.status_code == 403 and 'id="error-code">web.read_only<' in html
+    assert "RUNLEDGER[&#34;DASHBOARD&#34;][&#34;READ_ONLY&#34;] = False" in html and "create_app" not in html
+
+
+def test_dashboard_on_an_unmigrated_database_answers_503_naming_the_migrate_command(runledger):
+    from django.test import Client
+
+    with dashboard_settings(database="unmigrated"):
+        for path in ("/ops/", "/ops/jobs", "/ops/dead-letters"):
+            response = Client().get(path)
+            html = response.content.decode()
+            assert response.status_code == 503, path
+            assert 'id="error-code">db.schema_mismatch<' in html and "python manage.py runledger_migrate" in html
+            assert response["X-Frame-Options"] == "DENY"
+
+
+def test_a_missing_installed_apps_entry_is_a_clear_configuration_error(runledger):
+    from django.apps import apps
+
+    apps.set_installed_apps([])
+    try:
+        with pytest.raises(ImproperlyConfigured) as raised:
+            runledger.get_engine()
+    finally:
+        apps.unset_installed_apps()
+    message = str(raised.value)
+    assert message.startswith("config.invalid: ") and '"runledger_sync.contrib.django" to INSTALLED_APPS' in message
 
 
 def test_dashboard_default_hook_admits_staff_users_only(project):
@@ -322,12 +426,9 @@ def test_dashboard_default_hook_admits_staff_users_only(project):
 
     from runledger_sync.contrib.django.urls import staff_only
 
-    def asking(user: Any) -> Any:
-        return SimpleNamespace(host_request=SimpleNamespace(user=user))
-
-    assert staff_only(asking(SimpleNamespace(is_staff=True)), "view")
-    assert not staff_only(asking(SimpleNamespace(is_staff=False)), "replay")
-    assert not staff_only(SimpleNamespace(host_request=SimpleNamespace()), "view")  # no auth middleware
+    assert staff_only(SimpleNamespace(user=SimpleNamespace(is_staff=True)), "view")
+    assert not staff_only(SimpleNamespace(user=SimpleNamespace(is_staff=False)), "replay")
+    assert not staff_only(SimpleNamespace(), "view")  # no auth middleware
 
 
 def test_dashboard_setting_is_checked(project):

@@ -6,7 +6,7 @@ import pytest
 from werkzeug.test import Client
 
 import runledger_sync as rl
-from runledger_sync.web import create_app
+from runledger_sync.web import allow_anyone, create_app
 from tests.db.web.conftest import (
     CSRF_FIELD,
     EMAIL,
@@ -159,18 +159,34 @@ def test_the_authorize_hook_is_asked_with_the_action_and_can_refuse(db):
     assert status_of(db, job) == ("DEAD_LETTERED", 1)
 
 
-def test_actions_without_an_authorize_hook_are_refused(db):
-    job = rl.enqueue(db, EMAIL, {"n": 1})
+def test_without_an_authorize_hook_nothing_is_served_and_the_page_says_how_to_pass_one(db):
+    job = rl.enqueue(db, EMAIL, {"secret_marker": "ssn-123-45"})
     dead_lettered(db)
-    unguarded = Client(create_app(db, read_only=False, secret=b"shared"))
-    assert "Cancel" not in page(unguarded, f"/jobs/{job.id}")
-    # A valid token, drawn by a twin app that allows actions, for the same browser.
+    for read_only in (True, False):
+        unguarded = Client(create_app(db, read_only=read_only, secret=b"shared"))
+        for url in ("/", "/jobs", f"/jobs/{job.id}", f"/jobs/{job.id}?payload=1", "/dead-letters", "/schedules",
+                    "/workflows"):
+            html = page(unguarded, url, status=403)
+            assert 'id="error-code">web.authorize_missing<' in html and "ssn-123-45" not in html, url
+            assert "create_app(engine, authorize=hook)" in html and "runledger_sync.web.allow_anyone" in html
+        assert unguarded.get("/static/style.css").status_code == 200
+    # A valid token, drawn by a twin app that lets anyone in, for the same browser.
     twin = Client(create_app(db, read_only=False, authorize=allow_all, secret=b"shared"))
     token = post_form_token(twin)
     unguarded.set_cookie("runledger_csrf", twin.get_cookie("runledger_csrf").value)
     response = unguarded.post(f"/jobs/{job.id}/cancel", data={"csrf_token": token})
-    assert response.status_code == 403 and "web.action_forbidden" in response.get_data(as_text=True)
+    assert response.status_code == 403 and "web.authorize_missing" in response.get_data(as_text=True)
     assert status_of(db, job) == ("PENDING", 1)
+
+
+def test_allow_anyone_is_the_explicit_choice_to_serve_everyone(db):
+    job = rl.enqueue(db, EMAIL, {"n": 1})
+    readers = Client(create_app(db, authorize=allow_anyone))
+    assert 'id="job-status">PENDING<' in page(readers, f"/jobs/{job.id}")
+    assert "Cancel" not in page(readers, f"/jobs/{job.id}")  # read-only unless asked otherwise
+    operators = Client(create_app(db, read_only=False, authorize=allow_anyone))
+    response = post_form(operators, f"/jobs/{job.id}", f"/jobs/{job.id}/cancel", {})
+    assert response.status_code == 303 and status_of(db, job) == ("CANCELED", 1)
 
 
 def test_a_hook_refusing_views_hides_every_page(db):
@@ -229,4 +245,4 @@ def test_each_action_and_refusal_is_logged_without_the_payload(db, admin, caplog
 def test_the_csrf_cookie_is_http_only_strict_and_secure_over_https(db, client):
     plain = client.get("/").headers["Set-Cookie"]
     assert "HttpOnly" in plain and "SameSite=Strict" in plain and "Secure" not in plain
-    assert "; Secure" in Client(create_app(db)).get("/", base_url="https://localhost/").headers["Set-Cookie"]
+    assert "; Secure" in Client(create_app(db, authorize=allow_all)).get("/", base_url="https://localhost/").headers["Set-Cookie"]

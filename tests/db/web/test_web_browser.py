@@ -154,7 +154,7 @@ def test_a_form_posted_without_the_browsers_csrf_cookie_is_refused(db, chrome):
 def test_read_only_dashboard_draws_no_actions_and_refuses_a_forged_post(db, chrome):
     job = dead_lettered(db)
     pending = rl.enqueue(db, EMAIL, {"n": 1})
-    with serving(create_app(db)) as base:
+    with serving(create_app(db, authorize=allow_all)) as base:
         chrome.get(base + "/dead-letters")
         assert not chrome.find_elements(By.CSS_SELECTOR, "button.replay-one")
         chrome.get(f"{base}/jobs/{pending.id}")
@@ -168,3 +168,39 @@ def test_read_only_dashboard_draws_no_actions_and_refuses_a_forged_post(db, chro
         assert text_of(chrome, "error-code") == "web.read_only"
         snap(chrome, "read-only-refused")
     assert rl.get_job(db, job.id).status is rl.JobStatus.DEAD_LETTERED
+
+
+def test_cancel_by_clicking_on_the_job_page(db, chrome):
+    job = rl.enqueue(db, EMAIL, {"n": 1})
+    with serving(create_app(db, read_only=False, authorize=allow_all)) as base:
+        chrome.get(f"{base}/jobs/{job.id}")
+        chrome.find_element(By.ID, "cancel-job").click()
+        assert text_of(chrome, "done") == "The job was canceled."
+        snap(chrome, "job-canceled")
+    assert rl.get_job(db, job.id).status is rl.JobStatus.CANCELED
+
+
+#: A page on another port of the same host: the same *site*, so the dashboard's SameSite cookie goes along.
+ATTACKER_PAGE = """<!doctype html><title>prize</title>
+<form id="forged" method="post" action="{action}"><input type="hidden" name="csrf_token" value="{token}"></form>
+<script>document.getElementById("forged").submit();</script>"""
+
+
+def test_a_form_auto_posted_from_another_port_of_the_same_host_is_refused(db, chrome):
+    job = rl.enqueue(db, EMAIL, {"n": 1})
+    with serving(create_app(db, read_only=False, authorize=allow_all)) as base:
+        chrome.get(f"{base}/jobs/{job.id}")
+        # The worst case: the attacker holds a token valid for this very browser.
+        token = chrome.find_element(By.CSS_SELECTOR, "form.inline input[name=csrf_token]")
+        html = ATTACKER_PAGE.format(action=f"{base}/jobs/{job.id}/cancel", token=token.get_attribute("value"))
+
+        def attacker(environ, start_response):
+            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
+            return [html.encode()]
+
+        with serving(attacker) as elsewhere:
+            assert elsewhere.rsplit(":", 1)[0] == base.rsplit(":", 1)[0] and elsewhere != base
+            chrome.get(elsewhere + "/")
+            assert text_of(chrome, "error-code") == "web.cross_origin_rejected"
+            snap(chrome, "cross-origin-refused")
+    assert rl.get_job(db, job.id).status is rl.JobStatus.PENDING
