@@ -121,8 +121,9 @@ class Workflow:
             after: the steps (or their keys) this one waits for.
             release: ``"on_terminal"`` (default) starts it whatever they ended with;
                 ``"on_success"`` only if they all succeeded, and cancels it otherwise.
-            priority, max_attempts, timeout_seconds: as for :func:`runledger_sync.enqueue`;
-                unset values come from the job type's definition.
+            priority: as for :func:`runledger_sync.enqueue`; unset, from the job type's definition.
+            max_attempts: as for :func:`runledger_sync.enqueue`; unset, from the job type's definition.
+            timeout_seconds: as for :func:`runledger_sync.enqueue`; unset, from the job type's definition.
 
         Raises:
             InvalidArgument, InvalidJobType, InvalidPayload: nothing is added.
@@ -178,7 +179,7 @@ class Workflow:
         """Check the whole definition: some step, known dependencies, no cycle.
 
         Raises:
-            WorkflowEmpty, UnknownDependency, DependencyCycle.
+            WorkflowEmpty, UnknownDependency, DependencyCycle: the definition is refused.
         """
         if not self._steps:
             raise WorkflowEmpty(f"workflow {self.name!r} has no steps")

@@ -158,7 +158,7 @@ def complete_external_step(
             it with ``ctx.workflow.output_of(step_key)``.
 
     Raises:
-        WorkflowRunNotFound, ExternalStepNotFound, ExternalStepNotExternal, ExternalStepNotWaiting.
+        WorkflowRunNotFound, ExternalStepNotFound, ExternalStepNotExternal, ExternalStepNotWaiting: no such step waits.
         ExternalStepConflictingCompletion, ExternalStepConflictingOutput: answered differently before.
         ExternalStepInvalidTerminalStatus, ExternalStepOutputInvalidStatus: bad arguments.
         WorkflowReleaseConflict: the run is being cancelled; try again once it has been.
