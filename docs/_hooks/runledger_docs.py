@@ -68,12 +68,12 @@ def cli_reference() -> str:
 
     root = build_parser()
     global_names = {name for action in root._actions for name in action.option_strings}
-    parts = ["## Global options", "",
+    parts = ["### Global options", "",
              "Every command takes these, before or after the command's name.", "",
              "| option | meaning |", "|---|---|", *_option_rows(root, {"-h", "--help"}), ""]
     for path, parser in command_parsers(root)[1:]:
         has_children = any(isinstance(action, argparse._SubParsersAction) for action in parser._actions)
-        parts += [f"## runledger-sync {' '.join(path)}", ""]
+        parts += [f"### runledger-sync {' '.join(path)}", ""]
         if parser.description:
             parts += [_cell(parser.description), ""]
         if has_children:

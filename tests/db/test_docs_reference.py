@@ -53,12 +53,12 @@ def every_command(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
 def test_the_command_line_reference_shows_every_command_and_every_option():
     assert "<!-- generated: cli-reference -->" in page_text("reference/cli.md")
     reference = docs_hooks().cli_reference()
-    headings = set(re.findall(r"^## (runledger-sync .+)$", reference, re.M))
+    headings = set(re.findall(r"^### (runledger-sync .+)$", reference, re.M))
     commands = list(every_command(build_parser()))
     assert len(commands) > 20
     for path, parser in commands[1:]:
         assert f"runledger-sync {' '.join(path)}" in headings
-        section = reference.split(f"## runledger-sync {' '.join(path)}\n", 1)[1].split("\n## ", 1)[0]
+        section = reference.split(f"### runledger-sync {' '.join(path)}\n", 1)[1].split("\n### ", 1)[0]
         if any(isinstance(action, argparse._SubParsersAction) for action in parser._actions):
             continue
         for action in parser._actions:
@@ -68,7 +68,7 @@ def test_the_command_line_reference_shows_every_command_and_every_option():
                 assert f"`{name}`" in section, f"runledger-sync {' '.join(path)}: {name}"
     for action in build_parser()._actions:
         for name in action.option_strings:
-            assert f"`{name}`" in reference.split("\n## runledger-sync ", 1)[0] or name in ("-h", "--help")
+            assert f"`{name}`" in reference.split("\n### runledger-sync ", 1)[0] or name in ("-h", "--help")
 
 
 def test_the_errors_page_lists_every_code_of_the_error_tree_and_every_recorded_failure_code():
