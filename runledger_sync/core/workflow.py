@@ -57,6 +57,8 @@ class WorkflowStepStatus(str, enum.Enum):
 
 
 class WorkflowStepKind(str, enum.Enum):
+    """What a step is (column ``workflow_steps.kind``): a job it runs, or an answer it waits for."""
+
     JOB = "JOB"
     EXTERNAL = "EXTERNAL"
 
