@@ -86,6 +86,23 @@ def page_blocks(page: Path) -> list[Block]:
     return found
 
 
+def indented_code(page: Path) -> list[int]:
+    """Line numbers of indented (unfenced) code blocks: four spaces after a blank line that follows
+    a paragraph at the margin. They would escape the fenced-block checks, so none is allowed."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    found, fenced = [], False
+    for number, line in enumerate(lines, 1):
+        if FENCE.match(line) or line.strip() == "```":
+            fenced = not fenced
+            continue
+        if fenced or not line.startswith("    ") or number < 3 or lines[number - 2].strip():
+            continue
+        previous = next((lines[i] for i in range(number - 3, -1, -1) if lines[i].strip()), "")
+        if previous and not previous[0].isspace() and not re.match(r"([-*+]|\d+\.) |\||<!--", previous):
+            found.append(number)
+    return found
+
+
 def all_blocks() -> list[Block]:
     return [block for page in pages() for block in page_blocks(page)]
 
@@ -128,6 +145,8 @@ def test_every_block_is_run_or_names_its_test():
         elif block.kind == "sh":
             problems += [f"{block.where}: {line!r} is not run by this test: mark the block with docs-test"
                          for line in shell_lines(block.code) if line.split()[0] not in ("runledger-sync", "pip", "export")]
+    problems += [f"{page.relative_to(REPO)}:{number}: an indented code block: fence it, so that it is checked"
+                 for page in pages() for number in indented_code(page)]
     assert problems == []
 
 
