@@ -35,6 +35,7 @@ DEFAULT_TIMEOUT_GRACE_SECONDS: float = 5.0
 DEFAULT_DEAD_LETTER_HOOK_TIMEOUT_SECONDS: float = 10.0
 DEFAULT_HEARTBEAT_LOCK_TIMEOUT_MS: int = 5_000
 DEFAULT_MAX_PAYLOAD_BYTES: int = 1_048_576
+DEFAULT_MAX_OUTPUT_BYTES: int = 1_048_576
 DEFAULT_JOB_TYPES: Optional[tuple[str, ...]] = None
 DEFAULT_LOG_PAYLOADS: bool = False
 #: Every event of the spec; ``transitions`` leaves out LEASED, STAGE_CHANGED to running and HEARTBEAT.
@@ -51,6 +52,7 @@ WORKER_LOOP_FIELDS: tuple[str, ...] = (
     "timeout_grace_seconds",
     "dead_letter_hook_timeout_seconds",
     "heartbeat_lock_timeout_ms",
+    "max_output_bytes",
     "job_types",
     "event_log",
 )
@@ -93,6 +95,8 @@ class JobsConfig:
         dead_letter_hook_timeout_seconds: Most time one ``on_dead_letter`` call gets.
         heartbeat_lock_timeout_ms: Most time a heartbeat waits for the job's row lock.
         max_payload_bytes: Largest JSON payload enqueue accepts.
+        max_output_bytes: Largest JSON output a handler may return; a larger one
+            dead-letters its job with ``job.output_too_large``, storing nothing of it.
         job_types: Restrict this worker to these registered types; None means all.
         log_payloads: Allow payloads in debug logs (off: payloads may hold secrets).
         event_log: Which events the worker writes: ``full`` (every event of the
@@ -113,6 +117,7 @@ class JobsConfig:
     dead_letter_hook_timeout_seconds: float = DEFAULT_DEAD_LETTER_HOOK_TIMEOUT_SECONDS
     heartbeat_lock_timeout_ms: int = DEFAULT_HEARTBEAT_LOCK_TIMEOUT_MS
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
     job_types: Optional[tuple[str, ...]] = DEFAULT_JOB_TYPES
     log_payloads: bool = DEFAULT_LOG_PAYLOADS
     event_log: str = DEFAULT_EVENT_LOG
@@ -352,6 +357,7 @@ _CHECKS: Mapping[str, Callable[[JobsConfig], Optional[str]]] = {
     "dead_letter_hook_timeout_seconds": _number("dead_letter_hook_timeout_seconds", above=0),
     "heartbeat_lock_timeout_ms": _int_at_least("heartbeat_lock_timeout_ms", 1),
     "max_payload_bytes": _int_at_least("max_payload_bytes", 1),
+    "max_output_bytes": _int_at_least("max_output_bytes", 1),
     "job_types": _check_job_types,
     "log_payloads": _check_log_payloads,
     "event_log": _check_event_log,

@@ -175,6 +175,7 @@ _ENV_PARSERS: Mapping[str, Callable[[str], Any]] = {
     "dead_letter_hook_timeout_seconds": _parse_number,
     "heartbeat_lock_timeout_ms": _parse_int,
     "max_payload_bytes": _parse_int,
+    "max_output_bytes": _parse_int,
     "job_types": _parse_job_types,
     "log_payloads": _parse_bool,
     "event_log": _parse_event_log,

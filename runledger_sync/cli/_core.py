@@ -51,6 +51,10 @@ HINTS: dict[str, str] = {
         """pass the payload as one JSON argument quoted for your shell, e.g. '{"to": "a@b.c"}', """
         "or from a file with --payload-file PATH (- for standard input)"
     ),
+    "job.output_too_large": (
+        "keep large results elsewhere (a file, a table) and store a reference, or raise RUNLEDGER_MAX_OUTPUT_BYTES "
+        "(1048576 by default) for this command and every worker"
+    ),
     "job.invalid_argument": f"see `{PROG} COMMAND --help` for the values each option accepts",
     "job.invalid_job_type": "a job type is non-blank text of at most 255 characters, e.g. email.send",
     "job.not_found": f"list job ids with `{PROG} jobs list` (and check --org if you gave one)",

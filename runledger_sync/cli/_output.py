@@ -55,6 +55,20 @@ def printable(value: Any) -> str:
     return _CONTROL.sub(_escaped, text)
 
 
+#: The most characters of a stored JSON value (payload, output, checkpoint) a table or field shows.
+SHOWN_VALUE_CHARS = 2_000
+
+
+def clipped(text: str, limit: int = SHOWN_VALUE_CHARS) -> str:
+    """``text``, or its first ``limit`` characters with a note of how much was left out.
+
+    Outputs and payloads run to megabytes; ``--json`` still prints them whole.
+    """
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters not shown; --json prints the whole value)"
+
+
 def _escaped(match: re.Match[str]) -> str:
     code = ord(match.group())
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"

@@ -12,7 +12,7 @@ from uuid import UUID
 
 import runledger_sync as rl
 from runledger_sync.cli._core import EXIT_OK, PROG, command, command_group, open_engine
-from runledger_sync.cli._output import add_json_option, plain, print_json, print_table, printable, when
+from runledger_sync.cli._output import add_json_option, clipped, plain, print_json, print_table, printable, when
 
 command_group("jobs", help="list, show, retry and cancel jobs")
 
@@ -168,6 +168,8 @@ def _jobs_show(args: argparse.Namespace) -> int:
         shown = when(value) if isinstance(value, datetime) else plain(value)
         if isinstance(shown, (dict, list)):
             shown = json.dumps(shown, sort_keys=True)
+        if isinstance(shown, str):
+            shown = clipped(shown)
         print(f"{field.name + ':':<20} {printable(shown)}")
     print(f"\nattempts ({len(attempts)}):")
     print_table(("run", "attempt", "worker", "started_at", "finished_at", "outcome", "error_code"),

@@ -76,6 +76,11 @@ def _workflows_show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+#: Deeper steps are not indented further but labelled with their depth, so a chain
+#: of thousands of steps stays as wide as a shallow one.
+MAX_DRAWN_DEPTH = 12
+
+
 def step_tree_rows(steps: tuple[Any, ...]) -> list[tuple[Any, ...]]:
     """One table row per step, its key indented under the step it hangs from.
 
@@ -87,16 +92,26 @@ def step_tree_rows(steps: tuple[Any, ...]) -> list[tuple[Any, ...]]:
     children: dict[str | None, list[Any]] = {}
     for step in steps:
         children.setdefault(parent.get(step.key), []).append(step)
-    return [_step_row(step, prefix, parent.get(step.key)) for step, prefix in _walk(children, None, "")]
+    return [_step_row(step, prefix, parent.get(step.key)) for step, prefix in _walk(children)]
 
 
-def _walk(children: dict[str | None, list[Any]], key: str | None, indent: str) -> Iterator[tuple[Any, str]]:
-    below = children.get(key, [])
-    for index, step in enumerate(below):
-        last = index == len(below) - 1
-        branch, extend = ("", "") if key is None else (("`-- ", "    ") if last else ("|-- ", "|   "))
-        yield step, indent + branch
-        yield from _walk(children, step.key, indent + extend)
+def _walk(children: dict[str | None, list[Any]]) -> Iterator[tuple[Any, str]]:
+    """Each step with its drawn prefix, depth first, with a stack rather than recursion (chains run deep)."""
+    roots = children.get(None, [])
+    stack: list[tuple[Iterator[tuple[int, Any]], int, str, int]] = [(enumerate(roots), len(roots), "", 0)]
+    while stack:
+        below, count, indent, depth = stack[-1]
+        entry = next(below, None)
+        if entry is None:
+            stack.pop()
+            continue
+        index, step = entry
+        branch, extend = ("", "") if depth == 0 else (("`-- ", "    ") if index == count - 1 else ("|-- ", "|   "))
+        yield step, (f"[depth {depth}] " if depth > MAX_DRAWN_DEPTH else indent) + branch
+        under = children.get(step.key, [])
+        if under:
+            stack.append((enumerate(under), len(under), indent + extend if depth <= MAX_DRAWN_DEPTH else indent,
+                          depth + 1))
 
 
 def _step_row(step: Any, prefix: str, parent_key: str | None) -> tuple[Any, ...]:
@@ -152,7 +167,10 @@ def _workflows_complete_external(args: argparse.Namespace) -> int:
     try:
         output = None if args.output is None else parse_json_argument(args.output, "--output")
         with open_engine(args) as engine:
-            run = rl.complete_external_step(engine, run_id, args.step_key, succeeded=args.succeeded, output=output)
+            run = rl.complete_external_step(engine, run_id, args.step_key, succeeded=args.succeeded, output=output,
+                                            max_output_bytes=rl.JobsConfig.from_env().max_output_bytes)
+    except rl.OutputTooLarge:
+        raise
     except rl.InvalidPayload as error:  # only the output is JSON here
         error.hint = OUTPUT_HINT  # type: ignore[attr-defined]
         raise

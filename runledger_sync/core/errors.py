@@ -12,6 +12,7 @@ Branch on ``.code`` or on the class, never on the message text::
     │   ├── InvalidArgument                     job.invalid_argument
     │   ├── InvalidJobType                      job.invalid_job_type
     │   ├── InvalidPayload                      job.invalid_payload
+    │   │   └── OutputTooLarge                  job.output_too_large
     │   ├── InvalidCompletionProgress           job.invalid_completion_progress
     │   ├── InvalidProgress                     job.invalid_progress
     │   ├── InvalidLeaseDuration                job.invalid_lease_duration
@@ -181,6 +182,12 @@ class InvalidPayload(InvalidArgument):
         self.argument = argument
         self.value = shape
         ValidationError.__init__(self, f"{argument} must be {expectation}, got {shape}", argument=argument)
+
+
+class OutputTooLarge(InvalidPayload):
+    """An output (a job's, or an external step's answer) is larger than the output limit."""
+
+    code = "job.output_too_large"
 
 
 class InvalidCompletionProgress(ValidationError):

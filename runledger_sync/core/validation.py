@@ -8,13 +8,14 @@ import re
 from datetime import datetime
 from typing import Any, Optional
 
-from runledger_sync.core.shapes import echo_or_shape, int_digit_limit, type_phrase
+from runledger_sync.core.shapes import echo_or_shape, int_too_long, type_phrase
 from runledger_sync.core.errors import (
     InvalidArgument,
     InvalidCompletionProgress,
     InvalidJobType,
     InvalidPayload,
     InvalidProgress,
+    OutputTooLarge,
 )
 
 JOB_TYPE_MAX_LENGTH = 255
@@ -31,6 +32,7 @@ IDEMPOTENCY_KEY_MAX_BYTES = 1024
 FAILURE_CODE_MAX_LENGTH = 255
 WORKER_ID_MAX_LENGTH = 255
 DEFAULT_MAX_PAYLOAD_BYTES = 1_048_576
+DEFAULT_MAX_OUTPUT_BYTES = 1_048_576
 PRIORITY_RANGE = (-1_000_000, 1_000_000)
 MAX_ATTEMPTS_RANGE = (1, 1_000)
 TIMEOUT_SECONDS_RANGE = (1, 7 * 24 * 3600)
@@ -39,6 +41,7 @@ LIMIT_RANGE = (1, 100_000)
 BIGINT_MAX = 2**63 - 1
 # No upper bound of ours: JobsConfig.validate() accepts any positive size.
 MAX_PAYLOAD_BYTES_RANGE = (1, 2**63 - 1)
+MAX_OUTPUT_BYTES_RANGE = MAX_PAYLOAD_BYTES_RANGE
 
 
 def _is_int(value: Any) -> bool:
@@ -179,7 +182,9 @@ def check_run_at(value: Any, argument: str = "run_at") -> Optional[datetime]:
 _ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
-def serialize_json(argument: str, value: Any, *, max_bytes: Optional[int] = None) -> str:
+def serialize_json(
+    argument: str, value: Any, *, max_bytes: Optional[int] = None, too_large: type[InvalidPayload] = InvalidPayload,
+) -> str:
     """Return ``value`` as compact JSON text, refusing what PostgreSQL's jsonb cannot hold.
 
     The error names where the refused part is and what type it has (``got a dict
@@ -190,7 +195,7 @@ def serialize_json(argument: str, value: Any, *, max_bytes: Optional[int] = None
         InvalidPayload: not JSON-serialisable, NaN/Infinity, nested too deeply, a
             NUL character (jsonb rejects ``\\u0000``) or a lone surrogate, a key
             that is not a string, an int of more than 4,300 digits, or larger
-            than ``max_bytes`` encoded.
+            than ``max_bytes`` encoded (raised as ``too_large``).
     """
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
@@ -209,11 +214,26 @@ def serialize_json(argument: str, value: Any, *, max_bytes: Optional[int] = None
     if max_bytes is not None:
         size = len(encoded)
         if size > max_bytes:
-            raise InvalidPayload(argument, value, f"at most {max_bytes} bytes of JSON", got=f"{size} bytes of JSON")
+            raise too_large(argument, value, f"at most {max_bytes} bytes of JSON", got=f"{size} bytes of JSON")
     return text
 
 
 _JSON_VALUE = "a JSON value"
+
+
+def serialize_output(value: Any, *, max_bytes: int) -> str:
+    """Return an output as compact JSON text, refusing one larger than ``max_bytes`` encoded.
+
+    Outputs are read back whole (a dependent's ``output_of``, the job's page), so
+    they are bounded like payloads.
+
+    Raises:
+        InvalidArgument: ``max_bytes`` is not a positive int.
+        InvalidPayload: as :func:`serialize_json`.
+        OutputTooLarge: larger than ``max_bytes`` encoded; the message gives both sizes, not the output.
+    """
+    check_int("max_output_bytes", max_bytes, MAX_OUTPUT_BYTES_RANGE)
+    return serialize_json("output", value, max_bytes=max_bytes, too_large=OutputTooLarge)
 
 
 def _holds_what_dumps_accepts_but_jsonb_loses(value: Any) -> bool:
@@ -224,7 +244,6 @@ def _holds_what_dumps_accepts_but_jsonb_loses(value: Any) -> bool:
     PostgreSQL's numeric overflows on. Run only after json.dumps succeeded, so
     the value holds no cycle and no unknown type.
     """
-    bound = 10 ** int_digit_limit()
     stack = [value]
     while stack:
         node = stack.pop()
@@ -234,7 +253,7 @@ def _holds_what_dumps_accepts_but_jsonb_loses(value: Any) -> bool:
             stack.extend(node.values())
         elif isinstance(node, (list, tuple)):
             stack.extend(node)
-        elif isinstance(node, int) and not -bound < node < bound:
+        elif isinstance(node, int) and int_too_long(node):
             return True
     return False
 

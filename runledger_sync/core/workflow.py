@@ -19,6 +19,8 @@ from runledger_sync.core.errors import DependencyCycle, DuplicateStepKey, Unknow
 
 STEP_KEY_MAX_LENGTH = 200
 WORKFLOW_NAME_MAX_LENGTH = 200
+#: How many keys of a dependency cycle its error names: a cycle may run through thousands.
+CYCLE_KEYS_SHOWN = 20
 
 
 class WorkflowRunStatus(str, enum.Enum):
@@ -107,6 +109,7 @@ class Workflow:
         self.idempotency_key = check.check_optional_idempotency_key(idempotency_key)
         self.organization_id = check.check_optional_organization_id(organization_id)
         self._steps: list[WorkflowStep] = []
+        self._keys: set[str] = set()
 
     @property
     def steps(self) -> tuple[WorkflowStep, ...]:
@@ -156,8 +159,9 @@ class Workflow:
 
     def _add(self, step: WorkflowStep) -> WorkflowStep:
         check.check_text("key", step.key, max_length=STEP_KEY_MAX_LENGTH)
-        if any(existing.key == step.key for existing in self._steps):
+        if step.key in self._keys:
             raise DuplicateStepKey(f"workflow {self.name!r} already has a step {step.key!r}", step_key=step.key)
+        self._keys.add(step.key)
         self._steps.append(step)
         return step
 
@@ -185,9 +189,8 @@ class Workflow:
         """
         if not self._steps:
             raise WorkflowEmpty(f"workflow {self.name!r} has no steps")
-        keys = {step.key for step in self._steps}
         for step in self._steps:
-            unknown = [key for key in step.after if key not in keys]
+            unknown = [key for key in step.after if key not in self._keys]
             if unknown:
                 raise UnknownDependency(
                     f"step {step.key!r} depends on {unknown[0]!r}, which is not a step of workflow {self.name!r}",
@@ -195,7 +198,21 @@ class Workflow:
                 )
         cycle = find_cycle({step.key: step.after for step in self._steps})
         if cycle:
-            raise DependencyCycle(f"workflow {self.name!r} has a dependency cycle: {' -> '.join(cycle)}", cycle=cycle)
+            raise _cycle_error(self.name, cycle)
+
+
+def _cycle_error(name: str, cycle: list[str]) -> DependencyCycle:
+    """The error naming ``cycle`` (first key repeated at the end), at most CYCLE_KEYS_SHOWN keys of it."""
+    length = len(cycle) - 1
+    if length <= CYCLE_KEYS_SHOWN:
+        return DependencyCycle(f"workflow {name!r} has a dependency cycle: {' -> '.join(cycle)}",
+                               cycle=cycle, cycle_length=length)
+    shown = cycle[:CYCLE_KEYS_SHOWN]
+    return DependencyCycle(
+        f"workflow {name!r} has a dependency cycle of {length} steps: {' -> '.join(shown)} -> ... "
+        f"and {length - CYCLE_KEYS_SHOWN} more, back to {cycle[0]!r}",
+        cycle=shown, cycle_length=length,
+    )
 
 
 def _release_mode(value: WorkflowReleaseMode | str) -> WorkflowReleaseMode:

@@ -173,7 +173,8 @@ class JobExecution:
         # Past the deadline the attempt is a timeout; a success now would contradict it.
         context.check_cancelled()
         try:
-            record = lifecycle.complete_job_success(bind, **self.identity.keywords(), completion=completion)
+            record = lifecycle.complete_job_success(bind, **self.identity.keywords(), completion=completion,
+                                                    max_output_bytes=self.config.max_output_bytes)
         except LeaseOwnerMismatch:
             # The fence refused the write, so the lease is gone: end the attempt as a
             # lost lease (nothing written, the reaper recovers it), as a heartbeat would.

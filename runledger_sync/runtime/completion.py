@@ -103,7 +103,8 @@ def _committed_by_handler(execution: JobExecution, outcome: Outcome) -> bool:
 
 def _complete_success(execution: JobExecution, completion: JobCompletion) -> None:
     try:
-        apply_transition(execution.engine, execution.identity, Succeed(completion), budget_seconds=_budget(execution))
+        apply_transition(execution.engine, execution.identity, Succeed(completion), budget_seconds=_budget(execution),
+                         max_output_bytes=execution.config.max_output_bytes)
     except InvalidCompletionProgress as error:
         log.warning("handler returned invalid success completion; marking job terminal",
                     extra=execution.log_fields | {"failure_code": error.code})

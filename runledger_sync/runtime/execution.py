@@ -33,6 +33,7 @@ from runledger_sync.core.errors import (
     InvalidPayload,
     JobCancelled,
     LeaseOwnerMismatch,
+    OutputTooLarge,
     RunledgerError,
     UnstartedClaimReleaseNotApplicable,
 )
@@ -52,7 +53,12 @@ from runledger_sync.core.types import (
     JobCompletion,
     JobFailure,
 )
-from runledger_sync.core.validation import check_failure_code, completion_progress_problem, serialize_json
+from runledger_sync.core.validation import (
+    check_failure_code,
+    completion_progress_problem,
+    serialize_json,
+    serialize_output,
+)
 from runledger_sync.db.errors import is_transient_error
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
@@ -230,12 +236,15 @@ def _run_handler(execution: JobExecution) -> Outcome:
         abandoned = _abandoned_outcome(execution)
         if abandoned is not None:
             return abandoned
+        if isinstance(exc, OutputTooLarge):
+            # ctx.complete_in refused the output: the same code would return it again.
+            return JobFailure.terminal(exc.code, f"The handler's {exc.message}; the output was not stored.")
         if isinstance(exc, execution.registry.retry_on(execution.job.job_type)):
             return JobFailure.retryable(HANDLER_ERROR_CODE, f"{type(exc).__name__}: {exc}")
         if isinstance(exc, execution.registry.transient_errors) or is_transient_error(exc):
             return _transient(execution, exc)
         return _panic(execution, exc)
-    return _unless_abandoned(execution, _completion_outcome(result))
+    return _unless_abandoned(execution, _completion_outcome(result, execution.config.max_output_bytes))
 
 
 def _recordable(failure: JobFailure) -> JobFailure:
@@ -254,7 +263,7 @@ def _recordable(failure: JobFailure) -> JobFailure:
     return failure
 
 
-def _completion_outcome(result: Any) -> Outcome:
+def _completion_outcome(result: Any, max_output_bytes: int) -> Outcome:
     if result is None:
         return JobCompletion()
     if not isinstance(result, JobCompletion):
@@ -271,14 +280,21 @@ def _completion_outcome(result: Any) -> Outcome:
             return JobFailure.terminal(
                 HANDLER_INVALID_RESULT_CODE, f"Handler returned a JobCompletion whose {name} is not an int but a {type(value).__name__}."
             )
-    for name in ("checkpoint", "output"):
-        try:
-            serialize_json(name, getattr(result, name))
-        except InvalidPayload as error:
-            return JobFailure.terminal(
-                HANDLER_INVALID_RESULT_CODE,
-                f"Handler returned a JobCompletion whose {name} is not JSON: {error.message}",
-            )
+    try:
+        serialize_json("checkpoint", result.checkpoint)
+        serialize_output(result.output, max_bytes=max_output_bytes)
+    except OutputTooLarge as error:
+        # Terminal: the same code returns the same output, so a retry cannot help.
+        return JobFailure.terminal(
+            OutputTooLarge.code,
+            f"Handler returned an output of {error.value}, over the limit of {max_output_bytes} bytes "
+            "(max_output_bytes); the output was not stored.",
+        )
+    except InvalidPayload as error:
+        return JobFailure.terminal(
+            HANDLER_INVALID_RESULT_CODE,
+            f"Handler returned a JobCompletion whose {error.argument} is not JSON: {error.message}",
+        )
     problem = completion_progress_problem(result.progress_done, result.progress_total)
     if problem is not None:
         return JobFailure.terminal(INVALID_COMPLETION_PROGRESS_CODE, problem)

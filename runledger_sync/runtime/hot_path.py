@@ -9,6 +9,7 @@ from typing import Callable, Optional, TypeVar
 from sqlalchemy.engine import Engine
 
 from runledger_sync.core.records import JobRecord
+from runledger_sync.core.validation import DEFAULT_MAX_OUTPUT_BYTES
 from runledger_sync.core.types import (
     EventLog,
     JobCompletion,
@@ -46,7 +47,7 @@ class HotPathWriters:
     @classmethod
     def start(
         cls, engine: Engine, worker_id: str, *, finishing: FinishingSoon, event_log: EventLog | str = EventLog.FULL,
-        observer: Optional[WorkerObserver] = None,
+        observer: Optional[WorkerObserver] = None, max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
     ) -> "HotPathWriters":
         """Start both writers.
 
@@ -55,7 +56,8 @@ class HotPathWriters:
         once its running write has been answered. The success writer lingers briefly
         for the company of the jobs ``finishing`` says should succeed meanwhile.
         ``event_log`` is the worker's level: ``transitions`` writes no STAGE_CHANGED(running) rows.
-        ``observer`` is told the size and duration of each group write.
+        ``observer`` is told the size and duration of each group write. ``max_output_bytes``
+        is the worker's output limit, which the pool threads have already applied.
         """
         running_connection, success_connection = HeldConnection(engine), HeldConnection(engine)
         running: GroupWriter[RunningItem, None] = GroupWriter(
@@ -65,7 +67,8 @@ class HotPathWriters:
         )
         success: GroupWriter[SuccessItem, None] = GroupWriter(
             f"runledger-success-{worker_id}",
-            _timed(observer, "success", lambda group: lifecycle_batch.complete_jobs_success(success_connection, group)),
+            _timed(observer, "success", lambda group: lifecycle_batch.complete_jobs_success(
+                success_connection, group, max_output_bytes=max_output_bytes)),
             linger_seconds=GROUP_LINGER_SECONDS,
             still_coming=lambda: finishing.others_within(GROUP_LINGER_SECONDS),
         )

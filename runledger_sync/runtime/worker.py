@@ -127,6 +127,7 @@ class WorkerLoop:
         self.finishing = FinishingSoon(running_jobs=self._running_count)
         self.writers = HotPathWriters.start(
             engine, config.worker_id, finishing=self.finishing, event_log=config.event_log, observer=observer,
+            max_output_bytes=config.max_output_bytes,
         ) if owns_connections else None
 
     def _running_count(self) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Optional
 
+from runledger_sync.core import validation as check
 from runledger_sync.core.errors import CommitOutcomeUnknown, ConnectionFailed, RunledgerError
 from runledger_sync.core.outcomes import DeadLetter, Retry, Succeed
 from runledger_sync.core.records import JobRecord, LeaseIdentity
@@ -24,17 +25,20 @@ RETRY_PAUSE_SECONDS = 0.2
 
 def apply_transition(
     bind: Bind, identity: LeaseIdentity, transition: Succeed | Retry | DeadLetter, *, budget_seconds: float,
+    max_output_bytes: int = check.DEFAULT_MAX_OUTPUT_BYTES,
 ) -> JobRecord:
     """Write ``transition`` under ``identity``'s lease; return the row as it landed.
 
     Raises:
         LeaseOwnerMismatch: the lease is gone (the fence refused the write).
         InvalidCompletionProgress: a success's progress is invalid merged with the stored one.
+        OutputTooLarge: a success's output is larger than ``max_output_bytes``.
         ConnectionFailed: the database stayed out of reach for ``budget_seconds``.
     """
     if isinstance(transition, Succeed):
         return land(bind, identity, lambda: lifecycle.complete_job_success(
-            bind, **identity.keywords(), completion=transition.completion), budget_seconds=budget_seconds)
+            bind, **identity.keywords(), completion=transition.completion, max_output_bytes=max_output_bytes),
+            budget_seconds=budget_seconds)
     delay = transition.delay_ms if isinstance(transition, Retry) else None
     return land(bind, identity, lambda: lifecycle.complete_job_failure(
         bind, **identity.keywords(), failure=transition.failure, retry_delay_ms=delay), budget_seconds=budget_seconds)

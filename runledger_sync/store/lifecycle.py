@@ -91,16 +91,20 @@ def complete_job_success(
     attempt: int,
     worker_id: str,
     completion: Optional[JobCompletion] = None,
+    max_output_bytes: int = check.DEFAULT_MAX_OUTPUT_BYTES,
 ) -> JobRecord:
     """Finish a leased job as SUCCEEDED, storing the completion's progress, checkpoint and output.
 
     Args:
         bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
+        max_output_bytes: the largest output stored (JSON bytes); the worker passes its
+            ``JobsConfig.max_output_bytes``.
 
     Raises:
         InvalidCompletionProgress: the completion's progress, alone or merged with
             the stored progress, is negative or has done > total; nothing written.
+        OutputTooLarge: the output is larger than ``max_output_bytes``; nothing written.
         LeaseOwnerMismatch: the lease is not this worker's or has expired.
     """
     identity = check_identity(job_id, run_number, attempt, worker_id)
@@ -110,7 +114,8 @@ def complete_job_success(
         "new_progress_done": completion.progress_done,
         "new_progress_total": completion.progress_total,
         "new_checkpoint": None if completion.checkpoint is None else check.serialize_json("checkpoint", completion.checkpoint),
-        "new_output": None if completion.output is None else check.serialize_json("output", completion.output),
+        "new_output": None if completion.output is None else check.serialize_output(
+            completion.output, max_bytes=max_output_bytes),
     }
 
     def work(connection: Connection) -> JobRecord:

@@ -140,7 +140,8 @@ def mark_jobs_running(
 
 
 def complete_jobs_success(
-    bind: Bind, completions: Sequence[tuple[LeaseIdentity, Optional[JobCompletion]]]
+    bind: Bind, completions: Sequence[tuple[LeaseIdentity, Optional[JobCompletion]]], *,
+    max_output_bytes: int = check.DEFAULT_MAX_OUTPUT_BYTES,
 ) -> list[LeaseResult]:
     """Finish many leased jobs as SUCCEEDED, the plain ones in one transaction.
 
@@ -158,6 +159,7 @@ def complete_jobs_success(
         InvalidCompletionProgress: one completion's progress is invalid, alone or
             merged with the stored progress; nothing of that transaction is written
             (plain jobs already written by the first one stay written).
+        OutputTooLarge: one output is larger than ``max_output_bytes``; nothing written.
         CommitOutcomeUnknown: the connection was lost while the write ran; it may have landed.
     """
     values: list[tuple[LeaseIdentity, tuple[Any, ...]]] = []
@@ -166,7 +168,8 @@ def complete_jobs_success(
         check.check_progress_values(completion.progress_done, completion.progress_total, completion=True)
         values.append((check_identity(*_identity_values(identity)), (
             completion.progress_done, completion.progress_total,
-            _json_or_none("checkpoint", completion.checkpoint), _json_or_none("output", completion.output),
+            _json_or_none("checkpoint", completion.checkpoint),
+            None if completion.output is None else check.serialize_output(completion.output, max_bytes=max_output_bytes),
         )))
     # Plain jobs first, in one query. A workflow's job is left out of it (its step
     # must end in the job's own transaction, which takes more statements than one

@@ -145,7 +145,8 @@ _STORE_OUTPUT = (
 
 
 def complete_external_step(
-    bind: Bind, run_id: UUID | str, step_key: str, succeeded: bool = True, output: Any = None,
+    bind: Bind, run_id: UUID | str, step_key: str, succeeded: bool = True, output: Any = None, *,
+    max_output_bytes: int = check.DEFAULT_MAX_OUTPUT_BYTES,
 ) -> WorkflowRunRecord:
     """Answer an external step that waits (WAITING_FOR_EXTERNAL): it succeeds or fails, and its dependents move on.
 
@@ -156,11 +157,13 @@ def complete_external_step(
             connection whose open transaction the call joins (the caller commits).
         output: a JSON value kept as the step's output (successes only); dependents read
             it with ``ctx.workflow.output_of(step_key)``.
+        max_output_bytes: the largest output accepted (JSON bytes), as for a job's output.
 
     Raises:
         WorkflowRunNotFound, ExternalStepNotFound, ExternalStepNotExternal, ExternalStepNotWaiting: no such step waits.
         ExternalStepConflictingCompletion, ExternalStepConflictingOutput: answered differently before.
         ExternalStepInvalidTerminalStatus, ExternalStepOutputInvalidStatus: bad arguments.
+        OutputTooLarge: ``output`` is larger than ``max_output_bytes``; nothing written.
         WorkflowReleaseConflict: the run is being cancelled; try again once it has been.
 
     Example:
@@ -172,7 +175,7 @@ def complete_external_step(
         raise ExternalStepInvalidTerminalStatus(f"succeeded must be True or False, got {type(succeeded).__name__}")
     if output is not None and not succeeded:
         raise ExternalStepOutputInvalidStatus("an output can only be given with succeeded=True")
-    output_json = None if output is None else check.serialize_json("output", output)
+    output_json = None if output is None else check.serialize_output(output, max_bytes=max_output_bytes)
     params = {"target_run_id": target, "target_step_key": step_key}
 
     def work(connection: Connection) -> WorkflowRunRecord:

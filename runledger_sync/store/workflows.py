@@ -54,7 +54,9 @@ _RUN_COLUMNS = (_r.id, _r.name, _r.status, _r.organization_id, _r.idempotency_ke
 # -- enqueue ---------------------------------------------------------------------
 
 
-def enqueue_workflow(bind: Bind, workflow: Workflow) -> WorkflowRunRecord:
+def enqueue_workflow(
+    bind: Bind, workflow: Workflow, *, max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
+) -> WorkflowRunRecord:
     """Write a workflow run: its steps, their dependencies, and the jobs of the steps that wait for nothing.
 
     The whole definition is checked first (and its job types against their
@@ -64,12 +66,14 @@ def enqueue_workflow(bind: Bind, workflow: Workflow) -> WorkflowRunRecord:
     Args:
         bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
+        max_payload_bytes: the largest payload of a step (JSON bytes), as for :func:`runledger_sync.enqueue`.
 
     Returns:
         The run with its steps.
 
     Raises:
         WorkflowEmpty, DuplicateStepKey, UnknownDependency, DependencyCycle: a bad definition.
+        InvalidPayload: a step's payload is larger than ``max_payload_bytes`` (the error names the step).
         WorkflowDefinitionNotFoundOrDisabled: a step's job type has no enabled definition.
         WorkflowEnqueueConflictingRetry: the key exists with a different request.
 
@@ -79,7 +83,11 @@ def enqueue_workflow(bind: Bind, workflow: Workflow) -> WorkflowRunRecord:
     """
     if not isinstance(workflow, Workflow):
         raise check.InvalidArgument("workflow", type(workflow).__name__, "a Workflow")
+    check.check_int("max_payload_bytes", max_payload_bytes, check.MAX_PAYLOAD_BYTES_RANGE)
     workflow.validate()
+    for step in workflow.steps:
+        if step.kind is WorkflowStepKind.JOB:
+            check.serialize_json(f"the payload of step {step.key!r}", step.payload, max_bytes=max_payload_bytes)
     snapshot = _request_snapshot(workflow)
     return run_in_transaction(bind, lambda connection: _enqueue(connection, workflow, snapshot))
 

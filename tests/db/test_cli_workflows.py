@@ -180,6 +180,27 @@ def test_show_escapes_control_characters_of_step_keys(db, run):
     assert code == 0 and "\x1b" not in out and "a\\x1b[2Jb" in out
 
 
+
+def chain(steps: int) -> rl.Workflow:
+    wf = rl.Workflow("chain")
+    for index in range(steps):
+        wf.external(f"s{index}", after=[f"s{index - 1}"] if index else ())
+    return wf
+
+
+def test_show_draws_a_chain_of_thousands_of_steps_with_bounded_indentation(db, run):
+    run_record = rl.enqueue_workflow(db, chain(5_000))
+
+    code, out, _ = run("workflows", "show", str(run_record.id))
+    assert code == 0
+    drawn = table(out)
+    assert len(drawn) == 5_000
+    assert [row["step"].strip(" |`-") for row in drawn[:3]] == ["s0", "s1", "s2"]
+    # Deep steps say their depth rather than being pushed thousands of columns right.
+    assert drawn[-1]["step"].endswith("s4999") and "4999" in drawn[-1]["step"].split("s4999")[0]
+    assert max(len(line) for line in out.splitlines()) < 300
+
+
 # -- cancel ------------------------------------------------------------------------
 
 
@@ -260,6 +281,19 @@ def test_complete_external_refuses_a_conflicting_answer_and_keeps_the_first(db, 
     assert step_status(db, run_record.id, "approval") == ("SUCCEEDED", {"by": "ada"})
 
 
+def test_complete_external_refuses_an_output_over_the_configured_output_limit(db, run, monkeypatch):
+    run_record = waiting_for_approval(db)
+    monkeypatch.setenv("RUNLEDGER_MAX_OUTPUT_BYTES", "64")
+
+    lines = assert_error(run("workflows", "complete-external", str(run_record.id), "approval", "--succeeded",
+                             "--output", json.dumps({"by": "x" * 100})), 2, "job.output_too_large")
+    assert "at most 64 bytes of JSON" in lines[0] and "RUNLEDGER_MAX_OUTPUT_BYTES" in lines[1]
+    assert step_status(db, run_record.id, "approval") == ("WAITING_FOR_EXTERNAL", None)
+
+    assert run("workflows", "complete-external", str(run_record.id), "approval", "--succeeded",
+               "--output", '{"by": "ada"}')[0] == 0
+
+
 def test_complete_external_refuses_a_step_that_does_not_wait(db, run):
     run_record = rl.enqueue_workflow(db, order())  # charge has not run: approval is BLOCKED
 
@@ -329,3 +363,19 @@ def test_a_run_id_that_is_no_uuid_is_bad_usage(db, run, argv):
     assert "RUN_ID must be a workflow run id" in lines[0] and "workflows list" in lines[1]
     assert scalar(db, "SELECT count(*) FROM workflow_runs WHERE status = 'RUNNING'") == 1
 
+
+
+def test_jobs_show_cuts_a_large_output_with_a_note_and_json_keeps_it_whole(db, run):
+    run_record = rl.enqueue_workflow(db, order())
+    job = claim_one(db, job_type=CHARGE)
+    lifecycle.complete_job_success(db, **LeaseIdentity.of(job).keywords(),
+                                   completion=rl.JobCompletion(output={"blob": "x" * 500_000}))
+    job_id = str(rl.get_workflow_run(db, run_record.id).step("charge").job_id)
+
+    code, out, _ = run("jobs", "show", job_id)
+    assert code == 0 and len(out) < 20_000
+    [output_line] = [line for line in out.splitlines() if line.startswith("output:")]
+    assert "more characters not shown; --json prints the whole value" in output_line
+
+    code, out, _ = run("jobs", "show", job_id, "--json")
+    assert code == 0 and json.loads(out)["job"]["output"] == {"blob": "x" * 500_000}

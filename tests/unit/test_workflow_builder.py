@@ -69,3 +69,54 @@ def test_find_cycle(graph, cycle):
 def test_a_long_chain_has_no_cycle_and_no_recursion_limit():
     graph = {f"s{i}": [f"s{i - 1}"] if i else [] for i in range(5_000)}
     assert find_cycle(graph) == []
+
+
+class _CountedKey(str):
+    """A step key that counts how often it is compared or hashed."""
+
+    calls = 0
+
+    def __eq__(self, other):
+        _CountedKey.calls += 1
+        return str.__eq__(self, other)
+
+    def __hash__(self):
+        _CountedKey.calls += 1
+        return str.__hash__(self)
+
+
+def _key_operations_to_build(steps: int) -> int:
+    _CountedKey.calls = 0
+    wf = rl.Workflow("long")
+    for index in range(steps):
+        wf.job(_CountedKey(f"s{index}"), "a.b", after=[f"s{index - 1}"] if index else ())
+    wf.validate()
+    return _CountedKey.calls
+
+
+def test_building_a_workflow_costs_a_bounded_number_of_key_operations_per_step():
+    # A duplicate check that scans every earlier step costs n*n/2 comparisons.
+    for steps in (1_000, 2_000):
+        assert _key_operations_to_build(steps) <= 10 * steps
+
+
+def test_a_cycle_over_thousands_of_steps_is_named_by_a_short_sample():
+    wf = rl.Workflow("ring")
+    for index in range(5_000):
+        wf.job(f"step-{index}", "a.b", after=[f"step-{(index + 1) % 5_000}"])
+    with pytest.raises(rl.DependencyCycle) as raised:
+        wf.validate()
+    message = str(raised.value)
+    assert len(message) < 2_000
+    assert "step-0 -> step-1 -> step-2" in message and "and 4980 more" in message
+    assert len(raised.value.details["cycle"]) == 20 and raised.value.details["cycle_length"] == 5_000
+
+
+def test_a_short_cycle_is_named_whole():
+    wf = rl.Workflow("ring")
+    wf.job("a", "a.b", after=["c"])
+    wf.job("b", "a.b", after=["a"])
+    wf.job("c", "a.b", after=["b"])
+    with pytest.raises(rl.DependencyCycle) as raised:
+        wf.validate()
+    assert str(raised.value).endswith("has a dependency cycle: a -> c -> b -> a")

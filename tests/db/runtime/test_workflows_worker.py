@@ -7,7 +7,7 @@ import threading
 import runledger_sync as rl
 from runledger_sync.core.workflow import WorkflowRunStatus as Run
 from runledger_sync.core.workflow import WorkflowStepStatus as Step
-from tests.handlers import Probe, fast_config
+from tests.handlers import SECRET, Probe, fast_config
 from tests.support import rows, scalar, wait_until
 
 BRANCHES = 50
@@ -154,3 +154,66 @@ def test_a_handler_completing_in_its_own_transaction_while_the_cancel_holds_the_
     job = rl.get_job(engine, job_id)
     assert (job.status, job.last_error_code) == (rl.JobStatus.LEASED, None)
     assert rl.get_workflow_run(engine, run.id).step("second").status is Step.CANCELED
+
+
+BIG, AFTER_BIG, BIG_IN_TX = "limit.big", "limit.after", "limit.big_in_tx"
+
+
+def output_registry(engine, size: int) -> rl.JobRegistry:
+    registry = rl.JobRegistry()
+
+    @registry.job(BIG, max_attempts=3)
+    def big(ctx: rl.JobContext, payload: dict) -> rl.JobCompletion:
+        return rl.JobCompletion(output={"secret": SECRET, "blob": "x" * size})
+
+    @registry.job(BIG_IN_TX, max_attempts=3)
+    def big_in_tx(ctx: rl.JobContext, payload: dict) -> None:
+        with engine.begin() as connection:
+            ctx.complete_in(connection, rl.JobCompletion(output={"blob": "y" * size}))
+
+    @registry.job(AFTER_BIG)
+    def after(ctx: rl.JobContext, payload: dict) -> None:
+        pass
+
+    return registry
+
+
+
+def test_an_output_over_the_limit_dead_letters_the_job_at_once_with_output_too_large(engine, start_loop, logs):
+    registry = output_registry(engine, 20_000)
+    registry.sync_definitions(engine)
+    wf = rl.Workflow("limit")
+    first = wf.job("big", BIG)
+    wf.job("after", AFTER_BIG, after=[first], release="on_success")
+    run = rl.enqueue_workflow(engine, wf)
+    in_transaction = rl.enqueue(engine, BIG_IN_TX, {})
+    start_loop("worker", registry, fast_config(max_output_bytes=10_000))
+
+    job_id = run.step("big").job_id
+    wait_until(lambda: rl.get_job(engine, job_id).status is rl.JobStatus.DEAD_LETTERED)
+    job = rl.get_job(engine, job_id)
+    # The same code returns the same output: retrying cannot help, so one attempt.
+    assert (job.attempt, job.last_error_code, job.output) == (1, "job.output_too_large", None)
+    assert "10000 bytes" in job.last_error_message and "was not stored" in job.last_error_message
+    final = rl.get_workflow_run(engine, run.id)
+    assert (final.step("big").status, final.step("big").error_code) == (Step.FAILED, "job.output_too_large")
+    assert final.step("after").status is Step.CANCELED
+    # Refused inside the handler's own transaction (ctx.complete_in): the same, at once.
+    wait_until(lambda: rl.get_job(engine, in_transaction.id).status is rl.JobStatus.DEAD_LETTERED)
+    job = rl.get_job(engine, in_transaction.id)
+    assert (job.attempt, job.last_error_code, job.output) == (1, "job.output_too_large", None)
+    assert "at most 10000 bytes of JSON" in job.last_error_message
+    # The logs fixture checks that no record carries the output (it holds the secret marker).
+
+
+def test_a_larger_configured_output_limit_lets_a_larger_output_be_stored(engine, start_loop):
+    registry = output_registry(engine, 1_500_000)
+    registry.sync_definitions(engine)
+    grouped = rl.enqueue(engine, BIG, {})
+    in_transaction = rl.enqueue(engine, BIG_IN_TX, {})
+    start_loop("worker", registry, fast_config(max_output_bytes=2_000_000))
+
+    for job in (grouped, in_transaction):
+        wait_until(lambda job=job: rl.get_job(engine, job.id).status is rl.JobStatus.SUCCEEDED)
+    assert len(rl.get_job(engine, grouped.id).output["blob"]) == 1_500_000
+    assert len(rl.get_job(engine, in_transaction.id).output["blob"]) == 1_500_000

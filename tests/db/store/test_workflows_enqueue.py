@@ -163,3 +163,23 @@ def test_the_linkage_trigger_refuses_a_job_pointing_at_a_step_that_does_not_poin
 
     assert isinstance(translate(caught.value), rl.WorkflowLinkageSymmetryViolation)
     assert rl.get_job(typed, plain.id).workflow_step_id is None
+
+
+def test_a_step_payload_over_the_payload_limit_is_refused_naming_the_step_and_nothing_is_written(typed):
+    wf = rl.Workflow("big")
+    wf.job("small", "payments.charge", {"n": 1})
+    wf.job("huge", "payments.charge", {"blob": "x" * 2_000_000})
+
+    with pytest.raises(rl.InvalidPayload) as raised:
+        rl.enqueue_workflow(typed, wf)
+    assert raised.value.code == "job.invalid_payload"
+    assert "'huge'" in raised.value.message and "1048576 bytes" in raised.value.message
+    assert "xxxx" not in raised.value.message
+    assert counts(typed) == (0, 0, 0, 0)
+
+    # The limit is the caller's, as enqueue's is.
+    with pytest.raises(rl.InvalidPayload):
+        rl.enqueue_workflow(typed, order_workflow(), max_payload_bytes=10)
+    assert counts(typed) == (0, 0, 0, 0)
+    run = rl.enqueue_workflow(typed, wf, max_payload_bytes=3_000_000)
+    assert rl.get_job(typed, run.step("huge").job_id).payload == {"blob": "x" * 2_000_000}

@@ -400,3 +400,39 @@ def test_a_grouped_success_in_the_callers_transaction_keeps_nothing_of_a_pass_a_
     held_job = next(job for job in jobs if job.workflow_step_id == held_step)
     assert rl.get_job(typed, held_job.id).status is rl.JobStatus.LEASED
     assert rl.get_workflow_run(typed, free_run.id).status is Run.SUCCEEDED
+
+
+# -- output limits -------------------------------------------------------------------
+
+BIG_OUTPUT = {"blob": "x" * 1_100_000}
+
+
+def test_an_external_answer_over_the_output_limit_is_refused_and_the_step_keeps_waiting(typed):
+    run = rl.enqueue_workflow(typed, gated())
+    succeed(typed, A)
+
+    with pytest.raises(rl.OutputTooLarge) as raised:
+        rl.complete_external_step(typed, run.id, "approval", output=BIG_OUTPUT)
+    assert raised.value.code == "job.output_too_large" and "xxxx" not in raised.value.message
+    assert statuses(typed, run.id)["approval"] is Step.WAITING_FOR_EXTERNAL
+
+    answered = rl.complete_external_step(typed, run.id, "approval", output=BIG_OUTPUT, max_output_bytes=2_000_000)
+    assert answered.step("approval").output == BIG_OUTPUT
+
+
+def test_a_job_success_over_the_output_limit_is_refused_and_the_lease_is_kept(typed):
+    run = rl.enqueue_workflow(typed, chain("on_success"))
+    job = claim(typed, A)
+    identity = LeaseIdentity.of(job)
+    lifecycle.mark_job_running(typed, identity)
+
+    with pytest.raises(rl.OutputTooLarge):
+        lifecycle.complete_job_success(typed, **identity.keywords(), completion=rl.JobCompletion(output=BIG_OUTPUT))
+    with pytest.raises(rl.OutputTooLarge):
+        lifecycle_batch.complete_jobs_success(typed, [(identity, rl.JobCompletion(output=BIG_OUTPUT))])
+    assert rl.get_job(typed, job.id).status is rl.JobStatus.LEASED
+    assert statuses(typed, run.id)["a"] is Step.RUNNING
+
+    [result] = lifecycle_batch.complete_jobs_success(
+        typed, [(identity, rl.JobCompletion(output=BIG_OUTPUT))], max_output_bytes=2_000_000)
+    assert result is None and rl.get_job(typed, job.id).output == BIG_OUTPUT
