@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-external venv clean
+.PHONY: demo test test-external venv docs clean
 
 venv: $(VENV)/.installed
 
@@ -20,5 +20,13 @@ demo: venv
 test: venv
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The documentation site, into site/: strict, so a broken link or reference fails the build.
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+$(VENV)/.docs-installed: $(VENV)/.installed
+	$(BIN)/pip install --quiet -e '.[dev,docs]'
+	touch $@
+
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) build dist site *.egg-info

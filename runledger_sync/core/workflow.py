@@ -59,6 +59,8 @@ class WorkflowStepStatus(str, enum.Enum):
 
 
 class WorkflowStepKind(str, enum.Enum):
+    """What a step is (column ``workflow_steps.kind``): a job it runs, or an answer it waits for."""
+
     JOB = "JOB"
     EXTERNAL = "EXTERNAL"
 
@@ -124,8 +126,9 @@ class Workflow:
             after: the steps (or their keys) this one waits for.
             release: ``"on_terminal"`` (default) starts it whatever they ended with;
                 ``"on_success"`` only if they all succeeded, and cancels it otherwise.
-            priority, max_attempts, timeout_seconds: as for :func:`runledger_sync.enqueue`;
-                unset values come from the job type's definition.
+            priority: as for :func:`runledger_sync.enqueue`; unset, from the job type's definition.
+            max_attempts: as for :func:`runledger_sync.enqueue`; unset, from the job type's definition.
+            timeout_seconds: as for :func:`runledger_sync.enqueue`; unset, from the job type's definition.
 
         Raises:
             InvalidArgument, InvalidJobType, InvalidPayload: nothing is added.
@@ -182,7 +185,7 @@ class Workflow:
         """Check the whole definition: some step, known dependencies, no cycle.
 
         Raises:
-            WorkflowEmpty, UnknownDependency, DependencyCycle.
+            WorkflowEmpty, UnknownDependency, DependencyCycle: the definition is refused.
         """
         if not self._steps:
             raise WorkflowEmpty(f"workflow {self.name!r} has no steps")

@@ -122,7 +122,7 @@ def enqueue_many(
         every record, :func:`enqueue_many_ids` returns only the ids.
 
     Raises:
-        The same errors as :func:`enqueue`; any one of them rejects the batch.
+        RunledgerError: the same errors as :func:`enqueue`; any one of them rejects the batch.
         ConnectionFailed: also when the connection was lost mid-way through a
             batch of several chunks read from a one-shot iterator, which cannot
             be sent again (nothing was written).

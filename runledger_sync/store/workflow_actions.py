@@ -160,7 +160,7 @@ def complete_external_step(
         max_output_bytes: the largest output accepted (JSON bytes), as for a job's output.
 
     Raises:
-        WorkflowRunNotFound, ExternalStepNotFound, ExternalStepNotExternal, ExternalStepNotWaiting.
+        WorkflowRunNotFound, ExternalStepNotFound, ExternalStepNotExternal, ExternalStepNotWaiting: no such step waits.
         ExternalStepConflictingCompletion, ExternalStepConflictingOutput: answered differently before.
         ExternalStepInvalidTerminalStatus, ExternalStepOutputInvalidStatus: bad arguments.
         OutputTooLarge: ``output`` is larger than ``max_output_bytes``; nothing written.

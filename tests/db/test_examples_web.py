@@ -1,8 +1,9 @@
-"""The README's Flask and Django sections, run as a new user runs them.
+"""The Flask and Django guides (docs/guides/flask.md, django.md), run as a new user runs them.
 
-- Every python block of those sections is an excerpt of examples/flask_app/ or
-  examples/django_app/, so the README cannot drift from code that is tested here.
-- Their migrate and worker commands are taken from the README's shell blocks and
+- Every python block of those pages is an excerpt of examples/flask_app/ or
+  examples/django_app/, so the guides cannot drift from code that is tested here.
+- Their migrate and worker commands are taken from the guides' shell blocks (marked
+  flask-shell and django-shell) and
   run as subprocesses from the repository root; the views are driven through
   Flask's and Django's test clients against a real database.
 - Django's settings can be configured once per process, so the Django example
@@ -14,7 +15,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -27,14 +27,13 @@ from typing import Any
 import pytest
 
 import runledger_sync as rl
+from tests.db.test_docs import DOCS, REPO, marked, page_blocks, shell_lines
 from tests.support import rows, scalar, wait_until
 
-REPO = Path(__file__).resolve().parents[2]
-README = REPO / "README.md"
 EXAMPLES = REPO / "examples"
 DJANGO_DIR = EXAMPLES / "django_app"
 
-#: README marker name -> the example file its python block is an excerpt of.
+#: docs-test marker name -> the example file its python block is an excerpt of.
 SNIPPET_FILES = {
     "flask-jobs": "examples/flask_app/jobs.py",
     "flask-app": "examples/flask_app/app.py",
@@ -71,43 +70,39 @@ def refuse_at_commit(engine: Any, table: str, condition: str) -> None:
         conn.exec_driver_sql(REFUSE_AT_COMMIT.format(name=f"refuse_{table}", table=table, condition=condition))
 
 
-# -- the README --------------------------------------------------------------------------------
+# -- the guides ------------------------------------------------------------------------------
+
+GUIDES = {"Flask": "guides/flask.md", "Django": "guides/django.md"}
+SHELL_BLOCKS = {"Flask": "flask-shell", "Django": "django-shell"}
 
 
-def readme_section(title: str) -> str:
-    text = README.read_text(encoding="utf-8")
-    match = re.search(rf"^## {title}\n(.*?)(?=^## )", text, re.S | re.M)
-    assert match, f"README has no '## {title}' section"
-    return match.group(1)
+def marked_snippets(title: str) -> dict[str, str]:
+    """The python blocks of a guide, by marker (a block without one maps from None)."""
+    blocks = page_blocks(DOCS / GUIDES[title])
+    return {block.marker: block.code for block in blocks if block.kind == "python"}
 
 
-def marked_snippets(section: str) -> dict[str, str]:
-    return dict(re.findall(r"<!-- readme-test: ([\w-]+) -->\s*```python\n(.*?)```", section, re.S))
-
-
-def shell_command(section: str, words: str) -> list[str]:
-    """The one command line of the section's ``sh`` block that contains ``words``, as argv."""
-    blocks = re.findall(r"```sh\n(.*?)```", section, re.S)
-    lines = [line for block in blocks for line in block.splitlines() if words in line]
-    assert len(lines) == 1, f"expected one README command with {words!r}, got {lines}"
-    return shlex.split(lines[0], comments=True)
+def shell_command(title: str, words: str) -> list[str]:
+    """The one command line of the guide's marked shell block that contains ``words``, as argv."""
+    lines = [line for line in shell_lines(marked(SHELL_BLOCKS[title], "sh")) if words in line]
+    assert len(lines) == 1, f"expected one {title} guide command with {words!r}, got {lines}"
+    return shlex.split(lines[0])
 
 
 @pytest.mark.parametrize("title", ["Flask", "Django"])
-def test_every_python_block_of_the_section_is_an_excerpt_of_its_example(title):
-    section = readme_section(title)
-    snippets = marked_snippets(section)
-    assert len(snippets) == section.count("```python"), "a python block of this section has no readme-test marker"
-    assert snippets, "the section shows no code"
+def test_every_python_block_of_the_guide_is_an_excerpt_of_its_example(title):
+    snippets = marked_snippets(title)
+    assert None not in snippets, "a python block of this guide has no docs-test marker"
+    assert snippets, "the guide shows no code"
     for name, code in snippets.items():
         assert name in SNIPPET_FILES, f"marker {name!r} names no example file in SNIPPET_FILES"
         source = (REPO / SNIPPET_FILES[name]).read_text(encoding="utf-8")
-        assert code in source, f"README snippet {name!r} is not verbatim in {SNIPPET_FILES[name]}"
+        assert code in source, f"the guide's block {name!r} is not verbatim in {SNIPPET_FILES[name]}"
     assert {name.split("-")[0] for name in snippets} == {title.lower()}
 
 
-def test_every_snippet_file_is_shown_in_the_readme():
-    shown = marked_snippets(readme_section("Flask")) | marked_snippets(readme_section("Django"))
+def test_every_snippet_file_is_shown_in_a_guide():
+    shown = marked_snippets("Flask") | marked_snippets("Django")
     assert set(shown) == set(SNIPPET_FILES)
 
 
@@ -122,7 +117,7 @@ def example_env(database_url: str) -> dict[str, str]:
 
 
 def executable(argv: list[str]) -> list[str]:
-    """The README's argv with ``flask`` / ``python`` run by this interpreter."""
+    """The guide's argv with ``flask`` / ``python`` run by this interpreter."""
     program, *arguments = argv
     if program == "flask":
         return [sys.executable, "-m", "flask", *arguments]
@@ -137,7 +132,7 @@ def run(argv: list[str], database_url: str, cwd: Path = REPO) -> subprocess.Comp
 
 
 def run_worker_until(argv: list[str], database_url: str, engine: Any, job_id: Any) -> rl.JobRecord:
-    """Start the README's worker command, wait for the job to succeed, then stop it as Ctrl-C does."""
+    """Start the guide's worker command, wait for the job to succeed, then stop it as Ctrl-C does."""
     process = subprocess.Popen(argv, cwd=REPO, env=example_env(database_url),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -195,8 +190,7 @@ def load_flask_example(monkeypatch) -> Iterator[Any]:
 
 def test_flask_example_signup_commits_user_and_job_then_the_worker_runs_it(empty_database, load_flask_example,
                                                                            queue_engine):
-    section = readme_section("Flask")
-    migrated = run(executable(shell_command(section, "runledger migrate")), empty_database)
+    migrated = run(executable(shell_command("Flask", "runledger migrate")), empty_database)
     assert "migrated from an empty database" in migrated.stdout
     assert "1 job definition(s) written" in migrated.stdout
     engine = queue_engine(empty_database)
@@ -221,7 +215,7 @@ def test_flask_example_signup_commits_user_and_job_then_the_worker_runs_it(empty
     assert scalar(engine, "SELECT count(*) FROM users") == 1
     assert rl.count_jobs(engine) == 1
 
-    done = run_worker_until(executable(shell_command(section, "runledger worker")), empty_database, engine, job.id)
+    done = run_worker_until(executable(shell_command("Flask", "runledger worker")), empty_database, engine, job.id)
     assert done.output == {"welcomed": "ada@example.com"}
     assert scalar(engine, "SELECT welcomed_at IS NOT NULL FROM users WHERE email = 'ada@example.com'") is True
 
@@ -272,10 +266,9 @@ def django_checkout(database_url: str, *forms: dict[str, Any]) -> list[tuple[int
 
 
 def django_migrate(database_url: str) -> None:
-    section = readme_section("Django")
-    migrated = run(executable(shell_command(section, "manage.py migrate")), database_url)
+    migrated = run(executable(shell_command("Django", "manage.py migrate")), database_url)
     assert "Applying shop.0001_initial... OK" in migrated.stdout
-    queue = run(executable(shell_command(section, "manage.py runledger_migrate")), database_url)
+    queue = run(executable(shell_command("Django", "manage.py runledger_migrate")), database_url)
     assert "migrated from an empty database" in queue.stdout
 
 
@@ -299,7 +292,7 @@ def test_django_example_checkout_commits_order_and_job_then_the_worker_runs_it(d
     job = rl.get_job(engine, body["job_id"])
     assert (job.job_type, job.status, job.payload) == ("orders.confirm", rl.JobStatus.PENDING, {"order_id": order.id})
 
-    worker = executable(shell_command(readme_section("Django"), "manage.py runledger_worker"))
+    worker = executable(shell_command("Django", "manage.py runledger_worker"))
     done = run_worker_until(worker, empty_database, engine, job.id)
     assert done.output == {"order_id": order.id, "confirmed": True}
     assert scalar(engine, "SELECT status FROM shop_order WHERE id = :id", id=order.id) == "confirmed"

@@ -1,11 +1,10 @@
-"""The README runs as written: its first-job and workflow snippets (only the URL swapped for the test database),
-every command of its command-line block, and a configuration table that lists every JobsConfig field."""
+"""The documentation's first-job, schedule and workflow blocks run as written (only the URL swapped for the test
+database), and so does every command of the command-line reference's examples. Blocks are found by their
+``<!-- docs-test: NAME -->`` marker, wherever they are (tests/db/test_docs.py)."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -15,22 +14,18 @@ from zoneinfo import ZoneInfo
 
 import runledger_sync as rl
 from runledger_sync import cli
-from runledger_sync.config import ENV_ALIASES
 from runledger_sync.store import lifecycle
+from tests.db.test_docs import REPO, marked, shell_lines
 from tests.support import define, run_worker_until, wait_until
-
-README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def readme_snippet(name: str) -> str:
-    text = README.read_text(encoding="utf-8")
-    match = re.search(rf"<!-- readme-test: {name} -->\s*```python\n(.*?)```", text, re.S)
-    assert match, f"README has no snippet marked {name}"
-    return match.group(1)
+    """The python block marked ``docs-test: name``."""
+    return marked(name, "python")
 
 
 def jobs_package(root: Path) -> Path:
-    """Write the README's jobs module as ``myapp/jobs.py`` under ``root``; return ``root``."""
+    """Write the documentation's jobs module as ``myapp/jobs.py`` under ``root``; return ``root``."""
     package = root / "myapp"
     package.mkdir()
     (package / "__init__.py").write_text("", encoding="utf-8")
@@ -48,7 +43,7 @@ def deploy_and_enqueue(url: str, root: Path, monkeypatch) -> dict:
     monkeypatch.delitem(sys.modules, "myapp.jobs", raising=False)
     namespace: dict = {}
     code = with_url(readme_snippet("deploy"), url) + readme_snippet("enqueue")
-    exec(compile(code, "README.md:first-job", "exec"), namespace)  # noqa: S102 - our own README
+    exec(compile(code, "docs:first-job", "exec"), namespace)  # noqa: S102 - our own documentation
     return namespace
 
 
@@ -66,10 +61,10 @@ def test_first_job_snippets_deploy_enqueue_and_a_worker_runs_them(fresh_database
 
 
 def run_worker_process(argv: list[str], root: Path, engine, stop: int, **env_vars: str) -> None:
-    """Run a worker process with ``root`` importable until both README jobs succeed; stop it with ``stop``."""
+    """Run a worker process with ``root`` importable until both first-job jobs succeed; stop it with ``stop``."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("RUNLEDGER_")}
     env.update(RUNLEDGER_POLL_INTERVAL_MS="20", **env_vars)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), str(README.parent), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), str(REPO), env.get("PYTHONPATH")]))
     worker = subprocess.Popen([sys.executable, *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_until(lambda: worker.poll() is not None
@@ -94,20 +89,11 @@ def test_the_jobs_module_as_the_workers_app_runs_the_jobs_and_enqueues_none(fres
         engine.dispose()
 
 
-def readme_section(title: str) -> str:
-    text = README.read_text(encoding="utf-8")
-    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## )", text, re.S | re.M)
-    assert match, f"README has no section {title!r}"
-    return match.group(1)
-
-
-def readme_cli_commands() -> list[list[str]]:
-    """Every command of the README's command-line block, as argv lists (``a | b`` is two commands)."""
+def cli_example_commands() -> list[list[str]]:
+    """Every command of the command-line reference's examples, as argv lists (``a | b`` is two commands)."""
     commands = []
-    for line in readme_section("Command line").splitlines():
-        if not line.startswith("    runledger-sync "):
-            continue
-        words = shlex.split(line, comments=True)
+    for line in shell_lines(marked("cli-examples", "sh")):
+        words = shlex.split(line)
         current: list[str] = []
         for word in words + ["|"]:
             if word == "|":
@@ -118,7 +104,7 @@ def readme_cli_commands() -> list[list[str]]:
     return commands
 
 
-def test_every_command_line_of_the_readme_runs_as_written(fresh_database, capsys, tmp_path, monkeypatch):
+def test_every_example_command_line_runs_as_written(fresh_database, capsys, tmp_path, monkeypatch):
     # The files the commands name (enqueue --payload-file payload.json).
     monkeypatch.chdir(tmp_path)
     (tmp_path / "payload.json").write_text('{"to": "a@b.c"}')
@@ -131,7 +117,7 @@ def test_every_command_line_of_the_readme_runs_as_written(fresh_database, capsys
         lifecycle.complete_job_failure(engine, **lifecycle.LeaseIdentity.of(claimed).keywords(),
                                        failure=rl.JobFailure.terminal("smtp.rejected", "no such mailbox"),
                                        retry_delay_ms=None)
-        commands = readme_cli_commands()
+        commands = cli_example_commands()
         # Long-running ones have tests of their own (test_cli_worker.py, test_demo.py).
         runnable = [argv for argv in commands if argv[1] not in ("worker", "demo")]
         assert {argv[1] for argv in commands} >= {"migrate", "check-schema", "worker", "enqueue", "jobs",
@@ -153,23 +139,6 @@ def test_every_command_line_of_the_readme_runs_as_written(fresh_database, capsys
         engine.dispose()
 
 
-def test_the_configuration_table_lists_every_field_with_its_variables_and_default():
-    table = {}
-    for line in readme_section("Configuration").splitlines():
-        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if len(cells) == 3 and cells[0] not in ("field", "---"):
-            table[cells[0]] = cells
-    defaults = rl.JobsConfig()
-    assert sorted(table) == sorted(field.name for field in dataclasses.fields(rl.JobsConfig))
-    for name, (_, variables, default) in table.items():
-        assert f"RUNLEDGER_{name.upper()}" in variables, name
-        if name in ENV_ALIASES:
-            assert ENV_ALIASES[name] in variables, name
-        value = getattr(defaults, name)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            assert float(default.strip("`")) == value, name
-
-
 def test_deploy_then_run_worker_snippets_run_every_job_and_ctrl_c_drains(fresh_database, tmp_path, monkeypatch):
     engine = deploy_and_enqueue(fresh_database, tmp_path, monkeypatch)["engine"]
     script = tmp_path / "worker.py"
@@ -185,7 +154,7 @@ def test_schedules_snippet_declares_and_writes_its_schedules(fresh_database, tmp
     namespace = deploy_and_enqueue(fresh_database, tmp_path, monkeypatch)
     engine = namespace["engine"]
     try:
-        exec(compile(readme_snippet("schedules"), "README.md:schedules", "exec"), namespace)  # noqa: S102 - our own README
+        exec(compile(readme_snippet("schedules"), "docs:schedules", "exec"), namespace)  # noqa: S102 - our own documentation
         found = {schedule.name: schedule for schedule in rl.list_schedules(engine)}
         assert sorted(found) == ["hourly-digest", "nightly-report"]
         nightly = found["nightly-report"]
@@ -197,7 +166,7 @@ def test_schedules_snippet_declares_and_writes_its_schedules(fresh_database, tmp
 
 def run_snippets(namespace: dict, *names: str) -> None:
     for name in names:
-        exec(compile(readme_snippet(name), f"README.md:{name}", "exec"), namespace)  # noqa: S102 - our own README
+        exec(compile(readme_snippet(name), f"docs:{name}", "exec"), namespace)  # noqa: S102 - our own documentation
 
 
 def tree_column(table_text: str) -> list[tuple[str, str]]:
@@ -229,12 +198,11 @@ def test_workflow_snippets_fan_out_fan_in_and_the_approval_gate_run_to_success(
                          lambda: step_status("approval") is rl.WorkflowStepStatus.WAITING_FOR_EXTERNAL
                          and all(step_status(key) is rl.WorkflowStepStatus.SUCCEEDED for key in picks))
         assert step_status("ship") is rl.WorkflowStepStatus.BLOCKED
-        # `workflows show` draws the tree the README shows.
+        # `workflows show` draws the tree the documentation shows.
         capsys.readouterr()
         assert cli.main(["--database-url", fresh_database, "workflows", "show", str(run_id)]) == 0
         shown = capsys.readouterr().out
-        readme_sample = readme_section("Workflows").split("show` draws the steps as a tree", 1)[1]
-        assert tree_column(shown) == tree_column(readme_sample.replace("\n    ", "\n"))
+        assert tree_column(shown) == tree_column(marked("workflow-show-tree", "text"))
         run_snippets(namespace, "workflow-approve")
         run_worker_until(engine, registry, config,
                          lambda: rl.get_workflow_run(engine, run_id).status is rl.WorkflowRunStatus.SUCCEEDED)
@@ -249,8 +217,7 @@ def test_workflow_snippets_fan_out_fan_in_and_the_approval_gate_run_to_success(
 
 
 def test_the_workflows_complete_external_command_answers_the_gate_as_written(fresh_database, capsys):
-    [line] = [line for line in readme_section("Workflows").splitlines()
-              if line.startswith("    runledger-sync workflows complete-external ")]
+    [line] = shell_lines(marked("workflow-complete-external", "sh"))
     engine = rl.create_engine(fresh_database)
     try:
         gate = rl.Workflow("gate")

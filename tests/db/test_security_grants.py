@@ -1,6 +1,6 @@
-"""The README's least-privilege grants are enough to enqueue and run workers, and no more.
+"""The security guide's least-privilege grants are enough to enqueue and run workers, and no more.
 
-The SQL is read from the README block marked ``readme-test: grants`` and run as
+The SQL is read from the block marked ``docs-test: grants`` (docs/guides/security.md) and run as
 written (only the role name is made unique per run), so the documentation and
 this test cannot drift apart.
 """
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 from typing import Iterator
 
 import psycopg2
@@ -21,21 +20,19 @@ from sqlalchemy.exc import DBAPIError
 import runledger_sync as rl
 from runledger_sync import cli
 from runledger_sync.store.lifecycle import claim_jobs
+from tests.db.test_docs import marked
 from tests.support import expire_lease, wait_until
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 DOCUMENTED_ROLE = "runledger_app"
-DOCUMENTED_PASSWORD = "change-me"  # noqa: S105 - the README's placeholder, for a throwaway test role
+DOCUMENTED_PASSWORD = "change-me"  # noqa: S105 - the documentation's placeholder, for a throwaway test role
 # Roles are cluster-wide; a suffix keeps parallel runs on one external server apart.
 ROLE = f"runledger_app_test_{os.getpid()}"
 JOB_TYPE = "grants.job"
 INSUFFICIENT_PRIVILEGE = "42501"
 
 
-def readme_grants() -> str:
-    match = re.search(r"<!-- readme-test: grants -->\s*```sql\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
-    assert match, "README has no SQL block marked readme-test: grants"
-    return match.group(1)
+def documented_grants() -> str:
+    return marked("grants", "sql")
 
 
 def owner_connection(url: str):
@@ -48,8 +45,8 @@ def owner_connection(url: str):
 
 @pytest.fixture
 def role_url(fresh_database) -> Iterator[str]:
-    """A URL for a new role holding exactly the README's grants on the migrated test database."""
-    statements = [part.strip() for part in readme_grants().split(";") if part.strip()]
+    """A URL for a new role holding exactly the documented grants on the migrated test database."""
+    statements = [part.strip() for part in documented_grants().split(";") if part.strip()]
     assert any(s.upper().startswith("CREATE ROLE") for s in statements)
     conn = owner_connection(fresh_database)
     conn.autocommit = True
@@ -57,7 +54,7 @@ def role_url(fresh_database) -> Iterator[str]:
     with conn.cursor() as cursor:
         cursor.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(ROLE)))
         for statement in statements:
-            # The README's own text; only its role name is swapped for this run's, quoted.
+            # The documentation's own text; only its role name is swapped for this run's, quoted.
             cursor.execute(re.sub(rf"\b{DOCUMENTED_ROLE}\b", quoted_role, statement))
     try:
         yield make_url(fresh_database).set(username=ROLE, password=DOCUMENTED_PASSWORD).render_as_string(

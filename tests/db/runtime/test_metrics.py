@@ -15,6 +15,7 @@ from sqlalchemy import text
 import runledger_sync as rl
 from runledger_sync.metrics import WorkerMetrics, registry_for
 from runledger_sync.runtime.worker import run_worker_loop
+from tests.db.test_docs import marked
 from tests.handlers import MAX_BLOCK_SECONDS, fast_config
 from tests.support import scalar, wait_until
 
@@ -173,15 +174,14 @@ def test_the_grafana_dashboard_queries_only_metrics_a_worker_serves(engine):
     assert {re.sub(r"_(bucket|sum|count|total)$", "", name) for name in used} == set(every_family)
 
 
-def test_the_readme_metrics_snippet_serves_the_workers_counters(engine):
-    readme = (Path(__file__).parents[3] / "README.md").read_text(encoding="utf-8")
-    snippet = re.search(r"<!-- readme-test: metrics -->\s*```python\n(.*?)```", readme, re.S).group(1)
+def test_the_documented_metrics_snippet_serves_the_workers_counters(engine):
+    snippet = marked("metrics", "python")
     jobs = _workload_registry()
     jobs.sync_definitions(engine)
     job = rl.enqueue(engine, "m.ok", {})
     namespace = {"rl": rl, "engine": engine, "registry": jobs, "config": fast_config()}
 
-    exec(compile(snippet, "README.md:metrics", "exec"), namespace)  # noqa: S102 - our own README
+    exec(compile(snippet, "docs:metrics", "exec"), namespace)  # noqa: S102 - our own documentation
     with namespace["supervisor"]:
         wait_until(lambda: rl.get_job(engine, job.id).status is rl.JobStatus.SUCCEEDED)
         # The counter moves just after the success commits, on the job's own thread.
