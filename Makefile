@@ -21,12 +21,8 @@ test: venv
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The documentation site, into site/: strict, so a broken link or reference fails the build.
-docs: $(VENV)/.docs-installed
+docs: venv
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
-
-$(VENV)/.docs-installed: $(VENV)/.installed
-	$(BIN)/pip install --quiet -e '.[dev,docs]'
-	touch $@
 
 clean:
 	rm -rf $(VENV) build dist site *.egg-info
