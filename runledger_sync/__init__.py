@@ -109,7 +109,7 @@ from runledger_sync.core.workflow import (
     WorkflowStepStatus,
 )
 from runledger_sync.db.embedded import EmbeddedPostgres
-from runledger_sync.db.engine import create_engine, mask_url, with_schema
+from runledger_sync.db.engine import create_engine, mask_url, mask_urls_in, with_schema
 from runledger_sync.db.migrate import check_schema, current_revision, downgrade, head_revision, migrate
 from runledger_sync.db.pool_mode import PoolMode
 from runledger_sync.logging import configure_logging, configure_logging_unless_configured
@@ -275,6 +275,7 @@ __all__ = [
     "list_workflow_runs",
     "load_registry",
     "mask_url",
+    "mask_urls_in",
     "migrate",
     "pause_schedule",
     "queue_gauges",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Mapping, Optional
 
 import sqlalchemy
@@ -53,12 +54,44 @@ def normalize_url(url: str | URL) -> URL:
     return parsed
 
 
+# A URL inside free text ends at whitespace, a quote or a parenthesis (messages
+# write one as ``(postgresql://...)`` or ``'postgresql://...'``), and not on the
+# punctuation of the sentence around it.
+_URL_IN_TEXT = re.compile(r"""[A-Za-z][A-Za-z0-9+.\-]*://(?:[^\s'"()<>]*[^\s'"()<>.,;:])?""")
+# SQLAlchemy's own reading of the userinfo: the user has no ':' or '/', the
+# password runs to the first '@'. Masking what it would send keeps every spelling hidden.
+_USERINFO_PASSWORD = re.compile(r"^(?P<head>[^:]*://[^:/@]*:)[^@]*(?=@)")
+# libpq also takes the password as a query parameter.
+_QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)[^&#]*", re.IGNORECASE)
+MASK = "***"
+
+
 def mask_url(url: str | URL) -> str:
-    """Render a URL with its password replaced by ``***``, for messages and logs."""
+    """Render a URL with its password replaced by ``***``, for messages and logs.
+
+    Both places a PostgreSQL URL may carry one are masked: the userinfo
+    (``user:PASSWORD@``) and the ``password`` query parameter.
+    """
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        rendered = make_url(url).render_as_string(hide_password=True)
     except Exception:
         return "<unparseable url>"
+    return _QUERY_PASSWORD.sub(rf"\g<head>{MASK}", rendered)
+
+
+def mask_urls_in(text: str) -> str:
+    """Return ``text`` with the password of every URL in it replaced by ``***``.
+
+    Only the URLs change: each is found by its ``scheme://`` and its password
+    cut out where the URL grammar puts it, so the rest of the text is left as
+    it was, even when the password is a word that occurs in it.
+    """
+
+    def mask(found: re.Match[str]) -> str:
+        masked = _USERINFO_PASSWORD.sub(rf"\g<head>{MASK}", found.group(0), count=1)
+        return _QUERY_PASSWORD.sub(rf"\g<head>{MASK}", masked)
+
+    return _URL_IN_TEXT.sub(mask, text)
 
 
 def create_engine(
