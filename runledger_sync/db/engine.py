@@ -35,11 +35,25 @@ def database_url_from_env(environ: Optional[Mapping[str, str]] = None) -> Option
     return None
 
 
+#: The driver of every engine runledger-sync builds: the worker's LISTEN connection
+#: and the store's prepared statements are written for it.
+DRIVER = "psycopg2"
+#: Drivers a URL may name that connect the same way (libpq, the same URL options):
+#: none, which SQLAlchemy 2.1 reads as psycopg (3), and psycopg itself.
+_SAME_CONNECTION_DRIVERS = frozenset({"psycopg2", "psycopg"})
+
+
 def normalize_url(url: str | URL) -> URL:
     """Parse a URL and pin the psycopg2 driver, accepting the ``postgres://`` spelling.
 
+    ``postgresql://`` (psycopg 3 to SQLAlchemy 2.1, psycopg2 to 2.0) and
+    ``postgresql+psycopg://`` both become ``postgresql+psycopg2://``: the same
+    server, user and options, through the driver the worker is built on. Your
+    application's own engines may keep either driver; both are installed.
+
     Raises:
-        ConfigError: the URL cannot be parsed or is not a PostgreSQL URL.
+        ConfigError: the URL cannot be parsed, is not a PostgreSQL URL, or names
+            a driver other than psycopg2 or psycopg (asyncpg, pg8000, ...).
     """
     if isinstance(url, str) and url.startswith("postgres://"):
         url = "postgresql://" + url[len("postgres://"):]
@@ -49,9 +63,13 @@ def normalize_url(url: str | URL) -> URL:
         raise ConfigError([f"database url is not a valid URL ({type(exc).__name__})"]) from exc
     if parsed.get_backend_name() != "postgresql":
         raise ConfigError([f"database url must be a postgresql:// URL, got {mask_url(parsed)}"])
-    if parsed.drivername in ("postgresql", "postgresql+psycopg2"):
-        parsed = parsed.set(drivername="postgresql+psycopg2")
-    return parsed
+    driver = parsed.drivername.partition("+")[2]
+    if driver and driver not in _SAME_CONNECTION_DRIVERS:
+        raise ConfigError([
+            f"database url names the driver {driver!r}, which runledger-sync does not connect with; "
+            f"write postgresql:// (runledger-sync uses {DRIVER}), got {mask_url(parsed)}"
+        ])
+    return parsed.set(drivername=f"postgresql+{DRIVER}")
 
 
 # A URL inside free text ends at whitespace, a quote or a parenthesis (messages
