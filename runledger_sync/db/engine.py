@@ -182,6 +182,11 @@ def with_schema(bind: Engine | Connection, schema: Optional[str]) -> Any:
 
 
 def schema_of(bind: Engine | Connection) -> Optional[str]:
-    """Return the schema the queue tables are addressed in, or None for the search path."""
-    translate = bind.get_execution_options().get("schema_translate_map") or {}
+    """Return the schema the queue tables are addressed in, or None for the search path.
+
+    Alembic's offline mode (``upgrade --sql``) hands migrations a connection that
+    only records SQL and has no options: its statements address the search path.
+    """
+    options = bind.get_execution_options() if hasattr(bind, "get_execution_options") else {}
+    translate = options.get("schema_translate_map") or {}
     return translate.get(None)

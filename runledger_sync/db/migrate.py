@@ -29,6 +29,7 @@ from sqlalchemy.engine import Connection, Engine
 from runledger_sync.core.errors import (
     InvalidArgument,
     MigrationFailed,
+    OfflineMigrationUnsupported,
     RunledgerError,
     SchemaManagedByHost,
     SchemaMismatch,
@@ -42,7 +43,6 @@ VERSION_TABLE = "runledger_alembic_version"
 #: the README's "Schema and Alembic"); ``version_table=`` or this variable overrides it.
 HOST_VERSION_TABLE = "alembic_version"
 HOST_VERSION_TABLE_ENV = "RUNLEDGER_ALEMBIC_VERSION_TABLE"
-BRANCH_LABEL = "runledger"
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 # Alembic's ``context`` and ``op`` proxies are process-wide, so two threads may
 # not run commands at once; the advisory lock in env.py only orders processes.
@@ -69,6 +69,7 @@ def alembic_config(connection: Optional[Connection] = None) -> Config:
 
 def _run(bind: Engine | Connection, action: str, revision: str) -> None:
     _check_bind(bind)
+    _refuse_inside_offline_alembic(action)
     try:
         if isinstance(bind, Connection):
             _run_on(bind, action, revision)
@@ -94,6 +95,24 @@ def _run_on(connection: Connection, action: str, revision: str) -> None:
             command.upgrade(config, revision)
         else:
             command.downgrade(config, revision)
+
+
+def _refuse_inside_offline_alembic(action: str) -> None:
+    """Raise when called from an Alembic command that writes SQL instead of running it.
+
+    A host's ``alembic upgrade --sql`` runs its env.py, which calls
+    :func:`migrate`; going ahead would change the database the user only meant
+    to script, and the script would lack the queue's DDL.
+    """
+    # The EnvironmentContext of the Alembic command running now, if any (see _keeping_the_callers_alembic_proxies).
+    outer = vars(alembic.context).get("_proxy")
+    if outer is not None and outer.is_offline_mode():
+        raise OfflineMigrationUnsupported(
+            f"rl.{'migrate' if action == 'upgrade' else 'downgrade'}() runs online only, and this Alembic command "
+            "is writing SQL (--sql, offline mode): the script would lack the queue's DDL. Run it without --sql, "
+            "or run `runledger-sync migrate` against the database; to script the queue's DDL too, include "
+            "runledger's versions in your own history (its `upgrade --sql` writes them)"
+        )
 
 
 @contextlib.contextmanager
