@@ -57,7 +57,8 @@ HINTS: dict[str, str] = {
         "`jobs retry` takes SUCCEEDED, DEAD_LETTERED or CANCELED jobs; `jobs cancel` takes PENDING or LEASED jobs"
     ),
     "job.definition_not_found_or_disabled": (
-        "start a worker that registers this job type (it syncs the definitions), or enable the type"
+        f"write the definitions with `{PROG} migrate --app module:registry` (a worker started with --app "
+        "writes them too), or enable the type"
     ),
     "job.idempotency_conflict": "repeat the original request exactly, or pass a new --idempotency-key",
     "schedule.not_found": f"list schedule names with `{PROG} schedules list`",

@@ -125,3 +125,18 @@ def test_migrate_without_app_writes_no_definitions(console, plain_engine):
     assert out == f"schema at {rl.head_revision()} (migrated from an empty database)\n"
     with plain_engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT count(*) FROM job_definitions").scalar_one() == 0
+
+
+def test_enqueue_before_the_definitions_exist_points_at_migrate_app_which_fixes_it(console, app_dir):
+    assert console("migrate")[0] == 0
+
+    code, out, err = console("enqueue", "mail.send", "{}")
+
+    assert code == 1
+    error, hint = err.splitlines()
+    assert error.startswith("error: job.definition_not_found_or_disabled: ")
+    assert "runledger-sync migrate --app module:registry" in hint
+    assert console("migrate", "--app", f"{MODULE}:registry")[0] == 0
+    code, out, err = console("enqueue", "mail.send", "{}")
+    assert code == 0, err
+    assert len(out.strip()) == 36  # the new job's id
