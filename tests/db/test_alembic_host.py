@@ -116,6 +116,42 @@ def downgrade():
 '''
 
 
+# The logging sections `alembic init` writes, which an env.py's fileConfig() reads.
+ALEMBIC_INIT_LOGGING = """
+[loggers]
+keys = root,sqlalchemy,alembic
+
+[handlers]
+keys = console
+
+[formatters]
+keys = generic
+
+[logger_root]
+level = WARNING
+handlers = console
+
+[logger_sqlalchemy]
+level = WARNING
+handlers =
+qualname = sqlalchemy.engine
+
+[logger_alembic]
+level = INFO
+handlers =
+qualname = alembic
+
+[handler_console]
+class = StreamHandler
+args = (sys.stderr,)
+level = NOTSET
+formatter = generic
+
+[formatter_generic]
+format = %%(levelname)-5.5s [%%(name)s] %%(message)s
+"""
+
+
 @pytest.fixture
 def option_1_host(tmp_path, empty_database) -> Path:
     """An application dir whose env.py is the README's, as written."""
@@ -124,7 +160,7 @@ def option_1_host(tmp_path, empty_database) -> Path:
     (host / "myapp").mkdir()
     (host / "alembic.ini").write_text(
         "[alembic]\nscript_location = %(here)s\npath_separator = os\nprepend_sys_path = .\n"
-        f"sqlalchemy.url = {empty_database.replace('%', '%%')}\n",
+        f"sqlalchemy.url = {empty_database.replace('%', '%%')}\n" + ALEMBIC_INIT_LOGGING,
         encoding="utf-8",
     )
     (host / "env.py").write_text(textwrap.dedent(readme_snippet("alembic-env")), encoding="utf-8")
