@@ -174,3 +174,17 @@ def test_a_driver_the_queue_cannot_use_is_named_under_flask_not_hidden_as_no_suc
     assert last.startswith(f"runledger_sync.core.errors.ConfigError: config.invalid: database url names the driver "
                            f"'{driver}'"), result.stderr
     assert "write postgresql://" in last
+
+
+@pytest.mark.parametrize("spelling", ["postgresql", "postgres", "postgresql+psycopg", "postgresql+psycopg2"])
+def test_every_psycopg_spelling_gives_a_psycopg2_engine_that_connects(empty_database, spelling):
+    url = make_url(empty_database).set(drivername="postgresql").render_as_string(hide_password=False)
+    url = spelling + url[len("postgresql"):]
+    engine = rl.create_engine(url)
+    try:
+        with engine.connect() as connection:
+            assert connection.exec_driver_sql("SELECT 1").scalar_one() == 1
+        assert engine.url.drivername == "postgresql+psycopg2"
+        assert engine.url.render_as_string(hide_password=False).split("://", 1)[1] == url.split("://", 1)[1]
+    finally:
+        engine.dispose()
