@@ -111,7 +111,7 @@ from runledger_sync.core.workflow import (
 )
 from runledger_sync.db.embedded import EmbeddedPostgres
 from runledger_sync.db.engine import create_engine, mask_url, mask_urls_in, with_schema
-from runledger_sync.db.migrate import check_schema, current_revision, downgrade, head_revision, migrate
+from runledger_sync.db.migrate import check_schema, current_revision, downgrade, head_revision, migrate, migration_sql
 from runledger_sync.db.pool_mode import PoolMode
 from runledger_sync.logging import configure_logging, configure_logging_unless_configured
 from runledger_sync.registry import JobHandler, JobRegistry, load_registry
@@ -279,6 +279,7 @@ __all__ = [
     "mask_url",
     "mask_urls_in",
     "migrate",
+    "migration_sql",
     "pause_schedule",
     "queue_gauges",
     "queue_stats",

@@ -9,6 +9,7 @@ An application may instead include our versions in its own history; then
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import threading
 from dataclasses import dataclass
@@ -57,9 +58,9 @@ def migrations_directory() -> Path:
     return _PACKAGE_DIR.parent / "alembic"
 
 
-def alembic_config(connection: Optional[Connection] = None) -> Config:
+def alembic_config(connection: Optional[Connection] = None, *, output_buffer: Optional[io.StringIO] = None) -> Config:
     """Return an Alembic Config for the bundled history, bound to ``connection`` if given."""
-    config = Config()
+    config = Config(output_buffer=output_buffer)
     config.set_main_option("script_location", str(migrations_directory()))
     config.set_main_option("version_table", VERSION_TABLE)
     if connection is not None:
@@ -110,8 +111,8 @@ def _refuse_inside_offline_alembic(action: str) -> None:
         raise OfflineMigrationUnsupported(
             f"rl.{'migrate' if action == 'upgrade' else 'downgrade'}() runs online only, and this Alembic command "
             "is writing SQL (--sql, offline mode): the script would lack the queue's DDL. Run it without --sql, "
-            "or run `runledger-sync migrate` against the database; to script the queue's DDL too, include "
-            "runledger's versions in your own history (its `upgrade --sql` writes them)"
+            "and write the queue's part with `runledger-sync migrate --sql` (rl.migration_sql()), or include "
+            "runledger's versions in your own history, whose `upgrade --sql` writes them"
         )
 
 
@@ -197,6 +198,31 @@ def migrate(bind: Engine | Connection, revision: str = "head") -> None:
             they are not at ``revision``; run ``alembic upgrade head`` there.
     """
     _run(bind, "upgrade", revision)
+
+
+def migration_sql(revision: str = "head", *, schema: Optional[str] = None) -> str:
+    """Return the SQL script :func:`migrate` would run, written without a database.
+
+    Alembic's offline mode: for a DBA to review and apply, or for a host
+    application whose own ``alembic upgrade --sql`` cannot include ours.
+
+    Args:
+        revision: ``"head"`` (or another revision) scripts the way from an empty
+            database; ``"FROM:TO"`` (``"0003:head"``) from a database at ``FROM``.
+        schema: the schema the queue tables go in (it must exist); None for the search path.
+
+    Raises:
+        MigrationFailed: the revision names none of the bundled history's.
+    """
+    buffer = io.StringIO()
+    config = alembic_config(output_buffer=buffer)
+    config.attributes["schema"] = schema
+    try:
+        with _ALEMBIC_LOCK, _keeping_the_callers_alembic_proxies():
+            command.upgrade(config, revision, sql=True)
+    except Exception as exc:  # Alembic raises CommandError and its revision errors; keep the cause
+        raise MigrationFailed(f"scripting upgrade to {revision} failed: {exc}") from exc
+    return buffer.getvalue()
 
 
 def downgrade(bind: Engine | Connection, revision: str = "base") -> None:

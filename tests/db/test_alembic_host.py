@@ -337,6 +337,7 @@ def test_option_1_upgrade_sql_fails_with_a_coded_error_and_changes_nothing(
 
     assert result.returncode != 0
     assert "db.offline_migration_unsupported: rl.migrate() runs online only" in result.stderr, result.stderr
+    assert "runledger-sync migrate --sql" in result.stderr  # where the queue's part of the script comes from
     assert tables(engine) == set()
 
 
