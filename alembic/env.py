@@ -1,13 +1,16 @@
 """Alembic environment for runledger-sync's schema history.
 
 rl.migrate() hands in a connection through ``config.attributes``; the alembic
-command line builds one from RUNLEDGER_DATABASE_URL.
+command line builds one from RUNLEDGER_DATABASE_URL. Offline (``upgrade --sql``,
+rl.migration_sql()) the script is written for the schema in
+``config.attributes["schema"]``, else the search path, and needs no database.
 """
 
 from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import text
+from sqlalchemy.dialects import postgresql
 
 from runledger_sync.db import schema
 from runledger_sync.db.engine import create_engine, schema_of
@@ -33,6 +36,26 @@ def _run(connection) -> None:
         context.run_migrations()
 
 
+def run_migrations_offline() -> None:
+    schema_name = config.attributes.get("schema")
+    # The named paramstyle keeps a '%' in the functions' SQL single, as psql reads it.
+    context.configure(
+        dialect_name="postgresql",
+        dialect_opts={"paramstyle": "named"},
+        literal_binds=True,
+        target_metadata=target_metadata,
+        version_table=version_table,
+        version_table_schema=schema_name,
+        transaction_per_migration=False,
+    )
+    with context.begin_transaction():
+        context.execute(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})")
+        if schema_name:
+            # The migrations name tables unqualified offline: the search path places them.
+            context.execute(f"SET LOCAL search_path TO {postgresql.dialect().identifier_preparer.quote(schema_name)}")
+        context.run_migrations()
+
+
 def run_migrations_online() -> None:
     connection = config.attributes.get("connection")
     if connection is not None:
@@ -48,5 +71,6 @@ def run_migrations_online() -> None:
 
 
 if context.is_offline_mode():
-    raise SystemExit("runledger-sync migrations run online only: set RUNLEDGER_DATABASE_URL")
-run_migrations_online()
+    run_migrations_offline()
+else:
+    run_migrations_online()

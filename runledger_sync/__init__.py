@@ -47,6 +47,7 @@ from runledger_sync.core.errors import (
     LegacyIdempotencySnapshotMissing,
     MigrationFailed,
     MissingExtra,
+    OfflineMigrationUnsupported,
     OutputTooLarge,
     PermissionDenied,
     RegistrationError,
@@ -110,8 +111,8 @@ from runledger_sync.core.workflow import (
     WorkflowStepStatus,
 )
 from runledger_sync.db.embedded import EmbeddedPostgres
-from runledger_sync.db.engine import create_engine, mask_url, with_schema
-from runledger_sync.db.migrate import check_schema, current_revision, downgrade, head_revision, migrate
+from runledger_sync.db.engine import create_engine, mask_url, mask_urls_in, with_schema
+from runledger_sync.db.migrate import check_schema, current_revision, downgrade, head_revision, migrate, migration_sql
 from runledger_sync.db.pool_mode import PoolMode
 from runledger_sync.logging import configure_logging, configure_logging_unless_configured
 from runledger_sync.registry import JobHandler, JobRegistry, load_registry
@@ -205,6 +206,7 @@ __all__ = [
     "LoopHealth",
     "MigrationFailed",
     "MissingExtra",
+    "OfflineMigrationUnsupported",
     "OutputTooLarge",
     "PermissionDenied",
     "PoolMode",
@@ -277,7 +279,9 @@ __all__ = [
     "list_workflow_runs",
     "load_registry",
     "mask_url",
+    "mask_urls_in",
     "migrate",
+    "migration_sql",
     "pause_schedule",
     "queue_gauges",
     "queue_stats",

@@ -16,7 +16,7 @@ from runledger_sync.db.engine import schema_of
 # revision identifiers, used by Alembic.
 revision: str = '0001'
 down_revision: Union[str, Sequence[str], None] = None
-branch_labels: Union[str, Sequence[str], None] = ('runledger',)
+branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 
 

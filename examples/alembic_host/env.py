@@ -3,7 +3,10 @@
 alembic.ini lists runledger's versions directory beside the application's own,
 so one ``alembic_version`` table tracks both histories, and the application's
 first revision builds on runledger's head: ``alembic upgrade head`` runs ours
-first, then the application's.
+first, then the application's. ``process_revision_directives`` writes every new
+revision into this project's versions directory (Alembic would put the first
+one next to runledger's head, inside the installed package). ``upgrade --sql``
+writes runledger's DDL too.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import sqlalchemy as sa
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from runledger_sync.db.alembic_host import include_object
+from runledger_sync.db.alembic_host import include_object, process_revision_directives
 
 config = context.config
 
@@ -36,8 +39,6 @@ sa.Table(
 
 
 def database_url() -> str:
-    # With SQLAlchemy 2.1 a plain postgresql:// URL means psycopg 3, which
-    # runledger-sync does not install: write postgresql+psycopg2:// (or install psycopg).
     url = config.get_main_option("sqlalchemy.url") or os.environ.get("APP_DATABASE_URL") or os.environ.get(
         "RUNLEDGER_DATABASE_URL")
     if not url:
@@ -45,12 +46,23 @@ def database_url() -> str:
     return url
 
 
+def run_migrations_offline() -> None:
+    # `alembic upgrade --sql` needs only the dialect: no connection, no URL. The named
+    # paramstyle keeps a '%' in the scripts' SQL single, as psql must read it.
+    context.configure(dialect_name="postgresql", dialect_opts={"paramstyle": "named"}, literal_binds=True,
+                      target_metadata=target_metadata, include_object=include_object,
+                      process_revision_directives=process_revision_directives)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
 def run_migrations_online() -> None:
     connectable = engine_from_config({"sqlalchemy.url": database_url()}, prefix="sqlalchemy.", poolclass=pool.NullPool)
     with connectable.connect() as connection:
         # Your own connection has no schema_translate_map, so runledger's
         # migrations create the queue tables in the search path (public).
-        context.configure(connection=connection, target_metadata=target_metadata, include_object=include_object)
+        context.configure(connection=connection, target_metadata=target_metadata, include_object=include_object,
+                          process_revision_directives=process_revision_directives)
         with context.begin_transaction():
             context.run_migrations()
     connectable.dispose()
@@ -59,5 +71,6 @@ def run_migrations_online() -> None:
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):
     fileConfig(config.config_file_name, disable_existing_loggers=False)
 if context.is_offline_mode():
-    raise SystemExit("this example migrates online only")
-run_migrations_online()
+    run_migrations_offline()
+else:
+    run_migrations_online()

@@ -15,7 +15,6 @@ import sys
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Sequence, TextIO
-from urllib.parse import unquote, urlsplit
 
 import runledger_sync as rl
 from runledger_sync.cli._output import printable
@@ -62,7 +61,8 @@ HINTS: dict[str, str] = {
         "`jobs retry` takes SUCCEEDED, DEAD_LETTERED or CANCELED jobs; `jobs cancel` takes PENDING or LEASED jobs"
     ),
     "job.definition_not_found_or_disabled": (
-        "start a worker that registers this job type (it syncs the definitions), or enable the type"
+        f"write the definitions with `{PROG} migrate --app module:registry` (a worker started with --app "
+        "writes them too), or enable the type"
     ),
     "job.idempotency_conflict": "repeat the original request exactly, or pass a new --idempotency-key",
     "schedule.not_found": f"list schedule names with `{PROG} schedules list`",
@@ -82,6 +82,8 @@ DEFAULT_HINT = "run again with --debug for the full traceback"
 POOL_MODE_VARIABLE = "RUNLEDGER_POOL_MODE"
 POOL_MODE_HINT = "set RUNLEDGER_POOL_MODE (or --pool-mode) to session, or to transaction behind a transaction pooler"
 DATABASE_URL_HINT = "pass --database-url postgresql://USER:PASSWORD@HOST:5432/DBNAME or set RUNLEDGER_DATABASE_URL"
+APP_HINT = ("--app takes module:attribute naming a JobRegistry (or a callable returning one) importable "
+            "from the current directory, e.g. --app myapp.jobs:registry")
 
 
 @dataclass(frozen=True)
@@ -264,17 +266,15 @@ def first_line(text: str) -> str:
 
 
 def redact(text: str, url: Optional[str]) -> str:
-    """Replace a URL given on the command line, and its password, with masked forms."""
-    if not url:
-        return text
-    text = text.replace(url, rl.mask_url(url))
-    try:
-        password = urlsplit(url).password
-    except ValueError:
-        password = None
-    for secret in {password, unquote(password or "")} - {None, ""}:
-        text = text.replace(secret, "***")
-    return text
+    """Mask the password of every URL in ``text``, the one given on the command line first.
+
+    Only URLs change: a password is never searched for in the rest of the text,
+    where it may be an ordinary word (``postgres``) or a single letter.
+    """
+    # The URL as given is replaced whole, even one too malformed to be read as a URL.
+    if url and "://" in url and "@" in url:
+        text = text.replace(url, rl.mask_url(url))
+    return rl.mask_urls_in(text)
 
 
 def pool_mode_of(args: argparse.Namespace) -> Optional[Any]:
@@ -293,6 +293,23 @@ def pool_mode_of(args: argparse.Namespace) -> Optional[Any]:
         error = rl.ConfigError([f"{POOL_MODE_VARIABLE} must be one of {allowed}, got {text!r}"])
         error.hint = POOL_MODE_HINT  # type: ignore[attr-defined]
         raise error from None
+
+
+def load_app_registry(spec: str) -> Any:
+    """The JobRegistry ``--app module:attribute`` names, imported as the app itself would import it.
+
+    Raises:
+        ConfigError: the spec is malformed, does not import, or names no JobRegistry (with :data:`APP_HINT`).
+    """
+    # Commands run from the app's directory: its modules import as in the app.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return rl.load_registry(spec, option="--app")
+    except rl.ConfigError as error:
+        refused = rl.ConfigError(error.problems)
+        refused.hint = APP_HINT  # type: ignore[attr-defined]
+        raise refused from error
 
 
 @contextlib.contextmanager

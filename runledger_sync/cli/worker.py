@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import sys
 from typing import Any
 
 import runledger_sync as rl
-from runledger_sync.cli._core import command, open_engine
+from runledger_sync.cli._core import command, load_app_registry, open_engine
 from runledger_sync.demo import run_demo
 
 
@@ -43,8 +42,6 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 MAX_PORT = 65535
-APP_HINT = ("--app takes module:attribute naming a JobRegistry (or a callable returning one) importable "
-            "from the current directory, e.g. --app myapp.jobs:registry")
 CONFIG_HINT = ("fix each value listed: worker options win over RUNLEDGER_*/JOBS_* variables; "
                "see `runledger-sync worker --help` and the README's Configuration section")
 
@@ -53,15 +50,6 @@ def _refuse(problems: list[str], hint: str) -> Exception:
     error = rl.ConfigError(problems)
     error.hint = hint  # type: ignore[attr-defined]
     return error
-
-
-def _load_registry(spec: str) -> Any:
-    # The worker runs from the app's directory: its modules import as in the app.
-    sys.path.insert(0, os.getcwd())
-    try:
-        return rl.load_registry(spec, option="--app")
-    except rl.ConfigError as error:
-        raise _refuse(error.problems, APP_HINT) from error
 
 
 def _worker_config(args: argparse.Namespace, registry: Any) -> Any:
@@ -125,7 +113,7 @@ def _coerce(field: dataclasses.Field, raw: Any) -> Any:
 
 @command("worker", help="run a worker, reaper and scheduler until SIGINT/SIGTERM", arguments=_worker_arguments)
 def _worker(args: argparse.Namespace) -> int:
-    registry = _load_registry(args.app)
+    registry = load_app_registry(args.app)
     config = _worker_config(args, registry)
     if args.metrics_port is not None and not 0 <= args.metrics_port <= MAX_PORT:
         raise _refuse([f"--metrics-port must be a port number from 0 to {MAX_PORT}, got {args.metrics_port}"],

@@ -75,7 +75,8 @@ Branch on ``.code`` or on the class, never on the message text::
         ├── WorkflowLinkageSymmetryViolation    workflow.linkage_symmetry_violation
         ├── WorkflowLinkageTriggerTableInvalid  workflow.linkage_symmetry_trigger_table_invalid
         ├── MigrationFailed                     db.migration_failed
-        │   └── SchemaManagedByHost             db.schema_managed_by_host
+        │   ├── SchemaManagedByHost             db.schema_managed_by_host
+        │   └── OfflineMigrationUnsupported     db.offline_migration_unsupported
         └── SchemaMismatch                      db.schema_mismatch
 
     JobCancelled (BaseException)                job.cancelled
@@ -346,7 +347,7 @@ from runledger_sync.core.dashboard_errors import (  # noqa: E402, F401
 )
 from runledger_sync.core.store_errors import (  # noqa: E402, F401
     BusinessRuleViolation, CommitOutcomeUnknown, ConnectionFailed, DefinitionNotFound, MigrationFailed,
-    PermissionDenied, RelatedResourceMissing, RelatedResourceStillReferenced, RequiredFieldMissing,
+    OfflineMigrationUnsupported, PermissionDenied, RelatedResourceMissing, RelatedResourceStillReferenced, RequiredFieldMissing,
     SchemaManagedByHost, SchemaMismatch, StoreError, UniqueViolation,
 )
 from runledger_sync.core.workflow_errors import (  # noqa: E402, F401

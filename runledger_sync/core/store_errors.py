@@ -87,6 +87,12 @@ class SchemaManagedByHost(MigrationFailed):
     code = "db.schema_managed_by_host"
 
 
+class OfflineMigrationUnsupported(MigrationFailed):
+    """rl.migrate() needs a live connection; it cannot add the queue's DDL to an offline (`--sql`) Alembic script."""
+
+    code = "db.offline_migration_unsupported"
+
+
 class SchemaMismatch(StoreError):
     """The database schema is not at the revision this library expects."""
 

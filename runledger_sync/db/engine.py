@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Mapping, Optional
 
 import sqlalchemy
@@ -34,11 +35,25 @@ def database_url_from_env(environ: Optional[Mapping[str, str]] = None) -> Option
     return None
 
 
+#: The driver of every engine runledger-sync builds: the worker's LISTEN connection
+#: and the store's prepared statements are written for it.
+DRIVER = "psycopg2"
+#: Drivers a URL may name that connect the same way (libpq, the same URL options):
+#: none, which SQLAlchemy 2.1 reads as psycopg (3), and psycopg itself.
+_SAME_CONNECTION_DRIVERS = frozenset({"psycopg2", "psycopg"})
+
+
 def normalize_url(url: str | URL) -> URL:
     """Parse a URL and pin the psycopg2 driver, accepting the ``postgres://`` spelling.
 
+    ``postgresql://`` (psycopg 3 to SQLAlchemy 2.1, psycopg2 to 2.0) and
+    ``postgresql+psycopg://`` both become ``postgresql+psycopg2://``: the same
+    server, user and options, through the driver the worker is built on. Your
+    application's own engines may keep either driver; both are installed.
+
     Raises:
-        ConfigError: the URL cannot be parsed or is not a PostgreSQL URL.
+        ConfigError: the URL cannot be parsed, is not a PostgreSQL URL, or names
+            a driver other than psycopg2 or psycopg (asyncpg, pg8000, ...).
     """
     if isinstance(url, str) and url.startswith("postgres://"):
         url = "postgresql://" + url[len("postgres://"):]
@@ -48,17 +63,53 @@ def normalize_url(url: str | URL) -> URL:
         raise ConfigError([f"database url is not a valid URL ({type(exc).__name__})"]) from exc
     if parsed.get_backend_name() != "postgresql":
         raise ConfigError([f"database url must be a postgresql:// URL, got {mask_url(parsed)}"])
-    if parsed.drivername in ("postgresql", "postgresql+psycopg2"):
-        parsed = parsed.set(drivername="postgresql+psycopg2")
-    return parsed
+    driver = parsed.drivername.partition("+")[2]
+    if driver and driver not in _SAME_CONNECTION_DRIVERS:
+        raise ConfigError([
+            f"database url names the driver {driver!r}, which runledger-sync does not connect with; "
+            f"write postgresql:// (runledger-sync uses {DRIVER}), got {mask_url(parsed)}"
+        ])
+    return parsed.set(drivername=f"postgresql+{DRIVER}")
+
+
+# A URL inside free text ends at whitespace, a quote or a parenthesis (messages
+# write one as ``(postgresql://...)`` or ``'postgresql://...'``), and not on the
+# punctuation of the sentence around it.
+_URL_IN_TEXT = re.compile(r"""[A-Za-z][A-Za-z0-9+.\-]*://(?:[^\s'"()<>]*[^\s'"()<>.,;:])?""")
+# SQLAlchemy's own reading of the userinfo: the user has no ':' or '/', the
+# password runs to the first '@'. Masking what it would send keeps every spelling hidden.
+_USERINFO_PASSWORD = re.compile(r"^(?P<head>[^:]*://[^:/@]*:)[^@]*(?=@)")
+# libpq also takes the password as a query parameter.
+_QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)[^&#]*", re.IGNORECASE)
+MASK = "***"
 
 
 def mask_url(url: str | URL) -> str:
-    """Render a URL with its password replaced by ``***``, for messages and logs."""
+    """Render a URL with its password replaced by ``***``, for messages and logs.
+
+    Both places a PostgreSQL URL may carry one are masked: the userinfo
+    (``user:PASSWORD@``) and the ``password`` query parameter.
+    """
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        rendered = make_url(url).render_as_string(hide_password=True)
     except Exception:
         return "<unparseable url>"
+    return _QUERY_PASSWORD.sub(rf"\g<head>{MASK}", rendered)
+
+
+def mask_urls_in(text: str) -> str:
+    """Return ``text`` with the password of every URL in it replaced by ``***``.
+
+    Only the URLs change: each is found by its ``scheme://`` and its password
+    cut out where the URL grammar puts it, so the rest of the text is left as
+    it was, even when the password is a word that occurs in it.
+    """
+
+    def mask(found: re.Match[str]) -> str:
+        masked = _USERINFO_PASSWORD.sub(rf"\g<head>{MASK}", found.group(0), count=1)
+        return _QUERY_PASSWORD.sub(rf"\g<head>{MASK}", masked)
+
+    return _URL_IN_TEXT.sub(mask, text)
 
 
 def create_engine(
@@ -131,6 +182,11 @@ def with_schema(bind: Engine | Connection, schema: Optional[str]) -> Any:
 
 
 def schema_of(bind: Engine | Connection) -> Optional[str]:
-    """Return the schema the queue tables are addressed in, or None for the search path."""
-    translate = bind.get_execution_options().get("schema_translate_map") or {}
+    """Return the schema the queue tables are addressed in, or None for the search path.
+
+    Alembic's offline mode (``upgrade --sql``) hands migrations a connection that
+    only records SQL and has no options: its statements address the search path.
+    """
+    options = bind.get_execution_options() if hasattr(bind, "get_execution_options") else {}
+    translate = options.get("schema_translate_map") or {}
     return translate.get(None)

@@ -16,7 +16,7 @@ import psycopg2
 from sqlalchemy import exc as sa_exc
 
 from runledger_sync.core import errors
-from runledger_sync.db.engine import mask_url
+from runledger_sync.db.engine import mask_url, mask_urls_in
 
 _BY_SQLSTATE: dict[str, type[errors.StoreError]] = {
     "23505": errors.UniqueViolation,
@@ -90,10 +90,12 @@ def is_transient_error(exc: BaseException) -> bool:
 
 def translate(exc: sa_exc.DBAPIError, url: object = None) -> errors.RunledgerError:
     """Return the most specific coded error for a driver error (raise it ``from exc``)."""
-    detail = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else str(exc)
+    text = str(exc.orig).strip() if exc.orig is not None else str(exc)
+    # A driver may quote the connection string it was given: mask any URL in its text.
+    detail = mask_urls_in(text.splitlines()[0] if text else "")
     if is_transient(exc):
         where = f" ({mask_url(url)})" if url is not None else ""
-        return errors.ConnectionFailed(f"database connection failed{where}: {_mask(detail, url)}")
+        return errors.ConnectionFailed(f"database connection failed{where}: {detail}")
     constraint = _constraint(exc)
     state = _sqlstate(exc)
     if state == "55P03":
@@ -108,8 +110,3 @@ def translate(exc: sa_exc.DBAPIError, url: object = None) -> errors.RunledgerErr
         )
     cls = _BY_CONSTRAINT.get(constraint or "") or _BY_SQLSTATE.get(state or "", errors.StoreError)
     return cls(f"{detail}", sqlstate=state, constraint=constraint)
-
-
-def _mask(text: str, url: object) -> str:
-    password = getattr(url, "password", None)
-    return text.replace(password, "***") if password else text

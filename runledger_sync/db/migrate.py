@@ -9,6 +9,7 @@ An application may instead include our versions in its own history; then
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import threading
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from sqlalchemy.engine import Connection, Engine
 from runledger_sync.core.errors import (
     InvalidArgument,
     MigrationFailed,
+    OfflineMigrationUnsupported,
     RunledgerError,
     SchemaManagedByHost,
     SchemaMismatch,
@@ -42,7 +44,6 @@ VERSION_TABLE = "runledger_alembic_version"
 #: the README's "Schema and Alembic"); ``version_table=`` or this variable overrides it.
 HOST_VERSION_TABLE = "alembic_version"
 HOST_VERSION_TABLE_ENV = "RUNLEDGER_ALEMBIC_VERSION_TABLE"
-BRANCH_LABEL = "runledger"
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 # Alembic's ``context`` and ``op`` proxies are process-wide, so two threads may
 # not run commands at once; the advisory lock in env.py only orders processes.
@@ -57,9 +58,9 @@ def migrations_directory() -> Path:
     return _PACKAGE_DIR.parent / "alembic"
 
 
-def alembic_config(connection: Optional[Connection] = None) -> Config:
+def alembic_config(connection: Optional[Connection] = None, *, output_buffer: Optional[io.StringIO] = None) -> Config:
     """Return an Alembic Config for the bundled history, bound to ``connection`` if given."""
-    config = Config()
+    config = Config(output_buffer=output_buffer)
     config.set_main_option("script_location", str(migrations_directory()))
     config.set_main_option("version_table", VERSION_TABLE)
     if connection is not None:
@@ -69,6 +70,7 @@ def alembic_config(connection: Optional[Connection] = None) -> Config:
 
 def _run(bind: Engine | Connection, action: str, revision: str) -> None:
     _check_bind(bind)
+    _refuse_inside_offline_alembic(action)
     try:
         if isinstance(bind, Connection):
             _run_on(bind, action, revision)
@@ -94,6 +96,24 @@ def _run_on(connection: Connection, action: str, revision: str) -> None:
             command.upgrade(config, revision)
         else:
             command.downgrade(config, revision)
+
+
+def _refuse_inside_offline_alembic(action: str) -> None:
+    """Raise when called from an Alembic command that writes SQL instead of running it.
+
+    A host's ``alembic upgrade --sql`` runs its env.py, which calls
+    :func:`migrate`; going ahead would change the database the user only meant
+    to script, and the script would lack the queue's DDL.
+    """
+    # The EnvironmentContext of the Alembic command running now, if any (see _keeping_the_callers_alembic_proxies).
+    outer = vars(alembic.context).get("_proxy")
+    if outer is not None and outer.is_offline_mode():
+        raise OfflineMigrationUnsupported(
+            f"rl.{'migrate' if action == 'upgrade' else 'downgrade'}() runs online only, and this Alembic command "
+            "is writing SQL (--sql, offline mode): the script would lack the queue's DDL. Run it without --sql, "
+            "and write the queue's part with `runledger-sync migrate --sql` (rl.migration_sql()), or include "
+            "runledger's versions in your own history, whose `upgrade --sql` writes them"
+        )
 
 
 @contextlib.contextmanager
@@ -178,6 +198,31 @@ def migrate(bind: Engine | Connection, revision: str = "head") -> None:
             they are not at ``revision``; run ``alembic upgrade head`` there.
     """
     _run(bind, "upgrade", revision)
+
+
+def migration_sql(revision: str = "head", *, schema: Optional[str] = None) -> str:
+    """Return the SQL script :func:`migrate` would run, written without a database.
+
+    Alembic's offline mode: for a DBA to review and apply, or for a host
+    application whose own ``alembic upgrade --sql`` cannot include ours.
+
+    Args:
+        revision: ``"head"`` (or another revision) scripts the way from an empty
+            database; ``"FROM:TO"`` (``"0003:head"``) from a database at ``FROM``.
+        schema: the schema the queue tables go in (it must exist); None for the search path.
+
+    Raises:
+        MigrationFailed: the revision names none of the bundled history's.
+    """
+    buffer = io.StringIO()
+    config = alembic_config(output_buffer=buffer)
+    config.attributes["schema"] = schema
+    try:
+        with _ALEMBIC_LOCK, _keeping_the_callers_alembic_proxies():
+            command.upgrade(config, revision, sql=True)
+    except Exception as exc:  # Alembic raises CommandError and its revision errors; keep the cause
+        raise MigrationFailed(f"scripting upgrade to {revision} failed: {exc}") from exc
+    return buffer.getvalue()
 
 
 def downgrade(bind: Engine | Connection, revision: str = "base") -> None:

@@ -116,6 +116,42 @@ def downgrade():
 '''
 
 
+# The logging sections `alembic init` writes, which an env.py's fileConfig() reads.
+ALEMBIC_INIT_LOGGING = """
+[loggers]
+keys = root,sqlalchemy,alembic
+
+[handlers]
+keys = console
+
+[formatters]
+keys = generic
+
+[logger_root]
+level = WARNING
+handlers = console
+
+[logger_sqlalchemy]
+level = WARNING
+handlers =
+qualname = sqlalchemy.engine
+
+[logger_alembic]
+level = INFO
+handlers =
+qualname = alembic
+
+[handler_console]
+class = StreamHandler
+args = (sys.stderr,)
+level = NOTSET
+formatter = generic
+
+[formatter_generic]
+format = %%(levelname)-5.5s [%%(name)s] %%(message)s
+"""
+
+
 @pytest.fixture
 def option_1_host(tmp_path, empty_database) -> Path:
     """An application dir whose env.py is the README's, as written."""
@@ -124,7 +160,7 @@ def option_1_host(tmp_path, empty_database) -> Path:
     (host / "myapp").mkdir()
     (host / "alembic.ini").write_text(
         "[alembic]\nscript_location = %(here)s\npath_separator = os\nprepend_sys_path = .\n"
-        f"sqlalchemy.url = {empty_database.replace('%', '%%')}\n",
+        f"sqlalchemy.url = {empty_database.replace('%', '%%')}\n" + ALEMBIC_INIT_LOGGING,
         encoding="utf-8",
     )
     (host / "env.py").write_text(textwrap.dedent(readme_snippet("alembic-env")), encoding="utf-8")
@@ -194,6 +230,7 @@ def test_option_2_every_alembic_command_works_from_empty_to_head_and_back(
     heads = ok(alembic("heads")).strip().splitlines()
     assert len(heads) == 1 and heads[0].startswith("app_0004 ") and heads[0].endswith("(head)")
     history = ok(alembic("history"))
+    assert "(runledger)" not in history  # no label of ours spreads to the app's revisions
     assert "0001 -> app_0001" in history and "<base> -> 0001" in history and "-> app_0003" in history and "-> app_0004" in history
 
     ok(alembic("upgrade", "head"))
@@ -206,10 +243,10 @@ def test_option_2_every_alembic_command_works_from_empty_to_head_and_back(
     before = set((option_2_host / "versions").glob("*.py"))
     ok(alembic("revision", "--autogenerate", "-m", "probe"))
     assert "op." not in upgrade_body(take_revision_file(option_2_host, before))
-    ok(alembic("revision", "-m", "needs the queue", "--depends-on", "runledger"))
+    ok(alembic("revision", "-m", "needs the queue", "--depends-on", rl.head_revision()))
     written = new_revision_file(option_2_host, before)
-    assert re.search(r"^depends_on\b.*= 'runledger'$", written.read_text(encoding="utf-8"), re.M)
-    assert ok(alembic("heads")).startswith(written.name.split("_", 1)[0] + " ")  # the label resolves
+    assert re.search(rf"^depends_on\b.*= '{rl.head_revision()}'$", written.read_text(encoding="utf-8"), re.M)
+    assert ok(alembic("heads")).startswith(written.name.split("_", 1)[0] + " ")
     written.unlink()
 
     # Our own commands read the host's table and create nothing.
@@ -224,6 +261,84 @@ def test_option_2_every_alembic_command_works_from_empty_to_head_and_back(
 
     assert not tables(engine) & ({"app_orders"} | QUEUE_TABLES)
     assert versions(engine, "alembic_version") == set()
+
+
+@pytest.fixture
+def new_host(tmp_path) -> Path:
+    """A project set up as examples/alembic_host is, before it has a revision of its own."""
+    host = tmp_path / "new_host"
+    shutil.copytree(REPO / "examples" / "alembic_host", host, ignore=shutil.ignore_patterns("__pycache__", "versions"))
+    (host / "versions").mkdir()
+    return host
+
+
+def revision_id(path: Path) -> str:
+    return re.search(r"^revision\b.*= '([^']+)'$", path.read_text(encoding="utf-8"), re.M).group(1)
+
+
+def test_option_2_a_new_projects_revisions_land_in_its_own_directory(new_host, installed_site, empty_database, engine):
+    def alembic(*argv: str) -> subprocess.CompletedProcess:
+        return run("alembic", new_host, installed_site, empty_database, *argv)
+
+    ours = installed_site / "runledger_sync" / "_alembic" / "versions"
+    shipped = sorted(path.name for path in ours.glob("*.py"))
+    ok(alembic("upgrade", "head"))  # only runledger's history so far: its head is the only head
+
+    ok(alembic("revision", "--autogenerate", "-m", "orders"))
+
+    # Alembic alone would have written it next to our head, into the installed package.
+    assert sorted(path.name for path in ours.glob("*.py")) == shipped
+    first = new_revision_file(new_host, set())
+    text = first.read_text(encoding="utf-8")
+    assert re.search(rf"^down_revision\b.*= '{rl.head_revision()}'$", text, re.M)
+    assert "op.create_table('app_orders'" in upgrade_body(text)
+
+    # A plain revision too (alembic.ini's revision_environment runs env.py for it).
+    ok(alembic("revision", "-m", "later"))
+    second = new_revision_file(new_host, {first})
+    assert re.search(rf"^down_revision\b.*= '{revision_id(first)}'$", second.read_text(encoding="utf-8"), re.M)
+    assert sorted(path.name for path in ours.glob("*.py")) == shipped
+
+    history = ok(alembic("history"))
+    assert f"{rl.head_revision()} -> {revision_id(first)}, orders" in history
+    assert f"{revision_id(first)} -> {revision_id(second)} (head), later" in history
+    assert "(runledger)" not in history
+    ok(alembic("upgrade", "head"))
+    assert "app_orders" in tables(engine)
+    assert versions(engine, "alembic_version") == {revision_id(second)}
+
+
+def test_option_2_upgrade_sql_writes_the_queue_ddl_and_the_script_builds_the_schema(
+    option_2_host, installed_site, empty_database, engine
+):
+    script = ok(run("alembic", option_2_host, installed_site, empty_database, "upgrade", "head", "--sql"))
+
+    assert "CREATE TABLE job_queue" in script and "CREATE TABLE app_orders" in script
+    assert tables(engine) == set()  # offline: nothing ran
+    raw = engine.raw_connection()
+    try:
+        raw.driver_connection.autocommit = True  # the script has its own BEGIN and COMMIT
+        with raw.cursor() as cursor:
+            cursor.execute(script)
+    finally:
+        raw.close()
+    assert versions(engine, "alembic_version") == {"app_0004"}
+    rl_engine = rl.create_engine(empty_database)
+    try:
+        rl.check_schema(rl_engine)  # runledger's tables match this version's, found through the app's table
+    finally:
+        rl_engine.dispose()
+
+
+def test_option_1_upgrade_sql_fails_with_a_coded_error_and_changes_nothing(
+    option_1_host, installed_site, empty_database, engine
+):
+    result = run("alembic", option_1_host, installed_site, empty_database, "upgrade", "head", "--sql")
+
+    assert result.returncode != 0
+    assert "db.offline_migration_unsupported: rl.migrate() runs online only" in result.stderr, result.stderr
+    assert "runledger-sync migrate --sql" in result.stderr  # where the queue's part of the script comes from
+    assert tables(engine) == set()
 
 
 NEXT_RUNLEDGER_REVISION = '''"""A later runledger-sync's revision (a no-op here)."""

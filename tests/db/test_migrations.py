@@ -634,3 +634,76 @@ def test_cli_migration_failure_is_one_line_with_the_password_masked(capsys, unpr
     assert lines[1].startswith("hint: ") and "CREATE" in lines[1]
     assert "rl-test-password" not in err
     assert "Traceback" not in err
+
+
+# -- the offline script (migrate --sql) -----------------------------------------------------------------
+
+
+def run_script(engine: Engine, script: str) -> None:
+    """Run a migration script as psql would: as it is, its own BEGIN and COMMIT included."""
+    raw = engine.raw_connection()
+    try:
+        raw.driver_connection.autocommit = True
+        with raw.cursor() as cursor:
+            cursor.execute(script)
+    finally:
+        raw.close()
+
+
+def a_job_goes_through(engine: Engine) -> None:
+    sync_job_definitions(engine, [JobDefinition(job_type="script.check")])
+    job = enqueue(engine, "script.check", {"n": 1})
+    assert runledger_sync.get_job(engine, job.id).status is runledger_sync.JobStatus.PENDING
+
+
+def test_migrate_sql_prints_a_script_that_builds_the_schema_migrate_builds(empty_engine, capsys, monkeypatch):
+    for name in ("RUNLEDGER_DATABASE_URL", "DATABASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+
+    assert cli.main(["migrate", "--sql"]) == 0  # no database named: none is needed
+    script = capsys.readouterr().out
+
+    assert script.startswith("BEGIN;") and "CREATE TABLE job_queue" in script
+    assert tables_in(empty_engine) == set()
+    run_script(empty_engine, script)
+    check_schema(empty_engine)
+    assert current_revision(empty_engine) == head_revision()
+    assert schema_diff(empty_engine) == []
+    assert functions_named(empty_engine, TRIGGER_FUNCTION) == ["public"]
+    assert triggers_of(empty_engine) == {("job_schedules", "trg_job_schedules_updated_at")} | LINK_TRIGGERS
+    a_job_goes_through(empty_engine)
+    migrate(empty_engine)  # nothing left to do
+    assert current_revision(empty_engine) == head_revision()
+
+
+def test_migration_sql_scripts_a_schema_of_its_own_and_a_range(empty_database, empty_engine):
+    with empty_engine.begin() as connection:
+        connection.exec_driver_sql("CREATE SCHEMA jobs")
+    jobs = create_engine(empty_database, schema="jobs")
+    try:
+        migrate(jobs, "0003")
+        script = runledger_sync.migration_sql("0003:head", schema="jobs")
+
+        assert "-- Running upgrade 0003 -> 0004" in script and "-> 0001" not in script
+        run_script(empty_engine, script)
+        check_schema(jobs)
+        a_job_goes_through(jobs)
+        assert tables_in(empty_engine, "public") == set()
+    finally:
+        jobs.dispose()
+
+
+def test_migrate_sql_refuses_app_and_an_unknown_revision(capsys):
+    assert cli.main(["migrate", "--sql", "--app", "tests.cli_app:registry"]) == 2
+    assert "error: config.invalid: --sql writes a script and touches no database" in capsys.readouterr().err
+    with pytest.raises(MigrationFailed, match="Can't locate revision identified by 'nope'"):
+        runledger_sync.migration_sql("nope")
+
+
+def test_migrate_sql_takes_the_schema_as_every_command_does(capsys, monkeypatch):
+    monkeypatch.setenv("RUNLEDGER_SCHEMA", "from_env")
+    assert cli.main(["migrate", "--sql"]) == 0
+    assert "SET LOCAL search_path TO from_env;" in capsys.readouterr().out
+    assert cli.main(["migrate", "--sql", "--schema", "Given"]) == 0
+    out = capsys.readouterr().out
+    assert 'SET LOCAL search_path TO "Given";' in out and 'CREATE TABLE "Given".runledger_alembic_version' in out

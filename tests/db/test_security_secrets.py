@@ -135,6 +135,33 @@ def test_the_console_never_prints_the_password(capsys, monkeypatch, argv, debug)
     assert ("Traceback" in err) == debug
 
 
+@pytest.mark.parametrize(("user", "password"), [("app", "o"), ("postgres", "postgres"), ("app", "p%40ss")],
+                         ids=["one-letter", "same-as-user", "url-escaped"])
+def test_the_console_masks_the_url_and_leaves_the_message_intact(capsys, monkeypatch, user, password):
+    monkeypatch.delenv("RUNLEDGER_DATABASE_URL", raising=False)
+    port = closed_port()
+    url = f"postgresql://{user}:{password}@127.0.0.1:{port}/app"
+    engine = rl.create_engine(url)
+    try:
+        with pytest.raises(rl.ConnectionFailed) as caught:
+            rl.queue_stats(engine)
+    finally:
+        engine.dispose()
+
+    code = cli.main(["--database-url", url, "stats"])
+    err = capsys.readouterr().err
+
+    # The library's message: the URL masked where it stands, the driver's words as they were
+    # (a password searched for in the text would have masked "o" in "connection", or the user "postgres").
+    assert caught.value.message == (
+        f"database connection failed (postgresql+psycopg2://{user}:***@127.0.0.1:{port}/app): "
+        f'connection to server at "127.0.0.1", port {port} failed: Connection refused'
+    )
+    # The console prints that very message: nothing in it is masked a second time.
+    assert code == 1
+    assert err.splitlines()[0] == f"error: db.connection_failed: {caught.value.message}"
+
+
 def test_a_worker_that_cannot_reach_the_database_logs_no_password(all_logs):
     engine = rl.create_engine(unreachable_url())
     registry = rl.JobRegistry()

@@ -191,14 +191,33 @@ def test_debug_after_the_command_is_honoured(capsys, restore_logging):
     assert "Traceback (most recent call last)" in err
 
 
-def test_redact_masks_plain_and_percent_encoded_passwords():
+def test_redact_masks_the_url_and_leaves_the_rest_of_the_text_as_it_was():
     url = "postgresql://user:p%40ss@host/db"
 
-    text = cli._redact(f"failed for {url} (password p@ss, raw p%40ss)", url)
+    text = cli._redact(f"failed for {url} (normalized: postgresql+psycopg2://user:p%40ss@host/db)", url)
 
-    assert "p@ss" not in text and "p%40ss" not in text
-    assert "postgresql://user:***@host/db" in text
+    assert text == "failed for postgresql://user:***@host/db (normalized: postgresql+psycopg2://user:***@host/db)"
     assert cli._redact("nothing to hide", None) == "nothing to hide"
+
+
+@pytest.mark.parametrize(("user", "password"), [("app", "o"), ("postgres", "postgres"), ("app", "p%40ss")])
+def test_redact_never_searches_the_text_for_the_password(user, password):
+    url = f"postgresql://{user}:{password}@127.0.0.1:5432/postgres"
+    message = (f"database connection failed (postgresql+psycopg2://{user}:***@127.0.0.1:5432/postgres): "
+               f'connection to server at "127.0.0.1", port 5432 failed: FATAL: role "{user}" does not exist')
+
+    assert cli._redact(message, url) == message
+    assert cli._redact(f"{message} ({url})", url) == f"{message} (postgresql://{user}:***@127.0.0.1:5432/postgres)"
+
+
+@pytest.mark.parametrize("url", ["postgresql://u:s3cret@h/db?sslmode=require&password=s3cret",
+                                 "postgresql://u@h/db?password=s3cret"], ids=["both", "query-only"])
+def test_mask_url_hides_a_password_given_as_a_query_parameter(url):
+    masked = runledger_sync.mask_url(url)
+
+    assert "s3cret" not in masked
+    assert "password=***" in masked and masked.startswith("postgresql://u")
+    assert "s3cret" not in runledger_sync.mask_urls_in(f"connecting to {url}, then giving up")
 
 
 def test_the_module_runs_as_a_script_with_the_same_exit_codes(tmp_path):
