@@ -34,9 +34,13 @@ def tick_once(engine: Engine, config: JobsConfig) -> ScheduleTick:
     """Fire every due schedule, batch after batch; return the totals and when the next one is due."""
     fired = 0
     failed: list = []
+    finished: list[str] = []
     while True:
         tick = schedules.fire_due_schedules(engine, limit=config.claim_batch_size)
         fired += tick.fired
+        for name in tick.finished:
+            log.info("schedule fired its last instant; now inactive", extra={"schedule_name": name})
+        finished.extend(tick.finished)
         for failure in tick.failed:
             log.error("schedule could not fire; trying again in 30 s",
                       extra={"schedule_name": failure.name, "error_code": failure.code, "error": failure.message})
@@ -45,7 +49,7 @@ def tick_once(engine: Engine, config: JobsConfig) -> ScheduleTick:
             break
     if fired:
         log.info("schedules fired", extra={"fired": fired, "failed": len(failed)})
-    return ScheduleTick(fired, tuple(failed), False, tick.next_due_in_seconds)
+    return ScheduleTick(fired, tuple(failed), False, tick.next_due_in_seconds, tuple(finished))
 
 
 def run_scheduler_loop(

@@ -5,7 +5,9 @@ SKIP LOCKED``, so any number of processes can tick at once and each due
 instant is enqueued by one of them only; the job and the schedule's new
 ``next_fire_at`` commit together. Catch-up is coalesced: a schedule that missed
 several instants while nothing ticked fires once, then waits for its first
-instant after now.
+instant after now. A schedule whose cron names no instant after the one it
+fires (a year field's last year) fires that last one and is made inactive:
+it has finished, and nothing is left for a tick to try.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
-from runledger_sync.core.cron import next_fire_at, parse_cron
+from runledger_sync.core.cron import names_no_time_after, next_fire_at, parse_cron
 from runledger_sync.core.errors import RunledgerError, ScheduleNotFound
 from runledger_sync.core.ids import uuid7
 from runledger_sync.core.records import (
@@ -109,7 +111,7 @@ def _upsert(connection: Connection, spec: ScheduleSpec, is_active: Optional[bool
         inserted = connection.execute(
             pg_insert(job_schedules)
             .values(id=new_id, name=spec.name, is_active=True if is_active is None else is_active,
-                    next_fire_at=_next(spec, new_id, now), **values)
+                    next_fire_at=_next_or_refuse(spec, new_id, now), **values)
             .on_conflict_do_nothing(index_elements=[_s.name])
             .returning(*SCHEDULE_COLUMNS)
         ).first()
@@ -121,7 +123,7 @@ def _upsert(connection: Connection, spec: ScheduleSpec, is_active: Optional[bool
     timing_changed = (current.cron_expr, current.timezone, current.max_jitter_seconds) != (
         spec.cron_expr, spec.timezone, spec.max_jitter_seconds)
     woken = active and not current.is_active
-    next_at = _next(spec, current.id, current.db_now) if timing_changed or woken else current.next_fire_at
+    next_at = _next_or_refuse(spec, current.id, current.db_now) if timing_changed or woken else current.next_fire_at
     row = connection.execute(
         job_schedules.update().where(_s.id == current.id)
         .values(is_active=active, next_fire_at=next_at, **values)
@@ -130,8 +132,16 @@ def _upsert(connection: Connection, spec: ScheduleSpec, is_active: Optional[bool
     return _to_schedule(row)
 
 
-def _next(spec: ScheduleSpec, schedule_id: UUID, now: datetime) -> datetime:
+def _next(spec: ScheduleSpec, schedule_id: UUID, now: datetime) -> Optional[datetime]:
     return next_fire_at(parse_cron(spec.cron_expr, spec.timezone), schedule_id, spec.max_jitter_seconds, now)
+
+
+def _next_or_refuse(spec: ScheduleSpec, schedule_id: UUID, now: datetime) -> datetime:
+    """The next fire of a schedule being written or resumed; one that could never fire is refused."""
+    next_at = _next(spec, schedule_id, now)
+    if next_at is None:
+        raise names_no_time_after(spec.cron_expr, now)
+    return next_at
 
 
 def pause_schedule(bind: Bind, name: str) -> ScheduleRecord:
@@ -148,6 +158,7 @@ def resume_schedule(bind: Bind, name: str) -> ScheduleRecord:
 
     Raises:
         ScheduleNotFound: no schedule has this name.
+        InvalidCron: its cron names no instant after now (it has finished).
     """
     return _set_active(bind, name, True)
 
@@ -159,9 +170,7 @@ def _set_active(bind: Bind, name: str, active: bool) -> ScheduleRecord:
         current = _locked(connection, name)
         next_at = current.next_fire_at
         if active and not current.is_active:
-            spec = ScheduleSpec(current.name, current.cron_expr, current.job_type, timezone=current.timezone,
-                                max_jitter_seconds=current.max_jitter_seconds)
-            next_at = _next(spec, current.id, current.db_now)
+            next_at = _next_or_refuse(_spec_of(current), current.id, current.db_now)
         row = connection.execute(
             job_schedules.update().where(_s.id == current.id)
             .values(is_active=active, next_fire_at=next_at).returning(*SCHEDULE_COLUMNS)
@@ -255,10 +264,13 @@ _FIRED_NOW = (
     .table_valued("id", "next_at")
     .render_derived(name="fired")
 )
+# A schedule with no next instant (NULL) has fired its last one: it is made
+# inactive, and keeps that instant as its next_fire_at, which is never NULL.
 _MARK_FIRED = (
     job_schedules.update()
     .where(_s.id == _FIRED_NOW.c.id)
-    .values(last_fired_at=func.now(), next_fire_at=_FIRED_NOW.c.next_at,
+    .values(last_fired_at=func.now(), next_fire_at=func.coalesce(_FIRED_NOW.c.next_at, _s.next_fire_at),
+            is_active=_FIRED_NOW.c.next_at.is_not(None),
             last_error_code=None, last_error_message=None, last_error_at=None)
 )
 _NEXT_DUE = select(func.extract("epoch", func.min(_s.next_fire_at) - func.clock_timestamp())).where(
@@ -270,7 +282,9 @@ def fire_due_schedules(bind: Bind, *, limit: int) -> ScheduleTick:
 
     One transaction; a schedule that cannot fire (its job type disabled, its cron
     or zone edited into something invalid) is rolled back alone and tried again
-    30 s later, with its error kept on its row, and never blocks the others.
+    30 s later, with its error kept on its row, and never blocks the others. A
+    schedule whose cron names no later instant fires its last one and is made
+    inactive; the tick names it in ``finished``.
     """
     check.check_int("limit", limit, (1, 10_000))
     return run_in_transaction(bind, lambda connection: _tick(connection, limit))
@@ -279,7 +293,7 @@ def fire_due_schedules(bind: Bind, *, limit: int) -> ScheduleTick:
 def _tick(connection: Connection, limit: int) -> ScheduleTick:
     due = connection.execute(_DUE, {"limit": limit}).all()
     failed: list[ScheduleFailure] = []
-    planned: list[tuple[Any, JobSpec, datetime]] = []
+    planned: list[tuple[Any, JobSpec, Optional[datetime]]] = []
     for row in due:
         try:
             planned.append((row, _job_spec(row, row.next_fire_at), _next(_spec_of(row), row.id, row.db_now)))
@@ -291,11 +305,14 @@ def _tick(connection: Connection, limit: int) -> ScheduleTick:
             if outcome is not None:
                 failed.append(outcome)
     fired = len(due) - len(failed)
+    failed_names = {failure.name for failure in failed}
+    finished = tuple(row.name for row, _, next_at in planned if next_at is None and row.name not in failed_names)
     next_due = connection.execute(_NEXT_DUE).scalar()
-    return ScheduleTick(fired, tuple(failed), len(due) == limit, None if next_due is None else float(next_due))
+    return ScheduleTick(fired, tuple(failed), len(due) == limit, None if next_due is None else float(next_due),
+                        finished)
 
 
-def _fire_together(connection: Connection, planned: list[tuple[Any, JobSpec, datetime]]) -> bool:
+def _fire_together(connection: Connection, planned: list[tuple[Any, JobSpec, Optional[datetime]]]) -> bool:
     """Fire the whole batch in one savepoint; False (nothing written) if any one of them fails."""
     savepoint = connection.begin_nested()
     try:
@@ -308,7 +325,7 @@ def _fire_together(connection: Connection, planned: list[tuple[Any, JobSpec, dat
     return True
 
 
-def _fire_alone(connection: Connection, item: tuple[Any, JobSpec, datetime]) -> Optional[ScheduleFailure]:
+def _fire_alone(connection: Connection, item: tuple[Any, JobSpec, Optional[datetime]]) -> Optional[ScheduleFailure]:
     row, spec, next_at = item
     savepoint = connection.begin_nested()
     try:
@@ -324,7 +341,7 @@ def _fire_alone(connection: Connection, item: tuple[Any, JobSpec, datetime]) -> 
     return None
 
 
-def _mark_fired(connection: Connection, fired: list[tuple[UUID, datetime]]) -> None:
+def _mark_fired(connection: Connection, fired: list[tuple[UUID, Optional[datetime]]]) -> None:
     connection.execute(_MARK_FIRED, {"fired_ids": [i for i, _ in fired], "next_fires": [n for _, n in fired]})
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from datetime import timezone
 
 import pytest
 
 import runledger_sync as rl
 from runledger_sync.store.schedules import fire_due_schedules
-from tests.support import define, scalar
+from tests.support import define, scalar, wait_until
 
 REPORT = "cli.report"
 
@@ -71,3 +72,17 @@ def test_a_failing_schedule_shows_its_last_error(db, run):
     fire_due_schedules(db, limit=16)
     _, out, _ = run("schedules", "show", "hourly")
     assert "job.definition_not_found_or_disabled" in out
+
+
+def test_a_schedule_that_fired_its_last_instant_shows_as_finished(db, run):
+    last = scalar(db, "SELECT date_trunc('second', now()) + interval '1 second'").astimezone(timezone.utc)
+    rl.upsert_schedule(db, "once", job_type=REPORT,
+                       cron_expr=f"{last.second} {last.minute} {last.hour} {last.day} {last.month} * {last.year}")
+    wait_until(lambda: fire_due_schedules(db, limit=16).fired, timeout=10)
+    code, out, _ = run("schedules", "list", "--paused")
+    assert code == 0
+    [row] = [line for line in out.splitlines() if line.startswith("once")]
+    assert "finished" in row.split()
+    assert run("schedules", "pause", "nightly")[0] == 0
+    _, out, _ = run("schedules", "show", "nightly")
+    assert dict(line.split(":", 1) for line in out.splitlines())["state"].strip() == "paused"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 import runledger_sync as rl
 from runledger_sync.core.types import RuntimeLoopExit
@@ -93,3 +93,24 @@ def test_tick_once_fires_every_due_schedule_in_as_many_batches_as_it_takes(engin
     tick = tick_once(engine, fast_config(claim_batch_size=3))
     assert tick.fired == 7 and rl.count_jobs(engine) == 7
     assert 0 < tick.next_due_in_seconds <= 60
+
+
+def test_a_schedule_with_a_year_field_fires_its_last_instant_and_then_stops_quietly(engine, probe, logs):
+    registry = h.registry_with(JOB_TYPE, h.ok(probe))
+    registry.sync_definitions(engine)
+    last = (rows(engine, "SELECT now()")[0][0] + timedelta(seconds=2)).replace(microsecond=0).astimezone(timezone.utc)
+    rl.upsert_schedule(engine, "once", job_type=JOB_TYPE,
+                       cron_expr=f"{last.second} {last.minute} {last.hour} {last.day} {last.month} * {last.year}")
+    supervisor = rl.Supervisor(engine, registry, fast_config(schedule_poll_interval_seconds=1)).start()
+    try:
+        wait_until(lambda: not rl.get_schedule(engine, "once").is_active, timeout=15)
+        # Two more ticks at least (a second apart): a finished schedule is not tried again.
+        finished_at = datetime.now(timezone.utc)
+        wait_until(lambda: supervisor.health(check_database=False).loops["scheduler"].last_success_at
+                   > finished_at + timedelta(seconds=1.5), timeout=10)
+    finally:
+        supervisor.stop(timeout=10)
+    assert scheduled_for(engine) == [last]
+    messages = [(r.levelname, r.getMessage()) for r in logs.records if getattr(r, "schedule_name", None) == "once"]
+    assert messages == [("INFO", "schedule fired its last instant; now inactive")]
+    assert rl.get_schedule(engine, "once").last_error_code is None

@@ -12,7 +12,7 @@ from runledger_sync.core import errors
 from runledger_sync.core.cron import jitter_seconds, parse_cron
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store import schedules
-from tests.support import JOB_TYPE, define, rows, scalar
+from tests.support import JOB_TYPE, define, rows, scalar, wait_until
 
 EVERY_MINUTE = "0 * * * * *"
 OTHER_TYPE = "test.other"
@@ -67,6 +67,9 @@ def test_writing_the_same_schedule_again_keeps_its_next_fire_and_a_new_timing_mo
     ({"cron_expr": "0 61 * * * *"}, "schedule.invalid_cron"),
     ({"cron_expr": "@fortnightly"}, "schedule.invalid_cron"),
     ({"timezone": "Mars/Olympus"}, "schedule.invalid_timezone"),
+    ({"timezone": "localtime"}, "schedule.invalid_timezone"),
+    ({"cron_expr": "0 0 0 1 1 * 2020"}, "schedule.invalid_cron"),
+    ({"cron_expr": "0 R * * * *"}, "schedule.invalid_cron"),
     ({"job_type": "no.such.type"}, "job.definition_not_found"),
     ({"max_jitter_seconds": -1}, "job.invalid_argument"),
     ({"payload_template": {"x": {1, 2}}}, "job.invalid_payload"),
@@ -160,6 +163,32 @@ def test_a_schedule_that_cannot_fire_never_blocks_the_others(defined):
     make_due(defined, "disabled-type")
     assert schedules.fire_due_schedules(defined, limit=16).fired == 1
     assert rl.get_schedule(defined, "disabled-type").last_error_code is None
+
+
+def one_instant_cron(instant: datetime) -> str:
+    """A seconds-first cron with a year field that names ``instant`` (UTC) and nothing else."""
+    at = instant.astimezone(timezone.utc)
+    return f"{at.second} {at.minute} {at.hour} {at.day} {at.month} * {at.year}"
+
+
+def test_a_schedule_fires_its_last_instant_then_is_made_inactive_without_an_error(defined):
+    last = (db_now(defined) + timedelta(seconds=2)).replace(microsecond=0)
+    schedule = rl.upsert_schedule(defined, "once", cron_expr=one_instant_cron(last), job_type=JOB_TYPE)
+    assert schedule.next_fire_at == last
+    tick = wait_until(lambda: (t := schedules.fire_due_schedules(defined, limit=16)).fired and t, timeout=10)
+    assert (tick.fired, tick.failed, tick.finished) == (1, (), ("once",))
+    [job] = rl.list_jobs(defined)
+    assert job.payload["_schedule"]["scheduled_for"] == last.strftime("%Y-%m-%dT%H:%M:%S.000000Z")
+    after = rl.get_schedule(defined, "once")
+    assert (after.is_active, after.next_fire_at, after.last_error_code) == (False, last, None)
+    assert after.last_fired_at is not None
+    again = schedules.fire_due_schedules(defined, limit=16)
+    assert (again.fired, again.failed, again.next_due_in_seconds) == (0, (), None)
+    # It cannot be resumed: nothing is left to fire. Its row stays as it was.
+    with pytest.raises(errors.InvalidCron) as caught:
+        rl.resume_schedule(defined, "once")
+    assert "names no time after" in caught.value.message
+    assert rl.get_schedule(defined, "once") == after
 
 
 def test_a_full_batch_says_so_and_the_rest_fire_in_the_next(defined):
