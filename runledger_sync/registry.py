@@ -238,6 +238,10 @@ class JobRegistry:
 
         Returns:
             What :func:`runledger_sync.store.enqueue.sync_job_definitions` returns.
+
+        Raises:
+            DefinitionNotFound: a declared schedule names a job type with no definition;
+                the message names the schedule and the type, and no schedule is written.
         """
         # Imported here, not at module level: the registry sits below the store in
         # the layering, and the store must stay importable without the registry.

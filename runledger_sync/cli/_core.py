@@ -61,6 +61,9 @@ HINTS: dict[str, str] = {
         "start a worker that registers this job type (it syncs the definitions), or enable the type"
     ),
     "job.idempotency_conflict": "repeat the original request exactly, or pass a new --idempotency-key",
+    "job.definition_not_found": (
+        "register a handler for the job type in the app (registry.job), or remove what names the type"
+    ),
     "schedule.not_found": f"list schedule names with `{PROG} schedules list`",
     "workflow.run_not_found": f"list run ids with `{PROG} workflows list`",
     "workflow.run_finished": "a run that has finished keeps its outcome; there is nothing left to cancel",

@@ -26,7 +26,7 @@ from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.cron import names_no_time_after, next_fire_at, parse_cron
-from runledger_sync.core.errors import RunledgerError, ScheduleNotFound
+from runledger_sync.core.errors import DefinitionNotFound, RunledgerError, ScheduleNotFound
 from runledger_sync.core.ids import uuid7
 from runledger_sync.core.records import (
     SCHEDULE_NAME_MAX_LENGTH,
@@ -39,7 +39,7 @@ from runledger_sync.core.records import (
 )
 from runledger_sync.core.types import JobStage
 from runledger_sync.db.errors import translate
-from runledger_sync.db.schema import job_schedules
+from runledger_sync.db.schema import job_definitions, job_schedules
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store.enqueue import enqueue_many
@@ -59,6 +59,9 @@ def _to_schedule(row: Any) -> ScheduleRecord:
 _LOCK_BY_NAME = select(*SCHEDULE_COLUMNS, func.now().label("db_now")).where(
     _s.name == bindparam("name", type_=Text)).with_for_update()
 _NOW = select(func.now())
+# KEY SHARE: the definition cannot be deleted before the schedule that names it commits.
+_DEFINITION = select(job_definitions.c.job_type).where(
+    job_definitions.c.job_type == bindparam("job_type", type_=Text)).with_for_update(key_share=True)
 
 
 def upsert_schedule(
@@ -89,7 +92,7 @@ def upsert_schedule(
 
     Raises:
         InvalidCron, InvalidTimezone, InvalidArgument, InvalidPayload: nothing written.
-        DefinitionNotFound: ``job_type`` has no definition.
+        DefinitionNotFound: ``job_type`` has no definition (the message names the schedule and the type).
     """
     spec = ScheduleSpec(name, cron_expr, job_type, payload_template, organization_id, max_jitter_seconds,
                         timezone).checked()
@@ -104,6 +107,13 @@ def _upsert(connection: Connection, spec: ScheduleSpec, is_active: Optional[bool
         "payload_template": spec.template, "cron_expr": spec.cron_expr, "timezone": spec.timezone,
         "max_jitter_seconds": spec.max_jitter_seconds, "source": source,
     }
+    if connection.execute(_DEFINITION, {"job_type": spec.job_type}).first() is None:
+        # Checked here rather than left to the foreign key, whose message names neither.
+        raise DefinitionNotFound(
+            f"schedule {spec.name!r} names job type {spec.job_type!r}, which has no definition: register a handler "
+            "for it (registry.job) and sync the definitions (registry.sync_definitions, or start a worker) first",
+            schedule_name=spec.name, job_type=spec.job_type,
+        )
     current = connection.execute(_LOCK_BY_NAME, {"name": spec.name}).first()
     if current is None:
         new_id = uuid7()

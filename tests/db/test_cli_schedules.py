@@ -86,3 +86,13 @@ def test_a_schedule_that_fired_its_last_instant_shows_as_finished(db, run):
     assert run("schedules", "pause", "nightly")[0] == 0
     _, out, _ = run("schedules", "show", "nightly")
     assert dict(line.split(":", 1) for line in out.splitlines())["state"].strip() == "paused"
+
+
+def test_a_worker_whose_app_declares_a_schedule_of_an_unknown_type_names_both(engine, run):
+    code, _, err = run("worker", "--app", "tests.cli_app:unknown_type")
+    assert code == 1
+    first, hint = err.splitlines()[:2]
+    assert first.startswith("error: job.definition_not_found: schedule 'cli.orphan' names job type "
+                            "'cli.no_such_type', which has no definition")
+    assert hint.startswith("hint: register a handler for the job type")
+    assert scalar(engine, "SELECT count(*) FROM job_schedules") == 0

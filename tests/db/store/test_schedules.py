@@ -82,6 +82,27 @@ def test_a_bad_schedule_is_refused_with_its_code_and_nothing_is_written(defined,
     assert scalar(defined, "SELECT count(*) FROM job_schedules") == 0
 
 
+def test_an_unknown_job_type_is_refused_naming_the_schedule_and_the_type(defined):
+    with pytest.raises(errors.DefinitionNotFound) as caught:
+        rl.upsert_schedule(defined, "nightly", cron_expr=EVERY_MINUTE, job_type="no.such.type")
+    assert caught.value.code == "job.definition_not_found"
+    assert "schedule 'nightly' names job type 'no.such.type', which has no definition" in caught.value.message
+    assert "foreign key" not in caught.value.message
+    assert scalar(defined, "SELECT count(*) FROM job_schedules") == 0
+
+
+def test_sync_refuses_a_declared_schedule_of_a_type_with_no_definition_and_writes_no_schedule(defined):
+    registry = rl.JobRegistry()
+    registry.job(JOB_TYPE)(lambda ctx, payload: None)
+    registry.schedule("fine", cron=EVERY_MINUTE, job_type=JOB_TYPE)
+    registry.schedule("orphan", cron=EVERY_MINUTE, job_type="not.registered")
+    with pytest.raises(errors.DefinitionNotFound) as caught:
+        registry.sync_definitions(defined)
+    assert "schedule 'orphan' names job type 'not.registered'" in caught.value.message
+    assert caught.value.details == {"schedule_name": "orphan", "job_type": "not.registered"}
+    assert scalar(defined, "SELECT count(*) FROM job_schedules") == 0
+
+
 def test_unknown_names_are_refused_as_not_found(defined):
     for action in (rl.pause_schedule, rl.resume_schedule, rl.delete_schedule, rl.trigger_schedule):
         with pytest.raises(errors.ScheduleNotFound) as caught:
