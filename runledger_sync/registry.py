@@ -256,8 +256,8 @@ class JobRegistry:
         if synced.undeclared:
             log.warning(
                 "schedules declared by earlier code are no longer declared"
-                + ("; paused" if synced.deactivated else "; still active (pass deactivate_undeclared_schedules=True"
-                   " or pause them)"),
+                + ("; paused" if synced.deactivated else "; still active (pause them, delete them with force=True,"
+                   " or pass deactivate_undeclared_schedules=True)"),
                 extra={"schedule_names": [s.name for s in synced.undeclared]},
             )
         return definitions

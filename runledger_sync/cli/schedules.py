@@ -114,9 +114,16 @@ def _schedules_trigger(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-@command("schedules delete", help="delete a schedule (the jobs it enqueued stay)", arguments=_name_argument)
+def _delete_arguments(parser: argparse.ArgumentParser) -> None:
+    _name_argument(parser)
+    parser.add_argument("--force", action="store_true",
+                        help="delete a schedule declared in code too (remove it from the code first, or "
+                             "the next worker start writes it again)")
+
+
+@command("schedules delete", help="delete a schedule (the jobs it enqueued stay)", arguments=_delete_arguments)
 def _schedules_delete(args: argparse.Namespace) -> int:
     with open_engine(args) as engine:
-        schedule = rl.delete_schedule(engine, args.name)
+        schedule = rl.delete_schedule(engine, args.name, force=args.force)
     print(f"{printable(schedule.name)} deleted")
     return EXIT_OK

@@ -26,7 +26,7 @@ from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.cron import names_no_time_after, next_fire_at, parse_cron
-from runledger_sync.core.errors import DefinitionNotFound, RunledgerError, ScheduleNotFound
+from runledger_sync.core.errors import DefinitionNotFound, RunledgerError, ScheduleDeclaredInCode, ScheduleNotFound
 from runledger_sync.core.ids import uuid7
 from runledger_sync.core.records import (
     SCHEDULE_NAME_MAX_LENGTH,
@@ -190,21 +190,35 @@ def _set_active(bind: Bind, name: str, active: bool) -> ScheduleRecord:
     return run_in_transaction(bind, work)
 
 
-def delete_schedule(bind: Bind, name: str) -> ScheduleRecord:
+def delete_schedule(bind: Bind, name: str, *, force: bool = False) -> ScheduleRecord:
     """Delete a schedule; the jobs it enqueued stay.
+
+    A schedule declared in code (``source`` ``code``) is refused unless ``force``:
+    the next ``sync_definitions`` of code that still declares it would write it
+    again. Pause it instead (sync keeps a pause), or remove it from the code
+    and then delete it with ``force=True``.
 
     Returns:
         The schedule as it was.
 
     Raises:
         ScheduleNotFound: no schedule has this name.
+        ScheduleDeclaredInCode: it is declared in code and ``force`` is False; nothing is deleted.
     """
     check.check_text("name", name, max_length=SCHEDULE_NAME_MAX_LENGTH)
+    if not isinstance(force, bool):
+        raise check.InvalidArgument("force", force, "True or False")
 
     def work(connection: Connection) -> ScheduleRecord:
-        row = connection.execute(job_schedules.delete().where(_s.name == name).returning(*SCHEDULE_COLUMNS)).first()
-        if row is None:
-            raise ScheduleNotFound(f"no schedule is named {name!r}")
+        current = _locked(connection, name)
+        if current.source == "code" and not force:
+            raise ScheduleDeclaredInCode(
+                f"schedule {name!r} is declared in code (registry.schedule): the next sync_definitions would write "
+                "it again. Pause it instead (a pause is kept), or remove it from the code and then delete it "
+                "with force=True (--force)",
+                schedule_name=name,
+            )
+        row = connection.execute(job_schedules.delete().where(_s.id == current.id).returning(*SCHEDULE_COLUMNS)).one()
         return _to_schedule(row)
 
     return run_in_transaction(bind, work)

@@ -96,3 +96,19 @@ def test_a_worker_whose_app_declares_a_schedule_of_an_unknown_type_names_both(en
                             "'cli.no_such_type', which has no definition")
     assert hint.startswith("hint: register a handler for the job type")
     assert scalar(engine, "SELECT count(*) FROM job_schedules") == 0
+
+
+def test_delete_refuses_a_schedule_declared_in_code_unless_forced(db, run):
+    registry = rl.JobRegistry()
+    registry.job(REPORT)(lambda ctx, payload: None)
+    registry.schedule("declared", cron="@daily", job_type=REPORT)
+    registry.sync_definitions(db)
+    code, _, err = run("schedules", "delete", "declared")
+    assert code == 1
+    first, hint = err.splitlines()[:2]
+    assert first.startswith("error: schedule.declared_in_code: schedule 'declared' is declared in code")
+    assert "schedules pause NAME" in hint and "--force" in hint
+    assert rl.get_schedule(db, "declared") is not None
+    code, out, _ = run("schedules", "delete", "declared", "--force")
+    assert (code, out.strip()) == (0, "declared deleted")
+    assert rl.get_schedule(db, "declared") is None

@@ -244,6 +244,28 @@ def test_a_declared_schedule_keeps_an_operators_pause(defined):
     assert rl.get_schedule(defined, "nightly").is_active is False
 
 
+def test_deleting_a_declared_schedule_is_refused_and_pausing_it_lasts(defined):
+    registry = rl.JobRegistry()
+    registry.job(JOB_TYPE)(lambda ctx, payload: None)
+    registry.schedule("nightly", cron="0 0 3 * * *", job_type=JOB_TYPE)
+    registry.sync_definitions(defined)
+    with pytest.raises(errors.ScheduleDeclaredInCode) as caught:
+        rl.delete_schedule(defined, "nightly")
+    assert caught.value.code == "schedule.declared_in_code"
+    assert "schedule 'nightly' is declared in code" in caught.value.message and "Pause it instead" in caught.value.message
+    assert rl.get_schedule(defined, "nightly").is_active is True
+    # What the message offers: a pause, which the next sync keeps.
+    rl.pause_schedule(defined, "nightly")
+    registry.sync_definitions(defined)
+    assert rl.get_schedule(defined, "nightly").is_active is False
+    # Once the code no longer declares it, force deletes it and a sync of that code leaves it deleted.
+    without = rl.JobRegistry()
+    without.job(JOB_TYPE)(lambda ctx, payload: None)
+    assert rl.delete_schedule(defined, "nightly", force=True).name == "nightly"
+    without.sync_definitions(defined)
+    assert rl.get_schedule(defined, "nightly") is None
+
+
 def test_a_schedule_dropped_from_code_is_reported_and_paused_only_when_asked(defined, caplog):
     old = rl.JobRegistry()
     old.job(JOB_TYPE)(lambda ctx, payload: None)
