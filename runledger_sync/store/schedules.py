@@ -43,6 +43,7 @@ from runledger_sync.db.schema import job_definitions, job_schedules
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store.enqueue import enqueue_many
+from runledger_sync.store.notify import notify_schedules_changed
 
 _s = job_schedules.c
 SCHEDULE_COLUMNS = tuple(job_schedules.c[f.name] for f in fields(ScheduleRecord))
@@ -126,6 +127,8 @@ def _upsert(connection: Connection, spec: ScheduleSpec, is_active: Optional[bool
             .returning(*SCHEDULE_COLUMNS)
         ).first()
         if inserted is not None:
+            if inserted.is_active:
+                notify_schedules_changed(connection)
             return _to_schedule(inserted)
         # Written meanwhile by another upsert: replace it like any stored one.
         current = connection.execute(_LOCK_BY_NAME, {"name": spec.name}).first()
@@ -133,7 +136,10 @@ def _upsert(connection: Connection, spec: ScheduleSpec, is_active: Optional[bool
     timing_changed = (current.cron_expr, current.timezone, current.max_jitter_seconds) != (
         spec.cron_expr, spec.timezone, spec.max_jitter_seconds)
     woken = active and not current.is_active
+    moved = active and (timing_changed or woken)
     next_at = _next_or_refuse(spec, current.id, current.db_now) if timing_changed or woken else current.next_fire_at
+    if moved:
+        notify_schedules_changed(connection)
     row = connection.execute(
         job_schedules.update().where(_s.id == current.id)
         .values(is_active=active, next_fire_at=next_at, **values)
@@ -181,6 +187,7 @@ def _set_active(bind: Bind, name: str, active: bool) -> ScheduleRecord:
         next_at = current.next_fire_at
         if active and not current.is_active:
             next_at = _next_or_refuse(_spec_of(current), current.id, current.db_now)
+            notify_schedules_changed(connection)
         row = connection.execute(
             job_schedules.update().where(_s.id == current.id)
             .values(is_active=active, next_fire_at=next_at).returning(*SCHEDULE_COLUMNS)

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta, timezone
 import runledger_sync as rl
 from runledger_sync.core.types import RuntimeLoopExit
 from runledger_sync.runtime.scheduler import run_scheduler_loop, tick_once
+from runledger_sync.store import notify
 from tests import handlers as h
 from tests.handlers import fast_config
 from tests.support import JOB_TYPE, rows, wait_until
@@ -114,3 +115,61 @@ def test_a_schedule_with_a_year_field_fires_its_last_instant_and_then_stops_quie
     messages = [(r.levelname, r.getMessage()) for r in logs.records if getattr(r, "schedule_name", None) == "once"]
     assert messages == [("INFO", "schedule fired its last instant; now inactive")]
     assert rl.get_schedule(engine, "once").last_error_code is None
+
+
+def scheduler_ticked_after(supervisor, moment: datetime):
+    last = supervisor.health(check_database=False).loops["scheduler"].last_success_at
+    return last is not None and last > moment
+
+
+def seconds_until_a_fire(engine, fired_before: int, since: float) -> float:
+    wait_until(lambda: len(scheduled_for(engine)) > fired_before, timeout=WAKE_BOUND_SECONDS + 5)
+    return time.monotonic() - since
+
+
+#: A poll interval far longer than any test waits: only a wake-up can make these fires prompt.
+LONG_POLL_SECONDS = 30
+#: Next instant at most 1 s away, plus a tick: well under the poll interval.
+WAKE_BOUND_SECONDS = 3.0
+
+
+def test_a_resumed_schedule_fires_at_its_next_instant_not_a_poll_interval_later(engine, probe, logs):
+    registry = h.registry_with(JOB_TYPE, h.ok(probe))
+    registry.schedule("every-second", cron="*/1 * * * * *", job_type=JOB_TYPE)
+    registry.sync_definitions(engine)
+    supervisor = rl.Supervisor(engine, registry, fast_config(schedule_poll_interval_seconds=LONG_POLL_SECONDS))
+    supervisor.start()
+    try:
+        wait_until(lambda: scheduled_for(engine), timeout=10)
+        paused_at = datetime.now(timezone.utc)
+        rl.pause_schedule(engine, "every-second")
+        # A tick after the pause finds no active schedule and sleeps the whole poll interval.
+        wait_until(lambda: scheduler_ticked_after(supervisor, paused_at), timeout=10)
+        fired = len(scheduled_for(engine))
+        resumed = time.monotonic()
+        rl.resume_schedule(engine, "every-second")
+        elapsed = seconds_until_a_fire(engine, fired, resumed)
+    finally:
+        supervisor.stop(timeout=10)
+    assert elapsed < WAKE_BOUND_SECONDS, elapsed
+
+
+def test_a_schedule_written_while_the_scheduler_sleeps_fires_at_its_next_instant(engine, probe, logs):
+    registry = h.registry_with(JOB_TYPE, h.ok(probe))
+    registry.sync_definitions(engine)
+    started_at = datetime.now(timezone.utc)
+    supervisor = rl.Supervisor(engine, registry, fast_config(schedule_poll_interval_seconds=LONG_POLL_SECONDS))
+    supervisor.start()
+    try:
+        wait_until(lambda: scheduler_ticked_after(supervisor, started_at), timeout=10)
+        written = time.monotonic()
+        rl.upsert_schedule(engine, "new", cron_expr="*/1 * * * * *", job_type=JOB_TYPE)
+        elapsed = seconds_until_a_fire(engine, 0, written)
+    finally:
+        supervisor.stop(timeout=10)
+    assert elapsed < WAKE_BOUND_SECONDS, elapsed
+    assert len([r for r in logs.records if r.getMessage() == "schedule listener connected"]) == 1
+    # Stopping closes the scheduler's LISTEN session with the worker's (its backend ends just after).
+    wait_until(lambda: rows(engine, "SELECT count(*) FROM pg_stat_activity WHERE application_name = :name "
+                            "AND datname = current_database()", name=notify.LISTENER_APPLICATION_NAME)[0][0] == 0,
+               timeout=5)
