@@ -27,7 +27,7 @@ from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.health import TICK, LoopMarks
 from runledger_sync.runtime.listener import JobListener
 from runledger_sync.runtime.periodic import run_periodically
-from runledger_sync.store import notify, schedules
+from runledger_sync.store import notify, schedule_tick
 
 log = get_logger(__name__)
 
@@ -44,7 +44,7 @@ def tick_once(engine: Engine, config: JobsConfig) -> ScheduleTick:
     failed: list = []
     finished: list[str] = []
     while True:
-        tick = schedules.fire_due_schedules(engine, limit=config.claim_batch_size)
+        tick = schedule_tick.fire_due_schedules(engine, limit=config.claim_batch_size)
         fired += tick.fired
         for name in tick.finished:
             log.info("schedule fired its last instant; now inactive", extra={"schedule_name": name})

@@ -11,7 +11,7 @@ import runledger_sync as rl
 from runledger_sync.core import errors
 from runledger_sync.core.cron import jitter_seconds, parse_cron
 from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store import schedules
+from runledger_sync.store import schedule_tick
 from tests.support import JOB_TYPE, define, rows, scalar, wait_until
 
 EVERY_MINUTE = "0 * * * * *"
@@ -128,7 +128,7 @@ def test_a_due_schedule_enqueues_its_template_marked_with_the_fire_and_moves_on(
                                   payload_template={"kind": "daily"}, organization_id="org-1")
     make_due(defined, "report")
     due_at = rl.get_schedule(defined, "report").next_fire_at
-    tick = schedules.fire_due_schedules(defined, limit=16)
+    tick = schedule_tick.fire_due_schedules(defined, limit=16)
     assert (tick.fired, tick.failed, tick.full) == (1, (), False)
     [job] = rl.list_jobs(defined)
     assert job.payload == {"kind": "daily", "_schedule": {
@@ -143,7 +143,7 @@ def test_a_due_schedule_enqueues_its_template_marked_with_the_fire_and_moves_on(
 def test_a_template_that_is_not_an_object_is_wrapped(defined):
     rl.upsert_schedule(defined, "list", cron_expr=EVERY_MINUTE, job_type=JOB_TYPE, payload_template=[1, 2])
     make_due(defined, "list")
-    schedules.fire_due_schedules(defined, limit=16)
+    schedule_tick.fire_due_schedules(defined, limit=16)
     [job] = rl.list_jobs(defined)
     assert job.payload["payload"] == [1, 2] and job.payload["_schedule"]["schedule_name"] == "list"
 
@@ -151,8 +151,8 @@ def test_a_template_that_is_not_an_object_is_wrapped(defined):
 def test_five_minutes_of_downtime_fire_a_per_minute_schedule_once(defined):
     rl.upsert_schedule(defined, "minutely", cron_expr=EVERY_MINUTE, job_type=JOB_TYPE)
     make_due(defined, "minutely", 5 * 60)
-    assert schedules.fire_due_schedules(defined, limit=16).fired == 1
-    assert schedules.fire_due_schedules(defined, limit=16).fired == 0
+    assert schedule_tick.fire_due_schedules(defined, limit=16).fired == 1
+    assert schedule_tick.fire_due_schedules(defined, limit=16).fired == 0
     assert job_count(defined) == 1
     assert rl.get_schedule(defined, "minutely").next_fire_at - db_now(defined) <= timedelta(seconds=60)
 
@@ -166,7 +166,7 @@ def test_a_schedule_that_cannot_fire_never_blocks_the_others(defined):
     with defined.begin() as conn:
         conn.exec_driver_sql("UPDATE job_schedules SET cron_expr = 'every blue moon' WHERE name = 'edited-cron'")
         conn.exec_driver_sql("UPDATE job_schedules SET timezone = 'Mars/Olympus' WHERE name = 'edited-zone'")
-    tick = schedules.fire_due_schedules(defined, limit=16)
+    tick = schedule_tick.fire_due_schedules(defined, limit=16)
     assert tick.fired == 1
     assert sorted((f.name, f.code) for f in tick.failed) == [
         ("disabled-type", "job.definition_not_found_or_disabled"),
@@ -182,7 +182,7 @@ def test_a_schedule_that_cannot_fire_never_blocks_the_others(defined):
     # Once the type is enabled again, its next try fires it and clears the error.
     store_enqueue.set_job_definition_enabled(defined, OTHER_TYPE, True)
     make_due(defined, "disabled-type")
-    assert schedules.fire_due_schedules(defined, limit=16).fired == 1
+    assert schedule_tick.fire_due_schedules(defined, limit=16).fired == 1
     assert rl.get_schedule(defined, "disabled-type").last_error_code is None
 
 
@@ -196,14 +196,14 @@ def test_a_schedule_fires_its_last_instant_then_is_made_inactive_without_an_erro
     last = (db_now(defined) + timedelta(seconds=2)).replace(microsecond=0)
     schedule = rl.upsert_schedule(defined, "once", cron_expr=one_instant_cron(last), job_type=JOB_TYPE)
     assert schedule.next_fire_at == last
-    tick = wait_until(lambda: (t := schedules.fire_due_schedules(defined, limit=16)).fired and t, timeout=10)
+    tick = wait_until(lambda: (t := schedule_tick.fire_due_schedules(defined, limit=16)).fired and t, timeout=10)
     assert (tick.fired, tick.failed, tick.finished) == (1, (), ("once",))
     [job] = rl.list_jobs(defined)
     assert job.payload["_schedule"]["scheduled_for"] == last.strftime("%Y-%m-%dT%H:%M:%S.000000Z")
     after = rl.get_schedule(defined, "once")
     assert (after.is_active, after.next_fire_at, after.last_error_code) == (False, last, None)
     assert after.last_fired_at is not None
-    again = schedules.fire_due_schedules(defined, limit=16)
+    again = schedule_tick.fire_due_schedules(defined, limit=16)
     assert (again.fired, again.failed, again.next_due_in_seconds) == (0, (), None)
     # It cannot be resumed: nothing is left to fire. Its row stays as it was.
     with pytest.raises(errors.InvalidCron) as caught:
@@ -216,8 +216,8 @@ def test_a_full_batch_says_so_and_the_rest_fire_in_the_next(defined):
     for n in range(5):
         rl.upsert_schedule(defined, f"s{n}", cron_expr=EVERY_MINUTE, job_type=JOB_TYPE)
         make_due(defined, f"s{n}")
-    first = schedules.fire_due_schedules(defined, limit=3)
-    second = schedules.fire_due_schedules(defined, limit=3)
+    first = schedule_tick.fire_due_schedules(defined, limit=3)
+    second = schedule_tick.fire_due_schedules(defined, limit=3)
     assert (first.fired, first.full, second.fired, second.full) == (3, True, 2, False)
     assert job_count(defined) == 5
 
@@ -226,10 +226,10 @@ def test_pausing_stops_fires_at_once_and_resuming_skips_the_missed_instants(defi
     rl.upsert_schedule(defined, "p", cron_expr=EVERY_MINUTE, job_type=JOB_TYPE)
     make_due(defined, "p", 600)
     assert rl.pause_schedule(defined, "p").is_active is False
-    assert schedules.fire_due_schedules(defined, limit=16).fired == 0
+    assert schedule_tick.fire_due_schedules(defined, limit=16).fired == 0
     resumed = rl.resume_schedule(defined, "p")
     assert resumed.is_active and resumed.next_fire_at > db_now(defined)
-    assert schedules.fire_due_schedules(defined, limit=16).fired == 0
+    assert schedule_tick.fire_due_schedules(defined, limit=16).fired == 0
     assert job_count(defined) == 0
 
 
@@ -307,7 +307,7 @@ def test_concurrent_ticks_fire_each_due_schedule_once(defined):
 
     def tick() -> None:
         start.wait()
-        while (result := schedules.fire_due_schedules(defined, limit=4)).fired or result.full:
+        while (result := schedule_tick.fire_due_schedules(defined, limit=4)).fired or result.full:
             fired.append(result.fired)
 
     threads = [threading.Thread(target=tick) for _ in range(4)]
