@@ -158,9 +158,10 @@ def _parse(expression: str, timezone_name: str) -> CronSchedule:
     return CronSchedule(expression, timezone_name, " ".join(parts))
 
 
-def names_no_time_after(expression: str, after: datetime) -> InvalidCron:
-    """The error for a write that would leave a schedule with no instant to fire at."""
-    return InvalidCron(f"cron expression {expression!r} names no time after {after.astimezone(UTC).isoformat()}")
+def names_no_time_after(name: str, expression: str, after: datetime) -> InvalidCron:
+    """The error for a write (or resume) that would leave a schedule with no instant to fire at."""
+    return InvalidCron(f"schedule {name!r}: cron expression {expression!r} names no time after "
+                       f"{after.astimezone(UTC).isoformat()}, so it would never fire")
 
 
 def check_timezone(name: Any) -> str:

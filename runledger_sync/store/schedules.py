@@ -144,7 +144,7 @@ def _next_or_refuse(spec: ScheduleSpec, schedule_id: UUID, now: datetime) -> dat
     """The next fire of a schedule being written or resumed; one that could never fire is refused."""
     next_at = next_fire(spec, schedule_id, now)
     if next_at is None:
-        raise names_no_time_after(spec.cron_expr, now)
+        raise names_no_time_after(spec.name, spec.cron_expr, now)
     return next_at
 
 

@@ -173,3 +173,21 @@ def test_a_schedule_written_while_the_scheduler_sleeps_fires_at_its_next_instant
     wait_until(lambda: rows(engine, "SELECT count(*) FROM pg_stat_activity WHERE application_name = :name "
                             "AND datname = current_database()", name=notify.LISTENER_APPLICATION_NAME)[0][0] == 0,
                timeout=5)
+
+
+def test_a_triggered_schedule_runs_at_once_under_a_long_poll(engine, probe, logs):
+    # trigger enqueues the job itself, and the enqueue notifies idle workers: no scheduler tick in between.
+    registry = h.registry_with(JOB_TYPE, h.ok(probe))
+    registry.sync_definitions(engine)
+    rl.upsert_schedule(engine, "nightly", cron_expr="0 0 3 * * *", job_type=JOB_TYPE)
+    config = fast_config(poll_interval_ms=LONG_POLL_SECONDS * 1000, schedule_poll_interval_seconds=LONG_POLL_SECONDS)
+    supervisor = rl.Supervisor(engine, registry, config).start()
+    try:
+        wait_until(lambda: [r for r in logs.records if r.getMessage() == "listener connected"], timeout=10)
+        triggered = time.monotonic()
+        job = rl.trigger_schedule(engine, "nightly")
+        wait_until(lambda: rl.get_job(engine, job.id).status is rl.JobStatus.SUCCEEDED, timeout=10)
+        elapsed = time.monotonic() - triggered
+    finally:
+        supervisor.stop(timeout=10)
+    assert elapsed < 1.0, elapsed

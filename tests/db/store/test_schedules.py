@@ -208,7 +208,8 @@ def test_a_schedule_fires_its_last_instant_then_is_made_inactive_without_an_erro
     # It cannot be resumed: nothing is left to fire. Its row stays as it was.
     with pytest.raises(errors.InvalidCron) as caught:
         rl.resume_schedule(defined, "once")
-    assert "names no time after" in caught.value.message
+    assert caught.value.message.startswith("schedule 'once': cron expression")
+    assert caught.value.message.endswith("so it would never fire")
     assert rl.get_schedule(defined, "once") == after
 
 
