@@ -78,6 +78,8 @@ class JobListener:
         self._failures = 0
         # The probe sent and not yet echoed: (payload, monotonic time sent).
         self._probe: Optional[tuple[str, float]] = None
+        # A relevant notification that probe() read: kept for the next wait(), not dropped.
+        self._notified = False
         # None until the first attempt, so the first outcome is logged either way.
         self._was_connected: Optional[bool] = None
         self._off_logged = False
@@ -123,7 +125,7 @@ class JobListener:
             self.close()
             return
         try:
-            self._read(self._connection)
+            self._notified = self._relevant(self._read(self._connection)) or self._notified
             if self._probe is not None:
                 if time.monotonic() - self._probe[1] > PROBE_TIMEOUT_SECONDS:
                     raise ProbeNotEchoed(f"no echo of a probe notification within {PROBE_TIMEOUT_SECONDS:g} s")
@@ -149,7 +151,8 @@ class JobListener:
             return False
         try:
             # Notifications already read into psycopg2's buffer do not make the socket readable.
-            if self._relevant(self._read(connection)):
+            notified, self._notified = self._notified, False
+            if notified or self._relevant(self._read(connection)):
                 return True
             readable, _, _ = select.select([connection], [], [], timeout)
             return bool(readable) and self._relevant(self._read(connection))
@@ -160,6 +163,7 @@ class JobListener:
 
     def discard_pending(self) -> None:
         """Read and drop what has arrived, so a busy worker's listener does not back up the server's queue."""
+        self._notified = False
         if self._connection is None:
             return
         try:
@@ -171,6 +175,7 @@ class JobListener:
         """UNLISTEN and close the connection (the listener connects again on a later pause, if allowed)."""
         connection, self._connection = self._connection, None
         self._probe = None
+        self._notified = False
         if connection is not None:
             notify.close_listener(connection)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import threading
 import time
 from collections import Counter
@@ -9,6 +10,7 @@ from datetime import datetime, timedelta, timezone
 
 import runledger_sync as rl
 from runledger_sync.core.types import RuntimeLoopExit
+from runledger_sync.runtime.listener import JobListener
 from runledger_sync.runtime.scheduler import run_scheduler_loop, tick_once
 from runledger_sync.store import notify
 from tests import handlers as h
@@ -191,3 +193,19 @@ def test_a_triggered_schedule_runs_at_once_under_a_long_poll(engine, probe, logs
     finally:
         supervisor.stop(timeout=10)
     assert elapsed < 1.0, elapsed
+
+
+def test_a_schedule_notification_read_by_a_probe_still_wakes_the_next_wait(engine, logs):
+    listener = JobListener(engine, None, worker_id="w", channel=notify.SCHEDULES_CHANNEL, name="schedule listener")
+    try:
+        assert listener.connect_if_due()
+        with engine.begin() as conn:
+            notify.notify_schedules_changed(conn)
+        # Arrived on the socket, not read yet; the probe at the start of a pause reads it.
+        readable, _, _ = select.select([listener._connection], [], [], 5)
+        assert readable
+        listener.probe()
+        assert listener.wait(0) is True
+        assert listener.wait(0) is False
+    finally:
+        listener.close()
