@@ -238,6 +238,10 @@ class JobRegistry:
 
         Returns:
             What :func:`runledger_sync.store.enqueue.sync_job_definitions` returns.
+
+        Raises:
+            DefinitionNotFound: a declared schedule names a job type with no definition;
+                the message names the schedule and the type, and no schedule is written.
         """
         # Imported here, not at module level: the registry sits below the store in
         # the layering, and the store must stay importable without the registry.
@@ -252,8 +256,8 @@ class JobRegistry:
         if synced.undeclared:
             log.warning(
                 "schedules declared by earlier code are no longer declared"
-                + ("; paused" if synced.deactivated else "; still active (pass deactivate_undeclared_schedules=True"
-                   " or pause them)"),
+                + ("; paused" if synced.deactivated else "; still active (pause them, delete them with force=True,"
+                   " or pass deactivate_undeclared_schedules=True)"),
                 extra={"schedule_names": [s.name for s in synced.undeclared]},
             )
         return definitions

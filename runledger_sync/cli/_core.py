@@ -65,7 +65,14 @@ HINTS: dict[str, str] = {
         "writes them too), or enable the type"
     ),
     "job.idempotency_conflict": "repeat the original request exactly, or pass a new --idempotency-key",
+    "job.definition_not_found": (
+        "register a handler for the job type in the app (registry.job), or remove what names the type"
+    ),
     "schedule.not_found": f"list schedule names with `{PROG} schedules list`",
+    "schedule.declared_in_code": (
+        f"pause it with `{PROG} schedules pause NAME`, or remove it from the code and then run "
+        f"`{PROG} schedules delete NAME --force`"
+    ),
     "workflow.run_not_found": f"list run ids with `{PROG} workflows list`",
     "workflow.run_finished": "a run that has finished keeps its outcome; there is nothing left to cancel",
     "workflow.external_step_not_found": f"`{PROG} workflows show RUN_ID` lists the run's steps and their kinds",

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Optional
 from zoneinfo import ZoneInfo
 
 import runledger_sync as rl
 from runledger_sync.cli._core import EXIT_OK, command, command_group, open_engine
 from runledger_sync.cli._output import add_json_option, plain, print_json, print_table, printable, when
+from runledger_sync.core.cron import parse_cron
 
 command_group("schedules", help="list, show, pause, resume, trigger and delete cron schedules")
 
@@ -23,7 +24,14 @@ def _in_zone(moment: Optional[datetime], zone: str) -> str:
 
 
 def _state(schedule: Any) -> str:
-    return "active" if schedule.is_active else "paused"
+    """``active``, ``paused``, or ``finished``: inactive, and its cron names no instant after now."""
+    if schedule.is_active:
+        return "active"
+    try:
+        done = parse_cron(schedule.cron_expr, schedule.timezone).next_fire(datetime.now(timezone.utc)) is None
+    except rl.ValidationError:
+        done = False  # a cron edited into something invalid: shown as stored, its error says the rest
+    return "finished" if done else "paused"
 
 
 def _name_argument(parser: argparse.ArgumentParser) -> None:
@@ -106,9 +114,16 @@ def _schedules_trigger(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-@command("schedules delete", help="delete a schedule (the jobs it enqueued stay)", arguments=_name_argument)
+def _delete_arguments(parser: argparse.ArgumentParser) -> None:
+    _name_argument(parser)
+    parser.add_argument("--force", action="store_true",
+                        help="delete a schedule declared in code too (remove it from the code first, or "
+                             "the next worker start writes it again)")
+
+
+@command("schedules delete", help="delete a schedule (the jobs it enqueued stay)", arguments=_delete_arguments)
 def _schedules_delete(args: argparse.Namespace) -> int:
     with open_engine(args) as engine:
-        schedule = rl.delete_schedule(engine, args.name)
+        schedule = rl.delete_schedule(engine, args.name, force=args.force)
     print(f"{printable(schedule.name)} deleted")
     return EXIT_OK

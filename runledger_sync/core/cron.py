@@ -10,6 +10,20 @@ Three forms are accepted:
 - The nicknames ``@yearly`` (``@annually``), ``@monthly``, ``@weekly``, ``@daily``
   (``@midnight``) and ``@hourly``.
 
+Every accepted expression names the same instants on every machine and at every
+write, so some of croniter's readings are refused or corrected here:
+
+- ``R`` (random) and ``H`` (hashed) values are refused: each write would pick
+  another time.
+- A range whose two ends are equal (``2026-2026``, ``MON-MON``) means that one
+  value; croniter reads it as the whole cycle.
+- ``?`` is accepted in the day-of-month and day-of-week fields, meaning any.
+  ``L`` in day of month is its last day, ``15W`` the weekday nearest the 15th;
+  in day of week ``5#2`` is the second and ``5L`` (or ``L5``) the last such
+  weekday of the month, numbered as the form numbers weekdays. ``#`` and ``L``
+  in day of week need day of month ``*`` or ``?``: croniter would require both.
+- As in crontab, a day of month and a day of week both given match either.
+
 Times are wall-clock times in the schedule's IANA time zone. Where a daylight
 saving change repeats an hour, a time in it fires once, at its first occurrence;
 where the change skips an hour, a time in the gap fires once, as far after the
@@ -24,7 +38,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator, Optional
 from uuid import UUID
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from croniter import croniter
 
@@ -48,7 +62,13 @@ _FIELD_NAMES = ("second", "minute", "hour", "day of month", "month", "day of wee
 #: Candidates looked at for one next fire: a per-second schedule skips up to an
 #: hour of them in the hour a daylight saving change repeats.
 _MAX_CANDIDATES = 10_000
-_WEEKDAY_TERM = re.compile(r"^(?P<first>\d+|[A-Za-z]+)(?:-(?P<last>\d+|[A-Za-z]+))?(?P<rest>(?:#\d+|L)?)$")
+_WEEKDAY_TERM = re.compile(
+    r"^(?P<lead>L)?(?P<first>\d+|[A-Z]{3})(?:-(?P<last>\d+|[A-Z]{3}))?(?P<rest>(?:#\d+|L)?)$", re.IGNORECASE)
+_EQUAL_RANGE = re.compile(r"^(?P<low>\w+)-(?P<high>\w+)(?:/\d+)?$")
+#: croniter's random (R) and hashed (H) values, alone or with a range or step.
+_RANDOM_OR_HASHED = re.compile(r"^[RH](?:\(\d+-\d+\))?(?:/\d+)?$", re.IGNORECASE)
+_DAY_OF_MONTH, _DAY_OF_WEEK = 3, 5
+_WEEKDAY_NAMES = ("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT")
 
 
 @dataclass(frozen=True)
@@ -64,11 +84,10 @@ class CronSchedule:
     def zone(self) -> ZoneInfo:
         return ZoneInfo(self.timezone)
 
-    def next_fire(self, after: datetime) -> datetime:
+    def next_fire(self, after: datetime) -> Optional[datetime]:
         """The first instant strictly after ``after`` (aware) that the expression names, in UTC.
 
-        Raises:
-            InvalidCron: no instant follows (a year field in the past, say).
+        Returns None when no instant follows: a year field whose last year has passed.
         """
         after = after.astimezone(UTC)
         zone = self.zone
@@ -82,9 +101,7 @@ class CronSchedule:
             instant = _instant(wall_time, zone)
             if instant > after and (best is None or instant < best):
                 best, best_wall_time = instant, instant.astimezone(zone).replace(tzinfo=None)
-        if best is not None:
-            return best
-        raise InvalidCron(f"cron expression {self.expression!r} names no time after {after.isoformat()}")
+        return best
 
     def _wall_times_after(self, start: datetime) -> Iterator[datetime]:
         iterator = croniter(self.fields, start, second_at_beginning=True, max_years_between_matches=50)
@@ -121,33 +138,56 @@ def _parse(expression: str, timezone_name: str) -> CronSchedule:
             raise InvalidCron(f"unknown cron nickname {text!r}: use one of {', '.join(sorted(_NICKNAMES))}")
         return CronSchedule(expression, timezone_name, fields)
     parts = text.split(" ")
-    if len(parts) == 5:
-        parts = ["0", *parts]
-    elif len(parts) in (6, 7):
-        parts[5] = _runledger_weekdays(parts[5])
-    else:
+    if len(parts) not in (5, 6, 7):
         raise InvalidCron(
             f"cron expression {expression!r} has {len(parts)} fields; expected 5 (min hour day month weekday), "
             "or 6-7 seconds first (sec min hour day month weekday [year])"
+        )
+    seconds_first = len(parts) != 5
+    if not seconds_first:
+        parts = ["0", *parts]
+    parts = [_single_values(expression, index, part) for index, part in enumerate(parts)]
+    parts[_DAY_OF_WEEK] = _weekdays(expression, parts[_DAY_OF_WEEK], seconds_first)
+    if any(mark in parts[_DAY_OF_WEEK] for mark in "#L") and parts[_DAY_OF_MONTH] not in ("*", "?"):
+        raise InvalidCron(
+            f"cron expression {expression!r}: a day of week with # or L needs day of month * or ?, "
+            f"got {parts[_DAY_OF_MONTH]!r}"
         )
     for index, part in enumerate(parts):
         _check_field(expression, parts, index, part)
     return CronSchedule(expression, timezone_name, " ".join(parts))
 
 
+def names_no_time_after(name: str, expression: str, after: datetime) -> InvalidCron:
+    """The error for a write (or resume) that would leave a schedule with no instant to fire at."""
+    return InvalidCron(f"schedule {name!r}: cron expression {expression!r} names no time after "
+                       f"{after.astimezone(UTC).isoformat()}, so it would never fire")
+
+
 def check_timezone(name: Any) -> str:
     """Return ``name`` if it is an IANA zone name known here.
+
+    ``localtime`` is refused: it is whichever zone each machine is set to, so
+    workers on two machines would fire one schedule at two instants.
 
     Raises:
         InvalidTimezone: it is not.
     """
     if not isinstance(name, str) or not name.strip() or len(name) > 64:
         raise InvalidTimezone(f"a time zone must be an IANA name such as 'Europe/Berlin', got {type(name).__name__}")
+    if name not in _iana_zone_names():
+        raise InvalidTimezone(f"unknown time zone {name!r}: use an IANA name such as 'Europe/Berlin'")
     try:
         ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError) as error:
         raise InvalidTimezone(f"unknown time zone {name!r}: use an IANA name such as 'Europe/Berlin'") from error
     return name
+
+
+@functools.lru_cache(maxsize=1)
+def _iana_zone_names() -> frozenset[str]:
+    # The system's zone directory also holds ``localtime``, a link to the machine's own zone.
+    return frozenset(available_timezones() - {"localtime"})
 
 
 def jitter_seconds(schedule_id: UUID, instant: datetime, max_jitter_seconds: int) -> int:
@@ -158,9 +198,13 @@ def jitter_seconds(schedule_id: UUID, instant: datetime, max_jitter_seconds: int
     return (schedule_id.int ^ millis) % (max_jitter_seconds + 1)
 
 
-def next_fire_at(schedule: CronSchedule, schedule_id: UUID, max_jitter_seconds: int, after: datetime) -> datetime:
-    """When a schedule fires next: its first instant after ``after``, plus its jitter."""
+def next_fire_at(
+    schedule: CronSchedule, schedule_id: UUID, max_jitter_seconds: int, after: datetime,
+) -> Optional[datetime]:
+    """When a schedule fires next: its first instant after ``after``, plus its jitter; None if none follows."""
     instant = schedule.next_fire(after)
+    if instant is None:
+        return None
     return instant + timedelta(seconds=jitter_seconds(schedule_id, instant, max_jitter_seconds))
 
 
@@ -171,8 +215,30 @@ def _instant(wall_time: datetime, zone: ZoneInfo) -> datetime:
     return wall_time.replace(tzinfo=zone, fold=0).astimezone(UTC)
 
 
-def _runledger_weekdays(field: str) -> str:
-    """Runledger's weekday field (1-7, Sunday = 1) in croniter's numbering (0-6, Sunday = 0)."""
+def _single_values(expression: str, index: int, field: str) -> str:
+    """``field`` with each range whose ends are equal written as its one value; R and H refused."""
+    if _RANDOM_OR_HASHED.match(field):
+        raise InvalidCron(
+            f"cron expression {expression!r}: the {_FIELD_NAMES[index]} field {field!r} asks for a random or "
+            "hashed value (R or H), which names another time at each write: write the value itself"
+        )
+    terms = []
+    for term in field.split(","):
+        match = _EQUAL_RANGE.match(term)
+        if match is not None and _same_value(match.group("low"), match.group("high")):
+            term = match.group("low")
+        terms.append(term)
+    return ",".join(terms)
+
+
+def _same_value(low: str, high: str) -> bool:
+    if low.isdigit() and high.isdigit():
+        return int(low) == int(high)
+    return low.lower() == high.lower()
+
+
+def _weekdays(expression: str, field: str, seconds_first: bool) -> str:
+    """The weekday field in croniter's terms: Runledger's numbers shifted, ``5L`` written ``L5``."""
     terms = []
     for term in field.split(","):
         body, slash, step = term.partition("/")
@@ -180,13 +246,23 @@ def _runledger_weekdays(field: str) -> str:
         if body in ("*", "?") or match is None:
             terms.append(term)  # left for croniter to accept or refuse
             continue
-        first, last = match.group("first"), match.group("last")
-        shifted = _shift_weekday(first) + (f"-{_shift_weekday(last)}" if last else "") + match.group("rest")
-        terms.append(shifted + slash + step)
+        lead, first, last, rest = match.group("lead", "first", "last", "rest")
+        is_last_weekday = bool(lead) or rest.upper() == "L"
+        if is_last_weekday and (last or rest.startswith("#") or slash):
+            raise InvalidCron(f"cron expression {expression!r}: the day of week term {term!r} is not valid: "
+                              "the last weekday of the month is one day, such as 5L")
+        if seconds_first:
+            first, last = _shift_weekday(first), last and _shift_weekday(last)
+        if is_last_weekday:
+            # croniter takes the last weekday as L and a number only.
+            terms.append(f"L{_WEEKDAY_NAMES.index(first.upper()) if first.isalpha() else first}")
+            continue
+        terms.append(first + (f"-{last}" if last else "") + rest + slash + step)
     return ",".join(terms)
 
 
 def _shift_weekday(value: str) -> str:
+    """Runledger's weekday number (1-7, Sunday = 1) in croniter's numbering (0-6, Sunday = 0)."""
     if not value.isdigit():
         return value
     number = int(value)

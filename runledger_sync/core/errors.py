@@ -35,6 +35,7 @@ Branch on ``.code`` or on the class, never on the message text::
     │   ├── InvalidStateTransition              job.invalid_state_transition
     │   ├── JobNotFound                         job.not_found
     │   ├── ScheduleNotFound                    schedule.not_found
+    │   ├── ScheduleDeclaredInCode              schedule.declared_in_code
     │   ├── DefinitionNotFoundOrDisabled        job.definition_not_found_or_disabled
     │   ├── WorkflowRequeueNotSupported         job.workflow_requeue_not_supported
     │   ├── WorkflowReleaseConflict             workflow.release_conflict
@@ -272,6 +273,12 @@ class ScheduleNotFound(JobStateError):
     """No schedule has this name."""
 
     code = "schedule.not_found"
+
+
+class ScheduleDeclaredInCode(JobStateError):
+    """The schedule is declared in code, which would write it again: remove it there, or pause it."""
+
+    code = "schedule.declared_in_code"
 
 
 class DefinitionNotFoundOrDisabled(JobStateError):

@@ -233,6 +233,8 @@ class ScheduleTick:
     full: bool
     #: Seconds until the soonest active schedule is due (<= 0: due now); None with none active.
     next_due_in_seconds: Optional[float]
+    #: Schedules that fired their last instant (their cron names no later one) and were made inactive.
+    finished: tuple[str, ...] = ()
 
 
 #: Longest schedule name, and widest jitter a schedule may ask for.

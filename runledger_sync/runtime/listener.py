@@ -1,7 +1,8 @@
 """The worker's LISTEN connection: wake an idle polling thread when its job types are enqueued.
 
-It runs on the polling thread itself (``WorkerLoop.pause`` calls :meth:`JobListener.wait`),
-so it adds no thread. When the connection is lost the worker falls back to plain
+The scheduler loop keeps one of its own on the schedules channel, woken when a
+schedule is written or resumed. Each runs on the polling thread itself
+(``WorkerLoop.pause`` calls :meth:`JobListener.wait`), so it adds no thread. When the connection is lost the worker falls back to plain
 polling and the listener reconnects on a later pause, at most once per
 :data:`RECONNECT_SECONDS`. Each change of state is logged once.
 
@@ -49,17 +50,23 @@ class JobListener:
     """One LISTEN connection and its connected/lost state.
 
     Args:
+        job_types: the payloads that wake :meth:`wait`; None: any notification on ``channel``.
         probe_bind: where probes are sent from (the polling thread's own connection);
             defaults to ``engine``.
         probe_interval_seconds: the least time between two probes of a connected listener.
+        channel: :data:`notify.CHANNEL` (enqueued job types) or :data:`notify.SCHEDULES_CHANNEL`.
+        name: how its log lines call it (``listener connected``, ``listener lost; polling``).
     """
 
     def __init__(
-        self, engine: Engine, job_types: Iterable[str], *, worker_id: str,
+        self, engine: Engine, job_types: Optional[Iterable[str]], *, worker_id: str,
         probe_bind: Engine | HeldConnection | None = None, probe_interval_seconds: float = 1.0,
+        channel: str = notify.CHANNEL, name: str = "listener",
     ) -> None:
+        self.name = name
         self.engine = engine
-        self.job_types = frozenset(job_types)
+        self.job_types = None if job_types is None else frozenset(job_types)
+        self.channel = channel
         self.worker_id = worker_id
         self.probe_bind = probe_bind if probe_bind is not None else engine
         self.policy = policy_of(engine)
@@ -71,6 +78,8 @@ class JobListener:
         self._failures = 0
         # The probe sent and not yet echoed: (payload, monotonic time sent).
         self._probe: Optional[tuple[str, float]] = None
+        # A relevant notification that probe() read: kept for the next wait(), not dropped.
+        self._notified = False
         # None until the first attempt, so the first outcome is logged either way.
         self._was_connected: Optional[bool] = None
         self._off_logged = False
@@ -93,13 +102,13 @@ class JobListener:
             connection = self._connection = notify.open_listener(self.engine, (self.probe_channel,))
             self._send_probe()
             self._await_echo(connection, PROBE_TIMEOUT_SECONDS)
-            notify.listen(connection, notify.CHANNEL)
+            notify.listen(connection, self.channel)
         except Exception as error:  # noqa: BLE001 - any failure means: poll, try again later
             self._lost(error)
             return False
         self._failures = 0
         if self._was_connected is not True:
-            log.info("listener connected", extra={"worker_id": self.worker_id, "channel": notify.CHANNEL})
+            log.info(f"{self.name} connected", extra={"worker_id": self.worker_id, "channel": self.channel})
         self._was_connected = True
         return True
 
@@ -116,7 +125,7 @@ class JobListener:
             self.close()
             return
         try:
-            self._read(self._connection)
+            self._notified = self._relevant(self._read(self._connection)) or self._notified
             if self._probe is not None:
                 if time.monotonic() - self._probe[1] > PROBE_TIMEOUT_SECONDS:
                     raise ProbeNotEchoed(f"no echo of a probe notification within {PROBE_TIMEOUT_SECONDS:g} s")
@@ -129,7 +138,7 @@ class JobListener:
         try:
             self._send_probe()
         except Exception as error:  # noqa: BLE001 - the next pause tries again
-            log.debug("listener probe not sent", extra={"worker_id": self.worker_id, "error": str(error)})
+            log.debug(f"{self.name} probe not sent", extra={"worker_id": self.worker_id, "error": str(error)})
 
     def wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds; return True when one of our job types was notified.
@@ -142,7 +151,8 @@ class JobListener:
             return False
         try:
             # Notifications already read into psycopg2's buffer do not make the socket readable.
-            if self._relevant(self._read(connection)):
+            notified, self._notified = self._notified, False
+            if notified or self._relevant(self._read(connection)):
                 return True
             readable, _, _ = select.select([connection], [], [], timeout)
             return bool(readable) and self._relevant(self._read(connection))
@@ -153,6 +163,7 @@ class JobListener:
 
     def discard_pending(self) -> None:
         """Read and drop what has arrived, so a busy worker's listener does not back up the server's queue."""
+        self._notified = False
         if self._connection is None:
             return
         try:
@@ -164,6 +175,7 @@ class JobListener:
         """UNLISTEN and close the connection (the listener connects again on a later pause, if allowed)."""
         connection, self._connection = self._connection, None
         self._probe = None
+        self._notified = False
         if connection is not None:
             notify.close_listener(connection)
 
@@ -172,7 +184,7 @@ class JobListener:
             return True
         if not self._off_logged:
             self._off_logged = True
-            log.info("listener off; polling", extra={
+            log.info(f"{self.name} off; polling", extra={
                 "worker_id": self.worker_id, "pool_mode": self.policy.mode.value,
                 "reason": "the engine's sessions are shared between clients (transaction pooling)",
             })
@@ -201,10 +213,10 @@ class JobListener:
         payloads = notify.read_notifications(connection)
         if self._probe is not None and self._probe[0] in payloads.get(self.probe_channel, ()):
             self._probe = None
-        return payloads.get(notify.CHANNEL, set())
+        return payloads.get(self.channel, set())
 
     def _relevant(self, types: set[str]) -> bool:
-        return not self.job_types.isdisjoint(types)
+        return bool(types) if self.job_types is None else not self.job_types.isdisjoint(types)
 
     def _lost(self, error: Any) -> None:
         self.close()
@@ -214,7 +226,7 @@ class JobListener:
         delay = min(MAX_RECONNECT_SECONDS, RECONNECT_SECONDS * 2 ** max(0, self._failures - 1))
         self._retry_at = time.monotonic() + delay
         if self._was_connected is not False:
-            log.warning("listener lost; polling", extra={
-                "worker_id": self.worker_id, "error": str(error), "retry_in_seconds": delay,
+            log.warning(f"{self.name} lost; polling", extra={
+                "worker_id": self.worker_id, "channel": self.channel, "error": str(error), "retry_in_seconds": delay,
             })
         self._was_connected = False

@@ -19,12 +19,14 @@ def run_periodically(
     interval_seconds: float,
     shutdown_event: threading.Event,
     on_success: Optional[Callable[[], None]] = None,
+    pause: Optional[Callable[[float], object]] = None,
 ) -> RuntimeLoopExit:
     """Run ``step`` until shutdown, waiting what it returns (None: ``interval_seconds``) between runs.
 
     A step that raises is logged and tried again after the interval: one failed
     sweep or tick must never stop the loop. ``on_success`` is called after each
-    step that did not raise.
+    step that did not raise. ``pause(seconds)`` waits between steps (default:
+    ``shutdown_event.wait``); it may return early, and must once shutdown is set.
 
     Returns:
         ``SHUTDOWN``, or ``INVALID_CONFIG`` at once when ``validate`` refuses the config.
@@ -42,5 +44,5 @@ def run_periodically(
                 on_success()
         except Exception as error:  # noqa: BLE001 - logged; the next interval tries again
             log.warning(f"{name} step failed", extra={"error": str(error)})
-        shutdown_event.wait(interval_seconds if wait is None else wait)
+        (pause or shutdown_event.wait)(interval_seconds if wait is None else wait)
     return RuntimeLoopExit.SHUTDOWN

@@ -2,14 +2,18 @@
 
 Each tick fires every due schedule, in batches of ``claim_batch_size``, each
 batch one transaction. Between ticks the loop sleeps until the soonest schedule
-is due, but never longer than ``schedule_poll_interval_seconds``, which bounds
-how late a schedule written or resumed by another process is noticed. Any
-number of processes may run it: the schedule rows are the lock.
+is due, but never longer than ``schedule_poll_interval_seconds``. It also
+LISTENs on the schedules channel: a schedule written or resumed anywhere (which
+notifies it, see :mod:`runledger_sync.store.notify`) wakes it at once, so a
+resumed schedule fires at its next instant. Where it cannot listen (transaction
+pooling, or the LISTEN is lost) the poll interval bounds how late such a write
+is noticed. Any number of processes may run it: the schedule rows are the lock.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Optional
 
 from sqlalchemy.engine import Engine
@@ -17,26 +21,34 @@ from sqlalchemy.engine import Engine
 from runledger_sync.config import JobsConfig
 from runledger_sync.core.records import ScheduleTick
 from runledger_sync.core.types import RuntimeLoopExit
+from runledger_sync.db.pool_mode import policy_of
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.health import TICK, LoopMarks
+from runledger_sync.runtime.listener import JobListener
 from runledger_sync.runtime.periodic import run_periodically
-from runledger_sync.store import schedules
+from runledger_sync.store import notify, schedule_tick
 
 log = get_logger(__name__)
 
 #: The shortest sleep between ticks: a schedule due now but locked by another
 #: process's tick is waited for, not spun on.
 MIN_WAIT_SECONDS = 0.05
+#: How often a waiting loop checks for shutdown while it listens.
+SHUTDOWN_CHECK_SECONDS = 0.05
 
 
 def tick_once(engine: Engine, config: JobsConfig) -> ScheduleTick:
     """Fire every due schedule, batch after batch; return the totals and when the next one is due."""
     fired = 0
     failed: list = []
+    finished: list[str] = []
     while True:
-        tick = schedules.fire_due_schedules(engine, limit=config.claim_batch_size)
+        tick = schedule_tick.fire_due_schedules(engine, limit=config.claim_batch_size)
         fired += tick.fired
+        for name in tick.finished:
+            log.info("schedule fired its last instant; now inactive", extra={"schedule_name": name})
+        finished.extend(tick.finished)
         for failure in tick.failed:
             log.error("schedule could not fire; trying again in 30 s",
                       extra={"schedule_name": failure.name, "error_code": failure.code, "error": failure.message})
@@ -45,7 +57,7 @@ def tick_once(engine: Engine, config: JobsConfig) -> ScheduleTick:
             break
     if fired:
         log.info("schedules fired", extra={"fired": fired, "failed": len(failed)})
-    return ScheduleTick(fired, tuple(failed), False, tick.next_due_in_seconds)
+    return ScheduleTick(fired, tuple(failed), False, tick.next_due_in_seconds, tuple(finished))
 
 
 def run_scheduler_loop(
@@ -65,5 +77,39 @@ def run_scheduler_loop(
         wait = config.schedule_poll_interval_seconds
         return wait if next_due is None else min(wait, max(MIN_WAIT_SECONDS, next_due))
 
-    return run_periodically("scheduler", config.validate_scheduler, tick, config.schedule_poll_interval_seconds,
-                            shutdown_event, on_success=None if marks is None else lambda: marks.mark(TICK))
+    listener = _schedule_listener(engine, config)
+    try:
+        return run_periodically(
+            "scheduler", config.validate_scheduler, tick, config.schedule_poll_interval_seconds, shutdown_event,
+            on_success=None if marks is None else lambda: marks.mark(TICK),
+            pause=None if listener is None else lambda seconds: _pause(listener, shutdown_event, seconds),
+        )
+    finally:
+        if listener is not None:
+            listener.close()
+
+
+def _schedule_listener(engine: Engine, config: JobsConfig) -> Optional[JobListener]:
+    # Only an Engine opens a session of its own; a shared (transaction-pooled) one must not LISTEN.
+    if not isinstance(engine, Engine) or not policy_of(engine).listens:
+        return None
+    return JobListener(engine, None, worker_id=config.worker_id, channel=notify.SCHEDULES_CHANNEL,
+                       name="schedule listener", probe_interval_seconds=config.schedule_poll_interval_seconds)
+
+
+def _pause(listener: JobListener, shutdown_event: threading.Event, seconds: float) -> None:
+    """Wait ``seconds``, or less when a schedule is written or resumed, or shutdown is asked for."""
+    deadline = time.monotonic() + seconds
+    listener.probe()
+    while not shutdown_event.is_set():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        if listener.connect_if_due():
+            return  # a new LISTEN missed what was written before it: tick once more
+        step = min(remaining, SHUTDOWN_CHECK_SECONDS)
+        if listener.connected:
+            if listener.wait(step):
+                return
+        else:
+            shutdown_event.wait(step)

@@ -1,5 +1,10 @@
 """LISTEN/NOTIFY on the ``runledger_jobs`` channel: enqueue notifies, idle workers listen.
 
+The ``runledger_schedules`` channel works alike for the scheduler loop: a write
+that gives an active schedule a new next fire (a new schedule, a new timing, a
+resume) notifies it (:func:`notify_schedules_changed`), so a schedule resumed
+while the loop sleeps fires on time, not up to a poll interval late.
+
 Enqueue adds ``pg_notify(CHANNEL, job_type)`` for each distinct job type it
 inserts that is due at once, inside its one statement (see
 :mod:`runledger_sync.store.enqueue`). PostgreSQL delivers a notification only
@@ -37,12 +42,14 @@ from runledger_sync.store._errors import run_in_transaction
 
 #: The notification channel; the payload is the job type.
 CHANNEL = "runledger_jobs"
+#: The channel the scheduler loop listens on; the payload says nothing (one per transaction).
+SCHEDULES_CHANNEL = "runledger_schedules"
 #: ``application_name`` of listener sessions, so operators (and tests) can find them in pg_stat_activity.
 LISTENER_APPLICATION_NAME = "runledger-listener"
 #: Probe channels are this prefix and random hex: ours, never user input (LISTEN takes an identifier).
 PROBE_CHANNEL_PREFIX = "runledger_probe_"
 _CHANNEL_NAME = re.compile(r"runledger_[a-z0-9_]{1,50}")
-_PROBE = select(func.pg_notify(bindparam("channel", type_=String), bindparam("payload", type_=String)))
+_NOTIFY = select(func.pg_notify(bindparam("channel", type_=String), bindparam("payload", type_=String)))
 
 
 def notify_due_types(inserted: Any) -> Any:
@@ -60,6 +67,15 @@ def notify_due_types(inserted: Any) -> Any:
         .subquery("due_types")
     )
     return select(func.count(func.pg_notify(literal(CHANNEL), due_types.c.job_type))).scalar_subquery()
+
+
+def notify_schedules_changed(connection: Connection) -> None:
+    """Tell the scheduler loops, when the caller's transaction commits, that a schedule's next fire moved.
+
+    The payload is fixed, so PostgreSQL delivers one notification however many
+    schedules the transaction writes.
+    """
+    connection.execute(_NOTIFY, {"channel": SCHEDULES_CHANNEL, "payload": "changed"})
 
 
 def new_probe_channel() -> str:
@@ -106,7 +122,7 @@ def send_probe(bind: Bind, channel: str, payload: str) -> None:
     """Notify ``channel`` with ``payload`` from ``bind`` (not from the listener: see the module docstring)."""
 
     def work(connection: Connection) -> None:
-        connection.execute(_PROBE, {"channel": channel, "payload": payload})
+        connection.execute(_NOTIFY, {"channel": channel, "payload": payload})
 
     run_in_transaction(bind, work)
 

@@ -1,11 +1,8 @@
-"""Cron schedules: write, read, pause, trigger, and the scheduler's tick (spec section 8).
+"""Cron schedules: write, read, pause, resume, trigger, delete, and sync those declared in code (spec section 8).
 
-The schedule rows are the lock. A tick takes the due rows with ``FOR UPDATE
-SKIP LOCKED``, so any number of processes can tick at once and each due
-instant is enqueued by one of them only; the job and the schedule's new
-``next_fire_at`` commit together. Catch-up is coalesced: a schedule that missed
-several instants while nothing ticked fires once, then waits for its first
-instant after now.
+The scheduler's tick, which turns due schedules into jobs, is in
+:mod:`runledger_sync.store.schedule_tick`. A write that moves an active
+schedule's next fire notifies the scheduler loops (``runledger_schedules``).
 """
 
 from __future__ import annotations
@@ -15,37 +12,30 @@ from datetime import datetime, timezone
 from typing import Any, Optional, Sequence
 from uuid import UUID
 
-from sqlalchemy import DateTime, Text, bindparam, func, select, true
-from sqlalchemy import exc as sa_exc
-from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.dialects.postgresql import UUID as PG_UUID
+from sqlalchemy import Text, bindparam, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
-from runledger_sync.core.cron import next_fire_at, parse_cron
-from runledger_sync.core.errors import RunledgerError, ScheduleNotFound
+from runledger_sync.core.cron import names_no_time_after, next_fire_at, parse_cron
+from runledger_sync.core.errors import DefinitionNotFound, ScheduleDeclaredInCode, ScheduleNotFound
 from runledger_sync.core.ids import uuid7
 from runledger_sync.core.records import (
     SCHEDULE_NAME_MAX_LENGTH,
     JobRecord,
     JobSpec,
-    ScheduleFailure,
     ScheduleRecord,
     ScheduleSpec,
-    ScheduleTick,
 )
 from runledger_sync.core.types import JobStage
-from runledger_sync.db.errors import translate
-from runledger_sync.db.schema import job_schedules
+from runledger_sync.db.schema import job_definitions, job_schedules
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store.enqueue import enqueue_many
+from runledger_sync.store.notify import notify_schedules_changed
 
 _s = job_schedules.c
 SCHEDULE_COLUMNS = tuple(job_schedules.c[f.name] for f in fields(ScheduleRecord))
-#: A schedule that failed to fire is tried again this long after (spec section 8).
-FAILED_FIRE_RETRY_SECONDS = 30
 
 
 def _to_schedule(row: Any) -> ScheduleRecord:
@@ -57,6 +47,9 @@ def _to_schedule(row: Any) -> ScheduleRecord:
 _LOCK_BY_NAME = select(*SCHEDULE_COLUMNS, func.now().label("db_now")).where(
     _s.name == bindparam("name", type_=Text)).with_for_update()
 _NOW = select(func.now())
+# KEY SHARE: the definition cannot be deleted before the schedule that names it commits.
+_DEFINITION = select(job_definitions.c.job_type).where(
+    job_definitions.c.job_type == bindparam("job_type", type_=Text)).with_for_update(key_share=True)
 
 
 def upsert_schedule(
@@ -87,7 +80,7 @@ def upsert_schedule(
 
     Raises:
         InvalidCron, InvalidTimezone, InvalidArgument, InvalidPayload: nothing written.
-        DefinitionNotFound: ``job_type`` has no definition.
+        DefinitionNotFound: ``job_type`` has no definition (the message names the schedule and the type).
     """
     spec = ScheduleSpec(name, cron_expr, job_type, payload_template, organization_id, max_jitter_seconds,
                         timezone).checked()
@@ -102,6 +95,13 @@ def _upsert(connection: Connection, spec: ScheduleSpec, is_active: Optional[bool
         "payload_template": spec.template, "cron_expr": spec.cron_expr, "timezone": spec.timezone,
         "max_jitter_seconds": spec.max_jitter_seconds, "source": source,
     }
+    if connection.execute(_DEFINITION, {"job_type": spec.job_type}).first() is None:
+        # Checked here rather than left to the foreign key, whose message names neither.
+        raise DefinitionNotFound(
+            f"schedule {spec.name!r} names job type {spec.job_type!r}, which has no definition: register a handler "
+            "for it (registry.job) and sync the definitions (registry.sync_definitions, or start a worker) first",
+            schedule_name=spec.name, job_type=spec.job_type,
+        )
     current = connection.execute(_LOCK_BY_NAME, {"name": spec.name}).first()
     if current is None:
         new_id = uuid7()
@@ -109,11 +109,13 @@ def _upsert(connection: Connection, spec: ScheduleSpec, is_active: Optional[bool
         inserted = connection.execute(
             pg_insert(job_schedules)
             .values(id=new_id, name=spec.name, is_active=True if is_active is None else is_active,
-                    next_fire_at=_next(spec, new_id, now), **values)
+                    next_fire_at=_next_or_refuse(spec, new_id, now), **values)
             .on_conflict_do_nothing(index_elements=[_s.name])
             .returning(*SCHEDULE_COLUMNS)
         ).first()
         if inserted is not None:
+            if inserted.is_active:
+                notify_schedules_changed(connection)
             return _to_schedule(inserted)
         # Written meanwhile by another upsert: replace it like any stored one.
         current = connection.execute(_LOCK_BY_NAME, {"name": spec.name}).first()
@@ -121,7 +123,10 @@ def _upsert(connection: Connection, spec: ScheduleSpec, is_active: Optional[bool
     timing_changed = (current.cron_expr, current.timezone, current.max_jitter_seconds) != (
         spec.cron_expr, spec.timezone, spec.max_jitter_seconds)
     woken = active and not current.is_active
-    next_at = _next(spec, current.id, current.db_now) if timing_changed or woken else current.next_fire_at
+    moved = active and (timing_changed or woken)
+    next_at = _next_or_refuse(spec, current.id, current.db_now) if timing_changed or woken else current.next_fire_at
+    if moved:
+        notify_schedules_changed(connection)
     row = connection.execute(
         job_schedules.update().where(_s.id == current.id)
         .values(is_active=active, next_fire_at=next_at, **values)
@@ -130,8 +135,17 @@ def _upsert(connection: Connection, spec: ScheduleSpec, is_active: Optional[bool
     return _to_schedule(row)
 
 
-def _next(spec: ScheduleSpec, schedule_id: UUID, now: datetime) -> datetime:
+def next_fire(spec: ScheduleSpec, schedule_id: UUID, now: datetime) -> Optional[datetime]:
+    """A schedule's first fire after ``now``, jitter included; None when its cron names no later instant."""
     return next_fire_at(parse_cron(spec.cron_expr, spec.timezone), schedule_id, spec.max_jitter_seconds, now)
+
+
+def _next_or_refuse(spec: ScheduleSpec, schedule_id: UUID, now: datetime) -> datetime:
+    """The next fire of a schedule being written or resumed; one that could never fire is refused."""
+    next_at = next_fire(spec, schedule_id, now)
+    if next_at is None:
+        raise names_no_time_after(spec.name, spec.cron_expr, now)
+    return next_at
 
 
 def pause_schedule(bind: Bind, name: str) -> ScheduleRecord:
@@ -148,6 +162,7 @@ def resume_schedule(bind: Bind, name: str) -> ScheduleRecord:
 
     Raises:
         ScheduleNotFound: no schedule has this name.
+        InvalidCron: its cron names no instant after now (it has finished).
     """
     return _set_active(bind, name, True)
 
@@ -159,9 +174,8 @@ def _set_active(bind: Bind, name: str, active: bool) -> ScheduleRecord:
         current = _locked(connection, name)
         next_at = current.next_fire_at
         if active and not current.is_active:
-            spec = ScheduleSpec(current.name, current.cron_expr, current.job_type, timezone=current.timezone,
-                                max_jitter_seconds=current.max_jitter_seconds)
-            next_at = _next(spec, current.id, current.db_now)
+            next_at = _next_or_refuse(spec_of(current), current.id, current.db_now)
+            notify_schedules_changed(connection)
         row = connection.execute(
             job_schedules.update().where(_s.id == current.id)
             .values(is_active=active, next_fire_at=next_at).returning(*SCHEDULE_COLUMNS)
@@ -171,21 +185,35 @@ def _set_active(bind: Bind, name: str, active: bool) -> ScheduleRecord:
     return run_in_transaction(bind, work)
 
 
-def delete_schedule(bind: Bind, name: str) -> ScheduleRecord:
+def delete_schedule(bind: Bind, name: str, *, force: bool = False) -> ScheduleRecord:
     """Delete a schedule; the jobs it enqueued stay.
+
+    A schedule declared in code (``source`` ``code``) is refused unless ``force``:
+    the next ``sync_definitions`` of code that still declares it would write it
+    again. Pause it instead (sync keeps a pause), or remove it from the code
+    and then delete it with ``force=True``.
 
     Returns:
         The schedule as it was.
 
     Raises:
         ScheduleNotFound: no schedule has this name.
+        ScheduleDeclaredInCode: it is declared in code and ``force`` is False; nothing is deleted.
     """
     check.check_text("name", name, max_length=SCHEDULE_NAME_MAX_LENGTH)
+    if not isinstance(force, bool):
+        raise check.InvalidArgument("force", force, "True or False")
 
     def work(connection: Connection) -> ScheduleRecord:
-        row = connection.execute(job_schedules.delete().where(_s.name == name).returning(*SCHEDULE_COLUMNS)).first()
-        if row is None:
-            raise ScheduleNotFound(f"no schedule is named {name!r}")
+        current = _locked(connection, name)
+        if current.source == "code" and not force:
+            raise ScheduleDeclaredInCode(
+                f"schedule {name!r} is declared in code (registry.schedule): the next sync_definitions would write "
+                "it again. Pause it instead (a pause is kept), or remove it from the code and then delete it "
+                "with force=True (--force)",
+                schedule_name=name,
+            )
+        row = connection.execute(job_schedules.delete().where(_s.id == current.id).returning(*SCHEDULE_COLUMNS)).one()
         return _to_schedule(row)
 
     return run_in_transaction(bind, work)
@@ -202,7 +230,7 @@ def trigger_schedule(bind: Bind, name: str) -> JobRecord:
 
     def work(connection: Connection) -> JobRecord:
         current = _locked(connection, name)
-        [job] = enqueue_many(connection, [_job_spec(current, current.db_now)])
+        [job] = enqueue_many(connection, [fire_job_spec(current, current.db_now)])
         connection.execute(job_schedules.update().where(_s.id == current.id).values(last_fired_at=func.now()))
         return job
 
@@ -238,112 +266,16 @@ def list_schedules(bind: Bind, active: Optional[bool] = None) -> list[ScheduleRe
     return run_in_transaction(bind, lambda connection: [_to_schedule(r) for r in connection.execute(statement)])
 
 
-# -- the tick -------------------------------------------------------------------
-
-_DUE = (
-    select(*SCHEDULE_COLUMNS, func.now().label("db_now"))
-    .where(_s.is_active.is_(true()), _s.next_fire_at <= func.now())
-    .order_by(_s.next_fire_at)
-    .limit(bindparam("limit"))
-    .with_for_update(skip_locked=True)
-)
-_FIRED_NOW = (
-    func.unnest(
-        bindparam("fired_ids", type_=ARRAY(PG_UUID(as_uuid=True))),
-        bindparam("next_fires", type_=ARRAY(DateTime(timezone=True))),
-    )
-    .table_valued("id", "next_at")
-    .render_derived(name="fired")
-)
-_MARK_FIRED = (
-    job_schedules.update()
-    .where(_s.id == _FIRED_NOW.c.id)
-    .values(last_fired_at=func.now(), next_fire_at=_FIRED_NOW.c.next_at,
-            last_error_code=None, last_error_message=None, last_error_at=None)
-)
-_NEXT_DUE = select(func.extract("epoch", func.min(_s.next_fire_at) - func.clock_timestamp())).where(
-    _s.is_active.is_(true()))
+# -- what a fire is (shared with the tick, store/schedule_tick.py) ---------------
 
 
-def fire_due_schedules(bind: Bind, *, limit: int) -> ScheduleTick:
-    """Enqueue one job for each of up to ``limit`` due schedules, and move each to its next fire.
-
-    One transaction; a schedule that cannot fire (its job type disabled, its cron
-    or zone edited into something invalid) is rolled back alone and tried again
-    30 s later, with its error kept on its row, and never blocks the others.
-    """
-    check.check_int("limit", limit, (1, 10_000))
-    return run_in_transaction(bind, lambda connection: _tick(connection, limit))
-
-
-def _tick(connection: Connection, limit: int) -> ScheduleTick:
-    due = connection.execute(_DUE, {"limit": limit}).all()
-    failed: list[ScheduleFailure] = []
-    planned: list[tuple[Any, JobSpec, datetime]] = []
-    for row in due:
-        try:
-            planned.append((row, _job_spec(row, row.next_fire_at), _next(_spec_of(row), row.id, row.db_now)))
-        except RunledgerError as error:
-            failed.append(_record_failure(connection, row, error))
-    if planned and not _fire_together(connection, planned):
-        for item in planned:
-            outcome = _fire_alone(connection, item)
-            if outcome is not None:
-                failed.append(outcome)
-    fired = len(due) - len(failed)
-    next_due = connection.execute(_NEXT_DUE).scalar()
-    return ScheduleTick(fired, tuple(failed), len(due) == limit, None if next_due is None else float(next_due))
-
-
-def _fire_together(connection: Connection, planned: list[tuple[Any, JobSpec, datetime]]) -> bool:
-    """Fire the whole batch in one savepoint; False (nothing written) if any one of them fails."""
-    savepoint = connection.begin_nested()
-    try:
-        enqueue_many(connection, [spec for _, spec, _ in planned])
-        _mark_fired(connection, [(row.id, next_at) for row, _, next_at in planned])
-    except (RunledgerError, sa_exc.DBAPIError):
-        savepoint.rollback()
-        return False
-    savepoint.commit()
-    return True
-
-
-def _fire_alone(connection: Connection, item: tuple[Any, JobSpec, datetime]) -> Optional[ScheduleFailure]:
-    row, spec, next_at = item
-    savepoint = connection.begin_nested()
-    try:
-        enqueue_many(connection, [spec])
-        _mark_fired(connection, [(row.id, next_at)])
-    except sa_exc.DBAPIError as exc:
-        savepoint.rollback()
-        return _record_failure(connection, row, translate(exc))
-    except RunledgerError as error:
-        savepoint.rollback()
-        return _record_failure(connection, row, error)
-    savepoint.commit()
-    return None
-
-
-def _mark_fired(connection: Connection, fired: list[tuple[UUID, datetime]]) -> None:
-    connection.execute(_MARK_FIRED, {"fired_ids": [i for i, _ in fired], "next_fires": [n for _, n in fired]})
-
-
-def _record_failure(connection: Connection, row: Any, error: RunledgerError) -> ScheduleFailure:
-    connection.execute(
-        job_schedules.update().where(_s.id == row.id).values(
-            next_fire_at=func.now() + func.make_interval(0, 0, 0, 0, 0, 0, FAILED_FIRE_RETRY_SECONDS),
-            last_error_code=error.code, last_error_message=error.message[:2_000], last_error_at=func.now(),
-        )
-    )
-    return ScheduleFailure(row.name, error.code, error.message)
-
-
-def _spec_of(row: Any) -> ScheduleSpec:
+def spec_of(row: Any) -> ScheduleSpec:
+    """The timing and target of a stored schedule row, as its next fire is computed from."""
     return ScheduleSpec(row.name, row.cron_expr, row.job_type, timezone=row.timezone,
                         max_jitter_seconds=row.max_jitter_seconds)
 
 
-def _job_spec(row: Any, scheduled_for: datetime) -> JobSpec:
+def fire_job_spec(row: Any, scheduled_for: datetime) -> JobSpec:
     """The job of one fire: the template plus ``_schedule`` (a non-object template is wrapped)."""
     marker = {
         "schedule_id": str(row.id),

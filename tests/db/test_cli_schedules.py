@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from datetime import timezone
 
 import pytest
 
 import runledger_sync as rl
-from runledger_sync.store.schedules import fire_due_schedules
-from tests.support import define, scalar
+from runledger_sync.store.schedule_tick import fire_due_schedules
+from tests.support import define, scalar, wait_until
 
 REPORT = "cli.report"
 
@@ -71,3 +72,43 @@ def test_a_failing_schedule_shows_its_last_error(db, run):
     fire_due_schedules(db, limit=16)
     _, out, _ = run("schedules", "show", "hourly")
     assert "job.definition_not_found_or_disabled" in out
+
+
+def test_a_schedule_that_fired_its_last_instant_shows_as_finished(db, run):
+    last = scalar(db, "SELECT date_trunc('second', now()) + interval '1 second'").astimezone(timezone.utc)
+    rl.upsert_schedule(db, "once", job_type=REPORT,
+                       cron_expr=f"{last.second} {last.minute} {last.hour} {last.day} {last.month} * {last.year}")
+    wait_until(lambda: fire_due_schedules(db, limit=16).fired, timeout=10)
+    code, out, _ = run("schedules", "list", "--paused")
+    assert code == 0
+    [row] = [line for line in out.splitlines() if line.startswith("once")]
+    assert "finished" in row.split()
+    assert run("schedules", "pause", "nightly")[0] == 0
+    _, out, _ = run("schedules", "show", "nightly")
+    assert dict(line.split(":", 1) for line in out.splitlines())["state"].strip() == "paused"
+
+
+def test_a_worker_whose_app_declares_a_schedule_of_an_unknown_type_names_both(engine, run):
+    code, _, err = run("worker", "--app", "tests.cli_app:unknown_type")
+    assert code == 1
+    first, hint = err.splitlines()[:2]
+    assert first.startswith("error: job.definition_not_found: schedule 'cli.orphan' names job type "
+                            "'cli.no_such_type', which has no definition")
+    assert hint.startswith("hint: register a handler for the job type")
+    assert scalar(engine, "SELECT count(*) FROM job_schedules") == 0
+
+
+def test_delete_refuses_a_schedule_declared_in_code_unless_forced(db, run):
+    registry = rl.JobRegistry()
+    registry.job(REPORT)(lambda ctx, payload: None)
+    registry.schedule("declared", cron="@daily", job_type=REPORT)
+    registry.sync_definitions(db)
+    code, _, err = run("schedules", "delete", "declared")
+    assert code == 1
+    first, hint = err.splitlines()[:2]
+    assert first.startswith("error: schedule.declared_in_code: schedule 'declared' is declared in code")
+    assert "schedules pause NAME" in hint and "--force" in hint
+    assert rl.get_schedule(db, "declared") is not None
+    code, out, _ = run("schedules", "delete", "declared", "--force")
+    assert (code, out.strip()) == (0, "declared deleted")
+    assert rl.get_schedule(db, "declared") is None

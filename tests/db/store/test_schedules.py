@@ -11,8 +11,8 @@ import runledger_sync as rl
 from runledger_sync.core import errors
 from runledger_sync.core.cron import jitter_seconds, parse_cron
 from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store import schedules
-from tests.support import JOB_TYPE, define, rows, scalar
+from runledger_sync.store import schedule_tick
+from tests.support import JOB_TYPE, define, rows, scalar, wait_until
 
 EVERY_MINUTE = "0 * * * * *"
 OTHER_TYPE = "test.other"
@@ -67,6 +67,9 @@ def test_writing_the_same_schedule_again_keeps_its_next_fire_and_a_new_timing_mo
     ({"cron_expr": "0 61 * * * *"}, "schedule.invalid_cron"),
     ({"cron_expr": "@fortnightly"}, "schedule.invalid_cron"),
     ({"timezone": "Mars/Olympus"}, "schedule.invalid_timezone"),
+    ({"timezone": "localtime"}, "schedule.invalid_timezone"),
+    ({"cron_expr": "0 0 0 1 1 * 2020"}, "schedule.invalid_cron"),
+    ({"cron_expr": "0 R * * * *"}, "schedule.invalid_cron"),
     ({"job_type": "no.such.type"}, "job.definition_not_found"),
     ({"max_jitter_seconds": -1}, "job.invalid_argument"),
     ({"payload_template": {"x": {1, 2}}}, "job.invalid_payload"),
@@ -76,6 +79,27 @@ def test_a_bad_schedule_is_refused_with_its_code_and_nothing_is_written(defined,
     with pytest.raises(errors.RunledgerError) as caught:
         rl.upsert_schedule(defined, "bad", **values)
     assert caught.value.code == code
+    assert scalar(defined, "SELECT count(*) FROM job_schedules") == 0
+
+
+def test_an_unknown_job_type_is_refused_naming_the_schedule_and_the_type(defined):
+    with pytest.raises(errors.DefinitionNotFound) as caught:
+        rl.upsert_schedule(defined, "nightly", cron_expr=EVERY_MINUTE, job_type="no.such.type")
+    assert caught.value.code == "job.definition_not_found"
+    assert "schedule 'nightly' names job type 'no.such.type', which has no definition" in caught.value.message
+    assert "foreign key" not in caught.value.message
+    assert scalar(defined, "SELECT count(*) FROM job_schedules") == 0
+
+
+def test_sync_refuses_a_declared_schedule_of_a_type_with_no_definition_and_writes_no_schedule(defined):
+    registry = rl.JobRegistry()
+    registry.job(JOB_TYPE)(lambda ctx, payload: None)
+    registry.schedule("fine", cron=EVERY_MINUTE, job_type=JOB_TYPE)
+    registry.schedule("orphan", cron=EVERY_MINUTE, job_type="not.registered")
+    with pytest.raises(errors.DefinitionNotFound) as caught:
+        registry.sync_definitions(defined)
+    assert "schedule 'orphan' names job type 'not.registered'" in caught.value.message
+    assert caught.value.details == {"schedule_name": "orphan", "job_type": "not.registered"}
     assert scalar(defined, "SELECT count(*) FROM job_schedules") == 0
 
 
@@ -104,7 +128,7 @@ def test_a_due_schedule_enqueues_its_template_marked_with_the_fire_and_moves_on(
                                   payload_template={"kind": "daily"}, organization_id="org-1")
     make_due(defined, "report")
     due_at = rl.get_schedule(defined, "report").next_fire_at
-    tick = schedules.fire_due_schedules(defined, limit=16)
+    tick = schedule_tick.fire_due_schedules(defined, limit=16)
     assert (tick.fired, tick.failed, tick.full) == (1, (), False)
     [job] = rl.list_jobs(defined)
     assert job.payload == {"kind": "daily", "_schedule": {
@@ -119,7 +143,7 @@ def test_a_due_schedule_enqueues_its_template_marked_with_the_fire_and_moves_on(
 def test_a_template_that_is_not_an_object_is_wrapped(defined):
     rl.upsert_schedule(defined, "list", cron_expr=EVERY_MINUTE, job_type=JOB_TYPE, payload_template=[1, 2])
     make_due(defined, "list")
-    schedules.fire_due_schedules(defined, limit=16)
+    schedule_tick.fire_due_schedules(defined, limit=16)
     [job] = rl.list_jobs(defined)
     assert job.payload["payload"] == [1, 2] and job.payload["_schedule"]["schedule_name"] == "list"
 
@@ -127,8 +151,8 @@ def test_a_template_that_is_not_an_object_is_wrapped(defined):
 def test_five_minutes_of_downtime_fire_a_per_minute_schedule_once(defined):
     rl.upsert_schedule(defined, "minutely", cron_expr=EVERY_MINUTE, job_type=JOB_TYPE)
     make_due(defined, "minutely", 5 * 60)
-    assert schedules.fire_due_schedules(defined, limit=16).fired == 1
-    assert schedules.fire_due_schedules(defined, limit=16).fired == 0
+    assert schedule_tick.fire_due_schedules(defined, limit=16).fired == 1
+    assert schedule_tick.fire_due_schedules(defined, limit=16).fired == 0
     assert job_count(defined) == 1
     assert rl.get_schedule(defined, "minutely").next_fire_at - db_now(defined) <= timedelta(seconds=60)
 
@@ -142,7 +166,7 @@ def test_a_schedule_that_cannot_fire_never_blocks_the_others(defined):
     with defined.begin() as conn:
         conn.exec_driver_sql("UPDATE job_schedules SET cron_expr = 'every blue moon' WHERE name = 'edited-cron'")
         conn.exec_driver_sql("UPDATE job_schedules SET timezone = 'Mars/Olympus' WHERE name = 'edited-zone'")
-    tick = schedules.fire_due_schedules(defined, limit=16)
+    tick = schedule_tick.fire_due_schedules(defined, limit=16)
     assert tick.fired == 1
     assert sorted((f.name, f.code) for f in tick.failed) == [
         ("disabled-type", "job.definition_not_found_or_disabled"),
@@ -158,16 +182,43 @@ def test_a_schedule_that_cannot_fire_never_blocks_the_others(defined):
     # Once the type is enabled again, its next try fires it and clears the error.
     store_enqueue.set_job_definition_enabled(defined, OTHER_TYPE, True)
     make_due(defined, "disabled-type")
-    assert schedules.fire_due_schedules(defined, limit=16).fired == 1
+    assert schedule_tick.fire_due_schedules(defined, limit=16).fired == 1
     assert rl.get_schedule(defined, "disabled-type").last_error_code is None
+
+
+def one_instant_cron(instant: datetime) -> str:
+    """A seconds-first cron with a year field that names ``instant`` (UTC) and nothing else."""
+    at = instant.astimezone(timezone.utc)
+    return f"{at.second} {at.minute} {at.hour} {at.day} {at.month} * {at.year}"
+
+
+def test_a_schedule_fires_its_last_instant_then_is_made_inactive_without_an_error(defined):
+    last = (db_now(defined) + timedelta(seconds=2)).replace(microsecond=0)
+    schedule = rl.upsert_schedule(defined, "once", cron_expr=one_instant_cron(last), job_type=JOB_TYPE)
+    assert schedule.next_fire_at == last
+    tick = wait_until(lambda: (t := schedule_tick.fire_due_schedules(defined, limit=16)).fired and t, timeout=10)
+    assert (tick.fired, tick.failed, tick.finished) == (1, (), ("once",))
+    [job] = rl.list_jobs(defined)
+    assert job.payload["_schedule"]["scheduled_for"] == last.strftime("%Y-%m-%dT%H:%M:%S.000000Z")
+    after = rl.get_schedule(defined, "once")
+    assert (after.is_active, after.next_fire_at, after.last_error_code) == (False, last, None)
+    assert after.last_fired_at is not None
+    again = schedule_tick.fire_due_schedules(defined, limit=16)
+    assert (again.fired, again.failed, again.next_due_in_seconds) == (0, (), None)
+    # It cannot be resumed: nothing is left to fire. Its row stays as it was.
+    with pytest.raises(errors.InvalidCron) as caught:
+        rl.resume_schedule(defined, "once")
+    assert caught.value.message.startswith("schedule 'once': cron expression")
+    assert caught.value.message.endswith("so it would never fire")
+    assert rl.get_schedule(defined, "once") == after
 
 
 def test_a_full_batch_says_so_and_the_rest_fire_in_the_next(defined):
     for n in range(5):
         rl.upsert_schedule(defined, f"s{n}", cron_expr=EVERY_MINUTE, job_type=JOB_TYPE)
         make_due(defined, f"s{n}")
-    first = schedules.fire_due_schedules(defined, limit=3)
-    second = schedules.fire_due_schedules(defined, limit=3)
+    first = schedule_tick.fire_due_schedules(defined, limit=3)
+    second = schedule_tick.fire_due_schedules(defined, limit=3)
     assert (first.fired, first.full, second.fired, second.full) == (3, True, 2, False)
     assert job_count(defined) == 5
 
@@ -176,10 +227,10 @@ def test_pausing_stops_fires_at_once_and_resuming_skips_the_missed_instants(defi
     rl.upsert_schedule(defined, "p", cron_expr=EVERY_MINUTE, job_type=JOB_TYPE)
     make_due(defined, "p", 600)
     assert rl.pause_schedule(defined, "p").is_active is False
-    assert schedules.fire_due_schedules(defined, limit=16).fired == 0
+    assert schedule_tick.fire_due_schedules(defined, limit=16).fired == 0
     resumed = rl.resume_schedule(defined, "p")
     assert resumed.is_active and resumed.next_fire_at > db_now(defined)
-    assert schedules.fire_due_schedules(defined, limit=16).fired == 0
+    assert schedule_tick.fire_due_schedules(defined, limit=16).fired == 0
     assert job_count(defined) == 0
 
 
@@ -192,6 +243,28 @@ def test_a_declared_schedule_keeps_an_operators_pause(defined):
     rl.pause_schedule(defined, "nightly")
     registry.sync_definitions(defined)
     assert rl.get_schedule(defined, "nightly").is_active is False
+
+
+def test_deleting_a_declared_schedule_is_refused_and_pausing_it_lasts(defined):
+    registry = rl.JobRegistry()
+    registry.job(JOB_TYPE)(lambda ctx, payload: None)
+    registry.schedule("nightly", cron="0 0 3 * * *", job_type=JOB_TYPE)
+    registry.sync_definitions(defined)
+    with pytest.raises(errors.ScheduleDeclaredInCode) as caught:
+        rl.delete_schedule(defined, "nightly")
+    assert caught.value.code == "schedule.declared_in_code"
+    assert "schedule 'nightly' is declared in code" in caught.value.message and "Pause it instead" in caught.value.message
+    assert rl.get_schedule(defined, "nightly").is_active is True
+    # What the message offers: a pause, which the next sync keeps.
+    rl.pause_schedule(defined, "nightly")
+    registry.sync_definitions(defined)
+    assert rl.get_schedule(defined, "nightly").is_active is False
+    # Once the code no longer declares it, force deletes it and a sync of that code leaves it deleted.
+    without = rl.JobRegistry()
+    without.job(JOB_TYPE)(lambda ctx, payload: None)
+    assert rl.delete_schedule(defined, "nightly", force=True).name == "nightly"
+    without.sync_definitions(defined)
+    assert rl.get_schedule(defined, "nightly") is None
 
 
 def test_a_schedule_dropped_from_code_is_reported_and_paused_only_when_asked(defined, caplog):
@@ -235,7 +308,7 @@ def test_concurrent_ticks_fire_each_due_schedule_once(defined):
 
     def tick() -> None:
         start.wait()
-        while (result := schedules.fire_due_schedules(defined, limit=4)).fired or result.full:
+        while (result := schedule_tick.fire_due_schedules(defined, limit=4)).fired or result.full:
             fired.append(result.fired)
 
     threads = [threading.Thread(target=tick) for _ in range(4)]
