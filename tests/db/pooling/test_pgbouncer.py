@@ -267,5 +267,5 @@ def test_cli_worker_direct_in_session_mode_runs_each_of_2000_jobs_once_and_liste
     assert worker.stop() == 0
     assert len(worker.messages("listener connected")) == 1
     assert worker.messages("listener lost; polling") == []
-    assert scalar(engine, "SELECT count(*) FROM pg_stat_activity WHERE application_name = :name",
+    assert scalar(engine, "SELECT count(*) FROM pg_stat_activity WHERE application_name = :name AND datname = current_database()",
                   name=notify.LISTENER_APPLICATION_NAME) == 0

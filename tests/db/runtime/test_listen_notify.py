@@ -207,7 +207,7 @@ def test_an_engine_in_transaction_pool_mode_never_listens_and_says_so(fresh_data
         enqueue_and_time(engine, "polled")
         starts.wait_for("polled", 5.0)
         assert listener_pids(engine) == []
-        assert scalar(engine, "SELECT count(*) FROM pg_stat_activity WHERE application_name = :name",
+        assert scalar(engine, "SELECT count(*) FROM pg_stat_activity WHERE application_name = :name AND datname = current_database()",
                       name=notify.LISTENER_APPLICATION_NAME) == 0
     finally:
         shutdown.set()
