@@ -12,6 +12,9 @@ if TYPE_CHECKING:
     from runledger_sync.web.app import Dashboard
 
 PAGE_SIZE = 50
+#: The most characters of a stored value (payload, output, checkpoint) a job page draws: outputs
+#: may be megabytes, which no browser page should carry. ``rl.get_job`` gives the whole value.
+SHOWN_VALUE_CHARS = 20_000
 #: What the operator is told after an action, by the ``done`` query value (never echoed as given).
 DONE_MESSAGES = {
     "canceled": "The job was canceled.",
@@ -51,6 +54,14 @@ def _pretty(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
 
 
+def _shown(value: Any) -> Optional[tuple[str, int]]:
+    """A stored value as the page draws it: its first characters, and how many were left out."""
+    if value is None:
+        return None
+    text = _pretty(value)
+    return text[:SHOWN_VALUE_CHARS], max(0, len(text) - SHOWN_VALUE_CHARS)
+
+
 def job_page(dashboard: "Dashboard", request: Request, job_id: str) -> Response:
     job = rl.get_job(dashboard.engine, job_id, organization_id=dashboard.organization(request))
     if job is None:
@@ -62,9 +73,9 @@ def job_page(dashboard: "Dashboard", request: Request, job_id: str) -> Response:
         attempts=rl.list_attempts(dashboard.engine, job.id),
         events=[(event, _pretty(event.payload) if event.payload else "") for event in rl.list_events(dashboard.engine, job.id)],
         dead_letter=rl.get_dead_letter(dashboard.engine, job.id),
-        output=None if job.output is None else _pretty(job.output),
-        checkpoint=None if job.checkpoint is None else _pretty(job.checkpoint),
-        payload=_pretty(job.payload) if show_payload else None,
+        output=_shown(job.output),
+        checkpoint=_shown(job.checkpoint),
+        payload=_shown(job.payload) if show_payload else None,
         done=DONE_MESSAGES.get(request.arg("done") or ""),
         cancelable=not job.status.is_terminal,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from html import unescape
 import re
 
 import pytest
@@ -120,6 +121,16 @@ def test_job_page_sends_the_payload_only_when_asked(db, client):
     assert f'href="/jobs/{job.id}?payload=1"' in hidden
     shown = page(client, f"/jobs/{job.id}?payload=1")
     assert "ssn-123-45" in shown.split('id="payload"', 1)[1]
+
+
+def test_job_page_draws_the_start_of_a_large_value_and_says_how_to_get_the_rest(db, client):
+    job = rl.enqueue(db, EMAIL, {"blob": "x" * 200_000, "tail_marker": "zz-end"})
+    shown = page(client, f"/jobs/{job.id}?payload=1")
+    drawn = unescape(shown.split('id="payload">', 1)[1].split("</pre>", 1)[0])
+    assert len(drawn) == 20_000 and "zz-end" not in shown
+    assert "more characters not shown" in shown and f"runledger-sync jobs show {job.id} --json" in shown
+    assert len(shown) < 40_000
+    assert rl.get_job(db, job.id).payload["tail_marker"] == "zz-end"
 
 
 def test_job_page_of_an_unknown_or_malformed_id_is_an_error_page(db, client):
