@@ -118,7 +118,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--gap-ms", type=float, default=20.0)
     parser.add_argument("--pgbench-seconds", type=int, default=10)
     parser.add_argument("--pgbench-clients", type=int, default=8)
-    parser.add_argument("--markdown", action="store_true", help="also print the table as the README's Markdown")
+    parser.add_argument("--markdown", action="store_true", help="also print the table as Markdown, as docs/performance.md shows it")
     parser.add_argument("--peers-python", default=None, help="interpreter for the peers' venv (default: the newest found)")
     bench.add_database_option(parser)
     args = parser.parse_args()
@@ -371,7 +371,7 @@ def report(runs: list[dict[str, Result]], skipped: dict[str, str], tps: list[Opt
     ]
     bench.print_table(headers, rows)
     if args.markdown:
-        # The README's form: pickup and CPU figures paired in one column each.
+        # The form of docs/performance.md: pickup and CPU figures paired in one column each.
         print("\n| system | version | processed/s | single enqueue/s | bulk enqueue/s | pickup p50 / p95 ms "
               "| CPU ms/job worker / PostgreSQL | ours / this |\n|---|---|---|---|---|---|---|---|")
         for name, version, processed, single, bulk, p50, p95, worker, postgres, ratio_to_ours in rows:

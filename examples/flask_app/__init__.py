@@ -1,1 +1,1 @@
-"""A Flask app that enqueues a job in its request transaction (see README.md's Flask section)."""
+"""A Flask app that enqueues a job in its request transaction (see docs/guides/flask.md)."""

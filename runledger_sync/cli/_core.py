@@ -30,7 +30,10 @@ PROG = "runledger-sync"
 
 #: One line telling the user how to fix a failure, by error code.
 HINTS: dict[str, str] = {
-    "config.invalid": f"see `{PROG} COMMAND --help` and the README's Configuration section for the values allowed",
+    "config.invalid": (
+        f"see `{PROG} COMMAND --help` and the documentation's configuration page "
+        "(docs/reference/configuration.md) for the values allowed"
+    ),
     "config.missing_extra": "install the extra the message names into the environment that runs runledger-sync",
     "db.connection_failed": (
         "check that PostgreSQL is running and that the URL's host, port, database, user and password are right"

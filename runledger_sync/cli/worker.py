@@ -43,7 +43,7 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
 
 MAX_PORT = 65535
 CONFIG_HINT = ("fix each value listed: worker options win over RUNLEDGER_*/JOBS_* variables; "
-               "see `runledger-sync worker --help` and the README's Configuration section")
+               "see `runledger-sync worker --help` and docs/reference/configuration.md")
 
 
 def _refuse(problems: list[str], hint: str) -> Exception:

@@ -41,7 +41,7 @@ from runledger_sync.db.schema import metadata
 
 VERSION_TABLE = "runledger_alembic_version"
 #: The host application's version table, read when ours is absent (option 2 of
-#: the README's "Schema and Alembic"); ``version_table=`` or this variable overrides it.
+#: docs/guides/alembic.md, one history); ``version_table=`` or this variable overrides it.
 HOST_VERSION_TABLE = "alembic_version"
 HOST_VERSION_TABLE_ENV = "RUNLEDGER_ALEMBIC_VERSION_TABLE"
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -121,8 +121,8 @@ def _keeping_the_callers_alembic_proxies() -> Iterator[None]:
     """Leave ``alembic.context`` and ``alembic.op`` as the caller's own Alembic run had them.
 
     Alembic binds these module-level proxies when a command starts and deletes
-    them when it ends. Called from a host application's env.py (option 1 of the
-    README's "Schema and Alembic"), our command runs inside the host's: its end
+    them when it ends. Called from a host application's env.py (option 1 of
+    docs/guides/alembic.md), our command runs inside the host's: its end
     would delete the host's proxies, and the host's own end then fails with
     ``KeyError: 'script'``. Restoring both namespaces makes the nesting safe.
     """
@@ -140,7 +140,7 @@ def _upgraded_elsewhere(connection: Connection, config: Config, revision: str) -
     """True when another Alembic history has our tables at ``revision`` already.
 
     Our version table is empty but our tables exist: an application's history
-    created them (option 2 of the README) and records them in its own version
+    created them (option 2 of docs/guides/alembic.md) and records them in its own version
     table. Upgrading through ours would create them again, so either there is
     nothing to do, or only the application's ``alembic upgrade`` may move them.
 

@@ -9,7 +9,7 @@ from runledger_sync.contrib import django as runledger
 from shop.models import Order
 
 
-@csrf_exempt   # a JSON endpoint the README calls with curl; keep CSRF on your form views
+@csrf_exempt   # a JSON endpoint the Django guide calls with curl; keep CSRF on your form views
 @require_POST
 def checkout(request):
     with transaction.atomic():
