@@ -1,4 +1,4 @@
-"""A handler's transient infrastructure error retries; it is never the seed's panic.
+"""A handler's transient infrastructure error retries without spending the job's attempts; it is never the seed's panic.
 
 The errors are real: the handler's own connection is terminated by the server,
 as in a database restart, or its socket is refused.
