@@ -81,8 +81,8 @@ def reap_expired_leases(bind: Bind, *, limit: int, default_retry_delay_ms: int) 
     released without spending its attempt; otherwise the attempt counts and the
     job is retried after ``default_retry_delay_ms`` or dead-lettered when it was
     the last (earlier transient failures within their budget count for none:
-    :func:`runledger_sync.core.outcomes.dead_letter_reason`). A row that fails is pushed back by the delay so it cannot starve
-    the batch.
+    :func:`runledger_sync.core.outcomes.dead_letter_reason`). A row that fails is
+    pushed back by the delay so it cannot starve the batch.
 
     Args:
         bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
