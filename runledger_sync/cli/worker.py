@@ -28,10 +28,12 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-scheduler", dest="run_scheduler", action="store_false",
                         help="do not fire cron schedules in this process (another process does)")
     parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
-                        help="serve Prometheus metrics at http://HOST:PORT/metrics and the supervisor's health at "
-                             "/health (needs the metrics extra; 0 picks a free port, logged at start)")
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics, liveness at /livez (alias "
+                             "/health: the loops) and readiness at /readyz (the loops and the database); needs the "
+                             "metrics extra; 0 picks a free port, logged at start")
     parser.add_argument("--metrics-host", default=None, metavar="HOST",
-                        help="the address the metrics port listens on (default: every interface)")
+                        help="the address the metrics port listens on (default 127.0.0.1; the port has no "
+                             "authentication: 0.0.0.0 serves every interface)")
     parser.add_argument("--strict-config", action="store_true",
                         help="exit 2 listing every RUNLEDGER_*/JOBS_* value that does not parse or is out of "
                              "range, instead of using the default or the nearest allowed value")

@@ -19,12 +19,14 @@ def run_periodically(
     interval_seconds: float,
     shutdown_event: threading.Event,
     on_success: Optional[Callable[[], None]] = None,
+    on_turn: Optional[Callable[[], None]] = None,
 ) -> RuntimeLoopExit:
     """Run ``step`` until shutdown, waiting what it returns (None: ``interval_seconds``) between runs.
 
     A step that raises is logged and tried again after the interval: one failed
     sweep or tick must never stop the loop. ``on_success`` is called after each
-    step that did not raise.
+    step that did not raise, ``on_turn`` before each step (so health can tell a
+    loop that fails from one that no longer turns).
 
     Returns:
         ``SHUTDOWN``, or ``INVALID_CONFIG`` at once when ``validate`` refuses the config.
@@ -36,6 +38,8 @@ def run_periodically(
         return RuntimeLoopExit.INVALID_CONFIG
     while not shutdown_event.is_set():
         wait: Optional[float] = None
+        if on_turn is not None:
+            on_turn()
         try:
             wait = step()
             if on_success is not None:

@@ -66,4 +66,5 @@ def run_scheduler_loop(
         return wait if next_due is None else min(wait, max(MIN_WAIT_SECONDS, next_due))
 
     return run_periodically("scheduler", config.validate_scheduler, tick, config.schedule_poll_interval_seconds,
-                            shutdown_event, on_success=None if marks is None else lambda: marks.mark(TICK))
+                            shutdown_event, on_success=None if marks is None else lambda: marks.mark(TICK),
+                            on_turn=None if marks is None else lambda: marks.turned("scheduler"))

@@ -19,23 +19,34 @@ from typing import Any, Callable, Optional
 from sqlalchemy.engine import Engine
 
 from runledger_sync.config import JobsConfig
-from runledger_sync.core.errors import ConfigError, RunledgerError
+from runledger_sync.core.errors import ConfigError
 from runledger_sync.core.types import RuntimeLoopExit
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime.health import CLAIM, REAP, TICK, LoopHealth, LoopMarks, SupervisorHealth
+from runledger_sync.runtime.health import (
+    CLAIM,
+    REAP,
+    STALL_ALLOWANCE_SECONDS,
+    TICK,
+    DatabaseProbe,
+    LoopHealth,
+    LoopMarks,
+    SupervisorHealth,
+)
 from runledger_sync.runtime.observer import WorkerObserver
 from runledger_sync.runtime.processes import ProcessGroup, check_processes
 from runledger_sync.runtime.reaper import run_reaper_loop
 from runledger_sync.runtime.scheduler import run_scheduler_loop
 from runledger_sync.runtime.worker import run_worker_loop
-from runledger_sync.store.gauges import ping
 
 log = get_logger(__name__)
 
 Loop = Callable[[Engine, JobRegistry, JobsConfig, threading.Event], RuntimeLoopExit]
 #: The step each loop marks when it succeeds, shown as its last_success_at.
 LOOP_STEPS = {"worker": CLAIM, "reaper": REAP, "scheduler": TICK}
+#: A claim that succeeded this recently (or within three poll intervals, if longer)
+#: shows the database answers: readiness then asks it nothing.
+CLAIM_EVIDENCE_SECONDS = 5.0
 DEFAULT_DRAIN_TIMEOUT_SECONDS = 30.0
 #: Exit status of a process stopped by a second signal, as shells report SIGINT.
 FORCED_EXIT_STATUS = 130
@@ -101,6 +112,7 @@ class Supervisor:
         self._threads: list[threading.Thread] = []
         self._exits: dict[str, Any] = {}
         self._failure: Optional[str] = None
+        self._probe = DatabaseProbe(engine)
         self.processes = check_processes(processes)
         if observer is not None and processes > 1:
             raise ConfigError([f"an observer needs processes=1 (got {processes}): worker processes "
@@ -130,39 +142,57 @@ class Supervisor:
         return any(thread.is_alive() for thread in self._threads)
 
     def health(self, *, check_database: bool = True) -> SupervisorHealth:
-        """Report whether each loop runs, when it last did its work, and whether the database answers.
+        """Report whether each loop runs and keeps turning, when it last did its work, and whether the database answers.
+
+        Liveness (:attr:`SupervisorHealth.live`, also ``healthy``) comes from the
+        loops alone; readiness (:attr:`SupervisorHealth.ready`) adds the database.
+        A claim of the last few seconds shows the database answers; otherwise one
+        ``SELECT 1`` is sent on a connection of the health check's own, so a pool
+        taken whole by jobs or by the application does not read as an outage, and
+        the answer is waited for at most :data:`~runledger_sync.runtime.health.DATABASE_CHECK_SECONDS`.
+        The answer never names the database: a failure is reported by its code.
 
         Args:
-            check_database: run one ``SELECT`` to see that the database answers
-                (False reports ``database_reachable`` as True without asking).
+            check_database: ask the database (False reports ``database_reachable``
+                as True without asking, for a liveness probe).
 
         Returns:
             A :class:`SupervisorHealth`: per loop (``worker``, ``reaper``,
             ``scheduler``, and ``listener`` when the worker LISTENs) whether it is
-            alive and its last successful claim, sweep or tick; with
-            ``processes > 1``, whether each worker process is alive.
+            alive, whether it stalled, and its last successful claim, sweep or tick;
+            with ``processes > 1``, whether each worker process is alive.
 
         Example:
-            ``status = sup.health(); status.healthy, status.loops["worker"].last_success_at``
+            ``status = sup.health(); status.live, status.ready, status.loops["worker"].last_success_at``
         """
         loops = self._thread_health() if self._group is None else _process_health(self._group)
-        error = None
-        if check_database:
-            try:
-                ping(self.engine)
-            except RunledgerError as failure:
-                error = (str(failure).splitlines() or [failure.code])[0]
+        error = self._database_error() if check_database else None
         return SupervisorHealth(loops=loops, database_reachable=error is None, database_error=error)
+
+    def _database_error(self) -> Optional[str]:
+        if self._group is None:
+            since_claim = self._marks.seconds_since(CLAIM)
+            evidence = max(CLAIM_EVIDENCE_SECONDS, 3 * self.config.poll_interval_ms / 1000.0)
+            if since_claim is not None and since_claim <= evidence:
+                return None
+        return self._probe.check()
 
     def _thread_health(self) -> dict[str, LoopHealth]:
         threads = dict(zip(self._loops, self._threads, strict=False))  # no threads before start()
+        intervals = {"worker": self.config.poll_interval_ms / 1000.0, "reaper": self.config.reaper_interval_seconds,
+                     "scheduler": self.config.schedule_poll_interval_seconds}
+        now = time.time()
         loops = {}
         for name in self._loops:
             thread = threads.get(name)
             ended = self._exits.get(name)
+            alive = thread is not None and thread.is_alive()
+            turned = self._marks.last_turn(name)
+            stalled = alive and turned is not None and \
+                now - turned.timestamp() > intervals[name] + STALL_ALLOWANCE_SECONDS
             loops[name] = LoopHealth(
-                name, alive=thread is not None and thread.is_alive(),
-                last_success_at=self._marks.last(LOOP_STEPS[name]), exit=None if ended is None else repr(ended),
+                name, alive=alive, last_success_at=self._marks.last(LOOP_STEPS[name]),
+                exit=None if ended is None else repr(ended), last_turn_at=turned, stalled=stalled,
             )
         listener = self._marks.listener
         if listener is not None:
@@ -221,6 +251,7 @@ class Supervisor:
         stopped = not self.running
         if not stopped:
             log.warning("supervisor stop timed out with jobs still running", extra={"timeout_seconds": timeout})
+        self._probe.close()
         return stopped
 
     def run_until_shutdown(self, drain_timeout: float = DEFAULT_DRAIN_TIMEOUT_SECONDS) -> int:

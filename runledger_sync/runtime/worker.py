@@ -340,6 +340,8 @@ def run_worker_loop(
         })
     try:
         while not shutdown_event.is_set():
+            if marks is not None:
+                marks.turned("worker")
             if not loop.turn():
                 loop.pause()
     finally:
