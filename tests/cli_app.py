@@ -1,5 +1,7 @@
 """A tiny application for the CLI worker test: ``--app tests.cli_app:registry``."""
 
+import time
+
 import runledger_sync as rl
 
 registry = rl.JobRegistry()
@@ -14,3 +16,19 @@ def echo(ctx: rl.JobContext, payload: dict) -> rl.JobCompletion:
 scheduled = rl.JobRegistry()
 scheduled.job("cli.echo")(echo)
 scheduled.schedule("cli.every-second", cron="*/1 * * * * *", job_type="cli.echo", payload={"say": "tick"})
+
+
+#: Handlers for the shutdown tests: ``--app tests.cli_app:stopping``. One waits
+#: for its cancellation as a well-behaved long job does; one never looks at it.
+stopping = rl.JobRegistry()
+
+
+@stopping.job("cli.wait_cancel", max_attempts=3)
+def wait_cancel(ctx: rl.JobContext, payload: dict) -> None:
+    ctx.wait_cancelled(60)
+    ctx.check_cancelled()
+
+
+@stopping.job("cli.ignore_cancel", max_attempts=3)
+def ignore_cancel(ctx: rl.JobContext, payload: dict) -> None:
+    time.sleep(60)

@@ -39,6 +39,10 @@ from runledger_sync.store import lifecycle, workflows
 log = get_logger(__name__)
 
 UNKNOWN_WORKER_ID = "unknown-worker"
+#: The outcome of an attempt the worker's shutdown stopped at its drain deadline:
+#: like a lost lease, nothing is written and the reaper recovers the job once its
+#: lease runs out, as when the seed's bounded shutdown aborts a job's task.
+INTERRUPTED = LeaseLost("job.worker_shutdown", "The worker shut down before the handler finished.")
 
 
 class OutcomeGate:
@@ -60,6 +64,8 @@ def outcome_fields(transition: Optional[Transition]) -> dict[str, Any]:
     """How the attempt ended, for its closing log line (never the payload or the output)."""
     if transition is None:
         return {"outcome": "undecided"}
+    if transition is INTERRUPTED:
+        return {"outcome": "interrupted"}
     if isinstance(transition, LeaseLost):
         return {"outcome": "lease_lost", "failure_code": transition.code}
     if isinstance(transition, Succeed):
@@ -142,6 +148,12 @@ class JobExecution:
                 "elapsed_ms": int((time.monotonic() - self.started) * 1000)})
         if self._on_ended is not None:
             self._on_ended()
+
+    def interrupt(self) -> None:
+        """Ask the handler to stop for the worker's shutdown; whatever it then returns is not written."""
+        if self.lease_lost is None:
+            self.lease_lost = INTERRUPTED
+        self.context.request_cancel("shutdown")
 
     @cached_property
     def log_fields(self) -> dict[str, Any]:

@@ -48,6 +48,8 @@ LOOP_STEPS = {"worker": CLAIM, "reaper": REAP, "scheduler": TICK}
 #: shows the database answers: readiness then asks it nothing.
 CLAIM_EVIDENCE_SECONDS = 5.0
 DEFAULT_DRAIN_TIMEOUT_SECONDS = 30.0
+#: Beyond the drain deadline and the grace: time for the loops to close their connections and end.
+STOP_MARGIN_SECONDS = 1.0
 #: Exit status of a process stopped by a second signal, as shells report SIGINT.
 FORCED_EXIT_STATUS = 130
 
@@ -101,9 +103,12 @@ class Supervisor:
         self.registry = registry
         self.config = config if config is not None else JobsConfig.from_env()
         self.shutdown_event = threading.Event()
+        #: Set when the drain deadline passes: the worker tells its running handlers to stop.
+        self._stop_jobs = threading.Event()
         self._marks = LoopMarks()
         self._loops: dict[str, Loop] = {
-            "worker": functools.partial(run_worker_loop, observer=observer, marks=self._marks),
+            "worker": functools.partial(run_worker_loop, observer=observer, marks=self._marks,
+                                        stop_jobs=self._stop_jobs),
         }
         if run_reaper:
             self._loops["reaper"] = functools.partial(run_reaper_loop, marks=self._marks)
@@ -231,37 +236,58 @@ class Supervisor:
             self.shutdown_event.set()
 
     def stop(self, timeout: float = DEFAULT_DRAIN_TIMEOUT_SECONDS) -> bool:
-        """Ask every loop to stop, let in-flight jobs drain, and wait up to ``timeout`` seconds.
+        """Stop claiming at once, let in-flight jobs finish for up to ``timeout`` seconds, then stop them.
+
+        At the deadline every running handler is told to stop (its cancellation
+        flag, which wakes ``ctx.wait_cancelled``) and gets
+        ``config.timeout_grace_seconds`` to return. Nothing is written for a job
+        stopped so: it keeps its lease, and the reaper gives it to a worker once
+        the lease runs out (spec: a bounded shutdown aborts stragglers; the
+        expired attempt counts as the reaper's LEASE_EXPIRED). This returns
+        within ``timeout`` plus the grace plus about a second.
 
         Returns:
-            True if everything stopped in time. Jobs still running afterwards keep
-            their threads; if the process exits, their leases expire and the
-            reaper gives them to another worker.
+            True if every job finished before the deadline. False when some had
+            to be stopped (or the loops did not end in time); a handler that
+            ignored its flag keeps its daemon thread until it returns, and its
+            result is not written.
         """
-        if self._group is not None:
-            stopped = self._group.stop(timeout)
-            if not stopped:
-                log.warning("supervisor stop timed out with worker processes still draining",
-                            extra={"timeout_seconds": timeout})
-            return stopped
-        self.shutdown_event.set()
+        try:
+            if self._group is not None:
+                return _stop_group(self._group, timeout, self.config.timeout_grace_seconds)
+            self.shutdown_event.set()
+            drained = self._join(timeout)
+            if not drained:
+                self._stop_jobs.set()
+                self._join(self.config.timeout_grace_seconds + STOP_MARGIN_SECONDS)
+                if self.running:
+                    log.warning("supervisor stop timed out with loops still running",
+                                extra={"timeout_seconds": timeout})
+            return drained
+        finally:
+            self._probe.close()
+
+    def interrupt_jobs(self) -> None:
+        """Tell the running jobs to stop now, as :meth:`stop` does at its deadline (call it after ``stop`` began)."""
+        self._stop_jobs.set()
+
+    def _join(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        stopped = not self.running
-        if not stopped:
-            log.warning("supervisor stop timed out with jobs still running", extra={"timeout_seconds": timeout})
-        self._probe.close()
-        return stopped
+        return not self.running
 
     def run_until_shutdown(self, drain_timeout: float = DEFAULT_DRAIN_TIMEOUT_SECONDS) -> int:
         """Run in the foreground until SIGINT/SIGTERM; return a process exit status.
 
         The first signal stops claiming and drains in-flight jobs for up to
-        ``drain_timeout`` seconds; a second signal exits at once (leases left
-        behind are recovered by the reaper). With ``processes > 1`` each child is
-        sent SIGTERM on the first signal and SIGKILL on the second, and children
-        still draining at the deadline are killed.
+        ``drain_timeout`` seconds; then running jobs are told to stop, as
+        :meth:`stop` says, and the process returns within the drain timeout plus
+        ``timeout_grace_seconds`` plus a second or two. A second signal exits at
+        once (leases left behind are recovered by the reaper). With
+        ``processes > 1`` each child is sent SIGTERM on the first signal, SIGUSR1
+        (stop your jobs) at the deadline and SIGKILL on a second signal or when
+        it still runs after the grace.
 
         Returns:
             0 after a clean stop, 1 when a loop failed or the drain timed out.
@@ -299,6 +325,16 @@ class Supervisor:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def _stop_group(group: ProcessGroup, timeout: float, grace: float) -> bool:
+    drained = group.stop(timeout)
+    if not drained:
+        log.warning("drain deadline reached with worker processes still draining; telling their jobs to stop",
+                    extra={"timeout_seconds": timeout})
+        group.stop_jobs()
+        group.stop(grace + STOP_MARGIN_SECONDS)
+    return drained
 
 
 def _process_health(group: ProcessGroup) -> dict[str, LoopHealth]:

@@ -7,10 +7,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import runledger_sync as rl
 from runledger_sync import cli
-from tests.support import scalar, wait_until
+from runledger_sync.store import lifecycle
+from tests.support import event_types, scalar, wait_until
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -151,3 +153,51 @@ def test_worker_fires_the_apps_declared_schedules_unless_told_not_to(engine, fre
         if firing.poll() is None:
             firing.kill()
             firing.communicate()
+
+
+DRAIN_SECONDS = 2.0
+GRACE_SECONDS = 1.0
+#: Interpreter exit, closing connections, a busy shared machine.
+EXIT_MARGIN_SECONDS = 3.0
+
+
+def test_sigterm_past_the_drain_timeout_stops_running_jobs_and_exits_within_drain_plus_grace(engine, fresh_database):
+    process = _start_worker(fresh_database, "tests.cli_app:stopping", "--concurrency", "4",
+                            "--drain-timeout", str(DRAIN_SECONDS), "--timeout-grace-seconds", str(GRACE_SECONDS))
+    try:
+        wait_until(lambda: scalar(engine, "SELECT count(*) FROM job_definitions") == 2 or process.poll() is not None,
+                   timeout=30)
+        assert process.poll() is None, process.communicate()[1]
+        waiting = rl.enqueue(engine, "cli.wait_cancel", {})
+        ignoring = rl.enqueue(engine, "cli.ignore_cancel", {})
+        wait_until(lambda: scalar(engine, "SELECT count(*) FROM job_queue WHERE stage = 'running'") == 2, timeout=30)
+        process.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        _, stderr = process.communicate(timeout=DRAIN_SECONDS + GRACE_SECONDS + 30)
+        took = time.monotonic() - signalled
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+    assert DRAIN_SECONDS <= took < DRAIN_SECONDS + GRACE_SECONDS + EXIT_MARGIN_SECONDS, (took, stderr)
+    assert process.returncode == 1, stderr  # the drain did not finish by itself
+    lines = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+    said = {(line["message"], line.get("job_id")) for line in lines}
+    assert ("drain deadline reached; telling running jobs to stop", None) in said
+    # The waiting handler woke at once and was not written; the other was left behind.
+    assert ("job stopped by the worker's shutdown; nothing written, the reaper recovers it once its lease runs out",
+            str(waiting.id)) in said
+    assert ("job ignored its cancellation past the shutdown grace; leaving its lease to the reaper",
+            str(ignoring.id)) in said
+    # Nothing written for either: both keep their lease, their attempt open, no failure.
+    for job in (waiting, ignoring):
+        row = rl.get_job(engine, job.id)
+        assert (row.status, row.attempt, row.last_error_code) == (rl.JobStatus.LEASED, 1, None)
+        assert "FAILED" not in event_types(engine, job.id) and "DEAD_LETTERED" not in event_types(engine, job.id)
+    # Once the leases run out the reaper hands both back, to run again.
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE job_queue SET lease_expires_at = now() - interval '1 second'")
+    lifecycle.reap_expired_leases(engine, limit=10, default_retry_delay_ms=1000)
+    assert {rl.get_job(engine, job.id).status for job in (waiting, ignoring)} == {rl.JobStatus.PENDING}
+
