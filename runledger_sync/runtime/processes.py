@@ -140,7 +140,8 @@ def child_main(spec: ChildSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if spec.logging is not None:
         setup = dict(spec.logging)
-        configure_logging(level=setup["level"], json=setup["json"], stream=getattr(sys, setup["stream_name"]))
+        configure_logging(level=setup["level"], json=setup["json"], stream=getattr(sys, setup["stream_name"]),
+                          job_lines=setup["job_lines"])
     try:
         registry = load_registry(spec.app)
     except ConfigError as error:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
 import signal
 import subprocess
 import sys
@@ -14,6 +16,7 @@ from runledger_sync import cli
 from runledger_sync.store import lifecycle
 from tests.support import event_types, scalar, wait_until
 
+SECRET_WORD = "payload-secret-3b8d"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -35,6 +38,8 @@ def test_worker_command_runs_the_apps_jobs_and_exits_0_on_sigterm(engine, fresh_
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=30)
         assert process.returncode == 0, stderr
+        # Not a terminal: JSON lines, the summary rather than a line per job.
+        assert '"logger": "runledger_sync.jobs"' not in stderr
         [summary] = [json.loads(line) for line in stderr.splitlines() if '"message": "jobs processed"' in line]
         assert summary["by_outcome"] == {"succeeded": 1} and summary["processed"] == 1
         lines = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
@@ -201,3 +206,47 @@ def test_sigterm_past_the_drain_timeout_stops_running_jobs_and_exits_within_drai
     lifecycle.reap_expired_leases(engine, limit=10, default_retry_delay_ms=1000)
     assert {rl.get_job(engine, job.id).status for job in (waiting, ignoring)} == {rl.JobStatus.PENDING}
 
+
+def test_worker_on_a_terminal_prints_text_with_one_readable_line_per_finished_job(engine, fresh_database):
+    controller, terminal = pty.openpty()
+    env = {key: value for key, value in os.environ.items() if key != "RUNLEDGER_LOG_FORMAT"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "runledger_sync.cli", "--database-url", fresh_database, "worker",
+         "--app", "tests.cli_app:registry", "--poll-interval-ms", "20"],
+        cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=terminal, env=env,
+    )
+    os.close(terminal)
+    shown = bytearray()
+    try:
+        wait_until(lambda: _definition_exists(engine) or process.poll() is not None, timeout=30)
+        job = rl.enqueue(engine, "cli.echo", {"say": SECRET_WORD})
+        wanted = f"job cli.echo {job.id} succeeded (attempt 1, ".encode()
+        while wanted not in shown and process.poll() is None:
+            ready, _, _ = select.select([controller], [], [], 30)
+            assert ready, f"the worker printed no line for its job in 30 s: {shown.decode(errors='replace')}"
+            shown += os.read(controller, 65536)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        os.close(controller)
+
+    text = shown.decode(errors="replace")
+    [line] = [line for line in text.splitlines() if wanted.decode() in line]
+    assert " INFO runledger_sync.jobs job cli.echo " in line and line.rstrip().endswith(" ms)"), line
+    assert not [line for line in text.splitlines() if line.startswith("{")]  # no JSON on a terminal
+    assert "worker started worker_id=" in text  # the other lines keep their fields, as key=value
+    assert SECRET_WORD not in text
+
+
+def test_worker_refuses_a_log_format_variable_it_does_not_know_before_touching_the_database(
+        fresh_database, capsys, monkeypatch):
+    monkeypatch.setenv("RUNLEDGER_LOG_FORMAT", "xml")
+    code = cli.main(["--database-url", "postgresql://nobody@127.0.0.1:1/nothing", "worker",
+                     "--app", "tests.cli_app:registry"])
+
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "RUNLEDGER_LOG_FORMAT must be one of text, json, got 'xml'" in err
