@@ -287,13 +287,11 @@ class WorkerLoop:
     def drain(self) -> None:
         """Wait for every in-flight job to finish, or until ``stop_jobs`` is set; then stop the loop's threads.
 
-        There is no deadline here: the supervisor keeps it and sets ``stop_jobs``
-        when it passes. Then each running handler is told to stop (its
-        cancellation flag, which wakes ``ctx.wait_cancelled``) and gets
-        ``timeout_grace_seconds`` to return; whatever it returns is not written,
-        and the reaper recovers the job once its lease runs out. A handler still
-        running after that keeps its (daemon) thread, and the loop returns
-        without it.
+        The supervisor keeps the deadline and sets ``stop_jobs`` when it passes:
+        each running handler is then told to stop (its cancellation flag, which
+        wakes ``ctx.wait_cancelled``) and gets ``timeout_grace_seconds``. Nothing
+        is written for it; the reaper recovers the job once its lease runs out.
+        A job still running after that keeps its daemon thread and is left behind.
         """
         if self.in_flight:
             log.info("worker shutdown requested; draining in-flight jobs",
@@ -304,24 +302,24 @@ class WorkerLoop:
         while self.in_flight > 0 and not (stop_jobs is not None and stop_jobs.is_set()):
             self._slot_freed.wait(SHUTDOWN_CHECK_SECONDS)
             self._slot_freed.clear()
-        abandoned = self._stop_running_handlers() if self.in_flight > 0 else []
-        if not abandoned:
+        if self.in_flight > 0:
+            self._stop_running_handlers()
+        left_behind = self.in_flight > 0
+        if not left_behind:
             for _ in range(self._runners):
                 self._tasks.put(None)
             for runner in self._runner_threads:
                 runner.join()
-        self.tally.report()
-        if not abandoned:
-            # A timer still watching an abandoned attempt would hold its close() up.
             for timer in self._timers:
                 timer.close()
+        self.tally.report()
         if self.writers is not None:
             self.writers.close()
         if isinstance(self.claim_bind, HeldConnection):
             self.claim_bind.close()
 
-    def _stop_running_handlers(self) -> list[JobExecution]:
-        """Tell every running handler to stop; return those still running after the grace period."""
+    def _stop_running_handlers(self) -> None:
+        """Tell every running handler to stop, and wait up to the grace period for the jobs in flight."""
         grace = self.config.timeout_grace_seconds
         log.warning("drain deadline reached; telling running jobs to stop", extra={
             "worker_id": self.config.worker_id, "in_flight": self.in_flight, "grace_seconds": grace})
@@ -335,13 +333,11 @@ class WorkerLoop:
                 break
             self._slot_freed.wait(min(remaining, SHUTDOWN_CHECK_SECONDS))
             self._slot_freed.clear()
-        abandoned = list(self.handlers_running)
-        for execution in abandoned:
-            # No more renewals: the lease runs out and the reaper recovers the job.
+        for execution in list(self.handlers_running):
+            # No more renewals (a timer still watching would also hold its close() up).
             execution.stop_watchdog.set()
             log.warning("job ignored its cancellation past the shutdown grace; leaving its lease to the reaper",
                         extra=execution.log_fields | {"grace_seconds": grace})
-        return abandoned
 
 
 def run_worker_loop(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -12,6 +13,8 @@ from sqlalchemy.engine import make_url
 
 import runledger_sync as rl
 from runledger_sync.metrics import registry_for, serve_metrics
+from runledger_sync.runtime import reaper as reaper_module
+from runledger_sync.runtime import supervisor as supervisor_module
 from tests.faults.harness import TcpProxy
 from tests.handlers import fast_config
 from tests.support import wait_until
@@ -210,3 +213,28 @@ def test_a_stopped_database_keeps_liveness_200_and_makes_readiness_503_without_n
 
 def _count_succeeded(engine, ids) -> int:
     return sum(1 for job_id in ids if rl.get_job(engine, job_id).status is rl.JobStatus.SUCCEEDED)
+
+
+def test_a_loop_that_stopped_turning_is_not_live(engine, monkeypatch):
+    stuck = threading.Event()
+    release = threading.Event()
+
+    def hang(*_args):
+        stuck.set()
+        release.wait(30)
+
+    # A sweep that never comes back, as a statement on a dead socket would not.
+    monkeypatch.setattr(reaper_module, "reap_once", hang)
+    monkeypatch.setattr(supervisor_module, "STALL_ALLOWANCE_SECONDS", 0.5)
+    supervisor = rl.Supervisor(engine, _registry(engine), fast_config(), run_scheduler=False)
+    try:
+        supervisor.start()
+        stuck.wait(10)
+        stalled = wait_until(lambda: (lambda h: h if not h.live else None)(supervisor.health(check_database=False)))
+    finally:
+        release.set()
+        supervisor.stop()
+
+    assert stalled.loops["reaper"].alive and stalled.loops["reaper"].stalled
+    assert stalled.loops["worker"].alive and not stalled.loops["worker"].stalled
+    assert not stalled.healthy and not stalled.as_dict(database=False)["live"]
