@@ -6,6 +6,8 @@ import inspect
 import io
 import json
 import logging
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -191,8 +193,13 @@ def test_configure_unless_configured_respects_an_existing_handler():
 
 
 def test_job_lines_are_off_until_asked_for_and_on_in_text_mode_only():
+    # The library's default, in a process nothing else configured: a summary a minute, no job lines.
+    default = subprocess.run(
+        [sys.executable, "-c", "import logging, runledger_sync.logging as rl_logging; "
+                               "print(logging.getLogger(rl_logging.JOB_LINES_LOGGER_NAME).isEnabledFor(logging.INFO))"],
+        capture_output=True, text=True, check=True)
+    assert default.stdout.strip() == "False"
     jobs = logging.getLogger(JOB_LINES_LOGGER_NAME)
-    assert not jobs.isEnabledFor(logging.INFO)  # the library's default: a summary a minute
     configure_logging(stream=io.StringIO(), json=True)
     assert not jobs.isEnabledFor(logging.INFO)
     configure_logging(stream=io.StringIO(), json=False)
