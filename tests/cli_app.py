@@ -27,7 +27,7 @@ unknown_type.schedule("cli.orphan", cron="@hourly", job_type="cli.no_such_type")
 stopping = rl.JobRegistry()
 
 
-@stopping.job("cli.wait_cancel", max_attempts=3)
+@stopping.job("cli.wait_cancel", max_attempts=1)
 def wait_cancel(ctx: rl.JobContext, payload: dict) -> None:
     ctx.wait_cancelled(60)
     ctx.check_cancelled()

@@ -12,7 +12,10 @@ connection, a server restarting) spends none of the job's ``max_attempts``, so
 a database restart never dead-letters work. Its own budget bounds it:
 :data:`TRANSIENT_FAILURE_BUDGET` such failures in a row retry on the transient
 schedule; from the next one on, each spends an attempt like any retryable
-failure. ``attempt`` still counts claims, so a job's ``attempt`` may exceed its
+failure. An attempt the worker's shutdown stopped (``job.worker_shutdown``: the
+handler gave up when told to at the drain deadline) is an interruption of the
+same kind and shares that budget, so a deploy never dead-letters work either.
+``attempt`` still counts claims, so a job's ``attempt`` may exceed its
 ``max_attempts``: the rule counts the run's earlier attempts
 (:class:`EarlierAttempts`), not the claims.
 """
@@ -44,6 +47,9 @@ LEASE_OWNER_MISMATCH_CODE = "job.lease_owner_mismatch"
 LEASE_MAINTENANCE_FAILED_CODE = "job.lease_maintenance_failed"
 LEASE_EXPIRED_CODE = "job.lease_expired"
 LEASE_EXPIRED_MESSAGE = "Job lease expired before completion."
+WORKER_SHUTDOWN_CODE = "job.worker_shutdown"
+#: Failures of the infrastructure rather than of the job: within their budget they spend no attempt.
+FREE_FAILURE_CODES = frozenset({HANDLER_TRANSIENT_ERROR_CODE, WORKER_SHUTDOWN_CODE})
 
 #: Transient failures in a row that spend none of a job's attempts. With the
 #: transient backoff (:func:`~runledger_sync.core.backoff.compute_transient_retry_delay_ms`)
@@ -79,6 +85,9 @@ class DeadLetter:
 Outcome = Union[JobCompletion, JobFailure, LeaseLost]
 Transition = Union[Succeed, Retry, DeadLetter, LeaseLost]
 
+#: A handler still running when the worker's shutdown grace ran out: nothing is
+#: written for it, and the reaper recovers the job once its lease runs out.
+LEFT_BEHIND = LeaseLost(WORKER_SHUTDOWN_CODE, "The worker shut down before the handler finished.")
 MAINTENANCE_LOST = LeaseLost(LEASE_MAINTENANCE_FAILED_CODE, "Job lease could not be durably maintained during processing.")
 
 
@@ -88,6 +97,10 @@ def timeout_failure() -> JobFailure:
 
 def lease_expired_failure() -> JobFailure:
     return JobFailure.lease_expired(LEASE_EXPIRED_CODE, LEASE_EXPIRED_MESSAGE)
+
+
+def worker_shutdown_failure() -> JobFailure:
+    return JobFailure.retryable(WORKER_SHUTDOWN_CODE, "The worker shut down before the handler finished; the job runs again.")
 
 
 @dataclass(frozen=True)
@@ -104,14 +117,14 @@ class EarlierAttempts:
         """Count the run's earlier attempts from their error codes, oldest first."""
         free = streak = 0
         for code in error_codes:
-            streak = streak + 1 if code == HANDLER_TRANSIENT_ERROR_CODE else 0
+            streak = streak + 1 if code in FREE_FAILURE_CODES else 0
             if 0 < streak <= TRANSIENT_FAILURE_BUDGET:
                 free += 1
         return cls(free, streak)
 
     def spends_attempt(self, failure: JobFailure) -> bool:
         """False for a transient failure still within its budget; True for any other failure."""
-        transient = failure.kind is JobFailureKind.RETRYABLE and failure.code == HANDLER_TRANSIENT_ERROR_CODE
+        transient = failure.kind is JobFailureKind.RETRYABLE and failure.code in FREE_FAILURE_CODES
         return not transient or self.transient_streak >= TRANSIENT_FAILURE_BUDGET
 
     def attempts_spent(self, failure: JobFailure, attempt: int) -> int:

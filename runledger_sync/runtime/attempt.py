@@ -41,10 +41,6 @@ log = get_logger(__name__)
 job_lines = get_logger(JOB_LINES_LOGGER_NAME)
 
 UNKNOWN_WORKER_ID = "unknown-worker"
-#: The outcome of an attempt the worker's shutdown stopped at its drain deadline:
-#: like a lost lease, nothing is written and the reaper recovers the job once its
-#: lease runs out, as when the seed's bounded shutdown aborts a job's task.
-INTERRUPTED = LeaseLost("job.worker_shutdown", "The worker shut down before the handler finished.")
 
 
 class OutcomeGate:
@@ -66,8 +62,6 @@ def outcome_fields(transition: Optional[Transition]) -> dict[str, Any]:
     """How the attempt ended, for its closing log line (never the payload or the output)."""
     if transition is None:
         return {"outcome": "undecided"}
-    if transition is INTERRUPTED:
-        return {"outcome": "interrupted"}
     if isinstance(transition, LeaseLost):
         return {"outcome": "lease_lost", "failure_code": transition.code}
     if isinstance(transition, Succeed):
@@ -122,6 +116,8 @@ class JobExecution:
         self.stop_watchdog = Flag()
         self.deadline_passed = Flag()
         self.lease_lost: Optional[LeaseLost] = None
+        #: Set when the worker's shutdown told the handler to stop (its lease still holds).
+        self.interrupted = False
         #: Set when the lease ran out by the local clock with a renewal still unanswered.
         self.lease_verdict_pending = Flag()
         #: When the lease runs out by this process's clock, at the latest: TTL after
@@ -161,9 +157,12 @@ class JobExecution:
             self._on_ended()
 
     def interrupt(self) -> None:
-        """Ask the handler to stop for the worker's shutdown; whatever it then returns is not written."""
-        if self.lease_lost is None:
-            self.lease_lost = INTERRUPTED
+        """Ask the handler to stop for the worker's shutdown.
+
+        A handler that stops because it was told to (``JobCancelled``) is queued again
+        without spending an attempt; whatever else it ends with is its outcome as usual.
+        """
+        self.interrupted = True
         self.context.request_cancel("shutdown")
 
     @cached_property

@@ -47,6 +47,7 @@ from runledger_sync.core.outcomes import (
     LeaseLost,
     Outcome,
     timeout_failure,
+    worker_shutdown_failure,
 )
 from runledger_sync.core.records import JobRecord
 from runledger_sync.core.types import (
@@ -62,7 +63,7 @@ from runledger_sync.core.validation import (
 from runledger_sync.db.errors import is_transient_error
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime.attempt import INTERRUPTED, JobExecution
+from runledger_sync.runtime.attempt import JobExecution
 from runledger_sync.runtime.completion import finish
 from runledger_sync.runtime.hot_path import HotPathWriters
 from runledger_sync.runtime.tally import OutcomeTally
@@ -154,12 +155,7 @@ def _process_with_timer(
         execution.handler_seconds = handler_seconds = time.monotonic() - handler_started
         if writers is not None:
             writers.finishing.record(handler_seconds)
-        if outcome is INTERRUPTED:
-            if execution.gate.take():
-                execution.decided = INTERRUPTED
-                log.warning("job stopped by the worker's shutdown; nothing written, the reaper recovers it once "
-                            "its lease runs out", extra=execution.log_fields)
-        elif execution.lease_verdict_pending.is_set():
+        if execution.lease_verdict_pending.is_set():
             # The lease ran out while a renewal was in flight: the watch logs the
             # verdict itself once that renewal has said why.
             timer.withdraw()
@@ -247,7 +243,14 @@ def _run_handler(execution: JobExecution) -> Outcome:
     except JobFailure as failure:
         return _unless_abandoned(execution, _recordable(failure))
     except JobCancelled as cancelled:
-        return _abandoned_outcome(execution) or _panic(execution, cancelled)
+        abandoned = _abandoned_outcome(execution)
+        if abandoned is not None:
+            return abandoned
+        if execution.interrupted:
+            log.warning("job stopped by the worker's shutdown; it runs again without spending an attempt",
+                        extra=execution.log_fields)
+            return worker_shutdown_failure()
+        return _panic(execution, cancelled)
     except BaseException as exc:  # noqa: BLE001 - a handler may raise anything, even SystemExit
         abandoned = _abandoned_outcome(execution)
         if abandoned is not None:

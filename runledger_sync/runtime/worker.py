@@ -31,6 +31,7 @@ from sqlalchemy.engine import Engine
 
 from runledger_sync.config import JobsConfig
 from runledger_sync.core.errors import ConfigError
+from runledger_sync.core.outcomes import LEFT_BEHIND
 from runledger_sync.core.records import JobRecord
 from runledger_sync.core.types import RuntimeLoopExit
 from runledger_sync.db.pool_mode import policy_of
@@ -290,9 +291,11 @@ class WorkerLoop:
 
         The supervisor keeps the deadline and sets ``stop_jobs`` when it passes:
         each running handler is then told to stop (its cancellation flag, which
-        wakes ``ctx.wait_cancelled``) and gets ``timeout_grace_seconds``. Nothing
-        is written for it; the reaper recovers the job once its lease runs out.
-        A job still running after that keeps its daemon thread and is left behind.
+        wakes ``ctx.wait_cancelled``) and gets ``timeout_grace_seconds``. One that
+        stops when told is queued again without spending an attempt. A job still
+        running after that keeps its daemon thread and is left behind: nothing is
+        written for it, whatever it returns later, and the reaper recovers it once
+        its lease runs out.
         """
         if self.in_flight:
             log.info("worker shutdown requested; draining in-flight jobs",
@@ -335,6 +338,9 @@ class WorkerLoop:
             self._slot_freed.wait(min(remaining, SHUTDOWN_CHECK_SECONDS))
             self._slot_freed.clear()
         for execution in list(self.handlers_running):
+            if execution.gate.take():
+                # Its late return must not be written: the writers close as the worker exits.
+                execution.decided = LEFT_BEHIND
             # No more renewals (a timer still watching would also hold its close() up).
             execution.stop_watchdog.set()
             log.warning("job ignored its cancellation past the shutdown grace; leaving its lease to the reaper",

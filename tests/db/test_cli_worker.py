@@ -190,21 +190,23 @@ def test_sigterm_past_the_drain_timeout_stops_running_jobs_and_exits_within_drai
     lines = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
     said = {(line["message"], line.get("job_id")) for line in lines}
     assert ("drain deadline reached; telling running jobs to stop", None) in said
-    # The waiting handler woke at once and was not written; the other was left behind.
-    assert ("job stopped by the worker's shutdown; nothing written, the reaper recovers it once its lease runs out",
-            str(waiting.id)) in said
+    # The waiting handler woke at once and was queued again; the other was left behind.
+    assert ("job stopped by the worker's shutdown; it runs again without spending an attempt", str(waiting.id)) in said
     assert ("job ignored its cancellation past the shutdown grace; leaving its lease to the reaper",
             str(ignoring.id)) in said
-    # Nothing written for either: both keep their lease, their attempt open, no failure.
-    for job in (waiting, ignoring):
-        row = rl.get_job(engine, job.id)
-        assert (row.status, row.attempt, row.last_error_code) == (rl.JobStatus.LEASED, 1, None)
-        assert "FAILED" not in event_types(engine, job.id) and "DEAD_LETTERED" not in event_types(engine, job.id)
-    # Once the leases run out the reaper hands both back, to run again.
+    # The job that stopped when told is pending again at once, its only attempt unspent (max_attempts=1).
+    row = rl.get_job(engine, waiting.id)
+    assert (row.status, row.attempt, row.last_error_code) == (rl.JobStatus.PENDING, 1, "job.worker_shutdown")
+    assert "DEAD_LETTERED" not in event_types(engine, waiting.id)
+    # Nothing was written for the one that ignored it: it keeps its lease, no failure.
+    row = rl.get_job(engine, ignoring.id)
+    assert (row.status, row.attempt, row.last_error_code) == (rl.JobStatus.LEASED, 1, None)
+    assert "FAILED" not in event_types(engine, ignoring.id) and "DEAD_LETTERED" not in event_types(engine, ignoring.id)
+    # Once its lease runs out the reaper hands it back, to run again.
     with engine.begin() as conn:
-        conn.exec_driver_sql("UPDATE job_queue SET lease_expires_at = now() - interval '1 second'")
+        conn.exec_driver_sql("UPDATE job_queue SET lease_expires_at = now() - interval '1 second' WHERE status = 'LEASED'")
     lifecycle.reap_expired_leases(engine, limit=10, default_retry_delay_ms=1000)
-    assert {rl.get_job(engine, job.id).status for job in (waiting, ignoring)} == {rl.JobStatus.PENDING}
+    assert rl.get_job(engine, ignoring.id).status is rl.JobStatus.PENDING
 
 
 def test_worker_on_a_terminal_prints_text_with_one_readable_line_per_finished_job(engine, fresh_database):

@@ -152,12 +152,11 @@ def test_at_the_drain_timeout_children_stop_their_jobs_and_exit_after_the_grace_
     # Each child stopped by itself after the grace, neither was killed.
     stopped = parent.records("worker process stopped")
     assert sorted((record["worker_id"], record["exit_code"]) for record in stopped) == [("cli-p0", 0), ("cli-p1", 0)]
-    assert len(parent.records("job stopped by the worker's shutdown; nothing written, the reaper recovers it "
-                              "once its lease runs out")) >= 1
-    # Nothing written for either: their leases are left to the reaper, which runs them again.
-    for job in jobs:
-        row = rl.get_job(engine, job.id)
-        assert (row.status, row.attempt, row.last_error_code) == (rl.JobStatus.LEASED, 1, None)
+    assert len(parent.records("job stopped by the worker's shutdown; it runs again without spending an attempt")) == 1
+    # The job that stopped when told is pending again, its attempt unspent; the blocker keeps its lease for the reaper.
+    blocker, waiter = (rl.get_job(engine, job.id) for job in jobs)
+    assert (waiter.status, waiter.attempt, waiter.last_error_code) == (rl.JobStatus.PENDING, 1, "job.worker_shutdown")
+    assert (blocker.status, blocker.attempt, blocker.last_error_code) == (rl.JobStatus.LEASED, 1, None)
 
 
 def test_children_drain_and_exit_when_their_parent_is_killed(engine, fresh_database):

@@ -7,6 +7,7 @@ from runledger_sync.core.outcomes import (
     TRANSIENT_FAILURE_BUDGET as BUDGET,
     EarlierAttempts,
     dead_letter_reason,
+    worker_shutdown_failure,
 )
 from runledger_sync.core.types import JobDeadLetterReason, JobFailure
 
@@ -35,3 +36,11 @@ def test_a_single_attempt_job_is_dead_lettered_only_by_the_failure_that_spends_i
 def test_a_code_alone_does_not_make_a_terminal_failure_free():
     terminal = JobFailure.terminal(TRANSIENT_CODE, "handler's own choice")
     assert dead_letter_reason(terminal, 1, 5, EarlierAttempts()) is JobDeadLetterReason.FAILURE_KIND_NON_RETRYABLE
+
+
+def test_a_job_stopped_by_the_workers_shutdown_spends_no_attempt_and_shares_the_transient_budget():
+    stopped = worker_shutdown_failure()
+    assert dead_letter_reason(stopped, 1, 1, EarlierAttempts()) is None
+    assert EarlierAttempts.of([stopped.code, TRANSIENT_CODE, stopped.code]) == EarlierAttempts(free=3, transient_streak=3)
+    past = EarlierAttempts.of([stopped.code] * BUDGET)
+    assert dead_letter_reason(stopped, BUDGET + 1, 1, past) is JobDeadLetterReason.ATTEMPTS_EXHAUSTED

@@ -74,7 +74,7 @@ def test_stop_tells_a_job_that_outlives_the_timeout_to_stop_and_returns_false_af
     assert call.cancelled_at is not None and not supervisor.running
     probe.release.set()
     # Its late return is not written: the lease is left for the reaper, the attempt not spent by a failure.
-    wait_until(lambda: [r for r in logs.records if r.getMessage().startswith("job stopped by the worker's shutdown")])
+    wait_until(lambda: [r for r in logs.records if r.getMessage().startswith("handler finished after its attempt was already")])
     assert status(engine, job.id) == "LEASED" and "FAILED" not in event_types(engine, job.id)
     assert [r for r in logs.records if r.getMessage().startswith("job ignored its cancellation past the shutdown")]
 
