@@ -1,12 +1,19 @@
-"""JSON log output for the ``runledger_sync`` loggers, and the per-job log fields.
+"""Log output for the ``runledger_sync`` loggers (JSON lines or plain text), and the per-job log fields.
 
 The library itself only creates loggers; an application (or the CLI) calls
 :func:`configure_logging` once to print them. Payloads are never logged: they
 may hold personal data or secrets, so nothing here accepts one.
+
+One line per finished job goes to the ``runledger_sync.jobs`` logger at INFO.
+That logger is off (WARNING) until asked for, by :func:`configure_logging` in
+text mode or by the application's own logging setup: a line per job costs a
+busy worker more than the job does, so production logs get the worker's
+summary a minute instead.
 """
 
 from __future__ import annotations
 
+import json as _json_module
 import logging as _logging
 import sys
 from typing import IO, Any, Optional, Union
@@ -21,6 +28,12 @@ except ImportError:  # pragma: no cover - python-json-logger < 3.1
 
 #: The logger every module of the package logs under.
 ROOT_LOGGER_NAME = "runledger_sync"
+#: The logger of the one line per finished job (off until asked for).
+JOB_LINES_LOGGER_NAME = "runledger_sync.jobs"
+#: The log formats :func:`configure_logging` prints, as ``worker --log-format`` names them.
+LOG_FORMATS = ("text", "json")
+
+_logging.getLogger(JOB_LINES_LOGGER_NAME).setLevel(_logging.WARNING)
 
 _TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 _JSON_FORMAT = "%(levelname)s %(name)s %(message)s"
@@ -43,11 +56,13 @@ def configure_logging(
     level: Union[int, str] = "INFO",
     stream: Optional[IO[str]] = None,
     json: bool = True,
+    job_lines: Optional[bool] = None,
 ) -> _logging.Handler:
     """Print the ``runledger_sync`` loggers, one JSON object per line by default.
 
     Each JSON line has ``timestamp``, ``level``, ``logger`` and ``message``, plus
-    any ``extra=`` fields (see :func:`job_log_fields`). Calling it again replaces
+    any ``extra=`` fields (see :func:`job_log_fields`); a text line has the time,
+    level, logger and message, then the same fields as ``key=value``. Calling it again replaces
     the handler it installed before instead of adding a second one. Records
     still propagate to the root logger, so an application that also prints the
     root logger sees them twice; configure one or the other.
@@ -59,6 +74,9 @@ def configure_logging(
         level: The level of the ``runledger_sync`` logger (name or number).
         stream: Where lines go; ``sys.stderr`` when None.
         json: False prints plain text lines instead, for a terminal.
+        job_lines: print one INFO line per finished job (job type, id, outcome,
+            attempt, duration; never the payload) on ``runledger_sync.jobs``.
+            None (the default) prints them in text mode only.
 
     Returns:
         The installed handler.
@@ -69,10 +87,14 @@ def configure_logging(
             logger.removeHandler(existing)
             existing.close()
     handler = _logging.StreamHandler(stream if stream is not None else sys.stderr)
-    handler.setFormatter(_json_formatter() if json else _logging.Formatter(_TEXT_FORMAT))
+    handler.setFormatter(_json_formatter() if json else _TextFormatter(_TEXT_FORMAT))
     setattr(handler, _HANDLER_MARK, True)
     logger.addHandler(handler)
     logger.setLevel(level.upper() if isinstance(level, str) else level)
+    wanted = (not json) if job_lines is None else job_lines
+    # Never below the package's level: WARNING there means no job lines either.
+    _logging.getLogger(JOB_LINES_LOGGER_NAME).setLevel(
+        max(logger.level, _logging.INFO) if wanted else _logging.WARNING)
     return handler
 
 
@@ -92,6 +114,7 @@ def configured_setup() -> Optional[dict[str, Any]]:
                 "level": logger.level,
                 "stream_name": "stdout" if stream is sys.stdout else "stderr",
                 "json": isinstance(handler.formatter, _JsonFormatter),
+                "job_lines": _logging.getLogger(JOB_LINES_LOGGER_NAME).level <= _logging.INFO,
             }
     return None
 
@@ -140,6 +163,27 @@ def job_log_fields(
         "organization_id": None if organization_id is None else str(organization_id),
         "worker_id": None if worker_id is None else str(worker_id),
     }
+
+
+# What every LogRecord has: anything else on a record came from ``extra=``.
+_RECORD_ATTRIBUTES = frozenset(vars(_logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+
+
+class _TextFormatter(_logging.Formatter):
+    """The time, level, logger and message, then each ``extra=`` field as ``key=value`` (job lines: the message)."""
+
+    def formatMessage(self, record: _logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        line = super().formatMessage(record)
+        if record.name == JOB_LINES_LOGGER_NAME:
+            return line  # its message already says what the fields do
+        fields = [f"{key}={_text_value(value)}" for key, value in record.__dict__.items()
+                  if key not in _RECORD_ATTRIBUTES and not key.startswith("_")]
+        return " ".join([line, *fields])
+
+
+def _text_value(value: Any) -> str:
+    text = str(value)
+    return text if text and not any(c.isspace() or c in "\"=" for c in text) else _json_module.dumps(text)
 
 
 def _json_formatter() -> _logging.Formatter:

@@ -1,7 +1,8 @@
 """Prometheus metrics: queue gauges read from the database on each scrape, worker counters kept in process.
 
-``runledger-sync worker --metrics-port 9100`` serves both at ``/metrics`` and the
-supervisor's health at ``/health``. In your own process::
+``runledger-sync worker --metrics-port 9100`` serves both at ``/metrics``, and the
+supervisor's liveness at ``/livez`` (``/health`` is its alias) and readiness at
+``/readyz``, on 127.0.0.1 unless ``--metrics-host`` says otherwise. In your own process::
 
     from prometheus_client import make_wsgi_app
     from runledger_sync.metrics import WorkerMetrics, registry_for
@@ -42,7 +43,11 @@ WRITE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000)
 #: The outcome under which a job's end counts as a lease loss too.
 LEASE_LOST = "lease_lost"
-DEFAULT_METRICS_HOST = "0.0.0.0"  # noqa: S104 - a scrape comes from another host; --metrics-host narrows it
+#: Loopback: the port has no authentication, so reaching it from elsewhere is the operator's choice.
+DEFAULT_METRICS_HOST = "127.0.0.1"
+#: Liveness (the loops), its alias, and readiness (the loops and the database).
+LIVENESS_PATHS = ("/livez", "/health")
+READINESS_PATH = "/readyz"
 
 
 def _prometheus() -> ModuleType:
@@ -208,11 +213,16 @@ def registry_for(bind: Any, *, worker: Optional[WorkerMetrics] = None) -> Any:
     return registry
 
 
-def metrics_app(registry: Any, *, health: Optional[Callable[[], SupervisorHealth]] = None) -> Callable[..., Any]:
-    """A WSGI app serving ``registry`` at ``/metrics`` and, given ``health``, its answer at ``/health``.
+def metrics_app(registry: Any, *, health: Optional[Callable[..., SupervisorHealth]] = None) -> Callable[..., Any]:
+    """A WSGI app serving ``registry`` at ``/metrics`` and, given ``health``, the probes.
 
-    ``/health`` answers 200 when healthy and 503 otherwise, with the JSON of
-    :meth:`SupervisorHealth.as_dict`; container probes read the status.
+    ``/livez`` (and its alias ``/health``) answers from the loops alone, never
+    asking the database: 200 while every loop runs and turns, else 503. A
+    database outage is not a reason to restart a worker. ``/readyz`` adds the
+    database, with a bounded check (:meth:`Supervisor.health`): 200 when ready,
+    else 503. Bodies are the JSON of :meth:`SupervisorHealth.as_dict` and never
+    name the database. ``health`` is called as ``health(check_database=...)``,
+    as :meth:`Supervisor.health` is.
     """
     scrape = _prometheus().make_wsgi_app(registry)
 
@@ -220,13 +230,15 @@ def metrics_app(registry: Any, *, health: Optional[Callable[[], SupervisorHealth
         path = environ.get("PATH_INFO", "/")
         if path == "/metrics":
             return scrape(environ, start_response)
-        if path == "/health" and health is not None:
-            answer = health()
-            body = json.dumps(answer.as_dict()).encode()
-            status = "200 OK" if answer.healthy else "503 Service Unavailable"
-            start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+        if health is not None and path in (*LIVENESS_PATHS, READINESS_PATH):
+            ready = path == READINESS_PATH
+            answer = health(check_database=ready)
+            body = json.dumps(answer.as_dict(database=ready)).encode()
+            status = "200 OK" if (answer.ready if ready else answer.live) else "503 Service Unavailable"
+            start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(body))),
+                                    ("Cache-Control", "no-store")])
             return [body]
-        body = b"not found: try /metrics or /health\n"
+        body = b"not found: try /metrics, /livez (or /health) or /readyz\n"
         start_response("404 Not Found", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
         return [body]
 
@@ -260,9 +272,14 @@ class MetricsServer:
 
 
 def serve_metrics(
-    registry: Any, port: int, *, host: str = DEFAULT_METRICS_HOST, health: Optional[Callable[[], SupervisorHealth]] = None,
+    registry: Any, port: int, *, host: str = DEFAULT_METRICS_HOST, health: Optional[Callable[..., SupervisorHealth]] = None,
 ) -> MetricsServer:
-    """Serve :func:`metrics_app` on ``host:port`` (0: any free port) until :meth:`MetricsServer.close`."""
+    """Serve :func:`metrics_app` on ``host:port`` (0: any free port) until :meth:`MetricsServer.close`.
+
+    ``host`` is loopback by default: nothing on the port asks who is calling, so
+    serving it to other hosts (``"0.0.0.0"`` for every interface) is a choice to
+    make, behind a firewall or a network policy.
+    """
     server = make_server(host, port, metrics_app(registry, health=health), _ThreadingServer, _QuietHandler)
     thread = threading.Thread(target=server.serve_forever, name="runledger-metrics", daemon=True)
     thread.start()

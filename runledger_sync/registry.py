@@ -32,7 +32,10 @@ class JobRegistry:
     ``retry_on`` (code ``job.handler_error``), or when it is a transient
     infrastructure error (code ``job.handler_transient_error``): a lost database
     connection, a server shutting down or restarting, ``OSError``, or one of
-    ``transient_errors``. Any other exception is a panic: dead-lettered at once.
+    ``transient_errors``. A transient error spends none of the job's
+    ``max_attempts``: 20 in a row retry after 1 s, doubling to 60 s (about 15
+    minutes in all); from the 21st on each spends an attempt like any retryable
+    failure. Any other exception is a panic: dead-lettered at once.
 
     Args:
         transient_errors: Exception classes (or one class) that mean "the

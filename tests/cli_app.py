@@ -1,5 +1,7 @@
 """A tiny application for the CLI worker test: ``--app tests.cli_app:registry``."""
 
+import time
+
 import runledger_sync as rl
 
 registry = rl.JobRegistry()
@@ -19,3 +21,18 @@ scheduled.schedule("cli.every-second", cron="*/1 * * * * *", job_type="cli.echo"
 unknown_type = rl.JobRegistry()
 unknown_type.job("cli.echo")(echo)
 unknown_type.schedule("cli.orphan", cron="@hourly", job_type="cli.no_such_type")
+
+#: Handlers for the shutdown tests: ``--app tests.cli_app:stopping``. One waits
+#: for its cancellation as a well-behaved long job does; one never looks at it.
+stopping = rl.JobRegistry()
+
+
+@stopping.job("cli.wait_cancel", max_attempts=1)
+def wait_cancel(ctx: rl.JobContext, payload: dict) -> None:
+    ctx.wait_cancelled(60)
+    ctx.check_cancelled()
+
+
+@stopping.job("cli.ignore_cancel", max_attempts=3)
+def ignore_cancel(ctx: rl.JobContext, payload: dict) -> None:
+    time.sleep(60)

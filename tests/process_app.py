@@ -2,7 +2,8 @@
 
 Each handler first records who ran it in ``process_runs`` (job id, attempt, worker
 id, pid), so a test can see which worker process took which job. ``proc.block``
-then waits for a row in ``process_gate`` before it succeeds; ``proc.quick``
+then waits for a row in ``process_gate`` before it succeeds, ignoring its
+cancellation; ``proc.wait_cancel`` waits for its cancellation; ``proc.quick``
 succeeds at once. The processes reach the database through
 ``PROCESS_APP_DATABASE_URL``, which the test sets before they start.
 """
@@ -58,6 +59,12 @@ def make_registry() -> rl.JobRegistry:
                     return
             time.sleep(0.02)
         raise rl.JobFailure.terminal("proc.never_released", "the test never opened the gate")
+
+    @made.job("proc.wait_cancel", max_attempts=3)
+    def wait_cancel(ctx: rl.JobContext, payload: dict) -> None:
+        _record(ctx)
+        ctx.wait_cancelled(MAX_BLOCK_SECONDS)
+        ctx.check_cancelled()
 
     @made.job("proc.quick", max_attempts=3)
     def quick(ctx: rl.JobContext, payload: dict) -> None:

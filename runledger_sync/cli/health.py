@@ -2,8 +2,10 @@
 
 Run as its own process, it cannot see a worker's threads, so it checks what
 every worker needs: the database answers and its schema is at this version's
-head. With ``--url`` it asks a running worker instead: the ``/health`` of its
-``--metrics-port``, which reports the worker's own loops and database.
+head (a readiness question). With ``--url`` it asks a running worker instead,
+on its ``--metrics-port``: ``/livez`` (or its alias ``/health``) for liveness,
+the worker's loops alone, or ``/readyz`` for readiness, the loops and the
+database. The worker's HTTP status decides: 200 is healthy.
 """
 
 from __future__ import annotations
@@ -24,14 +26,14 @@ DEFAULT_TIMEOUT_SECONDS = 5.0
 
 def _health_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", metavar="URL",
-                        help="ask a running worker instead: its metrics port's health page, "
-                             "e.g. http://localhost:9100/health")
+                        help="ask a running worker instead: its metrics port's liveness "
+                             "(http://127.0.0.1:9100/livez, alias /health) or readiness (/readyz)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS, metavar="SECONDS",
                         help=f"give up on a connection after this long (default {DEFAULT_TIMEOUT_SECONDS:g})")
 
 
-@command("health", help="exit 0 if the database answers and its schema is at head (or a worker's /health "
-                        "says healthy, with --url), else 1; prints one JSON line", arguments=_health_arguments)
+@command("health", help="exit 0 if the database answers and its schema is at head (or, with --url, a worker's "
+                        "/livez or /readyz answers 200), else 1; prints one JSON line", arguments=_health_arguments)
 def _health(args: argparse.Namespace) -> int:
     report = _ask_worker(args.url, args.timeout) if args.url else _check_database(args)
     print(json.dumps(report, sort_keys=True))
@@ -65,7 +67,7 @@ def _ask_worker(url: str, timeout: float) -> dict[str, Any]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - scheme checked above
             answer = json.loads(response.read() or b"{}")
-            return {"healthy": response.status == 200 and bool(answer.get("healthy")), "worker": answer}
+            return {"healthy": response.status == 200, "worker": answer}
     except urllib.error.HTTPError as error:  # 503: the worker answered, unhealthy
         try:
             answer = json.loads(error.read() or b"{}")

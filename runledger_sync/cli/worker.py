@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 from typing import Any
 
 import runledger_sync as rl
 from runledger_sync.cli._core import command, load_app_registry, open_engine
 from runledger_sync.demo import run_demo
+from runledger_sync.logging import LOG_FORMATS
 
 
 def _worker_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,10 +29,16 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-scheduler", dest="run_scheduler", action="store_false",
                         help="do not fire cron schedules in this process (another process does)")
     parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
-                        help="serve Prometheus metrics at http://HOST:PORT/metrics and the supervisor's health at "
-                             "/health (needs the metrics extra; 0 picks a free port, logged at start)")
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics, liveness at /livez (alias "
+                             "/health: the loops) and readiness at /readyz (the loops and the database); needs the "
+                             "metrics extra; 0 picks a free port, logged at start")
     parser.add_argument("--metrics-host", default=None, metavar="HOST",
-                        help="the address the metrics port listens on (default: every interface)")
+                        help="the address the metrics port listens on (default 127.0.0.1; the port has no "
+                             "authentication: 0.0.0.0 serves every interface)")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default=None,
+                        help="text: readable lines, one per finished job; json: one JSON object per line and a "
+                             f"summary a minute (default: ${LOG_FORMAT_VARIABLE}, else text when stderr is a "
+                             "terminal and json otherwise)")
     parser.add_argument("--strict-config", action="store_true",
                         help="exit 2 listing every RUNLEDGER_*/JOBS_* value that does not parse or is out of "
                              "range, instead of using the default or the nearest allowed value")
@@ -42,6 +50,7 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 MAX_PORT = 65535
+LOG_FORMAT_VARIABLE = "RUNLEDGER_LOG_FORMAT"
 CONFIG_HINT = ("fix each value listed: worker options win over RUNLEDGER_*/JOBS_* variables; "
                "see `runledger-sync worker --help` and docs/reference/configuration.md")
 
@@ -122,8 +131,9 @@ def _worker(args: argparse.Namespace) -> int:
     # Worker processes keep counts in their own memory: with --processes N the port
     # serves the queue gauges and each process's health only.
     worker_metrics = _worker_metrics() if args.metrics_port is not None else None
+    log_format = _log_format(args)
     if not args.debug:
-        rl.configure_logging(level="INFO")
+        rl.configure_logging(level="INFO", json=log_format == "json")
     observer = worker_metrics if args.processes == 1 else None
     with open_engine(args) as engine:
         # Built first: a bad --processes is refused before the database is touched.
@@ -137,6 +147,19 @@ def _worker(args: argparse.Namespace) -> int:
         finally:
             if server is not None:
                 server.close()
+
+
+def _log_format(args: argparse.Namespace) -> str:
+    """--log-format, else $RUNLEDGER_LOG_FORMAT, else text for a terminal and json for a log collector."""
+    if args.log_format is not None:
+        return str(args.log_format)
+    given = os.environ.get(LOG_FORMAT_VARIABLE, "").strip()
+    if given:
+        if given.lower() not in LOG_FORMATS:
+            raise _refuse([f"{LOG_FORMAT_VARIABLE} must be one of {', '.join(LOG_FORMATS)}, got {given!r}"],
+                          f"set {LOG_FORMAT_VARIABLE}=text or json, or give --log-format")
+        return given.lower()
+    return "text" if sys.stderr.isatty() else "json"
 
 
 def _worker_metrics() -> Any:

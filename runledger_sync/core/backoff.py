@@ -1,6 +1,6 @@
-"""The retry delay formula and the heartbeat cadence of the seed worker.
+"""The retry delay formulas and the heartbeat cadence of the seed worker.
 
-Both are pure functions of their arguments, so every worker on every machine
+All are pure functions of their arguments, so every worker on every machine
 computes the same delay for the same failed attempt.
 """
 
@@ -53,6 +53,50 @@ def compute_retry_delay_ms(attempt: int, job_id: UUID) -> int:
     """
     exponent = min(max(attempt, 1), RETRY_MAX_EXPONENT)
     capped = min(RETRY_BASE_MS * 2**exponent, RETRY_CAP_MS)
+    jitter = job_id.int % (2 * RETRY_JITTER_MS) - RETRY_JITTER_MS
+    return max(capped + jitter, RETRY_FLOOR_MS)
+
+
+#: The delay of the first retry after a transient infrastructure error.
+TRANSIENT_RETRY_BASE_MS = 1_000
+#: No transient retry waits longer than this (one minute).
+TRANSIENT_RETRY_CAP_MS = 60_000
+
+
+def compute_transient_retry_delay_ms(failures_in_a_row: int, job_id: UUID) -> int:
+    """Compute the delay before retrying an attempt that hit a transient infrastructure error.
+
+    A lost connection often comes back within seconds, so the first retries are
+    quick; the delay then doubles to a one-minute cap, so that the retries of a
+    full budget (:data:`runledger_sync.core.outcomes.TRANSIENT_FAILURE_BUDGET`,
+    20) span about 15 minutes, longer than a database restart takes. The jitter
+    is the one of :func:`compute_retry_delay_ms`:
+
+    =================  ======================
+    failures in a row  delay
+    =================  ======================
+    <= 1               1 s  (+ up to 500 ms)
+    2                  2 s  +/- 500 ms
+    3                  4 s  +/- 500 ms
+    4                  8 s  +/- 500 ms
+    5                  16 s +/- 500 ms
+    6                  32 s +/- 500 ms
+    >= 7               60 s +/- 500 ms
+    =================  ======================
+
+    Exactly: ``n = clamp(failures_in_a_row, 1, 7)``, ``capped = min(1000 * 2**(n - 1), 60000)``,
+    ``jitter = (job_id.int % 1000) - 500``, result ``max(capped + jitter, 1000)``.
+
+    Args:
+        failures_in_a_row: How many attempts in a row, this one included, ended
+            on a transient error (1 for the first).
+        job_id: The job's id; it seeds the jitter.
+
+    Returns:
+        The delay in milliseconds, at least 1000.
+    """
+    doublings = min(max(failures_in_a_row, 1), 7) - 1
+    capped = min(TRANSIENT_RETRY_BASE_MS * 2**doublings, TRANSIENT_RETRY_CAP_MS)
     jitter = job_id.int % (2 * RETRY_JITTER_MS) - RETRY_JITTER_MS
     return max(capped + jitter, RETRY_FLOOR_MS)
 

@@ -2,15 +2,28 @@
 
 A handler's result (a completion, a failure) or the watch's verdict (the lease
 was lost) becomes one :data:`Transition`: succeed, retry after a delay,
-dead-letter for a reason, or write nothing. :func:`decide` is the one place the
-retry delay and the dead-letter rule are applied; the store writes what it is
-given, and the reaper asks :func:`dead_letter_reason` the same question.
+dead-letter for a reason, or write nothing. :func:`decide_failure` is the one
+place the retry delay and the dead-letter rule are applied to a failure; the
+store's failure write and the reaper ask :func:`dead_letter_reason` the same
+question of the locked row.
+
+A transient infrastructure error (``job.handler_transient_error``: a lost
+connection, a server restarting) spends none of the job's ``max_attempts``, so
+a database restart never dead-letters work. Its own budget bounds it:
+:data:`TRANSIENT_FAILURE_BUDGET` such failures in a row retry on the transient
+schedule; from the next one on, each spends an attempt like any retryable
+failure. An attempt the worker's shutdown stopped (``job.worker_shutdown``: the
+handler gave up when told to at the drain deadline) is an interruption of the
+same kind and shares that budget, so a deploy never dead-letters work either.
+``attempt`` still counts claims, so a job's ``attempt`` may exceed its
+``max_attempts``: the rule counts the run's earlier attempts
+(:class:`EarlierAttempts`), not the claims.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Iterable, Optional, Union
 
 from runledger_sync.core import backoff
 from runledger_sync.core.records import JobRecord
@@ -34,6 +47,14 @@ LEASE_OWNER_MISMATCH_CODE = "job.lease_owner_mismatch"
 LEASE_MAINTENANCE_FAILED_CODE = "job.lease_maintenance_failed"
 LEASE_EXPIRED_CODE = "job.lease_expired"
 LEASE_EXPIRED_MESSAGE = "Job lease expired before completion."
+WORKER_SHUTDOWN_CODE = "job.worker_shutdown"
+#: Failures of the infrastructure rather than of the job: within their budget they spend no attempt.
+FREE_FAILURE_CODES = frozenset({HANDLER_TRANSIENT_ERROR_CODE, WORKER_SHUTDOWN_CODE})
+
+#: Transient failures in a row that spend none of a job's attempts. With the
+#: transient backoff (:func:`~runledger_sync.core.backoff.compute_transient_retry_delay_ms`)
+#: they span about 15 minutes, longer than a database restart takes.
+TRANSIENT_FAILURE_BUDGET = 20
 
 
 @dataclass(frozen=True)
@@ -64,6 +85,9 @@ class DeadLetter:
 Outcome = Union[JobCompletion, JobFailure, LeaseLost]
 Transition = Union[Succeed, Retry, DeadLetter, LeaseLost]
 
+#: A handler still running when the worker's shutdown grace ran out: nothing is
+#: written for it, and the reaper recovers the job once its lease runs out.
+LEFT_BEHIND = LeaseLost(WORKER_SHUTDOWN_CODE, "The worker shut down before the handler finished.")
 MAINTENANCE_LOST = LeaseLost(LEASE_MAINTENANCE_FAILED_CODE, "Job lease could not be durably maintained during processing.")
 
 
@@ -75,31 +99,71 @@ def lease_expired_failure() -> JobFailure:
     return JobFailure.lease_expired(LEASE_EXPIRED_CODE, LEASE_EXPIRED_MESSAGE)
 
 
-def dead_letter_reason(kind: JobFailureKind, attempt: int, max_attempts: int) -> Optional[JobDeadLetterReason]:
-    """Why a failed attempt ends the job, or None when it is retried.
+def worker_shutdown_failure() -> JobFailure:
+    return JobFailure.retryable(WORKER_SHUTDOWN_CODE, "The worker shut down before the handler finished; the job runs again.")
+
+
+@dataclass(frozen=True)
+class EarlierAttempts:
+    """What the run's attempts before the one being judged mean for its failure."""
+
+    #: Transient failures within their budget: they spent none of ``max_attempts``.
+    free: int = 0
+    #: How many of the latest earlier attempts in a row ended on a transient error.
+    transient_streak: int = 0
+
+    @classmethod
+    def of(cls, error_codes: Iterable[Optional[str]]) -> "EarlierAttempts":
+        """Count the run's earlier attempts from their error codes, oldest first."""
+        free = streak = 0
+        for code in error_codes:
+            streak = streak + 1 if code in FREE_FAILURE_CODES else 0
+            if 0 < streak <= TRANSIENT_FAILURE_BUDGET:
+                free += 1
+        return cls(free, streak)
+
+    def spends_attempt(self, failure: JobFailure) -> bool:
+        """False for a transient failure still within its budget; True for any other failure."""
+        transient = failure.kind is JobFailureKind.RETRYABLE and failure.code in FREE_FAILURE_CODES
+        return not transient or self.transient_streak >= TRANSIENT_FAILURE_BUDGET
+
+    def attempts_spent(self, failure: JobFailure, attempt: int) -> int:
+        """The run's attempts that count against ``max_attempts`` once ``failure`` ends claim number ``attempt``."""
+        spent = attempt - self.free
+        return spent if self.spends_attempt(failure) else spent - 1
+
+
+def dead_letter_reason(
+    failure: JobFailure, attempt: int, max_attempts: int, earlier: EarlierAttempts,
+) -> Optional[JobDeadLetterReason]:
+    """Why ``failure`` of claim number ``attempt`` ends the job, or None when it is retried.
 
     A non-retryable kind (TERMINAL, PANICKED) always ends it; a retryable one
-    does when this attempt was the last allowed (attempt >= max_attempts).
+    does when it spends the last allowed attempt. A transient failure within
+    its budget spends none, so it never does.
     """
-    if not kind.is_retryable:
+    if not failure.kind.is_retryable:
         return JobDeadLetterReason.FAILURE_KIND_NON_RETRYABLE
-    if attempt >= max_attempts:
+    if earlier.spends_attempt(failure) and earlier.attempts_spent(failure, attempt) >= max_attempts:
         return JobDeadLetterReason.ATTEMPTS_EXHAUSTED
     return None
 
 
-def decide(job: JobRecord, outcome: Outcome, *, retry_delay_override: Optional[int] = None) -> Transition:
-    """The transition ``outcome`` makes for the claimed ``job``.
+def decide_failure(
+    job: JobRecord, failure: JobFailure, earlier: EarlierAttempts, *, retry_delay_override: Optional[int] = None,
+) -> Retry | DeadLetter:
+    """The transition ``failure`` makes for the claimed ``job``, given its run's earlier attempts.
 
     Args:
         retry_delay_override: the registry's delay for this (job type, failure
             code), in ms; used instead of the backoff for a retried failure.
     """
-    if isinstance(outcome, (LeaseLost, JobCompletion)):
-        return outcome if isinstance(outcome, LeaseLost) else Succeed(outcome)
-    reason = dead_letter_reason(outcome.kind, job.attempt, job.max_attempts)
+    reason = dead_letter_reason(failure, job.attempt, job.max_attempts, earlier)
     if reason is not None:
-        return DeadLetter(outcome, JobDeadLetterInfo(failure=outcome, reason=reason, max_attempts=job.max_attempts))
-    delay = retry_delay_override if retry_delay_override is not None else backoff.compute_retry_delay_ms(
-        job.attempt, job.id)
-    return Retry(outcome, delay)
+        return DeadLetter(failure, JobDeadLetterInfo(failure=failure, reason=reason, max_attempts=job.max_attempts))
+    if retry_delay_override is not None:
+        return Retry(failure, retry_delay_override)
+    if not earlier.spends_attempt(failure):
+        return Retry(failure, backoff.compute_transient_retry_delay_ms(earlier.transient_streak + 1, job.id))
+    # The backoff of the attempts spent, not of the claims: transient retries do not lengthen it.
+    return Retry(failure, backoff.compute_retry_delay_ms(earlier.attempts_spent(failure, job.attempt), job.id))

@@ -30,13 +30,15 @@ from runledger_sync.core.types import (
     JobCompletion,
     JobContext,
 )
-from runledger_sync.logging import get_logger, job_log_fields
+from runledger_sync.logging import JOB_LINES_LOGGER_NAME, get_logger, job_log_fields
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.hot_path import HotPathWriters
 from runledger_sync.runtime.tally import OutcomeTally
 from runledger_sync.store import lifecycle, workflows
 
 log = get_logger(__name__)
+#: One INFO line per finished job, off unless logging asks for it (see runledger_sync.logging).
+job_lines = get_logger(JOB_LINES_LOGGER_NAME)
 
 UNKNOWN_WORKER_ID = "unknown-worker"
 
@@ -114,6 +116,8 @@ class JobExecution:
         self.stop_watchdog = Flag()
         self.deadline_passed = Flag()
         self.lease_lost: Optional[LeaseLost] = None
+        #: Set when the worker's shutdown told the handler to stop (its lease still holds).
+        self.interrupted = False
         #: Set when the lease ran out by the local clock with a renewal still unanswered.
         self.lease_verdict_pending = Flag()
         #: When the lease runs out by this process's clock, at the latest: TTL after
@@ -130,18 +134,36 @@ class JobExecution:
         self.hand_back = hand_back or _on_a_thread_of_its_own
 
     def end(self, outcome: Optional[str] = None) -> None:
-        """The attempt is over: count it, log it at DEBUG, and give its slot back (only the first call counts)."""
+        """The attempt is over: count it, log it (INFO on the job-lines logger, DEBUG here), and give its slot back.
+
+        Only the first call counts.
+        """
         if self._ended:
             return
         self._ended = True
         ended = {"outcome": outcome} if outcome is not None else outcome_fields(self.decided)
         if self._tally is not None:
             self._tally.count(ended["outcome"], self.job.job_type, self.handler_seconds)
+        if job_lines.isEnabledFor(logging.INFO):
+            job = self.job
+            elapsed_ms = int((time.monotonic() - self.started) * 1000)
+            code = f" {ended['failure_code']}" if "failure_code" in ended else ""
+            job_lines.info(f"job {job.job_type} {job.id} {ended['outcome']}{code} (attempt {job.attempt}, "
+                           f"{elapsed_ms} ms)", extra=self.log_fields | ended | {"elapsed_ms": elapsed_ms})
         if log.isEnabledFor(logging.DEBUG):
             log.debug("job processed", extra=self.log_fields | ended | {
                 "elapsed_ms": int((time.monotonic() - self.started) * 1000)})
         if self._on_ended is not None:
             self._on_ended()
+
+    def interrupt(self) -> None:
+        """Ask the handler to stop for the worker's shutdown.
+
+        A handler that stops because it was told to (``JobCancelled``) is queued again
+        without spending an attempt; whatever else it ends with is its outcome as usual.
+        """
+        self.interrupted = True
+        self.context.request_cancel("shutdown")
 
     @cached_property
     def log_fields(self) -> dict[str, Any]:

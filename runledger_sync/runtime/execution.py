@@ -47,6 +47,7 @@ from runledger_sync.core.outcomes import (
     LeaseLost,
     Outcome,
     timeout_failure,
+    worker_shutdown_failure,
 )
 from runledger_sync.core.records import JobRecord
 from runledger_sync.core.types import (
@@ -86,6 +87,7 @@ def process_claimed_job(
     writers: Optional[HotPathWriters] = None, running: object = WRITE_RUNNING,
     timer: Optional[TimerThread] = None, tally: Optional[OutcomeTally] = None,
     *, on_ended: Optional[Callable[[], None]] = None, hand_back: Optional[Callable[[Callable[[], None]], None]] = None,
+    handlers_running: Optional[set[JobExecution]] = None,
 ) -> None:
     """Run one claimed job and write its single outcome (or none when the lease was lost).
 
@@ -104,6 +106,8 @@ def process_claimed_job(
             writer's thread, after this has returned.
         hand_back: runs a follow-up write on a pool thread (a success the group
             could not write is written alone); None runs it on a thread of its own.
+        handlers_running: holds the attempt while its handler runs, so a worker
+            shutting down past its drain deadline can tell it to stop.
     """
     try:
         execution = JobExecution(engine, registry, job, config, writers, tally=tally, on_ended=on_ended,
@@ -113,16 +117,18 @@ def process_claimed_job(
             on_ended()  # the slot must come back even when the job could not even be set up
         raise
     if timer is not None:
-        _process_with_timer(execution, running, timer)
+        _process_with_timer(execution, running, timer, handlers_running)
         return
     timer = TimerThread(f"runledger-heartbeat-{job.id}")
     try:
-        _process_with_timer(execution, running, timer)
+        _process_with_timer(execution, running, timer, handlers_running)
     finally:
         timer.close()
 
 
-def _process_with_timer(execution: JobExecution, running: object, timer: TimerThread) -> None:
+def _process_with_timer(
+    execution: JobExecution, running: object, timer: TimerThread, handlers_running: Optional[set[JobExecution]],
+) -> None:
     job, config, writers = execution.job, execution.config, execution.writers
     handed_off = False
     try:
@@ -139,7 +145,13 @@ def _process_with_timer(execution: JobExecution, running: object, timer: TimerTh
         # renewal or its deadline comes; a job done sooner is simply withdrawn.
         timer.schedule(min(first_beat, deadline_of(execution, started)), lambda: watch(execution, started, first_beat))
         handler_started = time.monotonic()
-        outcome = _run_handler(execution)
+        if handlers_running is not None:
+            handlers_running.add(execution)
+        try:
+            outcome = _run_handler(execution)
+        finally:
+            if handlers_running is not None:
+                handlers_running.discard(execution)
         execution.handler_seconds = handler_seconds = time.monotonic() - handler_started
         if writers is not None:
             writers.finishing.record(handler_seconds)
@@ -231,7 +243,14 @@ def _run_handler(execution: JobExecution) -> Outcome:
     except JobFailure as failure:
         return _unless_abandoned(execution, _recordable(failure))
     except JobCancelled as cancelled:
-        return _abandoned_outcome(execution) or _panic(execution, cancelled)
+        abandoned = _abandoned_outcome(execution)
+        if abandoned is not None:
+            return abandoned
+        if execution.interrupted:
+            log.warning("job stopped by the worker's shutdown; it runs again without spending an attempt",
+                        extra=execution.log_fields)
+            return worker_shutdown_failure()
+        return _panic(execution, cancelled)
     except BaseException as exc:  # noqa: BLE001 - a handler may raise anything, even SystemExit
         abandoned = _abandoned_outcome(execution)
         if abandoned is not None:

@@ -20,13 +20,16 @@ def run_periodically(
     shutdown_event: threading.Event,
     on_success: Optional[Callable[[], None]] = None,
     pause: Optional[Callable[[float], object]] = None,
+    on_turn: Optional[Callable[[], None]] = None,
 ) -> RuntimeLoopExit:
     """Run ``step`` until shutdown, waiting what it returns (None: ``interval_seconds``) between runs.
 
     A step that raises is logged and tried again after the interval: one failed
     sweep or tick must never stop the loop. ``on_success`` is called after each
-    step that did not raise. ``pause(seconds)`` waits between steps (default:
-    ``shutdown_event.wait``); it may return early, and must once shutdown is set.
+    step that did not raise, ``on_turn`` before each step (so health can tell a
+    loop that fails from one that no longer turns). ``pause(seconds)`` waits between
+    steps (default: ``shutdown_event.wait``); it may return early, and must once
+    shutdown is set.
 
     Returns:
         ``SHUTDOWN``, or ``INVALID_CONFIG`` at once when ``validate`` refuses the config.
@@ -38,6 +41,8 @@ def run_periodically(
         return RuntimeLoopExit.INVALID_CONFIG
     while not shutdown_event.is_set():
         wait: Optional[float] = None
+        if on_turn is not None:
+            on_turn()
         try:
             wait = step()
             if on_success is not None:

@@ -18,7 +18,9 @@ Signals: a child ignores SIGINT (a terminal's Ctrl-C reaches the whole process
 group, and the parent decides) and drains on SIGTERM, however many arrive (a
 service manager may signal every process as well as the parent). The parent
 turns its first SIGINT/SIGTERM into one SIGTERM per child, and a second into
-SIGKILL: exit now, the reaper recovers the leases. A child also drains when
+SIGKILL: exit now, the reaper recovers the leases. When the drain deadline
+passes, the parent sends SIGUSR1: the child tells its running jobs to stop and
+ends after their grace; one still running after that is killed. A child also drains when
 its parent is gone. The URL, password included, reaches a child through
 multiprocessing's pipe, never its command line or environment.
 """
@@ -138,7 +140,8 @@ def child_main(spec: ChildSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if spec.logging is not None:
         setup = dict(spec.logging)
-        configure_logging(level=setup["level"], json=setup["json"], stream=getattr(sys, setup["stream_name"]))
+        configure_logging(level=setup["level"], json=setup["json"], stream=getattr(sys, setup["stream_name"]),
+                          job_lines=setup["job_lines"])
     try:
         registry = load_registry(spec.app)
     except ConfigError as error:
@@ -157,7 +160,11 @@ def child_main(spec: ChildSpec) -> None:
             log.info("shutdown signal received; draining", extra={"worker_id": spec.config.worker_id})
         supervisor.shutdown_event.set()
 
+    def on_sigusr1(_signum: int, _frame: Any) -> None:
+        supervisor.interrupt_jobs()
+
     signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGUSR1, on_sigusr1)
     try:
         supervisor.start()
     except ConfigError as error:
@@ -170,7 +177,7 @@ def child_main(spec: ChildSpec) -> None:
         if os.getppid() != spec.parent_pid:
             log.warning("parent process is gone; draining", extra={"worker_id": spec.config.worker_id})
             supervisor.shutdown_event.set()
-    # No deadline here: the parent bounds the drain and kills a child that outlives it.
+    # No deadline here: the parent keeps it, sends SIGUSR1 when it passes and kills a child that outlives the grace.
     supervisor.stop(timeout=threading.TIMEOUT_MAX)
     engine.dispose()
     sys.exit(0 if supervisor.failure is None else 1)
@@ -253,6 +260,10 @@ class ProcessGroup:
             self._monitor.join(timeout)
         return not self.running
 
+    def stop_jobs(self) -> None:
+        """Tell every child to stop its running jobs now (the drain deadline has passed)."""
+        self._signal_all(signal.SIGUSR1)
+
     def kill(self) -> None:
         """SIGKILL every child still running (safe from a signal handler: takes no lock)."""
         for slot in list(self.slots):
@@ -300,7 +311,7 @@ class ProcessGroup:
             process.close()
             if stopping:
                 # A child signalled before it set its handler held no job: that ending is clean too.
-                clean = slot.last_exit in (0, -signal.SIGTERM)
+                clean = slot.last_exit in (0, -signal.SIGTERM, -signal.SIGUSR1)
                 (log.info if clean else log.error)("worker process stopped", extra=self._fields(slot))
                 if not clean and self._failure is None:
                     self._failure = f"worker process {slot.worker_id} exited with status {slot.last_exit}"

@@ -121,4 +121,5 @@ def run_reaper_loop(
         reap_once(engine, registry, config, shutdown_event)
 
     return run_periodically("reaper", config.validate_reaper, sweep, config.reaper_interval_seconds, shutdown_event,
-                            on_success=None if marks is None else lambda: marks.mark(REAP))
+                            on_success=None if marks is None else lambda: marks.mark(REAP),
+                            on_turn=None if marks is None else lambda: marks.turned("reaper"))

@@ -83,6 +83,7 @@ def run_scheduler_loop(
             "scheduler", config.validate_scheduler, tick, config.schedule_poll_interval_seconds, shutdown_event,
             on_success=None if marks is None else lambda: marks.mark(TICK),
             pause=None if listener is None else lambda seconds: _pause(listener, shutdown_event, seconds),
+            on_turn=None if marks is None else lambda: marks.turned("scheduler"),
         )
     finally:
         if listener is not None:

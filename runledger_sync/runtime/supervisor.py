@@ -19,24 +19,37 @@ from typing import Any, Callable, Optional
 from sqlalchemy.engine import Engine
 
 from runledger_sync.config import JobsConfig
-from runledger_sync.core.errors import ConfigError, RunledgerError
+from runledger_sync.core.errors import ConfigError
 from runledger_sync.core.types import RuntimeLoopExit
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime.health import CLAIM, REAP, TICK, LoopHealth, LoopMarks, SupervisorHealth
+from runledger_sync.runtime.health import (
+    CLAIM,
+    REAP,
+    STALL_ALLOWANCE_SECONDS,
+    TICK,
+    DatabaseProbe,
+    LoopHealth,
+    LoopMarks,
+    SupervisorHealth,
+)
 from runledger_sync.runtime.observer import WorkerObserver
 from runledger_sync.runtime.processes import ProcessGroup, check_processes
 from runledger_sync.runtime.reaper import run_reaper_loop
 from runledger_sync.runtime.scheduler import run_scheduler_loop
 from runledger_sync.runtime.worker import run_worker_loop
-from runledger_sync.store.gauges import ping
 
 log = get_logger(__name__)
 
 Loop = Callable[[Engine, JobRegistry, JobsConfig, threading.Event], RuntimeLoopExit]
 #: The step each loop marks when it succeeds, shown as its last_success_at.
 LOOP_STEPS = {"worker": CLAIM, "reaper": REAP, "scheduler": TICK}
+#: A claim that succeeded this recently (or within three poll intervals, if longer)
+#: shows the database answers: readiness then asks it nothing.
+CLAIM_EVIDENCE_SECONDS = 5.0
 DEFAULT_DRAIN_TIMEOUT_SECONDS = 30.0
+#: Beyond the drain deadline and the grace: time for the loops to close their connections and end.
+STOP_MARGIN_SECONDS = 1.0
 #: Exit status of a process stopped by a second signal, as shells report SIGINT.
 FORCED_EXIT_STATUS = 130
 
@@ -90,9 +103,12 @@ class Supervisor:
         self.registry = registry
         self.config = config if config is not None else JobsConfig.from_env()
         self.shutdown_event = threading.Event()
+        #: Set when the drain deadline passes: the worker tells its running handlers to stop.
+        self._stop_jobs = threading.Event()
         self._marks = LoopMarks()
         self._loops: dict[str, Loop] = {
-            "worker": functools.partial(run_worker_loop, observer=observer, marks=self._marks),
+            "worker": functools.partial(run_worker_loop, observer=observer, marks=self._marks,
+                                        stop_jobs=self._stop_jobs),
         }
         if run_reaper:
             self._loops["reaper"] = functools.partial(run_reaper_loop, marks=self._marks)
@@ -101,6 +117,7 @@ class Supervisor:
         self._threads: list[threading.Thread] = []
         self._exits: dict[str, Any] = {}
         self._failure: Optional[str] = None
+        self._probe = DatabaseProbe(engine)
         self.processes = check_processes(processes)
         if observer is not None and processes > 1:
             raise ConfigError([f"an observer needs processes=1 (got {processes}): worker processes "
@@ -130,39 +147,57 @@ class Supervisor:
         return any(thread.is_alive() for thread in self._threads)
 
     def health(self, *, check_database: bool = True) -> SupervisorHealth:
-        """Report whether each loop runs, when it last did its work, and whether the database answers.
+        """Report whether each loop runs and keeps turning, when it last did its work, and whether the database answers.
+
+        Liveness (:attr:`SupervisorHealth.live`, also ``healthy``) comes from the
+        loops alone; readiness (:attr:`SupervisorHealth.ready`) adds the database.
+        A claim of the last few seconds shows the database answers; otherwise one
+        ``SELECT 1`` is sent on a connection of the health check's own, so a pool
+        taken whole by jobs or by the application does not read as an outage, and
+        the answer is waited for at most :data:`~runledger_sync.runtime.health.DATABASE_CHECK_SECONDS`.
+        The answer never names the database: a failure is reported by its code.
 
         Args:
-            check_database: run one ``SELECT`` to see that the database answers
-                (False reports ``database_reachable`` as True without asking).
+            check_database: ask the database (False reports ``database_reachable``
+                as True without asking, for a liveness probe).
 
         Returns:
             A :class:`SupervisorHealth`: per loop (``worker``, ``reaper``,
             ``scheduler``, and ``listener`` when the worker LISTENs) whether it is
-            alive and its last successful claim, sweep or tick; with
-            ``processes > 1``, whether each worker process is alive.
+            alive, whether it stalled, and its last successful claim, sweep or tick;
+            with ``processes > 1``, whether each worker process is alive.
 
         Example:
-            ``status = sup.health(); status.healthy, status.loops["worker"].last_success_at``
+            ``status = sup.health(); status.live, status.ready, status.loops["worker"].last_success_at``
         """
         loops = self._thread_health() if self._group is None else _process_health(self._group)
-        error = None
-        if check_database:
-            try:
-                ping(self.engine)
-            except RunledgerError as failure:
-                error = (str(failure).splitlines() or [failure.code])[0]
+        error = self._database_error() if check_database else None
         return SupervisorHealth(loops=loops, database_reachable=error is None, database_error=error)
+
+    def _database_error(self) -> Optional[str]:
+        if self._group is None:
+            since_claim = self._marks.seconds_since(CLAIM)
+            evidence = max(CLAIM_EVIDENCE_SECONDS, 3 * self.config.poll_interval_ms / 1000.0)
+            if since_claim is not None and since_claim <= evidence:
+                return None
+        return self._probe.check()
 
     def _thread_health(self) -> dict[str, LoopHealth]:
         threads = dict(zip(self._loops, self._threads, strict=False))  # no threads before start()
+        intervals = {"worker": self.config.poll_interval_ms / 1000.0, "reaper": self.config.reaper_interval_seconds,
+                     "scheduler": self.config.schedule_poll_interval_seconds}
+        now = time.time()
         loops = {}
         for name in self._loops:
             thread = threads.get(name)
             ended = self._exits.get(name)
+            alive = thread is not None and thread.is_alive()
+            turned = self._marks.last_turn(name)
+            stalled = alive and turned is not None and \
+                now - turned.timestamp() > intervals[name] + STALL_ALLOWANCE_SECONDS
             loops[name] = LoopHealth(
-                name, alive=thread is not None and thread.is_alive(),
-                last_success_at=self._marks.last(LOOP_STEPS[name]), exit=None if ended is None else repr(ended),
+                name, alive=alive, last_success_at=self._marks.last(LOOP_STEPS[name]),
+                exit=None if ended is None else repr(ended), last_turn_at=turned, stalled=stalled,
             )
         listener = self._marks.listener
         if listener is not None:
@@ -201,36 +236,58 @@ class Supervisor:
             self.shutdown_event.set()
 
     def stop(self, timeout: float = DEFAULT_DRAIN_TIMEOUT_SECONDS) -> bool:
-        """Ask every loop to stop, let in-flight jobs drain, and wait up to ``timeout`` seconds.
+        """Stop claiming at once, let in-flight jobs finish for up to ``timeout`` seconds, then stop them.
+
+        At the deadline every running handler is told to stop (its cancellation
+        flag, which wakes ``ctx.wait_cancelled``) and gets
+        ``config.timeout_grace_seconds`` to return. Nothing is written for a job
+        stopped so: it keeps its lease, and the reaper gives it to a worker once
+        the lease runs out (spec: a bounded shutdown aborts stragglers; the
+        expired attempt counts as the reaper's LEASE_EXPIRED). This returns
+        within ``timeout`` plus the grace plus about a second.
 
         Returns:
-            True if everything stopped in time. Jobs still running afterwards keep
-            their threads; if the process exits, their leases expire and the
-            reaper gives them to another worker.
+            True if every job finished before the deadline. False when some had
+            to be stopped (or the loops did not end in time); a handler that
+            ignored its flag keeps its daemon thread until it returns, and its
+            result is not written.
         """
-        if self._group is not None:
-            stopped = self._group.stop(timeout)
-            if not stopped:
-                log.warning("supervisor stop timed out with worker processes still draining",
-                            extra={"timeout_seconds": timeout})
-            return stopped
-        self.shutdown_event.set()
+        try:
+            if self._group is not None:
+                return _stop_group(self._group, timeout, self.config.timeout_grace_seconds)
+            self.shutdown_event.set()
+            drained = self._join(timeout)
+            if not drained:
+                self._stop_jobs.set()
+                self._join(self.config.timeout_grace_seconds + STOP_MARGIN_SECONDS)
+                if self.running:
+                    log.warning("supervisor stop timed out with loops still running",
+                                extra={"timeout_seconds": timeout})
+            return drained
+        finally:
+            self._probe.close()
+
+    def interrupt_jobs(self) -> None:
+        """Tell the running jobs to stop now, as :meth:`stop` does at its deadline (call it after ``stop`` began)."""
+        self._stop_jobs.set()
+
+    def _join(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        stopped = not self.running
-        if not stopped:
-            log.warning("supervisor stop timed out with jobs still running", extra={"timeout_seconds": timeout})
-        return stopped
+        return not self.running
 
     def run_until_shutdown(self, drain_timeout: float = DEFAULT_DRAIN_TIMEOUT_SECONDS) -> int:
         """Run in the foreground until SIGINT/SIGTERM; return a process exit status.
 
         The first signal stops claiming and drains in-flight jobs for up to
-        ``drain_timeout`` seconds; a second signal exits at once (leases left
-        behind are recovered by the reaper). With ``processes > 1`` each child is
-        sent SIGTERM on the first signal and SIGKILL on the second, and children
-        still draining at the deadline are killed.
+        ``drain_timeout`` seconds; then running jobs are told to stop, as
+        :meth:`stop` says, and the process returns within the drain timeout plus
+        ``timeout_grace_seconds`` plus a second or two. A second signal exits at
+        once (leases left behind are recovered by the reaper). With
+        ``processes > 1`` each child is sent SIGTERM on the first signal, SIGUSR1
+        (stop your jobs) at the deadline and SIGKILL on a second signal or when
+        it still runs after the grace.
 
         Returns:
             0 after a clean stop, 1 when a loop failed or the drain timed out.
@@ -268,6 +325,16 @@ class Supervisor:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def _stop_group(group: ProcessGroup, timeout: float, grace: float) -> bool:
+    drained = group.stop(timeout)
+    if not drained:
+        log.warning("drain deadline reached with worker processes still draining; telling their jobs to stop",
+                    extra={"timeout_seconds": timeout})
+        group.stop_jobs()
+        group.stop(grace + STOP_MARGIN_SECONDS)
+    return drained
 
 
 def _process_health(group: ProcessGroup) -> dict[str, LoopHealth]:

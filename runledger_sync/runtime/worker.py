@@ -24,7 +24,6 @@ from __future__ import annotations
 import random
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from queue import SimpleQueue
 from typing import Any, Callable, Optional
 
@@ -32,12 +31,13 @@ from sqlalchemy.engine import Engine
 
 from runledger_sync.config import JobsConfig
 from runledger_sync.core.errors import ConfigError
+from runledger_sync.core.outcomes import LEFT_BEHIND
 from runledger_sync.core.records import JobRecord
 from runledger_sync.core.types import RuntimeLoopExit
 from runledger_sync.db.pool_mode import policy_of
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime.attempt import lease_identity
+from runledger_sync.runtime.attempt import JobExecution, lease_identity
 from runledger_sync.runtime.execution import WRITE_RUNNING, process_claimed_job
 from runledger_sync.runtime.health import CLAIM, LoopMarks
 from runledger_sync.runtime.hot_path import HotPathWriters, RunningItem
@@ -72,7 +72,7 @@ class WorkerLoop:
     def __init__(
         self, engine: Engine, registry: JobRegistry, config: JobsConfig, shutdown: threading.Event,
         *, listen: bool = LISTEN_BY_DEFAULT, observer: Optional[WorkerObserver] = None,
-        marks: Optional[LoopMarks] = None,
+        marks: Optional[LoopMarks] = None, stop_jobs: Optional[threading.Event] = None,
     ) -> None:
         self.engine = engine
         self.registry = registry
@@ -86,9 +86,13 @@ class WorkerLoop:
         self.in_flight = 0
         self._lock = threading.Lock()
         self._slot_freed = threading.Event()
-        self.executor = ThreadPoolExecutor(
-            max_workers=config.max_global_concurrency, thread_name_prefix=f"runledger-job-{config.worker_id}"
-        )
+        #: Set when the drain deadline has come: running handlers are told to stop.
+        self.stop_jobs = stop_jobs
+        #: Attempts whose handler is running now.
+        self.handlers_running: set[JobExecution] = set()
+        #: The runner threads. Daemons: a handler that ignores its cancellation
+        #: must not hold the process past its shutdown.
+        self._runner_threads: list[threading.Thread] = []
         # The pool's threads each run one job after another, taken from this queue:
         # a future per job, and the callback that freed its slot, cost more than
         # a no-op job's own work. A runner is started only when none is idle.
@@ -210,7 +214,10 @@ class WorkerLoop:
                 self._idle_runners -= 1
         self._tasks.put((task, first, second))
         if start_runner:
-            self.executor.submit(self._run_tasks)
+            runner = threading.Thread(target=self._run_tasks, daemon=True,
+                                      name=f"runledger-job-{self.config.worker_id}-{len(self._runner_threads)}")
+            self._runner_threads.append(runner)
+            runner.start()
 
     def _run_tasks(self) -> None:
         """A pool thread's life: run queued tasks one after another until told to stop."""
@@ -234,7 +241,8 @@ class WorkerLoop:
     def _process(self, job: JobRecord, running: object, timer: TimerThread) -> None:
         """Run one job on this pool thread; its slot is freed when its attempt ends."""
         process_claimed_job(self.engine, self.registry, job, self.config, self.writers, running, timer, self.tally,
-                            on_ended=self._slot_ended, hand_back=self._hand_back)
+                            on_ended=self._slot_ended, hand_back=self._hand_back,
+                            handlers_running=self.handlers_running)
 
     def _hand_back(self, work: Callable[[], None]) -> None:
         """Run ``work`` on a pool thread (a success write that must be retried alone)."""
@@ -279,30 +287,70 @@ class WorkerLoop:
                     listener.discard_pending()
 
     def drain(self) -> None:
-        """Wait for every in-flight job to finish (no deadline: the supervisor bounds it)."""
+        """Wait for every in-flight job to finish, or until ``stop_jobs`` is set; then stop the loop's threads.
+
+        The supervisor keeps the deadline and sets ``stop_jobs`` when it passes:
+        each running handler is then told to stop (its cancellation flag, which
+        wakes ``ctx.wait_cancelled``) and gets ``timeout_grace_seconds``. One that
+        stops when told is queued again without spending an attempt. A job still
+        running after that keeps its daemon thread and is left behind: nothing is
+        written for it, whatever it returns later, and the reaper recovers it once
+        its lease runs out.
+        """
         if self.in_flight:
             log.info("worker shutdown requested; draining in-flight jobs",
                      extra={"worker_id": self.config.worker_id, "in_flight": self.in_flight})
         if self.listener is not None:
             self.listener.close()
-        while self.in_flight > 0:
+        stop_jobs = self.stop_jobs
+        while self.in_flight > 0 and not (stop_jobs is not None and stop_jobs.is_set()):
             self._slot_freed.wait(SHUTDOWN_CHECK_SECONDS)
             self._slot_freed.clear()
-        for _ in range(self._runners):
-            self._tasks.put(None)
-        self.executor.shutdown(wait=True)
+        if self.in_flight > 0:
+            self._stop_running_handlers()
+        left_behind = self.in_flight > 0
+        if not left_behind:
+            for _ in range(self._runners):
+                self._tasks.put(None)
+            for runner in self._runner_threads:
+                runner.join()
+            for timer in self._timers:
+                timer.close()
         self.tally.report()
-        for timer in self._timers:
-            timer.close()
         if self.writers is not None:
             self.writers.close()
         if isinstance(self.claim_bind, HeldConnection):
             self.claim_bind.close()
 
+    def _stop_running_handlers(self) -> None:
+        """Tell every running handler to stop, and wait up to the grace period for the jobs in flight."""
+        grace = self.config.timeout_grace_seconds
+        log.warning("drain deadline reached; telling running jobs to stop", extra={
+            "worker_id": self.config.worker_id, "in_flight": self.in_flight, "grace_seconds": grace})
+        deadline = time.monotonic() + grace
+        while True:
+            # Again each step: a job whose running write was in flight meanwhile starts its handler late.
+            for execution in list(self.handlers_running):
+                execution.interrupt()
+            remaining = deadline - time.monotonic()
+            if self.in_flight <= 0 or remaining <= 0:
+                break
+            self._slot_freed.wait(min(remaining, SHUTDOWN_CHECK_SECONDS))
+            self._slot_freed.clear()
+        for execution in list(self.handlers_running):
+            if execution.gate.take():
+                # Its late return must not be written: the writers close as the worker exits.
+                execution.decided = LEFT_BEHIND
+            # No more renewals (a timer still watching would also hold its close() up).
+            execution.stop_watchdog.set()
+            log.warning("job ignored its cancellation past the shutdown grace; leaving its lease to the reaper",
+                        extra=execution.log_fields | {"grace_seconds": grace})
+
 
 def run_worker_loop(
     engine: Engine, registry: JobRegistry, config: JobsConfig, shutdown_event: threading.Event,
     *, listen: bool = LISTEN_BY_DEFAULT, observer: Optional[WorkerObserver] = None, marks: Optional[LoopMarks] = None,
+    stop_jobs: Optional[threading.Event] = None,
 ) -> RuntimeLoopExit:
     """Run the worker until ``shutdown_event`` is set, then drain in-flight jobs.
 
@@ -312,6 +360,9 @@ def run_worker_loop(
         observer: told of each claimed batch, job end and group write (e.g.
             :class:`runledger_sync.metrics.WorkerMetrics`); None keeps no metrics.
         marks: where each successful claim is marked (the Supervisor's health).
+        stop_jobs: set once the drain has lasted long enough: running handlers are
+            told to stop and the drain ends after ``timeout_grace_seconds``
+            (:meth:`WorkerLoop.drain`). None drains for as long as the jobs run.
 
     Returns:
         ``RuntimeLoopExit.SHUTDOWN`` after a drain, or ``INVALID_CONFIG`` at once
@@ -330,7 +381,8 @@ def run_worker_loop(
     except ConfigError as error:
         log.warning("invalid jobs config; stopping worker loop", extra={"error": str(error)})
         return RuntimeLoopExit.INVALID_CONFIG
-    loop = WorkerLoop(engine, registry, config, shutdown_event, listen=listen, observer=observer, marks=marks)
+    loop = WorkerLoop(engine, registry, config, shutdown_event, listen=listen, observer=observer, marks=marks,
+                      stop_jobs=stop_jobs)
     log.info("worker started", extra={"worker_id": config.worker_id, "job_types": loop.job_types,
                                       "max_global_concurrency": config.max_global_concurrency,
                                       "listen": loop.listener is not None})
@@ -341,6 +393,8 @@ def run_worker_loop(
         })
     try:
         while not shutdown_event.is_set():
+            if marks is not None:
+                marks.turned("worker")
             if not loop.turn():
                 loop.pause()
     finally:

@@ -95,7 +95,9 @@ def raise_if_ours(connection: Connection, error: sa_exc.DBAPIError) -> None:
     EXECUTE failed), so the transaction may be run again.
     """
     code = getattr(error.orig, "pgcode", None)
-    if _INFO_KEY not in connection.info:
+    # The code first: after a lost connection (no code) reading connection.info
+    # would reconnect, and a refused reconnect would hide that the write's outcome is unknown.
+    if code not in (_FOUND_ELSEWHERE_SQLSTATE, *_LOST_SQLSTATES) or _INFO_KEY not in connection.info:
         return
     if code == _FOUND_ELSEWHERE_SQLSTATE:
         raise SessionsShared() from error

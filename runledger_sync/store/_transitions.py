@@ -1,16 +1,20 @@
 """The statements of the transitions several writers make: success, failure (retry or dead letter), unstarted release.
 
 The worker's single and grouped writes and the reaper build their statements
-here, each with its own guard, so a transition is written the same way whoever makes it.
+here, each with its own guard, so a transition is written the same way whoever
+makes it; and the one read a failure's dead-letter rule needs besides the row
+(:func:`earlier_attempts`).
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
+from uuid import UUID
 
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    Integer,
     Text,
     bindparam,
     case,
@@ -22,9 +26,12 @@ from sqlalchemy import (
     true,
 )
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
+from runledger_sync.core.outcomes import EarlierAttempts
 from runledger_sync.core.types import (
     ClaimOrigin,
     JobEventType,
@@ -177,6 +184,26 @@ def failure_params(failure: JobFailure, delay_ms: int, extra: dict[str, Any]) ->
         "retry_delay": delay_ms,
         "event_extra": check.serialize_json("event", extra),
     }
+
+
+_EARLIER_CODES = (
+    select(_a.error_code)
+    .where(
+        _a.job_id == bindparam("job_id", type_=PG_UUID(as_uuid=True)),
+        _a.run_number == bindparam("run_number", type_=Integer),
+        _a.attempt < bindparam("attempt", type_=Integer),
+    )
+    .order_by(_a.attempt)
+)
+
+
+def earlier_attempts(connection: Connection, job_id: UUID, run_number: int, attempt: int) -> EarlierAttempts:
+    """The run's attempts before claim number ``attempt``, as the dead-letter rule counts them.
+
+    One row per earlier attempt of the run, read by the attempts' unique index.
+    """
+    codes = connection.execute(_EARLIER_CODES, {"job_id": job_id, "run_number": run_number, "attempt": attempt})
+    return EarlierAttempts.of(codes.scalars())
 
 
 def build_release() -> Any:

@@ -28,7 +28,7 @@ from runledger_sync.core.errors import (
     LeaseOwnerMismatch,
     UnstartedClaimReleaseNotApplicable,
 )
-from runledger_sync.core.outcomes import LEASE_EXPIRED_CODE, LEASE_EXPIRED_MESSAGE, dead_letter_reason
+from runledger_sync.core.outcomes import LEASE_EXPIRED_CODE, LEASE_EXPIRED_MESSAGE, EarlierAttempts, dead_letter_reason
 from runledger_sync.core.records import JobRecord, LeaseIdentity
 from runledger_sync.core.types import JobCompletion, JobFailure, JobStatus
 from runledger_sync.db.schema import job_queue
@@ -40,7 +40,7 @@ from runledger_sync.store._fence import (
 from runledger_sync.store._prepared import PreparedStatement
 from runledger_sync.store._rows import to_job
 from runledger_sync.store._sql import check_identity
-from runledger_sync.store._transitions import RELEASE, build_failure, build_success, failure_params
+from runledger_sync.store._transitions import RELEASE, build_failure, build_success, earlier_attempts, failure_params
 from runledger_sync.store._workflow_steps import job_ends, jobs_ended, steps_handed_back
 from runledger_sync.store.claim import MAX_CLAIM_LIMIT, claim_jobs, claim_prestart_jobs_for_types
 from runledger_sync.store.reaper import LEASE_EXPIRED_BEFORE_RUNNING_PERSISTED, reap_expired_leases
@@ -148,10 +148,11 @@ def complete_job_failure(
 ) -> JobRecord:
     """Record a failed attempt: retry after ``retry_delay_ms``, or dead-letter the job.
 
-    The job is dead-lettered when the failure kind is TERMINAL or PANICKED, or the
-    attempt was the last allowed (attempt >= max_attempts): the rule of
-    :func:`runledger_sync.core.outcomes.dead_letter_reason`. A missing or negative
-    delay retries at once.
+    The job is dead-lettered when the failure kind is TERMINAL or PANICKED, or it
+    spends the last allowed attempt: the rule of
+    :func:`runledger_sync.core.outcomes.dead_letter_reason`, under which a
+    transient failure (``job.handler_transient_error``) within its budget spends
+    none. A missing or negative delay retries at once.
 
     Args:
         bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
@@ -174,7 +175,11 @@ def complete_job_failure(
         held = LOCK_LEASES.execute(connection, lease_params([identity])).first()
         if held is None:
             raise lease_mismatch(identity)
-        dead = dead_letter_reason(failure.kind, identity.attempt, held.max_attempts) is not None
+        earlier = EarlierAttempts()
+        if failure.kind.is_retryable and identity.attempt >= held.max_attempts:
+            # Below max_attempts claims no failure can spend the last attempt: the history is read only when it can.
+            earlier = earlier_attempts(connection, identity.job_id, identity.run_number, identity.attempt)
+        dead = dead_letter_reason(failure, identity.attempt, held.max_attempts, earlier) is not None
         row = _FAILURE.execute(connection, params | {"dead_letter": dead}).first()
         if row is None:
             raise lease_mismatch(identity)

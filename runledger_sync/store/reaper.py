@@ -18,7 +18,7 @@ from runledger_sync.core.errors import (
     InvalidRetryDelay,
     LeaseOwnerMismatch,
 )
-from runledger_sync.core.outcomes import dead_letter_reason, lease_expired_failure
+from runledger_sync.core.outcomes import EarlierAttempts, dead_letter_reason, lease_expired_failure
 from runledger_sync.core.records import JobRecord, LeaseIdentity, ReapedDeadLetter, ReapResult
 from runledger_sync.core.types import (
     ClaimOrigin,
@@ -30,7 +30,7 @@ from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store._rows import JOB_COLUMNS, to_job
 from runledger_sync.store._sql import milliseconds
-from runledger_sync.store._transitions import RELEASE, build_failure, failure_params
+from runledger_sync.store._transitions import RELEASE, build_failure, earlier_attempts, failure_params
 from runledger_sync.store._workflow_steps import job_ends, jobs_ended, steps_handed_back
 
 LEASE_EXPIRED_BEFORE_RUNNING_PERSISTED = "LEASE_EXPIRED_BEFORE_RUNNING_PERSISTED"
@@ -80,8 +80,9 @@ def reap_expired_leases(bind: Bind, *, limit: int, default_retry_delay_ms: int) 
     Per row, in a savepoint: a prestart claim that never persisted RUNNING is
     released without spending its attempt; otherwise the attempt counts and the
     job is retried after ``default_retry_delay_ms`` or dead-lettered when it was
-    the last. A row that fails is pushed back by the delay so it cannot starve
-    the batch.
+    the last (earlier transient failures within their budget count for none:
+    :func:`runledger_sync.core.outcomes.dead_letter_reason`). A row that fails is
+    pushed back by the delay so it cannot starve the batch.
 
     Args:
         bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
@@ -143,7 +144,10 @@ def _reap_row(connection: Connection, row: Any, delay_ms: int) -> Optional[JobRe
         and (row.last_heartbeat_at is None or row.last_heartbeat_at <= row.execution_started_persisted_at)
     )
     failure = lease_expired_failure()
-    dead = dead_letter_reason(failure.kind, row.attempt, row.max_attempts) is not None
+    # Below max_attempts claims the lost lease cannot spend the last attempt: the history is read only when it can.
+    earlier = (earlier_attempts(connection, row.id, row.run_number, row.attempt)
+               if row.attempt >= row.max_attempts else EarlierAttempts())
+    dead = dead_letter_reason(failure, row.attempt, row.max_attempts, earlier) is not None
     params = {"lease_job_id": row.id, "lease_run_number": row.run_number} | failure_params(
         failure, delay_ms, {"started_without_renewal_heartbeat": started_without_renewal}
     ) | {"dead_letter": dead}

@@ -77,13 +77,13 @@ def _samples(body: bytes) -> dict[tuple[str, tuple], float]:
 def test_worker_metrics_port_serves_metrics_and_health_over_http(engine, fresh_database):
     process = subprocess.Popen(
         [sys.executable, "-m", "runledger_sync.cli", "--database-url", fresh_database, "worker",
-         "--app", "tests.cli_app:registry", "--poll-interval-ms", "20", "--metrics-port", "0",
-         "--metrics-host", "127.0.0.1"],
+         "--app", "tests.cli_app:registry", "--poll-interval-ms", "20", "--metrics-port", "0"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     logs = LogLines(process)
     try:
-        port = logs.wait_for("metrics served")["port"]
+        served = logs.wait_for("metrics served")
+        port = served["port"]
         logs.wait_for("supervisor started")
         job = rl.enqueue(engine, "cli.echo", {"say": "hi"})
         wait_until(lambda: rl.get_job(engine, job.id).status is rl.JobStatus.SUCCEEDED, timeout=30)
@@ -95,6 +95,7 @@ def test_worker_metrics_port_serves_metrics_and_health_over_http(engine, fresh_d
             _get(f"{base}/metrics")))
         samples = _samples(body)
         health_status, health_body = _get(f"{base}/health")
+        ready_status, ready_body = _get(f"{base}/readyz")
         missing_status, _ = _get(f"{base}/nothing")
 
         assert status == 200
@@ -102,14 +103,34 @@ def test_worker_metrics_port_serves_metrics_and_health_over_http(engine, fresh_d
         assert samples[succeeded] == 1
         assert samples[("runledger_queue_jobs", (("job_type", "cli.echo"), ("status", "PENDING")))] == 0
         health = json.loads(health_body)
-        assert health_status == 200 and health["healthy"] and health["database_reachable"]
+        assert health_status == 200 and health["healthy"] and health["live"]
+        assert ready_status == 200 and json.loads(ready_body)["ready"] and json.loads(ready_body)["database_reachable"]
         assert {name for name, loop in health["loops"].items() if loop["alive"]} >= {"worker", "reaper", "scheduler"}
         assert health["loops"]["worker"]["last_success_at"] is not None
         assert missing_status == 404
+        # No --metrics-host: loopback only, since the port asks nobody who they are.
+        assert served["host"] == "127.0.0.1"
+        outside = _non_loopback_address()
+        if outside is not None:
+            with pytest.raises(OSError):
+                socket.create_connection((outside, port), timeout=2).close()
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
     finally:
         logs.close()
+
+
+def _non_loopback_address():
+    """This machine's address on its default route (no packet is sent), or None when it has only loopback."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("192.0.2.1", 9))
+        address = probe.getsockname()[0]
+    except OSError:
+        return None
+    finally:
+        probe.close()
+    return None if address.startswith("127.") else address
 
 
 def test_worker_refuses_a_metrics_port_out_of_range(fresh_database, capsys):

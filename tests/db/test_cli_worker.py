@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
 import signal
 import subprocess
 import sys
+import time
 
 import runledger_sync as rl
 from runledger_sync import cli
-from tests.support import scalar, wait_until
+from runledger_sync.store import lifecycle
+from tests.support import event_types, scalar, wait_until
 
+SECRET_WORD = "payload-secret-3b8d"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -33,6 +38,8 @@ def test_worker_command_runs_the_apps_jobs_and_exits_0_on_sigterm(engine, fresh_
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=30)
         assert process.returncode == 0, stderr
+        # Not a terminal: JSON lines, the summary rather than a line per job.
+        assert '"logger": "runledger_sync.jobs"' not in stderr
         [summary] = [json.loads(line) for line in stderr.splitlines() if '"message": "jobs processed"' in line]
         assert summary["by_outcome"] == {"succeeded": 1} and summary["processed"] == 1
         lines = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
@@ -151,3 +158,97 @@ def test_worker_fires_the_apps_declared_schedules_unless_told_not_to(engine, fre
         if firing.poll() is None:
             firing.kill()
             firing.communicate()
+
+
+DRAIN_SECONDS = 2.0
+GRACE_SECONDS = 1.0
+#: Interpreter exit, closing connections, a busy shared machine.
+EXIT_MARGIN_SECONDS = 3.0
+
+
+def test_sigterm_past_the_drain_timeout_stops_running_jobs_and_exits_within_drain_plus_grace(engine, fresh_database):
+    process = _start_worker(fresh_database, "tests.cli_app:stopping", "--concurrency", "4",
+                            "--drain-timeout", str(DRAIN_SECONDS), "--timeout-grace-seconds", str(GRACE_SECONDS))
+    try:
+        wait_until(lambda: scalar(engine, "SELECT count(*) FROM job_definitions") == 2 or process.poll() is not None,
+                   timeout=30)
+        assert process.poll() is None, process.communicate()[1]
+        waiting = rl.enqueue(engine, "cli.wait_cancel", {})
+        ignoring = rl.enqueue(engine, "cli.ignore_cancel", {})
+        wait_until(lambda: scalar(engine, "SELECT count(*) FROM job_queue WHERE stage = 'running'") == 2, timeout=30)
+        process.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        _, stderr = process.communicate(timeout=DRAIN_SECONDS + GRACE_SECONDS + 30)
+        took = time.monotonic() - signalled
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+    assert DRAIN_SECONDS <= took < DRAIN_SECONDS + GRACE_SECONDS + EXIT_MARGIN_SECONDS, (took, stderr)
+    assert process.returncode == 1, stderr  # the drain did not finish by itself
+    lines = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+    said = {(line["message"], line.get("job_id")) for line in lines}
+    assert ("drain deadline reached; telling running jobs to stop", None) in said
+    # The waiting handler woke at once and was queued again; the other was left behind.
+    assert ("job stopped by the worker's shutdown; it runs again without spending an attempt", str(waiting.id)) in said
+    assert ("job ignored its cancellation past the shutdown grace; leaving its lease to the reaper",
+            str(ignoring.id)) in said
+    # The job that stopped when told is pending again at once, its only attempt unspent (max_attempts=1).
+    row = rl.get_job(engine, waiting.id)
+    assert (row.status, row.attempt, row.last_error_code) == (rl.JobStatus.PENDING, 1, "job.worker_shutdown")
+    assert "DEAD_LETTERED" not in event_types(engine, waiting.id)
+    # Nothing was written for the one that ignored it: it keeps its lease, no failure.
+    row = rl.get_job(engine, ignoring.id)
+    assert (row.status, row.attempt, row.last_error_code) == (rl.JobStatus.LEASED, 1, None)
+    assert "FAILED" not in event_types(engine, ignoring.id) and "DEAD_LETTERED" not in event_types(engine, ignoring.id)
+    # Once its lease runs out the reaper hands it back, to run again.
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE job_queue SET lease_expires_at = now() - interval '1 second' WHERE status = 'LEASED'")
+    lifecycle.reap_expired_leases(engine, limit=10, default_retry_delay_ms=1000)
+    assert rl.get_job(engine, ignoring.id).status is rl.JobStatus.PENDING
+
+
+def test_worker_on_a_terminal_prints_text_with_one_readable_line_per_finished_job(engine, fresh_database):
+    controller, terminal = pty.openpty()
+    env = {key: value for key, value in os.environ.items() if key != "RUNLEDGER_LOG_FORMAT"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "runledger_sync.cli", "--database-url", fresh_database, "worker",
+         "--app", "tests.cli_app:registry", "--poll-interval-ms", "20"],
+        cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=terminal, env=env,
+    )
+    os.close(terminal)
+    shown = bytearray()
+    try:
+        wait_until(lambda: _definition_exists(engine) or process.poll() is not None, timeout=30)
+        job = rl.enqueue(engine, "cli.echo", {"say": SECRET_WORD})
+        wanted = f"job cli.echo {job.id} succeeded (attempt 1, ".encode()
+        while wanted not in shown and process.poll() is None:
+            ready, _, _ = select.select([controller], [], [], 30)
+            assert ready, f"the worker printed no line for its job in 30 s: {shown.decode(errors='replace')}"
+            shown += os.read(controller, 65536)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        os.close(controller)
+
+    text = shown.decode(errors="replace")
+    [line] = [line for line in text.splitlines() if wanted.decode() in line]
+    assert " INFO runledger_sync.jobs job cli.echo " in line and line.rstrip().endswith(" ms)"), line
+    assert not [line for line in text.splitlines() if line.startswith("{")]  # no JSON on a terminal
+    assert "worker started worker_id=" in text  # the other lines keep their fields, as key=value
+    assert SECRET_WORD not in text
+
+
+def test_worker_refuses_a_log_format_variable_it_does_not_know_before_touching_the_database(
+        fresh_database, capsys, monkeypatch):
+    monkeypatch.setenv("RUNLEDGER_LOG_FORMAT", "xml")
+    code = cli.main(["--database-url", "postgresql://nobody@127.0.0.1:1/nothing", "worker",
+                     "--app", "tests.cli_app:registry"])
+
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "RUNLEDGER_LOG_FORMAT must be one of text, json, got 'xml'" in err

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
@@ -126,27 +127,36 @@ def test_ctrl_c_drains_once_and_a_second_one_kills_the_children_and_exits_130(en
     assert {rl.get_job(engine, job.id).status for job in blockers} == {rl.JobStatus.LEASED}
 
 
-def test_children_still_draining_at_the_drain_timeout_are_killed_and_the_worker_exits_1(engine, fresh_database):
+def test_at_the_drain_timeout_children_stop_their_jobs_and_exit_after_the_grace_and_the_worker_exits_1(
+        engine, fresh_database):
     with engine.begin() as conn:
         for ddl in process_app.TABLES_DDL:
             conn.execute(text(ddl))
-    parent = ParentProcess(fresh_database, "--drain-timeout", "1")
+    drain, grace, margin = 1.0, 1.0, 4.0
+    parent = ParentProcess(fresh_database, "--drain-timeout", str(drain), "--timeout-grace-seconds", str(grace))
     try:
         wait_until(lambda: len(parent.records("worker process started")) == 2 or parent.process.poll() is not None,
                    timeout=START_TIMEOUT)
         children = [record["pid"] for record in parent.records("worker process started")]
-        for _ in range(2):
-            rl.enqueue(engine, "proc.block", {})
+        # One slot per child: each takes one. The blocker never looks at its cancellation.
+        jobs = [rl.enqueue(engine, "proc.block", {}), rl.enqueue(engine, "proc.wait_cancel", {})]
         wait_until(lambda: len(rows(engine, "SELECT 1 FROM process_runs")) == 2, timeout=START_TIMEOUT)
         parent.process.send_signal(signal.SIGTERM)
-        # The blocked jobs never finish: the parent gives them the drain timeout, not their 30 s.
-        assert parent.process.wait(15) == 1
+        signalled = time.monotonic()
+        assert parent.process.wait(drain + grace + 30) == 1
+        took = time.monotonic() - signalled
         assert not any(alive(pid) for pid in children)
     finally:
         parent.close()
+    assert drain <= took < drain + grace + margin, took
+    # Each child stopped by itself after the grace, neither was killed.
     stopped = parent.records("worker process stopped")
-    assert sorted((record["worker_id"], record["signal"]) for record in stopped) == [
-        ("cli-p0", "SIGKILL"), ("cli-p1", "SIGKILL")]
+    assert sorted((record["worker_id"], record["exit_code"]) for record in stopped) == [("cli-p0", 0), ("cli-p1", 0)]
+    assert len(parent.records("job stopped by the worker's shutdown; it runs again without spending an attempt")) == 1
+    # The job that stopped when told is pending again, its attempt unspent; the blocker keeps its lease for the reaper.
+    blocker, waiter = (rl.get_job(engine, job.id) for job in jobs)
+    assert (waiter.status, waiter.attempt, waiter.last_error_code) == (rl.JobStatus.PENDING, 1, "job.worker_shutdown")
+    assert (blocker.status, blocker.attempt, blocker.last_error_code) == (rl.JobStatus.LEASED, 1, None)
 
 
 def test_children_drain_and_exit_when_their_parent_is_killed(engine, fresh_database):

@@ -340,6 +340,10 @@ class TcpProxy:
         self._refusing.set()
         self._close_all()
 
+    def refuse_new(self) -> None:
+        """A server with no connection slot left: open connections go on, new ones are closed at once."""
+        self._refusing.set()
+
     def heal(self) -> None:
         self._refusing.clear()
         self._open.set()

@@ -6,7 +6,12 @@ import uuid
 
 import pytest
 
-from runledger_sync.core.backoff import compute_retry_delay_ms, heartbeat_interval_seconds
+from runledger_sync.core.backoff import (
+    compute_retry_delay_ms,
+    compute_transient_retry_delay_ms,
+    heartbeat_interval_seconds,
+)
+from runledger_sync.core.outcomes import TRANSIENT_FAILURE_BUDGET
 
 # int % 1000 == 456, so the jitter is 456 - 500 = -44 ms.
 JOB_ID = uuid.UUID(int=7_000_456)
@@ -32,6 +37,20 @@ JOB_ID = uuid.UUID(int=7_000_456)
 )
 def test_retry_delay_matches_seed_schedule(attempt, expected_ms):
     assert compute_retry_delay_ms(attempt, JOB_ID) == expected_ms
+
+
+@pytest.mark.parametrize(
+    ("failures_in_a_row", "expected_ms"),
+    [(0, 1_000), (1, 1_000), (2, 1_956), (3, 3_956), (4, 7_956), (5, 15_956), (6, 31_956), (7, 59_956), (50, 59_956)],
+)
+def test_transient_retry_delay_doubles_from_one_second_to_a_minute(failures_in_a_row, expected_ms):
+    # The first retry's 956 ms is lifted to the 1 s floor.
+    assert compute_transient_retry_delay_ms(failures_in_a_row, JOB_ID) == expected_ms
+
+
+def test_a_full_transient_budget_outlasts_a_database_restart_of_several_minutes():
+    total_ms = sum(compute_transient_retry_delay_ms(n, JOB_ID) for n in range(1, TRANSIENT_FAILURE_BUDGET + 1))
+    assert 14 * 60_000 < total_ms < 16 * 60_000
 
 
 def test_negative_attempt_is_clamped_to_first_retry():

@@ -6,11 +6,19 @@ import inspect
 import io
 import json
 import logging
+import subprocess
+import sys
 import uuid
 
 import pytest
 
-from runledger_sync.logging import ROOT_LOGGER_NAME, configure_logging, get_logger, job_log_fields
+from runledger_sync.logging import (
+    JOB_LINES_LOGGER_NAME,
+    ROOT_LOGGER_NAME,
+    configure_logging,
+    get_logger,
+    job_log_fields,
+)
 
 JOB_ID = uuid.UUID("0190b6c2-5d3e-7a41-9f2b-3c4d5e6f7a8b")
 ORG_ID = uuid.UUID("0190b6c2-0000-7000-8000-000000000001")
@@ -21,12 +29,14 @@ def restore_package_logger():
     # configure_logging() changes a process-wide logger; put it back for other tests.
     logger = logging.getLogger(ROOT_LOGGER_NAME)
     handlers, level = list(logger.handlers), logger.level
+    job_lines = logging.getLogger(JOB_LINES_LOGGER_NAME).level
     yield
     for handler in list(logger.handlers):
         if handler not in handlers:
             logger.removeHandler(handler)
             handler.close()
     logger.setLevel(level)
+    logging.getLogger(JOB_LINES_LOGGER_NAME).setLevel(job_lines)
 
 
 def fields() -> dict:
@@ -180,3 +190,30 @@ def test_configure_unless_configured_respects_an_existing_handler():
             ours.addHandler(handler)
         for handler in root_saved:
             std_logging.getLogger().addHandler(handler)
+
+
+def test_job_lines_are_off_until_asked_for_and_on_in_text_mode_only():
+    # The library's default, in a process nothing else configured: a summary a minute, no job lines.
+    default = subprocess.run(
+        [sys.executable, "-c", "import logging, runledger_sync.logging as rl_logging; "
+                               "print(logging.getLogger(rl_logging.JOB_LINES_LOGGER_NAME).isEnabledFor(logging.INFO))"],
+        capture_output=True, text=True, check=True)
+    assert default.stdout.strip() == "False"
+    jobs = logging.getLogger(JOB_LINES_LOGGER_NAME)
+    configure_logging(stream=io.StringIO(), json=True)
+    assert not jobs.isEnabledFor(logging.INFO)
+    configure_logging(stream=io.StringIO(), json=False)
+    assert jobs.isEnabledFor(logging.INFO)
+    configure_logging(stream=io.StringIO(), json=False, level="WARNING")
+    assert not jobs.isEnabledFor(logging.INFO)
+    configure_logging(stream=io.StringIO(), json=True, job_lines=True)
+    assert jobs.isEnabledFor(logging.INFO)
+
+
+def test_text_mode_adds_the_extra_fields_as_key_value_pairs():
+    stream = io.StringIO()
+    configure_logging(stream=stream, json=False)
+    get_logger("x").warning("claim failed", extra=fields() | {"error": "connection refused"})
+    line = stream.getvalue().strip()
+    assert 'WARNING runledger_sync.x claim failed job_id=0190b6c2-5d3e-7a41-9f2b-3c4d5e6f7a8b job_type=email.send' in line
+    assert line.endswith('worker_id=worker-1 error="connection refused"')

@@ -58,20 +58,25 @@ def test_started_supervisor_runs_jobs_in_the_background_and_stop_drains_them(eng
         supervisor.start()
 
 
-def test_stop_reports_false_when_a_job_outlives_the_timeout(engine, probe, supervisors, logs):
-    registry = h.registry_with(JOB_TYPE, h.hang(probe))
+def test_stop_tells_a_job_that_outlives_the_timeout_to_stop_and_returns_false_after_the_grace(
+        engine, probe, supervisors, logs):
+    registry = h.registry_with(JOB_TYPE, h.ignore_cancel(probe))
     registry.sync_definitions(engine)
-    supervisor = Supervisor(engine, registry, fast_config(), run_reaper=False).start()
+    supervisor = Supervisor(engine, registry, fast_config(timeout_grace_seconds=0.5), run_reaper=False).start()
     supervisors.append(supervisor)
     job = store_enqueue.enqueue(engine, JOB_TYPE, PAYLOAD)
     probe.wait_calls(1)
     started = time.monotonic()
     assert supervisor.stop(timeout=0.3) is False
-    assert time.monotonic() - started < 2.0
-    assert supervisor.running and status(engine, job.id) == "LEASED"
+    # The drain timeout, the grace, and the loops' closing: no wait for the handler.
+    assert 0.8 <= time.monotonic() - started < 2.5
+    [call] = probe.calls
+    assert call.cancelled_at is not None and not supervisor.running
     probe.release.set()
-    assert supervisor.stop(timeout=10) is True
-    assert status(engine, job.id) == "SUCCEEDED"
+    # Its late return is not written: the lease is left for the reaper, the attempt not spent by a failure.
+    wait_until(lambda: [r for r in logs.records if r.getMessage().startswith("handler finished after its attempt was already")])
+    assert status(engine, job.id) == "LEASED" and "FAILED" not in event_types(engine, job.id)
+    assert [r for r in logs.records if r.getMessage().startswith("job ignored its cancellation past the shutdown")]
 
 
 def test_supervisor_as_a_context_manager_stops_on_exit(engine, probe, logs):

@@ -1,11 +1,21 @@
-"""Supervisor.health(): each loop alive, its last successful claim, sweep or tick, and the database."""
+"""Supervisor.health() and the metrics port's probes: each loop alive, its last successful step, the database."""
 
 from __future__ import annotations
 
+import json
+import threading
 import time
+import urllib.error
+import urllib.request
 from datetime import datetime, timezone
 
+from sqlalchemy.engine import make_url
+
 import runledger_sync as rl
+from runledger_sync.metrics import registry_for, serve_metrics
+from runledger_sync.runtime import reaper as reaper_module
+from runledger_sync.runtime import supervisor as supervisor_module
+from tests.faults.harness import TcpProxy
 from tests.handlers import fast_config
 from tests.support import wait_until
 
@@ -102,3 +112,129 @@ def test_health_with_worker_processes_reports_each_process(engine):
     assert {name: (loop.alive, loop.exit) for name, loop in stopped.loops.items()} == {
         name: (False, str(status)) for name, status in supervisor.exits.items()}
     assert set(supervisor.exits) == {"health-p0", "health-p1"}
+
+
+# -- probes: liveness from the loops, readiness with the database ---------------------------
+
+def _get(url: str) -> tuple[int, dict, float]:
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:  # noqa: S310 - a local test server
+            status, body = response.status, response.read()
+    except urllib.error.HTTPError as error:
+        status, body = error.code, error.read()
+    return status, json.loads(body), time.monotonic() - started
+
+
+def test_health_answers_never_name_the_database_user_host_name_or_password(engine):
+    secret_parts = ("zq_user_q7", "zq_pw_q7", "zq-host-q7", "zq_db_q7")
+    broken = rl.create_engine("postgresql://zq_user_q7:zq_pw_q7@zq-host-q7.invalid:5432/zq_db_q7")
+    supervisor = rl.Supervisor(broken, _registry(engine), fast_config())
+    server = serve_metrics(registry_for(broken), 0, health=supervisor.health)
+    try:
+        health = supervisor.health()
+        ready_status, ready, _ = _get(f"http://127.0.0.1:{server.port}/readyz")
+        live_status, live, _ = _get(f"http://127.0.0.1:{server.port}/health")
+    finally:
+        server.close()
+        supervisor.stop()
+        broken.dispose()
+
+    assert not health.database_reachable and not health.ready
+    assert health.database_error == "db.connection_failed: the database did not answer"
+    assert ready_status == 503 and ready["database_reachable"] is False
+    assert live_status == 503 and "database_error" not in live  # not started: no loop runs
+    for shown in (json.dumps(health.as_dict()), json.dumps(ready), json.dumps(live)):
+        assert not [part for part in secret_parts if part in shown], shown
+
+
+def test_liveness_and_readiness_answer_200_at_once_while_another_client_holds_every_server_connection(
+        engine, fresh_database):
+    jobs = _registry(engine)
+    proxy = TcpProxy(fresh_database)
+    proxied = rl.create_engine(proxy.url_for(fresh_database))
+    supervisor = rl.Supervisor(proxied, jobs, fast_config())
+    server = serve_metrics(registry_for(proxied), 0, health=supervisor.health)
+    base = f"http://127.0.0.1:{server.port}"
+    try:
+        supervisor.start()
+        warm = [job.id for job in rl.enqueue_many(engine, [rl.JobSpec("health.noop", {}) for _ in range(50)])]
+        wait_until(lambda: _count_succeeded(engine, warm) == len(warm), timeout=60)
+        # Another client took every connection slot the server has: the worker's
+        # open connections go on working, no new one can be opened.
+        proxy.refuse_new()
+        ids = [job.id for job in rl.enqueue_many(engine, [rl.JobSpec("health.noop", {}) for _ in range(300)])]
+        answers = {path: _get(f"{base}{path}") for path in ("/livez", "/health", "/readyz")}
+        wait_until(lambda: _count_succeeded(engine, ids) == len(ids), timeout=60)
+        after = {f"{path} after": _get(f"{base}{path}") for path in ("/livez", "/readyz")}
+    finally:
+        server.close()
+        supervisor.stop()
+        proxied.dispose()
+        proxy.close()
+
+    for path, (status, body, seconds) in (answers | after).items():
+        assert status == 200 and body["live"] and seconds < 3, (path, status, body, seconds)
+    assert answers["/readyz"][1]["ready"] and answers["/readyz"][1]["database_reachable"]
+    assert "ready" not in answers["/livez"][1]  # liveness does not ask the database
+
+
+def test_a_stopped_database_keeps_liveness_200_and_makes_readiness_503_without_naming_it(engine, fresh_database):
+    jobs = _registry(engine)
+    proxy = TcpProxy(fresh_database)
+    proxied_url = proxy.url_for(fresh_database)
+    proxied = rl.create_engine(proxied_url)
+    supervisor = rl.Supervisor(proxied, jobs, fast_config())
+    server = serve_metrics(registry_for(proxied), 0, health=supervisor.health)
+    base = f"http://127.0.0.1:{server.port}"
+    try:
+        supervisor.start()
+        wait_until(lambda: supervisor.health(check_database=False).loops["worker"].last_success_at)
+        assert _get(f"{base}/readyz")[0] == 200
+        proxy.refuse()  # the server is down: connections reset, new ones refused
+        down = wait_until(lambda: (lambda got: got if got[0] == 503 else None)(_get(f"{base}/readyz")), timeout=30)
+        live = _get(f"{base}/livez")
+        proxy.heal()
+        back = wait_until(lambda: (lambda got: got if got[0] == 200 else None)(_get(f"{base}/readyz")), timeout=30)
+    finally:
+        server.close()
+        supervisor.stop()
+        proxied.dispose()
+        proxy.close()
+
+    assert down[1]["live"] and not down[1]["ready"] and not down[1]["database_reachable"]
+    assert down[2] < 5  # bounded, not a pool or connect timeout
+    assert live[0] == 200 and live[1]["live"]
+    assert back[1]["ready"]
+    url = make_url(proxied_url)
+    shown = json.dumps(down[1])
+    assert not [part for part in (url.database, url.username, str(url.port)) if part in shown], shown
+
+
+def _count_succeeded(engine, ids) -> int:
+    return sum(1 for job_id in ids if rl.get_job(engine, job_id).status is rl.JobStatus.SUCCEEDED)
+
+
+def test_a_loop_that_stopped_turning_is_not_live(engine, monkeypatch):
+    stuck = threading.Event()
+    release = threading.Event()
+
+    def hang(*_args):
+        stuck.set()
+        release.wait(30)
+
+    # A sweep that never comes back, as a statement on a dead socket would not.
+    monkeypatch.setattr(reaper_module, "reap_once", hang)
+    monkeypatch.setattr(supervisor_module, "STALL_ALLOWANCE_SECONDS", 0.5)
+    supervisor = rl.Supervisor(engine, _registry(engine), fast_config(), run_scheduler=False)
+    try:
+        supervisor.start()
+        stuck.wait(10)
+        stalled = wait_until(lambda: (lambda h: h if not h.live else None)(supervisor.health(check_database=False)))
+    finally:
+        release.set()
+        supervisor.stop()
+
+    assert stalled.loops["reaper"].alive and stalled.loops["reaper"].stalled
+    assert stalled.loops["worker"].alive and not stalled.loops["worker"].stalled
+    assert not stalled.healthy and not stalled.as_dict(database=False)["live"]

@@ -297,6 +297,21 @@ def test_retryable_failure_on_the_last_attempt_dead_letters(engine):
     assert (dead.status, dead.status_reason) == (JobStatus.DEAD_LETTERED, "RETRYABLE")
 
 
+TRANSIENT = JobFailure.retryable("job.handler_transient_error", "OperationalError: server closed the connection")
+
+
+def test_a_transient_failure_spends_no_attempt_and_the_next_ordinary_one_spends_the_only_one(engine):
+    define(engine, max_attempts=1)
+    store_enqueue.enqueue(engine, JOB_TYPE, {})
+    first = claim_one(engine)
+    retried = lifecycle.complete_job_failure(engine, **identity(first), failure=TRANSIENT, retry_delay_ms=0)
+    assert (retried.status, retried.attempt) == (JobStatus.PENDING, 1)
+    second = claim_one(engine)
+    dead = lifecycle.complete_job_failure(engine, **identity(second), failure=JobFailure.retryable("x.y", "m"),
+                                          retry_delay_ms=1000)
+    assert (dead.status, dead.attempt, dead.last_error_code) == (JobStatus.DEAD_LETTERED, 2, "x.y")
+
+
 def test_handler_failure_coded_like_lease_loss_is_persisted_normally(engine, pending):
     job = claim_one(engine)
     dead = lifecycle.complete_job_failure(
@@ -484,6 +499,24 @@ def test_reaper_dead_letters_an_expired_last_attempt(engine):
         job.id, JOB_TYPE, "org-9", 1, {"p": 1})
     assert rows(engine, "SELECT status, status_reason FROM job_queue") == [("DEAD_LETTERED", "LEASE_EXPIRED")]
     assert rows(engine, "SELECT error_code FROM job_dead_letters") == [("job.lease_expired",)]
+
+
+def test_reaper_does_not_count_an_earlier_transient_failure_against_max_attempts(engine):
+    define(engine, max_attempts=2)
+    store_enqueue.enqueue(engine, JOB_TYPE, {})
+    first = claim_one(engine, prestart=False)
+    lifecycle.complete_job_failure(engine, **identity(first), failure=TRANSIENT, retry_delay_ms=0)
+    second = claim_one(engine, prestart=False)
+    expire_lease(engine, second.id)
+    result = reap(engine)
+    # The lost lease spends the first of the two attempts: the job is retried, not dead-lettered.
+    assert (result.retried, result.dead_lettered) == (1, ())
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE job_queue SET next_run_at = now()"))
+    third = claim_one(engine, prestart=False)
+    expire_lease(engine, third.id)
+    assert len(reap(engine).dead_lettered) == 1
+    assert rows(engine, "SELECT status, attempt FROM job_queue") == [("DEAD_LETTERED", 3)]
 
 
 def test_reaper_leaves_live_leases_alone(engine, pending):
