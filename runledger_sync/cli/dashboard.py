@@ -20,11 +20,12 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 import runledger_sync as rl
 from runledger_sync.logging import get_logger
 from runledger_sync.cli._core import EXIT_OK, command, open_engine
+from runledger_sync.core.errors import extra_install_hint
 
 log = get_logger("web")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
-EXTRA_HINT = "install the dashboard extra: pip install 'runledger-sync[dashboard]'"
+EXTRA_HINT = extra_install_hint("dashboard")
 #: The Server header: the program, never the Python version behind it.
 SERVER_NAME = "runledger-sync"
 #: How long a connection may sit without sending what it announced (a request line,

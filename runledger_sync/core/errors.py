@@ -128,13 +128,23 @@ class ConfigError(RunledgerError):
         super().__init__("; ".join(self.problems) or None, problems=self.problems)
 
 
+def extra_install_hint(extra: str) -> str:
+    """Say how to install one of runledger-sync's extras.
+
+    The package is installed from a clone (it is not on PyPI), so a bare
+    ``pip install 'runledger-sync[extra]'`` would fail: the hint names the extra
+    and the command that works in a clone.
+    """
+    return f"install runledger-sync's {extra} extra (in a clone of runledger-sync: pip install -e '.[{extra}]')"
+
+
 class MissingExtra(ConfigError):
     """This feature needs an optional dependency that is not installed."""
 
     code = "config.missing_extra"
 
     def __init__(self, extra: str, module: str) -> None:
-        super().__init__([f"{module} is not installed; install it with: pip install 'runledger-sync[{extra}]'"])
+        super().__init__([f"{module} is not installed; {extra_install_hint(extra)}"])
         self.extra = extra
         self.module = module
 

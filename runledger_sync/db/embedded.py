@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import sqlalchemy
 
-from runledger_sync.core.errors import ConfigError, ConnectionFailed
+from runledger_sync.core.errors import ConfigError, ConnectionFailed, extra_install_hint
 
 DEFAULT_DATA_DIR = Path(tempfile.gettempdir()) / "runledger-embedded"
 
@@ -27,7 +27,7 @@ def _load_pgserver() -> Any:
             import pgserver
         except ImportError as exc:
             raise ConfigError(
-                ["embedded postgres needs the 'embedded' extra: pip install 'runledger-sync[embedded]'"]
+                [f"embedded postgres needs pgserver: {extra_install_hint('embedded')}"]
             ) from exc
     return pgserver
 

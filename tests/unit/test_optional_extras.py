@@ -1,4 +1,8 @@
-"""The metrics and tui extras are optional: the library imports without them, and what needs them says so."""
+"""The optional extras: the library imports without them, and what needs one says how to install it.
+
+The package is installed from a clone (it is not on PyPI), so every hint names the
+extra and the command that works in a clone, never ``pip install 'runledger-sync[...]'``.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ import pytest
 
 import runledger_sync as rl
 from runledger_sync import cli, metrics
+from runledger_sync.cli import dashboard
+from runledger_sync.db import embedded
 
 BLOCK_EXTRAS = "import sys; sys.modules.update(prometheus_client=None, rich=None); "
 
@@ -30,7 +36,8 @@ def test_worker_metrics_without_prometheus_client_is_a_coded_error(monkeypatch):
         metrics.WorkerMetrics()
 
     assert caught.value.code == "config.missing_extra"
-    assert "pip install 'runledger-sync[metrics]'" in caught.value.message
+    assert caught.value.message == ("prometheus_client is not installed; install runledger-sync's metrics extra "
+                                    "(in a clone of runledger-sync: pip install -e '.[metrics]')")
 
 
 def test_worker_metrics_port_without_prometheus_client_is_refused_before_the_database(monkeypatch, capsys):
@@ -42,7 +49,7 @@ def test_worker_metrics_port_without_prometheus_client_is_refused_before_the_dat
     lines = capsys.readouterr().err.splitlines()
     assert code == 2
     assert lines[0] == ("error: config.missing_extra: prometheus_client is not installed; "
-                        "install it with: pip install 'runledger-sync[metrics]'")
+                        "install runledger-sync's metrics extra (in a clone of runledger-sync: pip install -e '.[metrics]')")
 
 
 def test_top_without_rich_is_refused_before_the_database(monkeypatch, capsys):
@@ -51,8 +58,45 @@ def test_top_without_rich_is_refused_before_the_database(monkeypatch, capsys):
     code = cli.main(["--database-url", "postgresql://nobody@127.0.0.1:1/none", "top", "--once"])
 
     assert code == 2
-    assert "error: config.missing_extra: rich is not installed; install it with: pip install 'runledger-sync[tui]'" \
-        in capsys.readouterr().err
+    assert ("error: config.missing_extra: rich is not installed; install runledger-sync's tui extra "
+            "(in a clone of runledger-sync: pip install -e '.[tui]')") in capsys.readouterr().err
+
+
+def test_the_dashboard_without_its_extra_says_how_to_install_it_in_a_clone(monkeypatch):
+    monkeypatch.setitem(sys.modules, "runledger_sync.web", None)  # as when Jinja2 is missing
+
+    with pytest.raises(rl.ConfigError) as caught:
+        dashboard._create_app(None, None)
+
+    assert caught.value.hint == "install runledger-sync's dashboard extra (in a clone of runledger-sync: pip install -e '.[dashboard]')"
+
+
+def test_embedded_postgres_without_its_extra_says_how_to_install_it_in_a_clone(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pgserver", None)
+
+    with pytest.raises(rl.ConfigError) as caught:
+        embedded._load_pgserver()
+
+    assert caught.value.message == ("embedded postgres needs pgserver: install runledger-sync's embedded extra "
+                                    "(in a clone of runledger-sync: pip install -e '.[embedded]')")
+
+
+@pytest.mark.parametrize("extra", ["metrics", "tui", "dashboard", "embedded"])
+def test_every_install_hint_names_an_extra_the_clone_defines_and_no_package_index(extra):
+    hint = rl.MissingExtra(extra, "module").message
+
+    assert f"pip install -e '.[{extra}]'" in hint
+    assert "pip install 'runledger-sync[" not in hint  # not on PyPI: that command fails
+    assert extra in setup_extras()
+
+
+def setup_extras() -> set[str]:
+    import configparser
+    from pathlib import Path
+
+    parser = configparser.ConfigParser()
+    parser.read(Path(__file__).resolve().parents[2] / "setup.cfg", encoding="utf-8")
+    return set(parser["options.extras_require"])
 
 
 def test_top_refuses_an_interval_of_zero(capsys):
