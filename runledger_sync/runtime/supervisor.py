@@ -240,11 +240,14 @@ class Supervisor:
 
         At the deadline every running handler is told to stop (its cancellation
         flag, which wakes ``ctx.wait_cancelled``) and gets
-        ``config.timeout_grace_seconds`` to return. Nothing is written for a job
-        stopped so: it keeps its lease, and the reaper gives it to a worker once
-        the lease runs out (spec: a bounded shutdown aborts stragglers; the
-        expired attempt counts as the reaper's LEASE_EXPIRED). This returns
-        within ``timeout`` plus the grace plus about a second.
+        ``config.timeout_grace_seconds`` to return. One that stops when told
+        (raises ``JobCancelled``) is queued again without spending an attempt
+        (``job.worker_shutdown``); one that returns or raises anything else has
+        that outcome written. Nothing is written for a handler still running
+        after the grace: its job keeps its lease, and the reaper gives it to a
+        worker once the lease runs out (spec: a bounded shutdown aborts
+        stragglers; the expired attempt counts as the reaper's LEASE_EXPIRED).
+        This returns within ``timeout`` plus the grace plus about a second.
 
         Returns:
             True if every job finished before the deadline. False when some had
