@@ -3,10 +3,12 @@
 Option 1 of the README's "Schema and Alembic" is the README's env.py, which
 calls ``rl.migrate(connection)``; option 2 is ``examples/alembic_host``, whose
 alembic.ini lists our versions as the installed package's resource. Each test
-starts from an empty database. The subprocesses import runledger_sync from a
+starts from an empty database. Most subprocesses import runledger_sync from a
 copy laid out as the wheel installs it (setup.cfg maps ``alembic/`` to
 ``runledger_sync/_alembic``), because this editable checkout has no
-``runledger_sync/_alembic`` directory for that resource to name.
+``runledger_sync/_alembic`` directory for that resource to name; the editable
+case, where the docs list the printed directory instead, runs against this
+environment's own install.
 """
 
 from __future__ import annotations
@@ -49,9 +51,12 @@ def installed_site(tmp_path_factory) -> Path:
     return site
 
 
-def run(tool: str, host: Path, site: Path, database_url: str, *argv: str) -> subprocess.CompletedProcess:
+def run(tool: str, host: Path, site: Path | None, database_url: str, *argv: str) -> subprocess.CompletedProcess:
+    """Run ``tool`` of this environment in ``host``, importing runledger_sync from ``site`` (None: as installed)."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(("RUNLEDGER_", "PYTHON"))}
-    env.update(PYTHONPATH=str(site), APP_DATABASE_URL=database_url)
+    env.update(APP_DATABASE_URL=database_url)
+    if site is not None:
+        env.update(PYTHONPATH=str(site))
     return subprocess.run([str(BIN / tool), *argv], cwd=host, env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -427,3 +432,52 @@ def test_migrate_refuses_tables_that_no_version_table_records(empty_database, en
         assert QUEUE_TABLES <= tables(engine) and VERSION_TABLE not in tables(engine)
     finally:
         rl_engine.dispose()
+
+
+# -- option 2 with an editable install: the directory, not the resource -------------------------------------
+
+RESOURCE_LINE = "\n    runledger_sync:_alembic/versions\n"
+
+
+@pytest.fixture
+def editable_versions(tmp_path) -> Path:
+    """What the docs' snippet prints here, where runledger_sync is installed editable from this clone."""
+    script = tmp_path / "where.py"
+    script.write_text(readme_snippet("alembic-versions-path"), encoding="utf-8")
+    printed = Path(ok(run("python", tmp_path, None, "", str(script))).strip())
+    if printed != REPO / "alembic" / "versions":
+        pytest.skip(f"runledger_sync is not installed editable from this clone here ({printed})")
+    return printed
+
+
+def test_option_2_with_an_editable_install_lists_the_printed_directory(
+    option_2_host, editable_versions, empty_database, engine
+):
+    def alembic(*argv: str) -> subprocess.CompletedProcess:
+        return run("alembic", option_2_host, None, empty_database, *argv)
+
+    ini = option_2_host / "alembic.ini"
+    written = ini.read_text(encoding="utf-8")
+    assert RESOURCE_LINE in written
+    # As the docs say: under an editable install neither resource spelling resolves.
+    for resource in ("runledger_sync:_alembic/versions", "runledger_sync._alembic:versions"):
+        ini.write_text(written.replace(RESOURCE_LINE, f"\n    {resource}\n"), encoding="utf-8")
+        assert alembic("heads").returncode != 0, resource
+    ini.write_text(written.replace(RESOURCE_LINE, f"\n    {editable_versions}\n"), encoding="utf-8")
+    shipped = sorted(path.name for path in editable_versions.glob("*.py"))
+
+    heads = ok(alembic("heads")).strip().splitlines()
+    assert len(heads) == 1 and heads[0].startswith("app_0004 ")
+    ok(alembic("upgrade", "head"))
+
+    assert {"app_orders", "alembic_version"} | QUEUE_TABLES <= tables(engine)
+    assert versions(engine, "alembic_version") == {"app_0004"}
+    assert NO_CHANGES in ok(alembic("check"))
+    before = set((option_2_host / "versions").glob("*.py"))
+    ok(alembic("revision", "--autogenerate", "-m", "probe"))
+    assert "op." not in upgrade_body(take_revision_file(option_2_host, before))
+    # The clone's own history is untouched: new revisions land in the project's directory.
+    assert sorted(path.name for path in editable_versions.glob("*.py")) == shipped
+
+    ok(alembic("downgrade", "base"))
+    assert not tables(engine) & ({"app_orders"} | QUEUE_TABLES)
