@@ -12,6 +12,8 @@ once the row shows it landed.
 
 from __future__ import annotations
 
+import time
+
 from runledger_sync.core.errors import (
     CommitOutcomeUnknown,
     ConnectionFailed,
@@ -40,8 +42,9 @@ from runledger_sync.store.apply import apply_failure, apply_success, read_back
 
 log = get_logger(__name__)
 
-#: How long an outcome write keeps retrying a lost database connection.
-OUTCOME_WRITE_BUDGET_SECONDS = 10.0
+#: The least time an outcome write is given, even when the lease is nearly out:
+#: one try and its read-back.
+MIN_OUTCOME_WRITE_SECONDS = 1.0
 
 SUCCESS_REPLY_LOST = "job success landed; its reply was lost"
 
@@ -155,8 +158,11 @@ def _write_alone_after_group(execution: JobExecution, transition: Succeed, error
 
 
 def _budget(execution: JobExecution) -> float:
-    # Past its lease the attempt is the reaper's: no outcome write outlives it.
-    return min(OUTCOME_WRITE_BUDGET_SECONDS, execution.config.lease_ttl_seconds)
+    # A lost connection is retried for as long as the lease lasts (by this process's
+    # clock), so a database restart shorter than the lease never hands the job to
+    # the reaper, which would spend an attempt. Past its lease the attempt is the
+    # reaper's: the fence would refuse the write anyway.
+    return max(MIN_OUTCOME_WRITE_SECONDS, execution.local_lease_deadline - time.monotonic())
 
 
 def _complete_failure(execution: JobExecution, failure: JobFailure) -> None:

@@ -296,7 +296,7 @@ def test_raw_psycopg2_connection_uses_its_own_search_path_and_errors_are_coded(o
         with raw.cursor() as cursor:
             cursor.execute("SET search_path TO elsewhere")
         # The queue tables are not in that schema, and nothing here overrides it.
-        with pytest.raises(rl.StoreError, match='db.query_failed: relation "job_queue" does not exist'):
+        with pytest.raises(rl.SchemaMismatch, match='db.schema_mismatch: .*relation "job_queue" does not exist'):
             rl.enqueue(raw, JOB_TYPE, {"n": 1})
         raw.rollback()
         with raw.cursor() as cursor:

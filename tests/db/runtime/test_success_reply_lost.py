@@ -180,3 +180,22 @@ def test_a_handler_transaction_whose_commit_reply_is_lost_is_read_back_and_logge
     assert (record.levelno, record.job_id, record.write) == (logging.INFO, str(job.id), "handler_transaction")
     assert errors_logged(logs) == []
     assert_succeeded_once(engine, job.id, {"done": True})
+
+
+def test_a_single_attempt_job_whose_success_meets_an_outage_longer_than_ten_seconds_lands_within_its_lease(
+        engine, outage, logs):
+    """The outcome write retries for as long as the lease lasts: a restart shorter than the lease loses nothing."""
+    registry = JobRegistry()
+
+    @registry.job(JOB_TYPE, max_attempts=1)
+    def handler(ctx, payload):
+        outage.start(11.0)  # the database goes away as the handler returns
+        return JobCompletion(output={"done": True})
+
+    registry.sync_definitions(engine)
+    store_enqueue.enqueue(engine, JOB_TYPE, {})
+    config = fast_config(lease_ttl_seconds=30)
+    job = claim_one(engine, worker_id=config.worker_id, lease_ttl_seconds=config.lease_ttl_seconds)
+    process_claimed_job(engine, registry, job, config)  # written alone, retried until the database is back
+    assert errors_logged(logs) == []
+    assert_succeeded_once(engine, job.id, {"done": True})
