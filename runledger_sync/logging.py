@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import json as _json_module
 import logging as _logging
+import os
 import sys
 from typing import IO, Any, Optional, Union
 from uuid import UUID
+
+from runledger_sync.core.errors import ConfigError
 
 try:
     # python-json-logger >= 3.1. The old module path still works there but emits
@@ -32,6 +35,8 @@ ROOT_LOGGER_NAME = "runledger_sync"
 JOB_LINES_LOGGER_NAME = "runledger_sync.jobs"
 #: The log formats :func:`configure_logging` prints, as ``worker --log-format`` names them.
 LOG_FORMATS = ("text", "json")
+#: The variable a worker command reads when no --log-format is given.
+LOG_FORMAT_VARIABLE = "RUNLEDGER_LOG_FORMAT"
 
 _logging.getLogger(JOB_LINES_LOGGER_NAME).setLevel(_logging.WARNING)
 
@@ -119,15 +124,37 @@ def configured_setup() -> Optional[dict[str, Any]]:
     return None
 
 
-def configure_logging_unless_configured(level: Union[int, str] = "INFO") -> Optional[_logging.Handler]:
-    """Install the JSON handler only when neither our logger nor the root logger has one.
+def resolve_log_format(given: Optional[str] = None) -> str:
+    """The format a worker command logs in: ``given`` (its --log-format), else
+    ``$RUNLEDGER_LOG_FORMAT``, else text on a terminal and JSON for a log collector.
 
-    For entry points (worker commands) that must print structured logs by
-    default but must not override logging an application already set up.
+    Raises:
+        ConfigError: the variable holds neither ``text`` nor ``json``.
     """
+    if given is not None:
+        return given
+    from_environment = os.environ.get(LOG_FORMAT_VARIABLE, "").strip().lower()
+    if from_environment:
+        if from_environment not in LOG_FORMATS:
+            raise ConfigError([f"{LOG_FORMAT_VARIABLE} must be one of {', '.join(LOG_FORMATS)}, "
+                               f"got {os.environ[LOG_FORMAT_VARIABLE]!r}"])
+        return from_environment
+    return "text" if sys.stderr.isatty() else "json"
+
+
+def configure_logging_unless_configured(
+    level: Union[int, str] = "INFO", log_format: Optional[str] = None,
+) -> Optional[_logging.Handler]:
+    """Install our handler only when neither our logger nor the root logger has one.
+
+    For entry points (the Flask and Django worker commands) that must print logs
+    by default but must not override logging an application already set up. The
+    format is :func:`resolve_log_format`'s.
+    """
+    json = resolve_log_format(log_format) == "json"
     if _logging.getLogger(ROOT_LOGGER_NAME).handlers or _logging.getLogger().handlers:
         return None
-    return configure_logging(level=level)
+    return configure_logging(level=level, json=json)
 
 
 def job_log_fields(

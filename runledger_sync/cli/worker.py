@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import sys
 from typing import Any
 
 import runledger_sync as rl
 from runledger_sync.cli._core import command, load_app_registry, open_engine
 from runledger_sync.demo import run_demo
-from runledger_sync.logging import LOG_FORMATS
+from runledger_sync.logging import LOG_FORMAT_VARIABLE, LOG_FORMATS, resolve_log_format
 
 
 def _worker_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,7 +49,6 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 MAX_PORT = 65535
-LOG_FORMAT_VARIABLE = "RUNLEDGER_LOG_FORMAT"
 CONFIG_HINT = ("fix each value listed: worker options win over RUNLEDGER_*/JOBS_* variables; "
                "see `runledger-sync worker --help` and docs/reference/configuration.md")
 
@@ -131,7 +129,10 @@ def _worker(args: argparse.Namespace) -> int:
     # Worker processes keep counts in their own memory: with --processes N the port
     # serves the queue gauges and each process's health only.
     worker_metrics = _worker_metrics() if args.metrics_port is not None else None
-    log_format = _log_format(args)
+    try:
+        log_format = resolve_log_format(args.log_format)
+    except rl.ConfigError as error:
+        raise _refuse(error.problems, f"set {LOG_FORMAT_VARIABLE}=text or json, or give --log-format") from error
     if not args.debug:
         rl.configure_logging(level="INFO", json=log_format == "json")
     observer = worker_metrics if args.processes == 1 else None
@@ -147,19 +148,6 @@ def _worker(args: argparse.Namespace) -> int:
         finally:
             if server is not None:
                 server.close()
-
-
-def _log_format(args: argparse.Namespace) -> str:
-    """--log-format, else $RUNLEDGER_LOG_FORMAT, else text for a terminal and json for a log collector."""
-    if args.log_format is not None:
-        return str(args.log_format)
-    given = os.environ.get(LOG_FORMAT_VARIABLE, "").strip()
-    if given:
-        if given.lower() not in LOG_FORMATS:
-            raise _refuse([f"{LOG_FORMAT_VARIABLE} must be one of {', '.join(LOG_FORMATS)}, got {given!r}"],
-                          f"set {LOG_FORMAT_VARIABLE}=text or json, or give --log-format")
-        return given.lower()
-    return "text" if sys.stderr.isatty() else "json"
 
 
 def _worker_metrics() -> Any:

@@ -55,7 +55,7 @@ import secrets
 import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 from urllib.parse import urlencode
 
 import click
@@ -63,6 +63,7 @@ from flask import Flask, Response, current_app, has_app_context, request, sessio
 from flask.cli import AppGroup
 
 import runledger_sync as rl
+from runledger_sync.logging import LOG_FORMATS
 
 EXTENSION_KEY = "runledger"
 CONFIG_PREFIX = "RUNLEDGER_"
@@ -394,9 +395,12 @@ def _command_group() -> AppGroup:
     @group.command("worker")
     @click.option("--drain-timeout", type=float, default=30.0, show_default=True,
                   help="seconds running jobs get to finish after SIGINT/SIGTERM")
-    def worker_command(drain_timeout: float) -> None:
+    @click.option("--log-format", type=click.Choice(LOG_FORMATS), default=None,
+                  help="text (one line per finished job) or json; default $RUNLEDGER_LOG_FORMAT, "
+                       "else text on a terminal and json otherwise (the app's own logging, if set up, wins)")
+    def worker_command(drain_timeout: float, log_format: Optional[str]) -> None:
         """Run this app's job handlers until SIGINT or SIGTERM."""
-        rl.configure_logging_unless_configured()
+        rl.configure_logging_unless_configured(log_format=log_format)
         status = _extension().run_worker(
             current_app._get_current_object(), drain_timeout=drain_timeout  # type: ignore[attr-defined]
         )

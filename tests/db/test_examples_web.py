@@ -133,6 +133,13 @@ def run(argv: list[str], database_url: str, cwd: Path = REPO) -> subprocess.Comp
 
 def run_worker_until(argv: list[str], database_url: str, engine: Any, job_id: Any) -> rl.JobRecord:
     """Start the guide's worker command, wait for the job to succeed, then stop it as Ctrl-C does."""
+    err = worker_output_until(argv, database_url, engine, job_id)
+    assert "jobs processed" in err  # the summary the worker logs as it stops
+    return rl.get_job(engine, job_id)
+
+
+def worker_output_until(argv: list[str], database_url: str, engine: Any, job_id: Any) -> str:
+    """Run a worker command until the job succeeds, stop it as Ctrl-C does, and return what it logged."""
     process = subprocess.Popen(argv, cwd=REPO, env=example_env(database_url),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -146,8 +153,7 @@ def run_worker_until(argv: list[str], database_url: str, engine: Any, job_id: An
             process.kill()
             process.communicate()
     assert process.returncode == 0, err
-    assert "jobs processed" in err  # the summary the worker logs as it stops
-    return rl.get_job(engine, job_id)
+    return err
 
 
 @pytest.fixture
@@ -218,6 +224,19 @@ def test_flask_example_signup_commits_user_and_job_then_the_worker_runs_it(empty
     done = run_worker_until(executable(shell_command("Flask", "runledger worker")), empty_database, engine, job.id)
     assert done.output == {"welcomed": "ada@example.com"}
     assert scalar(engine, "SELECT welcomed_at IS NOT NULL FROM users WHERE email = 'ada@example.com'") is True
+
+
+def test_flask_worker_with_the_text_log_format_prints_one_line_per_finished_job(empty_database, load_flask_example,
+                                                                                 queue_engine):
+    run(executable(shell_command("Flask", "runledger migrate")), empty_database)
+    load_flask_example(empty_database)  # creates the users table, as at startup
+    engine = queue_engine(empty_database)
+    job = rl.enqueue(engine, "email.welcome", {"email": "secret-ada@example.com"})
+    argv = executable(shell_command("Flask", "runledger worker")) + ["--log-format", "text"]
+    err = worker_output_until(argv, empty_database, engine, job.id)
+    assert f"INFO runledger_sync.jobs job email.welcome {job.id} succeeded (attempt 1, " in err
+    assert not [line for line in err.splitlines() if line.startswith("{")]  # no JSON line
+    assert "secret-ada" not in err  # never the payload
 
 
 def test_flask_example_request_whose_commit_fails_leaves_no_user_and_no_job(fresh_database, load_flask_example,

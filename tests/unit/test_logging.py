@@ -217,3 +217,18 @@ def test_text_mode_adds_the_extra_fields_as_key_value_pairs():
     line = stream.getvalue().strip()
     assert 'WARNING runledger_sync.x claim failed job_id=0190b6c2-5d3e-7a41-9f2b-3c4d5e6f7a8b job_type=email.send' in line
     assert line.endswith('worker_id=worker-1 error="connection refused"')
+
+
+def test_the_log_format_is_the_option_then_the_variable_then_json_off_a_terminal(monkeypatch):
+    from runledger_sync.core.errors import ConfigError
+    from runledger_sync.logging import resolve_log_format
+
+    monkeypatch.setenv("RUNLEDGER_LOG_FORMAT", "Text")
+    assert resolve_log_format("json") == "json"
+    assert resolve_log_format(None) == "text"
+    monkeypatch.setenv("RUNLEDGER_LOG_FORMAT", "xml")
+    with pytest.raises(ConfigError, match="RUNLEDGER_LOG_FORMAT must be one of text, json, got 'xml'"):
+        resolve_log_format(None)
+    monkeypatch.delenv("RUNLEDGER_LOG_FORMAT")
+    monkeypatch.setattr("sys.stderr", io.StringIO())  # not a terminal: a log collector reads it
+    assert resolve_log_format(None) == "json"

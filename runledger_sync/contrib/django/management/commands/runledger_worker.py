@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 import runledger_sync as rl
 from runledger_sync.contrib import django as runledger
+from runledger_sync.logging import LOG_FORMATS
 
 
 class Command(BaseCommand):
@@ -20,9 +21,12 @@ class Command(BaseCommand):
                             help="most jobs run at once (default: the configured max_global_concurrency)")
         parser.add_argument("--drain-timeout", type=float, default=30.0,
                             help="seconds running jobs get to finish after the first signal (default 30)")
+        parser.add_argument("--log-format", choices=LOG_FORMATS, default=None,
+                            help="text (one line per finished job) or json; default $RUNLEDGER_LOG_FORMAT, else text "
+                                 "on a terminal and json otherwise (Django's LOGGING, when it covers us, wins)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        rl.configure_logging_unless_configured()  # Django's LOGGING, when it covers us, wins
+        rl.configure_logging_unless_configured(log_format=options["log_format"])
         config = runledger.get_config()
         if options["concurrency"] is not None:
             config = config.with_overrides(max_global_concurrency=options["concurrency"])
