@@ -194,6 +194,8 @@ def test_runledger_migrate_command_upgrades_an_empty_database(runledger):
     out = io.StringIO()
     call_command("runledger_migrate", database="empty", stdout=out)
     assert "migrated from an empty database" in out.getvalue()
+    # Says what it wrote besides the schema, as `runledger-sync migrate --app` and `flask runledger migrate` do.
+    assert "; 1 job definition(s) and 0 schedule(s) written" in out.getvalue()
     assert rl.current_revision(empty) == rl.head_revision()
     assert scalar(empty, "SELECT count(*) FROM job_definitions WHERE job_type = :t", t=JOB_TYPE) == 1
     out = io.StringIO()
