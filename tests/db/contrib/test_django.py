@@ -383,6 +383,21 @@ def test_dashboard_default_hook_admits_staff_and_sends_anonymous_visitors_to_log
         assert client.get("/ops/jobs", HTTP_X_USER="staff:ada").status_code == 200
 
 
+def test_dashboard_default_hook_without_the_authentication_middleware_is_a_configuration_error(runledger):
+    from django.test import RequestFactory
+
+    from runledger_sync.contrib.django import urls
+
+    request = RequestFactory().get("/ops/jobs")  # no middleware ran: no request.user
+    with dashboard_settings(dashboard={"authorize": None}), pytest.raises(ImproperlyConfigured) as raised:
+        urls.dashboard(request, "jobs")
+    message = str(raised.value)
+    assert message.startswith("config.invalid: ")
+    assert "AuthenticationMiddleware" in message and 'RUNLEDGER["DASHBOARD"]["AUTHORIZE"]' in message
+    with dashboard_settings(dashboard={"authorize": "runledger_sync.web:allow_anyone"}):
+        assert urls.dashboard(RequestFactory().get("/ops/jobs"), "jobs").status_code == 200  # a hook needs no user
+
+
 def test_dashboard_read_only_refusal_names_the_django_setting(runledger):
     from django.test import Client
 
