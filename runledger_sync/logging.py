@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import json as _json_module
 import logging as _logging
+import os
 import sys
 from typing import IO, Any, Optional, Union
 from uuid import UUID
+
+from runledger_sync.core.errors import ConfigError
 
 try:
     # python-json-logger >= 3.1. The old module path still works there but emits
@@ -32,6 +35,8 @@ ROOT_LOGGER_NAME = "runledger_sync"
 JOB_LINES_LOGGER_NAME = "runledger_sync.jobs"
 #: The log formats :func:`configure_logging` prints, as ``worker --log-format`` names them.
 LOG_FORMATS = ("text", "json")
+#: Chooses between them where no flag does.
+LOG_FORMAT_VARIABLE = "RUNLEDGER_LOG_FORMAT"
 
 _logging.getLogger(JOB_LINES_LOGGER_NAME).setLevel(_logging.WARNING)
 
@@ -119,15 +124,32 @@ def configured_setup() -> Optional[dict[str, Any]]:
     return None
 
 
-def configure_logging_unless_configured(level: Union[int, str] = "INFO") -> Optional[_logging.Handler]:
-    """Install the JSON handler only when neither our logger nor the root logger has one.
+def default_log_format() -> str:
+    """``$RUNLEDGER_LOG_FORMAT``, else ``"text"`` when stderr is a terminal and ``"json"`` otherwise.
 
-    For entry points (worker commands) that must print structured logs by
-    default but must not override logging an application already set up.
+    Raises:
+        ConfigError: ``config.invalid`` when the variable is neither ``text`` nor ``json``.
+    """
+    given = os.environ.get(LOG_FORMAT_VARIABLE, "").strip()
+    if given:
+        if given.lower() not in LOG_FORMATS:
+            raise ConfigError([f"{LOG_FORMAT_VARIABLE} must be one of {', '.join(LOG_FORMATS)}, got {given!r}"])
+        return given.lower()
+    isatty = getattr(sys.stderr, "isatty", None)
+    return "text" if isatty is not None and isatty() else "json"
+
+
+def configure_logging_unless_configured(level: Union[int, str] = "INFO") -> Optional[_logging.Handler]:
+    """Install our handler only when neither our logger nor the root logger has one.
+
+    For entry points (worker commands) that must print logs by default but must
+    not override logging an application already set up. The format is
+    :func:`default_log_format`'s: text with a line per finished job in a
+    terminal, JSON for a log collector, as ``runledger-sync worker`` prints.
     """
     if _logging.getLogger(ROOT_LOGGER_NAME).handlers or _logging.getLogger().handlers:
         return None
-    return configure_logging(level=level)
+    return configure_logging(level=level, json=default_log_format() == "json")
 
 
 def job_log_fields(

@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import sys
 from typing import Any
 
 import runledger_sync as rl
 from runledger_sync.cli._core import command, load_app_registry, open_engine
 from runledger_sync.demo import run_demo
-from runledger_sync.logging import LOG_FORMATS
+from runledger_sync.logging import LOG_FORMAT_VARIABLE, LOG_FORMATS, default_log_format
 
 
 def _worker_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,7 +49,6 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 MAX_PORT = 65535
-LOG_FORMAT_VARIABLE = "RUNLEDGER_LOG_FORMAT"
 CONFIG_HINT = ("fix each value listed: worker options win over RUNLEDGER_*/JOBS_* variables; "
                "see `runledger-sync worker --help` and docs/reference/configuration.md")
 
@@ -153,13 +151,10 @@ def _log_format(args: argparse.Namespace) -> str:
     """--log-format, else $RUNLEDGER_LOG_FORMAT, else text for a terminal and json for a log collector."""
     if args.log_format is not None:
         return str(args.log_format)
-    given = os.environ.get(LOG_FORMAT_VARIABLE, "").strip()
-    if given:
-        if given.lower() not in LOG_FORMATS:
-            raise _refuse([f"{LOG_FORMAT_VARIABLE} must be one of {', '.join(LOG_FORMATS)}, got {given!r}"],
-                          f"set {LOG_FORMAT_VARIABLE}=text or json, or give --log-format")
-        return given.lower()
-    return "text" if sys.stderr.isatty() else "json"
+    try:
+        return default_log_format()
+    except rl.ConfigError as refused:
+        raise _refuse(refused.problems, f"set {LOG_FORMAT_VARIABLE}=text or json, or give --log-format") from None
 
 
 def _worker_metrics() -> Any:
