@@ -139,7 +139,8 @@ def resolve_log_format(given: Optional[str] = None) -> str:
             raise ConfigError([f"{LOG_FORMAT_VARIABLE} must be one of {', '.join(LOG_FORMATS)}, "
                                f"got {os.environ[LOG_FORMAT_VARIABLE]!r}"])
         return from_environment
-    return "text" if sys.stderr.isatty() else "json"
+    isatty = getattr(sys.stderr, "isatty", None)  # a replaced stderr may not have one
+    return "text" if isatty is not None and isatty() else "json"
 
 
 def configure_logging_unless_configured(

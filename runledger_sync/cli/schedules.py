@@ -94,7 +94,9 @@ def _change(action: Any, done: str) -> Any:
     def run(args: argparse.Namespace) -> int:
         with open_engine(args) as engine:
             schedule = action(engine, args.name)
-        print(f"{printable(schedule.name)} {done}; next fire {when(schedule.next_fire_at)}")
+        # A paused row keeps its next_fire_at, but a pause means no fire: do not print one.
+        after = f"next fire {when(schedule.next_fire_at)}" if schedule.is_active else "it fires no more until resumed"
+        print(f"{printable(schedule.name)} {done}; {after}")
         return EXIT_OK
 
     return run

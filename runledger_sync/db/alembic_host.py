@@ -38,6 +38,7 @@ from typing import Any
 from alembic.script.revision import RevisionError
 from alembic.util import coerce_resource_to_filename
 
+from runledger_sync.core.errors import ConfigError
 from runledger_sync.db.migrate import VERSION_TABLE, migrations_directory
 from runledger_sync.db.schema import metadata
 
@@ -90,11 +91,24 @@ def process_revision_directives(context: Any, revision: Any, directives: list[An
             ScriptDirectory).
         revision: the revision range the command was given (unused).
         directives: the MigrationScript directives about to be written; changed in place.
+
+    Raises:
+        ConfigError: ``config.invalid`` when ``version_locations`` names a
+            ``runledger_sync`` resource that is no directory here (an editable
+            install), saying which directory to list instead.
     """
     script = getattr(context, "script", None)
     if script is None:
         return
     ours = (migrations_directory() / "versions").resolve()
+    for location in script.version_locations:
+        if not _names_our_package_but_no_directory(location):
+            continue
+        # Alembic would go on as if our history were not listed: a new base, or
+        # "Multiple version locations present", neither naming the cause.
+        raise ConfigError([f"version_locations lists {location!r}, which names no directory in this install "
+                           "of runledger-sync (an editable install, as from a clone, has no such resource); "
+                           f"list {str(ours)!r} there instead"])
     locations = [Path(coerce_resource_to_filename(location)).resolve() for location in script.version_locations]
     yours = [location for location in locations if location != ours]
     if not yours or len(yours) == len(locations):  # our versions are not part of this history
@@ -102,6 +116,17 @@ def process_revision_directives(context: Any, revision: Any, directives: list[An
     for directive in directives:
         if directive.version_path is None and _builds_on_ours(script, directive.head, ours):
             directive.version_path = str(yours[0])
+
+
+def _names_our_package_but_no_directory(location: str) -> bool:
+    """True for a ``runledger_sync...:path`` resource that does not resolve to a directory."""
+    package, colon, _ = str(location).partition(":")
+    if not colon or package.split(".")[0] != "runledger_sync":
+        return False
+    try:
+        return not Path(coerce_resource_to_filename(location)).is_dir()
+    except ImportError:  # runledger_sync._alembic is not importable from an editable install
+        return True
 
 
 def _builds_on_ours(script: Any, head: Any, ours: Path) -> bool:

@@ -21,10 +21,19 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Union
 
-import jinja2
-
 import runledger_sync as rl
-from runledger_sync.core.errors import ActionForbidden, AuthorizeHookMissing, DashboardReadOnly, DashboardRefusal
+from runledger_sync.core.errors import (
+    ActionForbidden,
+    AuthorizeHookMissing,
+    DashboardReadOnly,
+    DashboardRefusal,
+    MissingExtra,
+)
+
+try:
+    import jinja2
+except ImportError:  # the dashboard extra; the rest of the library works without it
+    raise MissingExtra("dashboard", "Jinja2") from None
 from runledger_sync.logging import get_logger
 from runledger_sync.web import views_jobs, views_operations, views_overview, views_workflows
 from runledger_sync.web.csrf import FIELD_NAME, CsrfGuard, check_origin

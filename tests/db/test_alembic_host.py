@@ -481,3 +481,16 @@ def test_option_2_with_an_editable_install_lists_the_printed_directory(
 
     ok(alembic("downgrade", "base"))
     assert not tables(engine) & ({"app_orders"} | QUEUE_TABLES)
+
+
+def test_option_2_a_resource_spelling_that_resolves_nowhere_is_named_with_the_directory_to_list(
+    new_host, editable_versions, empty_database, engine
+):
+    # A new project copied from the example, under the editable install a clone gets: the
+    # resource names no directory, so Alembic sees no revision of ours at all.
+    assert RESOURCE_LINE in (new_host / "alembic.ini").read_text(encoding="utf-8")
+    result = run("alembic", new_host, None, empty_database, "revision", "--autogenerate", "-m", "orders")
+    assert result.returncode != 0
+    assert "config.invalid: " in result.stderr and "runledger_sync:_alembic/versions" in result.stderr
+    assert str(editable_versions) in result.stderr  # the line to write instead
+    assert not list((new_host / "versions").glob("*.py"))

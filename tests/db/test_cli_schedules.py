@@ -44,12 +44,14 @@ def test_show_gives_the_next_fire_in_utc_and_in_the_schedules_zone(db, run):
 
 
 def test_pause_resume_trigger_and_delete_change_the_rows(db, run):
-    assert run("schedules", "pause", "nightly")[0] == 0
-    assert rl.get_schedule(db, "nightly").is_active is False
+    code, out, _ = run("schedules", "pause", "nightly")
+    assert code == 0 and rl.get_schedule(db, "nightly").is_active is False
+    assert out.strip() == "nightly paused; it fires no more until resumed"  # no "next fire" it will not keep
     code, out, _ = run("schedules", "list", "--paused", "--json")
     assert code == 0 and [json.loads(line)["name"] for line in out.splitlines()] == ["nightly"]
-    assert run("schedules", "resume", "nightly")[0] == 0
-    assert rl.get_schedule(db, "nightly").is_active is True
+    code, out, _ = run("schedules", "resume", "nightly")
+    assert code == 0 and rl.get_schedule(db, "nightly").is_active is True
+    assert out.startswith("nightly resumed; next fire ")
     code, out, _ = run("schedules", "trigger", "hourly")
     assert code == 0
     job = rl.get_job(db, out.strip())

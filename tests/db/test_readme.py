@@ -9,6 +9,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -77,6 +78,30 @@ def run_worker_process(argv: list[str], root: Path, engine, stop: int, **env_var
         if worker.poll() is None:
             worker.kill()
             worker.communicate()
+
+
+def test_the_development_server_snippet_serves_the_command_line_until_enter(tmp_path, capsys):
+    (tmp_path / "devdb.py").write_text(readme_snippet("dev-server"), encoding="utf-8")
+    server = subprocess.Popen([sys.executable, "devdb.py"], cwd=tmp_path, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        printed: list[str] = []
+        reader = threading.Thread(target=lambda: printed.append(server.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout=120)
+        assert printed and printed[0].startswith("export RUNLEDGER_DATABASE_URL="), (printed, server.poll())
+        url = shlex.split(printed[0].split("=", 1)[1])[0]
+        assert cli.main(["--database-url", url, "migrate"]) == 0  # what the guide's shells do with it
+        assert cli.main(["--database-url", url, "check-schema"]) == 0
+        assert "schema at" in capsys.readouterr().out
+        _, err = server.communicate(input="\n", timeout=120)
+        assert server.returncode == 0, err
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate()
+    assert cli.main(["--database-url", url, "check-schema"]) != 0  # Enter stopped it
+    assert (tmp_path / ".pgdata").is_dir()
 
 
 def test_the_jobs_module_as_the_workers_app_runs_the_jobs_and_enqueues_none(fresh_database, tmp_path, monkeypatch):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import io
 import json
@@ -9,6 +10,7 @@ import logging
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 
 import pytest
 
@@ -190,6 +192,67 @@ def test_configure_unless_configured_respects_an_existing_handler():
             ours.addHandler(handler)
         for handler in root_saved:
             std_logging.getLogger().addHandler(handler)
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@contextlib.contextmanager
+def bare_logging() -> Iterator[None]:
+    """No handler on our logger or the root logger in the block (pytest's own, added around the test body, put back after)."""
+    ours, root = logging.getLogger(ROOT_LOGGER_NAME), logging.getLogger()
+    saved, root_saved = list(ours.handlers), list(root.handlers)
+    for handler in saved:
+        ours.removeHandler(handler)
+    for handler in root_saved:
+        root.removeHandler(handler)
+    try:
+        yield
+    finally:
+        for handler in list(ours.handlers):
+            ours.removeHandler(handler)
+        for handler in saved:
+            ours.addHandler(handler)
+        for handler in root_saved:
+            root.addHandler(handler)
+
+
+@pytest.mark.parametrize(("variable", "text"), [(None, True), ("json", False), ("text", True)])
+def test_configure_unless_configured_picks_the_format_as_the_cli_worker_does(monkeypatch, variable, text):
+    # `flask runledger worker` and `manage.py runledger_worker` set logging up this way: in a
+    # terminal a newcomer should see each job run, as `runledger-sync worker` shows it.
+    from runledger_sync.logging import configure_logging_unless_configured
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    if variable is None:
+        monkeypatch.delenv("RUNLEDGER_LOG_FORMAT", raising=False)
+    else:
+        monkeypatch.setenv("RUNLEDGER_LOG_FORMAT", variable)
+    with bare_logging():
+        assert configure_logging_unless_configured() is not None
+        logging.getLogger(JOB_LINES_LOGGER_NAME).info("job email.send 0190 succeeded (attempt 1, 3 ms)")
+        get_logger("runtime.worker").info("worker started")
+
+    lines = terminal.getvalue().splitlines()
+    if text:
+        assert [line.split(" ", 3)[2:] for line in lines] == [
+            ["INFO", "runledger_sync.jobs job email.send 0190 succeeded (attempt 1, 3 ms)"],
+            ["INFO", "runledger_sync.runtime.worker worker started"],
+        ]
+    else:
+        assert [json.loads(line)["message"] for line in lines] == ["worker started"]
+
+
+def test_configure_unless_configured_refuses_an_unknown_format_variable(monkeypatch):
+    import runledger_sync as rl
+    from runledger_sync.logging import configure_logging_unless_configured
+
+    monkeypatch.setenv("RUNLEDGER_LOG_FORMAT", "xml")
+    with bare_logging(), pytest.raises(rl.ConfigError, match="RUNLEDGER_LOG_FORMAT must be one of text, json, got 'xml'"):
+        configure_logging_unless_configured()
 
 
 def test_job_lines_are_off_until_asked_for_and_on_in_text_mode_only():

@@ -71,6 +71,21 @@ def test_the_dashboard_without_its_extra_says_how_to_install_it_in_a_clone(monke
     assert caught.value.hint == "install runledger-sync's dashboard extra (in a clone of runledger-sync: pip install -e '.[dashboard]')"
 
 
+@pytest.mark.parametrize("entry", [
+    "sys.exit(cli.main(['--database-url', 'postgresql://nobody@127.0.0.1:1/none', 'dashboard', '--port', '0']))",
+    "from runledger_sync.web import create_app",  # what the Flask and Django mounts import
+])
+def test_the_dashboard_without_jinja2_is_the_missing_extra_error_every_other_extra_gives(entry):
+    result = subprocess.run(
+        [sys.executable, "-c", f"import sys; sys.modules['jinja2'] = None; from runledger_sync import cli; {entry}"],
+        capture_output=True, text=True, timeout=60,
+    )
+
+    assert result.returncode != 0
+    assert ("config.missing_extra: Jinja2 is not installed; install runledger-sync's dashboard extra "
+            "(in a clone of runledger-sync: pip install -e '.[dashboard]')") in result.stderr
+
+
 def test_embedded_postgres_without_its_extra_says_how_to_install_it_in_a_clone(monkeypatch):
     monkeypatch.setitem(sys.modules, "pgserver", None)
 

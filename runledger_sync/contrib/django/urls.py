@@ -3,8 +3,9 @@
 The options come from ``RUNLEDGER["DASHBOARD"]`` (see :mod:`.settings`). The hooks are
 given the Django request (``request.user``, ``request.session``). Without an AUTHORIZE
 hook only staff users (``request.user.is_staff``, from Django's authentication
-middleware) may see the dashboard or act; an anonymous visitor refused a page is sent
-to ``settings.LOGIN_URL`` with ``?next=``. Forms are checked by Django's own CSRF
+middleware) may see the dashboard or act, and without that middleware every page raises
+``ImproperlyConfigured`` (``config.invalid``) saying so; an anonymous visitor refused a
+page is sent to ``settings.LOGIN_URL`` with ``?next=``. Forms are checked by Django's own CSRF
 protection (the views are ``csrf_protect``-ed and draw Django's token), so
 ``CSRF_TRUSTED_ORIGINS`` and the proxy settings apply as everywhere else in the project.
 The queue's engine is the app's (``DATABASES``).
@@ -18,12 +19,14 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.middleware.csrf import get_token
 from django.shortcuts import resolve_url
 from django.urls import path
 from django.views.decorators.csrf import csrf_protect
 
+import runledger_sync as rl
 from runledger_sync.contrib.django import _app_config, get_engine
 
 app_name = "runledger"
@@ -76,10 +79,23 @@ def _anonymous(request: HttpRequest) -> bool:
     return user is not None and not user.is_authenticated
 
 
+def _check_default_hook(request: HttpRequest) -> None:
+    # Without AUTHORIZE only staff get in; with no request.user every page would be a
+    # 403 blaming a hook the project never set, so name what is missing instead.
+    if _app_config().runledger_settings.dashboard.authorize is None and not hasattr(request, "user"):
+        problem = rl.ConfigError([
+            "the dashboard admits staff users unless RUNLEDGER[\"DASHBOARD\"][\"AUTHORIZE\"] names a hook, and "
+            "that needs request.user: add \"django.contrib.auth.middleware.AuthenticationMiddleware\" to "
+            "MIDDLEWARE (with django.contrib.auth and django.contrib.sessions), or set "
+            "RUNLEDGER[\"DASHBOARD\"][\"AUTHORIZE\"] = \"module:hook\""])
+        raise ImproperlyConfigured(str(problem))
+
+
 @csrf_protect
 def dashboard(request: HttpRequest, rest: str = "") -> HttpResponse:
     from runledger_sync.web import HostForm
 
+    _check_default_hook(request)
     prefix = request.path[: len(request.path) - len(rest)] if rest else request.path
     # Django has parsed the form, whichever its encoding; the dashboard reads it urlencoded.
     form = urlencode(list(request.POST.lists()), doseq=True).encode()

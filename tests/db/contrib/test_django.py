@@ -194,6 +194,8 @@ def test_runledger_migrate_command_upgrades_an_empty_database(runledger):
     out = io.StringIO()
     call_command("runledger_migrate", database="empty", stdout=out)
     assert "migrated from an empty database" in out.getvalue()
+    # Says what it wrote besides the schema, as `runledger-sync migrate --app` and `flask runledger migrate` do.
+    assert "; 1 job definition(s) and 0 schedule(s) written" in out.getvalue()
     assert rl.current_revision(empty) == rl.head_revision()
     assert scalar(empty, "SELECT count(*) FROM job_definitions WHERE job_type = :t", t=JOB_TYPE) == 1
     out = io.StringIO()
@@ -379,6 +381,21 @@ def test_dashboard_default_hook_admits_staff_and_sends_anonymous_visitors_to_log
         not_staff = client.get("/ops/jobs", HTTP_X_USER="user:bob")
         assert not_staff.status_code == 403 and "web.action_forbidden" in not_staff.content.decode()
         assert client.get("/ops/jobs", HTTP_X_USER="staff:ada").status_code == 200
+
+
+def test_dashboard_default_hook_without_the_authentication_middleware_is_a_configuration_error(runledger):
+    from django.test import RequestFactory
+
+    from runledger_sync.contrib.django import urls
+
+    request = RequestFactory().get("/ops/jobs")  # no middleware ran: no request.user
+    with dashboard_settings(dashboard={"authorize": None}), pytest.raises(ImproperlyConfigured) as raised:
+        urls.dashboard(request, "jobs")
+    message = str(raised.value)
+    assert message.startswith("config.invalid: ")
+    assert "AuthenticationMiddleware" in message and 'RUNLEDGER["DASHBOARD"]["AUTHORIZE"]' in message
+    with dashboard_settings(dashboard={"authorize": "runledger_sync.web:allow_anyone"}):
+        assert urls.dashboard(RequestFactory().get("/ops/jobs"), "jobs").status_code == 200  # a hook needs no user
 
 
 def test_dashboard_read_only_refusal_names_the_django_setting(runledger):
