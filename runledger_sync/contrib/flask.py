@@ -400,7 +400,10 @@ def _command_group() -> AppGroup:
                        "else text on a terminal and json otherwise (the app's own logging, if set up, wins)")
     def worker_command(drain_timeout: float, log_format: Optional[str]) -> None:
         """Run this app's job handlers until SIGINT or SIGTERM."""
-        rl.configure_logging_unless_configured(log_format=log_format)
+        try:
+            rl.configure_logging_unless_configured(log_format=log_format)
+        except rl.ConfigError as refused:
+            raise click.UsageError(str(refused)) from None  # exit 2, as the console script's worker
         status = _extension().run_worker(
             current_app._get_current_object(), drain_timeout=drain_timeout  # type: ignore[attr-defined]
         )

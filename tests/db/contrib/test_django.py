@@ -32,7 +32,7 @@ django = pytest.importorskip("django")
 
 from django.conf import settings  # noqa: E402 - only once Django is known to be installed
 from django.core.exceptions import ImproperlyConfigured  # noqa: E402
-from django.core.management import call_command  # noqa: E402
+from django.core.management import CommandError, call_command  # noqa: E402
 from django.db import connection, connections, transaction  # noqa: E402
 
 from tests.db.contrib import django_jobs, django_settings  # noqa: E402 - imports Django
@@ -247,6 +247,13 @@ def test_runledger_worker_command_runs_until_sigterm(runledger):
     watcher.join(5)
     assert done.is_set()
     assert [run[2] for run in django_jobs.runs] == [{"item": "command"}]
+
+
+def test_runledger_worker_command_refuses_a_log_format_variable_it_does_not_know(runledger, monkeypatch):
+    monkeypatch.setenv("RUNLEDGER_LOG_FORMAT", "xml")
+    with pytest.raises(CommandError, match="RUNLEDGER_LOG_FORMAT must be one of text, json, got 'xml'") as refused:
+        call_command("runledger_worker", "--drain-timeout", "5")
+    assert refused.value.returncode == 2
 
 
 def test_database_url_is_built_from_a_databases_entry():

@@ -250,6 +250,15 @@ def test_cli_worker_runs_jobs_until_sigterm(app_and_ext):
     assert seen == [(APP_NAME, {"body": "cli"})]
 
 
+def test_cli_worker_refuses_a_log_format_variable_it_does_not_know_with_a_usage_error(app_and_ext, monkeypatch):
+    app, ext = app_and_ext
+    monkeypatch.setenv("RUNLEDGER_LOG_FORMAT", "xml")
+    result = app.test_cli_runner().invoke(args=["runledger", "worker", "--drain-timeout", "5"])
+    assert result.exit_code == 2, result.output
+    assert "config.invalid: RUNLEDGER_LOG_FORMAT must be one of text, json, got 'xml'" in result.output
+    assert "Traceback" not in result.output
+
+
 def test_flask_sqlalchemy_session_joins_the_enqueue(fresh_database):
     flask_sqlalchemy = pytest.importorskip("flask_sqlalchemy")
     app = flask.Flask("fsa_app")

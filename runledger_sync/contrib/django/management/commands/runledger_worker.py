@@ -26,7 +26,10 @@ class Command(BaseCommand):
                                  "on a terminal and json otherwise (Django's LOGGING, when it covers us, wins)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        rl.configure_logging_unless_configured(log_format=options["log_format"])
+        try:
+            rl.configure_logging_unless_configured(log_format=options["log_format"])
+        except rl.ConfigError as refused:
+            raise CommandError(str(refused), returncode=2) from None
         config = runledger.get_config()
         if options["concurrency"] is not None:
             config = config.with_overrides(max_global_concurrency=options["concurrency"])
