@@ -1,9 +1,17 @@
-"""Print throughput with 1, 2 and 4 worker processes, and the claim statement's time at 10,000 vs 1,000,000 pending jobs.
+"""Print throughput with 1, 2, 4 and 8 worker processes, and the claim statement's time at 10,000 vs 1,000,000 pending jobs.
 
-Usage: python bench/scale.py [--jobs 10000] [--workers 1,2,4] [--concurrency 8]
-                             [--pending 10000,1000000] [--claims 200] [--database-url URL]
-Throughput: N pre-inserted no-op jobs drained by K worker processes (bench/peers/run_runledger.py,
-the same runner and outside timing as compare.py). Claim time: the real
+Usage: python bench/scale.py [--jobs 10000] [--workers 1,2,4,8] [--concurrency 8]
+                             [--pending 10000,1000000] [--claims 200] [--only throughput|claims]
+                             [--database-url URL]
+Throughput: K worker processes (bench/peers/run_runledger.py, the same runner as
+compare.py) are started on an empty queue and waited for until each listens for new
+jobs; N no-op jobs are then enqueued in one transaction, so all become claimable, and
+every worker is woken, at its commit. The drain is timed by the job rows themselves,
+from the first claim (min started_at) to the last success (max finished_at), and the
+figure is refused (exit status 1, nothing printed) if the jobs did not each succeed
+once or the span is shorter than a stretch the script saw the drain running.
+Worker and PostgreSQL CPU are read from /proc over the drain.
+Claim time: the real
 store.lifecycle.claim_jobs, a batch of --claim-limit, each in a transaction rolled
 back so every call sees the same queue; the rows are inserted with one
 INSERT ... SELECT generate_series into the library's own job_queue table.
@@ -13,17 +21,19 @@ is timed too, after the rolled-back ones; its claims commit, so each size's queu
 loses --claims x --claim-limit pending jobs while it is timed.
 Target: the claim at the largest size within 2x of the smallest.
 """
-
 from __future__ import annotations
 
 import argparse
 import contextlib
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional, Sequence
 
 import _common as bench
 import compare
+import psycopg2
 from sqlalchemy import Integer, bindparam, func, literal, select
 
 import runledger_sync as rl
@@ -35,11 +45,12 @@ from runledger_sync.store.lifecycle import claim_jobs, claim_prestart_jobs_for_t
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=10_000)
-    parser.add_argument("--workers", default="1,2,4", help="comma-separated worker process counts")
+    parser.add_argument("--workers", default="1,2,4,8", help="comma-separated worker process counts")
     parser.add_argument("--concurrency", type=int, default=8, help="per worker process")
     parser.add_argument("--pending", default="10000,1000000", help="comma-separated queue sizes for the claim timing")
     parser.add_argument("--claims", type=int, default=200, help="timed claims per size")
     parser.add_argument("--claim-limit", type=int, default=rl.JobsConfig().claim_batch_size)
+    parser.add_argument("--only", choices=("throughput", "claims"), help="run one of the two parts")
     bench.add_database_option(parser)
     args = parser.parse_args()
     args.workers = [int(k) for k in args.workers.split(",")]
@@ -49,41 +60,166 @@ def parse_args() -> argparse.Namespace:
 
 # -- throughput by worker count --------------------------------------------------------
 
+#: Between looks at the drain's progress; each look is three index probes, cheap next to the drain.
+WATCH_SECONDS = 0.010
+#: The ``application_name`` a worker's listener session carries, so it can be found in pg_stat_activity.
+LISTENER_APPLICATION_NAME = "runledger-listener"
+JOB_LISTEN = "LISTEN runledger_jobs"
 
-def drain_with(srv: bench.Server, workers: int, args: argparse.Namespace) -> tuple[float, float, float]:
-    """jobs/s, worker CPU ms/job (all processes) and PostgreSQL CPU ms/job with ``workers`` processes."""
+# statement_timestamp() is taken before the statement's snapshot and clock_timestamp()
+# after it, so each bounds the snapshot from its side, on the clock the job rows use.
+_LOOK = """
+SELECT statement_timestamp(), clock_timestamp(),
+       EXISTS (SELECT 1 FROM job_queue WHERE status = ANY(%(claimed)s)),
+       EXISTS (SELECT 1 FROM job_queue WHERE status = 'PENDING'),
+       EXISTS (SELECT 1 FROM job_queue WHERE status = ANY(%(unfinished)s))
+"""
+_CLAIMED = [rl.JobStatus.LEASED.value, rl.JobStatus.SUCCEEDED.value]
+_UNFINISHED = [rl.JobStatus.PENDING.value, rl.JobStatus.LEASED.value]
+
+# The drain as the job rows record it: each job's started_at is set by its first
+# claim and its finished_at by its success write, both the server's now().
+_RECORD = """
+SELECT count(*) FILTER (WHERE status = 'SUCCEEDED'),
+       extract(epoch FROM max(finished_at) - min(started_at)),
+       (SELECT count(*) FROM job_attempts),
+       (SELECT count(*) FROM job_attempts WHERE finished_at IS NOT NULL)
+FROM job_queue
+"""
+
+
+class ImpossibleFigure(RuntimeError):
+    """A drain's figures contradict the database's record or what the script saw; nothing is printed."""
+
+
+@dataclass
+class Drain:
+    jobs: int
+    seconds: float  # first claim to last finish, from the job rows
+    watched: float  # a stretch the script saw the drain run, which the drain must outlast
+    worker_ms: float
+    postgres_ms: Optional[float]
+
+    @property
+    def rate(self) -> float:
+        return self.jobs / self.seconds
+
+
+def wait_for_listeners(cursor, workers: int, processes: Sequence, deadline: float) -> None:
+    """Wait until every worker process listens for new jobs, so a commit wakes them all at once."""
+    while True:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND application_name = %s AND query = %s", (LISTENER_APPLICATION_NAME, JOB_LISTEN))
+        if cursor.fetchone()[0] >= workers:
+            return
+        _check_alive(processes)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{workers} worker processes were not all listening within 120 s")
+        time.sleep(WATCH_SECONDS)
+
+
+def watch_drain(cursor, processes: Sequence, deadline: float) -> float:
+    """Look until no job is pending or leased; return a stretch the drain is known to have lasted.
+
+    The first look that sees a claimed job ends after its snapshot, which is after that
+    claim's commit and so after the first job's started_at. The last look that sees a
+    pending job begins before its snapshot, so that job's claim commits later and its
+    finished_at comes later still. The drain therefore lasts longer than the time
+    between the two, whoever's clock or column is wrong.
+    """
+    first_claim_seen = last_pending_seen = None
+    while True:
+        cursor.execute(_LOOK, {"claimed": _CLAIMED, "unfinished": _UNFINISHED})
+        began, ended, claimed, pending, unfinished = cursor.fetchone()
+        if claimed and first_claim_seen is None:
+            first_claim_seen = ended
+        if pending:
+            last_pending_seen = began
+        if not unfinished:
+            break
+        _check_alive(processes)
+        if time.monotonic() > deadline:
+            raise RuntimeError("the drain did not finish within 30 min")
+        time.sleep(WATCH_SECONDS)
+    if first_claim_seen is None or last_pending_seen is None:
+        return 0.0
+    return max(0.0, (last_pending_seen - first_claim_seen).total_seconds())
+
+
+def _check_alive(processes: Sequence) -> None:
+    exited = [p.returncode for p in processes if p.poll() is not None]
+    if exited:
+        raise RuntimeError(f"a worker process exited early with status {exited[0]}")
+
+
+def check_possible(drain: Drain, succeeded: int, attempts: int, finished_attempts: int, workers: int) -> None:
+    """Refuse a figure the run cannot have produced.
+
+    A rate is the jobs over a span, so it is only as true as both. Every job must have
+    succeeded on exactly one attempt, or the count is not what was drained. And the
+    span must outlast the stretch the script itself saw the drain running (see
+    watch_drain): that stretch is measured from outside the workers and the job
+    rows, from snapshots alone, so a span shorter than it (a clock started after
+    the first jobs ran, a column that is not the claim or the finish) is impossible,
+    not merely noisy, however fast the machine.
+
+    Raises:
+        ImpossibleFigure: with what was expected and what was found.
+    """
+    if not succeeded == attempts == finished_attempts == drain.jobs:
+        raise ImpossibleFigure(
+            f"{workers} process(es): expected {drain.jobs:,} jobs SUCCEEDED with one finished attempt each, found "
+            f"{succeeded:,} SUCCEEDED and {finished_attempts:,} finished of {attempts:,} attempts")
+    if not drain.seconds > drain.watched:
+        raise ImpossibleFigure(
+            f"{workers} process(es): the jobs record a drain of {drain.seconds:.3f} s ({drain.rate:,.0f} jobs/s), "
+            f"but the script saw it running for {drain.watched:.3f} s; a drain cannot be shorter than that")
+
+
+def drain_with(srv: bench.Server, workers: int, args: argparse.Namespace) -> Drain:
+    """Drain ``args.jobs`` no-op jobs with ``workers`` processes, all listening before the jobs commit."""
     system = compare.SYSTEMS[compare.OURS]
     runner = compare.Runner(system, Path(sys.executable))
     with compare.phase_database(srv, runner, f"scale{workers}") as url:
-        runner.call("bulk", url, args.jobs, bench.ENQUEUE_BATCH)
-        observer = compare.Observer(url, system, args.jobs)
+        engine = rl.create_engine(url)
+        watcher = psycopg2.connect(url)
+        watcher.autocommit = True
+        postgres = bench.PostgresCpu(url)
+        postgres.exclude_backend(watcher.get_backend_pid())
         try:
-            with contextlib.ExitStack() as stack:
+            with contextlib.ExitStack() as stack, watcher.cursor() as cursor:
                 processes = [stack.enter_context(runner.worker(url, args.concurrency)) for _ in range(workers)]
-                window = bench.CpuWindow(lambda: sum(bench.tree_cpu_seconds(p.pid) for p in processes), observer.postgres)
-                if not observer.wait_until(0, 1, time.monotonic() + 120, processes):
-                    raise RuntimeError("no job started within 120 s")
-                window.start()
-                started = time.perf_counter()
-                if not observer.wait_until(1, args.jobs, time.monotonic() + 1_800, processes):
-                    raise RuntimeError("the drain did not finish within 30 min")
-                elapsed = time.perf_counter() - started
+                wait_for_listeners(cursor, workers, processes, time.monotonic() + 120)
+                window = bench.CpuWindow(lambda: sum(bench.tree_cpu_seconds(p.pid) for p in processes), postgres)
+                # One transaction: every job becomes claimable, and every worker is woken, at its commit.
+                with engine.begin() as conn:
+                    rl.enqueue_many(conn, (rl.JobSpec(bench.NOOP_TYPE, {"n": n}) for n in range(args.jobs)))
+                    window.start()
+                watched = watch_drain(cursor, processes, time.monotonic() + 1_800)
                 window.stop()
+                cursor.execute(_RECORD)
+                succeeded, seconds, attempts, finished_attempts = cursor.fetchone()
         finally:
-            observer.close()
+            watcher.close()
+            engine.dispose()
     worker_ms, postgres_ms = window.per_job_ms(args.jobs)
-    return args.jobs / elapsed, worker_ms, postgres_ms
+    drain = Drain(args.jobs, float(seconds or 0.0), watched, worker_ms, postgres_ms)
+    check_possible(drain, succeeded, attempts, finished_attempts, workers)
+    return drain
 
 
 def report_throughput(srv: bench.Server, args: argparse.Namespace) -> None:
     rows, base = [], None
     for workers in args.workers:
         print(f"draining {args.jobs:,} jobs with {workers} worker process(es)", flush=True)
-        rate, worker_ms, postgres_ms = drain_with(srv, workers, args)
-        base = base or rate
-        rows.append([str(workers), bench.fmt(rate), f"{rate / base:.2f}x", f"{worker_ms:.3f}", bench.fmt(postgres_ms, 3)])
-    print(f"\njobs={args.jobs} concurrency per process={args.concurrency}")
-    bench.print_table(["processes", "processed/s", f"vs {args.workers[0]}", "worker CPU ms/job", "PG CPU ms/job"], rows)
+        drain = drain_with(srv, workers, args)
+        base = base or drain.rate
+        rows.append([str(workers), bench.fmt(drain.rate), f"{drain.rate / base:.2f}x", f"{drain.seconds:.3f}",
+                     f"{drain.watched:.3f}", f"{drain.worker_ms:.3f}", bench.fmt(drain.postgres_ms, 3)])
+    print(f"\njobs={args.jobs} concurrency per process={args.concurrency}; "
+          "drain: first claim to last finish from the job rows; seen: a stretch the script saw it run")
+    bench.print_table(["processes", "processed/s", f"vs {args.workers[0]}", "drain s", "seen s", "worker CPU ms/job",
+                       "PG CPU ms/job"], rows)
 
 
 # -- claim time by queue size -----------------------------------------------------------
@@ -169,8 +305,14 @@ def report_claims(srv: bench.Server, args: argparse.Namespace) -> None:
 def main() -> int:
     args = parse_args()
     with bench.server(args.database_url) as srv:
-        report_throughput(srv, args)
-        report_claims(srv, args)
+        try:
+            if args.only != "claims":
+                report_throughput(srv, args)
+        except ImpossibleFigure as error:
+            print(f"scale.py: refusing an impossible figure: {error}", file=sys.stderr)
+            return 1
+        if args.only != "throughput":
+            report_claims(srv, args)
     return 0
 
 
