@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 from uuid import UUID
 
 from runledger_sync.core import validation as check
-from runledger_sync.core.errors import DependencyCycle, DuplicateStepKey, UnknownDependency, WorkflowEmpty
+from runledger_sync.core.workflow_errors import DependencyCycle, DuplicateStepKey, UnknownDependency, WorkflowEmpty
 
 STEP_KEY_MAX_LENGTH = 200
 WORKFLOW_NAME_MAX_LENGTH = 200

@@ -27,11 +27,10 @@ from sqlalchemy import MetaData, inspect
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
 
-from runledger_sync.core.errors import (
-    InvalidArgument,
+from runledger_sync.core.errors import InvalidArgument, RunledgerError
+from runledger_sync.core.store_errors import (
     MigrationFailed,
     OfflineMigrationUnsupported,
-    RunledgerError,
     SchemaManagedByHost,
     SchemaMismatch,
 )

@@ -12,10 +12,7 @@ from uuid import UUID
 from sqlalchemy.engine import Engine
 
 from runledger_sync.config import JobsConfig
-from runledger_sync.core.errors import (
-    LeaseOwnerMismatch,
-    WorkflowReleaseConflict,
-)
+from runledger_sync.core.errors import LeaseOwnerMismatch
 from runledger_sync.core.outcomes import (
     LEASE_OWNER_MISMATCH_CODE,
     LeaseLost,
@@ -30,6 +27,7 @@ from runledger_sync.core.types import (
     JobCompletion,
     JobContext,
 )
+from runledger_sync.core.workflow_errors import WorkflowReleaseConflict
 from runledger_sync.logging import JOB_LINES_LOGGER_NAME, get_logger, job_log_fields
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.hot_path import HotPathWriters

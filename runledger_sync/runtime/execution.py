@@ -28,7 +28,6 @@ from sqlalchemy.engine import Engine
 
 from runledger_sync.config import JobsConfig
 from runledger_sync.core.errors import (
-    CommitOutcomeUnknown,
     InvalidArgument,
     InvalidPayload,
     JobCancelled,
@@ -50,6 +49,7 @@ from runledger_sync.core.outcomes import (
     worker_shutdown_failure,
 )
 from runledger_sync.core.records import JobRecord
+from runledger_sync.core.store_errors import CommitOutcomeUnknown
 from runledger_sync.core.types import (
     JobCompletion,
     JobFailure,

@@ -12,17 +12,14 @@ import time
 
 from tenacity import Retrying, retry_if_exception_type, stop_before_delay, stop_when_event_set, wait_exponential
 
-from runledger_sync.core.errors import (
-    ConnectionFailed,
-    LeaseOwnerMismatch,
-    RunledgerError,
-)
+from runledger_sync.core.errors import LeaseOwnerMismatch, RunledgerError
 from runledger_sync.core.outcomes import (
     LEASE_OWNER_MISMATCH_CODE,
     MAINTENANCE_LOST,
     LeaseLost,
     timeout_failure,
 )
+from runledger_sync.core.store_errors import ConnectionFailed
 from runledger_sync.core.types import (
     JobStatus,
 )

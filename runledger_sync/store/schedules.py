@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.cron import names_no_time_after, next_fire_at, parse_cron
-from runledger_sync.core.errors import DefinitionNotFound, ScheduleDeclaredInCode, ScheduleNotFound
+from runledger_sync.core.errors import ScheduleDeclaredInCode, ScheduleNotFound
 from runledger_sync.core.ids import uuid7
 from runledger_sync.core.records import (
     SCHEDULE_NAME_MAX_LENGTH,
@@ -27,6 +27,7 @@ from runledger_sync.core.records import (
     ScheduleRecord,
     ScheduleSpec,
 )
+from runledger_sync.core.store_errors import DefinitionNotFound
 from runledger_sync.core.types import JobStage
 from runledger_sync.db.schema import job_definitions, job_schedules
 from runledger_sync.store._binds import Bind

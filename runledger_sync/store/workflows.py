@@ -16,13 +16,6 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
-from runledger_sync.core.errors import (
-    WorkflowAlreadyEnqueued,
-    WorkflowDefinitionNotFoundOrDisabled,
-    WorkflowEnqueueConflictingRetry,
-    WorkflowLegacySnapshotMissing,
-    WorkflowStepNotFound,
-)
 from runledger_sync.core.ids import uuid7
 from runledger_sync.core.workflow import (
     STEP_KEY_MAX_LENGTH,
@@ -33,6 +26,13 @@ from runledger_sync.core.workflow import (
     WorkflowStepKind,
     WorkflowStepRecord,
     WorkflowStepStatus,
+)
+from runledger_sync.core.workflow_errors import (
+    WorkflowAlreadyEnqueued,
+    WorkflowDefinitionNotFoundOrDisabled,
+    WorkflowEnqueueConflictingRetry,
+    WorkflowLegacySnapshotMissing,
+    WorkflowStepNotFound,
 )
 from runledger_sync.db.schema import job_definitions, job_queue, workflow_runs, workflow_step_dependencies, workflow_steps
 from runledger_sync.store._binds import Bind

@@ -18,6 +18,7 @@ import pytest
 from sqlalchemy import text
 
 from runledger_sync.core import backoff, errors
+from runledger_sync.core.store_errors import CommitOutcomeUnknown
 from runledger_sync.core.types import JobCompletion, JobDeadLetterReason, JobFailure, JobFailureKind
 from runledger_sync.db.engine import create_engine
 from runledger_sync.registry import JobRegistry
@@ -664,7 +665,7 @@ def test_a_running_write_of_unknown_outcome_that_landed_runs_the_handler(engine,
     job = enqueue_and_claim(engine, registry, config)
     # The one-query running write committed, but its connection went before the reply.
     lifecycle.mark_job_running(engine, lease_identity(job))
-    process_claimed_job(engine, registry, job, config, running=errors.CommitOutcomeUnknown("reply lost"))
+    process_claimed_job(engine, registry, job, config, running=CommitOutcomeUnknown("reply lost"))
     assert len(probe.calls) == 1
     assert job_row(engine, job.id).status == "SUCCEEDED"
     assert [a.attempt for a in attempts(engine, job.id)] == [1]
@@ -674,7 +675,7 @@ def test_a_running_write_of_unknown_outcome_that_did_not_land_hands_the_claim_ba
     registry = h.registry_with(JOB_TYPE, h.ok(probe))
     config = fast_config()
     job = enqueue_and_claim(engine, registry, config)
-    process_claimed_job(engine, registry, job, config, running=errors.CommitOutcomeUnknown("connection lost"))
+    process_claimed_job(engine, registry, job, config, running=CommitOutcomeUnknown("connection lost"))
     assert probe.calls == []
     assert job_row(engine, job.id).status == "PENDING"
     assert events(engine, job.id)[-1] == ("REQUEUED", 1, {"reason": "RUNNING_PROGRESS_PERSIST_FAILED"})

@@ -11,6 +11,7 @@ from sqlalchemy import text
 
 from runledger_sync.core import errors
 from runledger_sync.core.records import JobSpec
+from runledger_sync.core.store_errors import StoreError
 from runledger_sync.core.types import JobCompletion, JobFailure, JobStage, JobStatus
 from runledger_sync.db.engine import create_engine
 from runledger_sync.store import enqueue as store_enqueue
@@ -385,7 +386,7 @@ def test_heartbeat_stuck_past_its_lock_timeout_fails_with_query_failed(engine, p
     with engine.connect() as holder:
         holder.execute(text("SELECT 1 FROM job_queue WHERE id = :id FOR UPDATE"), {"id": job.id})
         started = time.monotonic()
-        with pytest.raises(errors.StoreError) as caught:
+        with pytest.raises(StoreError) as caught:
             lifecycle.heartbeat_job(engine, **identity(job), lease_ttl_seconds=30, lock_timeout_ms=200)
         elapsed = time.monotonic() - started
         holder.rollback()
