@@ -31,7 +31,8 @@ from runledger_sync.core.workflow_errors import (
     WorkflowRunFinished,
     WorkflowRunNotFound,
 )
-from runledger_sync.db.schema import job_events, job_queue, workflow_runs, workflow_steps
+from runledger_sync.db.schema import job_events, job_queue
+from runledger_sync.db.schema_workflows import workflow_runs, workflow_steps
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._enqueue_batch import same_request
 from runledger_sync.store._errors import run_in_transaction

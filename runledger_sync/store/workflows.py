@@ -34,7 +34,8 @@ from runledger_sync.core.workflow_errors import (
     WorkflowLegacySnapshotMissing,
     WorkflowStepNotFound,
 )
-from runledger_sync.db.schema import job_definitions, job_queue, workflow_runs, workflow_step_dependencies, workflow_steps
+from runledger_sync.db.schema import job_definitions, job_queue
+from runledger_sync.db.schema_workflows import workflow_runs, workflow_step_dependencies, workflow_steps
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._enqueue_batch import require_read_committed
 from runledger_sync.store._enqueue_batch import same_request
