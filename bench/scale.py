@@ -4,7 +4,7 @@ Usage: python bench/scale.py [--jobs 10000] [--workers 1,2,4] [--concurrency 8]
                              [--pending 10000,1000000] [--claims 200] [--database-url URL]
 Throughput: N pre-inserted no-op jobs drained by K worker processes (bench/peers/run_runledger.py,
 the same runner and outside timing as compare.py). Claim time: the real
-store.lifecycle.claim_jobs, a batch of --claim-limit, each in a transaction rolled
+store.claim.claim_jobs, a batch of --claim-limit, each in a transaction rolled
 back so every call sees the same queue; the rows are inserted with one
 INSERT ... SELECT generate_series into the library's own job_queue table.
 The worker's own claim (claim_prestart_jobs_for_types on a held connection: a
@@ -28,8 +28,8 @@ from sqlalchemy import Integer, bindparam, func, literal, select
 
 import runledger_sync as rl
 from runledger_sync.db.schema import job_queue
+from runledger_sync.store.claim import claim_jobs, claim_prestart_jobs_for_types
 from runledger_sync.store.held import HeldConnection
-from runledger_sync.store.lifecycle import claim_jobs, claim_prestart_jobs_for_types
 
 
 def parse_args() -> argparse.Namespace:

@@ -71,6 +71,7 @@ from runledger_sync.runtime.timer_thread import TimerThread
 from runledger_sync.runtime.watch import deadline_of, watch
 from runledger_sync.store import lifecycle
 from runledger_sync.store.apply import running_landed
+from runledger_sync.store.running import mark_job_running
 
 log = get_logger(__name__)
 
@@ -187,7 +188,7 @@ def _process_with_timer(
 def _mark_running_or_abort(execution: JobExecution, running: object) -> bool:
     if running is WRITE_RUNNING:
         try:
-            lifecycle.mark_job_running(execution.engine, execution.identity, event_log=execution.config.event_log)
+            mark_job_running(execution.engine, execution.identity, event_log=execution.config.event_log)
         except RunledgerError as error:
             running = error
         else:

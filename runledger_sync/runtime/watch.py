@@ -26,7 +26,8 @@ from runledger_sync.core.types import (
 from runledger_sync.logging import get_logger
 from runledger_sync.runtime.attempt import JobExecution
 from runledger_sync.runtime.completion import finish
-from runledger_sync.store import admin, lifecycle
+from runledger_sync.store import admin
+from runledger_sync.store.running import heartbeat_job
 
 log = get_logger(__name__)
 
@@ -109,7 +110,7 @@ def _renew_lease(execution: JobExecution) -> None:
     def renew() -> None:
         try:
             retrying(
-                lifecycle.heartbeat_job, execution.engine, **execution.identity.keywords(),
+                heartbeat_job, execution.engine, **execution.identity.keywords(),
                 event_log=execution.config.event_log,
                 lease_ttl_seconds=execution.config.lease_ttl_seconds,
                 lock_timeout_ms=execution.config.heartbeat_lock_timeout_ms,

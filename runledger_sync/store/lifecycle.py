@@ -7,8 +7,7 @@ implies. The writes made while the job runs (mark running, progress,
 heartbeat) are in :mod:`~runledger_sync.store.running`, the claim in
 :mod:`~runledger_sync.store.claim`, the grouped writes
 in :mod:`~runledger_sync.store.lifecycle_batch`, the reaper's recovery in
-:mod:`~runledger_sync.store.reaper`; their functions are importable from here
-too, the store's lifecycle as one name space.
+:mod:`~runledger_sync.store.reaper`; import each from its own module.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from runledger_sync.core.errors import (
     LeaseOwnerMismatch,
     UnstartedClaimReleaseNotApplicable,
 )
-from runledger_sync.core.outcomes import LEASE_EXPIRED_CODE, LEASE_EXPIRED_MESSAGE, EarlierAttempts, dead_letter_reason
+from runledger_sync.core.outcomes import EarlierAttempts, dead_letter_reason
 from runledger_sync.core.records import JobRecord, LeaseIdentity
 from runledger_sync.core.types import JobCompletion, JobFailure, JobStatus
 from runledger_sync.db.schema import job_queue
@@ -42,33 +41,6 @@ from runledger_sync.store._rows import to_job
 from runledger_sync.store._sql import check_identity
 from runledger_sync.store._transitions import RELEASE, build_failure, build_success, earlier_attempts, failure_params
 from runledger_sync.store._workflow_steps import job_ends, jobs_ended, steps_handed_back
-from runledger_sync.store.claim import MAX_CLAIM_LIMIT, claim_jobs, claim_prestart_jobs_for_types
-from runledger_sync.store.reaper import LEASE_EXPIRED_BEFORE_RUNNING_PERSISTED, reap_expired_leases
-from runledger_sync.store.running import (
-    DEFAULT_HEARTBEAT_LOCK_TIMEOUT_MS,
-    heartbeat_job,
-    mark_job_running,
-    update_job_progress,
-)
-
-__all__ = [
-    "DEFAULT_HEARTBEAT_LOCK_TIMEOUT_MS",
-    "LEASE_EXPIRED_BEFORE_RUNNING_PERSISTED",
-    "LEASE_EXPIRED_CODE",
-    "LEASE_EXPIRED_MESSAGE",
-    "MAX_CLAIM_LIMIT",
-    "LeaseIdentity",
-    "claim_jobs",
-    "claim_prestart_jobs_for_types",
-    "complete_job_failure",
-    "complete_job_success",
-    "heartbeat_job",
-    "lease_mismatch",
-    "mark_job_running",
-    "reap_expired_leases",
-    "release_unstarted_job_claim",
-    "update_job_progress",
-]
 
 _q = job_queue.c
 _LEASED = JobStatus.LEASED.value

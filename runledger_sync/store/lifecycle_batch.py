@@ -114,7 +114,7 @@ def mark_jobs_running(
 ) -> list[LeaseResult]:
     """Persist stage ``running`` for many claimed jobs in one transaction.
 
-    Same effect per job as :func:`runledger_sync.store.lifecycle.mark_job_running`.
+    Same effect per job as :func:`runledger_sync.store.running.mark_job_running`.
 
     Args:
         event_log: ``full`` writes a STAGE_CHANGED event per job; ``transitions``
