@@ -28,8 +28,9 @@ from runledger_sync.runtime.hot_path import HotPathWriters
 from runledger_sync.runtime.pace import FinishingSoon
 from runledger_sync.runtime.tally import OutcomeTally
 from runledger_sync.runtime.reaper import reap_once
-from runledger_sync.store import admin, lifecycle
+from runledger_sync.store import lifecycle
 from runledger_sync.store import enqueue as store_enqueue
+from runledger_sync.store.actions import cancel_job
 from runledger_sync.store.claim import claim_jobs, claim_prestart_jobs_for_types
 from runledger_sync.store.running import heartbeat_job, mark_job_running
 from tests import handlers as h
@@ -632,7 +633,7 @@ def test_operator_cancel_raises_the_flag_within_a_heartbeat_and_nothing_is_writt
     worker = in_thread(process_claimed_job, engine, registry, job, config)
     probe.wait_calls(1)
     canceled_at = time.monotonic()
-    admin.cancel_job(engine, job.id, reason="operator said stop")
+    cancel_job(engine, job.id, reason="operator said stop")
     worker.join(10)
     [call] = probe.calls
     assert call.cancel_reason == "canceled"

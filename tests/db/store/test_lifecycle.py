@@ -16,6 +16,7 @@ from runledger_sync.core.types import JobCompletion, JobFailure, JobStage, JobSt
 from runledger_sync.db.engine import create_engine
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store import lifecycle
+from runledger_sync.store.actions import requeue_job
 from runledger_sync.store.claim import claim_jobs, claim_prestart_jobs_for_types
 from runledger_sync.store.running import heartbeat_job, mark_job_running, update_job_progress
 from runledger_sync.store.reaper import reap_expired_leases
@@ -327,11 +328,10 @@ def test_handler_failure_coded_like_lease_loss_is_persisted_normally(engine, pen
 
 
 def test_a_later_dead_letter_overwrites_the_earlier_one(engine, pending):
-    from runledger_sync.store import admin
 
     job = claim_one(engine)
     lifecycle.complete_job_failure(engine, **identity(job), failure=JobFailure.terminal("first", "1"), retry_delay_ms=None)
-    admin.requeue_job(engine, job.id)
+    requeue_job(engine, job.id)
     again = claim_one(engine)
     lifecycle.complete_job_failure(engine, **identity(again), failure=JobFailure.terminal("second", "2"),
                                    retry_delay_ms=None)

@@ -9,8 +9,9 @@ import pytest
 
 from runledger_sync.core.records import JobDefinition, LeaseIdentity
 from runledger_sync.core.types import JobCompletion, JobFailure
-from runledger_sync.store import admin, lifecycle, lifecycle_batch
+from runledger_sync.store import lifecycle, lifecycle_batch
 from runledger_sync.store import enqueue as store_enqueue
+from runledger_sync.store.actions import cancel_job, requeue_job
 from runledger_sync.store.claim import claim_jobs, claim_prestart_jobs_for_types
 from runledger_sync.store.running import heartbeat_job, mark_job_running, update_job_progress
 from runledger_sync.store.reaper import reap_expired_leases
@@ -61,9 +62,9 @@ JOB_WRITES: dict[str, tuple[Callable[[Any], Any], Callable[[Any, Any], Any]]] = 
                                                  reap_expired_leases(e, limit=10, default_retry_delay_ms=1000))),
     "reaper retry": (lambda e: leased(e, prestart=False), lambda e, lease: (
         expire_lease(e, lease.job_id), backdate(e), reap_expired_leases(e, limit=10, default_retry_delay_ms=1000))),
-    "cancel": (pending, lambda e, _: admin.cancel_job(e, scalar(e, "SELECT id FROM job_queue"))),
-    "requeue": (lambda e: (pending(e), admin.cancel_job(e, scalar(e, "SELECT id FROM job_queue"))),
-                lambda e, _: admin.requeue_job(e, scalar(e, "SELECT id FROM job_queue"))),
+    "cancel": (pending, lambda e, _: cancel_job(e, scalar(e, "SELECT id FROM job_queue"))),
+    "requeue": (lambda e: (pending(e), cancel_job(e, scalar(e, "SELECT id FROM job_queue"))),
+                lambda e, _: requeue_job(e, scalar(e, "SELECT id FROM job_queue"))),
 }
 
 
