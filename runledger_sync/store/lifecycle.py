@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import (
+    InvalidArgument,
     InvalidCompletionProgress,
     InvalidProgress,
     LeaseOwnerMismatch,
@@ -138,7 +139,7 @@ def complete_job_failure(
     """
     identity = check_identity(job_id, run_number, attempt, worker_id)
     if not isinstance(failure, JobFailure):
-        raise check.InvalidArgument("failure", failure, "a JobFailure")
+        raise InvalidArgument("failure", failure, "a JobFailure")
     delay = 0 if retry_delay_ms is None or retry_delay_ms < 0 else check.check_int("retry_delay_ms", retry_delay_ms, (0, 2**62))
     params = identity.params() | failure_params(failure, delay, {})
 
