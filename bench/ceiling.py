@@ -18,7 +18,9 @@ import time
 
 import _common as bench
 
-from runledger_sync.store import lifecycle, lifecycle_batch
+from runledger_sync.core.records import LeaseIdentity
+from runledger_sync.store import lifecycle_batch
+from runledger_sync.store.claim import claim_prestart_jobs_for_types
 from runledger_sync.store.held import HeldConnection
 
 
@@ -41,13 +43,13 @@ def drain(engine, url: str, jobs: int, batch: int, event_log: str) -> tuple[floa
         window.start()
         started = time.perf_counter()
         while done < jobs:
-            claimed = lifecycle.claim_prestart_jobs_for_types(
+            claimed = claim_prestart_jobs_for_types(
                 claims, worker_id="ceiling", lease_ttl_seconds=60, limit=batch, job_types=[bench.NOOP_TYPE],
                 event_log=event_log,
             )
             if not claimed:
                 raise RuntimeError(f"the queue ran dry after {done} jobs")
-            leases = [lifecycle.LeaseIdentity.of(job) for job in claimed]
+            leases = [LeaseIdentity.of(job) for job in claimed]
             lifecycle_batch.mark_jobs_running(writes, leases, event_log=event_log)
             lifecycle_batch.complete_jobs_success(writes, [(lease, None) for lease in leases])
             done += len(claimed)

@@ -21,6 +21,7 @@ from sqlalchemy import Text, event, literal_column, select, text, tuple_
 import runledger_sync as rl
 from runledger_sync.db.schema import job_queue
 from runledger_sync.store import admin
+from runledger_sync.store.stats import queue_stats
 
 TYPES = [f"bench.type_{n}" for n in range(5)]
 
@@ -114,8 +115,8 @@ QUERIES = {
     "count DEAD_LETTERED": lambda e: admin.count_jobs(e, status="DEAD_LETTERED"),
     "count a type": lambda e: admin.count_jobs(e, job_type=TYPES[3]),
     "count an organization": lambda e: admin.count_jobs(e, organization_id="org-10"),
-    "stats (counts by type and status)": lambda e: admin.queue_stats(e),
-    "stats of an organization": lambda e: admin.queue_stats(e, organization_id="org-10"),
+    "stats (counts by type and status)": lambda e: queue_stats(e),
+    "stats of an organization": lambda e: queue_stats(e, organization_id="org-10"),
 }
 
 

@@ -10,23 +10,10 @@ Example:
 from runledger_sync.config import JobsConfig
 from runledger_sync.core.errors import (
     AlreadyEnqueued,
-    BusinessRuleViolation,
-    CommitOutcomeUnknown,
     ConfigError,
     ConflictError,
-    ConnectionFailed,
-    DefinitionNotFound,
     DefinitionNotFoundOrDisabled,
-    DependencyCycle,
-    DuplicateStepKey,
     EnqueueIdempotencyUnsupportedIsolation,
-    ExternalStepConflictingCompletion,
-    ExternalStepConflictingOutput,
-    ExternalStepInvalidTerminalStatus,
-    ExternalStepNotExternal,
-    ExternalStepNotFound,
-    ExternalStepNotWaiting,
-    ExternalStepOutputInvalidStatus,
     IdempotencyConflict,
     IdempotencyConflictMissingExisting,
     InvalidArgument,
@@ -39,43 +26,20 @@ from runledger_sync.core.errors import (
     InvalidRetryDelay,
     InvalidStateTransition,
     InvalidTimezone,
-    InvalidWorkflow,
     JobCancelled,
     JobNotFound,
     JobStateError,
     LeaseOwnerMismatch,
     LegacyIdempotencySnapshotMissing,
-    MigrationFailed,
     MissingExtra,
-    OfflineMigrationUnsupported,
     OutputTooLarge,
-    PermissionDenied,
     RegistrationError,
-    RelatedResourceMissing,
-    RelatedResourceStillReferenced,
-    RequiredFieldMissing,
     RunledgerError,
     ScheduleDeclaredInCode,
     ScheduleNotFound,
-    SchemaManagedByHost,
-    SchemaMismatch,
-    StoreError,
-    UniqueViolation,
-    UnknownDependency,
     UnstartedClaimReleaseNotApplicable,
     ValidationError,
-    WorkflowAlreadyEnqueued,
-    WorkflowDefinitionNotFoundOrDisabled,
-    WorkflowEmpty,
-    WorkflowEnqueueConflictingRetry,
-    WorkflowLegacySnapshotMissing,
-    WorkflowLinkageSymmetryViolation,
-    WorkflowLinkageTriggerTableInvalid,
-    WorkflowReleaseConflict,
     WorkflowRequeueNotSupported,
-    WorkflowRunFinished,
-    WorkflowRunNotFound,
-    WorkflowStepNotFound,
 )
 from runledger_sync.core.records import (
     DeadLetterRecord,
@@ -86,6 +50,22 @@ from runledger_sync.core.records import (
     JobSpec,
     ScheduleRecord,
     ScheduleSpec,
+)
+from runledger_sync.core.store_errors import (
+    BusinessRuleViolation,
+    CommitOutcomeUnknown,
+    ConnectionFailed,
+    DefinitionNotFound,
+    MigrationFailed,
+    OfflineMigrationUnsupported,
+    PermissionDenied,
+    RelatedResourceMissing,
+    RelatedResourceStillReferenced,
+    RequiredFieldMissing,
+    SchemaManagedByHost,
+    SchemaMismatch,
+    StoreError,
+    UniqueViolation,
 )
 from runledger_sync.core.types import (
     EventLog,
@@ -111,18 +91,42 @@ from runledger_sync.core.workflow import (
     WorkflowStepRecord,
     WorkflowStepStatus,
 )
+from runledger_sync.core.workflow_errors import (
+    DependencyCycle,
+    DuplicateStepKey,
+    ExternalStepConflictingCompletion,
+    ExternalStepConflictingOutput,
+    ExternalStepInvalidTerminalStatus,
+    ExternalStepNotExternal,
+    ExternalStepNotFound,
+    ExternalStepNotWaiting,
+    ExternalStepOutputInvalidStatus,
+    InvalidWorkflow,
+    UnknownDependency,
+    WorkflowAlreadyEnqueued,
+    WorkflowDefinitionNotFoundOrDisabled,
+    WorkflowEmpty,
+    WorkflowEnqueueConflictingRetry,
+    WorkflowLegacySnapshotMissing,
+    WorkflowLinkageSymmetryViolation,
+    WorkflowLinkageTriggerTableInvalid,
+    WorkflowReleaseConflict,
+    WorkflowRunFinished,
+    WorkflowRunNotFound,
+    WorkflowStepNotFound,
+)
 from runledger_sync.db.embedded import EmbeddedPostgres
 from runledger_sync.db.engine import create_engine, mask_url, mask_urls_in, with_schema
 from runledger_sync.db.migrate import check_schema, current_revision, downgrade, head_revision, migrate, migration_sql
 from runledger_sync.db.pool_mode import PoolMode
+from runledger_sync.handlers import JobHandler
 from runledger_sync.logging import configure_logging, configure_logging_unless_configured
-from runledger_sync.registry import JobHandler, JobRegistry, load_registry
+from runledger_sync.registry import JobRegistry, load_registry
 from runledger_sync.runtime.health import LoopHealth, SupervisorHealth
 from runledger_sync.runtime.supervisor import Supervisor
 from runledger_sync.runtime.worker import run_worker_loop
+from runledger_sync.store.actions import cancel_job, requeue_job
 from runledger_sync.store.admin import (
-    QueueStats,
-    cancel_job,
     count_jobs,
     get_dead_letter,
     get_job,
@@ -130,8 +134,6 @@ from runledger_sync.store.admin import (
     list_dead_letters,
     list_events,
     list_jobs,
-    queue_stats,
-    requeue_job,
 )
 from runledger_sync.store.enqueue import enqueue, enqueue_many, enqueue_many_ids, set_job_definition_enabled
 from runledger_sync.store.gauges import QueueGauges, queue_gauges
@@ -146,6 +148,7 @@ from runledger_sync.store.schedules import (
     trigger_schedule,
     upsert_schedule,
 )
+from runledger_sync.store.stats import QueueStats, queue_stats
 
 __all__ = [
     "AlreadyEnqueued",

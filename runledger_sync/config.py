@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
-from runledger_sync.config_env import ENV_ALIASES, ENV_PREFIX, MAX_CLAIM_BATCH_SIZE, EnvAdjustment, read_env
+from runledger_sync.config_env import MAX_CLAIM_BATCH_SIZE, EnvAdjustment, read_env
 from runledger_sync.core import backoff
 from runledger_sync.core.errors import ConfigError, ValidationError
 from runledger_sync.core.ids import uuid7
@@ -365,10 +365,6 @@ _CHECKS: Mapping[str, Callable[[JobsConfig], Optional[str]]] = {
 
 
 __all__ = [
-    "ENV_ALIASES",
-    "ENV_PREFIX",
-    "MAX_CLAIM_BATCH_SIZE",
-    "EnvAdjustment",
     "JobsConfig",
     "generate_worker_id",
 ]

@@ -1,8 +1,7 @@
 """JobRegistry: which code runs for which job type, with its retry rules and declared schedules.
 
 The handler classes (:class:`JobHandler` and the adapters the registry wraps
-functions and handlers in) are in :mod:`runledger_sync.handlers`; ``JobHandler``
-stays importable from here.
+functions and handlers in) are in :mod:`runledger_sync.handlers`.
 
 Register handlers once at startup, before the worker starts; the worker only
 reads the registry afterwards, so it needs no lock.

@@ -8,10 +8,10 @@ from typing import Any, Callable
 
 from sqlalchemy import text
 
-from runledger_sync.core.records import JobDefinition
+from runledger_sync.core.records import JobDefinition, LeaseIdentity
 from runledger_sync.runtime.worker import run_worker_loop
 from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store import lifecycle
+from runledger_sync.store.claim import claim_jobs, claim_prestart_jobs_for_types
 
 JOB_TYPE = "test.job"
 
@@ -22,14 +22,14 @@ def define(engine: Any, job_type: str = JOB_TYPE, **overrides: Any) -> JobDefini
 
 def claim_one(engine: Any, *, worker_id: str = "worker-a", lease_ttl_seconds: float = 30, prestart: bool = True,
               job_type: str = JOB_TYPE):
-    claim = lifecycle.claim_prestart_jobs_for_types if prestart else lifecycle.claim_jobs
+    claim = claim_prestart_jobs_for_types if prestart else claim_jobs
     jobs = claim(engine, worker_id=worker_id, lease_ttl_seconds=lease_ttl_seconds, limit=1, job_types=[job_type])
     assert len(jobs) == 1, f"expected one claimable {job_type} job, got {len(jobs)}"
     return jobs[0]
 
 
 def identity(job: Any) -> dict[str, Any]:
-    return lifecycle.LeaseIdentity.of(job).keywords()
+    return LeaseIdentity.of(job).keywords()
 
 
 def rows(engine: Any, sql: str, **params: Any) -> list[Any]:

@@ -21,7 +21,11 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from runledger_sync.db.engine import schema_of
-from runledger_sync.db.schema import WORKFLOW_LINK_FUNCTION, WORKFLOW_LINK_FUNCTION_BODY, WORKFLOW_LINK_TRIGGERS
+from runledger_sync.db.schema_workflows import (
+    WORKFLOW_LINK_FUNCTION,
+    WORKFLOW_LINK_FUNCTION_BODY,
+    WORKFLOW_LINK_TRIGGERS,
+)
 
 # revision identifiers, used by Alembic.
 revision: str = '0004'

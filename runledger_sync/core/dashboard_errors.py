@@ -1,6 +1,6 @@
 """The dashboard's refusals: no authorize hook, a read-only dashboard, a forged or cross-origin form, a denied action.
 
-Drawn in the tree of :mod:`runledger_sync.core.errors`, which re-exports them.
+Drawn in the tree of :mod:`runledger_sync.core.errors`; import them from here.
 """
 
 from __future__ import annotations

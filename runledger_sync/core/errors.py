@@ -86,11 +86,13 @@ Branch on ``.code`` or on the class, never on the message text::
 ``BaseException`` so that a handler's ``except Exception`` cannot swallow the
 worker's request to stop.
 
-Each class's docstring is its default message. The workflow classes (every
-``workflow.*`` code) are defined in :mod:`runledger_sync.core.workflow_errors`,
-the ``web.*`` errors in :mod:`runledger_sync.core.dashboard_errors`, the
-``StoreError`` branch (but its workflow leaves) in :mod:`runledger_sync.core.store_errors`,
-the rest here; all of them are importable from this module.
+Each class's docstring is its default message. This module defines the base
+and the branches' roots, and the leaves of no family. Each family lives in one
+module of its own, which imports its bases from here (never the other way), and
+is imported from there: the workflow classes (every ``workflow.*`` code) from
+:mod:`runledger_sync.core.workflow_errors`, the ``web.*`` errors from
+:mod:`runledger_sync.core.dashboard_errors`, the ``StoreError`` branch (but its
+workflow leaves) from :mod:`runledger_sync.core.store_errors`.
 """
 
 from __future__ import annotations
@@ -346,7 +348,14 @@ class JobCancelled(BaseException):
 
 
 def all_error_classes() -> list[type]:
-    """Return every coded error class, for the code-uniqueness check and the docs."""
+    """Return every coded error class, for the code-uniqueness check and the docs.
+
+    The walk finds the subclasses that are loaded, so the family modules are
+    imported first. They import their bases from this module, so they are
+    imported here, when the walk runs, and never at module level.
+    """
+    from runledger_sync.core import dashboard_errors, store_errors, workflow_errors  # noqa: F401
+
     found: list[type] = [JobCancelled]
     pending: list[type] = [RunledgerError]
     while pending:
@@ -355,23 +364,3 @@ def all_error_classes() -> list[type]:
         pending.extend(cls.__subclasses__())
     return found
 
-
-# The families defined elsewhere derive from the bases above, so they are imported
-# last, once those exist; every error stays importable from this module.
-from runledger_sync.core.dashboard_errors import (  # noqa: E402, F401
-    ActionForbidden, AuthorizeHookMissing, CrossOriginRejected, CsrfRejected, DashboardReadOnly, DashboardRefusal,
-    IncompleteRequestBody,
-)
-from runledger_sync.core.store_errors import (  # noqa: E402, F401
-    BusinessRuleViolation, CommitOutcomeUnknown, ConnectionFailed, DefinitionNotFound, MigrationFailed,
-    OfflineMigrationUnsupported, PermissionDenied, RelatedResourceMissing, RelatedResourceStillReferenced, RequiredFieldMissing,
-    SchemaManagedByHost, SchemaMismatch, StoreError, UniqueViolation,
-)
-from runledger_sync.core.workflow_errors import (  # noqa: E402, F401
-    DependencyCycle, DuplicateStepKey, ExternalStepConflictingCompletion, ExternalStepConflictingOutput,
-    ExternalStepInvalidTerminalStatus, ExternalStepNotExternal, ExternalStepNotFound, ExternalStepNotWaiting,
-    ExternalStepOutputInvalidStatus, InvalidWorkflow, UnknownDependency, WorkflowAlreadyEnqueued,
-    WorkflowDefinitionNotFoundOrDisabled, WorkflowEmpty, WorkflowEnqueueConflictingRetry,
-    WorkflowLegacySnapshotMissing, WorkflowLinkageSymmetryViolation, WorkflowLinkageTriggerTableInvalid,
-    WorkflowReleaseConflict, WorkflowRunFinished, WorkflowRunNotFound, WorkflowStepNotFound,
-)

@@ -1,7 +1,8 @@
 """The database branch of the exception tree: what the store raises when a statement or migration fails.
 
 ``store/_errors.py`` maps SQLAlchemy and psycopg2 errors to these classes. The
-tree is drawn in :mod:`runledger_sync.core.errors`, which re-exports them.
+tree is drawn in :mod:`runledger_sync.core.errors`, which holds the base; import
+these classes from here (or from ``runledger_sync``).
 """
 
 from __future__ import annotations

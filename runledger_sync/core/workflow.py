@@ -15,7 +15,8 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 from uuid import UUID
 
 from runledger_sync.core import validation as check
-from runledger_sync.core.errors import DependencyCycle, DuplicateStepKey, UnknownDependency, WorkflowEmpty
+from runledger_sync.core.errors import InvalidArgument
+from runledger_sync.core.workflow_errors import DependencyCycle, DuplicateStepKey, UnknownDependency, WorkflowEmpty
 
 STEP_KEY_MAX_LENGTH = 200
 WORKFLOW_NAME_MAX_LENGTH = 200
@@ -178,7 +179,7 @@ class Workflow:
             elif isinstance(prerequisite, str):
                 keys.append(prerequisite)
             else:
-                raise check.InvalidArgument("after", type(prerequisite).__name__, "steps of this workflow or their keys")
+                raise InvalidArgument("after", type(prerequisite).__name__, "steps of this workflow or their keys")
         return tuple(dict.fromkeys(keys))
 
     def validate(self) -> None:
@@ -221,7 +222,7 @@ def _release_mode(value: WorkflowReleaseMode | str) -> WorkflowReleaseMode:
             return WorkflowReleaseMode(value.upper())
         except ValueError:
             pass
-    raise check.InvalidArgument("release", value, "'on_terminal' or 'on_success'")
+    raise InvalidArgument("release", value, "'on_terminal' or 'on_success'")
 
 
 def find_cycle(after: dict[str, Sequence[str]]) -> list[str]:

@@ -1,7 +1,7 @@
 """The workflow family of the exception tree: bad definitions, missing runs and steps, conflicting retries.
 
-The tree is drawn in :mod:`runledger_sync.core.errors`, which re-exports every
-class here; import them from there (or from ``runledger_sync``). Each family
+The tree is drawn in :mod:`runledger_sync.core.errors`; import these classes
+from here (or from ``runledger_sync``). Each family
 derives from the base of its kind in that module, so a caller catching
 ``JobStateError`` or ``ConflictError`` catches the workflow cases too.
 """

@@ -13,7 +13,8 @@ from typing import Any, Optional
 
 import sqlalchemy
 
-from runledger_sync.core.errors import ConfigError, ConnectionFailed, extra_install_hint
+from runledger_sync.core.errors import ConfigError, extra_install_hint
+from runledger_sync.core.store_errors import ConnectionFailed
 
 DEFAULT_DATA_DIR = Path(tempfile.gettempdir()) / "runledger-embedded"
 

@@ -16,22 +16,35 @@ import psycopg2
 from sqlalchemy import exc as sa_exc
 
 from runledger_sync.core import errors
+from runledger_sync.core.store_errors import (
+    BusinessRuleViolation,
+    ConnectionFailed,
+    DefinitionNotFound,
+    PermissionDenied,
+    RelatedResourceMissing,
+    RelatedResourceStillReferenced,
+    RequiredFieldMissing,
+    SchemaMismatch,
+    StoreError,
+    UniqueViolation,
+)
+from runledger_sync.core.workflow_errors import WorkflowLinkageSymmetryViolation, WorkflowLinkageTriggerTableInvalid
 from runledger_sync.db.engine import mask_url, mask_urls_in
 
-_BY_SQLSTATE: dict[str, type[errors.StoreError]] = {
-    "23505": errors.UniqueViolation,
-    "23503": errors.RelatedResourceMissing,
-    "23001": errors.RelatedResourceStillReferenced,
-    "23514": errors.BusinessRuleViolation,
-    "23502": errors.RequiredFieldMissing,
-    "42501": errors.PermissionDenied,
+_BY_SQLSTATE: dict[str, type[StoreError]] = {
+    "23505": UniqueViolation,
+    "23503": RelatedResourceMissing,
+    "23001": RelatedResourceStillReferenced,
+    "23514": BusinessRuleViolation,
+    "23502": RequiredFieldMissing,
+    "42501": PermissionDenied,
     # Raised by the job/step linkage trigger (revision 0004), which names its own SQLSTATEs.
-    "RLW01": errors.WorkflowLinkageSymmetryViolation,
-    "RLW02": errors.WorkflowLinkageTriggerTableInvalid,
+    "RLW01": WorkflowLinkageSymmetryViolation,
+    "RLW02": WorkflowLinkageTriggerTableInvalid,
 }
 _BY_CONSTRAINT: dict[str, type[errors.RunledgerError]] = {
-    "fk_job_queue_job_type": errors.DefinitionNotFound,
-    "fk_job_schedules_job_type": errors.DefinitionNotFound,
+    "fk_job_queue_job_type": DefinitionNotFound,
+    "fk_job_schedules_job_type": DefinitionNotFound,
     "ck_job_queue_progress": errors.InvalidProgress,
 }
 # undefined_table, undefined_column, undefined_function: a database not migrated, or behind.
@@ -74,7 +87,7 @@ def is_transient_error(exc: BaseException) -> bool:
     and ``InterfaceError`` (psycopg2, and psycopg 3 when the handler uses it),
     ``OSError`` (sockets, timeouts), and the store's own ``ConnectionFailed``.
     """
-    if isinstance(exc, (OSError, errors.ConnectionFailed, sa_exc.OperationalError, sa_exc.InterfaceError)):
+    if isinstance(exc, (OSError, ConnectionFailed, sa_exc.OperationalError, sa_exc.InterfaceError)):
         return True
     if isinstance(exc, sa_exc.DBAPIError):
         return is_transient(exc)
@@ -95,18 +108,18 @@ def translate(exc: sa_exc.DBAPIError, url: object = None) -> errors.RunledgerErr
     detail = mask_urls_in(text.splitlines()[0] if text else "")
     if is_transient(exc):
         where = f" ({mask_url(url)})" if url is not None else ""
-        return errors.ConnectionFailed(f"database connection failed{where}: {detail}")
+        return ConnectionFailed(f"database connection failed{where}: {detail}")
     constraint = _constraint(exc)
     state = _sqlstate(exc)
     if state == "55P03":
-        return errors.StoreError(f"lock wait timed out: {detail}", sqlstate=state)
+        return StoreError(f"lock wait timed out: {detail}", sqlstate=state)
     if state in _SCHEMA_MISSING_STATES:
         # Every statement of ours names only our own tables and columns, so a missing one
         # means the schema was never migrated (or is behind), not a bug in the caller.
-        return errors.SchemaMismatch(
+        return SchemaMismatch(
             f"the job tables are missing or behind this version of runledger-sync ({detail}); "
             "run `runledger-sync migrate` (or your Alembic upgrade) first",
             sqlstate=state,
         )
-    cls = _BY_CONSTRAINT.get(constraint or "") or _BY_SQLSTATE.get(state or "", errors.StoreError)
+    cls = _BY_CONSTRAINT.get(constraint or "") or _BY_SQLSTATE.get(state or "", StoreError)
     return cls(f"{detail}", sqlstate=state, constraint=constraint)

@@ -27,14 +27,14 @@ from sqlalchemy import MetaData, inspect
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
 
-from runledger_sync.core.errors import (
-    InvalidArgument,
+from runledger_sync.core.errors import InvalidArgument, RunledgerError
+from runledger_sync.core.store_errors import (
     MigrationFailed,
     OfflineMigrationUnsupported,
-    RunledgerError,
     SchemaManagedByHost,
     SchemaMismatch,
 )
+from runledger_sync.db import schema_workflows  # noqa: F401  its tables join metadata, which the drift check compares whole
 from runledger_sync.db.engine import schema_of
 from runledger_sync.db.errors import is_transient, translate
 from runledger_sync.db.schema import metadata

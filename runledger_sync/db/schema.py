@@ -10,8 +10,10 @@ than PostgreSQL enum types: operators query them as text, and a new value is a
 one-line migration instead of an ``ALTER TYPE`` that cannot run in a transaction.
 
 The workflow tables (revision 0004) are defined on the same :data:`metadata` in
-:mod:`runledger_sync.db.schema_workflows`; this module imports them, so they are
-importable from here and every table is on :data:`metadata` once it is loaded.
+:mod:`runledger_sync.db.schema_workflows`, which builds on this module and is
+imported from there. They join :data:`metadata` when that module loads, so code
+that reads the whole schema from it (the drift check, Alembic's ``env.py``)
+imports both.
 """
 
 from __future__ import annotations
@@ -371,9 +373,3 @@ job_schedules = Table(
 # The tick reads the head of this index only: due schedules, oldest first.
 Index("idx_job_schedules_due", job_schedules.c.next_fire_at, postgresql_where=text("is_active"))
 
-
-# Imported last: the workflow tables are built on the metadata and helpers above.
-from runledger_sync.db.schema_workflows import (  # noqa: E402, F401
-    WORKFLOW_LINK_FUNCTION, WORKFLOW_LINK_FUNCTION_BODY, WORKFLOW_LINK_TRIGGERS, workflow_runs,
-    workflow_step_dependencies, workflow_steps,
-)

@@ -1,9 +1,9 @@
 """The workflow tables (revision 0004): runs, their steps and the steps' dependency edges.
 
-They are built on :data:`runledger_sync.db.schema.metadata`, with its helpers,
-and :mod:`runledger_sync.db.schema` re-exports them, so Alembic's
-``target_metadata`` and ``from runledger_sync.db.schema import workflow_runs``
-see them as before. job_queue's ``workflow_step_id`` column stays with job_queue.
+They are built on :data:`runledger_sync.db.schema.metadata`, with its helpers, and
+join it when this module loads: code that reads the whole schema from
+``metadata`` imports this module too. job_queue's ``workflow_step_id`` column
+stays with job_queue.
 """
 
 from __future__ import annotations

@@ -12,10 +12,7 @@ from uuid import UUID
 from sqlalchemy.engine import Engine
 
 from runledger_sync.config import JobsConfig
-from runledger_sync.core.errors import (
-    LeaseOwnerMismatch,
-    WorkflowReleaseConflict,
-)
+from runledger_sync.core.errors import LeaseOwnerMismatch
 from runledger_sync.core.outcomes import (
     LEASE_OWNER_MISMATCH_CODE,
     LeaseLost,
@@ -24,17 +21,19 @@ from runledger_sync.core.outcomes import (
     Transition,
 )
 from runledger_sync.core.flag import Flag
-from runledger_sync.core.records import JobRecord
+from runledger_sync.core.records import JobRecord, LeaseIdentity
 from runledger_sync.core.workflow import WorkflowContext
 from runledger_sync.core.types import (
     JobCompletion,
     JobContext,
 )
+from runledger_sync.core.workflow_errors import WorkflowReleaseConflict
 from runledger_sync.logging import JOB_LINES_LOGGER_NAME, get_logger, job_log_fields
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.hot_path import HotPathWriters
 from runledger_sync.runtime.tally import OutcomeTally
 from runledger_sync.store import lifecycle, workflows
+from runledger_sync.store.running import update_job_progress
 
 log = get_logger(__name__)
 #: One INFO line per finished job, off unless logging asks for it (see runledger_sync.logging).
@@ -75,9 +74,9 @@ def _on_a_thread_of_its_own(work: Callable[[], None]) -> None:
     threading.Thread(target=work, name="runledger-follow-up", daemon=True).start()
 
 
-def lease_identity(job: JobRecord) -> lifecycle.LeaseIdentity:
+def lease_identity(job: JobRecord) -> LeaseIdentity:
     """The lease a claimed job runs under: every write of the attempt is fenced by it."""
-    return lifecycle.LeaseIdentity(job.id, job.run_number, job.attempt, job.worker_id or UNKNOWN_WORKER_ID)
+    return LeaseIdentity(job.id, job.run_number, job.attempt, job.worker_id or UNKNOWN_WORKER_ID)
 
 
 class JobExecution:
@@ -183,7 +182,7 @@ class JobExecution:
         )
 
     def _report_progress(self, context: JobContext, done: Optional[int], total: Optional[int], checkpoint: Any) -> None:
-        lifecycle.update_job_progress(
+        update_job_progress(
             self.engine, **self.identity.keywords(), progress_done=done, progress_total=total, checkpoint=checkpoint
         )
 

@@ -14,14 +14,7 @@ from __future__ import annotations
 
 import time
 
-from runledger_sync.core.errors import (
-    CommitOutcomeUnknown,
-    ConnectionFailed,
-    InvalidCompletionProgress,
-    LeaseOwnerMismatch,
-    RunledgerError,
-    WorkflowReleaseConflict,
-)
+from runledger_sync.core.errors import InvalidCompletionProgress, LeaseOwnerMismatch, RunledgerError
 from runledger_sync.core.outcomes import (
     HANDLER_TRANSIENT_ERROR_CODE,
     INVALID_COMPLETION_PROGRESS_CODE,
@@ -30,11 +23,13 @@ from runledger_sync.core.outcomes import (
     Outcome,
     Succeed,
 )
+from runledger_sync.core.store_errors import CommitOutcomeUnknown, ConnectionFailed
 from runledger_sync.core.types import (
     JobCompletion,
     JobFailure,
     JobStatus,
 )
+from runledger_sync.core.workflow_errors import WorkflowReleaseConflict
 from runledger_sync.logging import get_logger
 from runledger_sync.runtime.attempt import JobExecution
 from runledger_sync.runtime.hooks import run_dead_letter_hook

@@ -28,7 +28,6 @@ from sqlalchemy.engine import Engine
 
 from runledger_sync.config import JobsConfig
 from runledger_sync.core.errors import (
-    CommitOutcomeUnknown,
     InvalidArgument,
     InvalidPayload,
     JobCancelled,
@@ -50,6 +49,7 @@ from runledger_sync.core.outcomes import (
     worker_shutdown_failure,
 )
 from runledger_sync.core.records import JobRecord
+from runledger_sync.core.store_errors import CommitOutcomeUnknown
 from runledger_sync.core.types import (
     JobCompletion,
     JobFailure,
@@ -71,6 +71,7 @@ from runledger_sync.runtime.timer_thread import TimerThread
 from runledger_sync.runtime.watch import deadline_of, watch
 from runledger_sync.store import lifecycle
 from runledger_sync.store.apply import running_landed
+from runledger_sync.store.running import mark_job_running
 
 log = get_logger(__name__)
 
@@ -187,7 +188,7 @@ def _process_with_timer(
 def _mark_running_or_abort(execution: JobExecution, running: object) -> bool:
     if running is WRITE_RUNNING:
         try:
-            lifecycle.mark_job_running(execution.engine, execution.identity, event_log=execution.config.event_log)
+            mark_job_running(execution.engine, execution.identity, event_log=execution.config.event_log)
         except RunledgerError as error:
             running = error
         else:

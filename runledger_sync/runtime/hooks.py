@@ -6,8 +6,8 @@ import threading
 from typing import Any
 
 from runledger_sync.core.types import JobContext, JobDeadLetterInfo
+from runledger_sync.handlers import JobHandler
 from runledger_sync.logging import get_logger
-from runledger_sync.registry import JobHandler
 
 log = get_logger(__name__)
 

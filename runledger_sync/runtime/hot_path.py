@@ -8,7 +8,7 @@ from typing import Callable, Optional, TypeVar
 
 from sqlalchemy.engine import Engine
 
-from runledger_sync.core.records import JobRecord
+from runledger_sync.core.records import JobRecord, LeaseIdentity
 from runledger_sync.core.validation import DEFAULT_MAX_OUTPUT_BYTES
 from runledger_sync.core.types import (
     EventLog,
@@ -18,7 +18,7 @@ from runledger_sync.logging import get_logger
 from runledger_sync.runtime.group_writer import GroupWriter
 from runledger_sync.runtime.observer import WorkerObserver
 from runledger_sync.runtime.pace import FinishingSoon
-from runledger_sync.store import lifecycle, lifecycle_batch
+from runledger_sync.store import lifecycle_batch
 from runledger_sync.store.held import HeldConnection
 
 log = get_logger(__name__)
@@ -27,9 +27,9 @@ log = get_logger(__name__)
 #: delay grouping can add to one job's running or success write).
 GROUP_LINGER_SECONDS = 0.002
 
-SuccessItem = tuple[lifecycle.LeaseIdentity, Optional[JobCompletion]]
+SuccessItem = tuple[LeaseIdentity, Optional[JobCompletion]]
 #: A claimed job and the lease it runs under, on its way to its running write.
-RunningItem = tuple[lifecycle.LeaseIdentity, JobRecord]
+RunningItem = tuple[LeaseIdentity, JobRecord]
 T = TypeVar("T")
 
 

@@ -38,7 +38,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import QueuePool
@@ -46,7 +46,7 @@ from sqlalchemy.pool import QueuePool
 from runledger_sync.config import JobsConfig
 from runledger_sync.core.errors import ConfigError
 from runledger_sync.db.engine import create_engine
-from runledger_sync.logging import configure_logging, configured_setup, get_logger
+from runledger_sync.logging import configured_setup, get_logger
 from runledger_sync.registry import JobRegistry, load_registry
 
 log = get_logger(__name__)
@@ -134,55 +134,6 @@ class ChildSpec:
     logging: Optional[dict[str, Any]]
 
 
-def child_main(spec: ChildSpec) -> None:
-    """A child process's body: run one Supervisor until SIGTERM or the parent's death."""
-    # Ctrl-C reaches the whole process group; the parent alone decides what it means.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if spec.logging is not None:
-        setup = dict(spec.logging)
-        configure_logging(level=setup["level"], json=setup["json"], stream=getattr(sys, setup["stream_name"]),
-                          job_lines=setup["job_lines"])
-    try:
-        registry = load_registry(spec.app)
-    except ConfigError as error:
-        log.error("worker process could not load its app", extra={"worker_id": spec.config.worker_id,
-                                                                    "error": str(error)})
-        sys.exit(EXIT_REFUSED)
-    # Imported here: supervisor.py imports this module for Supervisor(processes=N).
-    from runledger_sync.runtime.supervisor import Supervisor
-
-    engine = spec.engine.build()
-    supervisor = Supervisor(engine, registry, spec.config, run_reaper=spec.run_reaper,
-                            run_scheduler=spec.run_scheduler)
-
-    def on_sigterm(_signum: int, _frame: Any) -> None:
-        if not supervisor.shutdown_event.is_set():
-            log.info("shutdown signal received; draining", extra={"worker_id": spec.config.worker_id})
-        supervisor.shutdown_event.set()
-
-    def on_sigusr1(_signum: int, _frame: Any) -> None:
-        supervisor.interrupt_jobs()
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-    signal.signal(signal.SIGUSR1, on_sigusr1)
-    try:
-        supervisor.start()
-    except ConfigError as error:
-        log.error("worker process refused its config", extra={"worker_id": spec.config.worker_id,
-                                                               "error": str(error)})
-        sys.exit(EXIT_REFUSED)
-    log.info("worker process started", extra={"worker_id": spec.config.worker_id, "pid": os.getpid(),
-                                              "index": spec.index})
-    while not supervisor.shutdown_event.wait(CHECK_SECONDS):
-        if os.getppid() != spec.parent_pid:
-            log.warning("parent process is gone; draining", extra={"worker_id": spec.config.worker_id})
-            supervisor.shutdown_event.set()
-    # No deadline here: the parent keeps it, sends SIGUSR1 when it passes and kills a child that outlives the grace.
-    supervisor.stop(timeout=threading.TIMEOUT_MAX)
-    engine.dispose()
-    sys.exit(0 if supervisor.failure is None else 1)
-
-
 @dataclass
 class _Slot:
     """One of the N places a child runs in, across its restarts."""
@@ -202,6 +153,7 @@ class ProcessGroup:
     def __init__(
         self, engine: Engine, registry: JobRegistry, app: Optional[str], config: JobsConfig, processes: int,
         *, run_reaper: bool, run_scheduler: bool, shutdown_event: threading.Event,
+        child_main: Callable[[ChildSpec], None],
     ) -> None:
         if not app:
             raise ConfigError([f"processes={processes} needs app='module:attribute' naming your JobRegistry, "
@@ -218,6 +170,9 @@ class ProcessGroup:
         self.run_reaper = run_reaper
         self.run_scheduler = run_scheduler
         self.shutdown = shutdown_event
+        # The body each child runs, a Supervisor of its own: it lives in supervisor.py,
+        # which imports this module, so it is handed in rather than imported.
+        self.child_main = child_main
         self.slots = [_Slot(index) for index in range(processes)]
         self._context = multiprocessing.get_context("spawn")
         self._monitor: Optional[threading.Thread] = None
@@ -357,7 +312,7 @@ class ProcessGroup:
             run_reaper=self.run_reaper and first, run_scheduler=self.run_scheduler and first,
             parent_pid=os.getpid(), logging=configured_setup(),
         )
-        process = self._context.Process(target=child_main, args=(spec,), name=f"runledger-{config.worker_id}",
+        process = self._context.Process(target=self.child_main, args=(spec,), name=f"runledger-{config.worker_id}",
                                         # Daemonic: should the parent's interpreter exit first, it
                                         # sends each child SIGTERM (a drain) instead of waiting for ever.
                                         daemon=True)

@@ -23,7 +23,7 @@ from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.health import REAP, LoopMarks
 from runledger_sync.runtime.hooks import run_dead_letter_hook
 from runledger_sync.runtime.periodic import run_periodically
-from runledger_sync.store import lifecycle
+from runledger_sync.store.reaper import reap_expired_leases
 
 log = get_logger(__name__)
 
@@ -37,7 +37,7 @@ SHUTDOWN_CHECK_SECONDS = 0.05
 
 def reap_once(engine: Engine, registry: JobRegistry, config: JobsConfig, shutdown: threading.Event) -> ReapResult:
     """Run one reaper batch and tell the handlers of the jobs it dead-lettered."""
-    result = lifecycle.reap_expired_leases(
+    result = reap_expired_leases(
         engine, limit=config.claim_batch_size, default_retry_delay_ms=config.reaper_retry_delay_ms
     )
     if result.processed:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -21,8 +22,8 @@ from sqlalchemy.engine import Engine
 from runledger_sync.config import JobsConfig
 from runledger_sync.core.errors import ConfigError
 from runledger_sync.core.types import RuntimeLoopExit
-from runledger_sync.logging import get_logger
-from runledger_sync.registry import JobRegistry
+from runledger_sync.logging import configure_logging, get_logger
+from runledger_sync.registry import JobRegistry, load_registry
 from runledger_sync.runtime.health import (
     CLAIM,
     REAP,
@@ -34,7 +35,8 @@ from runledger_sync.runtime.health import (
     SupervisorHealth,
 )
 from runledger_sync.runtime.observer import WorkerObserver
-from runledger_sync.runtime.processes import ProcessGroup, check_processes
+from runledger_sync.runtime.processes import CHECK_SECONDS, EXIT_REFUSED, ChildSpec, ProcessGroup, check_processes
+from runledger_sync.runtime.processes import log as process_log
 from runledger_sync.runtime.reaper import run_reaper_loop
 from runledger_sync.runtime.scheduler import run_scheduler_loop
 from runledger_sync.runtime.worker import run_worker_loop
@@ -124,7 +126,7 @@ class Supervisor:
                                "keep their counts in their own memory"])
         self._group = ProcessGroup(
             engine, registry, app, self.config, processes, run_reaper=run_reaper, run_scheduler=run_scheduler,
-            shutdown_event=self.shutdown_event,
+            shutdown_event=self.shutdown_event, child_main=child_main,
         ) if processes > 1 else None
 
     @property
@@ -328,6 +330,56 @@ class Supervisor:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def child_main(spec: ChildSpec) -> None:
+    """A child process's body: run one Supervisor until SIGTERM or the parent's death.
+
+    :class:`~runledger_sync.runtime.processes.ProcessGroup` starts it in each
+    child; it logs as that module does, the child's lines beside the group's.
+    """
+    # Ctrl-C reaches the whole process group; the parent alone decides what it means.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if spec.logging is not None:
+        setup = dict(spec.logging)
+        configure_logging(level=setup["level"], json=setup["json"], stream=getattr(sys, setup["stream_name"]),
+                          job_lines=setup["job_lines"])
+    try:
+        registry = load_registry(spec.app)
+    except ConfigError as error:
+        process_log.error("worker process could not load its app",
+                          extra={"worker_id": spec.config.worker_id, "error": str(error)})
+        sys.exit(EXIT_REFUSED)
+    engine = spec.engine.build()
+    supervisor = Supervisor(engine, registry, spec.config, run_reaper=spec.run_reaper,
+                            run_scheduler=spec.run_scheduler)
+
+    def on_sigterm(_signum: int, _frame: Any) -> None:
+        if not supervisor.shutdown_event.is_set():
+            process_log.info("shutdown signal received; draining", extra={"worker_id": spec.config.worker_id})
+        supervisor.shutdown_event.set()
+
+    def on_sigusr1(_signum: int, _frame: Any) -> None:
+        supervisor.interrupt_jobs()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGUSR1, on_sigusr1)
+    try:
+        supervisor.start()
+    except ConfigError as error:
+        process_log.error("worker process refused its config",
+                          extra={"worker_id": spec.config.worker_id, "error": str(error)})
+        sys.exit(EXIT_REFUSED)
+    process_log.info("worker process started",
+                     extra={"worker_id": spec.config.worker_id, "pid": os.getpid(), "index": spec.index})
+    while not supervisor.shutdown_event.wait(CHECK_SECONDS):
+        if os.getppid() != spec.parent_pid:
+            process_log.warning("parent process is gone; draining", extra={"worker_id": spec.config.worker_id})
+            supervisor.shutdown_event.set()
+    # No deadline here: the parent keeps it, sends SIGUSR1 when it passes and kills a child that outlives the grace.
+    supervisor.stop(timeout=threading.TIMEOUT_MAX)
+    engine.dispose()
+    sys.exit(0 if supervisor.failure is None else 1)
 
 
 def _stop_group(group: ProcessGroup, timeout: float, grace: float) -> bool:

@@ -12,24 +12,22 @@ import time
 
 from tenacity import Retrying, retry_if_exception_type, stop_before_delay, stop_when_event_set, wait_exponential
 
-from runledger_sync.core.errors import (
-    ConnectionFailed,
-    LeaseOwnerMismatch,
-    RunledgerError,
-)
+from runledger_sync.core.errors import LeaseOwnerMismatch, RunledgerError
 from runledger_sync.core.outcomes import (
     LEASE_OWNER_MISMATCH_CODE,
     MAINTENANCE_LOST,
     LeaseLost,
     timeout_failure,
 )
+from runledger_sync.core.store_errors import ConnectionFailed
 from runledger_sync.core.types import (
     JobStatus,
 )
 from runledger_sync.logging import get_logger
 from runledger_sync.runtime.attempt import JobExecution
 from runledger_sync.runtime.completion import finish
-from runledger_sync.store import admin, lifecycle
+from runledger_sync.store import admin
+from runledger_sync.store.running import heartbeat_job
 
 log = get_logger(__name__)
 
@@ -112,7 +110,7 @@ def _renew_lease(execution: JobExecution) -> None:
     def renew() -> None:
         try:
             retrying(
-                lifecycle.heartbeat_job, execution.engine, **execution.identity.keywords(),
+                heartbeat_job, execution.engine, **execution.identity.keywords(),
                 event_log=execution.config.event_log,
                 lease_ttl_seconds=execution.config.lease_ttl_seconds,
                 lock_timeout_ms=execution.config.heartbeat_lock_timeout_ms,

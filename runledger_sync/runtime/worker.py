@@ -46,7 +46,7 @@ from runledger_sync.runtime.observer import WorkerObserver
 from runledger_sync.runtime.pace import FinishingSoon
 from runledger_sync.runtime.tally import OutcomeTally
 from runledger_sync.runtime.timer_thread import TimerThread
-from runledger_sync.store import lifecycle
+from runledger_sync.store.claim import claim_prestart_jobs_for_types
 from runledger_sync.store.held import HeldConnection
 
 log = get_logger(__name__)
@@ -153,7 +153,7 @@ class WorkerLoop:
         if not self.job_types or limit <= 0:
             return False
         try:
-            claimed = lifecycle.claim_prestart_jobs_for_types(
+            claimed = claim_prestart_jobs_for_types(
                 self.claim_bind, worker_id=self.config.worker_id, lease_ttl_seconds=self.config.lease_ttl_seconds,
                 limit=limit, job_types=self.job_types, event_log=self.config.event_log,
             )

@@ -25,7 +25,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
 
-from runledger_sync.core import errors
+from runledger_sync.core.store_errors import CommitOutcomeUnknown, ConnectionFailed
 from runledger_sync.db.errors import is_transient, translate
 from runledger_sync.store import _prepared
 from runledger_sync.store._binds import Bind, is_lent, joined_connection
@@ -83,7 +83,7 @@ def run_in_transaction(
         # The first try outside tenacity: building its Retrying costs about 8 us,
         # paid on every store call although nearly all of them succeed at once.
         return _once(bind, work, one_repeatable_write, one_query)
-    except errors.ConnectionFailed as exc:
+    except ConnectionFailed as exc:
         if not _worth_retrying(exc):
             raise
     retrying = Retrying(
@@ -110,7 +110,7 @@ def _url_of(connection: Connection) -> Any:
 
 def _worth_retrying(exc: BaseException) -> bool:
     # An unknown commit outcome is never retried blindly: that could write twice.
-    return isinstance(exc, errors.ConnectionFailed) and not isinstance(exc, errors.CommitOutcomeUnknown)
+    return isinstance(exc, ConnectionFailed) and not isinstance(exc, CommitOutcomeUnknown)
 
 
 def _once(
@@ -207,7 +207,7 @@ def _transaction(
         _prepared.raise_if_ours(connection, exc)
         if implicit and is_transient(exc):
             # The query was its own transaction: it may have committed before the connection went.
-            raise errors.CommitOutcomeUnknown(f"outcome of a one-query transaction unknown: {exc.orig}") from exc
+            raise CommitOutcomeUnknown(f"outcome of a one-query transaction unknown: {exc.orig}") from exc
         raise translate(exc, engine.url) from exc
     except BaseException:
         connection.rollback()
@@ -217,5 +217,5 @@ def _transaction(
     except sa_exc.DBAPIError as exc:
         if not is_transient(exc) or one_repeatable_write:
             raise translate(exc, engine.url) from exc
-        raise errors.CommitOutcomeUnknown(f"commit outcome unknown: {exc.orig}") from exc
+        raise CommitOutcomeUnknown(f"commit outcome unknown: {exc.orig}") from exc
     return result

@@ -20,6 +20,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 
 from runledger_sync.core import validation as check
+from runledger_sync.core.errors import InvalidArgument
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.types import (
     EventLog,
@@ -71,7 +72,7 @@ def event_log_params(event_log: Any) -> dict[str, bool]:
     try:
         level = EventLog(event_log)
     except ValueError:
-        raise check.InvalidArgument(
+        raise InvalidArgument(
             "event_log", event_log, f"one of {', '.join(level.value for level in EventLog)}"
         ) from None
     return {"full_event_log": level is EventLog.FULL}
@@ -79,7 +80,7 @@ def event_log_params(event_log: Any) -> dict[str, bool]:
 
 def check_identity(job_id: Any, run_number: Any, attempt: Any, worker_id: Any) -> LeaseIdentity:
     if not isinstance(job_id, UUID):
-        raise check.InvalidArgument("job_id", job_id, "a UUID")
+        raise InvalidArgument("job_id", job_id, "a UUID")
     check.check_int("run_number", run_number, (1, 2**31 - 1))
     check.check_int("attempt", attempt, (1, 2**31 - 1))
     check.check_text("worker_id", worker_id, max_length=check.WORKER_ID_MAX_LENGTH)

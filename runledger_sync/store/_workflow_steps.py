@@ -23,7 +23,6 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.engine import Connection
 
-from runledger_sync.core.errors import WorkflowReleaseConflict
 from runledger_sync.core.ids import uuid7
 from runledger_sync.core.types import JobEventType, JobStatus
 from runledger_sync.core.workflow import (
@@ -32,14 +31,9 @@ from runledger_sync.core.workflow import (
     WorkflowStepKind,
     WorkflowStepStatus,
 )
-from runledger_sync.db.schema import (
-    job_definitions,
-    job_events,
-    job_queue,
-    workflow_runs,
-    workflow_step_dependencies,
-    workflow_steps,
-)
+from runledger_sync.core.workflow_errors import WorkflowReleaseConflict
+from runledger_sync.db.schema import job_definitions, job_events, job_queue
+from runledger_sync.db.schema_workflows import workflow_runs, workflow_step_dependencies, workflow_steps
 from runledger_sync.store.notify import notify_due_types
 
 DEPENDENCY_UNSATISFIED_CODE = "workflow.dependency_unsatisfied"

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from runledger_sync.core import validation as check
-from runledger_sync.core.errors import CommitOutcomeUnknown, ConnectionFailed, RunledgerError
+from runledger_sync.core.errors import RunledgerError
 from runledger_sync.core.outcomes import DeadLetter, EarlierAttempts, Retry, decide_failure
 from runledger_sync.core.records import JobRecord, LeaseIdentity
+from runledger_sync.core.store_errors import CommitOutcomeUnknown, ConnectionFailed
 from runledger_sync.core.types import JobCompletion, JobFailure, JobStage, JobStatus
 from runledger_sync.store import admin, lifecycle
 from runledger_sync.store._binds import Bind

@@ -34,7 +34,8 @@ from runledger_sync.core.types import (
     JobEventType,
     JobStatus,
 )
-from runledger_sync.db.schema import job_attempts, job_queue, workflow_steps
+from runledger_sync.db.schema import job_attempts, job_queue
+from runledger_sync.db.schema_workflows import workflow_steps
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import owns_transaction, run_in_transaction
 from runledger_sync.store._prepared import PreparedStatement, execute_in_turn

@@ -18,8 +18,9 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
-from runledger_sync.core.errors import ConnectionFailed, DefinitionNotFoundOrDisabled
+from runledger_sync.core.errors import DefinitionNotFoundOrDisabled
 from runledger_sync.core.records import JobDefinition, JobRecord, JobSpec
+from runledger_sync.core.store_errors import ConnectionFailed
 from runledger_sync.core.types import JobStage
 from runledger_sync.db.schema import job_definitions
 from runledger_sync.store._binds import Bind

@@ -14,7 +14,7 @@ from typing import Optional
 
 from sqlalchemy.engine import Connection, Engine
 
-from runledger_sync.core.errors import ConnectionFailed
+from runledger_sync.core.store_errors import ConnectionFailed
 
 
 class HeldConnection:

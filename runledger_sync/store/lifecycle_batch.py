@@ -22,14 +22,10 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
-from runledger_sync.core.errors import (
-    InvalidCompletionProgress,
-    InvalidProgress,
-    LeaseOwnerMismatch,
-    WorkflowReleaseConflict,
-)
+from runledger_sync.core.errors import InvalidCompletionProgress, InvalidProgress, LeaseOwnerMismatch
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.types import EventLog, JobCompletion, JobEventType, JobStage, JobStatus
+from runledger_sync.core.workflow_errors import WorkflowReleaseConflict
 from runledger_sync.db.schema import job_attempts, job_queue
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
@@ -118,7 +114,7 @@ def mark_jobs_running(
 ) -> list[LeaseResult]:
     """Persist stage ``running`` for many claimed jobs in one transaction.
 
-    Same effect per job as :func:`runledger_sync.store.lifecycle.mark_job_running`.
+    Same effect per job as :func:`runledger_sync.store.running.mark_job_running`.
 
     Args:
         event_log: ``full`` writes a STAGE_CHANGED event per job; ``transitions``

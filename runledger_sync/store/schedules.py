@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.cron import names_no_time_after, next_fire_at, parse_cron
-from runledger_sync.core.errors import DefinitionNotFound, ScheduleDeclaredInCode, ScheduleNotFound
+from runledger_sync.core.errors import InvalidArgument, ScheduleDeclaredInCode, ScheduleNotFound
 from runledger_sync.core.ids import uuid7
 from runledger_sync.core.records import (
     SCHEDULE_NAME_MAX_LENGTH,
@@ -27,6 +27,7 @@ from runledger_sync.core.records import (
     ScheduleRecord,
     ScheduleSpec,
 )
+from runledger_sync.core.store_errors import DefinitionNotFound
 from runledger_sync.core.types import JobStage
 from runledger_sync.db.schema import job_definitions, job_schedules
 from runledger_sync.store._binds import Bind
@@ -85,7 +86,7 @@ def upsert_schedule(
     spec = ScheduleSpec(name, cron_expr, job_type, payload_template, organization_id, max_jitter_seconds,
                         timezone).checked()
     if is_active is not None and not isinstance(is_active, bool):
-        raise check.InvalidArgument("is_active", is_active, "True, False or None")
+        raise InvalidArgument("is_active", is_active, "True, False or None")
     return run_in_transaction(bind, lambda connection: _upsert(connection, spec, is_active, source))
 
 
@@ -202,7 +203,7 @@ def delete_schedule(bind: Bind, name: str, *, force: bool = False) -> ScheduleRe
     """
     check.check_text("name", name, max_length=SCHEDULE_NAME_MAX_LENGTH)
     if not isinstance(force, bool):
-        raise check.InvalidArgument("force", force, "True or False")
+        raise InvalidArgument("force", force, "True or False")
 
     def work(connection: Connection) -> ScheduleRecord:
         current = _locked(connection, name)

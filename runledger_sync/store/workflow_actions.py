@@ -11,7 +11,15 @@ from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
-from runledger_sync.core.errors import (
+from runledger_sync.core.types import JobEventType, JobStatus
+from runledger_sync.core.workflow import (
+    STEP_KEY_MAX_LENGTH,
+    WorkflowRunRecord,
+    WorkflowRunStatus,
+    WorkflowStepKind,
+    WorkflowStepStatus,
+)
+from runledger_sync.core.workflow_errors import (
     ExternalStepConflictingCompletion,
     ExternalStepConflictingOutput,
     ExternalStepInvalidTerminalStatus,
@@ -23,15 +31,8 @@ from runledger_sync.core.errors import (
     WorkflowRunFinished,
     WorkflowRunNotFound,
 )
-from runledger_sync.core.types import JobEventType, JobStatus
-from runledger_sync.core.workflow import (
-    STEP_KEY_MAX_LENGTH,
-    WorkflowRunRecord,
-    WorkflowRunStatus,
-    WorkflowStepKind,
-    WorkflowStepStatus,
-)
-from runledger_sync.db.schema import job_events, job_queue, workflow_runs, workflow_steps
+from runledger_sync.db.schema import job_events, job_queue
+from runledger_sync.db.schema_workflows import workflow_runs, workflow_steps
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._enqueue_batch import same_request
 from runledger_sync.store._errors import run_in_transaction

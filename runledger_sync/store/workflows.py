@@ -16,13 +16,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
-from runledger_sync.core.errors import (
-    WorkflowAlreadyEnqueued,
-    WorkflowDefinitionNotFoundOrDisabled,
-    WorkflowEnqueueConflictingRetry,
-    WorkflowLegacySnapshotMissing,
-    WorkflowStepNotFound,
-)
+from runledger_sync.core.errors import InvalidArgument
 from runledger_sync.core.ids import uuid7
 from runledger_sync.core.workflow import (
     STEP_KEY_MAX_LENGTH,
@@ -34,7 +28,15 @@ from runledger_sync.core.workflow import (
     WorkflowStepRecord,
     WorkflowStepStatus,
 )
-from runledger_sync.db.schema import job_definitions, job_queue, workflow_runs, workflow_step_dependencies, workflow_steps
+from runledger_sync.core.workflow_errors import (
+    WorkflowAlreadyEnqueued,
+    WorkflowDefinitionNotFoundOrDisabled,
+    WorkflowEnqueueConflictingRetry,
+    WorkflowLegacySnapshotMissing,
+    WorkflowStepNotFound,
+)
+from runledger_sync.db.schema import job_definitions, job_queue
+from runledger_sync.db.schema_workflows import workflow_runs, workflow_step_dependencies, workflow_steps
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._enqueue_batch import require_read_committed
 from runledger_sync.store._enqueue_batch import same_request
@@ -82,7 +84,7 @@ def enqueue_workflow(
         ``with engine.begin() as conn: rl.enqueue_workflow(conn, wf)``.
     """
     if not isinstance(workflow, Workflow):
-        raise check.InvalidArgument("workflow", type(workflow).__name__, "a Workflow")
+        raise InvalidArgument("workflow", type(workflow).__name__, "a Workflow")
     check.check_int("max_payload_bytes", max_payload_bytes, check.MAX_PAYLOAD_BYTES_RANGE)
     workflow.validate()
     for step in workflow.steps:
@@ -230,8 +232,8 @@ def read_run(connection: Connection, run_id: UUID) -> Optional[WorkflowRunRecord
 def check_run_id(run_id: Any) -> UUID:
     try:
         return check_job_id(run_id)
-    except check.InvalidArgument:
-        raise check.InvalidArgument("run_id", run_id, "a UUID") from None
+    except InvalidArgument:
+        raise InvalidArgument("run_id", run_id, "a UUID") from None
 
 
 def get_workflow_run(bind: Bind, run_id: UUID | str) -> Optional[WorkflowRunRecord]:
@@ -266,13 +268,13 @@ def list_workflow_runs(
         try:
             conditions.append(_r.status == WorkflowRunStatus(status).value)
         except ValueError:
-            raise check.InvalidArgument(
+            raise InvalidArgument(
                 "status", status, f"one of {', '.join(s.value for s in WorkflowRunStatus)}") from None
     if organization_id is not None:
         conditions.append(_r.organization_id == check.check_organization_id(organization_id))
     if before is not None:
         if not isinstance(before, WorkflowRunRecord):
-            raise check.InvalidArgument("before", type(before).__name__, "a WorkflowRunRecord")
+            raise InvalidArgument("before", type(before).__name__, "a WorkflowRunRecord")
         conditions.append(tuple_(_r.created_at, _r.id) < tuple_(before.created_at, before.id))
     statement = (
         select(*_RUN_COLUMNS).where(*conditions).order_by(_r.created_at.desc(), _r.id.desc()).limit(limit)

@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Union
 
 import runledger_sync as rl
-from runledger_sync.core.errors import (
+from runledger_sync.core.dashboard_errors import (
     ActionForbidden,
     AuthorizeHookMissing,
     DashboardReadOnly,
     DashboardRefusal,
-    MissingExtra,
 )
+from runledger_sync.core.errors import MissingExtra
 
 try:
     import jinja2

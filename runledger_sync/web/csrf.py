@@ -23,7 +23,7 @@ import secrets
 from typing import Optional
 from urllib.parse import urlsplit
 
-from runledger_sync.core.errors import CrossOriginRejected, CsrfRejected
+from runledger_sync.core.dashboard_errors import CrossOriginRejected, CsrfRejected
 from runledger_sync.web.http import Request
 
 COOKIE_NAME = "runledger_csrf"

@@ -8,7 +8,7 @@ from http.cookies import CookieError, SimpleCookie
 from typing import Any, Iterable, Optional
 from urllib.parse import parse_qs, urlencode, urlsplit
 
-from runledger_sync.core.errors import IncompleteRequestBody
+from runledger_sync.core.dashboard_errors import IncompleteRequestBody
 
 #: The largest form body read; the dashboard's forms carry ids and a token, far less.
 MAX_FORM_BYTES = 1_048_576

@@ -22,7 +22,9 @@ import pytest
 from sqlalchemy import text
 
 import runledger_sync as rl
-from runledger_sync.store.lifecycle import LeaseIdentity, claim_jobs, complete_job_failure
+from runledger_sync.core.records import LeaseIdentity
+from runledger_sync.store.claim import claim_jobs
+from runledger_sync.store.lifecycle import complete_job_failure
 from tests.support import define
 
 JOB_TYPE = "bad.input"

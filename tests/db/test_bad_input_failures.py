@@ -16,6 +16,7 @@ import pytest
 
 import runledger_sync as rl
 from runledger_sync.store import lifecycle
+from runledger_sync.store.running import update_job_progress
 from tests.db.test_bad_input_api import table_digest
 from tests.handlers import fast_config
 from tests.support import attempts, claim_one, define, events, identity, run_worker_until
@@ -143,7 +144,7 @@ def test_progress_with_a_checkpoint_holding_a_non_string_key_is_refused(engine):
     before = table_digest(engine)
 
     with pytest.raises(rl.InvalidPayload):
-        lifecycle.update_job_progress(engine, **identity(claimed), progress_done=1, progress_total=2,
+        update_job_progress(engine, **identity(claimed), progress_done=1, progress_total=2,
                                       checkpoint={2: "page"})
 
     assert table_digest(engine) == before

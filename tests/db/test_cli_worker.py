@@ -13,7 +13,7 @@ import time
 
 import runledger_sync as rl
 from runledger_sync import cli
-from runledger_sync.store import lifecycle
+from runledger_sync.store.reaper import reap_expired_leases
 from tests.support import event_types, scalar, wait_until
 
 SECRET_WORD = "payload-secret-3b8d"
@@ -205,7 +205,7 @@ def test_sigterm_past_the_drain_timeout_stops_running_jobs_and_exits_within_drai
     # Once its lease runs out the reaper hands it back, to run again.
     with engine.begin() as conn:
         conn.exec_driver_sql("UPDATE job_queue SET lease_expires_at = now() - interval '1 second' WHERE status = 'LEASED'")
-    lifecycle.reap_expired_leases(engine, limit=10, default_retry_delay_ms=1000)
+    reap_expired_leases(engine, limit=10, default_retry_delay_ms=1000)
     assert rl.get_job(engine, ignoring.id).status is rl.JobStatus.PENDING
 
 

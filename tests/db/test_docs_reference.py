@@ -14,7 +14,7 @@ import sys
 
 import runledger_sync as rl
 from runledger_sync.cli._core import build_parser
-from runledger_sync.config import ENV_ALIASES
+from runledger_sync.config_env import ENV_ALIASES
 from runledger_sync.core import outcomes
 from runledger_sync.core.errors import all_error_classes
 from tests.db.test_docs import DOCS, page_text

@@ -26,8 +26,8 @@ from sqlalchemy.engine import Engine, make_url
 
 import runledger_sync
 from runledger_sync import cli
-from runledger_sync.core.errors import ConnectionFailed, MigrationFailed, SchemaMismatch
 from runledger_sync.core.records import JobDefinition
+from runledger_sync.core.store_errors import ConnectionFailed, MigrationFailed, SchemaMismatch
 from runledger_sync.db.engine import create_engine
 from runledger_sync.db.migrate import (
     VERSION_TABLE,

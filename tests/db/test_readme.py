@@ -15,7 +15,9 @@ from zoneinfo import ZoneInfo
 
 import runledger_sync as rl
 from runledger_sync import cli
+from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.store import lifecycle
+from runledger_sync.store.claim import claim_jobs
 from tests.db.test_docs import REPO, marked, shell_lines
 from tests.support import define, run_worker_until, wait_until
 
@@ -137,9 +139,9 @@ def test_every_example_command_line_runs_as_written(fresh_database, capsys, tmp_
     try:
         define(engine, "email.send", max_attempts=1)
         finished = rl.enqueue(engine, "email.send", {"to": "x@y.z"})
-        [claimed] = lifecycle.claim_jobs(engine, worker_id="readme", lease_ttl_seconds=30, limit=1,
+        [claimed] = claim_jobs(engine, worker_id="readme", lease_ttl_seconds=30, limit=1,
                                          job_types=["email.send"])
-        lifecycle.complete_job_failure(engine, **lifecycle.LeaseIdentity.of(claimed).keywords(),
+        lifecycle.complete_job_failure(engine, **LeaseIdentity.of(claimed).keywords(),
                                        failure=rl.JobFailure.terminal("smtp.rejected", "no such mailbox"),
                                        retry_delay_ms=None)
         commands = cli_example_commands()

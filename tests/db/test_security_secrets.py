@@ -21,6 +21,7 @@ from sqlalchemy import make_url
 import runledger_sync as rl
 from runledger_sync import cli
 from runledger_sync.store import lifecycle
+from runledger_sync.store.running import update_job_progress
 from tests.support import claim_one, define, identity, run_worker_until, wait_until
 
 PASSWORD = "Pw-d0nt-l0g-m3"  # noqa: S105 - a marker to search for, not a credential
@@ -277,7 +278,7 @@ def test_a_refused_completion_never_appears_in_the_store_error(engine, make, fie
     with pytest.raises(rl.InvalidPayload) as caught:
         lifecycle.complete_job_success(engine, **lease, completion=completion)
     with pytest.raises(rl.InvalidPayload) as progress:
-        lifecycle.update_job_progress(engine, **lease, checkpoint=make(CHECKPOINT_SECRET))
+        update_job_progress(engine, **lease, checkpoint=make(CHECKPOINT_SECRET))
 
     assert caught.value.message.startswith(f"{field} must be ")
     assert OUTPUT_SECRET not in everything_about(caught.value)

@@ -21,9 +21,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 import runledger_sync as rl
-from runledger_sync.core.records import JobSpec
+from runledger_sync.core.records import JobSpec, LeaseIdentity
 from runledger_sync.core.types import JobStatus
 from runledger_sync.store import admin, lifecycle
+from runledger_sync.store.running import mark_job_running
 from tests.handlers import fast_config
 from tests.support import JOB_TYPE, claim_one, define, identity, run_worker_until, scalar
 
@@ -138,7 +139,7 @@ def test_committed_enqueue_exists_only_after_the_caller_commits_and_then_runs(ca
     assert order_count(engine) == 1
     claimed = claim_one(engine)
     assert claimed.id == job.id
-    lifecycle.mark_job_running(engine, lifecycle.LeaseIdentity.of(claimed))
+    mark_job_running(engine, LeaseIdentity.of(claimed))
     done = lifecycle.complete_job_success(engine, **identity(claimed))
     assert done.status is JobStatus.SUCCEEDED
 
@@ -244,7 +245,7 @@ def test_lifecycle_calls_accept_a_session(orders):
     job = rl.enqueue(orders, JOB_TYPE, {})
     claimed = claim_one(orders)
     with Session(bind=orders) as session:
-        lifecycle.mark_job_running(session, lifecycle.LeaseIdentity.of(claimed))
+        mark_job_running(session, LeaseIdentity.of(claimed))
         lifecycle.complete_job_success(session, **identity(claimed))
         # Not committed yet: the worker's view is unchanged.
         assert admin.get_job(orders, job.id).status is JobStatus.LEASED

@@ -18,10 +18,11 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 import runledger_sync as rl
-from runledger_sync.core.records import JobSpec
+from runledger_sync.core.records import JobSpec, LeaseIdentity
 from runledger_sync.core.types import JobStatus
 from runledger_sync.db.errors import translate
 from runledger_sync.store import lifecycle
+from runledger_sync.store.running import mark_job_running
 from tests.handlers import fast_config
 from tests.support import JOB_TYPE, claim_one, define, identity, run_worker_until, scalar, wait_until
 
@@ -125,7 +126,7 @@ def test_enqueue_many_and_reads_join_the_same_open_transaction(raw, orders):
     assert rl.count_jobs(orders) == 2
     assert order_count(orders) == 1
     claimed = claim_one(orders)
-    lifecycle.mark_job_running(orders, lifecycle.LeaseIdentity.of(claimed))
+    mark_job_running(orders, LeaseIdentity.of(claimed))
     assert lifecycle.complete_job_success(orders, **identity(claimed)).status is JobStatus.SUCCEEDED
 
 

@@ -16,7 +16,8 @@ from runledger_sync.core.types import (
     JobDeadLetterReason,
     JobFailure,
 )
-from runledger_sync.registry import JobHandler, JobRegistry
+from runledger_sync.handlers import JobHandler
+from runledger_sync.registry import JobRegistry
 
 
 def make_ctx() -> JobContext:

@@ -18,6 +18,7 @@ import pytest
 from sqlalchemy import text
 
 from runledger_sync.core import backoff, errors
+from runledger_sync.core.store_errors import CommitOutcomeUnknown
 from runledger_sync.core.types import JobCompletion, JobDeadLetterReason, JobFailure, JobFailureKind
 from runledger_sync.db.engine import create_engine
 from runledger_sync.registry import JobRegistry
@@ -27,8 +28,11 @@ from runledger_sync.runtime.hot_path import HotPathWriters
 from runledger_sync.runtime.pace import FinishingSoon
 from runledger_sync.runtime.tally import OutcomeTally
 from runledger_sync.runtime.reaper import reap_once
-from runledger_sync.store import admin, lifecycle
+from runledger_sync.store import lifecycle
 from runledger_sync.store import enqueue as store_enqueue
+from runledger_sync.store.actions import cancel_job
+from runledger_sync.store.claim import claim_jobs, claim_prestart_jobs_for_types
+from runledger_sync.store.running import heartbeat_job, mark_job_running
 from tests import handlers as h
 from tests.handlers import SECRET, fast_config
 from tests.support import (
@@ -394,7 +398,7 @@ def test_exception_not_listed_in_retry_on_is_a_panic_and_never_retried(engine, p
     job = run_job(engine, registry)
     row = job_row(engine, job.id)
     assert (row.status, row.status_reason, row.last_error_code) == ("DEAD_LETTERED", "PANICKED", "job.handler_panic")
-    assert lifecycle.claim_jobs(engine, worker_id="w", lease_ttl_seconds=5, limit=1) == []
+    assert claim_jobs(engine, worker_id="w", lease_ttl_seconds=5, limit=1) == []
 
 
 def test_handler_raising_system_exit_is_a_panic(engine, probe, logs):
@@ -429,7 +433,7 @@ def test_completion_with_non_json_or_non_int_fields_is_terminal_invalid_result(e
 def test_claimed_job_without_a_registered_handler_is_terminal_handler_not_registered(engine, logs):
     h.registry_with("test.orphan", lambda ctx, payload: None, max_attempts=3).sync_definitions(engine)
     store_enqueue.enqueue(engine, "test.orphan", PAYLOAD)
-    [job] = lifecycle.claim_prestart_jobs_for_types(engine, worker_id="worker-test", lease_ttl_seconds=5, limit=1,
+    [job] = claim_prestart_jobs_for_types(engine, worker_id="worker-test", lease_ttl_seconds=5, limit=1,
                                                     job_types=["test.orphan"])
     process_claimed_job(engine, JobRegistry(), job, fast_config())
     row = job_row(engine, job.id)
@@ -495,7 +499,7 @@ def test_invalid_success_progress_dead_letters_terminal_and_is_never_replayed(en
     assert row.last_error_message.startswith("Handler returned invalid success progress")
     types = event_types(engine, job.id)
     assert "SUCCEEDED" not in types and "RETRY_SCHEDULED" not in types
-    assert lifecycle.claim_jobs(engine, worker_id="w", lease_ttl_seconds=5, limit=1) == []
+    assert claim_jobs(engine, worker_id="w", lease_ttl_seconds=5, limit=1) == []
     assert len(attempts(engine, job.id)) == 1
 
 
@@ -524,7 +528,7 @@ def test_after_lease_expiry_every_worker_write_is_refused_and_the_row_stays_leas
     assert probe.notes == ["job.lease_owner_mismatch"]
     assert records(logs, "failed to mark job success")
     for write in (
-        lambda: lifecycle.heartbeat_job(engine, **identity(job), lease_ttl_seconds=5),
+        lambda: heartbeat_job(engine, **identity(job), lease_ttl_seconds=5),
         lambda: lifecycle.complete_job_failure(engine, **identity(job), failure=JobFailure.retryable("a.b", "c"),
                                                retry_delay_ms=10),
     ):
@@ -629,7 +633,7 @@ def test_operator_cancel_raises_the_flag_within_a_heartbeat_and_nothing_is_writt
     worker = in_thread(process_claimed_job, engine, registry, job, config)
     probe.wait_calls(1)
     canceled_at = time.monotonic()
-    admin.cancel_job(engine, job.id, reason="operator said stop")
+    cancel_job(engine, job.id, reason="operator said stop")
     worker.join(10)
     [call] = probe.calls
     assert call.cancel_reason == "canceled"
@@ -663,8 +667,8 @@ def test_a_running_write_of_unknown_outcome_that_landed_runs_the_handler(engine,
     config = fast_config()
     job = enqueue_and_claim(engine, registry, config)
     # The one-query running write committed, but its connection went before the reply.
-    lifecycle.mark_job_running(engine, lease_identity(job))
-    process_claimed_job(engine, registry, job, config, running=errors.CommitOutcomeUnknown("reply lost"))
+    mark_job_running(engine, lease_identity(job))
+    process_claimed_job(engine, registry, job, config, running=CommitOutcomeUnknown("reply lost"))
     assert len(probe.calls) == 1
     assert job_row(engine, job.id).status == "SUCCEEDED"
     assert [a.attempt for a in attempts(engine, job.id)] == [1]
@@ -674,7 +678,7 @@ def test_a_running_write_of_unknown_outcome_that_did_not_land_hands_the_claim_ba
     registry = h.registry_with(JOB_TYPE, h.ok(probe))
     config = fast_config()
     job = enqueue_and_claim(engine, registry, config)
-    process_claimed_job(engine, registry, job, config, running=errors.CommitOutcomeUnknown("connection lost"))
+    process_claimed_job(engine, registry, job, config, running=CommitOutcomeUnknown("connection lost"))
     assert probe.calls == []
     assert job_row(engine, job.id).status == "PENDING"
     assert events(engine, job.id)[-1] == ("REQUEUED", 1, {"reason": "RUNNING_PROGRESS_PERSIST_FAILED"})

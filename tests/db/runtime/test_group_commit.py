@@ -10,6 +10,7 @@ from runledger_sync.core.records import JobSpec
 from runledger_sync.core.types import JobCompletion
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime import execution
+from runledger_sync.runtime.attempt import JobExecution
 from runledger_sync.runtime.group_writer import GroupWriter
 from runledger_sync.runtime.worker import WorkerLoop
 from runledger_sync.store import enqueue as store_enqueue
@@ -56,7 +57,7 @@ def test_a_claimed_batch_is_marked_running_in_one_transaction_however_slowly_its
     registry.sync_definitions(engine)
     store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(CONCURRENCY)])
 
-    class SlowToStart(execution.JobExecution):
+    class SlowToStart(JobExecution):
         def __init__(self, *args, **kwargs):
             # Each pool thread takes far longer than the writers' linger to reach its running write.
             threading.Event().wait(0.02)

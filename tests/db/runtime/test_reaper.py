@@ -5,12 +5,13 @@ from __future__ import annotations
 import threading
 import time
 
+from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.types import JobDeadLetterReason, JobFailure, JobFailureKind, RuntimeLoopExit
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.execution import process_claimed_job
 from runledger_sync.runtime.reaper import run_reaper_loop
 from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store import lifecycle
+from runledger_sync.store.running import mark_job_running
 from tests import handlers as h
 from tests.handlers import SECRET, fast_config
 from tests.support import JOB_TYPE, attempts, claim_one, event_types, events, expire_lease, rows, scalar, wait_until
@@ -26,7 +27,7 @@ def expired_started_claim(engine, job_type, **enqueue_options):
     """A job whose worker persisted RUNNING and then vanished: its lease ran out."""
     job = store_enqueue.enqueue(engine, job_type, PAYLOAD, **enqueue_options)
     claimed = claim_one(engine, job_type=job_type)
-    lifecycle.mark_job_running(engine, lifecycle.LeaseIdentity.of(claimed))
+    mark_job_running(engine, LeaseIdentity.of(claimed))
     expire_lease(engine, job.id)
     return job
 

@@ -20,20 +20,15 @@ from runledger_sync.core.errors import (
     JobNotFound,
     LeaseOwnerMismatch,
 )
-from runledger_sync.core.records import JobDefinition, JobRecord
+from runledger_sync.core.records import JobDefinition, JobRecord, LeaseIdentity
 from runledger_sync.core.types import JobCompletion, JobFailure, JobStage, JobStatus
 from runledger_sync.store import admin
+from runledger_sync.store.actions import cancel_job, requeue_job
+from runledger_sync.store.claim import claim_jobs, claim_prestart_jobs_for_types
 from runledger_sync.store.enqueue import enqueue, sync_job_definitions
-from runledger_sync.store.lifecycle import (
-    LeaseIdentity,
-    claim_jobs,
-    claim_prestart_jobs_for_types,
-    complete_job_failure,
-    complete_job_success,
-    heartbeat_job,
-    mark_job_running,
-    update_job_progress,
-)
+from runledger_sync.store.lifecycle import complete_job_failure, complete_job_success
+from runledger_sync.store.running import heartbeat_job, mark_job_running, update_job_progress
+from runledger_sync.store.stats import pending_timing_statement, queue_stats
 
 EMAIL = "admin.email"
 REPORT = "admin.report"
@@ -92,7 +87,7 @@ def dead_lettered(db, job_type: str = EMAIL, **options: Any) -> JobRecord:
 
 
 def canceled(db, job_type: str = EMAIL, **options: Any) -> JobRecord:
-    return admin.cancel_job(db, pending(db, job_type, **options).id)
+    return cancel_job(db, pending(db, job_type, **options).id)
 
 
 def db_now(db) -> Any:
@@ -265,7 +260,7 @@ def test_count_jobs_rejects_bad_filters(db, filters):
 def test_cancel_pending_job(db):
     job = pending(db)
 
-    result = admin.cancel_job(db, job.id)
+    result = cancel_job(db, job.id)
 
     stored = admin.get_job(db, job.id)
     assert result == stored
@@ -283,7 +278,7 @@ def test_cancel_leased_job_closes_the_attempt_and_fences_the_worker(db):
     identity = LeaseIdentity.of(job)
     assert admin.list_attempts(db, job.id)[0].finished_at is None
 
-    result = admin.cancel_job(db, job.id, reason="operator: wrong recipient")
+    result = cancel_job(db, job.id, reason="operator: wrong recipient")
 
     stored = admin.get_job(db, job.id)
     assert result == stored
@@ -321,7 +316,7 @@ def test_cancel_unstarted_prestart_claim(db):
     job = leased(db, running=False)
     assert admin.list_attempts(db, job.id)[0].claim_origin == "WORKER_PRESTART"
 
-    admin.cancel_job(db, job.id)
+    cancel_job(db, job.id)
 
     assert admin.get_job(db, job.id).status is JobStatus.CANCELED
     assert admin.list_attempts(db, job.id)[0].finished_at is not None
@@ -334,7 +329,7 @@ def test_cancel_finished_job_is_an_invalid_state_transition(db, make):
     before = snapshot(db)
 
     with pytest.raises(InvalidStateTransition) as caught:
-        admin.cancel_job(db, job.id)
+        cancel_job(db, job.id)
 
     assert caught.value.code == "job.invalid_state_transition"
     assert caught.value.details["status"] == job.status.value
@@ -342,7 +337,7 @@ def test_cancel_finished_job_is_an_invalid_state_transition(db, make):
     assert admin.get_job(db, job.id) == job
 
 
-@pytest.mark.parametrize("action", [admin.cancel_job, admin.requeue_job], ids=["cancel", "requeue"])
+@pytest.mark.parametrize("action", [cancel_job, requeue_job], ids=["cancel", "requeue"])
 def test_unknown_job_is_not_found(db, action):
     pending(db)
     before = snapshot(db)
@@ -356,7 +351,7 @@ def test_unknown_job_is_not_found(db, action):
 
 @pytest.mark.parametrize(
     ("action", "make"),
-    [(admin.cancel_job, pending), (admin.cancel_job, leased), (admin.requeue_job, succeeded), (admin.requeue_job, canceled)],
+    [(cancel_job, pending), (cancel_job, leased), (requeue_job, succeeded), (requeue_job, canceled)],
     ids=["cancel-pending", "cancel-leased", "requeue-succeeded", "requeue-canceled"],
 )
 def test_another_organizations_job_is_not_found_when_scoped(db, action, make):
@@ -374,14 +369,14 @@ def test_another_organizations_job_is_not_found_when_scoped(db, action, make):
     assert done.status != job.status
 
 
-@pytest.mark.parametrize("action", [admin.cancel_job, admin.requeue_job], ids=["cancel", "requeue"])
+@pytest.mark.parametrize("action", [cancel_job, requeue_job], ids=["cancel", "requeue"])
 @pytest.mark.parametrize(
     ("job_id", "options"),
     [("nope", {}), (None, {}), ("job", {"reason": ""}), ("job", {"reason": "  "}), ("job", {"reason": 3}),
      ("job", {"reason": "x" * 256}), ("job", {"organization_id": ""})],
 )
 def test_cancel_and_requeue_reject_bad_arguments_without_writing(db, action, job_id, options):
-    job = canceled(db) if action is admin.requeue_job else pending(db)
+    job = canceled(db) if action is requeue_job else pending(db)
     before = snapshot(db)
 
     with pytest.raises(InvalidArgument) as caught:
@@ -413,7 +408,7 @@ def test_requeue_succeeded_job_starts_a_new_run(db):
     job = succeeded(db)
     assert (job.progress_done, job.checkpoint, job.output) == (2, {"page": 2}, {"sent": True})
 
-    result = admin.requeue_job(db, job.id)
+    result = requeue_job(db, job.id)
 
     stored = admin.get_job(db, job.id)
     assert result == stored
@@ -426,7 +421,7 @@ def test_requeue_dead_lettered_job_with_a_reason(db):
     job = dead_lettered(db)
     assert job.last_error_code == "smtp.rejected"
 
-    admin.requeue_job(db, job.id, reason="fixed the mailbox")
+    requeue_job(db, job.id, reason="fixed the mailbox")
 
     stored = admin.get_job(db, job.id)
     assert_fresh_run(stored, job, "fixed the mailbox")
@@ -436,7 +431,7 @@ def test_requeue_dead_lettered_job_with_a_reason(db):
 def test_requeue_canceled_job_that_never_ran_records_no_attempt(db):
     job = canceled(db)
 
-    admin.requeue_job(db, job.id)
+    requeue_job(db, job.id)
 
     assert_fresh_run(admin.get_job(db, job.id), job, "REQUEUED")
     assert events_of(db, job.id)[-1] == ("REQUEUED", 1, None, {"reason": "REQUEUED"})
@@ -444,21 +439,21 @@ def test_requeue_canceled_job_that_never_ran_records_no_attempt(db):
 
 def test_requeue_canceled_leased_job_records_the_previous_attempt(db):
     job = leased(db)
-    admin.cancel_job(db, job.id)
+    cancel_job(db, job.id)
 
-    admin.requeue_job(db, job.id)
+    requeue_job(db, job.id)
 
     assert events_of(db, job.id)[-1] == ("REQUEUED", 1, 1, {"reason": "REQUEUED"})
 
 
 def test_requeued_job_runs_again_as_the_next_run(db):
     first = succeeded(db)
-    admin.requeue_job(db, first.id)
+    requeue_job(db, first.id)
 
     (claimed,) = claim_jobs(db, worker_id="worker-2", lease_ttl_seconds=60, limit=1, job_types=[EMAIL])
     assert (claimed.id, claimed.run_number, claimed.attempt) == (first.id, 2, 1)
     complete_job_success(db, **LeaseIdentity.of(claimed).keywords())
-    second = admin.requeue_job(db, first.id)
+    second = requeue_job(db, first.id)
 
     assert (second.run_number, second.attempt) == (3, 0)
     attempts = admin.list_attempts(db, first.id)
@@ -473,7 +468,7 @@ def test_requeue_of_an_unfinished_job_is_an_invalid_state_transition(db, make):
     before = snapshot(db)
 
     with pytest.raises(InvalidStateTransition) as caught:
-        admin.requeue_job(db, job.id)
+        requeue_job(db, job.id)
 
     assert caught.value.code == "job.invalid_state_transition"
     assert caught.value.details["status"] == job.status.value
@@ -580,7 +575,7 @@ def test_list_dead_letters_rejects_a_naive_since(db):
 
 
 def test_queue_stats_on_an_empty_queue(db):
-    stats = admin.queue_stats(db)
+    stats = queue_stats(db)
 
     assert stats.by_status == {status.value: 0 for status in JobStatus}
     assert stats.by_type_and_status == {}
@@ -598,7 +593,7 @@ def test_queue_stats_counts_by_status_and_type(db):
     pending(db, EMAIL, organization_id="org-1")
     pending(db, REPORT, delay_seconds=3600)  # not due yet: not "waiting"
 
-    stats = admin.queue_stats(db)
+    stats = queue_stats(db)
 
     assert stats.by_status == {"PENDING": 3, "LEASED": 1, "SUCCEEDED": 1, "DEAD_LETTERED": 1, "CANCELED": 1}
     assert stats.by_type_and_status == {
@@ -615,7 +610,7 @@ def test_queue_stats_counts_by_status_and_type(db):
     assert now + timedelta(seconds=3500) < stats.next_scheduled_at < now + timedelta(seconds=3700)
     assert stats.expired_leases == 0
 
-    scoped = admin.queue_stats(db, organization_id="org-1")
+    scoped = queue_stats(db, organization_id="org-1")
     assert scoped.by_status == {"PENDING": 1, "LEASED": 1, "SUCCEEDED": 0, "DEAD_LETTERED": 0, "CANCELED": 0}
     assert scoped.by_type_and_status == {(EMAIL, "PENDING"): 1, (EMAIL, "LEASED"): 1}
     assert 0 <= scoped.oldest_pending_age_seconds < 120
@@ -627,7 +622,7 @@ def test_queue_stats_counts_expired_leases(db):
     short = leased(db, REPORT, prestart=False, running=False, lease=0.05)
     time.sleep(0.2)
 
-    stats = admin.queue_stats(db)
+    stats = queue_stats(db)
 
     assert stats.by_status["LEASED"] == 2
     assert stats.expired_leases == 1
@@ -639,7 +634,7 @@ def test_queue_stats_counts_pending_jobs_that_are_not_due_yet_apart(db):
     later = pending(db, EMAIL, delay_seconds=3600)
     pending(db, EMAIL, delay_seconds=7200)
 
-    stats = admin.queue_stats(db)
+    stats = queue_stats(db)
 
     assert stats.by_status["PENDING"] == 2
     assert (stats.due_now, stats.oldest_due_age_seconds) == (0, None)
@@ -652,7 +647,7 @@ def test_the_pending_timing_pass_can_read_only_the_claim_index(db, organization_
     # statement's predicate matches that partial index's WHERE status = 'PENDING'.
     pending(db, EMAIL)
     pending(db, EMAIL, delay_seconds=60)
-    statement = admin.pending_timing_statement(organization_id)
+    statement = pending_timing_statement(organization_id)
     sql = str(statement.compile(dialect=db.dialect, compile_kwargs={"literal_binds": True}))
 
     with db.begin() as conn:

@@ -20,7 +20,7 @@ from sqlalchemy import event
 
 import runledger_sync as rl
 from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store import lifecycle
+from runledger_sync.store.claim import claim_jobs, claim_prestart_jobs_for_types
 from runledger_sync.store.held import HeldConnection
 from tests.support import JOB_TYPE, define, scalar
 
@@ -80,7 +80,7 @@ def prestart_claims_of_eight(engine, claims: int = 1) -> None:
     held = HeldConnection(engine)
     try:
         for _ in range(claims):
-            jobs = lifecycle.claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=8,
+            jobs = claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=8,
                                                            job_types=[JOB_TYPE])
             assert len(jobs) == 8
     finally:
@@ -139,10 +139,10 @@ def test_a_claim_planned_on_a_nearly_empty_queue_still_looks_its_rows_up_by_id_o
         connection.exec_driver_sql("ANALYZE job_queue")
     held = HeldConnection(engine)
     try:
-        assert len(lifecycle.claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=8,
+        assert len(claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=8,
                                                            job_types=[JOB_TYPE])) == rows
         store_enqueue.enqueue_many(engine, [rl.JobSpec(JOB_TYPE, {"n": n}) for n in range(QUEUED)])
-        assert len(lifecycle.claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=8,
+        assert len(claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=8,
                                                            job_types=[JOB_TYPE])) == 8
     finally:
         held.close()
@@ -152,7 +152,7 @@ def test_a_claim_planned_on_a_nearly_empty_queue_still_looks_its_rows_up_by_id_o
 
 @pytest.mark.usefixtures("queued")
 def test_a_direct_claim_for_types_reads_the_claim_index_in_order(engine, claim_plans):
-    jobs = lifecycle.claim_jobs(engine, worker_id="w", lease_ttl_seconds=30, limit=8, job_types=[JOB_TYPE, "x.y"])
+    jobs = claim_jobs(engine, worker_id="w", lease_ttl_seconds=30, limit=8, job_types=[JOB_TYPE, "x.y"])
     assert len(jobs) == 8
     assert_reads_the_claim_index_in_order(claim_plans)
 
@@ -171,7 +171,7 @@ def test_the_planner_settings_end_with_the_claims_transaction(engine):
             before = planner_settings(connection)
             connection.rollback()
         assert before[0] == "on"
-        lifecycle.claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=1,
+        claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=1,
                                                 job_types=[JOB_TYPE])
         with held.connect() as connection:
             assert planner_settings(connection) == before
@@ -188,7 +188,7 @@ def test_a_claim_in_the_callers_transaction_plans_in_order_and_gives_back_its_se
         connection.exec_driver_sql("SET LOCAL plan_cache_mode = force_generic_plan")
         before = planner_settings(connection)
         assert before == ("on", "off", "force_generic_plan")
-        jobs = lifecycle.claim_jobs(connection, worker_id="w", lease_ttl_seconds=30, limit=8, job_types=[JOB_TYPE])
+        jobs = claim_jobs(connection, worker_id="w", lease_ttl_seconds=30, limit=8, job_types=[JOB_TYPE])
         assert len(jobs) == 8
         assert planner_settings(connection) == before
         connection.commit()

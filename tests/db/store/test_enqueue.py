@@ -11,6 +11,7 @@ from sqlalchemy import event, text
 
 from runledger_sync.core import errors
 from runledger_sync.core.records import JobDefinition, JobSpec
+from runledger_sync.core.store_errors import ConnectionFailed, PermissionDenied
 from runledger_sync.core.types import JobStage, JobStatus
 from runledger_sync.db.engine import create_engine
 from runledger_sync.store import enqueue as store
@@ -364,7 +365,7 @@ def test_enabling_an_unknown_type_is_not_found(engine):
 def test_unreachable_database_is_connection_failed_with_password_masked():
     engine = create_engine("postgresql://app:s3cr3t-pass@127.0.0.1:9/nowhere", connect_args={"connect_timeout": 1})
     try:
-        with pytest.raises(errors.ConnectionFailed) as caught:
+        with pytest.raises(ConnectionFailed) as caught:
             store.enqueue(engine, JOB_TYPE, {})
     finally:
         engine.dispose()
@@ -393,7 +394,7 @@ def test_database_error_is_mapped_and_chained(engine):
         conn.execute(text("CREATE ROLE rl_reader NOLOGIN"))
         conn.execute(text("GRANT SELECT ON ALL TABLES IN SCHEMA public TO rl_reader"))
         conn.execute(text("SET ROLE rl_reader"))
-        with pytest.raises(errors.PermissionDenied) as caught:
+        with pytest.raises(PermissionDenied) as caught:
             store.enqueue(conn, JOB_TYPE, {})
         conn.rollback()
     assert caught.value.code == "db.permission_denied"

@@ -6,10 +6,13 @@ from __future__ import annotations
 import pytest
 
 from runledger_sync.core import errors
+from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.types import EventLog, JobFailure, JobStage
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store import lifecycle, lifecycle_batch
+from runledger_sync.store.claim import claim_jobs, claim_prestart_jobs_for_types
 from runledger_sync.store.held import HeldConnection
+from runledger_sync.store.running import heartbeat_job, mark_job_running, update_job_progress
 from tests.support import JOB_TYPE, define, event_types, events, rows, scalar
 
 EVERY_STEP_OF_A_SUCCESS = ["ENQUEUED", "LEASED", "STAGE_CHANGED", "HEARTBEAT", "SUCCEEDED"]
@@ -17,7 +20,7 @@ EVERY_STEP_OF_A_SUCCESS = ["ENQUEUED", "LEASED", "STAGE_CHANGED", "HEARTBEAT", "
 
 def claimed(bind, event_log, *, prestart=True):
     store_enqueue.enqueue(bind, JOB_TYPE, {})
-    claim = lifecycle.claim_prestart_jobs_for_types if prestart else lifecycle.claim_jobs
+    claim = claim_prestart_jobs_for_types if prestart else claim_jobs
     [job] = claim(bind, worker_id="w", lease_ttl_seconds=30, limit=1, job_types=[JOB_TYPE], event_log=event_log)
     return job
 
@@ -25,12 +28,12 @@ def claimed(bind, event_log, *, prestart=True):
 def run_to_success(bind, event_log, *, grouped: bool, prestart: bool = True):
     """Claim, mark running, heartbeat and succeed one job at ``event_log``; return its id."""
     job = claimed(bind, event_log, prestart=prestart)
-    lease = lifecycle.LeaseIdentity.of(job)
+    lease = LeaseIdentity.of(job)
     if grouped:
         assert lifecycle_batch.mark_jobs_running(bind, [lease], event_log=event_log) == [None]
     else:
-        lifecycle.mark_job_running(bind, lease, event_log=event_log)
-    lifecycle.heartbeat_job(bind, **lease.keywords(), lease_ttl_seconds=30, event_log=event_log)
+        mark_job_running(bind, lease, event_log=event_log)
+    heartbeat_job(bind, **lease.keywords(), lease_ttl_seconds=30, event_log=event_log)
     lifecycle.complete_job_success(bind, **lease.keywords())
     return job.id
 
@@ -60,21 +63,21 @@ def test_transitions_event_log_leaves_out_leased_running_and_heartbeat_rows(held
 
 def test_default_is_the_full_event_log(held):
     store_enqueue.enqueue(held, JOB_TYPE, {})
-    [job] = lifecycle.claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=1,
+    [job] = claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=1,
                                                     job_types=[JOB_TYPE])
-    lease = lifecycle.LeaseIdentity.of(job)
-    lifecycle.mark_job_running(held, lease)
-    lifecycle.heartbeat_job(held, **lease.keywords(), lease_ttl_seconds=30)
+    lease = LeaseIdentity.of(job)
+    mark_job_running(held, lease)
+    heartbeat_job(held, **lease.keywords(), lease_ttl_seconds=30)
 
     assert event_types(held.engine, job.id) == ["ENQUEUED", "LEASED", "STAGE_CHANGED", "HEARTBEAT"]
 
 
 def test_transitions_still_logs_progress_other_stages_failures_and_retries(held):
     job = claimed(held, EventLog.TRANSITIONS)
-    lease = lifecycle.LeaseIdentity.of(job)
-    lifecycle.update_job_progress(held, **lease.keywords(), stage=JobStage.RUNNING, progress_done=1, progress_total=4,
+    lease = LeaseIdentity.of(job)
+    update_job_progress(held, **lease.keywords(), stage=JobStage.RUNNING, progress_done=1, progress_total=4,
                                   event_log=EventLog.TRANSITIONS)
-    lifecycle.update_job_progress(held, **lease.keywords(), stage=JobStage.SCHEDULED, event_log=EventLog.TRANSITIONS)
+    update_job_progress(held, **lease.keywords(), stage=JobStage.SCHEDULED, event_log=EventLog.TRANSITIONS)
     lifecycle.complete_job_failure(held, **lease.keywords(), failure=JobFailure.retryable("x.flaky", "try again"),
                                    retry_delay_ms=0)
 
@@ -89,13 +92,13 @@ def test_transitions_still_logs_progress_other_stages_failures_and_retries(held)
 @pytest.mark.parametrize(
     "call",
     [
-        lambda bind, lease: lifecycle.claim_prestart_jobs_for_types(
+        lambda bind, lease: claim_prestart_jobs_for_types(
             bind, worker_id="w", lease_ttl_seconds=30, limit=1, job_types=[JOB_TYPE], event_log="none"),
-        lambda bind, lease: lifecycle.claim_jobs(bind, worker_id="w", lease_ttl_seconds=30, limit=1, event_log="FULL"),
-        lambda bind, lease: lifecycle.mark_job_running(bind, lease, event_log=None),
+        lambda bind, lease: claim_jobs(bind, worker_id="w", lease_ttl_seconds=30, limit=1, event_log="FULL"),
+        lambda bind, lease: mark_job_running(bind, lease, event_log=None),
         lambda bind, lease: lifecycle_batch.mark_jobs_running(bind, [lease], event_log="quiet"),
         lambda bind, lease: lifecycle_batch.mark_jobs_running(bind, [], event_log="quiet"),
-        lambda bind, lease: lifecycle.heartbeat_job(bind, **lease.keywords(), lease_ttl_seconds=30, event_log=True),
+        lambda bind, lease: heartbeat_job(bind, **lease.keywords(), lease_ttl_seconds=30, event_log=True),
     ],
     ids=["prestart claim", "direct claim", "running", "grouped running", "grouped running, no leases", "heartbeat"],
 )
@@ -105,7 +108,7 @@ def test_an_unknown_event_log_level_is_refused_before_any_write(held, call):
     before = scalar(held.engine, "SELECT count(*) FROM job_events")
 
     with pytest.raises(errors.InvalidArgument) as refused:
-        call(held, lifecycle.LeaseIdentity.of(job))
+        call(held, LeaseIdentity.of(job))
 
     assert refused.value.code == "job.invalid_argument"
     assert "event_log" in refused.value.message

@@ -20,6 +20,7 @@ from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.types import JobFailure
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store import lifecycle, lifecycle_batch
+from runledger_sync.store.running import heartbeat_job, mark_job_running, update_job_progress
 from tests.support import JOB_TYPE, claim_one, define, rows, scalar, wait_until
 
 #: Short enough to run out during the wait, long enough to be live when the write starts.
@@ -51,11 +52,11 @@ WRITES: dict[str, tuple[Callable[[Any, LeaseIdentity], Any], tuple[str, str, Any
     "failure": (_single(lambda e, lease: lifecycle.complete_job_failure(
         e, **lease.keywords(), failure=JobFailure.retryable("t.retry", "again"), retry_delay_ms=60_000)),
         ("PENDING", "queued", None)),
-    "heartbeat": (_single(lambda e, lease: lifecycle.heartbeat_job(
+    "heartbeat": (_single(lambda e, lease: heartbeat_job(
         e, **lease.keywords(), lease_ttl_seconds=30, lock_timeout_ms=20_000)), ("LEASED", "queued", None)),
-    "progress": (_single(lambda e, lease: lifecycle.update_job_progress(
+    "progress": (_single(lambda e, lease: update_job_progress(
         e, **lease.keywords(), progress_done=1, progress_total=4)), ("LEASED", "queued", 1)),
-    "running": (_single(lambda e, lease: lifecycle.mark_job_running(e, lease)), ("LEASED", "running", None)),
+    "running": (_single(lambda e, lease: mark_job_running(e, lease)), ("LEASED", "running", None)),
     "release": (_single(lambda e, lease: lifecycle.release_unstarted_job_claim(
         e, **lease.keywords(), reason="TEST", delay_ms=0)), ("PENDING", "queued", None)),
     "group running": (_grouped(lambda e, lease: lifecycle_batch.mark_jobs_running(e, [lease])),

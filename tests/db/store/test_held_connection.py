@@ -8,8 +8,9 @@ from sqlalchemy import text
 import runledger_sync as rl
 from runledger_sync.core import errors
 from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store import lifecycle
+from runledger_sync.store.claim import claim_prestart_jobs_for_types
 from runledger_sync.store.held import HeldConnection
+from runledger_sync.store.running import heartbeat_job
 from tests.support import JOB_TYPE, define, scalar
 
 
@@ -38,7 +39,7 @@ def test_a_refused_write_rolls_back_and_keeps_the_connection(engine, held):
     job = store_enqueue.enqueue(engine, JOB_TYPE, {})
     before = backend_pid(held)
     with pytest.raises(errors.LeaseOwnerMismatch):
-        lifecycle.heartbeat_job(held, job_id=job.id, run_number=1, attempt=1, worker_id="nobody",
+        heartbeat_job(held, job_id=job.id, run_number=1, attempt=1, worker_id="nobody",
                                 lease_ttl_seconds=5)
     assert backend_pid(held) == before
 
@@ -57,7 +58,7 @@ def synchronous_commit(connection) -> str:
 
 def test_a_prestart_claim_skips_the_disk_wait_only_for_its_own_transaction(engine, held):
     store_enqueue.enqueue(engine, JOB_TYPE, {})
-    claimed = lifecycle.claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=1,
+    claimed = claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=1,
                                                       job_types=[JOB_TYPE])
     assert len(claimed) == 1
     # SET LOCAL: the next transaction on the same connection waits for the disk again.
@@ -68,7 +69,7 @@ def test_a_prestart_claim_in_the_callers_transaction_leaves_its_setting_alone(en
     define(engine)
     store_enqueue.enqueue(engine, JOB_TYPE, {})
     with engine.connect() as connection:
-        claimed = lifecycle.claim_prestart_jobs_for_types(connection, worker_id="w", lease_ttl_seconds=30, limit=1,
+        claimed = claim_prestart_jobs_for_types(connection, worker_id="w", lease_ttl_seconds=30, limit=1,
                                                           job_types=[JOB_TYPE])
         assert len(claimed) == 1
         assert synchronous_commit(connection) == "on"

@@ -10,11 +10,16 @@ import pytest
 from sqlalchemy import text
 
 from runledger_sync.core import errors
-from runledger_sync.core.records import JobSpec
+from runledger_sync.core.records import JobSpec, LeaseIdentity
+from runledger_sync.core.store_errors import StoreError
 from runledger_sync.core.types import JobCompletion, JobFailure, JobStage, JobStatus
 from runledger_sync.db.engine import create_engine
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store import lifecycle
+from runledger_sync.store.actions import requeue_job
+from runledger_sync.store.claim import claim_jobs, claim_prestart_jobs_for_types
+from runledger_sync.store.running import heartbeat_job, mark_job_running, update_job_progress
+from runledger_sync.store.reaper import reap_expired_leases
 from tests.support import (
     JOB_TYPE,
     attempts,
@@ -63,7 +68,7 @@ def test_claim_orders_by_priority_then_due_time_then_fifo(engine):
     define(engine)
     low = store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": i}, priority=1) for i in range(3)])
     high = store_enqueue.enqueue(engine, JOB_TYPE, {"n": "high"}, priority=50)
-    claimed = lifecycle.claim_jobs(engine, worker_id="w", lease_ttl_seconds=30, limit=10)
+    claimed = claim_jobs(engine, worker_id="w", lease_ttl_seconds=30, limit=10)
     assert [job.id for job in claimed] == [high.id] + [job.id for job in low]
 
 
@@ -73,14 +78,14 @@ def test_claim_skips_jobs_not_yet_due_and_other_types(engine):
     store_enqueue.enqueue(engine, JOB_TYPE, {}, delay_seconds=3600)
     store_enqueue.enqueue(engine, "other.job", {})
     due = store_enqueue.enqueue(engine, JOB_TYPE, {})
-    claimed = lifecycle.claim_prestart_jobs_for_types(engine, worker_id="w", lease_ttl_seconds=30, limit=10,
+    claimed = claim_prestart_jobs_for_types(engine, worker_id="w", lease_ttl_seconds=30, limit=10,
                                                       job_types=[JOB_TYPE])
     assert [job.id for job in claimed] == [due.id]
 
 
 def test_claim_with_no_types_returns_nothing_without_touching_the_database():
     unreachable = create_engine("postgresql://nobody@127.0.0.1:9/none")
-    assert lifecycle.claim_prestart_jobs_for_types(unreachable, worker_id="w", lease_ttl_seconds=30, limit=5,
+    assert claim_prestart_jobs_for_types(unreachable, worker_id="w", lease_ttl_seconds=30, limit=5,
                                                    job_types=[]) == []
     unreachable.dispose()
 
@@ -88,7 +93,7 @@ def test_claim_with_no_types_returns_nothing_without_touching_the_database():
 @pytest.mark.parametrize("lease", [0, -1, 0.0, "30", None])
 def test_claim_with_a_non_positive_lease_is_refused(engine, pending, lease):
     with pytest.raises(errors.InvalidLeaseDuration) as caught:
-        lifecycle.claim_jobs(engine, worker_id="w", lease_ttl_seconds=lease, limit=1)
+        claim_jobs(engine, worker_id="w", lease_ttl_seconds=lease, limit=1)
     assert caught.value.code == "job.invalid_lease_duration"
     assert scalar(engine, "SELECT status FROM job_queue") == "PENDING"
 
@@ -97,7 +102,7 @@ def test_claim_with_a_non_positive_lease_is_refused(engine, pending, lease):
 def test_claim_bad_arguments_are_refused(engine, pending, arguments):
     call = {"worker_id": "w", "lease_ttl_seconds": 30, "limit": 1, "job_types": [JOB_TYPE]} | arguments
     with pytest.raises(errors.ValidationError):
-        lifecycle.claim_prestart_jobs_for_types(engine, **call)
+        claim_prestart_jobs_for_types(engine, **call)
     assert scalar(engine, "SELECT status FROM job_queue") == "PENDING"
 
 
@@ -107,7 +112,7 @@ def test_claim_skips_rows_locked_by_another_transaction(engine):
     with engine.connect() as holder:
         holder.execute(text("SELECT 1 FROM job_queue WHERE id = :id FOR UPDATE"), {"id": locked.id})
         started = time.monotonic()
-        claimed = lifecycle.claim_jobs(engine, worker_id="w", lease_ttl_seconds=30, limit=10)
+        claimed = claim_jobs(engine, worker_id="w", lease_ttl_seconds=30, limit=10)
         assert time.monotonic() - started < 2
         holder.rollback()
     assert [job.id for job in claimed] == [free.id]
@@ -123,7 +128,7 @@ def test_concurrent_claimers_never_get_the_same_job(engine):
         barrier.wait()
         mine = claimed.setdefault(name, [])
         while True:
-            batch = lifecycle.claim_jobs(engine, worker_id=name, lease_ttl_seconds=30, limit=7)
+            batch = claim_jobs(engine, worker_id=name, lease_ttl_seconds=30, limit=7)
             if not batch:
                 return
             mine.extend(job.id for job in batch)
@@ -144,7 +149,7 @@ def test_concurrent_claimers_never_get_the_same_job(engine):
 
 def test_mark_running_persists_stage_and_execution_marker(engine, pending):
     job = claim_one(engine)
-    running = lifecycle.mark_job_running(engine, lifecycle.LeaseIdentity.of(job))
+    running = mark_job_running(engine, LeaseIdentity.of(job))
     assert running.stage is JobStage.RUNNING and running.status is JobStatus.LEASED
     assert attempts(engine, job.id)[0].execution_started_persisted_at is not None
     assert event_types(engine, job.id)[-1] == "STAGE_CHANGED"
@@ -153,7 +158,7 @@ def test_mark_running_persists_stage_and_execution_marker(engine, pending):
 def test_heartbeat_extends_the_lease_and_records_an_event(engine, pending):
     job = claim_one(engine, lease_ttl_seconds=5)
     time.sleep(0.05)
-    beat = lifecycle.heartbeat_job(engine, **identity(job), lease_ttl_seconds=60)
+    beat = heartbeat_job(engine, **identity(job), lease_ttl_seconds=60)
     assert beat.lease_expires_at > job.lease_expires_at + timedelta(seconds=50)
     assert beat.last_heartbeat_at > job.last_heartbeat_at
     assert events(engine, job.id)[-1] == ("HEARTBEAT", 1, {"worker_id": "worker-a"})
@@ -161,11 +166,11 @@ def test_heartbeat_extends_the_lease_and_records_an_event(engine, pending):
 
 def test_progress_is_stored_with_percentage_and_event(engine, pending):
     job = claim_one(engine)
-    updated = lifecycle.update_job_progress(engine, **identity(job), progress_done=1, progress_total=3,
+    updated = update_job_progress(engine, **identity(job), progress_done=1, progress_total=3,
                                             checkpoint={"page": 7})
     assert (updated.progress_done, updated.progress_total, float(updated.progress_pct)) == (1, 3, 33.33)
     assert updated.checkpoint == {"page": 7}
-    kept = lifecycle.update_job_progress(engine, **identity(job), progress_done=2)
+    kept = update_job_progress(engine, **identity(job), progress_done=2)
     assert (kept.progress_done, kept.progress_total, kept.checkpoint) == (2, 3, {"page": 7})
     assert event_types(engine, job.id)[-2:] == ["PROGRESS", "PROGRESS"]
 
@@ -174,16 +179,16 @@ def test_progress_is_stored_with_percentage_and_event(engine, pending):
 def test_invalid_progress_is_refused_before_writing(engine, pending, done, total):
     job = claim_one(engine)
     with pytest.raises(errors.InvalidProgress) as caught:
-        lifecycle.update_job_progress(engine, **identity(job), progress_done=done, progress_total=total)
+        update_job_progress(engine, **identity(job), progress_done=done, progress_total=total)
     assert caught.value.code == "job.invalid_progress"
     assert scalar(engine, "SELECT progress_done FROM job_queue") is None
 
 
 def test_progress_that_breaks_the_stored_total_is_refused(engine, pending):
     job = claim_one(engine)
-    lifecycle.update_job_progress(engine, **identity(job), progress_done=5, progress_total=10)
+    update_job_progress(engine, **identity(job), progress_done=5, progress_total=10)
     with pytest.raises(errors.InvalidProgress):
-        lifecycle.update_job_progress(engine, **identity(job), progress_done=20)
+        update_job_progress(engine, **identity(job), progress_done=20)
     assert rows(engine, "SELECT progress_done, progress_total FROM job_queue") == [(5, 10)]
 
 
@@ -192,7 +197,7 @@ def test_progress_that_breaks_the_stored_total_is_refused(engine, pending):
 
 def test_success_stores_progress_checkpoint_output_and_closes_the_attempt(engine, pending):
     job = claim_one(engine)
-    lifecycle.mark_job_running(engine, lifecycle.LeaseIdentity.of(job))
+    mark_job_running(engine, LeaseIdentity.of(job))
     done = lifecycle.complete_job_success(
         engine, **identity(job), completion=JobCompletion(2, 3, {"cursor": "c"}, {"sent": 2})
     )
@@ -229,7 +234,7 @@ def test_success_with_invalid_progress_is_refused_and_row_stays_leased(engine, p
 
 def test_success_whose_progress_merged_with_stored_is_invalid_is_refused(engine, pending):
     job = claim_one(engine)
-    lifecycle.update_job_progress(engine, **identity(job), progress_done=5, progress_total=10)
+    update_job_progress(engine, **identity(job), progress_done=5, progress_total=10)
     with pytest.raises(errors.InvalidCompletionProgress):
         lifecycle.complete_job_success(engine, **identity(job), completion=JobCompletion(progress_done=20))
     assert rows(engine, "SELECT status, progress_done FROM job_queue") == [("LEASED", 5)]
@@ -275,7 +280,7 @@ def test_retry_with_missing_or_negative_delay_is_due_at_once(engine, pending):
 @pytest.mark.parametrize("factory, kind", [(JobFailure.terminal, "TERMINAL"), (JobFailure.panicked, "PANICKED")])
 def test_non_retryable_failure_dead_letters_with_snapshots(engine, pending, factory, kind):
     job = claim_one(engine)
-    lifecycle.update_job_progress(engine, **identity(job), checkpoint={"step": 2})
+    update_job_progress(engine, **identity(job), checkpoint={"step": 2})
     dead = lifecycle.complete_job_failure(engine, **identity(job), failure=factory("bad.input", "nope"),
                                           retry_delay_ms=None)
     assert dead.status is JobStatus.DEAD_LETTERED and dead.status_reason == kind
@@ -323,11 +328,10 @@ def test_handler_failure_coded_like_lease_loss_is_persisted_normally(engine, pen
 
 
 def test_a_later_dead_letter_overwrites_the_earlier_one(engine, pending):
-    from runledger_sync.store import admin
 
     job = claim_one(engine)
     lifecycle.complete_job_failure(engine, **identity(job), failure=JobFailure.terminal("first", "1"), retry_delay_ms=None)
-    admin.requeue_job(engine, job.id)
+    requeue_job(engine, job.id)
     again = claim_one(engine)
     lifecycle.complete_job_failure(engine, **identity(again), failure=JobFailure.terminal("second", "2"),
                                    retry_delay_ms=None)
@@ -342,8 +346,8 @@ def test_expired_lease_refuses_every_worker_write_and_row_stays_leased(engine, p
     expire_lease(engine, job.id)
     ident = identity(job)
     calls = [
-        lambda: lifecycle.heartbeat_job(engine, **ident, lease_ttl_seconds=30),
-        lambda: lifecycle.update_job_progress(engine, **ident, progress_done=1),
+        lambda: heartbeat_job(engine, **ident, lease_ttl_seconds=30),
+        lambda: update_job_progress(engine, **ident, progress_done=1),
         lambda: lifecycle.complete_job_success(engine, **ident),
         lambda: lifecycle.complete_job_failure(engine, **ident, failure=JobFailure.retryable("a.b", "c"),
                                                retry_delay_ms=10),
@@ -371,7 +375,7 @@ def test_heartbeat_waiting_briefly_on_a_row_lock_succeeds(engine, pending):
     with engine.connect() as holder:
         holder.execute(text("SELECT 1 FROM job_queue WHERE id = :id FOR UPDATE"), {"id": job.id})
         thread = threading.Thread(
-            target=lambda: outcome.append(lifecycle.heartbeat_job(engine, **identity(job), lease_ttl_seconds=30))
+            target=lambda: outcome.append(heartbeat_job(engine, **identity(job), lease_ttl_seconds=30))
         )
         thread.start()
         time.sleep(0.2)
@@ -385,8 +389,8 @@ def test_heartbeat_stuck_past_its_lock_timeout_fails_with_query_failed(engine, p
     with engine.connect() as holder:
         holder.execute(text("SELECT 1 FROM job_queue WHERE id = :id FOR UPDATE"), {"id": job.id})
         started = time.monotonic()
-        with pytest.raises(errors.StoreError) as caught:
-            lifecycle.heartbeat_job(engine, **identity(job), lease_ttl_seconds=30, lock_timeout_ms=200)
+        with pytest.raises(StoreError) as caught:
+            heartbeat_job(engine, **identity(job), lease_ttl_seconds=30, lock_timeout_ms=200)
         elapsed = time.monotonic() - started
         holder.rollback()
     assert caught.value.code == "db.query_failed"
@@ -409,7 +413,7 @@ def test_release_unstarted_returns_the_claim_without_spending_the_attempt(engine
 
 def test_release_after_running_was_persisted_is_not_applicable(engine, pending):
     job = claim_one(engine)
-    lifecycle.mark_job_running(engine, lifecycle.LeaseIdentity.of(job))
+    mark_job_running(engine, LeaseIdentity.of(job))
     with pytest.raises(errors.UnstartedClaimReleaseNotApplicable) as caught:
         lifecycle.release_unstarted_job_claim(engine, **identity(job), reason="R", delay_ms=0)
     assert caught.value.code == "job.unstarted_claim_release_not_applicable"
@@ -442,7 +446,7 @@ def test_release_of_a_second_attempt_keeps_started_at(engine, pending):
 
 
 def reap(engine, delay_ms=30_000):
-    return lifecycle.reap_expired_leases(engine, limit=16, default_retry_delay_ms=delay_ms)
+    return reap_expired_leases(engine, limit=16, default_retry_delay_ms=delay_ms)
 
 
 def test_reaper_releases_an_expired_claim_that_never_started(engine):
@@ -460,7 +464,7 @@ def test_reaper_releases_an_expired_claim_that_never_started(engine):
 
 def test_reaper_keeps_the_attempt_of_a_failed_first_try_when_the_second_never_starts(engine, pending):
     first = claim_one(engine)
-    lifecycle.mark_job_running(engine, lifecycle.LeaseIdentity.of(first))
+    mark_job_running(engine, LeaseIdentity.of(first))
     lifecycle.complete_job_failure(engine, **identity(first), failure=JobFailure.retryable("a.b", "c"), retry_delay_ms=0)
     second = claim_one(engine)
     expire_lease(engine, second.id)
@@ -471,7 +475,7 @@ def test_reaper_keeps_the_attempt_of_a_failed_first_try_when_the_second_never_st
 
 def test_reaper_retries_an_expired_started_attempt_with_its_delay(engine, pending):
     job = claim_one(engine)
-    lifecycle.mark_job_running(engine, lifecycle.LeaseIdentity.of(job))
+    mark_job_running(engine, LeaseIdentity.of(job))
     expire_lease(engine, job.id)
     result = reap(engine, delay_ms=45_000)
     assert (result.processed, result.retried) == (1, 1)
@@ -528,7 +532,7 @@ def test_reaper_leaves_live_leases_alone(engine, pending):
 def test_reaper_pushes_back_a_poison_row_and_processes_the_rest(engine):
     define(engine)
     poison, healthy = store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {}), JobSpec(JOB_TYPE, {})])
-    for job in lifecycle.claim_jobs(engine, worker_id="w", lease_ttl_seconds=30, limit=2):
+    for job in claim_jobs(engine, worker_id="w", lease_ttl_seconds=30, limit=2):
         expire_lease(engine, job.id)
     with engine.begin() as conn:
         conn.execute(text(
@@ -547,7 +551,7 @@ def test_reaper_pushes_back_a_poison_row_and_processes_the_rest(engine):
 @pytest.mark.parametrize("delay", [0, -1, True, 1.5])
 def test_reaper_with_a_non_positive_delay_is_refused(engine, delay):
     with pytest.raises(errors.InvalidRetryDelay) as caught:
-        lifecycle.reap_expired_leases(engine, limit=1, default_retry_delay_ms=delay)
+        reap_expired_leases(engine, limit=1, default_retry_delay_ms=delay)
     assert caught.value.code == "job.invalid_retry_delay"
 
 

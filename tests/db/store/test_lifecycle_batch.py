@@ -10,25 +10,27 @@ import pytest
 from sqlalchemy import event, text
 
 from runledger_sync.core import errors
-from runledger_sync.core.records import JobSpec
+from runledger_sync.core.records import JobSpec, LeaseIdentity
 from runledger_sync.core.types import JobCompletion
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store import lifecycle
+from runledger_sync.store.claim import claim_prestart_jobs_for_types
 from runledger_sync.store.lifecycle_batch import complete_jobs_success, mark_jobs_running
+from runledger_sync.store.running import update_job_progress
 from tests.support import JOB_TYPE, attempts, define, event_types, expire_lease, rows
 
 
 def claim(engine, count, worker_id="worker-a", lease_ttl_seconds=30):
     define(engine, max_attempts=3)
     store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(count)])
-    jobs = lifecycle.claim_prestart_jobs_for_types(
+    jobs = claim_prestart_jobs_for_types(
         engine, worker_id=worker_id, lease_ttl_seconds=lease_ttl_seconds, limit=count, job_types=[JOB_TYPE])
     assert len(jobs) == count
     return jobs
 
 
 def identities(jobs):
-    return [lifecycle.LeaseIdentity.of(job) for job in jobs]
+    return [LeaseIdentity.of(job) for job in jobs]
 
 
 def test_mark_jobs_running_matches_the_single_write_for_every_job(engine):
@@ -41,13 +43,13 @@ def test_mark_jobs_running_matches_the_single_write_for_every_job(engine):
     # Once running is persisted, the claim can no longer be handed back unstarted.
     with pytest.raises(errors.UnstartedClaimReleaseNotApplicable):
         lifecycle.release_unstarted_job_claim(
-            engine, **lifecycle.LeaseIdentity.of(jobs[0]).keywords(), reason="test", delay_ms=0)
+            engine, **LeaseIdentity.of(jobs[0]).keywords(), reason="test", delay_ms=0)
 
 
 def test_a_refused_lease_does_not_stop_the_others(engine):
     jobs = claim(engine, 3)
     expire_lease(engine, jobs[1].id)
-    wrong_worker = lifecycle.LeaseIdentity(jobs[2].id, jobs[2].run_number, jobs[2].attempt, "someone-else")
+    wrong_worker = LeaseIdentity(jobs[2].id, jobs[2].run_number, jobs[2].attempt, "someone-else")
     results = mark_jobs_running(engine, [identities(jobs)[0], identities(jobs)[1], wrong_worker])
     assert results[0] is None
     assert isinstance(results[1], errors.LeaseOwnerMismatch) and results[1].code == "job.lease_owner_mismatch"
@@ -83,7 +85,7 @@ def test_complete_jobs_success_writes_each_completion_with_its_attempt_and_event
 
 def test_invalid_merged_progress_writes_nothing_for_the_whole_group(engine):
     jobs = claim(engine, 2)
-    lifecycle.update_job_progress(engine, **lifecycle.LeaseIdentity.of(jobs[1]).keywords(), progress_total=5)
+    update_job_progress(engine, **LeaseIdentity.of(jobs[1]).keywords(), progress_total=5)
     with pytest.raises(errors.InvalidCompletionProgress):
         complete_jobs_success(engine, [(identities(jobs)[0], None), (identities(jobs)[1], JobCompletion(progress_done=9))])
     assert rows(engine, "SELECT count(*) FROM job_queue WHERE status = 'SUCCEEDED'")[0][0] == 0
@@ -173,7 +175,7 @@ def test_group_writes_planned_once_on_a_nearly_empty_table_still_find_rows_by_id
     mark_jobs_running(held, identities(first))
     complete_jobs_success(held, [(identity, None) for identity in identities(first)])
     store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(5_000)])
-    later = lifecycle.claim_prestart_jobs_for_types(engine, worker_id="worker-a", lease_ttl_seconds=30, limit=4,
+    later = claim_prestart_jobs_for_types(engine, worker_id="worker-a", lease_ttl_seconds=30, limit=4,
                                                     job_types=[JOB_TYPE])
     group_plans.clear()
     assert mark_jobs_running(held, identities(later)) == [None] * 4

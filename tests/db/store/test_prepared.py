@@ -10,9 +10,9 @@ import runledger_sync as rl
 from runledger_sync.core import errors
 from runledger_sync.db.pool_mode import POOL_MODE_VARIABLE, PoolMode, policy_of
 from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store import lifecycle
 from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store._prepared import OPTION, PreparedStatement, execute_in_turn
+from runledger_sync.store.claim import claim_prestart_jobs_for_types
 from runledger_sync.store.held import HeldConnection
 from tests.support import JOB_TYPE, define, scalar
 
@@ -101,7 +101,7 @@ def test_a_psycopg3_engine_runs_the_plain_statements_and_its_jobs_go_through(fre
     try:
         define(engine)
         job = store_enqueue.enqueue(engine, JOB_TYPE, {"driver": "psycopg"})
-        [claimed] = lifecycle.claim_prestart_jobs_for_types(engine, worker_id="w", lease_ttl_seconds=30, limit=2,
+        [claimed] = claim_prestart_jobs_for_types(engine, worker_id="w", lease_ttl_seconds=30, limit=2,
                                                             job_types=[JOB_TYPE])
         assert claimed.id == job.id
         with engine.connect() as connection:
@@ -177,7 +177,7 @@ def test_an_engine_in_transaction_pool_mode_prepares_nothing(fresh_database, mon
         event.listen(engine, "before_cursor_execute", lambda *args: statements.append(args[2].split()[0]))
         held = HeldConnection(engine)
         store_enqueue.enqueue(held, JOB_TYPE, {})
-        lifecycle.claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=1, job_types=[JOB_TYPE])
+        claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=1, job_types=[JOB_TYPE])
         held.close()
         assert "PREPARE" not in statements and "EXECUTE" not in statements
         assert policy_of(engine).mode is PoolMode.TRANSACTION

@@ -10,6 +10,7 @@ import pytest
 import runledger_sync as rl
 from runledger_sync.core import errors
 from runledger_sync.core.cron import jitter_seconds, parse_cron
+from runledger_sync.core.store_errors import DefinitionNotFound
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store import schedule_tick
 from tests.support import JOB_TYPE, define, rows, scalar, wait_until
@@ -83,7 +84,7 @@ def test_a_bad_schedule_is_refused_with_its_code_and_nothing_is_written(defined,
 
 
 def test_an_unknown_job_type_is_refused_naming_the_schedule_and_the_type(defined):
-    with pytest.raises(errors.DefinitionNotFound) as caught:
+    with pytest.raises(DefinitionNotFound) as caught:
         rl.upsert_schedule(defined, "nightly", cron_expr=EVERY_MINUTE, job_type="no.such.type")
     assert caught.value.code == "job.definition_not_found"
     assert "schedule 'nightly' names job type 'no.such.type', which has no definition" in caught.value.message
@@ -96,7 +97,7 @@ def test_sync_refuses_a_declared_schedule_of_a_type_with_no_definition_and_write
     registry.job(JOB_TYPE)(lambda ctx, payload: None)
     registry.schedule("fine", cron=EVERY_MINUTE, job_type=JOB_TYPE)
     registry.schedule("orphan", cron=EVERY_MINUTE, job_type="not.registered")
-    with pytest.raises(errors.DefinitionNotFound) as caught:
+    with pytest.raises(DefinitionNotFound) as caught:
         registry.sync_definitions(defined)
     assert "schedule 'orphan' names job type 'not.registered'" in caught.value.message
     assert caught.value.details == {"schedule_name": "orphan", "job_type": "not.registered"}

@@ -8,6 +8,7 @@ from sqlalchemy import event, text
 
 from runledger_sync.core import errors
 from runledger_sync.core.records import LeaseIdentity
+from runledger_sync.core.store_errors import CommitOutcomeUnknown
 from runledger_sync.db.engine import create_engine
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store import lifecycle, lifecycle_batch
@@ -102,7 +103,7 @@ def test_a_group_success_whose_reply_is_lost_after_its_one_query_committed_is_un
                 raise psycopg2.OperationalError("server closed the connection unexpectedly")
 
         event.listen(engine, "after_cursor_execute", lose_the_reply)
-        with pytest.raises(errors.CommitOutcomeUnknown):
+        with pytest.raises(CommitOutcomeUnknown):
             lifecycle_batch.complete_jobs_success(held, [(LeaseIdentity.of(job), None)])
         event.remove(engine, "after_cursor_execute", lose_the_reply)
         assert lost

@@ -7,10 +7,14 @@ from typing import Any, Callable
 
 import pytest
 
-from runledger_sync.core.records import JobDefinition
+from runledger_sync.core.records import JobDefinition, LeaseIdentity
 from runledger_sync.core.types import JobCompletion, JobFailure
-from runledger_sync.store import admin, lifecycle, lifecycle_batch
+from runledger_sync.store import lifecycle, lifecycle_batch
 from runledger_sync.store import enqueue as store_enqueue
+from runledger_sync.store.actions import cancel_job, requeue_job
+from runledger_sync.store.claim import claim_jobs, claim_prestart_jobs_for_types
+from runledger_sync.store.running import heartbeat_job, mark_job_running, update_job_progress
+from runledger_sync.store.reaper import reap_expired_leases
 from tests.support import JOB_TYPE, define, expire_lease, rows, scalar
 
 LONG_AGO = datetime(2001, 1, 1, tzinfo=timezone.utc)
@@ -22,12 +26,12 @@ def backdate(engine: Any) -> None:
         connection.exec_driver_sql("UPDATE job_definitions SET updated_at = %(t)s", {"t": LONG_AGO})
 
 
-def leased(engine: Any, *, prestart: bool = True, max_attempts: int = 3) -> lifecycle.LeaseIdentity:
+def leased(engine: Any, *, prestart: bool = True, max_attempts: int = 3) -> LeaseIdentity:
     define(engine, max_attempts=max_attempts)
     store_enqueue.enqueue(engine, JOB_TYPE, {})
-    claim = lifecycle.claim_prestart_jobs_for_types if prestart else lifecycle.claim_jobs
+    claim = claim_prestart_jobs_for_types if prestart else claim_jobs
     [job] = claim(engine, worker_id="w", lease_ttl_seconds=30, limit=1, job_types=[JOB_TYPE])
-    return lifecycle.LeaseIdentity.of(job)
+    return LeaseIdentity.of(job)
 
 
 def pending(engine: Any) -> None:
@@ -35,19 +39,19 @@ def pending(engine: Any) -> None:
     store_enqueue.enqueue(engine, JOB_TYPE, {})
 
 
-def fail(engine: Any, lease: lifecycle.LeaseIdentity, kind: Callable[..., JobFailure]) -> None:
+def fail(engine: Any, lease: LeaseIdentity, kind: Callable[..., JobFailure]) -> None:
     lifecycle.complete_job_failure(engine, **lease.keywords(), failure=kind("x.code", "failed"), retry_delay_ms=0)
 
 
 #: name: (set the job up, the write whose updated_at is checked)
 JOB_WRITES: dict[str, tuple[Callable[[Any], Any], Callable[[Any, Any], Any]]] = {
-    "prestart claim": (pending, lambda e, _: lifecycle.claim_prestart_jobs_for_types(
+    "prestart claim": (pending, lambda e, _: claim_prestart_jobs_for_types(
         e, worker_id="w", lease_ttl_seconds=30, limit=1, job_types=[JOB_TYPE])),
-    "direct claim": (pending, lambda e, _: lifecycle.claim_jobs(e, worker_id="w", lease_ttl_seconds=30, limit=1)),
-    "mark running": (leased, lambda e, lease: lifecycle.mark_job_running(e, lease)),
+    "direct claim": (pending, lambda e, _: claim_jobs(e, worker_id="w", lease_ttl_seconds=30, limit=1)),
+    "mark running": (leased, lambda e, lease: mark_job_running(e, lease)),
     "grouped mark running": (leased, lambda e, lease: lifecycle_batch.mark_jobs_running(e, [lease])),
-    "progress": (leased, lambda e, lease: lifecycle.update_job_progress(e, **lease.keywords(), progress_done=1)),
-    "heartbeat": (leased, lambda e, lease: lifecycle.heartbeat_job(e, **lease.keywords(), lease_ttl_seconds=30)),
+    "progress": (leased, lambda e, lease: update_job_progress(e, **lease.keywords(), progress_done=1)),
+    "heartbeat": (leased, lambda e, lease: heartbeat_job(e, **lease.keywords(), lease_ttl_seconds=30)),
     "success": (leased, lambda e, lease: lifecycle.complete_job_success(e, **lease.keywords())),
     "grouped success": (leased, lambda e, lease: lifecycle_batch.complete_jobs_success(e, [(lease, JobCompletion())])),
     "retry": (leased, lambda e, lease: fail(e, lease, JobFailure.retryable)),
@@ -55,12 +59,12 @@ JOB_WRITES: dict[str, tuple[Callable[[Any], Any], Callable[[Any, Any], Any]]] = 
     "unstarted release": (leased, lambda e, lease: lifecycle.release_unstarted_job_claim(
         e, **lease.keywords(), reason="test", delay_ms=0)),
     "reaper release": (leased, lambda e, lease: (expire_lease(e, lease.job_id), backdate(e),
-                                                 lifecycle.reap_expired_leases(e, limit=10, default_retry_delay_ms=1000))),
+                                                 reap_expired_leases(e, limit=10, default_retry_delay_ms=1000))),
     "reaper retry": (lambda e: leased(e, prestart=False), lambda e, lease: (
-        expire_lease(e, lease.job_id), backdate(e), lifecycle.reap_expired_leases(e, limit=10, default_retry_delay_ms=1000))),
-    "cancel": (pending, lambda e, _: admin.cancel_job(e, scalar(e, "SELECT id FROM job_queue"))),
-    "requeue": (lambda e: (pending(e), admin.cancel_job(e, scalar(e, "SELECT id FROM job_queue"))),
-                lambda e, _: admin.requeue_job(e, scalar(e, "SELECT id FROM job_queue"))),
+        expire_lease(e, lease.job_id), backdate(e), reap_expired_leases(e, limit=10, default_retry_delay_ms=1000))),
+    "cancel": (pending, lambda e, _: cancel_job(e, scalar(e, "SELECT id FROM job_queue"))),
+    "requeue": (lambda e: (pending(e), cancel_job(e, scalar(e, "SELECT id FROM job_queue"))),
+                lambda e, _: requeue_job(e, scalar(e, "SELECT id FROM job_queue"))),
 }
 
 

@@ -9,6 +9,9 @@ from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.workflow import WorkflowRunStatus as Run
 from runledger_sync.core.workflow import WorkflowStepStatus as Step
 from runledger_sync.store import lifecycle
+from runledger_sync.store.running import mark_job_running
+from runledger_sync.store.claim import claim_prestart_jobs_for_types
+from runledger_sync.store.reaper import reap_expired_leases
 from tests.support import define, expire_lease, scalar
 
 FIRST, SECOND = "race.first", "race.second"
@@ -20,10 +23,10 @@ def race_once(engine, index: int, outcomes: dict) -> None:
     first = wf.job("first", FIRST, {"i": index})
     wf.job("second", SECOND, after=[first])
     run = rl.enqueue_workflow(engine, wf)
-    job = lifecycle.claim_prestart_jobs_for_types(
+    job = claim_prestart_jobs_for_types(
         engine, worker_id="w", lease_ttl_seconds=30, limit=1, job_types=[FIRST])[0]
     identity = LeaseIdentity.of(job)
-    lifecycle.mark_job_running(engine, identity)
+    mark_job_running(engine, identity)
     start = threading.Barrier(2)
     errors: list[BaseException] = []
 
@@ -48,7 +51,7 @@ def race_once(engine, index: int, outcomes: dict) -> None:
             lifecycle.complete_job_success(engine, **identity.keywords())
         else:
             expire_lease(engine, job.id)
-            assert lifecycle.reap_expired_leases(engine, limit=10, default_retry_delay_ms=1).processed == 1
+            assert reap_expired_leases(engine, limit=10, default_retry_delay_ms=1).processed == 1
     else:
         outcomes["written"] += 1
     final = rl.get_workflow_run(engine, run.id)

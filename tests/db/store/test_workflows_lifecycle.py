@@ -10,6 +10,9 @@ from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.workflow import WorkflowRunStatus as Run
 from runledger_sync.core.workflow import WorkflowStepStatus as Step
 from runledger_sync.store import lifecycle, lifecycle_batch, workflows
+from runledger_sync.store.claim import claim_prestart_jobs_for_types
+from runledger_sync.store.running import mark_job_running
+from runledger_sync.store.reaper import reap_expired_leases
 from tests.support import define, expire_lease, scalar
 
 A, B, C = "wf.a", "wf.b", "wf.c"
@@ -23,7 +26,7 @@ def typed(engine):
 
 
 def claim(engine, job_type: str, worker: str = "worker-a"):
-    jobs = lifecycle.claim_prestart_jobs_for_types(
+    jobs = claim_prestart_jobs_for_types(
         engine, worker_id=worker, lease_ttl_seconds=30, limit=1, job_types=[job_type])
     assert len(jobs) == 1, f"expected one {job_type} job, got {len(jobs)}"
     return jobs[0]
@@ -31,7 +34,7 @@ def claim(engine, job_type: str, worker: str = "worker-a"):
 
 def succeed(engine, job_type: str, output=None):
     job = claim(engine, job_type)
-    lifecycle.mark_job_running(engine, LeaseIdentity.of(job))
+    mark_job_running(engine, LeaseIdentity.of(job))
     return lifecycle.complete_job_success(
         engine, **LeaseIdentity.of(job).keywords(), completion=rl.JobCompletion(output=output))
 
@@ -136,9 +139,9 @@ def test_the_reaper_dead_letter_ends_the_step(typed):
     run = rl.enqueue_workflow(typed, chain("on_terminal"))
     for _ in range(2):
         job = claim(typed, A)
-        lifecycle.mark_job_running(typed, LeaseIdentity.of(job))
+        mark_job_running(typed, LeaseIdentity.of(job))
         expire_lease(typed, job.id)
-        lifecycle.reap_expired_leases(typed, limit=10, default_retry_delay_ms=1)
+        reap_expired_leases(typed, limit=10, default_retry_delay_ms=1)
         if job.attempt == 1:
             assert statuses(typed, run.id)["a"] is Step.RUNNING
             with typed.begin() as connection:
@@ -263,7 +266,7 @@ def test_cancel_stops_every_unstarted_step_and_a_running_job_then_releases_nothi
     assert {steps[k].status for k in (other_key, "b", "gate")} == {Step.CANCELED}
     assert rl.get_job(typed, steps[other_key].job_id).status is rl.JobStatus.CANCELED
 
-    lifecycle.mark_job_running(typed, LeaseIdentity.of(running))
+    mark_job_running(typed, LeaseIdentity.of(running))
     lifecycle.complete_job_success(typed, **LeaseIdentity.of(running).keywords())
 
     after = rl.get_workflow_run(typed, run.id)
@@ -299,7 +302,7 @@ def hold_cancel_lock(engine, run_id):
 def test_a_completion_while_a_cancel_holds_the_run_writes_nothing(typed):
     run = rl.enqueue_workflow(typed, chain("on_terminal"))
     job = claim(typed, A)
-    lifecycle.mark_job_running(typed, LeaseIdentity.of(job))
+    mark_job_running(typed, LeaseIdentity.of(job))
     holder = hold_cancel_lock(typed, run.id)
     try:
         with pytest.raises(rl.WorkflowReleaseConflict) as caught:
@@ -322,7 +325,7 @@ def test_a_grouped_success_commits_the_plain_jobs_and_leaves_out_the_held_workfl
     free_run = rl.enqueue_workflow(typed, free)
     for _ in range(3):
         rl.enqueue(typed, A, {})
-    jobs = lifecycle.claim_prestart_jobs_for_types(typed, worker_id="w", lease_ttl_seconds=30, limit=10, job_types=[A])
+    jobs = claim_prestart_jobs_for_types(typed, worker_id="w", lease_ttl_seconds=30, limit=10, job_types=[A])
     assert len(jobs) == 5
     lifecycle_batch.mark_jobs_running(typed, [LeaseIdentity.of(job) for job in jobs])
     held_step = rl.get_workflow_run(typed, run.id).step("a").id
@@ -351,7 +354,7 @@ def test_the_reaper_postpones_a_job_whose_run_a_cancel_holds_and_finishes_it_aft
     run = rl.enqueue_workflow(typed, chain("on_terminal"))
     for attempt in (1, 2):
         job = claim(typed, A)
-        lifecycle.mark_job_running(typed, LeaseIdentity.of(job))
+        mark_job_running(typed, LeaseIdentity.of(job))
         if attempt == 1:
             lifecycle.complete_job_failure(
                 typed, **LeaseIdentity.of(job).keywords(),
@@ -359,7 +362,7 @@ def test_the_reaper_postpones_a_job_whose_run_a_cancel_holds_and_finishes_it_aft
     expire_lease(typed, job.id)
     holder = hold_cancel_lock(typed, run.id)
     try:
-        held = lifecycle.reap_expired_leases(typed, limit=10, default_retry_delay_ms=60_000)
+        held = reap_expired_leases(typed, limit=10, default_retry_delay_ms=60_000)
     finally:
         holder.rollback()
         holder.close()
@@ -369,7 +372,7 @@ def test_the_reaper_postpones_a_job_whose_run_a_cancel_holds_and_finishes_it_aft
     assert statuses(typed, run.id)["a"] is Step.RUNNING
 
     expire_lease(typed, job.id)
-    reaped = lifecycle.reap_expired_leases(typed, limit=10, default_retry_delay_ms=60_000)
+    reaped = reap_expired_leases(typed, limit=10, default_retry_delay_ms=60_000)
 
     assert [dead.job_id for dead in reaped.dead_lettered] == [job.id]
     assert statuses(typed, run.id) == {"a": Step.FAILED, "b": Step.ENQUEUED, "c": Step.BLOCKED}
@@ -380,7 +383,7 @@ def test_a_grouped_success_in_the_callers_transaction_keeps_nothing_of_a_pass_a_
     free = rl.Workflow("free")
     free.job("a", A)
     free_run = rl.enqueue_workflow(typed, free)
-    jobs = lifecycle.claim_prestart_jobs_for_types(typed, worker_id="w", lease_ttl_seconds=30, limit=10, job_types=[A])
+    jobs = claim_prestart_jobs_for_types(typed, worker_id="w", lease_ttl_seconds=30, limit=10, job_types=[A])
     assert len(jobs) == 2
     lifecycle_batch.mark_jobs_running(typed, [LeaseIdentity.of(job) for job in jobs])
     held_step = rl.get_workflow_run(typed, held_run.id).step("a").id
@@ -424,7 +427,7 @@ def test_a_job_success_over_the_output_limit_is_refused_and_the_lease_is_kept(ty
     run = rl.enqueue_workflow(typed, chain("on_success"))
     job = claim(typed, A)
     identity = LeaseIdentity.of(job)
-    lifecycle.mark_job_running(typed, identity)
+    mark_job_running(typed, identity)
 
     with pytest.raises(rl.OutputTooLarge):
         lifecycle.complete_job_success(typed, **identity.keywords(), completion=rl.JobCompletion(output=BIG_OUTPUT))

@@ -8,7 +8,9 @@ from typing import Any
 from sqlalchemy import text
 
 import runledger_sync as rl
-from runledger_sync.store.lifecycle import LeaseIdentity, claim_jobs, complete_job_failure, complete_job_success
+from runledger_sync.core.records import LeaseIdentity
+from runledger_sync.store.claim import claim_jobs
+from runledger_sync.store.lifecycle import complete_job_failure, complete_job_success
 from tests.support import define
 
 TYPES = {"email.send": 120, "reports.export": 30, "billing.charge": 60, "webhooks.deliver": 90}
