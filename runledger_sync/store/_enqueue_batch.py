@@ -48,7 +48,7 @@ from runledger_sync.core.records import JobRecord, JobSpec
 from runledger_sync.core.types import JobEventType, JobStage
 from runledger_sync.db.schema import job_definitions, job_events, job_queue
 from runledger_sync.store._prepared import PreparedStatement
-from runledger_sync.store._rows import JOB_COLUMNS, to_job
+from runledger_sync.store._rows import JOB_COLUMNS, to_job, to_jobs
 from runledger_sync.store.notify import notify_due_types
 
 # -- the batch statement -----------------------------------------------------
@@ -314,10 +314,11 @@ def write_chunk(connection: Connection, chunk: Chunk, *, ids_only: bool = False)
     A repeated idempotent request answers with the existing job, looked up and
     compared here; any error leaves the caller's transaction to roll back.
     """
-    statement = _ENQUEUE_IDS if ids_only else _ENQUEUE
-    inserted: dict[UUID, Any] = {
-        row.id: (row.id if ids_only else to_job(row)) for row in statement.execute(connection, chunk.params)
-    }
+    inserted: dict[UUID, Any]
+    if ids_only:
+        inserted = {job_id: job_id for (job_id,) in _ENQUEUE_IDS.execute_at_driver(connection, chunk.params)}
+    else:
+        inserted = {job.id: job for job in to_jobs(_ENQUEUE.execute_at_driver(connection, chunk.params))}
     if len(inserted) == len(chunk.ids):
         return [inserted[job_id] for job_id in chunk.ids]
     unkeyed_missing = [i for i, spec in zip(chunk.ids, chunk.specs, strict=True)
