@@ -167,10 +167,6 @@ class _Rendered:
         # "status_1" that means different things.
         sent_names = [name if b.required else f"{label}__{name}" for name, b in zip(names, binds, strict=True)]
         self.execute_sql = f"EXECUTE {self.name} ({', '.join(f':{name}' for name in sent_names)})"
-        # The same EXECUTE for the driver itself (psycopg2's pyformat), with the values
-        # the statement carries: see PreparedStatement.execute_at_driver.
-        self.driver_sql = f"EXECUTE {self.name} ({', '.join(f'%({name})s' for name in sent_names)})"
-        self.carried = {name: b.value for name, b in zip(sent_names, binds, strict=True) if not b.required}
         self.parameters = [
             bindparam(name, b.value, type_=b.type, required=b.required) for name, b in zip(sent_names, binds, strict=True)
         ]
@@ -213,22 +209,6 @@ class PreparedStatement:
 
     def execute(self, connection: Connection, parameters: Mapping[str, Any]) -> CursorResult[Any]:
         return execute_in_turn(connection, (self,), parameters)
-
-    def execute_at_driver(self, connection: Connection, parameters: Mapping[str, Any]) -> CursorResult[Any]:
-        """Run the statement alone, its rows as the driver decodes them.
-
-        Prepared, the EXECUTE goes to the driver as it is: no SQLAlchemy
-        compilation, bind or result processing, which cost a single enqueue
-        more client time than the driver and its row decoding together. Only
-        for statements whose parameters the driver adapts as SQLAlchemy would
-        (plain values, lists of them) and whose columns the driver decodes as
-        SQLAlchemy would (psycopg2 returns uuid, jsonb, timestamptz and numeric
-        as Python values by itself, as the psycopg2 dialect sets it up).
-        """
-        if not may_prepare(connection):
-            return connection.execute(self.statement, parameters)
-        rendered = self._prepared_on(connection)
-        return connection.exec_driver_sql(rendered.driver_sql, rendered.carried | dict(parameters))
 
     def _prepared_on(self, connection: Connection) -> _Rendered:
         translate = connection.get_execution_options().get("schema_translate_map")
