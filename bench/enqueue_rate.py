@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -68,8 +69,8 @@ def child(url: str, args: argparse.Namespace) -> None:
             rl.enqueue_many(engine, [rl.JobSpec(bench.NOOP_TYPE, {"n": n})
                                      for n in range(offset, min(args.bulk, offset + args.batch))])
 
-    figures["bulk"] = _timed(postgres, args.bulk, many)
-    figures["bulk_ids"] = _timed(postgres, args.bulk, lambda: rl.enqueue_many_ids(
+    figures["bulk"] = _timed(postgres, max(args.bulk, 1), many)
+    figures["bulk_ids"] = _timed(postgres, max(args.bulk, 1), lambda: rl.enqueue_many_ids(
         engine, (rl.JobSpec(bench.NOOP_TYPE, {"n": n}) for n in range(args.bulk))
     ))
     stored = rl.count_jobs(engine)
@@ -116,6 +117,15 @@ def main() -> None:
                 bench.fmt_range([f[phase]["postgres_ms"] for f in figures], 3),
             ])
     bench.print_table(["code", "phase", "jobs/s", "client CPU ms/job", "PostgreSQL CPU ms/job"], rows)
+    print("\njobs/s run by run (the trees took turns):")
+    for tree, figures in runs.items():
+        for phase in ("single", "bulk", "bulk_ids"):
+            print(f"  {tree} {phase}: {', '.join(bench.fmt(f[phase]['per_s']) for f in figures)}")
+    if len(trees) == 2:
+        print(f"\nmedian jobs/s, {trees[1]} / {trees[0]}:")
+        for phase in ("single", "bulk", "bulk_ids"):
+            old, new = ([f[phase]["per_s"] for f in runs[tree]] for tree in trees)
+            print(f"  {phase}: {statistics.median(new) / statistics.median(old):.2f}x")
 
 
 if __name__ == "__main__":
