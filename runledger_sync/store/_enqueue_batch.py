@@ -43,12 +43,12 @@ from runledger_sync.core.errors import (
     IdempotencyConflictMissingExisting,
     LegacyIdempotencySnapshotMissing,
 )
-from runledger_sync.core.ids import uuid7
+from runledger_sync.core.ids import uuid7_strings
 from runledger_sync.core.records import JobRecord, JobSpec
 from runledger_sync.core.types import JobEventType, JobStage
 from runledger_sync.db.schema import job_definitions, job_events, job_queue
 from runledger_sync.store._prepared import PreparedStatement
-from runledger_sync.store._rows import JOB_COLUMNS, to_job
+from runledger_sync.store._rows import JOB_COLUMNS, to_job, to_jobs
 from runledger_sync.store.notify import notify_due_types
 
 # -- the batch statement -----------------------------------------------------
@@ -162,10 +162,9 @@ def _batch_parameters(specs: Sequence[JobSpec], max_payload_bytes: int) -> tuple
         for name in ("ids", "job_types", "organization_ids", "payloads", "priorities", "max_attempts",
                      "timeouts", "run_ats", "delays", "stages", "keys", "snapshots")
     }
-    ids = []
-    for spec in specs:
-        job_id = uuid7()
-        ids.append(job_id)
+    # One lock and one read of the random source for the whole chunk.
+    id_strings = uuid7_strings(len(specs))
+    for spec, id_string in zip(specs, id_strings, strict=True):
         payload_json = check.serialize_json("payload", spec.payload, max_bytes=max_payload_bytes)
         priority = check.check_optional_int("priority", spec.priority, check.PRIORITY_RANGE)
         max_attempts = check.check_optional_int("max_attempts", spec.max_attempts, check.MAX_ATTEMPTS_RANGE)
@@ -176,7 +175,7 @@ def _batch_parameters(specs: Sequence[JobSpec], max_payload_bytes: int) -> tuple
             raise check.InvalidArgument("delay_seconds", spec.delay_seconds, "None when run_at is given")
         key = check.check_optional_idempotency_key(spec.idempotency_key)
         stage = _check_stage(spec.stage)
-        columns["ids"].append(str(job_id))
+        columns["ids"].append(id_string)
         columns["job_types"].append(check.check_job_type(spec.job_type))
         columns["organization_ids"].append(check.check_optional_organization_id(spec.organization_id))
         columns["payloads"].append(payload_json)
@@ -190,7 +189,7 @@ def _batch_parameters(specs: Sequence[JobSpec], max_payload_bytes: int) -> tuple
         columns["snapshots"].append(
             None if key is None else request_snapshot(spec, payload_json=payload_json)
         )
-    return columns, ids
+    return columns, [UUID(id_string) for id_string in id_strings]
 
 
 def request_snapshot(spec: JobSpec, *, payload_json: str) -> str:
@@ -314,10 +313,11 @@ def write_chunk(connection: Connection, chunk: Chunk, *, ids_only: bool = False)
     A repeated idempotent request answers with the existing job, looked up and
     compared here; any error leaves the caller's transaction to roll back.
     """
-    statement = _ENQUEUE_IDS if ids_only else _ENQUEUE
-    inserted: dict[UUID, Any] = {
-        row.id: (row.id if ids_only else to_job(row)) for row in statement.execute(connection, chunk.params)
-    }
+    inserted: dict[UUID, Any]
+    if ids_only:
+        inserted = {job_id: job_id for (job_id,) in _ENQUEUE_IDS.execute(connection, chunk.params)}
+    else:
+        inserted = {job.id: job for job in to_jobs(_ENQUEUE.execute(connection, chunk.params))}
     if len(inserted) == len(chunk.ids):
         return [inserted[job_id] for job_id in chunk.ids]
     unkeyed_missing = [i for i, spec in zip(chunk.ids, chunk.specs, strict=True)
