@@ -169,29 +169,14 @@ def test_get_logger_lives_under_the_package_logger(name, expected):
 
 
 def test_configure_unless_configured_respects_an_existing_handler():
-    import logging as std_logging
-
     from runledger_sync.logging import ROOT_LOGGER_NAME, configure_logging_unless_configured
 
-    ours = std_logging.getLogger(ROOT_LOGGER_NAME)
-    saved = list(ours.handlers)
-    root_saved = list(std_logging.getLogger().handlers)
-    try:
-        for handler in saved:
-            ours.removeHandler(handler)
-        for handler in root_saved:
-            std_logging.getLogger().removeHandler(handler)
+    with bare_logging():
         installed = configure_logging_unless_configured()
+        ours = logging.getLogger(ROOT_LOGGER_NAME)
         assert installed is not None and installed in ours.handlers
         assert configure_logging_unless_configured() is None
         assert ours.handlers.count(installed) == 1
-    finally:
-        for handler in list(ours.handlers):
-            ours.removeHandler(handler)
-        for handler in saved:
-            ours.addHandler(handler)
-        for handler in root_saved:
-            std_logging.getLogger().addHandler(handler)
 
 
 class Terminal(io.StringIO):
