@@ -89,7 +89,8 @@ def cli_reference() -> str:
 def error_codes() -> str:
     """Markdown tables of the error tree: each class, its code, its parent and its default message."""
     from runledger_sync.cli._core import DEFAULT_HINT, HINTS
-    from runledger_sync.core.errors import RunledgerError, all_error_classes
+    from runledger_sync.core.error_tree import all_error_classes
+    from runledger_sync.core.errors import RunledgerError
 
     rows = ["| code | class | derives from | meaning | command-line hint |", "|---|---|---|---|---|"]
     for cls in sorted(all_error_classes(), key=lambda cls: (cls.code, cls.__name__)):

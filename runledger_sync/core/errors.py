@@ -346,21 +346,3 @@ class JobCancelled(BaseException):
         self.reason = reason
         super().__init__(f"{self.code}: {reason}")
 
-
-def all_error_classes() -> list[type]:
-    """Return every coded error class, for the code-uniqueness check and the docs.
-
-    The walk finds the subclasses that are loaded, so the family modules are
-    imported first. They import their bases from this module, so they are
-    imported here, when the walk runs, and never at module level.
-    """
-    from runledger_sync.core import dashboard_errors, store_errors, workflow_errors  # noqa: F401
-
-    found: list[type] = [JobCancelled]
-    pending: list[type] = [RunledgerError]
-    while pending:
-        cls = pending.pop()
-        found.append(cls)
-        pending.extend(cls.__subclasses__())
-    return found
-

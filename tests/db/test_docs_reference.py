@@ -16,7 +16,7 @@ import runledger_sync as rl
 from runledger_sync.cli._core import build_parser
 from runledger_sync.config_env import ENV_ALIASES
 from runledger_sync.core import outcomes
-from runledger_sync.core.errors import all_error_classes
+from runledger_sync.core.error_tree import all_error_classes
 from tests.db.test_docs import DOCS, page_text
 
 

@@ -17,8 +17,8 @@ from runledger_sync.core.errors import (
     JobCancelled,
     MissingExtra,
     RunledgerError,
-    all_error_classes,
 )
+from runledger_sync.core.error_tree import all_error_classes
 from runledger_sync.core.workflow_errors import WorkflowReleaseConflict
 
 CODE_PATTERN = re.compile(r"^[a-z]+(\.[a-z0-9_]+)+$")

@@ -42,12 +42,6 @@ ALLOWED_CYCLES: dict[frozenset[str], str] = {}
 #: each other. The list is exact: a new one, or one that is gone, fails.
 DEFERRED_CYCLES: dict[frozenset[str], str] = {
     frozenset({
-        "runledger_sync.core.errors",
-        "runledger_sync.core.dashboard_errors",
-        "runledger_sync.core.store_errors",
-        "runledger_sync.core.workflow_errors",
-    }): "all_error_classes() imports the families when it runs, so its walk sees every class",
-    frozenset({
         "runledger_sync.core.records",
         "runledger_sync.core.types",
     }): "types.py names JobRecord in annotations only (JobContext.complete_in, Completer)",
