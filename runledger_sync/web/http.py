@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.cookies import CookieError, SimpleCookie
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Protocol
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 from runledger_sync.core.dashboard_errors import IncompleteRequestBody
@@ -163,3 +163,14 @@ class Response:
     def wsgi(self, start_response: Any) -> Iterable[bytes]:
         start_response(self.status_line(), self.all_headers())
         return [self.body]
+
+
+class PageHost(Protocol):
+    """What a view needs of the dashboard serving it (:class:`runledger_sync.web.app.Dashboard`):
+    named here so the views, which the dashboard's routes call, need not import it back."""
+
+    engine: Any
+
+    def organization(self, request: Request) -> Optional[str]: ...
+
+    def render(self, request: Request, template: str, status: int = ..., **context: Any) -> Response: ...

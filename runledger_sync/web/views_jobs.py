@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import runledger_sync as rl
-from runledger_sync.web.http import Request, Response
-
-if TYPE_CHECKING:
-    from runledger_sync.web.app import Dashboard
+from runledger_sync.web.http import PageHost, Request, Response
 
 PAGE_SIZE = 50
 #: The most characters of a stored value (payload, output, checkpoint) a job page draws: outputs
@@ -22,7 +19,7 @@ DONE_MESSAGES = {
 }
 
 
-def jobs_list(dashboard: "Dashboard", request: Request) -> Response:
+def jobs_list(dashboard: PageHost, request: Request) -> Response:
     scope = dashboard.organization(request)
     filters = {
         "status": request.arg("status"),
@@ -40,7 +37,7 @@ def jobs_list(dashboard: "Dashboard", request: Request) -> Response:
     )
 
 
-def _page_cursor(dashboard: "Dashboard", before_id: Optional[str], organization_id: Optional[str]) -> Any:
+def _page_cursor(dashboard: PageHost, before_id: Optional[str], organization_id: Optional[str]) -> Any:
     """The job a page starts after: the list continues below its (created_at, id)."""
     if before_id is None:
         return None
@@ -62,7 +59,7 @@ def _shown(value: Any) -> Optional[tuple[str, int]]:
     return text[:SHOWN_VALUE_CHARS], max(0, len(text) - SHOWN_VALUE_CHARS)
 
 
-def job_page(dashboard: "Dashboard", request: Request, job_id: str) -> Response:
+def job_page(dashboard: PageHost, request: Request, job_id: str) -> Response:
     job = rl.get_job(dashboard.engine, job_id, organization_id=dashboard.organization(request))
     if job is None:
         raise rl.JobNotFound(f"job {job_id} was not found")
@@ -81,7 +78,7 @@ def job_page(dashboard: "Dashboard", request: Request, job_id: str) -> Response:
     )
 
 
-def job_action(dashboard: "Dashboard", request: Request, job_id: str, action: str) -> Response:
+def job_action(dashboard: PageHost, request: Request, job_id: str, action: str) -> Response:
     scope = dashboard.organization(request)
     if action == "cancel":
         rl.cancel_job(dashboard.engine, job_id, reason="CANCELED_FROM_DASHBOARD", organization_id=scope)

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import runledger_sync as rl
 from runledger_sync.store.admin import job_statuses
-from runledger_sync.web.http import Request, Response
-
-if TYPE_CHECKING:
-    from runledger_sync.web.app import Dashboard
+from runledger_sync.web.http import PageHost, Request, Response
 
 DEAD_LETTER_PAGE = 100
 #: The most jobs one bulk replay requeues: one page of the list.
@@ -19,7 +16,7 @@ REPLAY_REASON = "DEAD_LETTER_REPLAY"
 SCHEDULE_DONE = {"pause": "paused", "resume": "resumed", "trigger": "triggered"}
 
 
-def dead_letters(dashboard: "Dashboard", request: Request) -> Response:
+def dead_letters(dashboard: PageHost, request: Request) -> Response:
     scope = dashboard.organization(request)
     organization_id = scope if scope is not None else request.arg("org")
     job_type = request.arg("type")
@@ -44,7 +41,7 @@ def _count_arg(request: Request, name: str) -> Optional[int]:
     return int(value)
 
 
-def replay(dashboard: "Dashboard", request: Request, action: str) -> Response:
+def replay(dashboard: PageHost, request: Request, action: str) -> Response:
     """Requeue the dead-lettered jobs ticked in the form (or the one of a row's button)."""
     scope = dashboard.organization(request)
     targets = request.form_list("job_id")
@@ -66,7 +63,7 @@ def replay(dashboard: "Dashboard", request: Request, action: str) -> Response:
     return Response.redirect(request.url("/dead-letters", replayed=replayed))
 
 
-def schedules(dashboard: "Dashboard", request: Request) -> Response:
+def schedules(dashboard: PageHost, request: Request) -> Response:
     scope = dashboard.organization(request)
     listed = [s for s in rl.list_schedules(dashboard.engine) if scope is None or s.organization_id == scope]
     done = request.arg("done")
@@ -74,7 +71,7 @@ def schedules(dashboard: "Dashboard", request: Request) -> Response:
                             done=done if done in SCHEDULE_DONE.values() else None, done_name=request.arg("name"))
 
 
-def _schedule_in_scope(dashboard: "Dashboard", name: Optional[str], scope: Optional[str]) -> str:
+def _schedule_in_scope(dashboard: PageHost, name: Optional[str], scope: Optional[str]) -> str:
     if name is None:
         raise rl.InvalidArgument("name", None, "a schedule name")
     schedule = rl.get_schedule(dashboard.engine, name)
@@ -83,7 +80,7 @@ def _schedule_in_scope(dashboard: "Dashboard", name: Optional[str], scope: Optio
     return schedule.name
 
 
-def schedule_action(dashboard: "Dashboard", request: Request, action: str) -> Response:
+def schedule_action(dashboard: PageHost, request: Request, action: str) -> Response:
     name = _schedule_in_scope(dashboard, request.form("name"), dashboard.organization(request))
     if action == "pause":
         rl.pause_schedule(dashboard.engine, name)

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import runledger_sync as rl
 from runledger_sync.store.overview import recent_overview
-from runledger_sync.web.http import Request, Response
-
-if TYPE_CHECKING:
-    from runledger_sync.web.app import Dashboard
+from runledger_sync.web.http import PageHost, Request, Response
 
 #: Height in pixels of the throughput chart's tallest bar.
 CHART_HEIGHT = 120
@@ -32,7 +29,7 @@ def _bars(overview: Any) -> list[dict[str, Any]]:
     return bars
 
 
-def overview(dashboard: "Dashboard", request: Request) -> Response:
+def overview(dashboard: PageHost, request: Request) -> Response:
     scope = dashboard.organization(request)
     stats = rl.queue_stats(dashboard.engine, organization_id=scope)
     recent = recent_overview(dashboard.engine, organization_id=scope)

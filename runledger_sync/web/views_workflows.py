@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import runledger_sync as rl
 from runledger_sync.core.workflow import WorkflowStepRecord
-from runledger_sync.web.http import Request, Response
-
-if TYPE_CHECKING:
-    from runledger_sync.web.app import Dashboard
+from runledger_sync.web.http import PageHost, Request, Response
 
 RUNS_SHOWN = 100
 #: Steps drawn per page of a run's graph: a run of thousands of steps is read a page at a time.
@@ -69,7 +66,7 @@ def _page_of_layers(layers: list[list[WorkflowStepRecord]], page: int) -> list[l
     return shown
 
 
-def workflows(dashboard: "Dashboard", request: Request) -> Response:
+def workflows(dashboard: PageHost, request: Request) -> Response:
     scope = dashboard.organization(request)
     run_id = request.arg("run")
     if run_id is not None:

@@ -45,13 +45,6 @@ DEFERRED_CYCLES: dict[frozenset[str], str] = {
         "runledger_sync.core.records",
         "runledger_sync.core.types",
     }): "types.py names JobRecord in annotations only (JobContext.complete_in, Completer)",
-    frozenset({
-        "runledger_sync.web.app",
-        "runledger_sync.web.views_jobs",
-        "runledger_sync.web.views_operations",
-        "runledger_sync.web.views_overview",
-        "runledger_sync.web.views_workflows",
-    }): "the views annotate their argument as web.app.Dashboard, whose routes call them",
 }
 
 #: (importer, module, name) -> why ``name`` is reached through a module that does
