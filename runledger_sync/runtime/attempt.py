@@ -30,6 +30,7 @@ from runledger_sync.core.types import (
 from runledger_sync.core.workflow_errors import WorkflowReleaseConflict
 from runledger_sync.logging import JOB_LINES_LOGGER_NAME, get_logger, job_log_fields
 from runledger_sync.registry import JobRegistry
+from runledger_sync.runtime.completer import Completer
 from runledger_sync.runtime.hot_path import HotPathWriters
 from runledger_sync.runtime.tally import OutcomeTally
 from runledger_sync.store import lifecycle, workflows
@@ -163,6 +164,14 @@ class JobExecution:
         """
         self.interrupted = True
         self.context.request_cancel("shutdown")
+
+    @cached_property
+    def completer(self) -> Completer:
+        """The worker's completer; without one, this attempt's outcome is written at once on the deciding thread."""
+        if self.writers is not None:
+            return self.writers.completer
+        return Completer(self.engine, "runledger-completer", max_output_bytes=self.config.max_output_bytes,
+                         threaded=False)
 
     @cached_property
     def log_fields(self) -> dict[str, Any]:

@@ -1,39 +1,43 @@
-"""The attempt's one outcome write: decide the transition, write it, run the dead-letter hook.
+"""The attempt's one outcome: decide its transition, have the completer write it, act on the answer.
 
-A success goes to the success writer when there is one, and the pool thread
-moves on: the writer's thread ends the attempt once its group is written (the
-completer). A group that fails as a whole is written again job by job, on a
-pool thread, so grouping never changes an outcome. Every other write goes
-through :mod:`runledger_sync.store.apply`, which rides out a lost connection
-and reads back a write whose reply was lost. A success is logged as failed
-(ERROR) only when it did not land; one whose reply was lost is logged at INFO
-once the row shows it landed.
+The decision is made here, once, before anything is written: a success, or
+for a failure :func:`~runledger_sync.core.outcomes.decide_failure` (retry after
+a delay, or dead-letter), which reads the run's earlier attempts when the
+failure is retryable. The :class:`~runledger_sync.runtime.completer.Completer`
+writes it as decided. A pool thread hands its outcome off and moves on: the
+completer ends the attempt (frees its slot) once the outcome is durable. A
+dead letter's hook runs on the pool thread that waits for its write, and the
+watch always waits, since its handler may still be running.
+
+A success is logged as failed (ERROR) only when it did not land; one whose
+reply was lost is logged at INFO once the row shows it landed.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Optional
 
-from runledger_sync.core.errors import InvalidCompletionProgress, LeaseOwnerMismatch, RunledgerError
+from runledger_sync.core.errors import InvalidCompletionProgress
 from runledger_sync.core.outcomes import (
     HANDLER_TRANSIENT_ERROR_CODE,
     INVALID_COMPLETION_PROGRESS_CODE,
     DeadLetter,
+    EarlierAttempts,
     LeaseLost,
     Outcome,
+    Retry,
     Succeed,
+    decide_failure,
 )
 from runledger_sync.core.store_errors import CommitOutcomeUnknown, ConnectionFailed
-from runledger_sync.core.types import (
-    JobCompletion,
-    JobFailure,
-    JobStatus,
-)
+from runledger_sync.core.types import JobCompletion, JobFailure, JobStatus
 from runledger_sync.core.workflow_errors import WorkflowReleaseConflict
 from runledger_sync.logging import get_logger
 from runledger_sync.runtime.attempt import JobExecution
+from runledger_sync.runtime.completer import LANDED_AFTER_LOST_REPLY, wait_for_answer, with_retries
 from runledger_sync.runtime.hooks import run_dead_letter_hook
-from runledger_sync.store.apply import apply_failure, apply_success, read_back
+from runledger_sync.store import admin, lifecycle_batch
 
 log = get_logger(__name__)
 
@@ -43,9 +47,20 @@ MIN_OUTCOME_WRITE_SECONDS = 1.0
 
 SUCCESS_REPLY_LOST = "job success landed; its reply was lost"
 
+Written = Succeed | Retry | DeadLetter
 
-def finish(execution: JobExecution, outcome: Outcome) -> bool:
-    """Write the attempt's outcome; True when the success writer took it and will end the attempt."""
+
+def finish(execution: JobExecution, outcome: Outcome, *, hand_off: bool = False) -> bool:
+    """Decide the attempt's transition and have it written.
+
+    Args:
+        hand_off: the caller frees the attempt's slot only through the return
+            value: True means the completer ends the attempt once its outcome is
+            durable (a pool thread's success or retry); the caller moves on.
+
+    Returns:
+        True when the completer took the attempt and will end it.
+    """
     if execution.completed_in_transaction and not isinstance(outcome, LeaseLost) and _committed_by_handler(
             execution, outcome):
         return False
@@ -56,17 +71,104 @@ def finish(execution: JobExecution, outcome: Outcome) -> bool:
             extra=execution.log_fields | {"failure_code": outcome.code},
         )
         return False
-    if isinstance(outcome, JobFailure):
-        _complete_failure(execution, outcome)
+    transition = _decide(execution, outcome)
+    if transition is None:
         return False
-    transition = execution.decided = Succeed(outcome)
-    if execution.writers is not None:
-        # The worker closes its writers only once every attempt has ended, so this one is open.
-        execution.writers.success.post([(execution.identity, transition.completion)],
-                                       lambda _item, result: _group_answered(execution, transition, result))
+    return _write(execution, transition, hand_off=hand_off)
+
+
+def _decide(execution: JobExecution, outcome: JobCompletion | JobFailure) -> Optional[Written]:
+    """The transition ``outcome`` makes; None when the earlier attempts it depends on could not be read."""
+    if not isinstance(outcome, JobFailure):
+        return Succeed(outcome)
+    job = execution.job
+    earlier = EarlierAttempts()
+    if outcome.kind.is_retryable:
+        try:
+            earlier = with_retries(lambda: lifecycle_batch.read_earlier_attempts(execution.engine, execution.identity),
+                                   give_up_at=_give_up_at(execution))
+        except ConnectionFailed as error:
+            log.warning("job failure could not be decided: the database stayed out of reach; "
+                        "the reaper retries the job", extra=execution.log_fields | {"error": str(error)})
+            return None
+    override = execution.registry.retry_delay_override(job.job_type, outcome.code) if outcome.kind.is_retryable else None
+    return decide_failure(job, outcome, earlier, retry_delay_override=override)
+
+
+def _write(execution: JobExecution, transition: Written, *, hand_off: bool) -> bool:
+    """Post the transition; hand the attempt's end to the completer, or wait for the answer here."""
+    completer = execution.completer
+    if hand_off and completer.threaded and not isinstance(transition, DeadLetter):
+        completer.post(execution.identity, transition, give_up_at=_give_up_at(execution),
+                       on_answer=lambda answer: _answered_off_thread(execution, transition, answer))
         return True
-    _complete_success(execution, transition.completion)
+    answer = wait_for_answer(completer, execution.identity, transition, give_up_at=_give_up_at(execution))
+    invalid = _answered(execution, transition, answer)
+    if invalid is not None:
+        _write(execution, invalid, hand_off=False)
     return False
+
+
+def _answered_off_thread(execution: JobExecution, transition: Written, answer: object) -> None:
+    """On the completer's thread: act on the answer and end the attempt (quick, no database)."""
+    invalid = _answered(execution, transition, answer)
+    if invalid is None:
+        execution.end()
+        return
+
+    def write_terminal() -> None:
+        try:
+            _write(execution, invalid, hand_off=False)
+        finally:
+            execution.end()
+
+    # A new decision and a dead letter's hook: neither may hold the completer's thread.
+    execution.hand_back(write_terminal)
+
+
+def _answered(execution: JobExecution, transition: Written, answer: object) -> Optional[Written]:
+    """Log what the write's answer means; the terminal failure to write instead, when the store refused the progress."""
+    fields = execution.log_fields
+    what = "success" if isinstance(transition, Succeed) else "failure"
+    if answer is None or answer is LANDED_AFTER_LOST_REPLY:
+        execution.decided = transition
+        if isinstance(transition, Succeed):
+            if answer is LANDED_AFTER_LOST_REPLY:
+                log.info(SUCCESS_REPLY_LOST, extra=fields | {"write": "completer"})
+        elif isinstance(transition, DeadLetter):
+            _dead_lettered(execution, transition)
+        return None
+    if isinstance(answer, InvalidCompletionProgress) and isinstance(transition, Succeed):
+        log.warning("handler returned invalid success completion; marking job terminal",
+                    extra=fields | {"failure_code": answer.code})
+        failure = JobFailure.terminal(INVALID_COMPLETION_PROGRESS_CODE, answer.message)
+        return decide_failure(execution.job, failure, EarlierAttempts())
+    if isinstance(answer, WorkflowReleaseConflict):
+        log.warning(f"job {what} completion conflicted with workflow cancellation; leaving lease for reaper recovery",
+                    extra=fields | {"error": str(answer)})
+    elif isinstance(answer, CommitOutcomeUnknown):
+        log.warning(f"job {what} may not have landed: its reply was lost and the database stayed out of reach; "
+                    "if it did not land, the reaper retries the job", extra=fields | {"error": str(answer)})
+    else:  # the fence refused it (LeaseOwnerMismatch), or the database did
+        log.error(f"failed to mark job {what}", extra=fields | {"error": str(answer)})
+    return None
+
+
+def _dead_lettered(execution: JobExecution, transition: DeadLetter) -> None:
+    job, failure, info = execution.job, transition.failure, transition.info
+    log.warning(
+        "job dead lettered after handler failure",
+        extra=execution.log_fields | {
+            "max_attempts": job.max_attempts, "dead_letter_reason": info.reason.value,
+            "failure_kind": failure.kind.value, "failure_code": failure.code, "failure_message": failure.message,
+        },
+    )
+    handler = execution.registry.get(job.job_type)
+    if handler is not None:
+        run_dead_letter_hook(
+            handler, execution.context, job.payload, info,
+            timeout_seconds=execution.config.dead_letter_hook_timeout_seconds, log_fields=execution.log_fields,
+        )
 
 
 def _committed_by_handler(execution: JobExecution, outcome: Outcome) -> bool:
@@ -78,13 +180,16 @@ def _committed_by_handler(execution: JobExecution, outcome: Outcome) -> bool:
     written as usual; the lease fence makes that safe even if the read was
     wrong, since a second success or a late failure cannot land on a SUCCEEDED row.
     """
+    identity = execution.identity
     try:
-        landed = read_back(execution.engine, execution.identity, budget_seconds=_budget(execution))
+        landed = with_retries(lambda: admin.get_job(execution.engine, identity.job_id),
+                              give_up_at=_give_up_at(execution))
     except ConnectionFailed as error:
         log.warning("could not read whether the handler's transaction committed the job's success; "
                     "if it did not, the reaper retries the job", extra=execution.log_fields | {"error": str(error)})
         return True
-    if landed is None or landed.status is not JobStatus.SUCCEEDED:
+    if (landed is None or (landed.run_number, landed.attempt) != (identity.run_number, identity.attempt)
+            or landed.status is not JobStatus.SUCCEEDED):
         log.warning("handler completed the job in its own transaction but did not commit it; writing its outcome",
                     extra=execution.log_fields | {"outcome": type(outcome).__name__})
         return False
@@ -101,98 +206,9 @@ def _committed_by_handler(execution: JobExecution, outcome: Outcome) -> bool:
     return True
 
 
-def _complete_success(execution: JobExecution, completion: JobCompletion, *, maybe_landed: bool = False) -> None:
-    try:
-        landed = apply_success(execution.engine, execution.identity, completion, budget_seconds=_budget(execution),
-                               maybe_landed=maybe_landed, max_output_bytes=execution.config.max_output_bytes)
-    except InvalidCompletionProgress as error:
-        log.warning("handler returned invalid success completion; marking job terminal",
-                    extra=execution.log_fields | {"failure_code": error.code})
-        _complete_failure(execution, JobFailure.terminal(INVALID_COMPLETION_PROGRESS_CODE, error.message))
-    except WorkflowReleaseConflict as error:
-        log.warning("job success completion conflicted with workflow cancellation; leaving lease for reaper recovery",
-                    extra=execution.log_fields | {"error": str(error)})
-    except CommitOutcomeUnknown as error:
-        log.warning("job success may not have landed: its reply was lost and the database stayed out of reach; "
-                    "if it did not land, the reaper retries the job", extra=execution.log_fields | {"error": str(error)})
-    except RunledgerError as error:
-        log.error("failed to mark job success", extra=execution.log_fields | {"error": str(error)})
-    else:
-        if landed.reply_lost:
-            log.info(SUCCESS_REPLY_LOST, extra=execution.log_fields | {"write": "group" if maybe_landed else "alone"})
-
-
-def _group_answered(execution: JobExecution, transition: Succeed, result: object) -> None:
-    """On the success writer's thread: end the attempt, or have its success written alone."""
-    if result is None:
-        execution.end()
-    elif isinstance(result, LeaseOwnerMismatch):
-        # The group's transaction committed without this job's row: the fence refused it.
-        log.error("failed to mark job success", extra=execution.log_fields | {"error": str(result)})
-        execution.end()
-    elif isinstance(result, WorkflowReleaseConflict):
-        log.warning("job success completion conflicted with workflow cancellation; leaving lease for reaper recovery",
-                    extra=execution.log_fields | {"error": str(result)})
-        execution.end()
-    else:
-        # The group failed as a whole (another job's invalid progress, a lost
-        # connection): this job's own write decides its outcome, off this thread.
-        execution.hand_back(lambda: _write_alone_after_group(execution, transition, result))
-
-
-def _write_alone_after_group(execution: JobExecution, transition: Succeed, error: object) -> None:
-    try:
-        # A group whose reply was lost may have landed: the row is read back before writing again.
-        reply_lost = isinstance(error, CommitOutcomeUnknown)
-        if not reply_lost:
-            log.debug("group success write failed; writing the job alone",
-                      extra=execution.log_fields | {"error": str(error)})
-        _complete_success(execution, transition.completion, maybe_landed=reply_lost)
-    finally:
-        execution.end()
-
-
-def _budget(execution: JobExecution) -> float:
+def _give_up_at(execution: JobExecution) -> float:
     # A lost connection is retried for as long as the lease lasts (by this process's
     # clock), so a database restart shorter than the lease never hands the job to
     # the reaper, which would spend an attempt. Past its lease the attempt is the
     # reaper's: the fence would refuse the write anyway.
-    return max(MIN_OUTCOME_WRITE_SECONDS, execution.local_lease_deadline - time.monotonic())
-
-
-def _complete_failure(execution: JobExecution, failure: JobFailure) -> None:
-    job = execution.job
-    override = (execution.registry.retry_delay_override(job.job_type, failure.code)
-                if failure.kind.is_retryable else None)
-    try:
-        transition, landed = apply_failure(execution.engine, job, execution.identity, failure,
-                                           retry_delay_override=override, budget_seconds=_budget(execution))
-    except WorkflowReleaseConflict as error:
-        log.warning("job failure completion conflicted with workflow cancellation; leaving lease for reaper recovery",
-                    extra=execution.log_fields | {"error": str(error)})
-        return
-    except CommitOutcomeUnknown as error:
-        log.warning("job failure may not have landed: its reply was lost and the database stayed out of reach; "
-                    "if it did not land, the reaper retries the job", extra=execution.log_fields | {"error": str(error)})
-        return
-    except RunledgerError as error:
-        log.error("failed to mark job failure", extra=execution.log_fields | {"error": str(error)})
-        return
-    execution.decided = transition
-    stored = landed.record
-    if not isinstance(transition, DeadLetter) or stored.status is not JobStatus.DEAD_LETTERED:
-        return
-    info = transition.info
-    log.warning(
-        "job dead lettered after handler failure",
-        extra=execution.log_fields | {
-            "max_attempts": job.max_attempts, "dead_letter_reason": info.reason.value,
-            "failure_kind": failure.kind.value, "failure_code": failure.code, "failure_message": failure.message,
-        },
-    )
-    handler = execution.registry.get(job.job_type)
-    if handler is not None:
-        run_dead_letter_hook(
-            handler, execution.context, job.payload, info,
-            timeout_seconds=execution.config.dead_letter_hook_timeout_seconds, log_fields=execution.log_fields,
-        )
+    return max(time.monotonic() + MIN_OUTCOME_WRITE_SECONDS, execution.local_lease_deadline)

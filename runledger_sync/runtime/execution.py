@@ -70,8 +70,7 @@ from runledger_sync.runtime.tally import OutcomeTally
 from runledger_sync.runtime.timer_thread import TimerThread
 from runledger_sync.runtime.watch import deadline_of, watch
 from runledger_sync.store import lifecycle
-from runledger_sync.store.apply import running_landed
-from runledger_sync.store.running import mark_job_running
+from runledger_sync.store.running import mark_job_running, running_landed
 
 log = get_logger(__name__)
 
@@ -103,10 +102,11 @@ def process_claimed_job(
         tally: counts how the attempt ended, for the worker's periodic summary; the
             per-job "job processed" line is logged at DEBUG.
         on_ended: called once when the attempt is over (its outcome durable, or
-            nothing left to write). With ``writers``, a success ends on the success
-            writer's thread, after this has returned.
-        hand_back: runs a follow-up write on a pool thread (a success the group
-            could not write is written alone); None runs it on a thread of its own.
+            nothing left to write). With ``writers``, a success or retry ends on
+            the completer's thread, after this has returned.
+        hand_back: runs follow-up work on a pool thread (when the store refused a
+            success's progress: the terminal failure's write and its dead-letter
+            hook); None runs it on a thread of its own.
         handlers_running: holds the attempt while its handler runs, so a worker
             shutting down past its drain deadline can tell it to stop.
     """
@@ -163,7 +163,7 @@ def _process_with_timer(
         elif execution.gate.take():
             execution.stop_watchdog.set()
             timer.withdraw()
-            handed_off = finish(execution, outcome)
+            handed_off = finish(execution, outcome, hand_off=True)
         elif not isinstance(outcome, LeaseLost):
             log.warning(
                 "handler finished after its attempt was already decided; result discarded",

@@ -1,4 +1,4 @@
-"""The group writers of the two writes every job makes: running, then success."""
+"""The writers of the two writes every job makes: its running write, grouped, then its outcome, by the completer."""
 
 from __future__ import annotations
 
@@ -10,11 +10,9 @@ from sqlalchemy.engine import Engine
 
 from runledger_sync.core.records import JobRecord, LeaseIdentity
 from runledger_sync.core.validation import DEFAULT_MAX_OUTPUT_BYTES
-from runledger_sync.core.types import (
-    EventLog,
-    JobCompletion,
-)
+from runledger_sync.core.types import EventLog
 from runledger_sync.logging import get_logger
+from runledger_sync.runtime.completer import Completer
 from runledger_sync.runtime.group_writer import GroupWriter
 from runledger_sync.runtime.observer import WorkerObserver
 from runledger_sync.runtime.pace import FinishingSoon
@@ -23,11 +21,6 @@ from runledger_sync.store.held import HeldConnection
 
 log = get_logger(__name__)
 
-#: The longest a group write waits for items still on their way (a bound on the
-#: delay grouping can add to one job's running or success write).
-GROUP_LINGER_SECONDS = 0.002
-
-SuccessItem = tuple[LeaseIdentity, Optional[JobCompletion]]
 #: A claimed job and the lease it runs under, on its way to its running write.
 RunningItem = tuple[LeaseIdentity, JobRecord]
 T = TypeVar("T")
@@ -35,13 +28,13 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class HotPathWriters:
-    """The group writers for the two writes every job makes: running, then success."""
+    """The writers of a worker's jobs: the running writes' group writer, and the completer of their outcomes."""
 
     running: GroupWriter[RunningItem, None]
-    success: GroupWriter[SuccessItem, None]
-    #: Each writer's own connection, used only on its thread.
-    connections: tuple[HeldConnection, ...]
-    #: How many running jobs succeed soon: the success writer lingers only for those.
+    completer: Completer
+    #: The running writer's own connection, used only on its thread.
+    connection: HeldConnection
+    #: How many running jobs succeed soon: the completer lingers only for those.
     finishing: FinishingSoon
 
     @classmethod
@@ -49,39 +42,32 @@ class HotPathWriters:
         cls, engine: Engine, worker_id: str, *, finishing: FinishingSoon, event_log: EventLog | str = EventLog.FULL,
         observer: Optional[WorkerObserver] = None, max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
     ) -> "HotPathWriters":
-        """Start both writers.
+        """Start both.
 
         The polling thread posts each claimed batch to the running writer whole,
         so that writer never waits for company; each job goes to a pool thread
-        once its running write has been answered. The success writer lingers briefly
+        once its running write has been answered. The completer lingers briefly
         for the company of the jobs ``finishing`` says should succeed meanwhile.
         ``event_log`` is the worker's level: ``transitions`` writes no STAGE_CHANGED(running) rows.
         ``observer`` is told the size and duration of each group write. ``max_output_bytes``
         is the worker's output limit, which the pool threads have already applied.
         """
-        running_connection, success_connection = HeldConnection(engine), HeldConnection(engine)
+        running_connection = HeldConnection(engine)
         running: GroupWriter[RunningItem, None] = GroupWriter(
             f"runledger-running-{worker_id}",
             _timed(observer, "running", lambda group: lifecycle_batch.mark_jobs_running(
                 running_connection, [identity for identity, _ in group], event_log=event_log)),
         )
-        success: GroupWriter[SuccessItem, None] = GroupWriter(
-            f"runledger-success-{worker_id}",
-            _timed(observer, "success", lambda group: lifecycle_batch.complete_jobs_success(
-                success_connection, group, max_output_bytes=max_output_bytes)),
-            linger_seconds=GROUP_LINGER_SECONDS,
-            still_coming=lambda: finishing.others_within(GROUP_LINGER_SECONDS),
-        )
-        finishing.count_succeeding(lambda: success.waiting)
-        return cls(running=running, success=success, connections=(running_connection, success_connection),
-                   finishing=finishing)
+        completer = Completer(engine, f"runledger-completer-{worker_id}", max_output_bytes=max_output_bytes,
+                              still_coming=finishing.others_within, observer=observer)
+        finishing.count_succeeding(lambda: completer.waiting)
+        return cls(running=running, completer=completer, connection=running_connection, finishing=finishing)
 
     def close(self) -> None:
         self.running.close()
-        self.success.close()
-        # Both threads have stopped, so their connections are free to close here.
-        for connection in self.connections:
-            connection.close()
+        self.completer.close()
+        # The running writer's thread has stopped, so its connection is free to close here.
+        self.connection.close()
 
 
 def _timed(

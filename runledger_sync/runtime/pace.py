@@ -1,6 +1,6 @@
-"""How long handlers take lately, so the success writer waits for company only when some is coming.
+"""How long handlers take lately, so the completer waits for company only when some is coming.
 
-The success writer lingers a moment for other jobs about to succeed, so that
+The completer lingers a moment for other jobs about to succeed, so that
 they share one transaction. That pays off when handlers are short (no-op jobs
 of one claim finish within microseconds of each other) and only delays every
 success when they are long: of 32 jobs of 100 ms, fewer than one finishes
@@ -43,9 +43,9 @@ class HandlerPace:
 class FinishingSoon:
     """How many running jobs will have succeeded within a moment: the one batching policy.
 
-    The success writer asks it whether company is coming within its linger; the
+    The completer asks it whether company is coming within its linger; the
     claim asks it whether enough slots free within its gather time. The worker
-    loop owns it and tells it how many jobs are running; the success writer
+    loop owns it and tells it how many jobs are running; the completer
     tells it how many successes it holds.
     """
 

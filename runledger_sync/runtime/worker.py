@@ -127,7 +127,7 @@ class WorkerLoop:
         #: How attempts ended, logged as a summary a minute rather than a line a job.
         self.tally = OutcomeTally(config.worker_id, observer)
         #: The batching policy: how many running jobs succeed soon (the claim's gather
-        #: wait and the success writer's linger both ask it).
+        #: wait and the completer's linger both ask it).
         self.finishing = FinishingSoon(running_jobs=self._running_count)
         self.writers = HotPathWriters.start(
             engine, config.worker_id, finishing=self.finishing, event_log=config.event_log, observer=observer,
@@ -245,7 +245,7 @@ class WorkerLoop:
                             handlers_running=self.handlers_running)
 
     def _hand_back(self, work: Callable[[], None]) -> None:
-        """Run ``work`` on a pool thread (a success write that must be retried alone)."""
+        """Run ``work`` on a pool thread (follow-up work that must not hold the completer's thread)."""
         self._dispatch(_call, work)
 
     def _slot_ended(self) -> None:

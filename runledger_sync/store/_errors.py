@@ -44,6 +44,7 @@ def run_in_transaction(
     *,
     one_repeatable_write: bool = False,
     one_query: bool = False,
+    retry: bool = True,
 ) -> T:
     """Run ``work`` in one transaction and return its result.
 
@@ -65,6 +66,8 @@ def run_in_transaction(
             statements run prepared, that query is then the whole transaction,
             committed by the server without BEGIN or COMMIT round trips, and a
             connection lost during it raises ``CommitOutcomeUnknown``.
+        retry: False for a caller with a retry policy of its own (the worker's
+            completer): a lost connection is raised at once.
 
     Raises:
         InvalidArgument: ``bind`` is none of the accepted kinds.
@@ -84,7 +87,7 @@ def run_in_transaction(
         # paid on every store call although nearly all of them succeed at once.
         return _once(bind, work, one_repeatable_write, one_query)
     except ConnectionFailed as exc:
-        if not _worth_retrying(exc):
+        if not retry or not _worth_retrying(exc):
             raise
     retrying = Retrying(
         retry=retry_if_exception(_worth_retrying),

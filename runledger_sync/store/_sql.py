@@ -37,8 +37,11 @@ def seconds(name: str) -> Any:
     return func.make_interval(0, 0, 0, 0, 0, 0, bindparam(name, type_=Float))
 
 
-def milliseconds(name: str) -> Any:
-    return func.make_interval(0, 0, 0, 0, 0, 0, bindparam(name, type_=BigInteger) / 1000.0)
+def milliseconds(value: Any) -> Any:
+    """An interval of ``value`` milliseconds: a bound parameter's name, or a column."""
+    if isinstance(value, str):
+        value = bindparam(value, type_=BigInteger)
+    return func.make_interval(0, 0, 0, 0, 0, 0, value / 1000.0)
 
 
 def ordinals(count: int) -> Any:

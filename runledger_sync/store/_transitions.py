@@ -25,7 +25,7 @@ from sqlalchemy import (
     select,
     true,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
@@ -92,31 +92,61 @@ def build_success(
     return select(*succeeded.c).add_cte(attempt, events)
 
 
-def build_failure(guard: Any) -> Any:
-    """The retry-or-dead-letter write, shared by the worker (live lease) and the reaper (expired)."""
-    kind = bindparam("kind", type_=Text)
-    code = bindparam("code", type_=Text)
-    message = bindparam("message", type_=Text)
-    delay_ms = bindparam("retry_delay", type_=BigInteger)
-    # Decided before the write, by the one rule (core.outcomes.dead_letter_reason).
-    dead = bindparam("dead_letter", type_=Boolean)
+#: (column of the unnested failures, array parameter, its type): one failure per lease, as bound arrays.
+FAILURE_ARRAYS = (
+    ("kind", "failure_kinds", ARRAY(Text)),
+    ("code", "failure_codes", ARRAY(Text)),
+    ("message", "failure_messages", ARRAY(Text)),
+    ("retry_delay", "retry_delays", ARRAY(BigInteger)),
+    ("dead_letter", "dead_letters", ARRAY(Boolean)),
+    ("event_extra", "event_extras", ARRAY(Text)),
+)
+
+
+def one_failure() -> dict[str, Any]:
+    """The failure values of a single write, as bound values (see :func:`failure_params`)."""
+    return {
+        "kind": bindparam("kind", type_=Text),
+        "code": bindparam("code", type_=Text),
+        "message": bindparam("message", type_=Text),
+        "retry_delay": bindparam("retry_delay", type_=BigInteger),
+        # Decided before the write, by the one rule (core.outcomes.dead_letter_reason).
+        "dead_letter": bindparam("dead_letter", type_=Boolean),
+        "event_extra": bindparam("event_extra", type_=Text),
+    }
+
+
+def build_failure(guard: Any, failures: Any = None) -> Any:
+    """The retry-or-dead-letter write, shared by the worker (live lease, one or a group) and the reaper (expired).
+
+    ``failures`` holds the values (``kind``, ``code``, ``message``, ``retry_delay``,
+    ``dead_letter``, ``event_extra``): the columns of the unnested arrays the
+    guard joins (a group), or by default bound values (one lease). The failed
+    rows return them beside the job's columns, so the attempt, dead-letter and
+    event rows take each row's own.
+    """
+    values = one_failure() if failures is None else {name: failures.c[name] for name in one_failure()}
+    dead = values["dead_letter"]
     failed = (
         job_queue.update()
         .where(guard)
         .values(
             status=case((dead, JobStatus.DEAD_LETTERED.value), else_=JobStatus.PENDING.value),
-            next_run_at=case((dead, _q.next_run_at), else_=func.now() + milliseconds("retry_delay")),
+            next_run_at=case((dead, _q.next_run_at), else_=func.now() + milliseconds(values["retry_delay"])),
             finished_at=case((dead, func.now()), else_=_q.finished_at),
             lease_expires_at=None,
             last_heartbeat_at=None,
             worker_id=None,
-            status_reason=kind,
-            last_error_code=code,
-            last_error_message=message,
+            status_reason=values["kind"],
+            last_error_code=values["code"],
+            last_error_message=values["message"],
         )
-        .returning(*JOB_COLUMNS)
+        .returning(*JOB_COLUMNS, *(values[name].label(f"failure_{name}")
+                                   for name in ("kind", "code", "message", "retry_delay", "event_extra")))
         .cte("failed")
     )
+    kind, code, message = failed.c.failure_kind, failed.c.failure_code, failed.c.failure_message
+    delay_ms = failed.c.failure_retry_delay
     is_dead = failed.c.status == JobStatus.DEAD_LETTERED.value
     attempt = (
         job_attempts.update()
@@ -148,7 +178,7 @@ def build_failure(guard: Any) -> Any:
         }
         | {"failed_at": func.now()},
     ).cte("dead_letter")
-    extra = cast(bindparam("event_extra", type_=Text), JSONB)
+    extra = cast(failed.c.failure_event_extra, JSONB)
     kinds = ordinals(2)
     event_type = case(
         (kinds.c.ord == 1, JobEventType.FAILED.value),

@@ -23,6 +23,7 @@ from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidCompletionProgress, InvalidProgress, LeaseOwnerMismatch
+from runledger_sync.core.outcomes import DeadLetter, EarlierAttempts, Retry, Succeed
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.types import EventLog, JobCompletion, JobEventType, JobStage, JobStatus
 from runledger_sync.core.workflow_errors import WorkflowReleaseConflict
@@ -40,8 +41,14 @@ from runledger_sync.store._fence import (
 )
 from runledger_sync.store._prepared import PreparedStatement
 from runledger_sync.store._sql import attempt_of, check_identity, event_insert, event_log_params, full_event_log
-from runledger_sync.store._transitions import build_success
-from runledger_sync.store._workflow_steps import JobEnd, jobs_ended
+from runledger_sync.store._transitions import (
+    FAILURE_ARRAYS,
+    build_failure,
+    build_success,
+    earlier_attempts,
+    failure_params,
+)
+from runledger_sync.store._workflow_steps import job_ends, jobs_ended
 
 _q = job_queue.c
 _a = job_attempts.c
@@ -98,15 +105,28 @@ def _build_group_success(plain_jobs_only: bool) -> Any:
         total=values.c.progress_total,
         checkpoint=cast(values.c.checkpoint, JSONB),
         output=cast(values.c.output, JSONB),
-        returning=_WRITTEN,
+        # What the workflow hook needs of a written row besides: its status.
+        returning=(*_WRITTEN, _q.status, _q.last_error_code, _q.last_error_message),
     )
 
 
+def _build_group_failure(plain_jobs_only: bool) -> Any:
+    values = unnested(IDENTITY_ARRAYS + FAILURE_ARRAYS)
+    fence = _live_leases(values)
+    return build_failure(and_(fence, _q.workflow_step_id.is_(None)) if plain_jobs_only else fence, values)
+
+
 _RUNNING = PreparedStatement("mark_running", _build_running(), index_plan=True)
-_GROUP_SUCCESS = PreparedStatement("complete_success", _build_group_success(plain_jobs_only=False), index_plan=True)
-# The plain jobs' success, which needs no workflow hook, so its one query is the whole transaction.
-_GROUP_SUCCESS_PLAIN = PreparedStatement(
-    "complete_success_plain", _build_group_success(plain_jobs_only=True), index_plan=True)
+# Per outcome, the plain jobs' write, which needs no workflow hook, so its one
+# query is the whole transaction; and the write of any job, whose steps end after it.
+_SUCCESS_STATEMENTS = (
+    PreparedStatement("complete_success_plain", _build_group_success(plain_jobs_only=True), index_plan=True),
+    PreparedStatement("complete_success", _build_group_success(plain_jobs_only=False), index_plan=True),
+)
+_FAILURE_STATEMENTS = (
+    PreparedStatement("complete_failure_plain", _build_group_failure(plain_jobs_only=True), index_plan=True),
+    PreparedStatement("complete_failure", _build_group_failure(plain_jobs_only=False), index_plan=True),
+)
 
 
 def mark_jobs_running(
@@ -137,7 +157,7 @@ def mark_jobs_running(
 
 def complete_jobs_success(
     bind: Bind, completions: Sequence[tuple[LeaseIdentity, Optional[JobCompletion]]], *,
-    max_output_bytes: int = check.DEFAULT_MAX_OUTPUT_BYTES,
+    max_output_bytes: int = check.DEFAULT_MAX_OUTPUT_BYTES, retry: bool = True,
 ) -> list[LeaseResult]:
     """Finish many leased jobs as SUCCEEDED, the plain ones in one transaction.
 
@@ -167,11 +187,58 @@ def complete_jobs_success(
             _json_or_none("checkpoint", completion.checkpoint),
             None if completion.output is None else check.serialize_output(completion.output, max_bytes=max_output_bytes),
         )))
+    try:
+        return _write_plain_then_workflow(bind, values, _SUCCESS_ARRAYS, _SUCCESS_STATEMENTS, retry=retry)
+    except InvalidProgress as exc:
+        raise InvalidCompletionProgress(
+            "Handler returned invalid success progress: merged with the stored progress, "
+            "progress_done would exceed progress_total."
+        ) from exc
+
+
+def complete_jobs_failure(
+    bind: Bind, failures: Sequence[tuple[LeaseIdentity, Retry | DeadLetter]], *, retry: bool = True,
+) -> list[LeaseResult]:
+    """Record many failed attempts as decided: each retried after its delay, or dead-lettered.
+
+    Same effect per job as :func:`runledger_sync.store.lifecycle.complete_job_failure`,
+    but the transition is written as the worker decided it
+    (:func:`runledger_sync.core.outcomes.decide_failure`), never decided again here.
+    Plain jobs are written in one query, workflow jobs after them as
+    :func:`complete_jobs_success` does.
+
+    Returns:
+        One result per identity, in order: None once written, a ``LeaseOwnerMismatch``,
+        or a ``WorkflowReleaseConflict``.
+
+    Raises:
+        CommitOutcomeUnknown: the connection was lost while the write ran; it may have landed.
+    """
+    values: list[tuple[LeaseIdentity, tuple[Any, ...]]] = []
+    for identity, transition in failures:
+        delay = transition.delay_ms if isinstance(transition, Retry) else 0
+        params = failure_params(transition.failure, max(0, delay), {})
+        values.append((check_identity(*_identity_values(identity)), (
+            params["kind"], params["code"], params["message"], params["retry_delay"],
+            isinstance(transition, DeadLetter), params["event_extra"],
+        )))
+    return _write_plain_then_workflow(bind, values, FAILURE_ARRAYS, _FAILURE_STATEMENTS, retry=retry)
+
+
+def _write_plain_then_workflow(
+    bind: Bind, values: list[tuple[LeaseIdentity, tuple[Any, ...]]], arrays: Sequence[tuple[str, str, Any]],
+    statements: tuple[PreparedStatement, PreparedStatement], *, retry: bool,
+) -> list[LeaseResult]:
+    """Write every lease's values: the plain jobs in one query, then the rest with their workflow steps.
+
+    ``retry``: as :func:`~runledger_sync.store._errors.run_in_transaction`'s.
+    """
+    plain, whole = statements
     # Plain jobs first, in one query. A workflow's job is left out of it (its step
     # must end in the job's own transaction, which takes more statements than one
     # query can decide on) and written below with the rest that query refused.
     results: dict[int, LeaseResult] = {
-        index: None for index, result in enumerate(_write_success_group(bind, values, plain_jobs_only=True))
+        index: None for index, result in enumerate(_write_values(bind, plain, values, arrays, workflow=False, retry=retry))
         if result is None
     }
     # A workflow's job whose run a cancel holds cannot be written now: the group
@@ -179,7 +246,8 @@ def complete_jobs_success(
     while len(results) < len(values):
         group = [index for index in range(len(values)) if index not in results]
         try:
-            written = _write_success_group(bind, [values[index] for index in group], plain_jobs_only=False)
+            written = _write_values(bind, whole, [values[index] for index in group], arrays, workflow=True,
+                                    retry=retry)
         except WorkflowReleaseConflict as conflict:
             held_back = [index for index in group
                          if str(values[index][0].job_id) in conflict.details.get("job_ids", ())]
@@ -191,27 +259,64 @@ def complete_jobs_success(
     return [results[index] for index in range(len(values))]
 
 
-def _write_success_group(
-    bind: Bind, values: list[tuple[LeaseIdentity, tuple[Any, ...]]], *, plain_jobs_only: bool,
+def _write_values(
+    bind: Bind, statement: PreparedStatement, values: list[tuple[LeaseIdentity, tuple[Any, ...]]],
+    arrays: Sequence[tuple[str, str, Any]], *, workflow: bool, retry: bool,
 ) -> list[LeaseResult]:
     identities = [identity for identity, _ in values]
-    columns = {param: [row[position] for _, row in values] for position, (_, param, _) in enumerate(_SUCCESS_ARRAYS)}
+    columns = {param: [row[position] for _, row in values] for position, (_, param, _) in enumerate(arrays)}
 
     def work(connection: Connection) -> list[LeaseResult]:
-        if plain_jobs_only:
-            return _write_group(connection, _GROUP_SUCCESS_PLAIN, identities, columns)
+        if not workflow:
+            return _write_group(connection, statement, identities, columns)
         # A savepoint: when a run's cancel refuses the step hooks, the job rows this
         # pass wrote must go too, even in a caller's transaction that goes on.
         with connection.begin_nested():
-            return _write_group(connection, _GROUP_SUCCESS, identities, columns, ended=JobStatus.SUCCEEDED)
+            return _write_group(connection, statement, identities, columns, end_steps=True)
 
-    try:
-        return run_in_transaction(bind, work, one_query=plain_jobs_only)
-    except InvalidProgress as exc:
-        raise InvalidCompletionProgress(
-            "Handler returned invalid success progress: merged with the stored progress, "
-            "progress_done would exceed progress_total."
-        ) from exc
+    return run_in_transaction(bind, work, one_query=not workflow, retry=retry)
+
+
+def read_earlier_attempts(bind: Bind, identity: LeaseIdentity) -> EarlierAttempts:
+    """The run's attempts before ``identity``'s, as the dead-letter rule counts them (a lost connection is raised)."""
+    return run_in_transaction(bind, lambda connection: earlier_attempts(
+        connection, identity.job_id, identity.run_number, identity.attempt), one_repeatable_write=True, retry=False)
+
+
+def read_back_outcomes(
+    bind: Bind, outcomes: Sequence[tuple[LeaseIdentity, Succeed | Retry | DeadLetter]],
+) -> list[Optional[bool | LeaseOwnerMismatch]]:
+    """What the rows say of outcome writes whose reply was lost, in one read (a lost connection is raised, not retried).
+
+    Returns:
+        Per outcome, in order: True when its row shows the write landed; None
+        while the job is still leased under the identity (the write is still to
+        be made); a ``LeaseOwnerMismatch`` when the attempt ended otherwise
+        meanwhile (a cancel, the reaper), so the write never lands.
+    """
+    ids = [identity.job_id for identity, _ in outcomes]
+    rows = {row.id: row for row in run_in_transaction(bind, lambda connection: connection.execute(
+        _READ_BACK, {"lease_job_ids": ids}).all(), one_repeatable_write=True, retry=False)}
+    return [_what_the_row_says(rows.get(identity.job_id), identity, transition) for identity, transition in outcomes]
+
+
+_READ_BACK = select(_q.id, _q.run_number, _q.attempt, _q.status, _q.last_error_code).where(by_listed_ids())
+
+
+def _what_the_row_says(
+    row: Any, identity: LeaseIdentity, transition: Succeed | Retry | DeadLetter,
+) -> Optional[bool | LeaseOwnerMismatch]:
+    if row is not None and (row.run_number, row.attempt) == (identity.run_number, identity.attempt):
+        if row.status == JobStatus.LEASED.value:
+            return None
+        if isinstance(transition, Succeed):
+            if row.status == JobStatus.SUCCEEDED.value:
+                return True
+        # The reaper retries or dead-letters with its own code: a row with this failure's code is this write's.
+        elif (row.status in (JobStatus.PENDING.value, JobStatus.DEAD_LETTERED.value)
+              and row.last_error_code == transition.failure.code):
+            return True
+    return lease_mismatch(identity)
 
 
 def _identity_values(identity: LeaseIdentity) -> tuple[UUID, int, int, str]:
@@ -224,14 +329,12 @@ def _json_or_none(name: str, value: Any) -> Optional[str]:
 
 def _write_group(
     connection: Connection, statement: PreparedStatement, identities: list[LeaseIdentity],
-    values: dict[str, Any], *, ended: Optional[JobStatus] = None,
+    values: dict[str, Any], *, end_steps: bool = False,
 ) -> list[LeaseResult]:
     rows = write_fenced(connection, (statement,), identities, values).all()
-    if ended is not None and any(row.workflow_step_id is not None for row in rows):
-        jobs_ended(connection, [JobEnd(row.id, row.workflow_step_id, ended) for row in rows
-                                if row.workflow_step_id is not None])
-    # By position: _WRITTEN starts with id, run_number, attempt.
-    written = {(row[0], row[1], row[2]) for row in rows}
+    if end_steps:
+        jobs_ended(connection, job_ends(rows))
+    written = {(row.id, row.run_number, row.attempt) for row in rows}
     return [
         None if (identity.job_id, identity.run_number, identity.attempt) in written else lease_mismatch(identity)
         for identity in identities

@@ -14,10 +14,11 @@ from sqlalchemy import BigInteger, Text, bindparam, case, cast, func, literal, n
 from sqlalchemy.dialects.postgresql import JSONB
 
 from runledger_sync.core import validation as check
-from runledger_sync.core.errors import InvalidLeaseDuration
+from runledger_sync.core.errors import InvalidLeaseDuration, RunledgerError
 from runledger_sync.core.records import JobRecord, LeaseIdentity
-from runledger_sync.core.types import EventLog, JobEventType, JobStage
+from runledger_sync.core.types import EventLog, JobEventType, JobStage, JobStatus
 from runledger_sync.db.schema import job_attempts, job_events, job_queue
+from runledger_sync.store import admin
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store._fence import live_lease, one_lease, write_one_fenced
@@ -190,3 +191,17 @@ def heartbeat_job(
     return run_in_transaction(
         bind, lambda connection: write_one_fenced(connection, _HEARTBEAT, params, identity, settings=(_LOCK_TIMEOUT,))
     )
+
+
+def running_landed(bind: Bind, identity: LeaseIdentity) -> bool:
+    """True if this attempt's running write landed: the job is still leased under ``identity``, at stage running.
+
+    False as well when the row cannot be read.
+    """
+    try:
+        current = admin.get_job(bind, identity.job_id)
+    except RunledgerError:
+        return False
+    return (current is not None and (current.run_number, current.attempt) == (identity.run_number, identity.attempt)
+            and current.status is JobStatus.LEASED and current.stage is JobStage.RUNNING
+            and current.worker_id == identity.worker_id)

@@ -1,4 +1,4 @@
-"""The handlers' pace decides how much company the success writer may expect within its linger."""
+"""The handlers' pace decides how much company the completer may expect within its linger."""
 
 from __future__ import annotations
 

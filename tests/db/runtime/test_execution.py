@@ -700,7 +700,7 @@ def test_a_grouped_success_refused_by_the_fence_is_logged_and_still_ends_the_att
         expire_lease(engine, job.id)
         go.set()
         worker.join(10)
-        # The success writer's thread answers the attempt: refused, so logged, and its slot comes back.
+        # The completer's thread answers the attempt: refused, so logged, and its slot comes back.
         assert ended.wait(10)
     finally:
         writers.close()

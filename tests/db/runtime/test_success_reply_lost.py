@@ -3,9 +3,9 @@
 The commit is real and lands; then the server ends the connection before its
 reply is read, and the database refuses every connection for a moment, as while
 it restarts (``ALLOW_CONNECTIONS false``, every session terminated), so the
-first read-backs fail too. Each of the three writes of a success is covered:
-the success writer's group, the write alone, and the handler's own transaction
-(``ctx.complete_in``).
+first read-backs fail too. Each way a success is written is covered: the
+completer's group in a worker, the completer writing on the deciding thread
+(no worker around it), and the handler's own transaction (``ctx.complete_in``).
 """
 
 from __future__ import annotations
@@ -102,6 +102,22 @@ def commit_reply_lost_after(engine: sqlalchemy.Engine, statement_part: str, outa
         event.remove(engine, "after_cursor_execute", arm)
 
 
+@contextmanager
+def group_reply_lost(engine: sqlalchemy.Engine, outage: Outage, kind: str = "success") -> Iterator[None]:
+    """The first group of ``kind`` (success, failure) written on ``engine`` lands, and its reply is lost."""
+
+    def lose_the_group_reply(conn, cursor, statement, *rest):
+        # The group's one query is its whole transaction: it has committed when it returns.
+        if f"EXECUTE runledger_complete_{kind}_plain" in statement and not outage.started.is_set():
+            raise lose_reply(outage)
+
+    event.listen(engine, "after_cursor_execute", lose_the_group_reply)
+    try:
+        yield
+    finally:
+        event.remove(engine, "after_cursor_execute", lose_the_group_reply)
+
+
 def errors_logged(logs) -> list[str]:
     return [record.getMessage() for record in logs.records if record.levelno >= logging.ERROR]
 
@@ -124,34 +140,27 @@ def test_a_group_success_whose_reply_is_lost_is_read_back_and_logged_as_landed(e
     registry.sync_definitions(engine)
     job = store_enqueue.enqueue(engine, JOB_TYPE, {})
 
-    def lose_the_group_reply(conn, cursor, statement, *rest):
-        # The group's one query is its whole transaction: it has committed when it returns.
-        if "EXECUTE runledger_complete_success_plain" in statement and not outage.started.is_set():
-            raise lose_reply(outage)
-
-    event.listen(engine, "after_cursor_execute", lose_the_group_reply)
-    try:
+    with group_reply_lost(engine, outage):
         run_worker_until(engine, registry, fast_config(), lambda: landed_records(logs))
-    finally:
-        event.remove(engine, "after_cursor_execute", lose_the_group_reply)
     [record] = landed_records(logs)
-    assert (record.levelno, record.job_id, record.write) == (logging.INFO, str(job.id), "group")
+    assert (record.levelno, record.job_id, record.write) == (logging.INFO, str(job.id), "completer")
     assert errors_logged(logs) == []
     assert_succeeded_once(engine, job.id, {"done": True})
 
 
-def test_a_success_written_alone_whose_commit_reply_is_lost_is_read_back_and_logged_as_landed(engine, outage, logs):
+def test_a_success_written_on_the_deciding_thread_whose_reply_is_lost_is_read_back_and_logged_as_landed(
+        engine, outage, logs):
     registry = JobRegistry()
     registry.job(JOB_TYPE)(lambda ctx, payload: JobCompletion(output={"done": True}))
     registry.sync_definitions(engine)
     store_enqueue.enqueue(engine, JOB_TYPE, {})
     config = fast_config()
     job = claim_one(engine, worker_id=config.worker_id, lease_ttl_seconds=config.lease_ttl_seconds)
-    with commit_reply_lost_after(engine, "EXECUTE runledger_success_", outage):
-        process_claimed_job(engine, registry, job, config)  # no group writer: the success is written alone
+    with group_reply_lost(engine, outage):
+        process_claimed_job(engine, registry, job, config)  # no worker: the completer writes on this thread
     assert outage.started.is_set()
     [record] = landed_records(logs)
-    assert (record.levelno, record.job_id, record.write) == (logging.INFO, str(job.id), "alone")
+    assert (record.levelno, record.job_id, record.write) == (logging.INFO, str(job.id), "completer")
     assert errors_logged(logs) == []
     assert_succeeded_once(engine, job.id, {"done": True})
 

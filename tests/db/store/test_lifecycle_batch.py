@@ -15,7 +15,7 @@ from runledger_sync.core.types import JobCompletion
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store import lifecycle
 from runledger_sync.store.claim import claim_prestart_jobs_for_types
-from runledger_sync.store.lifecycle_batch import complete_jobs_success, mark_jobs_running
+from runledger_sync.store.lifecycle_batch import complete_jobs_failure, complete_jobs_success, mark_jobs_running
 from runledger_sync.store.running import update_job_progress
 from tests.support import JOB_TYPE, attempts, define, event_types, expire_lease, rows
 
@@ -195,3 +195,57 @@ def test_group_writes_planned_once_on_a_nearly_empty_table_still_find_rows_by_id
             assert scan["Node Type"] != "Seq Scan", (label, scan["Relation Name"])
             key = "id" if scan["Relation Name"] == "job_queue" else "job_id"
             assert f"({key} = " in scan.get("Index Cond", ""), (label, scan["Relation Name"], scan.get("Index Cond"))
+
+
+def _failure(code="test.failed", kind="retryable"):
+    from runledger_sync.core.types import JobFailure
+    return getattr(JobFailure, kind)(code, f"{code} happened")
+
+
+def test_complete_jobs_failure_writes_each_transition_as_decided_never_deciding_again(engine):
+    from runledger_sync.core.outcomes import DeadLetter, Retry
+    from runledger_sync.core.types import JobDeadLetterInfo, JobDeadLetterReason
+
+    jobs = claim(engine, 3)  # attempt 1 of 3 each
+    retryable = _failure("test.retry")
+    # A retryable failure on its first attempt, which the row's own rule would retry:
+    # the worker decided to dead-letter it, and that is what is written.
+    dead = DeadLetter(retryable, JobDeadLetterInfo(failure=retryable, reason=JobDeadLetterReason.ATTEMPTS_EXHAUSTED,
+                                                   max_attempts=3))
+    terminal = _failure("test.terminal", "terminal")
+    # A terminal failure the row's rule would dead-letter, decided as a retry.
+    results = complete_jobs_failure(engine, [
+        (identities(jobs)[0], Retry(retryable, 60_000)),
+        (identities(jobs)[1], dead),
+        (identities(jobs)[2], Retry(terminal, 0)),
+    ])
+    assert results == [None] * 3
+    state = {row.id: row for row in rows(engine, "SELECT id, status, last_error_code, next_run_at - now() AS wait "
+                                                 "FROM job_queue")}
+    assert (state[jobs[0].id].status, state[jobs[0].id].last_error_code) == ("PENDING", "test.retry")
+    assert 59 <= state[jobs[0].id].wait.total_seconds() <= 60
+    assert state[jobs[1].id].status == "DEAD_LETTERED"
+    assert state[jobs[2].id].status == "PENDING"
+    assert rows(engine, "SELECT job_id FROM job_dead_letters") == [(jobs[1].id,)]
+    assert event_types(engine, jobs[0].id)[-2:] == ["FAILED", "RETRY_SCHEDULED"]
+    assert event_types(engine, jobs[1].id)[-2:] == ["FAILED", "DEAD_LETTERED"]
+    assert [(a.outcome, a.error_code, a.retry_delay_ms) for a in attempts(engine, jobs[0].id)] == [
+        ("RETRYABLE", "test.retry", 60_000)]
+    assert [(a.outcome, a.retry_delay_ms) for a in attempts(engine, jobs[1].id)] == [("RETRYABLE", None)]
+
+
+def test_complete_jobs_failure_writes_the_group_in_one_statement_and_keeps_each_fence(engine):
+    from runledger_sync.core.outcomes import Retry
+
+    jobs = claim(engine, 4)
+    expire_lease(engine, jobs[3].id)
+    statements = []
+    event.listen(engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
+    results = complete_jobs_failure(engine, [(identity, Retry(_failure(), 0)) for identity in identities(jobs)])
+    assert results[:3] == [None] * 3 and isinstance(results[3], errors.LeaseOwnerMismatch)
+    writes = [s for s in statements if "EXECUTE runledger_complete_failure" in s]
+    # The plain jobs' one query; then the refused lease's own pass, which writes nothing.
+    assert len(writes) == 2
+    assert rows(engine, "SELECT status, count(*) FROM job_queue GROUP BY 1 ORDER BY 1") == [
+        ("LEASED", 1), ("PENDING", 3)]
+    assert "FAILED" not in event_types(engine, jobs[3].id)

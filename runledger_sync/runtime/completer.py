@@ -1,0 +1,234 @@
+"""The completer: the one writer of every attempt's decided outcome.
+
+Pool threads and the watch hand it a decided :data:`~runledger_sync.core.outcomes.Transition`
+(succeed, retry, dead-letter) with the lease it was decided under. It writes
+what was queued while its previous group was being written as one group per
+kind, each with one fenced statement (:mod:`runledger_sync.store.lifecycle_batch`),
+and answers every item once its outcome is durable: only then may the caller
+free the job's slot (the seed's rule: a slot is held until its outcome is
+written). With other jobs about to finish it lingers briefly for their company.
+
+It has one retry policy for every write. A lost connection is retried until
+the latest lease of the group runs out; before anything is written again, the
+rows are read back, since a write whose reply was lost may have landed (the
+fence would refuse a repeat, and a landed success would look like a lost
+lease). A group the database refuses as a whole (one job's invalid progress) is
+split in halves and each written again, down to the one job it concerns, whose
+answer is that error; nothing goes back to the pool.
+
+On an Engine the completer writes on a thread and connection of its own. Given
+a caller's Connection (a worker that polls on it) it writes each outcome at
+once, on the calling thread, under the same policy.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, TypeVar
+
+from sqlalchemy.engine import Engine
+
+from runledger_sync.core.errors import RunledgerError
+from runledger_sync.core.outcomes import DeadLetter, Retry, Succeed
+from runledger_sync.core.records import LeaseIdentity
+from runledger_sync.core.store_errors import CommitOutcomeUnknown, ConnectionFailed
+from runledger_sync.core.validation import DEFAULT_MAX_OUTPUT_BYTES
+from runledger_sync.runtime.group_writer import GroupWriter
+from runledger_sync.runtime.observer import WorkerObserver
+from runledger_sync.store import lifecycle_batch
+from runledger_sync.store.held import HeldConnection
+
+#: The pause between tries of a write or read whose connection was lost.
+RETRY_PAUSE_SECONDS = 0.2
+#: The longest a group waits for outcomes still on their way (a bound on the
+#: delay grouping adds to one job's outcome write).
+GROUP_LINGER_SECONDS = 0.002
+
+T = TypeVar("T")
+Written = Succeed | Retry | DeadLetter
+#: Called once with the item's answer: None once durable, LANDED_AFTER_LOST_REPLY,
+#: or the error that kept it from landing.
+OnAnswer = Callable[[object], None]
+
+
+class LandedAfterLostReply:
+    """The answer of a write whose reply was lost and whose row, read back, showed it had landed."""
+
+    def __repr__(self) -> str:
+        return "LANDED_AFTER_LOST_REPLY"
+
+
+LANDED_AFTER_LOST_REPLY = LandedAfterLostReply()
+
+
+@dataclass(frozen=True)
+class _Item:
+    identity: LeaseIdentity
+    transition: Written
+    #: When, by this process's clock, retrying this outcome's write stops helping: its lease is out.
+    give_up_at: float
+    on_answer: OnAnswer
+
+
+class Completer:
+    """Writes decided outcomes in groups (see the module docstring).
+
+    Args:
+        bind: an Engine (a thread and a held connection of its own, unless
+            ``threaded`` is False) or a caller's Connection (written at once, on
+            the posting thread).
+        still_coming: how many more outcomes are due within a given time; the
+            writer lingers for them. None never lingers.
+    """
+
+    def __init__(
+        self, bind: Any, name: str, *, max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        still_coming: Optional[Callable[[float], int]] = None, observer: Optional[WorkerObserver] = None,
+        threaded: bool = True,
+    ) -> None:
+        self._max_output_bytes = max_output_bytes
+        self._observer = observer
+        self._held: Optional[HeldConnection] = None
+        self._writer: Optional[GroupWriter[_Item, object]] = None
+        self._bind = bind
+        if threaded and isinstance(bind, Engine):
+            self._held = self._bind = HeldConnection(bind)
+            self._writer = GroupWriter(
+                name, self._write_group, linger_seconds=GROUP_LINGER_SECONDS,
+                still_coming=None if still_coming is None else lambda: still_coming(GROUP_LINGER_SECONDS),
+            )
+
+    @property
+    def threaded(self) -> bool:
+        """True when outcomes are written on the completer's own thread, False when on the posting one."""
+        return self._writer is not None
+
+    @property
+    def waiting(self) -> int:
+        """Outcomes posted and not yet answered."""
+        return 0 if self._writer is None else self._writer.waiting
+
+    def post(self, identity: LeaseIdentity, transition: Written, *, give_up_at: float, on_answer: OnAnswer) -> None:
+        """Write ``transition`` under ``identity``'s lease; ``on_answer(result)`` is called once it is durable or lost.
+
+        On the completer's thread the callback must be quick and must not block on the database.
+        """
+        item = _Item(identity, transition, give_up_at, on_answer)
+        if self._writer is None:
+            on_answer(self._write_group([item])[0])
+        else:
+            self._writer.post([item], _answer)
+
+    def close(self) -> None:
+        """Write what is queued, then stop."""
+        if self._writer is not None:
+            self._writer.close()
+        if self._held is not None:
+            self._held.close()
+
+    def _write_group(self, items: list[_Item]) -> list[object]:
+        results: list[object] = [None] * len(items)
+        for kind in (Succeed, (Retry, DeadLetter)):
+            indexes = [index for index, item in enumerate(items) if isinstance(item.transition, kind)]
+            if indexes:
+                self._write(indexes, items, results)
+        return results
+
+    def _write(self, indexes: list[int], items: list[_Item], results: list[object]) -> None:
+        """Write the items at ``indexes`` (all of one kind) until each has its answer in ``results``."""
+        give_up_at = max(items[index].give_up_at for index in indexes)
+        pending, read_first, reply_lost = indexes, False, False
+        while True:
+            try:
+                if read_first:
+                    pending = self._read_back(pending, items, results)
+                    read_first = False
+                    if not pending:
+                        return
+                for index, answer in zip(pending, self._write_once([items[index] for index in pending]), strict=True):
+                    results[index] = answer
+                return
+            except CommitOutcomeUnknown:
+                read_first = reply_lost = True
+            except ConnectionFailed:
+                # Part of the group (its plain jobs' transaction, say) may have
+                # landed before the connection went: read before writing again.
+                read_first = True
+            except RunledgerError as error:
+                if len(pending) == 1:
+                    results[pending[0]] = error
+                    return
+                half = len(pending) // 2
+                self._write(pending[:half], items, results)
+                self._write(pending[half:], items, results)
+                return
+            if time.monotonic() >= give_up_at:
+                error: ConnectionFailed = CommitOutcomeUnknown(
+                    "the database stayed out of reach after an outcome write whose reply was lost; it may have landed"
+                ) if reply_lost else ConnectionFailed("the outcome could not be written before its lease ran out")
+                for index in pending:
+                    results[index] = error
+                return
+            time.sleep(RETRY_PAUSE_SECONDS)
+
+    def _write_once(self, items: list[_Item]) -> list[object]:
+        started = time.monotonic()
+        outcomes = [(item.identity, item.transition) for item in items]
+        if isinstance(items[0].transition, Succeed):
+            kind = "success"
+            answers: list[Any] = lifecycle_batch.complete_jobs_success(
+                self._bind, [(identity, transition.completion) for identity, transition in outcomes],  # type: ignore[union-attr]
+                max_output_bytes=self._max_output_bytes, retry=False)
+        else:
+            kind = "failure"
+            answers = lifecycle_batch.complete_jobs_failure(self._bind, outcomes, retry=False)  # type: ignore[arg-type]
+        if self._observer is not None:
+            self._observer.group_written(kind, len(items), time.monotonic() - started)
+        return answers
+
+    def _read_back(self, pending: list[int], items: list[_Item], results: list[object]) -> list[int]:
+        """Answer the items whose write landed or can no longer land; return those still to write."""
+        verdicts = lifecycle_batch.read_back_outcomes(
+            self._bind, [(items[index].identity, items[index].transition) for index in pending])
+        still = []
+        for index, verdict in zip(pending, verdicts, strict=True):
+            if verdict is None:
+                still.append(index)
+            else:
+                results[index] = LANDED_AFTER_LOST_REPLY if verdict is True else verdict
+        return still
+
+
+def _answer(item: _Item, result: object) -> None:
+    item.on_answer(result)
+
+
+def with_retries(read: Callable[[], T], *, give_up_at: float) -> T:
+    """``read()``, tried again after a lost connection until ``give_up_at`` (the write policy's, for reads).
+
+    Raises:
+        ConnectionFailed: the database stayed out of reach.
+    """
+    while True:
+        try:
+            return read()
+        except ConnectionFailed:
+            if time.monotonic() >= give_up_at:
+                raise
+        time.sleep(RETRY_PAUSE_SECONDS)
+
+
+def wait_for_answer(completer: Completer, identity: LeaseIdentity, transition: Written, *, give_up_at: float) -> object:
+    """Post ``transition`` and block until its answer comes (never call this on the completer's own thread)."""
+    answered = threading.Event()
+    answer: list[object] = []
+
+    def keep(result: object) -> None:
+        answer.append(result)
+        answered.set()
+
+    completer.post(identity, transition, give_up_at=give_up_at, on_answer=keep)
+    answered.wait()
+    return answer[0]
