@@ -19,9 +19,9 @@ import time
 import _common as bench
 
 from runledger_sync.core.records import LeaseIdentity
-from runledger_sync.store import lifecycle_batch
-from runledger_sync.store.claim import claim_prestart_jobs_for_types
-from runledger_sync.store.held import HeldConnection
+from runledger_sync.store import _lifecycle_batch as lifecycle_batch
+from runledger_sync.store._claim import claim_prestart_jobs_for_types
+from runledger_sync.store._held import HeldConnection
 
 
 def parse_args() -> argparse.Namespace:

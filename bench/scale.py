@@ -38,8 +38,8 @@ from sqlalchemy import Integer, bindparam, func, literal, select
 
 import runledger_sync as rl
 from runledger_sync.db.schema import job_queue
-from runledger_sync.store.claim import claim_jobs, claim_prestart_jobs_for_types
-from runledger_sync.store.held import HeldConnection
+from runledger_sync.store._claim import claim_jobs, claim_prestart_jobs_for_types
+from runledger_sync.store._held import HeldConnection
 
 
 def parse_args() -> argparse.Namespace:

@@ -33,7 +33,7 @@ from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.hot_path import HotPathWriters
 from runledger_sync.runtime.tally import OutcomeTally
 from runledger_sync.store import lifecycle, workflows
-from runledger_sync.store.running import update_job_progress
+from runledger_sync.store._running import update_job_progress
 
 log = get_logger(__name__)
 #: One INFO line per finished job, off unless logging asks for it (see runledger_sync.logging).

@@ -70,8 +70,8 @@ from runledger_sync.runtime.tally import OutcomeTally
 from runledger_sync.runtime.timer_thread import TimerThread
 from runledger_sync.runtime.watch import deadline_of, watch
 from runledger_sync.store import lifecycle
-from runledger_sync.store.apply import running_landed
-from runledger_sync.store.running import mark_job_running
+from runledger_sync.store._apply import running_landed
+from runledger_sync.store._running import mark_job_running
 
 log = get_logger(__name__)
 

@@ -18,8 +18,8 @@ from runledger_sync.logging import get_logger
 from runledger_sync.runtime.group_writer import GroupWriter
 from runledger_sync.runtime.observer import WorkerObserver
 from runledger_sync.runtime.pace import FinishingSoon
-from runledger_sync.store import lifecycle_batch
-from runledger_sync.store.held import HeldConnection
+from runledger_sync.store import _lifecycle_batch as lifecycle_batch
+from runledger_sync.store._held import HeldConnection
 
 log = get_logger(__name__)
 

@@ -4,7 +4,7 @@ Each tick fires every due schedule, in batches of ``claim_batch_size``, each
 batch one transaction. Between ticks the loop sleeps until the soonest schedule
 is due, but never longer than ``schedule_poll_interval_seconds``. It also
 LISTENs on the schedules channel: a schedule written or resumed anywhere (which
-notifies it, see :mod:`runledger_sync.store.notify`) wakes it at once, so a
+notifies it, see :mod:`runledger_sync.store._notify`) wakes it at once, so a
 resumed schedule fires at its next instant. Where it cannot listen (transaction
 pooling, or the LISTEN is lost) the poll interval bounds how late such a write
 is noticed. Any number of processes may run it: the schedule rows are the lock.
@@ -27,7 +27,7 @@ from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.health import TICK, LoopMarks
 from runledger_sync.runtime.listener import JobListener
 from runledger_sync.runtime.periodic import run_periodically
-from runledger_sync.store import notify, schedule_tick
+from runledger_sync.store import _notify as notify, _schedule_tick as schedule_tick
 
 log = get_logger(__name__)
 

@@ -27,7 +27,7 @@ from runledger_sync.logging import get_logger
 from runledger_sync.runtime.attempt import JobExecution
 from runledger_sync.runtime.completion import finish
 from runledger_sync.store import admin
-from runledger_sync.store.running import heartbeat_job
+from runledger_sync.store._running import heartbeat_job
 
 log = get_logger(__name__)
 

@@ -1,7 +1,7 @@
 """Operator reads: get, list and count jobs, their attempts, events and dead letters.
 
-The actions (cancel, requeue) are in :mod:`~runledger_sync.store.actions` and the
-stats in :mod:`~runledger_sync.store.stats`.
+The actions (cancel, requeue) are in :mod:`~runledger_sync.store._actions` and the
+stats in :mod:`~runledger_sync.store._stats`.
 
 Every call takes an optional ``organization_id`` scope: given one, only that
 organization's jobs are seen or touched, and a job of another organization is
@@ -27,8 +27,8 @@ from runledger_sync.store._rows import ATTEMPT_COLUMNS, DEAD_LETTER_COLUMNS, EVE
 from runledger_sync.store._scope import check_job_id, scoped, status_is, status_parts
 
 # The architecture's fixed admin names (cancel, requeue, stats), defined in their own modules.
-from runledger_sync.store.actions import cancel_job, requeue_job  # noqa: F401
-from runledger_sync.store.stats import QueueStats, queue_stats  # noqa: F401
+from runledger_sync.store._actions import cancel_job, requeue_job  # noqa: F401
+from runledger_sync.store._stats import QueueStats, queue_stats  # noqa: F401
 
 _q = job_queue.c
 DEFAULT_LIST_LIMIT = 100

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import text
 
 import runledger_sync as rl
-from runledger_sync.store import gauges, lifecycle
+from runledger_sync.store import _gauges as gauges, lifecycle
 from tests.support import claim_one, define, expire_lease, identity
 
 FINISHED_ROWS = 1_000_000
