@@ -125,8 +125,10 @@ from runledger_sync.registry import JobRegistry, load_registry
 from runledger_sync.runtime.health import LoopHealth, SupervisorHealth
 from runledger_sync.runtime.supervisor import Supervisor
 from runledger_sync.runtime.worker import run_worker_loop
-from runledger_sync.store._actions import cancel_job, requeue_job
 from runledger_sync.store.admin import (
+    QueueGauges,
+    QueueStats,
+    cancel_job,
     count_jobs,
     get_dead_letter,
     get_job,
@@ -134,11 +136,11 @@ from runledger_sync.store.admin import (
     list_dead_letters,
     list_events,
     list_jobs,
+    queue_gauges,
+    queue_stats,
+    requeue_job,
 )
 from runledger_sync.store.enqueue import enqueue, enqueue_many, enqueue_many_ids, set_job_definition_enabled
-from runledger_sync.store._gauges import QueueGauges, queue_gauges
-from runledger_sync.store._workflow_actions import cancel_workflow_run, complete_external_step
-from runledger_sync.store.workflows import enqueue_workflow, get_workflow_run, list_workflow_runs
 from runledger_sync.store.schedules import (
     delete_schedule,
     get_schedule,
@@ -148,7 +150,13 @@ from runledger_sync.store.schedules import (
     trigger_schedule,
     upsert_schedule,
 )
-from runledger_sync.store._stats import QueueStats, queue_stats
+from runledger_sync.store.workflows import (
+    cancel_workflow_run,
+    complete_external_step,
+    enqueue_workflow,
+    get_workflow_run,
+    list_workflow_runs,
+)
 
 __all__ = [
     "AlreadyEnqueued",

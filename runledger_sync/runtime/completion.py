@@ -33,7 +33,7 @@ from runledger_sync.core.workflow_errors import WorkflowReleaseConflict
 from runledger_sync.logging import get_logger
 from runledger_sync.runtime.attempt import JobExecution
 from runledger_sync.runtime.hooks import run_dead_letter_hook
-from runledger_sync.store._apply import apply_failure, apply_success, read_back
+from runledger_sync.store.driver import apply_failure, apply_success, read_back
 
 log = get_logger(__name__)
 

@@ -18,8 +18,8 @@ from runledger_sync.logging import get_logger
 from runledger_sync.runtime.group_writer import GroupWriter
 from runledger_sync.runtime.observer import WorkerObserver
 from runledger_sync.runtime.pace import FinishingSoon
-from runledger_sync.store import _lifecycle_batch as lifecycle_batch
-from runledger_sync.store._held import HeldConnection
+from runledger_sync.store import driver
+from runledger_sync.store.driver import HeldConnection
 
 log = get_logger(__name__)
 
@@ -62,12 +62,12 @@ class HotPathWriters:
         running_connection, success_connection = HeldConnection(engine), HeldConnection(engine)
         running: GroupWriter[RunningItem, None] = GroupWriter(
             f"runledger-running-{worker_id}",
-            _timed(observer, "running", lambda group: lifecycle_batch.mark_jobs_running(
+            _timed(observer, "running", lambda group: driver.mark_jobs_running(
                 running_connection, [identity for identity, _ in group], event_log=event_log)),
         )
         success: GroupWriter[SuccessItem, None] = GroupWriter(
             f"runledger-success-{worker_id}",
-            _timed(observer, "success", lambda group: lifecycle_batch.complete_jobs_success(
+            _timed(observer, "success", lambda group: driver.complete_jobs_success(
                 success_connection, group, max_output_bytes=max_output_bytes)),
             linger_seconds=GROUP_LINGER_SECONDS,
             still_coming=lambda: finishing.others_within(GROUP_LINGER_SECONDS),
