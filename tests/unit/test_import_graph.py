@@ -16,8 +16,9 @@ its old importers pointed at the facade. So ``from runledger_sync.a import X``
 (or ``a.X`` through ``from runledger_sync import a``) must name a module that
 defines ``X`` (or a submodule ``a.X``), and a module's ``__all__`` lists only
 names it defines. Packages (``runledger_sync``, ``runledger_sync.web``,
-``runledger_sync.cli``) are public namespaces and are exempt, and so are the
-public faces in PUBLIC_FACES for the names they take from their own package.
+``runledger_sync.cli``) are public namespaces and are exempt, like the modules in
+PUBLIC_NAMESPACES, and so are the public faces in PUBLIC_FACES for the names
+they take from their own package.
 
 Private modules: a module whose name (or a package on its path) starts with
 ``_`` belongs to its package. Only that package's modules import it; every other
@@ -64,6 +65,11 @@ PUBLIC_FACES: dict[str, str] = {
     "runledger_sync.store.lifecycle": "the lifecycle names the architecture fixes (claim, progress, heartbeat, reap)",
     "runledger_sync.store.admin": "the operator names the architecture fixes (cancel, requeue, stats) and the other reads",
     "runledger_sync.store.workflows": "cancelling a run and answering an external step, written beside their locks",
+}
+
+#: Module -> why it is a public namespace like a package: it gathers names for users.
+PUBLIC_NAMESPACES: dict[str, str] = {
+    "runledger_sync.errors": "every error class in one import for users; each is defined in core",
 }
 
 #: Where modules that must not import another package's private modules live, besides the package.
@@ -251,7 +257,7 @@ def reach_throughs(
 
     def foreign(module: str, name: str) -> bool:
         source = sources.get(module)
-        return source is not None and not source.is_package and name in borrowed[module]
+        return source is not None and not source.is_package and module not in PUBLIC_NAMESPACES and name in borrowed[module]
 
     found: set[tuple[str, str, str]] = set()
     aliases: dict[str, str] = {}
@@ -304,7 +310,7 @@ def all_reach_throughs() -> set[tuple[str, str, str]]:
 def foreign_all_entries(sources: dict[str, Source]) -> list[str]:
     found = []
     for source in sources.values():
-        if source.is_package:
+        if source.is_package or source.name in PUBLIC_NAMESPACES:
             continue
         for node in source.tree.body:
             if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):

@@ -34,7 +34,7 @@ def race_once(engine, index: int, outcomes: dict) -> None:
         start.wait()
         try:
             lifecycle.complete_job_success(engine, **identity.keywords())
-        except rl.WorkflowReleaseConflict as conflict:
+        except rl.errors.WorkflowReleaseConflict as conflict:
             errors.append(conflict)
 
     completer = threading.Thread(target=complete)
