@@ -31,6 +31,7 @@ Tests may reach a private module to test it.
 from __future__ import annotations
 
 import ast
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -428,6 +429,36 @@ def test_the_runtime_takes_the_store_only_through_the_driver():
         every_import_target(s.name, s.tree, sources) for s in sources.values() if s.name.startswith(f"{PACKAGE}.runtime.")
     ))
     assert RUNTIME_STORE_DOOR in runtime_imports
+
+
+#: Driver name -> why it is there though the runtime does not call it.
+DRIVER_NAMES_FOR_TOOLS = {"claim_jobs": "bench/scale.py times the claim statement by hand"}
+
+
+def names_used_from(module: str, tree: ast.Module) -> set[str]:
+    """Names a file takes from ``module``: imported by name, or read as ``alias.name``."""
+    package, _, leaf = module.rpartition(".")
+    used: set[str] = set()
+    aliases: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == module:
+            used.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module == package:
+            aliases.update(alias.asname or alias.name for alias in node.names if alias.name == leaf)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+            used.add(node.attr)
+    return used
+
+
+def test_every_name_of_the_driver_is_one_the_runtime_uses():
+    sources = package_sources()
+    driver = importlib.import_module(RUNTIME_STORE_DOOR)
+    used = set().union(*(
+        names_used_from(RUNTIME_STORE_DOOR, s.tree) for s in sources.values() if s.name.startswith(f"{PACKAGE}.runtime.")
+    ))
+    assert used - set(driver.__all__) == set()
+    assert sorted(set(driver.__all__) - used) == sorted(DRIVER_NAMES_FOR_TOOLS)
 
 
 def test_the_driver_takes_nothing_from_outside_the_store():
