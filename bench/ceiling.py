@@ -19,9 +19,8 @@ import time
 import _common as bench
 
 from runledger_sync.core.records import LeaseIdentity
-from runledger_sync.store import lifecycle_batch
-from runledger_sync.store.claim import claim_prestart_jobs_for_types
-from runledger_sync.store.held import HeldConnection
+from runledger_sync.store import driver
+from runledger_sync.store.driver import HeldConnection, claim_prestart_jobs_for_types
 
 
 def parse_args() -> argparse.Namespace:
@@ -50,8 +49,8 @@ def drain(engine, url: str, jobs: int, batch: int, event_log: str) -> tuple[floa
             if not claimed:
                 raise RuntimeError(f"the queue ran dry after {done} jobs")
             leases = [LeaseIdentity.of(job) for job in claimed]
-            lifecycle_batch.mark_jobs_running(writes, leases, event_log=event_log)
-            lifecycle_batch.complete_jobs_success(writes, [(lease, None) for lease in leases])
+            driver.mark_jobs_running(writes, leases, event_log=event_log)
+            driver.complete_jobs_success(writes, [(lease, None) for lease in leases])
             done += len(claimed)
         elapsed = time.perf_counter() - started
         window.stop()

@@ -21,7 +21,7 @@ from sqlalchemy import Text, event, literal_column, select, text, tuple_
 import runledger_sync as rl
 from runledger_sync.db.schema import job_queue
 from runledger_sync.store import admin
-from runledger_sync.store.stats import queue_stats
+from runledger_sync.store.admin import queue_stats
 
 TYPES = [f"bench.type_{n}" for n in range(5)]
 

@@ -12,7 +12,7 @@ figure is refused (exit status 1, nothing printed) if the jobs did not each succ
 once or the span is shorter than a stretch the script saw the drain running.
 Worker and PostgreSQL CPU are read from /proc over the drain.
 Claim time: the real
-store.claim.claim_jobs, a batch of --claim-limit, each in a transaction rolled
+store.driver.claim_jobs, a batch of --claim-limit, each in a transaction rolled
 back so every call sees the same queue; the rows are inserted with one
 INSERT ... SELECT generate_series into the library's own job_queue table.
 The worker's own claim (claim_prestart_jobs_for_types on a held connection: a
@@ -38,8 +38,7 @@ from sqlalchemy import Integer, bindparam, func, literal, select
 
 import runledger_sync as rl
 from runledger_sync.db.schema import job_queue
-from runledger_sync.store.claim import claim_jobs, claim_prestart_jobs_for_types
-from runledger_sync.store.held import HeldConnection
+from runledger_sync.store.driver import HeldConnection, claim_jobs, claim_prestart_jobs_for_types
 
 
 def parse_args() -> argparse.Namespace:

@@ -5,6 +5,10 @@ Example:
     >>> engine = rl.create_engine("postgresql://app@localhost/app")   # doctest: +SKIP
     >>> rl.migrate(engine)                                            # doctest: +SKIP
     >>> registry = rl.JobRegistry()                                   # doctest: +SKIP
+
+The names here are what an application needs: the API, the records, the
+configuration and the errors it commonly catches. Every error class, the rare
+leaves too, is in :mod:`runledger_sync.errors` (``rl.errors.WorkflowEmpty``).
 """
 
 from runledger_sync.config import JobsConfig
@@ -13,33 +17,21 @@ from runledger_sync.core.errors import (
     ConfigError,
     ConflictError,
     DefinitionNotFoundOrDisabled,
-    EnqueueIdempotencyUnsupportedIsolation,
     IdempotencyConflict,
-    IdempotencyConflictMissingExisting,
     InvalidArgument,
-    InvalidCompletionProgress,
     InvalidCron,
-    InvalidJobType,
-    InvalidLeaseDuration,
     InvalidPayload,
-    InvalidProgress,
-    InvalidRetryDelay,
     InvalidStateTransition,
-    InvalidTimezone,
     JobCancelled,
     JobNotFound,
     JobStateError,
     LeaseOwnerMismatch,
-    LegacyIdempotencySnapshotMissing,
     MissingExtra,
     OutputTooLarge,
     RegistrationError,
     RunledgerError,
-    ScheduleDeclaredInCode,
     ScheduleNotFound,
-    UnstartedClaimReleaseNotApplicable,
     ValidationError,
-    WorkflowRequeueNotSupported,
 )
 from runledger_sync.core.records import (
     DeadLetterRecord,
@@ -52,20 +44,11 @@ from runledger_sync.core.records import (
     ScheduleSpec,
 )
 from runledger_sync.core.store_errors import (
-    BusinessRuleViolation,
     CommitOutcomeUnknown,
     ConnectionFailed,
-    DefinitionNotFound,
     MigrationFailed,
-    OfflineMigrationUnsupported,
-    PermissionDenied,
-    RelatedResourceMissing,
-    RelatedResourceStillReferenced,
-    RequiredFieldMissing,
-    SchemaManagedByHost,
     SchemaMismatch,
     StoreError,
-    UniqueViolation,
 )
 from runledger_sync.core.types import (
     EventLog,
@@ -91,42 +74,22 @@ from runledger_sync.core.workflow import (
     WorkflowStepRecord,
     WorkflowStepStatus,
 )
-from runledger_sync.core.workflow_errors import (
-    DependencyCycle,
-    DuplicateStepKey,
-    ExternalStepConflictingCompletion,
-    ExternalStepConflictingOutput,
-    ExternalStepInvalidTerminalStatus,
-    ExternalStepNotExternal,
-    ExternalStepNotFound,
-    ExternalStepNotWaiting,
-    ExternalStepOutputInvalidStatus,
-    InvalidWorkflow,
-    UnknownDependency,
-    WorkflowAlreadyEnqueued,
-    WorkflowDefinitionNotFoundOrDisabled,
-    WorkflowEmpty,
-    WorkflowEnqueueConflictingRetry,
-    WorkflowLegacySnapshotMissing,
-    WorkflowLinkageSymmetryViolation,
-    WorkflowLinkageTriggerTableInvalid,
-    WorkflowReleaseConflict,
-    WorkflowRunFinished,
-    WorkflowRunNotFound,
-    WorkflowStepNotFound,
-)
+from runledger_sync.core.workflow_errors import InvalidWorkflow, WorkflowRunNotFound
 from runledger_sync.db.embedded import EmbeddedPostgres
 from runledger_sync.db.engine import create_engine, mask_url, mask_urls_in, with_schema
 from runledger_sync.db.migrate import check_schema, current_revision, downgrade, head_revision, migrate, migration_sql
 from runledger_sync.db.pool_mode import PoolMode
+from runledger_sync import errors  # noqa: F401 - rl.errors: every error class, the rare leaves too
 from runledger_sync.handlers import JobHandler
 from runledger_sync.logging import configure_logging, configure_logging_unless_configured
 from runledger_sync.registry import JobRegistry, load_registry
 from runledger_sync.runtime.health import LoopHealth, SupervisorHealth
 from runledger_sync.runtime.supervisor import Supervisor
 from runledger_sync.runtime.worker import run_worker_loop
-from runledger_sync.store.actions import cancel_job, requeue_job
 from runledger_sync.store.admin import (
+    QueueGauges,
+    QueueStats,
+    cancel_job,
     count_jobs,
     get_dead_letter,
     get_job,
@@ -134,11 +97,11 @@ from runledger_sync.store.admin import (
     list_dead_letters,
     list_events,
     list_jobs,
+    queue_gauges,
+    queue_stats,
+    requeue_job,
 )
 from runledger_sync.store.enqueue import enqueue, enqueue_many, enqueue_many_ids, set_job_definition_enabled
-from runledger_sync.store.gauges import QueueGauges, queue_gauges
-from runledger_sync.store.workflow_actions import cancel_workflow_run, complete_external_step
-from runledger_sync.store.workflows import enqueue_workflow, get_workflow_run, list_workflow_runs
 from runledger_sync.store.schedules import (
     delete_schedule,
     get_schedule,
@@ -148,42 +111,29 @@ from runledger_sync.store.schedules import (
     trigger_schedule,
     upsert_schedule,
 )
-from runledger_sync.store.stats import QueueStats, queue_stats
+from runledger_sync.store.workflows import (
+    cancel_workflow_run,
+    complete_external_step,
+    enqueue_workflow,
+    get_workflow_run,
+    list_workflow_runs,
+)
 
 __all__ = [
     "AlreadyEnqueued",
-    "BusinessRuleViolation",
     "CommitOutcomeUnknown",
     "ConfigError",
     "ConflictError",
     "ConnectionFailed",
     "DeadLetterRecord",
-    "DefinitionNotFound",
     "DefinitionNotFoundOrDisabled",
-    "DependencyCycle",
-    "DuplicateStepKey",
     "EmbeddedPostgres",
-    "EnqueueIdempotencyUnsupportedIsolation",
     "EventLog",
-    "ExternalStepConflictingCompletion",
-    "ExternalStepConflictingOutput",
-    "ExternalStepInvalidTerminalStatus",
-    "ExternalStepNotExternal",
-    "ExternalStepNotFound",
-    "ExternalStepNotWaiting",
-    "ExternalStepOutputInvalidStatus",
     "IdempotencyConflict",
-    "IdempotencyConflictMissingExisting",
     "InvalidArgument",
-    "InvalidCompletionProgress",
     "InvalidCron",
-    "InvalidJobType",
-    "InvalidLeaseDuration",
     "InvalidPayload",
-    "InvalidProgress",
-    "InvalidRetryDelay",
     "InvalidStateTransition",
-    "InvalidTimezone",
     "InvalidWorkflow",
     "JobAttemptRecord",
     "JobCancelled",
@@ -206,54 +156,32 @@ __all__ = [
     "JobStatus",
     "JobsConfig",
     "LeaseOwnerMismatch",
-    "LegacyIdempotencySnapshotMissing",
     "LoopHealth",
     "MigrationFailed",
     "MissingExtra",
-    "OfflineMigrationUnsupported",
     "OutputTooLarge",
-    "PermissionDenied",
     "PoolMode",
     "QueueGauges",
     "QueueStats",
     "RegistrationError",
-    "RelatedResourceMissing",
-    "RelatedResourceStillReferenced",
-    "RequiredFieldMissing",
     "RunledgerError",
     "RuntimeLoopExit",
-    "ScheduleDeclaredInCode",
     "ScheduleNotFound",
     "ScheduleRecord",
     "ScheduleSpec",
-    "SchemaManagedByHost",
     "SchemaMismatch",
     "StoreError",
     "Supervisor",
     "SupervisorHealth",
-    "UniqueViolation",
-    "UnknownDependency",
-    "UnstartedClaimReleaseNotApplicable",
     "ValidationError",
     "Workflow",
-    "WorkflowAlreadyEnqueued",
     "WorkflowContext",
-    "WorkflowDefinitionNotFoundOrDisabled",
-    "WorkflowEmpty",
-    "WorkflowEnqueueConflictingRetry",
-    "WorkflowLegacySnapshotMissing",
-    "WorkflowLinkageSymmetryViolation",
-    "WorkflowLinkageTriggerTableInvalid",
-    "WorkflowReleaseConflict",
     "WorkflowReleaseMode",
-    "WorkflowRequeueNotSupported",
-    "WorkflowRunFinished",
     "WorkflowRunNotFound",
     "WorkflowRunRecord",
     "WorkflowRunStatus",
     "WorkflowStep",
     "WorkflowStepKind",
-    "WorkflowStepNotFound",
     "WorkflowStepRecord",
     "WorkflowStepStatus",
     "cancel_job",

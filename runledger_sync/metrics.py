@@ -11,7 +11,7 @@ supervisor's liveness at ``/livez`` (``/health`` is its alias) and readiness at
     supervisor = rl.Supervisor(engine, registry, config, observer=metrics)
     app = make_wsgi_app(registry_for(engine, worker=metrics))   # mount it where you like
 
-The queue gauges cost one statement per scrape (:mod:`runledger_sync.store.gauges`
+The queue gauges cost one statement per scrape (:func:`runledger_sync.store.admin.queue_gauges`
 says which indexes it reads). The worker's counters cost nothing when no
 observer is given, and a few counter and histogram updates per job when one is.
 prometheus_client is the ``metrics`` extra: without it, this module still
@@ -33,7 +33,7 @@ from runledger_sync.core.errors import MissingExtra, RunledgerError
 from runledger_sync.core.records import JobRecord
 from runledger_sync.logging import get_logger
 from runledger_sync.runtime.health import SupervisorHealth
-from runledger_sync.store.gauges import DEAD_LETTER_WINDOW_SECONDS, LATE_SCHEDULE_SECONDS, QueueGauges, queue_gauges
+from runledger_sync.store.admin import DEAD_LETTER_WINDOW_SECONDS, LATE_SCHEDULE_SECONDS, QueueGauges, queue_gauges
 
 log = get_logger(__name__)
 
@@ -134,7 +134,7 @@ class WorkerMetrics:
 
 
 class QueueCollector:
-    """Reads :func:`~runledger_sync.store.gauges.queue_gauges` on each scrape and turns it into gauges.
+    """Reads :func:`~runledger_sync.store.admin.queue_gauges` on each scrape and turns it into gauges.
 
     A failed read is logged and reported as ``runledger_queue_up 0``, never as an
     error of the whole scrape, so the worker's own counters are still collected.

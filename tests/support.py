@@ -11,7 +11,7 @@ from sqlalchemy import text
 from runledger_sync.core.records import JobDefinition, LeaseIdentity
 from runledger_sync.runtime.worker import run_worker_loop
 from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store.claim import claim_jobs, claim_prestart_jobs_for_types
+from runledger_sync.store._claim import claim_jobs, claim_prestart_jobs_for_types
 
 JOB_TYPE = "test.job"
 

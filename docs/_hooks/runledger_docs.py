@@ -5,7 +5,8 @@
 - ``<!-- generated: cli-reference -->`` becomes every command and option of the
   ``runledger-sync`` argument parser, so the command-line reference cannot drift.
 - ``<!-- generated: error-codes -->`` becomes every class of the error tree with its code,
-  so the errors page lists every code the library can raise.
+  so the errors page lists every code the library can raise, and where to import the
+  class from (``rl`` for the common ones, ``rl.errors`` for every one).
 
 The tests (tests/db/test_docs_reference.py) import these functions and check what they write.
 """
@@ -88,6 +89,7 @@ def cli_reference() -> str:
 
 def error_codes() -> str:
     """Markdown tables of the error tree: each class, its code, its parent and its default message."""
+    import runledger_sync
     from runledger_sync.cli._core import DEFAULT_HINT, HINTS
     from runledger_sync.core.error_tree import all_error_classes
     from runledger_sync.core.errors import RunledgerError
@@ -97,7 +99,8 @@ def error_codes() -> str:
         parent = "BaseException" if not issubclass(cls, RunledgerError) else (
             cls.__mro__[1].__name__ if cls is not RunledgerError else "Exception")
         meaning = (cls.__doc__ or "").strip().split("\n\n")[0]
-        rows.append(f"| `{cls.code}` | `{cls.__name__}` | `{parent}` | {_cell(meaning)} | "
+        home = "rl" if cls.__name__ in runledger_sync.__all__ else "rl.errors"
+        rows.append(f"| `{cls.code}` | `{home}.{cls.__name__}` | `{parent}` | {_cell(meaning)} | "
                     f"{_cell(HINTS.get(cls.code, DEFAULT_HINT))} |")
     return "\n".join(rows) + "\n"
 

@@ -33,8 +33,7 @@ from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.completer import Completer
 from runledger_sync.runtime.hot_path import HotPathWriters
 from runledger_sync.runtime.tally import OutcomeTally
-from runledger_sync.store import lifecycle, workflows
-from runledger_sync.store.running import update_job_progress
+from runledger_sync.store import driver
 
 log = get_logger(__name__)
 #: One INFO line per finished job, off unless logging asks for it (see runledger_sync.logging).
@@ -186,12 +185,12 @@ class JobExecution:
         # Read when the handler first asks, so a step that never looks pays no query.
         return WorkflowContext(
             step_id,
-            lambda step: workflows.load_step(self.engine, step),
-            lambda run_id, key: workflows.step_output(self.engine, run_id, key),
+            lambda step: driver.load_step(self.engine, step),
+            lambda run_id, key: driver.step_output(self.engine, run_id, key),
         )
 
     def _report_progress(self, context: JobContext, done: Optional[int], total: Optional[int], checkpoint: Any) -> None:
-        update_job_progress(
+        driver.update_job_progress(
             self.engine, **self.identity.keywords(), progress_done=done, progress_total=total, checkpoint=checkpoint
         )
 
@@ -203,7 +202,7 @@ class JobExecution:
         # Past the deadline the attempt is a timeout; a success now would contradict it.
         context.check_cancelled()
         try:
-            record = lifecycle.complete_job_success(bind, **self.identity.keywords(), completion=completion,
+            record = driver.complete_job_success(bind, **self.identity.keywords(), completion=completion,
                                                     max_output_bytes=self.config.max_output_bytes)
         except LeaseOwnerMismatch:
             # The fence refused the write, so the lease is gone: end the attempt as a

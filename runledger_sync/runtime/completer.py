@@ -3,7 +3,7 @@
 Pool threads and the watch hand it a decided :data:`~runledger_sync.core.outcomes.Transition`
 (succeed, retry, dead-letter) with the lease it was decided under. It writes
 what was queued while its previous group was being written as one group per
-kind, each with one fenced statement (:mod:`runledger_sync.store.lifecycle_batch`),
+kind, each with one fenced statement (:mod:`runledger_sync.store.driver`),
 and answers every item once its outcome is durable: only then may the caller
 free the job's slot (the seed's rule: a slot is held until its outcome is
 written). With other jobs about to finish it lingers briefly for their company.
@@ -37,8 +37,8 @@ from runledger_sync.core.store_errors import CommitOutcomeUnknown, ConnectionFai
 from runledger_sync.core.validation import DEFAULT_MAX_OUTPUT_BYTES
 from runledger_sync.runtime.group_writer import GroupWriter
 from runledger_sync.runtime.observer import WorkerObserver
-from runledger_sync.store import lifecycle_batch
-from runledger_sync.store.held import HeldConnection
+from runledger_sync.store import driver
+from runledger_sync.store.driver import HeldConnection
 
 #: The pause between tries of a write or read whose connection was lost.
 RETRY_PAUSE_SECONDS = 0.2
@@ -178,19 +178,19 @@ class Completer:
         outcomes = [(item.identity, item.transition) for item in items]
         if isinstance(items[0].transition, Succeed):
             kind = "success"
-            answers: list[Any] = lifecycle_batch.complete_jobs_success(
+            answers: list[Any] = driver.complete_jobs_success(
                 self._bind, [(identity, transition.completion) for identity, transition in outcomes],  # type: ignore[union-attr]
                 max_output_bytes=self._max_output_bytes, retry=False)
         else:
             kind = "failure"
-            answers = lifecycle_batch.complete_jobs_failure(self._bind, outcomes, retry=False)  # type: ignore[arg-type]
+            answers = driver.complete_jobs_failure(self._bind, outcomes, retry=False)  # type: ignore[arg-type]
         if self._observer is not None:
             self._observer.group_written(kind, len(items), time.monotonic() - started)
         return answers
 
     def _read_back(self, pending: list[int], items: list[_Item], results: list[object]) -> list[int]:
         """Answer the items whose write landed or can no longer land; return those still to write."""
-        verdicts = lifecycle_batch.read_back_outcomes(
+        verdicts = driver.read_back_outcomes(
             self._bind, [(items[index].identity, items[index].transition) for index in pending])
         still = []
         for index, verdict in zip(pending, verdicts, strict=True):

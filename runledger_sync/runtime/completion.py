@@ -37,7 +37,7 @@ from runledger_sync.logging import get_logger
 from runledger_sync.runtime.attempt import JobExecution
 from runledger_sync.runtime.completer import LANDED_AFTER_LOST_REPLY, wait_for_answer, with_retries
 from runledger_sync.runtime.hooks import run_dead_letter_hook
-from runledger_sync.store import admin, lifecycle_batch
+from runledger_sync.store import driver
 
 log = get_logger(__name__)
 
@@ -85,7 +85,7 @@ def _decide(execution: JobExecution, outcome: JobCompletion | JobFailure) -> Opt
     earlier = EarlierAttempts()
     if outcome.kind.is_retryable:
         try:
-            earlier = with_retries(lambda: lifecycle_batch.read_earlier_attempts(execution.engine, execution.identity),
+            earlier = with_retries(lambda: driver.read_earlier_attempts(execution.engine, execution.identity),
                                    give_up_at=_give_up_at(execution))
         except ConnectionFailed as error:
             log.warning("job failure could not be decided: the database stayed out of reach; "
@@ -182,7 +182,7 @@ def _committed_by_handler(execution: JobExecution, outcome: Outcome) -> bool:
     """
     identity = execution.identity
     try:
-        landed = with_retries(lambda: admin.get_job(execution.engine, identity.job_id),
+        landed = with_retries(lambda: driver.get_job(execution.engine, identity.job_id),
                               give_up_at=_give_up_at(execution))
     except ConnectionFailed as error:
         log.warning("could not read whether the handler's transaction committed the job's success; "

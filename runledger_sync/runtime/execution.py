@@ -69,8 +69,8 @@ from runledger_sync.runtime.hot_path import HotPathWriters
 from runledger_sync.runtime.tally import OutcomeTally
 from runledger_sync.runtime.timer_thread import TimerThread
 from runledger_sync.runtime.watch import deadline_of, watch
-from runledger_sync.store import lifecycle
-from runledger_sync.store.running import mark_job_running, running_landed
+from runledger_sync.store import driver
+from runledger_sync.store.driver import mark_job_running, running_landed
 
 log = get_logger(__name__)
 
@@ -212,7 +212,7 @@ def _mark_running_or_abort(execution: JobExecution, running: object) -> bool:
 def _release_after_running_persist_failure(execution: JobExecution, error: object) -> None:
     fields = execution.log_fields | {"error": str(error)}
     try:
-        lifecycle.release_unstarted_job_claim(
+        driver.release_unstarted_job_claim(
             execution.engine, **execution.identity.keywords(),
             reason=RUNNING_PROGRESS_PERSIST_FAILED_REASON, delay_ms=UNSTARTED_CLAIM_RETRY_DELAY_MS,
         )

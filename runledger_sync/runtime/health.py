@@ -27,7 +27,7 @@ from sqlalchemy.engine import Engine
 from runledger_sync.core.errors import RunledgerError
 from runledger_sync.db.engine import create_engine
 from runledger_sync.db.pool_mode import policy_of
-from runledger_sync.store.gauges import ping
+from runledger_sync.store.driver import ping
 
 #: The names under which the loops mark their steps.
 CLAIM, REAP, TICK = "claim", "reap", "tick"

@@ -16,8 +16,8 @@ from runledger_sync.runtime.completer import Completer
 from runledger_sync.runtime.group_writer import GroupWriter
 from runledger_sync.runtime.observer import WorkerObserver
 from runledger_sync.runtime.pace import FinishingSoon
-from runledger_sync.store import lifecycle_batch
-from runledger_sync.store.held import HeldConnection
+from runledger_sync.store import driver
+from runledger_sync.store.driver import HeldConnection
 
 log = get_logger(__name__)
 
@@ -55,7 +55,7 @@ class HotPathWriters:
         running_connection = HeldConnection(engine)
         running: GroupWriter[RunningItem, None] = GroupWriter(
             f"runledger-running-{worker_id}",
-            _timed(observer, "running", lambda group: lifecycle_batch.mark_jobs_running(
+            _timed(observer, "running", lambda group: driver.mark_jobs_running(
                 running_connection, [identity for identity, _ in group], event_log=event_log)),
         )
         completer = Completer(engine, f"runledger-completer-{worker_id}", max_output_bytes=max_output_bytes,

@@ -9,7 +9,7 @@ polling and the listener reconnects on a later pause, at most once per
 A LISTEN can also fail without any error: behind a transaction-pooling proxy
 the session that registered it is not the listener's for long, so nothing
 arrives. The listener therefore proves delivery with a probe (see
-:mod:`runledger_sync.store.notify`): after connecting, before it listens for
+:mod:`runledger_sync.store._notify`): after connecting, before it listens for
 jobs, and on each idle pause. A probe not echoed within
 :data:`PROBE_TIMEOUT_SECONDS` counts as a lost connection; repeated failures
 back off up to :data:`MAX_RECONNECT_SECONDS`. An engine whose pool mode is
@@ -28,8 +28,8 @@ from sqlalchemy.engine import Engine
 
 from runledger_sync.db.pool_mode import policy_of
 from runledger_sync.logging import get_logger
-from runledger_sync.store import notify
-from runledger_sync.store.held import HeldConnection
+from runledger_sync.store import driver
+from runledger_sync.store.driver import HeldConnection
 
 log = get_logger(__name__)
 
@@ -54,14 +54,14 @@ class JobListener:
         probe_bind: where probes are sent from (the polling thread's own connection);
             defaults to ``engine``.
         probe_interval_seconds: the least time between two probes of a connected listener.
-        channel: :data:`notify.CHANNEL` (enqueued job types) or :data:`notify.SCHEDULES_CHANNEL`.
+        channel: :data:`driver.CHANNEL` (enqueued job types) or :data:`driver.SCHEDULES_CHANNEL`.
         name: how its log lines call it (``listener connected``, ``listener lost; polling``).
     """
 
     def __init__(
         self, engine: Engine, job_types: Optional[Iterable[str]], *, worker_id: str,
         probe_bind: Engine | HeldConnection | None = None, probe_interval_seconds: float = 1.0,
-        channel: str = notify.CHANNEL, name: str = "listener",
+        channel: str = driver.CHANNEL, name: str = "listener",
     ) -> None:
         self.name = name
         self.engine = engine
@@ -70,7 +70,7 @@ class JobListener:
         self.worker_id = worker_id
         self.probe_bind = probe_bind if probe_bind is not None else engine
         self.policy = policy_of(engine)
-        self.probe_channel = notify.new_probe_channel()
+        self.probe_channel = driver.new_probe_channel()
         self.probe_interval_seconds = probe_interval_seconds
         self._probed_at = 0.0
         self._connection: Optional[psycopg2.extensions.connection] = None
@@ -99,10 +99,10 @@ class JobListener:
         try:
             # The probe channel first: a LISTEN that cannot deliver then leaves behind at
             # most that channel, on which only this listener's own probes are ever sent.
-            connection = self._connection = notify.open_listener(self.engine, (self.probe_channel,))
+            connection = self._connection = driver.open_listener(self.engine, (self.probe_channel,))
             self._send_probe()
             self._await_echo(connection, PROBE_TIMEOUT_SECONDS)
-            notify.listen(connection, self.channel)
+            driver.listen(connection, self.channel)
         except Exception as error:  # noqa: BLE001 - any failure means: poll, try again later
             self._lost(error)
             return False
@@ -177,7 +177,7 @@ class JobListener:
         self._probe = None
         self._notified = False
         if connection is not None:
-            notify.close_listener(connection)
+            driver.close_listener(connection)
 
     def _allowed(self) -> bool:
         if self.policy.listens:
@@ -192,7 +192,7 @@ class JobListener:
 
     def _send_probe(self) -> None:
         payload = secrets.token_hex(8)
-        notify.send_probe(self.probe_bind, self.probe_channel, payload)
+        driver.send_probe(self.probe_bind, self.probe_channel, payload)
         self._probe = (payload, time.monotonic())
         self._probed_at = self._probe[1]
 
@@ -210,7 +210,7 @@ class JobListener:
 
     def _read(self, connection: psycopg2.extensions.connection) -> set[str]:
         """Read what has arrived: note a probe's echo, return the job types notified."""
-        payloads = notify.read_notifications(connection)
+        payloads = driver.read_notifications(connection)
         if self._probe is not None and self._probe[0] in payloads.get(self.probe_channel, ()):
             self._probe = None
         return payloads.get(self.channel, set())

@@ -23,7 +23,7 @@ from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.health import REAP, LoopMarks
 from runledger_sync.runtime.hooks import run_dead_letter_hook
 from runledger_sync.runtime.periodic import run_periodically
-from runledger_sync.store.reaper import reap_expired_leases
+from runledger_sync.store.driver import reap_expired_leases
 
 log = get_logger(__name__)
 

@@ -4,7 +4,7 @@ Each tick fires every due schedule, in batches of ``claim_batch_size``, each
 batch one transaction. Between ticks the loop sleeps until the soonest schedule
 is due, but never longer than ``schedule_poll_interval_seconds``. It also
 LISTENs on the schedules channel: a schedule written or resumed anywhere (which
-notifies it, see :mod:`runledger_sync.store.notify`) wakes it at once, so a
+notifies it, see :mod:`runledger_sync.store._notify`) wakes it at once, so a
 resumed schedule fires at its next instant. Where it cannot listen (transaction
 pooling, or the LISTEN is lost) the poll interval bounds how late such a write
 is noticed. Any number of processes may run it: the schedule rows are the lock.
@@ -27,7 +27,7 @@ from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.health import TICK, LoopMarks
 from runledger_sync.runtime.listener import JobListener
 from runledger_sync.runtime.periodic import run_periodically
-from runledger_sync.store import notify, schedule_tick
+from runledger_sync.store import driver
 
 log = get_logger(__name__)
 
@@ -44,7 +44,7 @@ def tick_once(engine: Engine, config: JobsConfig) -> ScheduleTick:
     failed: list = []
     finished: list[str] = []
     while True:
-        tick = schedule_tick.fire_due_schedules(engine, limit=config.claim_batch_size)
+        tick = driver.fire_due_schedules(engine, limit=config.claim_batch_size)
         fired += tick.fired
         for name in tick.finished:
             log.info("schedule fired its last instant; now inactive", extra={"schedule_name": name})
@@ -94,7 +94,7 @@ def _schedule_listener(engine: Engine, config: JobsConfig) -> Optional[JobListen
     # Only an Engine opens a session of its own; a shared (transaction-pooled) one must not LISTEN.
     if not isinstance(engine, Engine) or not policy_of(engine).listens:
         return None
-    return JobListener(engine, None, worker_id=config.worker_id, channel=notify.SCHEDULES_CHANNEL,
+    return JobListener(engine, None, worker_id=config.worker_id, channel=driver.SCHEDULES_CHANNEL,
                        name="schedule listener", probe_interval_seconds=config.schedule_poll_interval_seconds)
 
 

@@ -26,8 +26,8 @@ from runledger_sync.core.types import (
 from runledger_sync.logging import get_logger
 from runledger_sync.runtime.attempt import JobExecution
 from runledger_sync.runtime.completion import finish
-from runledger_sync.store import admin
-from runledger_sync.store.running import heartbeat_job
+from runledger_sync.store import driver
+from runledger_sync.store.driver import heartbeat_job
 
 log = get_logger(__name__)
 
@@ -192,7 +192,7 @@ def _count_heartbeat_failure(execution: JobExecution) -> None:
 
 def _was_canceled(execution: JobExecution) -> bool:
     try:
-        current = admin.get_job(execution.engine, execution.job.id)
+        current = driver.get_job(execution.engine, execution.job.id)
     except RunledgerError:
         return False
     return current is not None and current.status is JobStatus.CANCELED

@@ -46,8 +46,7 @@ from runledger_sync.runtime.observer import WorkerObserver
 from runledger_sync.runtime.pace import FinishingSoon
 from runledger_sync.runtime.tally import OutcomeTally
 from runledger_sync.runtime.timer_thread import TimerThread
-from runledger_sync.store.claim import claim_prestart_jobs_for_types
-from runledger_sync.store.held import HeldConnection
+from runledger_sync.store.driver import HeldConnection, claim_prestart_jobs_for_types
 
 log = get_logger(__name__)
 

@@ -1,1 +1,8 @@
-"""Every SQL statement of the queue, grouped by purpose; the runtime never writes SQL."""
+"""Every SQL statement of the queue, grouped by purpose; the runtime never writes SQL.
+
+The public modules are the ones the architecture names: ``enqueue``,
+``lifecycle``, ``admin``, ``schedules`` and ``workflows`` for applications and
+operators, and ``driver``, the one list of what the runtime asks of the
+database. The ``_``-prefixed modules are how those are done; only this package
+imports them.
+"""

@@ -3,7 +3,7 @@
 Every chunk is one INSERT over ``unnest`` of bound arrays, so a thousand jobs
 cost one round trip and the statement text never changes (the compiled cache
 and the server's plan cache keep working). The same statement notifies idle
-workers (:mod:`runledger_sync.store.notify`) when the transaction commits.
+workers (:mod:`runledger_sync.store._notify`) when the transaction commits.
 :mod:`runledger_sync.store.enqueue` cuts a batch into chunks and decides the
 transaction; this module knows one chunk.
 """
@@ -49,7 +49,7 @@ from runledger_sync.core.types import JobEventType, JobStage
 from runledger_sync.db.schema import job_definitions, job_events, job_queue
 from runledger_sync.store._prepared import PreparedStatement
 from runledger_sync.store._rows import JOB_COLUMNS, to_job, to_jobs
-from runledger_sync.store.notify import notify_due_types
+from runledger_sync.store._notify import notify_due_types
 
 # -- the batch statement -----------------------------------------------------
 

@@ -29,7 +29,7 @@ from runledger_sync.core.store_errors import CommitOutcomeUnknown, ConnectionFai
 from runledger_sync.db.errors import is_transient, translate
 from runledger_sync.store import _prepared
 from runledger_sync.store._binds import Bind, is_lent, joined_connection
-from runledger_sync.store.held import HeldConnection
+from runledger_sync.store._held import HeldConnection
 
 T = TypeVar("T")
 

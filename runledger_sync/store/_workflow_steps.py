@@ -34,7 +34,7 @@ from runledger_sync.core.workflow import (
 from runledger_sync.core.workflow_errors import WorkflowReleaseConflict
 from runledger_sync.db.schema import job_definitions, job_events, job_queue
 from runledger_sync.db.schema_workflows import workflow_runs, workflow_step_dependencies, workflow_steps
-from runledger_sync.store.notify import notify_due_types
+from runledger_sync.store._notify import notify_due_types
 
 DEPENDENCY_UNSATISFIED_CODE = "workflow.dependency_unsatisfied"
 DEFINITION_UNAVAILABLE_CODE = "workflow.definition_not_found_or_disabled"

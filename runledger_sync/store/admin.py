@@ -1,7 +1,9 @@
 """Operator reads: get, list and count jobs, their attempts, events and dead letters.
 
-The actions (cancel, requeue) are in :mod:`~runledger_sync.store.actions` and the
-stats in :mod:`~runledger_sync.store.stats`.
+The public store path for operators. The actions (cancel, requeue) are written in
+:mod:`~runledger_sync.store._actions`, the stats in :mod:`~runledger_sync.store._stats`,
+the scrape's queue gauges in :mod:`~runledger_sync.store._gauges` and the dashboard's
+recent figures in :mod:`~runledger_sync.store._overview`; each answers here too.
 
 Every call takes an optional ``organization_id`` scope: given one, only that
 organization's jobs are seen or touched, and a job of another organization is
@@ -26,9 +28,14 @@ from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store._rows import ATTEMPT_COLUMNS, DEAD_LETTER_COLUMNS, EVENT_COLUMNS, JOB_COLUMNS, to_job, to_record
 from runledger_sync.store._scope import check_job_id, scoped, status_is, status_parts
 
-# The architecture's fixed admin names (cancel, requeue, stats), defined in their own modules.
-from runledger_sync.store.actions import cancel_job, requeue_job  # noqa: F401
-from runledger_sync.store.stats import QueueStats, queue_stats  # noqa: F401
+# The architecture's fixed admin names (cancel, requeue, stats) and the other operator
+# reads, defined in their own modules.
+from runledger_sync.store._actions import cancel_job, requeue_job  # noqa: F401
+from runledger_sync.store._gauges import (  # noqa: F401
+    DEAD_LETTER_WINDOW_SECONDS, LATE_SCHEDULE_SECONDS, QueueGauges, queue_gauges,
+)
+from runledger_sync.store._overview import recent_overview  # noqa: F401
+from runledger_sync.store._stats import QueueStats, queue_stats  # noqa: F401
 
 _q = job_queue.c
 DEFAULT_LIST_LIMIT = 100

@@ -4,10 +4,10 @@ Every one goes through the lease fence of :mod:`runledger_sync.store._fence`:
 the row is locked first, then written by one statement that judges the lease
 as the last committer left it and writes the attempt and event rows the step
 implies. The writes made while the job runs (mark running, progress,
-heartbeat) are in :mod:`~runledger_sync.store.running`, the claim in
-:mod:`~runledger_sync.store.claim`, the grouped writes
-in :mod:`~runledger_sync.store.lifecycle_batch`, the reaper's recovery in
-:mod:`~runledger_sync.store.reaper`. The library imports each from its own
+heartbeat) are in :mod:`~runledger_sync.store._running`, the claim in
+:mod:`~runledger_sync.store._claim`, the grouped writes
+in :mod:`~runledger_sync.store._lifecycle_batch`, the reaper's recovery in
+:mod:`~runledger_sync.store._reaper`. The library imports each from its own
 module; this one also answers to the lifecycle names the architecture fixes,
 so users and their checks keep one documented path.
 """
@@ -45,9 +45,9 @@ from runledger_sync.store._sql import check_identity
 from runledger_sync.store._transitions import RELEASE, build_failure, build_success, earlier_attempts, failure_params
 from runledger_sync.store._workflow_steps import job_ends, jobs_ended, steps_handed_back
 # The architecture's fixed lifecycle names, defined beside the writes they start.
-from runledger_sync.store.claim import claim_prestart_jobs_for_types  # noqa: F401
-from runledger_sync.store.reaper import reap_expired_leases  # noqa: F401
-from runledger_sync.store.running import heartbeat_job, update_job_progress  # noqa: F401
+from runledger_sync.store._claim import claim_prestart_jobs_for_types  # noqa: F401
+from runledger_sync.store._reaper import reap_expired_leases  # noqa: F401
+from runledger_sync.store._running import heartbeat_job, update_job_progress  # noqa: F401
 
 _q = job_queue.c
 _LEASED = JobStatus.LEASED.value

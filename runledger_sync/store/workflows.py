@@ -1,6 +1,8 @@
 """Workflow runs: enqueue one, read them, cancel one, answer an external step (spec section 11).
 
-What a step's job does to its step, within the job's own transitions, is in
+The public store path for workflows. Cancelling a run and answering an external
+step are written in :mod:`runledger_sync.store._workflow_actions` and answer here;
+what a step's job does to its step, within the job's own transitions, is in
 :mod:`runledger_sync.store._workflow_steps`.
 """
 
@@ -21,12 +23,9 @@ from runledger_sync.core.ids import uuid7
 from runledger_sync.core.workflow import (
     STEP_KEY_MAX_LENGTH,
     Workflow,
-    WorkflowReleaseMode,
     WorkflowRunRecord,
     WorkflowRunStatus,
     WorkflowStepKind,
-    WorkflowStepRecord,
-    WorkflowStepStatus,
 )
 from runledger_sync.core.workflow_errors import (
     WorkflowAlreadyEnqueued,
@@ -41,7 +40,8 @@ from runledger_sync.store._binds import Bind
 from runledger_sync.store._enqueue_batch import require_read_committed
 from runledger_sync.store._enqueue_batch import same_request
 from runledger_sync.store._errors import run_in_transaction
-from runledger_sync.store._scope import check_job_id
+from runledger_sync.store._workflow_actions import cancel_workflow_run, complete_external_step  # noqa: F401
+from runledger_sync.store._workflow_runs import RUN_COLUMNS, check_run_id, read_run, run_record
 from runledger_sync.store._workflow_steps import finish_steps, refresh_runs, release_steps
 
 DEFAULT_LIST_LIMIT = 100
@@ -49,8 +49,6 @@ DEFAULT_LIST_LIMIT = 100
 _s = workflow_steps.c
 _r = workflow_runs.c
 _d = workflow_step_dependencies.c
-_RUN_COLUMNS = (_r.id, _r.name, _r.status, _r.organization_id, _r.idempotency_key, _r.status_reason,
-                _r.created_at, _r.updated_at, _r.finished_at)
 
 
 # -- enqueue ---------------------------------------------------------------------
@@ -179,62 +177,6 @@ def _existing_run(connection: Connection, workflow: Workflow, snapshot: str) -> 
 
 # -- reads -------------------------------------------------------------------------
 
-_STEP_ROWS = (
-    select(
-        _s.id, _s.step_key, _s.kind, _s.status, _s.job_type, _s.job_id, _s.dependencies_total,
-        _s.dependencies_pending, _s.dependencies_unsatisfied, _s.error_code, _s.error_message, _s.created_at,
-        _s.finished_at,
-        func.coalesce(job_queue.c.output, _s.output).label("output"),
-    )
-    .select_from(workflow_steps.outerjoin(job_queue, job_queue.c.id == _s.job_id))
-    .where(_s.run_id == bindparam("run_id"))
-    .order_by(_s.created_at, _s.id)
-)
-_EDGE_ROWS = (
-    select(_d.step_id, _d.release_mode, workflow_steps.c.step_key.label("prerequisite_key"))
-    .select_from(workflow_step_dependencies.join(workflow_steps, workflow_steps.c.id == _d.prerequisite_step_id))
-    .where(workflow_steps.c.run_id == bindparam("run_id"))
-    .order_by(workflow_steps.c.created_at, workflow_steps.c.id)
-)
-
-
-def _run_record(row: Any, steps: tuple[WorkflowStepRecord, ...] = ()) -> WorkflowRunRecord:
-    return WorkflowRunRecord(
-        id=row.id, name=row.name, status=WorkflowRunStatus(row.status), organization_id=row.organization_id,
-        idempotency_key=row.idempotency_key, status_reason=row.status_reason, created_at=row.created_at,
-        updated_at=row.updated_at, finished_at=row.finished_at, steps=steps,
-    )
-
-
-def read_run(connection: Connection, run_id: UUID) -> Optional[WorkflowRunRecord]:
-    run = connection.execute(select(*_RUN_COLUMNS).where(_r.id == run_id)).first()
-    if run is None:
-        return None
-    deps: dict[UUID, list[str]] = {}
-    release: dict[UUID, str] = {}
-    for edge in connection.execute(_EDGE_ROWS, {"run_id": run_id}):
-        deps.setdefault(edge.step_id, []).append(edge.prerequisite_key)
-        release[edge.step_id] = edge.release_mode
-    steps = tuple(
-        WorkflowStepRecord(
-            id=row.id, key=row.step_key, kind=WorkflowStepKind(row.kind), status=WorkflowStepStatus(row.status),
-            job_type=row.job_type, job_id=row.job_id, deps=tuple(deps.get(row.id, ())),
-            release=WorkflowReleaseMode(release.get(row.id, WorkflowReleaseMode.ON_TERMINAL.value)),
-            dependencies_total=row.dependencies_total, dependencies_pending=row.dependencies_pending,
-            dependencies_unsatisfied=row.dependencies_unsatisfied, output=row.output, error_code=row.error_code,
-            error_message=row.error_message, created_at=row.created_at, finished_at=row.finished_at,
-        )
-        for row in connection.execute(_STEP_ROWS, {"run_id": run_id})
-    )
-    return _run_record(run, steps)
-
-
-def check_run_id(run_id: Any) -> UUID:
-    try:
-        return check_job_id(run_id)
-    except InvalidArgument:
-        raise InvalidArgument("run_id", run_id, "a UUID") from None
-
 
 def get_workflow_run(bind: Bind, run_id: UUID | str) -> Optional[WorkflowRunRecord]:
     """Return the run with its steps (each with its deps, job id, output or error), or None.
@@ -277,9 +219,9 @@ def list_workflow_runs(
             raise InvalidArgument("before", type(before).__name__, "a WorkflowRunRecord")
         conditions.append(tuple_(_r.created_at, _r.id) < tuple_(before.created_at, before.id))
     statement = (
-        select(*_RUN_COLUMNS).where(*conditions).order_by(_r.created_at.desc(), _r.id.desc()).limit(limit)
+        select(*RUN_COLUMNS).where(*conditions).order_by(_r.created_at.desc(), _r.id.desc()).limit(limit)
     )
-    return run_in_transaction(bind, lambda connection: [_run_record(row) for row in connection.execute(statement)])
+    return run_in_transaction(bind, lambda connection: [run_record(row) for row in connection.execute(statement)])
 
 
 # -- what a step's handler reads (ctx.workflow) ------------------------------------

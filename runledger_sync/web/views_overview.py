@@ -6,7 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 import runledger_sync as rl
-from runledger_sync.store.overview import recent_overview
+from runledger_sync.store.admin import recent_overview
 from runledger_sync.web.http import PageHost, Request, Response
 
 #: Height in pixels of the throughput chart's tallest bar.

@@ -409,7 +409,7 @@ def test_option_2_migrate_refuses_to_move_tables_the_host_history_manages(
     assert VERSION_TABLE not in tables(engine)
     rl_engine = rl.create_engine(empty_database)
     try:
-        with pytest.raises(rl.SchemaManagedByHost) as caught:
+        with pytest.raises(rl.errors.SchemaManagedByHost) as caught:
             rl.migrate(rl_engine)
         assert caught.value.code == "db.schema_managed_by_host"
         assert isinstance(caught.value, rl.MigrationFailed)
@@ -424,7 +424,7 @@ def test_migrate_refuses_tables_that_no_version_table_records(empty_database, en
         with engine.begin() as conn:
             conn.exec_driver_sql(f"DROP TABLE {VERSION_TABLE}")
 
-        with pytest.raises(rl.SchemaManagedByHost) as caught:
+        with pytest.raises(rl.errors.SchemaManagedByHost) as caught:
             rl.migrate(rl_engine)
 
         assert "neither runledger_alembic_version nor alembic_version records" in caught.value.message

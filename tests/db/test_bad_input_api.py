@@ -23,7 +23,7 @@ from sqlalchemy import text
 
 import runledger_sync as rl
 from runledger_sync.core.records import LeaseIdentity
-from runledger_sync.store.claim import claim_jobs
+from runledger_sync.store._claim import claim_jobs
 from runledger_sync.store.lifecycle import complete_job_failure
 from tests.support import define
 

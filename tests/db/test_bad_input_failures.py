@@ -16,7 +16,7 @@ import pytest
 
 import runledger_sync as rl
 from runledger_sync.store import lifecycle
-from runledger_sync.store.running import update_job_progress
+from runledger_sync.store._running import update_job_progress
 from tests.db.test_bad_input_api import table_digest
 from tests.handlers import fast_config
 from tests.support import attempts, claim_one, define, events, identity, run_worker_until

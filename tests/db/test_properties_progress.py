@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 
 import runledger_sync as rl
 from runledger_sync.core.records import LeaseIdentity
-from runledger_sync.store.claim import claim_jobs
+from runledger_sync.store._claim import claim_jobs
 from runledger_sync.store.lifecycle import complete_job_success
-from runledger_sync.store.running import update_job_progress
+from runledger_sync.store._running import update_job_progress
 from tests.support import define, scalar
 
 JOB_TYPE = "prop.progress"
@@ -87,7 +87,7 @@ def test_success_stores_the_coalesced_progress_or_refuses_and_writes_nothing(eng
         pct = scalar(engine, "SELECT progress_pct FROM job_queue WHERE id = :id", id=identity.job_id)
         assert pct == expected_pct(*effective)
     else:
-        with pytest.raises(rl.InvalidCompletionProgress) as caught:
+        with pytest.raises(rl.errors.InvalidCompletionProgress) as caught:
             complete_job_success(engine, **identity.keywords(), completion=completion)
         assert caught.value.code == "job.invalid_completion_progress"
         job = rl.get_job(engine, identity.job_id)
@@ -109,7 +109,7 @@ def test_progress_updates_coalesce_and_refuse_by_the_same_rule(engine, stored, d
         assert (result.progress_done, result.progress_total) == effective
         assert result.status is rl.JobStatus.LEASED
     else:
-        with pytest.raises(rl.InvalidProgress) as caught:
+        with pytest.raises(rl.errors.InvalidProgress) as caught:
             update_job_progress(engine, **identity.keywords(), progress_done=done, progress_total=total)
         assert caught.value.code == "job.invalid_progress"
         job = rl.get_job(engine, identity.job_id)
@@ -125,7 +125,7 @@ def test_stored_progress_never_breaks_the_rule_whatever_the_sequence(engine, ste
     for done, total in steps:
         try:
             update_job_progress(engine, **identity.keywords(), progress_done=done, progress_total=total)
-        except rl.InvalidProgress:
+        except rl.errors.InvalidProgress:
             pass
         job = rl.get_job(engine, identity.job_id)
         assert alone_valid(job.progress_done, job.progress_total)

@@ -17,7 +17,7 @@ import runledger_sync as rl
 from runledger_sync import cli
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.store import lifecycle
-from runledger_sync.store.claim import claim_jobs
+from runledger_sync.store._claim import claim_jobs
 from tests.db.test_docs import REPO, marked, shell_lines
 from tests.support import define, run_worker_until, wait_until
 

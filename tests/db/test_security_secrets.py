@@ -21,7 +21,7 @@ from sqlalchemy import make_url
 import runledger_sync as rl
 from runledger_sync import cli
 from runledger_sync.store import lifecycle
-from runledger_sync.store.running import update_job_progress
+from runledger_sync.store._running import update_job_progress
 from tests.support import claim_one, define, identity, run_worker_until, wait_until
 
 PASSWORD = "Pw-d0nt-l0g-m3"  # noqa: S105 - a marker to search for, not a credential

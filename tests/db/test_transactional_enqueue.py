@@ -24,7 +24,7 @@ import runledger_sync as rl
 from runledger_sync.core.records import JobSpec, LeaseIdentity
 from runledger_sync.core.types import JobStatus
 from runledger_sync.store import admin, lifecycle
-from runledger_sync.store.running import mark_job_running
+from runledger_sync.store._running import mark_job_running
 from tests.handlers import fast_config
 from tests.support import JOB_TYPE, claim_one, define, identity, run_worker_until, scalar
 

@@ -22,7 +22,7 @@ from runledger_sync.core.records import JobSpec, LeaseIdentity
 from runledger_sync.core.types import JobStatus
 from runledger_sync.db.errors import translate
 from runledger_sync.store import lifecycle
-from runledger_sync.store.running import mark_job_running
+from runledger_sync.store._running import mark_job_running
 from tests.handlers import fast_config
 from tests.support import JOB_TYPE, claim_one, define, identity, run_worker_until, scalar, wait_until
 
@@ -303,13 +303,13 @@ def translated(engine: sa.Engine, *statements: str) -> rl.RunledgerError:
 
 def test_unique_violation_is_coded_alike_on_both_drivers(driver_engine):
     error = translated(driver_engine, "INSERT INTO parents VALUES (1)")
-    assert isinstance(error, rl.UniqueViolation)
+    assert isinstance(error, rl.errors.UniqueViolation)
     assert (error.code, error.details) == ("db.unique_violation", {"sqlstate": "23505", "constraint": "pk_parents"})
 
 
 def test_foreign_key_violation_is_coded_alike_on_both_drivers(driver_engine):
     error = translated(driver_engine, "INSERT INTO children VALUES (2)")
-    assert isinstance(error, rl.RelatedResourceMissing)
+    assert isinstance(error, rl.errors.RelatedResourceMissing)
     assert error.code == "db.related_resource_missing"
     assert error.details == {"sqlstate": "23503", "constraint": "fk_children_parent"}
 

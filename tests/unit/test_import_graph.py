@@ -1,4 +1,5 @@
-"""No import cycles among our modules, and every name is imported from the module that defines it.
+"""No import cycles among our modules, every name is imported from the module that defines it, and
+no module reaches into another package's private modules.
 
 Both checks read the source with ``ast`` (nothing is imported).
 
@@ -15,12 +16,22 @@ its old importers pointed at the facade. So ``from runledger_sync.a import X``
 (or ``a.X`` through ``from runledger_sync import a``) must name a module that
 defines ``X`` (or a submodule ``a.X``), and a module's ``__all__`` lists only
 names it defines. Packages (``runledger_sync``, ``runledger_sync.web``,
-``runledger_sync.cli``) are public namespaces and are exempt.
+``runledger_sync.cli``) are public namespaces and are exempt, like the modules in
+PUBLIC_NAMESPACES, and so are the public faces in PUBLIC_FACES for the names
+they take from their own package.
+
+Private modules: a module whose name (or a package on its path) starts with
+``_`` belongs to its package. Only that package's modules import it; every other
+module of ``runledger_sync``, and ``bench`` and ``examples``, go through the
+public API or a public module. The runtime takes the store only through
+``runledger_sync.store.driver``, the one list of what it asks of the database.
+Tests may reach a private module to test it.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +57,26 @@ DEFERRED_CYCLES: dict[frozenset[str], str] = {
         "runledger_sync.core.types",
     }): "types.py names JobRecord in annotations only (JobContext.complete_in, Completer)",
 }
+
+#: Public module -> why it answers for names written in other modules of its own
+#: package: those names may be imported from it, and its ``__all__`` may list them.
+#: A face that takes no name from its package fails.
+PUBLIC_FACES: dict[str, str] = {
+    "runledger_sync.store.driver": "the runtime's one door into the store: every operation it needs, in one list",
+    "runledger_sync.store.lifecycle": "the lifecycle names the architecture fixes (claim, progress, heartbeat, reap)",
+    "runledger_sync.store.admin": "the operator names the architecture fixes (cancel, requeue, stats) and the other reads",
+    "runledger_sync.store.workflows": "cancelling a run and answering an external step, written beside their locks",
+}
+
+#: Module -> why it is a public namespace like a package: it gathers names for users.
+PUBLIC_NAMESPACES: dict[str, str] = {
+    "runledger_sync.errors": "every error class in one import for users; each is defined in core",
+}
+
+#: Where modules that must not import another package's private modules live, besides the package.
+PUBLIC_API_USERS = ("bench", "examples")
+#: The one store module the runtime imports.
+RUNTIME_STORE_DOOR = "runledger_sync.store.driver"
 
 #: (importer, module, name) -> why ``name`` is reached through a module that does
 #: not define it. A stale entry fails.
@@ -170,6 +201,18 @@ def cycles(edges: dict[str, set[str]]) -> set[frozenset[str]]:
     return found
 
 
+def names_taken_from_own_package(source: Source) -> set[str]:
+    """Names a module binds by importing them from another module of its own package."""
+    package = source.name if source.is_package else source.name.rpartition(".")[0]
+    names: set[str] = set()
+    for node in module_level_imports(source.tree):
+        if isinstance(node, ast.ImportFrom):
+            base = base_of(node, source.name, source.is_package)
+            if base.rpartition(".")[0] == package:
+                names.update(alias.asname or alias.name for alias in node.names)
+    return names
+
+
 def names_taken_from_us(source: Source) -> set[str]:
     """Names a module binds by importing them from another of our modules."""
     names: set[str] = set()
@@ -215,7 +258,7 @@ def reach_throughs(
 
     def foreign(module: str, name: str) -> bool:
         source = sources.get(module)
-        return source is not None and not source.is_package and name in borrowed[module]
+        return source is not None and not source.is_package and module not in PUBLIC_NAMESPACES and name in borrowed[module]
 
     found: set[tuple[str, str, str]] = set()
     aliases: dict[str, str] = {}
@@ -238,8 +281,16 @@ def reach_throughs(
 
 
 def borrowed_names(sources: dict[str, Source]) -> dict[str, set[str]]:
+    """Module -> the names it imported from another of ours, does not define, and is not the face of."""
+
+    def answers_for(source: Source) -> set[str]:
+        return names_taken_from_own_package(source) if source.name in PUBLIC_FACES else set()
+
     return {
-        name: {n for n in names_taken_from_us(source) - defined_names(source.tree) if f"{name}.{n}" not in sources}
+        name: {
+            n for n in names_taken_from_us(source) - defined_names(source.tree) - answers_for(source)
+            if f"{name}.{n}" not in sources
+        }
         for name, source in sources.items()
     }
 
@@ -260,12 +311,58 @@ def all_reach_throughs() -> set[tuple[str, str, str]]:
 def foreign_all_entries(sources: dict[str, Source]) -> list[str]:
     found = []
     for source in sources.values():
-        if source.is_package:
+        if source.is_package or source.name in PUBLIC_NAMESPACES:
             continue
         for node in source.tree.body:
             if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
                 listed = {e.value for e in getattr(node.value, "elts", []) if isinstance(e, ast.Constant)}
-                found += [f"{source.name}.__all__ lists {n}" for n in sorted(listed - defined_names(source.tree))]
+                own = defined_names(source.tree)
+                if source.name in PUBLIC_FACES:
+                    own |= names_taken_from_own_package(source)
+                found += [f"{source.name}.__all__ lists {n}" for n in sorted(listed - own)]
+    return found
+
+
+def every_import_target(name: str, tree: ast.Module, sources: dict[str, Source], *, is_package: bool = False) -> set[str]:
+    """The modules of ours that a module imports anywhere (in functions and under TYPE_CHECKING too)."""
+    targets: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = base_of(node, name, is_package)
+            targets.update(f"{base}.{a.name}" if f"{base}.{a.name}" in sources else base for a in node.names)
+    return {t for t in targets if t == PACKAGE or t.startswith(PACKAGE + ".")}
+
+
+def private_owner(module: str) -> str | None:
+    """The package a private module belongs to (the one holding its first ``_`` part), or None if it is public."""
+    parts = module.split(".")
+    for index, part in enumerate(parts):
+        if part.startswith("_") and not (part.startswith("__") and part.endswith("__")):
+            return ".".join(parts[:index])
+    return None
+
+
+def private_reaches(name: str, tree: ast.Module, sources: dict[str, Source], *, is_package: bool = False) -> set[tuple[str, str]]:
+    """(importer, module) for each private module of another package that ``name`` imports."""
+    found = set()
+    for target in every_import_target(name, tree, sources, is_package=is_package):
+        owner = private_owner(target)
+        if owner is not None and name != owner and not name.startswith(owner + "."):
+            found.add((name, target))
+    return found
+
+
+def all_private_reaches() -> set[tuple[str, str]]:
+    sources = package_sources()
+    found = set()
+    for source in sources.values():
+        found |= private_reaches(source.name, source.tree, sources, is_package=source.is_package)
+    for folder in PUBLIC_API_USERS:
+        for path in sorted((REPO_ROOT / folder).rglob("*.py")):
+            name, _ = module_name(path)
+            found |= private_reaches(name, ast.parse(path.read_text(encoding="utf-8")), sources)
     return found
 
 
@@ -306,6 +403,70 @@ def test_allowed_reach_throughs_still_exist():
 
 def test_a_module_all_lists_only_its_own_names():
     assert foreign_all_entries(package_sources()) == []
+
+
+def test_every_public_face_answers_for_names_of_its_package():
+    sources = package_sources()
+    assert [face for face in PUBLIC_FACES if private_owner(face) is not None] == []
+    assert [face for face in PUBLIC_FACES if not names_taken_from_own_package(sources[face])] == []
+
+
+def test_no_module_imports_a_private_module_of_another_package():
+    assert sorted(all_private_reaches()) == []
+
+
+def test_the_runtime_takes_the_store_only_through_the_driver():
+    sources = package_sources()
+    found = {
+        (source.name, target)
+        for source in sources.values()
+        if source.name.startswith(f"{PACKAGE}.runtime.")
+        for target in every_import_target(source.name, source.tree, sources, is_package=source.is_package)
+        if target.startswith(f"{PACKAGE}.store") and target != RUNTIME_STORE_DOOR
+    }
+    assert sorted(found) == []
+    runtime_imports = set().union(*(
+        every_import_target(s.name, s.tree, sources) for s in sources.values() if s.name.startswith(f"{PACKAGE}.runtime.")
+    ))
+    assert RUNTIME_STORE_DOOR in runtime_imports
+
+
+#: Driver name -> why it is there though the runtime does not call it.
+DRIVER_NAMES_FOR_TOOLS = {"claim_jobs": "bench/scale.py times the claim statement by hand"}
+
+
+def names_used_from(module: str, tree: ast.Module) -> set[str]:
+    """Names a file takes from ``module``: imported by name, or read as ``alias.name``."""
+    package, _, leaf = module.rpartition(".")
+    used: set[str] = set()
+    aliases: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == module:
+            used.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module == package:
+            aliases.update(alias.asname or alias.name for alias in node.names if alias.name == leaf)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+            used.add(node.attr)
+    return used
+
+
+def test_every_name_of_the_driver_is_one_the_runtime_uses():
+    sources = package_sources()
+    driver = importlib.import_module(RUNTIME_STORE_DOOR)
+    used = set().union(*(
+        names_used_from(RUNTIME_STORE_DOOR, s.tree) for s in sources.values() if s.name.startswith(f"{PACKAGE}.runtime.")
+    ))
+    assert used - set(driver.__all__) == set()
+    assert sorted(set(driver.__all__) - used) == sorted(DRIVER_NAMES_FOR_TOOLS)
+
+
+def test_the_driver_takes_nothing_from_outside_the_store():
+    # The seam lists the store's operations; it is not a door to the other layers.
+    sources = package_sources()
+    source = sources[RUNTIME_STORE_DOOR]
+    targets = every_import_target(source.name, source.tree, sources)
+    assert {t for t in targets if not t.startswith(f"{PACKAGE}.store.")} == set()
 
 
 @pytest.mark.parametrize(
@@ -385,6 +546,27 @@ def test_a_module_level_import_in_an_else_or_try_closes_a_circle():
         b="try:\n    from runledger_sync.a import x\nexcept ImportError:\n    pass",
     )
     assert cycles(graph(sources)) == {frozenset({"runledger_sync.a", "runledger_sync.b"})}
+
+
+def test_a_private_module_is_reached_only_from_inside_its_package():
+    sources = {
+        f"runledger_sync.{name}": Source(f"runledger_sync.{name}", False, ast.parse(""))
+        for name in ("store._claim", "store.driver", "runtime.worker", "_bundled.versions", "cli.__main__")
+    }
+
+    def check(importer: str, text: str) -> set[tuple[str, str]]:
+        return private_reaches(importer, ast.parse(text), sources)
+
+    worker = "runledger_sync.runtime.worker"
+    assert check(worker, "from runledger_sync.store._claim import claim") == {(worker, "runledger_sync.store._claim")}
+    assert check(worker, "from runledger_sync.store import _claim") == {(worker, "runledger_sync.store._claim")}
+    assert check(worker, "def f():\n    import runledger_sync.store._claim") == {(worker, "runledger_sync.store._claim")}
+    assert check(worker, "from runledger_sync.store.driver import claim\nimport runledger_sync.cli.__main__") == set()
+    assert check("runledger_sync.store.driver", "from runledger_sync.store._claim import claim") == set()
+    assert check("runledger_sync.db.host", "import runledger_sync._bundled.versions") == set()
+    assert check("bench.scale", "from runledger_sync._bundled import versions") == {
+        ("bench.scale", "runledger_sync._bundled.versions"),
+    }
 
 
 def test_a_re_export_is_flagged_and_a_definition_is_not():

@@ -28,6 +28,8 @@ LAYERS: dict[str, int] = {
     # logging imports only the standard library and python-json-logger, and every
     # layer above core logs, so it sits with config.
     "logging": 1,
+    # Every error class gathered from core for users (rl.errors); imports core only.
+    "errors": 1,
     "db": 2,
     "store": 3,
     "runtime": 4,

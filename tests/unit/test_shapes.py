@@ -62,7 +62,7 @@ def test_a_payload_over_the_size_limit_names_its_size_only():
 
 def test_a_non_scalar_argument_is_described_not_echoed():
     # A payload passed where the job type goes must not be repeated back.
-    with pytest.raises(rl.InvalidJobType) as caught:
+    with pytest.raises(rl.errors.InvalidJobType) as caught:
         check.check_job_type({"api_key": SECRET})
 
     assert caught.value.message == "job_type must be a string, got a value of type dict"
@@ -78,7 +78,7 @@ def test_short_scalar_arguments_are_still_echoed():
 
 
 def test_progress_of_the_wrong_type_is_named_by_type():
-    with pytest.raises(rl.InvalidCompletionProgress) as caught:
+    with pytest.raises(rl.errors.InvalidCompletionProgress) as caught:
         check.check_progress_values(SECRET, None, completion=True)
 
     assert caught.value.message == "progress_done must be an integer or None, got a str"

@@ -31,12 +31,12 @@ def test_steps_keep_their_order_dependencies_and_release_mode():
     ("build", "error"),
     [
         (lambda wf: wf.job(" ", "a.b"), rl.InvalidArgument),
-        (lambda wf: wf.job("a", ""), rl.InvalidJobType),
+        (lambda wf: wf.job("a", ""), rl.errors.InvalidJobType),
         (lambda wf: wf.job("a", "a.b", float("nan")), rl.InvalidPayload),
         (lambda wf: wf.job("a", "a.b", priority=10**9), rl.InvalidArgument),
         (lambda wf: wf.job("a", "a.b", release=None), rl.InvalidArgument),
         (lambda wf: wf.job("a", "a.b", after=[3]), rl.InvalidArgument),
-        (lambda wf: (wf.job("a", "a.b"), wf.external("a")), rl.DuplicateStepKey),
+        (lambda wf: (wf.job("a", "a.b"), wf.external("a")), rl.errors.DuplicateStepKey),
     ],
 )
 def test_a_bad_step_is_refused_as_it_is_added_and_not_kept(build, error):
@@ -104,7 +104,7 @@ def test_a_cycle_over_thousands_of_steps_is_named_by_a_short_sample():
     wf = rl.Workflow("ring")
     for index in range(5_000):
         wf.job(f"step-{index}", "a.b", after=[f"step-{(index + 1) % 5_000}"])
-    with pytest.raises(rl.DependencyCycle) as raised:
+    with pytest.raises(rl.errors.DependencyCycle) as raised:
         wf.validate()
     message = str(raised.value)
     assert len(message) < 2_000
@@ -117,6 +117,6 @@ def test_a_short_cycle_is_named_whole():
     wf.job("a", "a.b", after=["c"])
     wf.job("b", "a.b", after=["a"])
     wf.job("c", "a.b", after=["b"])
-    with pytest.raises(rl.DependencyCycle) as raised:
+    with pytest.raises(rl.errors.DependencyCycle) as raised:
         wf.validate()
     assert str(raised.value).endswith("has a dependency cycle: a -> c -> b -> a")

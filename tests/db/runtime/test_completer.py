@@ -12,8 +12,8 @@ from runledger_sync.core.types import JobCompletion, JobFailure
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.completer import LANDED_AFTER_LOST_REPLY, Completer
 from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store.claim import claim_prestart_jobs_for_types
-from runledger_sync.store.running import update_job_progress
+from runledger_sync.store._claim import claim_prestart_jobs_for_types
+from runledger_sync.store._running import update_job_progress
 from tests.db.runtime.test_success_reply_lost import group_reply_lost, outage  # noqa: F401 - the fixture
 from tests.handlers import fast_config
 from tests.support import JOB_TYPE, define, event_types, rows, run_worker_until, scalar

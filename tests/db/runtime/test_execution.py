@@ -30,9 +30,9 @@ from runledger_sync.runtime.tally import OutcomeTally
 from runledger_sync.runtime.reaper import reap_once
 from runledger_sync.store import lifecycle
 from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store.actions import cancel_job
-from runledger_sync.store.claim import claim_jobs, claim_prestart_jobs_for_types
-from runledger_sync.store.running import heartbeat_job, mark_job_running
+from runledger_sync.store._actions import cancel_job
+from runledger_sync.store._claim import claim_jobs, claim_prestart_jobs_for_types
+from runledger_sync.store._running import heartbeat_job, mark_job_running
 from tests import handlers as h
 from tests.handlers import SECRET, fast_config
 from tests.support import (

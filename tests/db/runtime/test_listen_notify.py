@@ -13,7 +13,7 @@ from runledger_sync.runtime import listener as listener_module
 from runledger_sync.runtime import worker as worker_module
 from runledger_sync.runtime.worker import WorkerLoop, run_worker_loop
 from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store import notify
+from runledger_sync.store import _notify as notify
 from tests.handlers import fast_config
 from tests.support import JOB_TYPE, define, rows, scalar, wait_until
 

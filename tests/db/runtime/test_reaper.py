@@ -11,7 +11,7 @@ from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.execution import process_claimed_job
 from runledger_sync.runtime.reaper import run_reaper_loop
 from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store.running import mark_job_running
+from runledger_sync.store._running import mark_job_running
 from tests import handlers as h
 from tests.handlers import SECRET, fast_config
 from tests.support import JOB_TYPE, attempts, claim_one, event_types, events, expire_lease, rows, scalar, wait_until

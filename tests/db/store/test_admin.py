@@ -23,12 +23,12 @@ from runledger_sync.core.errors import (
 from runledger_sync.core.records import JobDefinition, JobRecord, LeaseIdentity
 from runledger_sync.core.types import JobCompletion, JobFailure, JobStage, JobStatus
 from runledger_sync.store import admin
-from runledger_sync.store.actions import cancel_job, requeue_job
-from runledger_sync.store.claim import claim_jobs, claim_prestart_jobs_for_types
+from runledger_sync.store._actions import cancel_job, requeue_job
+from runledger_sync.store._claim import claim_jobs, claim_prestart_jobs_for_types
 from runledger_sync.store.enqueue import enqueue, sync_job_definitions
 from runledger_sync.store.lifecycle import complete_job_failure, complete_job_success
-from runledger_sync.store.running import heartbeat_job, mark_job_running, update_job_progress
-from runledger_sync.store.stats import pending_timing_statement, queue_stats
+from runledger_sync.store._running import heartbeat_job, mark_job_running, update_job_progress
+from runledger_sync.store._stats import pending_timing_statement, queue_stats
 
 EMAIL = "admin.email"
 REPORT = "admin.report"

@@ -20,8 +20,8 @@ from sqlalchemy import event
 
 import runledger_sync as rl
 from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store.claim import claim_jobs, claim_prestart_jobs_for_types
-from runledger_sync.store.held import HeldConnection
+from runledger_sync.store._claim import claim_jobs, claim_prestart_jobs_for_types
+from runledger_sync.store._held import HeldConnection
 from tests.support import JOB_TYPE, define, scalar
 
 QUEUED = 10_000

@@ -22,7 +22,7 @@ import runledger_sync as rl
 from runledger_sync.core.records import JobSpec
 from runledger_sync.db.engine import create_engine
 from runledger_sync.store import enqueue as store
-from runledger_sync.store import notify
+from runledger_sync.store import _notify as notify
 from tests.support import JOB_TYPE, define, scalar
 
 PING = "select 1"

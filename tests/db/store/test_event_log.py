@@ -9,10 +9,10 @@ from runledger_sync.core import errors
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.types import EventLog, JobFailure, JobStage
 from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store import lifecycle, lifecycle_batch
-from runledger_sync.store.claim import claim_jobs, claim_prestart_jobs_for_types
-from runledger_sync.store.held import HeldConnection
-from runledger_sync.store.running import heartbeat_job, mark_job_running, update_job_progress
+from runledger_sync.store import lifecycle, _lifecycle_batch as lifecycle_batch
+from runledger_sync.store._claim import claim_jobs, claim_prestart_jobs_for_types
+from runledger_sync.store._held import HeldConnection
+from runledger_sync.store._running import heartbeat_job, mark_job_running, update_job_progress
 from tests.support import JOB_TYPE, define, event_types, events, rows, scalar
 
 EVERY_STEP_OF_A_SUCCESS = ["ENQUEUED", "LEASED", "STAGE_CHANGED", "HEARTBEAT", "SUCCEEDED"]

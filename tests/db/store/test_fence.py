@@ -19,8 +19,8 @@ from runledger_sync.core import errors
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.types import JobFailure
 from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store import lifecycle, lifecycle_batch
-from runledger_sync.store.running import heartbeat_job, mark_job_running, update_job_progress
+from runledger_sync.store import lifecycle, _lifecycle_batch as lifecycle_batch
+from runledger_sync.store._running import heartbeat_job, mark_job_running, update_job_progress
 from tests.support import JOB_TYPE, claim_one, define, rows, scalar, wait_until
 
 #: Short enough to run out during the wait, long enough to be live when the write starts.

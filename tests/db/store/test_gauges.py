@@ -1,4 +1,4 @@
-"""store.gauges: the scrape's one statement counts the unfinished queue by type, and reads only indexes."""
+"""store._gauges: the scrape's one statement counts the unfinished queue by type, and reads only indexes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import text
 
 import runledger_sync as rl
-from runledger_sync.store import gauges, lifecycle
+from runledger_sync.store import _gauges as gauges, lifecycle
 from tests.support import claim_one, define, expire_lease, identity
 
 FINISHED_ROWS = 1_000_000

@@ -8,9 +8,9 @@ from sqlalchemy import text
 import runledger_sync as rl
 from runledger_sync.core import errors
 from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store.claim import claim_prestart_jobs_for_types
-from runledger_sync.store.held import HeldConnection
-from runledger_sync.store.running import heartbeat_job
+from runledger_sync.store._claim import claim_prestart_jobs_for_types
+from runledger_sync.store._held import HeldConnection
+from runledger_sync.store._running import heartbeat_job
 from tests.support import JOB_TYPE, define, scalar
 
 

@@ -16,10 +16,10 @@ from runledger_sync.core.types import JobCompletion, JobFailure, JobStage, JobSt
 from runledger_sync.db.engine import create_engine
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store import lifecycle
-from runledger_sync.store.actions import requeue_job
-from runledger_sync.store.claim import claim_jobs, claim_prestart_jobs_for_types
-from runledger_sync.store.running import heartbeat_job, mark_job_running, update_job_progress
-from runledger_sync.store.reaper import reap_expired_leases
+from runledger_sync.store._actions import requeue_job
+from runledger_sync.store._claim import claim_jobs, claim_prestart_jobs_for_types
+from runledger_sync.store._running import heartbeat_job, mark_job_running, update_job_progress
+from runledger_sync.store._reaper import reap_expired_leases
 from tests.support import (
     JOB_TYPE,
     attempts,

@@ -14,9 +14,9 @@ from runledger_sync.core.records import JobSpec, LeaseIdentity
 from runledger_sync.core.types import JobCompletion
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store import lifecycle
-from runledger_sync.store.claim import claim_prestart_jobs_for_types
-from runledger_sync.store.lifecycle_batch import complete_jobs_failure, complete_jobs_success, mark_jobs_running
-from runledger_sync.store.running import update_job_progress
+from runledger_sync.store._claim import claim_prestart_jobs_for_types
+from runledger_sync.store._lifecycle_batch import complete_jobs_failure, complete_jobs_success, mark_jobs_running
+from runledger_sync.store._running import update_job_progress
 from tests.support import JOB_TYPE, attempts, define, event_types, expire_lease, rows
 
 

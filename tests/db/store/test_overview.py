@@ -1,4 +1,4 @@
-"""store.overview (the dashboard's recent figures), list_jobs(search=) and job_statuses against a real PostgreSQL."""
+"""store._overview (the dashboard's recent figures), list_jobs(search=) and job_statuses against a real PostgreSQL."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 import runledger_sync as rl
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.store.admin import job_statuses, list_jobs
-from runledger_sync.store.claim import claim_jobs
+from runledger_sync.store._claim import claim_jobs
 from runledger_sync.store.lifecycle import complete_job_failure, complete_job_success
-from runledger_sync.store.overview import recent_overview
+from runledger_sync.store._overview import recent_overview
 from tests.support import JOB_TYPE, define, expire_lease
 
 

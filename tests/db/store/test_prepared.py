@@ -12,8 +12,8 @@ from runledger_sync.db.pool_mode import POOL_MODE_VARIABLE, PoolMode, policy_of
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store._prepared import OPTION, PreparedStatement, execute_in_turn
-from runledger_sync.store.claim import claim_prestart_jobs_for_types
-from runledger_sync.store.held import HeldConnection
+from runledger_sync.store._claim import claim_prestart_jobs_for_types
+from runledger_sync.store._held import HeldConnection
 from tests.support import JOB_TYPE, define, scalar
 
 

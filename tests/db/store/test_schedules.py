@@ -12,7 +12,7 @@ from runledger_sync.core import errors
 from runledger_sync.core.cron import jitter_seconds, parse_cron
 from runledger_sync.core.store_errors import DefinitionNotFound
 from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store import schedule_tick
+from runledger_sync.store import _schedule_tick as schedule_tick
 from tests.support import JOB_TYPE, define, rows, scalar, wait_until
 
 EVERY_MINUTE = "0 * * * * *"

@@ -11,8 +11,8 @@ from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.store_errors import CommitOutcomeUnknown
 from runledger_sync.db.engine import create_engine
 from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store import lifecycle, lifecycle_batch
-from runledger_sync.store.held import HeldConnection
+from runledger_sync.store import lifecycle, _lifecycle_batch as lifecycle_batch
+from runledger_sync.store._held import HeldConnection
 from tests.support import JOB_TYPE, claim_one, define, identity, scalar
 
 

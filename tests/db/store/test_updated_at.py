@@ -9,12 +9,12 @@ import pytest
 
 from runledger_sync.core.records import JobDefinition, LeaseIdentity
 from runledger_sync.core.types import JobCompletion, JobFailure
-from runledger_sync.store import lifecycle, lifecycle_batch
+from runledger_sync.store import lifecycle, _lifecycle_batch as lifecycle_batch
 from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store.actions import cancel_job, requeue_job
-from runledger_sync.store.claim import claim_jobs, claim_prestart_jobs_for_types
-from runledger_sync.store.running import heartbeat_job, mark_job_running, update_job_progress
-from runledger_sync.store.reaper import reap_expired_leases
+from runledger_sync.store._actions import cancel_job, requeue_job
+from runledger_sync.store._claim import claim_jobs, claim_prestart_jobs_for_types
+from runledger_sync.store._running import heartbeat_job, mark_job_running, update_job_progress
+from runledger_sync.store._reaper import reap_expired_leases
 from tests.support import JOB_TYPE, define, expire_lease, rows, scalar
 
 LONG_AGO = datetime(2001, 1, 1, tzinfo=timezone.utc)

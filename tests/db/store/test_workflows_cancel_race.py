@@ -9,9 +9,9 @@ from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.workflow import WorkflowRunStatus as Run
 from runledger_sync.core.workflow import WorkflowStepStatus as Step
 from runledger_sync.store import lifecycle
-from runledger_sync.store.running import mark_job_running
-from runledger_sync.store.claim import claim_prestart_jobs_for_types
-from runledger_sync.store.reaper import reap_expired_leases
+from runledger_sync.store._running import mark_job_running
+from runledger_sync.store._claim import claim_prestart_jobs_for_types
+from runledger_sync.store._reaper import reap_expired_leases
 from tests.support import define, expire_lease, scalar
 
 FIRST, SECOND = "race.first", "race.second"
@@ -34,7 +34,7 @@ def race_once(engine, index: int, outcomes: dict) -> None:
         start.wait()
         try:
             lifecycle.complete_job_success(engine, **identity.keywords())
-        except rl.WorkflowReleaseConflict as conflict:
+        except rl.errors.WorkflowReleaseConflict as conflict:
             errors.append(conflict)
 
     completer = threading.Thread(target=complete)

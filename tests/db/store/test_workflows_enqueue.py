@@ -64,7 +64,7 @@ def test_a_different_request_with_the_same_key_is_a_conflict(typed):
     other = rl.Workflow("order.fulfil", idempotency_key="order-42")
     other.job("charge", "payments.charge", {"order": 43})
 
-    with pytest.raises(rl.WorkflowEnqueueConflictingRetry) as caught:
+    with pytest.raises(rl.errors.WorkflowEnqueueConflictingRetry) as caught:
         rl.enqueue_workflow(typed, other)
 
     assert caught.value.code == "workflow.enqueue_conflicting_retry"
@@ -127,7 +127,7 @@ def test_a_bad_workflow_raises_its_code_and_writes_nothing(typed, build, code):
 def test_a_disabled_job_type_is_refused_before_anything_is_written(typed):
     rl.set_job_definition_enabled(typed, "shipping.send", False)
 
-    with pytest.raises(rl.WorkflowDefinitionNotFoundOrDisabled):
+    with pytest.raises(rl.errors.WorkflowDefinitionNotFoundOrDisabled):
         rl.enqueue_workflow(typed, order_workflow())
 
     assert counts(typed) == (0, 0, 0, 0)
@@ -161,7 +161,7 @@ def test_the_linkage_trigger_refuses_a_job_pointing_at_a_step_that_does_not_poin
             connection.execute(sqlalchemy.text("UPDATE job_queue SET workflow_step_id = :step WHERE id = :job"),
                                {"step": run.step("ship").id, "job": plain.id})
 
-    assert isinstance(translate(caught.value), rl.WorkflowLinkageSymmetryViolation)
+    assert isinstance(translate(caught.value), rl.errors.WorkflowLinkageSymmetryViolation)
     assert rl.get_job(typed, plain.id).workflow_step_id is None
 
 

@@ -9,10 +9,10 @@ from runledger_sync.store._workflow_steps import ADVISORY_LOCK_NAMESPACE
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.workflow import WorkflowRunStatus as Run
 from runledger_sync.core.workflow import WorkflowStepStatus as Step
-from runledger_sync.store import lifecycle, lifecycle_batch, workflows
-from runledger_sync.store.claim import claim_prestart_jobs_for_types
-from runledger_sync.store.running import mark_job_running
-from runledger_sync.store.reaper import reap_expired_leases
+from runledger_sync.store import lifecycle, _lifecycle_batch as lifecycle_batch, workflows
+from runledger_sync.store._claim import claim_prestart_jobs_for_types
+from runledger_sync.store._running import mark_job_running
+from runledger_sync.store._reaper import reap_expired_leases
 from tests.support import define, expire_lease, scalar
 
 A, B, C = "wf.a", "wf.b", "wf.c"
@@ -154,7 +154,7 @@ def test_requeue_of_a_workflow_job_is_refused(typed):
     run = rl.enqueue_workflow(typed, chain("on_terminal"))
     job = succeed(typed, A)
 
-    with pytest.raises(rl.WorkflowRequeueNotSupported) as caught:
+    with pytest.raises(rl.errors.WorkflowRequeueNotSupported) as caught:
         rl.requeue_job(typed, job.id)
 
     assert caught.value.code == "job.workflow_requeue_not_supported"
@@ -190,7 +190,7 @@ def gated() -> rl.Workflow:
 
 def test_an_external_step_waits_then_its_answer_releases_its_dependent(typed):
     run = rl.enqueue_workflow(typed, gated())
-    with pytest.raises(rl.ExternalStepNotWaiting):
+    with pytest.raises(rl.errors.ExternalStepNotWaiting):
         rl.complete_external_step(typed, run.id, "approval")
     succeed(typed, A)
     waiting = rl.get_workflow_run(typed, run.id)
@@ -219,12 +219,12 @@ def test_a_failed_answer_cancels_an_on_success_dependent(typed):
 @pytest.mark.parametrize(
     ("key", "kwargs", "error"),
     [
-        ("approval", {"succeeded": False}, rl.ExternalStepConflictingCompletion),
-        ("approval", {"output": {"by": "bob"}}, rl.ExternalStepConflictingOutput),
-        ("a", {}, rl.ExternalStepNotExternal),
-        ("nope", {}, rl.ExternalStepNotFound),
-        ("approval", {"succeeded": "yes"}, rl.ExternalStepInvalidTerminalStatus),
-        ("approval", {"succeeded": False, "output": 1}, rl.ExternalStepOutputInvalidStatus),
+        ("approval", {"succeeded": False}, rl.errors.ExternalStepConflictingCompletion),
+        ("approval", {"output": {"by": "bob"}}, rl.errors.ExternalStepConflictingOutput),
+        ("a", {}, rl.errors.ExternalStepNotExternal),
+        ("nope", {}, rl.errors.ExternalStepNotFound),
+        ("approval", {"succeeded": "yes"}, rl.errors.ExternalStepInvalidTerminalStatus),
+        ("approval", {"succeeded": False, "output": 1}, rl.errors.ExternalStepOutputInvalidStatus),
     ],
 )
 def test_external_completion_errors_have_codes_and_change_nothing(typed, key, kwargs, error):
@@ -282,7 +282,7 @@ def test_cancel_of_a_finished_run_or_an_unknown_one_is_refused(typed):
     run = rl.enqueue_workflow(typed, wf)
     succeed(typed, A)
 
-    with pytest.raises(rl.WorkflowRunFinished):
+    with pytest.raises(rl.errors.WorkflowRunFinished):
         rl.cancel_workflow_run(typed, run.id)
     with pytest.raises(rl.WorkflowRunNotFound):
         rl.cancel_workflow_run(typed, "0193b6a0-0000-7000-8000-000000000000")
@@ -305,7 +305,7 @@ def test_a_completion_while_a_cancel_holds_the_run_writes_nothing(typed):
     mark_job_running(typed, LeaseIdentity.of(job))
     holder = hold_cancel_lock(typed, run.id)
     try:
-        with pytest.raises(rl.WorkflowReleaseConflict) as caught:
+        with pytest.raises(rl.errors.WorkflowReleaseConflict) as caught:
             lifecycle.complete_job_success(typed, **LeaseIdentity.of(job).keywords())
     finally:
         holder.rollback()
@@ -338,7 +338,7 @@ def test_a_grouped_success_commits_the_plain_jobs_and_leaves_out_the_held_workfl
 
     by_job = {job.id: result for job, result in zip(jobs, results, strict=True)}
     held = next(job for job in jobs if job.workflow_step_id == held_step)
-    assert isinstance(by_job.pop(held.id), rl.WorkflowReleaseConflict)
+    assert isinstance(by_job.pop(held.id), rl.errors.WorkflowReleaseConflict)
     assert set(by_job.values()) == {None}
     assert rl.get_job(typed, held.id).status is rl.JobStatus.LEASED
     assert all(rl.get_job(typed, job_id).status is rl.JobStatus.SUCCEEDED for job_id in by_job)
@@ -398,7 +398,7 @@ def test_a_grouped_success_in_the_callers_transaction_keeps_nothing_of_a_pass_a_
         holder.close()
 
     by_step = {job.workflow_step_id: result for job, result in zip(jobs, results, strict=True)}
-    assert isinstance(by_step.pop(held_step), rl.WorkflowReleaseConflict)
+    assert isinstance(by_step.pop(held_step), rl.errors.WorkflowReleaseConflict)
     assert list(by_step.values()) == [None]
     held_job = next(job for job in jobs if job.workflow_step_id == held_step)
     assert rl.get_job(typed, held_job.id).status is rl.JobStatus.LEASED

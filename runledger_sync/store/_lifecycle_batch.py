@@ -134,7 +134,7 @@ def mark_jobs_running(
 ) -> list[LeaseResult]:
     """Persist stage ``running`` for many claimed jobs in one transaction.
 
-    Same effect per job as :func:`runledger_sync.store.running.mark_job_running`.
+    Same effect per job as :func:`runledger_sync.store._running.mark_job_running`.
 
     Args:
         event_log: ``full`` writes a STAGE_CHANGED event per job; ``transitions``

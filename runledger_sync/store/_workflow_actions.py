@@ -37,7 +37,7 @@ from runledger_sync.store._binds import Bind
 from runledger_sync.store._enqueue_batch import same_request
 from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store._workflow_steps import UUIDS, StepEnd, finish_steps, lock_runs_for_release, run_lock_key
-from runledger_sync.store.workflows import check_run_id, read_run
+from runledger_sync.store._workflow_runs import check_run_id, read_run
 
 #: The stored error code of an external step answered as failed.
 EXTERNAL_STEP_FAILED_CODE = "workflow.external_step_failed"

@@ -1,0 +1,119 @@
+"""Everything the runtime asks of the database, in one list: the seam between the loops and the SQL.
+
+The runtime (:mod:`runledger_sync.runtime`) imports this module and no other
+module of the store, so this page is the whole contract a worker, its reaper,
+its scheduler and its listener hold with PostgreSQL; a test pins it. The
+operations are written where their SQL lives (mostly private modules of this
+package) and answer here, grouped by the step of a job's life they serve, as a
+queue driver's interface groups them. Each keeps the signature of its home: an
+Engine, a held connection or a Connection first, then keyword-only arguments.
+
+Connections
+    ``HeldConnection``: one connection a loop keeps for its many short
+    transactions. ``ping``: one round trip, for readiness.
+
+Claim
+    ``claim_prestart_jobs_for_types``: lease up to ``limit`` due jobs of the
+    given types to a worker in one statement. ``claim_jobs`` is the same claim
+    for tools that lease jobs by hand (the attempt is spent at the claim).
+
+Start
+    ``mark_job_running`` (one lease) and ``mark_jobs_running`` (a group) write
+    stage ``running``; ``running_landed`` tells whether a mark whose reply was
+    lost was written. ``release_unstarted_job_claim`` hands back a claim that
+    never started (no handler, shutdown before start).
+
+While the handler runs
+    ``heartbeat_job`` renews the lease, ``update_job_progress`` stores progress
+    and checkpoints, ``get_job`` reads the row an operator may have cancelled.
+
+Outcome
+    ``read_earlier_attempts``: what the run's earlier attempts mean for a
+    failure's decision. ``complete_jobs_success`` and ``complete_jobs_failure``
+    write a group of decided outcomes, one fenced statement per group;
+    ``read_back_outcomes`` tells of a group whose reply was lost which landed.
+    ``complete_job_success`` writes a success in the handler's own transaction
+    (``ctx.complete_in``).
+
+Workflow steps (``ctx.workflow``)
+    ``load_step`` (a step's run and key) and ``step_output`` (a prerequisite's
+    output).
+
+Notify and listen
+    ``CHANNEL`` (due jobs) and ``SCHEDULES_CHANNEL`` (schedule changes);
+    ``open_listener``, ``listen``, ``read_notifications`` and
+    ``close_listener`` for the listening connection; ``new_probe_channel`` and
+    ``send_probe`` to prove it still hears.
+
+Maintenance
+    ``reap_expired_leases`` (the reaper's batch) and ``fire_due_schedules``
+    (the scheduler's tick).
+"""
+
+from __future__ import annotations
+
+from runledger_sync.store._claim import claim_jobs, claim_prestart_jobs_for_types
+from runledger_sync.store._gauges import ping
+from runledger_sync.store._held import HeldConnection
+from runledger_sync.store._lifecycle_batch import (
+    complete_jobs_failure,
+    complete_jobs_success,
+    mark_jobs_running,
+    read_back_outcomes,
+    read_earlier_attempts,
+)
+from runledger_sync.store._notify import (
+    CHANNEL,
+    SCHEDULES_CHANNEL,
+    close_listener,
+    listen,
+    new_probe_channel,
+    open_listener,
+    read_notifications,
+    send_probe,
+)
+from runledger_sync.store._reaper import reap_expired_leases
+from runledger_sync.store._running import heartbeat_job, mark_job_running, running_landed, update_job_progress
+from runledger_sync.store._schedule_tick import fire_due_schedules
+from runledger_sync.store.admin import get_job
+from runledger_sync.store.lifecycle import complete_job_success, release_unstarted_job_claim
+from runledger_sync.store.workflows import load_step, step_output
+
+__all__ = [
+    # connections
+    "HeldConnection",
+    "ping",
+    # claim
+    "claim_prestart_jobs_for_types",
+    "claim_jobs",
+    # start
+    "mark_job_running",
+    "mark_jobs_running",
+    "running_landed",
+    "release_unstarted_job_claim",
+    # while the handler runs
+    "heartbeat_job",
+    "update_job_progress",
+    "get_job",
+    # outcome
+    "read_earlier_attempts",
+    "complete_jobs_success",
+    "complete_jobs_failure",
+    "read_back_outcomes",
+    "complete_job_success",
+    # workflow steps
+    "load_step",
+    "step_output",
+    # notify and listen
+    "CHANNEL",
+    "SCHEDULES_CHANNEL",
+    "open_listener",
+    "listen",
+    "read_notifications",
+    "close_listener",
+    "new_probe_channel",
+    "send_probe",
+    # maintenance
+    "reap_expired_leases",
+    "fire_due_schedules",
+]
