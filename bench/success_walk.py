@@ -1,13 +1,15 @@
 """Print the files and threads a success crosses, from the handler's return to its durable row.
 
-Usage: python bench/success_walk.py [--jobs 20] [--database-url URL]
+Usage: python bench/success_walk.py [--jobs 20] [--to-slot] [--database-url URL]
 
 A worker runs no-op jobs one at a time. For each, every Python call made in
-``runledger_sync`` between the handler's return and the moment its attempt ends
-(its slot freed, its SUCCEEDED row committed) is recorded by a profile hook on
-every thread. The walk of the job seen most often is printed: its files, in the
-order they were first entered, and its threads. With no URL an embedded
-PostgreSQL is started in a temporary directory.
+``runledger_sync`` between the handler's return and the moment its SUCCEEDED
+row is committed (the store's group write returns) is recorded by a profile
+hook on every thread; with --to-slot, until its attempt has ended and freed its
+slot (the counting and logging after the commit included). The walk of the job
+seen most often is printed: its files, in the order they were first entered,
+and its threads. With no URL an embedded PostgreSQL is started in a temporary
+directory.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import _common as bench
 
 import runledger_sync as rl
 from runledger_sync.runtime.worker import WorkerLoop
+from runledger_sync.store import driver
 
 PACKAGE = os.path.dirname(rl.__file__)
 
@@ -29,6 +32,7 @@ PACKAGE = os.path.dirname(rl.__file__)
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=20)
+    parser.add_argument("--to-slot", action="store_true", help="walk on until the attempt has freed its slot")
     bench.add_database_option(parser)
     return parser.parse_args()
 
@@ -75,6 +79,15 @@ def main() -> int:
             ended.set()
 
         loop._slot_ended = end_of_walk
+        if not args.to_slot:
+            write_successes = driver.complete_jobs_success
+
+            def durable_then_stop(*write_args, **write_kwargs):
+                written = write_successes(*write_args, **write_kwargs)
+                walk.recording = False
+                return written
+
+            driver.complete_jobs_success = durable_then_stop
         try:
             for _ in range(args.jobs):
                 rl.enqueue(engine, "bench.noop", {})
