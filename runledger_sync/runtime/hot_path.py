@@ -1,4 +1,7 @@
-"""The group writers of the two writes every job makes: running, then success."""
+"""The group writer of the write every job ends with: success.
+
+A job's running write goes out with its claim (:mod:`runledger_sync.store.claim_start`).
+"""
 
 from __future__ import annotations
 
@@ -8,12 +11,9 @@ from typing import Callable, Optional, TypeVar
 
 from sqlalchemy.engine import Engine
 
-from runledger_sync.core.records import JobRecord, LeaseIdentity
+from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.validation import DEFAULT_MAX_OUTPUT_BYTES
-from runledger_sync.core.types import (
-    EventLog,
-    JobCompletion,
-)
+from runledger_sync.core.types import JobCompletion
 from runledger_sync.logging import get_logger
 from runledger_sync.runtime.group_writer import GroupWriter
 from runledger_sync.runtime.observer import WorkerObserver
@@ -24,47 +24,35 @@ from runledger_sync.store.held import HeldConnection
 log = get_logger(__name__)
 
 #: The longest a group write waits for items still on their way (a bound on the
-#: delay grouping can add to one job's running or success write).
+#: delay grouping can add to one job's success write).
 GROUP_LINGER_SECONDS = 0.002
 
 SuccessItem = tuple[LeaseIdentity, Optional[JobCompletion]]
-#: A claimed job and the lease it runs under, on its way to its running write.
-RunningItem = tuple[LeaseIdentity, JobRecord]
 T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class HotPathWriters:
-    """The group writers for the two writes every job makes: running, then success."""
+    """The group writer of every job's success."""
 
-    running: GroupWriter[RunningItem, None]
     success: GroupWriter[SuccessItem, None]
-    #: Each writer's own connection, used only on its thread.
+    #: The writer's own connection, used only on its thread.
     connections: tuple[HeldConnection, ...]
     #: How many running jobs succeed soon: the success writer lingers only for those.
     finishing: FinishingSoon
 
     @classmethod
     def start(
-        cls, engine: Engine, worker_id: str, *, finishing: FinishingSoon, event_log: EventLog | str = EventLog.FULL,
+        cls, engine: Engine, worker_id: str, *, finishing: FinishingSoon,
         observer: Optional[WorkerObserver] = None, max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
     ) -> "HotPathWriters":
-        """Start both writers.
+        """Start the writer.
 
-        The polling thread posts each claimed batch to the running writer whole,
-        so that writer never waits for company; each job goes to a pool thread
-        once its running write has been answered. The success writer lingers briefly
-        for the company of the jobs ``finishing`` says should succeed meanwhile.
-        ``event_log`` is the worker's level: ``transitions`` writes no STAGE_CHANGED(running) rows.
-        ``observer`` is told the size and duration of each group write. ``max_output_bytes``
+        It lingers briefly for the company of the jobs ``finishing`` says should
+        succeed meanwhile. ``observer`` is told the size and duration of each group write. ``max_output_bytes``
         is the worker's output limit, which the pool threads have already applied.
         """
-        running_connection, success_connection = HeldConnection(engine), HeldConnection(engine)
-        running: GroupWriter[RunningItem, None] = GroupWriter(
-            f"runledger-running-{worker_id}",
-            _timed(observer, "running", lambda group: lifecycle_batch.mark_jobs_running(
-                running_connection, [identity for identity, _ in group], event_log=event_log)),
-        )
+        success_connection = HeldConnection(engine)
         success: GroupWriter[SuccessItem, None] = GroupWriter(
             f"runledger-success-{worker_id}",
             _timed(observer, "success", lambda group: lifecycle_batch.complete_jobs_success(
@@ -73,13 +61,11 @@ class HotPathWriters:
             still_coming=lambda: finishing.others_within(GROUP_LINGER_SECONDS),
         )
         finishing.count_succeeding(lambda: success.waiting)
-        return cls(running=running, success=success, connections=(running_connection, success_connection),
-                   finishing=finishing)
+        return cls(success=success, connections=(success_connection,), finishing=finishing)
 
     def close(self) -> None:
-        self.running.close()
         self.success.close()
-        # Both threads have stopped, so their connections are free to close here.
+        # Its thread has stopped, so its connection is free to close here.
         for connection in self.connections:
             connection.close()
 
