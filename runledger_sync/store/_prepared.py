@@ -209,6 +209,17 @@ class PreparedStatement:
         #: By schema translation: only psycopg2 connections get here, so nothing else varies.
         self._rendered: dict[tuple[Any, ...], _Rendered] = {}
         self._lock = threading.Lock()
+        self._parameter_names: Optional[frozenset[str]] = None
+
+    def own_parameters(self, connection: Connection, parameters: Mapping[str, Any]) -> dict[str, Any]:
+        """The values of ``parameters`` this statement binds, and no others.
+
+        Run plain, a statement that writes (even in a CTE) would take any other
+        key that names a column of its table as a value to SET.
+        """
+        if self._parameter_names is None:
+            self._parameter_names = frozenset(self.statement.compile(dialect=connection.dialect).binds)
+        return {name: value for name, value in parameters.items() if name in self._parameter_names}
 
     def execute(self, connection: Connection, parameters: Mapping[str, Any]) -> CursorResult[Any]:
         return execute_in_turn(connection, (self,), parameters)
@@ -272,11 +283,10 @@ def execute_transactions(
     """
     if not may_prepare(connection):
         for index, group in enumerate(transactions):
-            for statement in group[:-1]:
-                connection.execute(statement.statement, parameters)
-            result = connection.execute(group[-1].statement, parameters)
-            if index < len(transactions) - 1:
+            if index:
                 connection.commit()
+            for statement in group:
+                result = connection.execute(statement.statement, statement.own_parameters(connection, parameters))
         return result
     rendered = [[statement._prepared_on(connection) for statement in group] for group in transactions]
     key = tuple((any(s.index_plan for s in group), *(r.name for r in names))

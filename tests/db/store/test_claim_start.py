@@ -11,6 +11,7 @@ from typing import Any, Iterator
 
 import psycopg2.extensions
 import pytest
+from sqlalchemy.engine import make_url
 
 from runledger_sync.core.errors import RunledgerError
 from runledger_sync.core.records import LeaseIdentity
@@ -153,3 +154,26 @@ def test_a_connection_lost_during_the_running_write_reports_the_claim_with_an_un
     assert isinstance(started.error, CommitOutcomeUnknown)
     assert rows(engine, "SELECT status, stage FROM job_queue") == [("LEASED", "queued")]
     allow(engine)
+
+
+@pytest.mark.parametrize("kind", ["transaction pool mode", "psycopg 3"])
+def test_unprepared_the_claim_and_running_write_are_still_two_transactions(fresh_database, kind):
+    if kind == "psycopg 3":
+        engine = create_engine(make_url(fresh_database).set(drivername="postgresql+psycopg"))
+    else:
+        engine = create_engine(fresh_database, pool_mode="transaction")
+    define(engine)
+    held = HeldConnection(engine)
+    try:
+        job = store_enqueue.enqueue(engine, JOB_TYPE, {})
+
+        [started] = start(held).running
+
+        assert started.id == job.id and started.stage == "running"
+        assert rows(engine, "SELECT status, stage, attempt FROM job_queue") == [("LEASED", "running", 1)]
+        assert scalar(engine, "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'runledger%'") == 0
+        assert scalar(engine, "SELECT count(DISTINCT xmin::text) FROM job_events"
+                              " WHERE event_type IN ('LEASED', 'STAGE_CHANGED')") == 2
+    finally:
+        held.close()
+        engine.dispose()
