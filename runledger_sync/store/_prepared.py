@@ -39,6 +39,7 @@ import re
 import threading
 from typing import Any, Mapping, Optional, Sequence
 
+import psycopg2
 import psycopg2.extensions
 from sqlalchemy import bindparam, column, text
 from sqlalchemy import exc as sa_exc
@@ -328,5 +329,9 @@ def _end_failed_block(connection: Connection) -> None:
     driver_connection = connection.connection.dbapi_connection
     if driver_connection.closed or driver_connection.get_transaction_status() not in _OPEN_BLOCK:
         return
-    with driver_connection.cursor() as cursor:
-        cursor.execute("ROLLBACK")
+    try:
+        with driver_connection.cursor() as cursor:
+            cursor.execute("ROLLBACK")
+    except psycopg2.Error:
+        # Broken meanwhile: the caller's error stands, and the connection is replaced when next used.
+        connection.invalidate()
