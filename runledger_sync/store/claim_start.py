@@ -50,6 +50,9 @@ class StartedClaim:
     ``unstarted``: leased, but the running write's fate is ``error`` (it failed,
     or its reply was lost and it may have landed); the caller applies the
     pipeline's rule to each (run it if RUNNING landed, else hand the claim back).
+    A job whose running write the lease fence refused (its lease ran out within
+    the round trip: only a lease shorter than that can) is in neither list; its
+    expired lease is the reaper's, which hands the claim back unspent.
     """
 
     running: list[JobRecord] = field(default_factory=list)

@@ -22,6 +22,7 @@ from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store import lifecycle
 from runledger_sync.store.claim_start import claim_and_start_jobs
 from runledger_sync.store.held import HeldConnection
+from runledger_sync.store.reaper import reap_expired_leases
 from tests.support import JOB_TYPE, define, rows, scalar
 
 SENT: list[str] = []
@@ -177,3 +178,17 @@ def test_unprepared_the_claim_and_running_write_are_still_two_transactions(fresh
     finally:
         held.close()
         engine.dispose()
+
+
+def test_a_lease_that_runs_out_before_the_running_write_is_fenced_off_and_left_to_the_reaper(counted):
+    engine = counted.engine
+    job = store_enqueue.enqueue(engine, JOB_TYPE, {})
+
+    started = claim_and_start_jobs(counted, worker_id="w", lease_ttl_seconds=1e-6, limit=1, job_types=[JOB_TYPE])
+
+    assert started.running == [] and started.unstarted == [] and started.error is None
+    assert rows(engine, "SELECT status, stage, attempt, lease_expires_at < now() FROM job_queue") == [
+        ("LEASED", "queued", 1, True)]
+    assert scalar(engine, "SELECT execution_started_persisted_at FROM job_attempts WHERE job_id = :id", id=job.id) is None
+    assert reap_expired_leases(engine, limit=10, default_retry_delay_ms=1).released_unstarted == 1
+    assert rows(engine, "SELECT status, attempt FROM job_queue") == [("PENDING", 0)]
