@@ -6,6 +6,7 @@ works when run as root (pgserver then runs the server as a dedicated user).
 
 from __future__ import annotations
 
+import signal
 import tempfile
 import warnings
 from pathlib import Path
@@ -17,6 +18,8 @@ from runledger_sync.core.errors import ConfigError, extra_install_hint
 from runledger_sync.core.store_errors import ConnectionFailed
 
 DEFAULT_DATA_DIR = Path(tempfile.gettempdir()) / "runledger-embedded"
+#: How long an immediate stop waits for the server's processes to end.
+_IMMEDIATE_STOP_SECONDS = 30
 
 
 def _load_pgserver() -> Any:
@@ -59,11 +62,25 @@ class EmbeddedPostgres:
             raise ConnectionFailed(f"embedded postgres failed to start in {self.data_dir}: {exc}") from exc
         return self
 
-    def stop(self) -> None:
-        """Stop the server once no other process in this data directory uses it."""
+    def stop(self, *, immediate: bool = False) -> None:
+        """Stop the server once no other process in this data directory uses it.
+
+        Args:
+            immediate: stop it at once, as a crash would (``pg_ctl -m immediate``):
+                no shutdown checkpoint, so the next start recovers from the WAL, and
+                a commit that did not wait for the disk may be gone.
+        """
         if self._server is None:
             return
         server, self._server = self._server, None
+        if immediate:
+            # What pg_ctl -m immediate sends. Signalled here rather than through pg_ctl,
+            # which runs as the server's own user and may not reach the data directory.
+            import psutil  # pgserver's own dependency
+
+            postmaster = psutil.Process(server.get_postmaster_info().pid)
+            postmaster.send_signal(signal.SIGQUIT)
+            postmaster.wait(_IMMEDIATE_STOP_SECONDS)
         server.cleanup()
 
     def url(self, database: str = "postgres") -> str:

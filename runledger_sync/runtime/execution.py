@@ -95,8 +95,8 @@ def process_claimed_job(
         writers: group writers shared with the worker's other jobs; None writes
             this job's running and success on their own, before this returns.
         running: the answer to this job's running write when the polling thread
-            had it made with its batch (None once written, or the error that kept
-            it from landing); ``WRITE_RUNNING`` makes it here.
+            sent it with the claim (None once written, or the error that kept it
+            from landing or left its outcome unknown); ``WRITE_RUNNING`` makes it here.
         timer: the calling pool thread's heartbeat timer thread, free for this job;
             None starts one for this job alone.
         tally: counts how the attempt ended, for the worker's periodic summary; the

@@ -24,7 +24,7 @@ class WorkerObserver(Protocol):
         not_started, undecided); ``handler_seconds`` is None when the handler never ran."""
 
     def group_written(self, writer: str, size: int, seconds: float) -> None:
-        """A group writer (``running`` or ``success``) wrote ``size`` jobs in one transaction."""
+        """``size`` jobs were written together: ``running`` (sent with their claim, and timed with it) or ``success``."""
 
     def heartbeat_failed(self, job_type: str) -> None:
         """A lease renewal failed (retried after a lost connection, or given up)."""

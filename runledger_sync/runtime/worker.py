@@ -4,9 +4,13 @@ This is the seed's ``run_worker_loop``. A full batch loops at once; a short or
 empty one waits ``poll_interval_ms`` (jittered, cut short when a slot frees up
 or shutdown is asked for). A failed claim is logged and tried again next turn.
 
+On the worker's own connection the claim and the jobs' running write go out
+together (:func:`~runledger_sync.store.driver.claim_and_start_jobs`), and
+each job that comes back RUNNING goes straight to a pool thread.
+
 While the queue is backed up (the last claim came back full), slots free one by
-one, and claiming each at once would cost a claim, a running write and a commit
-per job. The loop then waits a moment (``CLAIM_GATHER_SECONDS``) for a whole
+one, and claiming each at once would cost a claim and a running write, each
+with its commit, per job. The loop then waits a moment (``CLAIM_GATHER_SECONDS``) for a whole
 batch of slots, so jobs are claimed and written in groups. Slots free in groups
 too (a success group commits several jobs at once), so waiting for the whole
 batch rather than part of it keeps jobs that were claimed together moving
@@ -37,16 +41,16 @@ from runledger_sync.core.types import RuntimeLoopExit
 from runledger_sync.db.pool_mode import policy_of
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime.attempt import JobExecution, lease_identity
+from runledger_sync.runtime.attempt import JobExecution
 from runledger_sync.runtime.execution import WRITE_RUNNING, process_claimed_job
 from runledger_sync.runtime.health import CLAIM, LoopMarks
-from runledger_sync.runtime.hot_path import HotPathWriters, RunningItem
+from runledger_sync.runtime.hot_path import HotPathWriters
 from runledger_sync.runtime.listener import JobListener
 from runledger_sync.runtime.observer import WorkerObserver
 from runledger_sync.runtime.pace import FinishingSoon
 from runledger_sync.runtime.tally import OutcomeTally
 from runledger_sync.runtime.timer_thread import TimerThread
-from runledger_sync.store.driver import HeldConnection, claim_prestart_jobs_for_types
+from runledger_sync.store.driver import HeldConnection, StartedClaim, claim_and_start_jobs, claim_prestart_jobs_for_types
 
 log = get_logger(__name__)
 
@@ -129,7 +133,7 @@ class WorkerLoop:
         #: wait and the completer's linger both ask it).
         self.finishing = FinishingSoon(running_jobs=self._running_count)
         self.writers = HotPathWriters.start(
-            engine, config.worker_id, finishing=self.finishing, event_log=config.event_log, observer=observer,
+            engine, config.worker_id, finishing=self.finishing, observer=observer,
             max_output_bytes=config.max_output_bytes,
         ) if owns_connections else None
 
@@ -151,28 +155,40 @@ class WorkerLoop:
         limit = min(self.free_slots, self.config.claim_batch_size)
         if not self.job_types or limit <= 0:
             return False
+        started = time.monotonic()
         try:
-            claimed = claim_prestart_jobs_for_types(
-                self.claim_bind, worker_id=self.config.worker_id, lease_ttl_seconds=self.config.lease_ttl_seconds,
-                limit=limit, job_types=self.job_types, event_log=self.config.event_log,
-            )
+            if isinstance(self.claim_bind, HeldConnection):
+                batch = claim_and_start_jobs(
+                    self.claim_bind, worker_id=self.config.worker_id, lease_ttl_seconds=self.config.lease_ttl_seconds,
+                    limit=limit, job_types=self.job_types, event_log=self.config.event_log,
+                )
+            else:
+                batch = StartedClaim(unstarted=claim_prestart_jobs_for_types(
+                    self.claim_bind, worker_id=self.config.worker_id, lease_ttl_seconds=self.config.lease_ttl_seconds,
+                    limit=limit, job_types=self.job_types, event_log=self.config.event_log,
+                ))
         except Exception as error:  # noqa: BLE001 - a failed claim must never stop the loop
             log.warning("worker claim failed", extra={"worker_id": self.config.worker_id, "error": str(error)})
             self.backlogged = False
             return False
+        claimed = batch.running + batch.unstarted
         if self.marks is not None:
             self.marks.mark(CLAIM)
         if self.observer is not None:
             self.observer.claimed(claimed)
+            if batch.running:
+                # The running write went out with the claim: timed with it.
+                self.observer.group_written("running", len(batch.running), time.monotonic() - started)
         with self._lock:
             self.in_flight += len(claimed)
-        if self.writers is not None:
-            # The batch's running writes are queued together, so they share one
-            # transaction; each job goes to a pool thread once its write is answered.
-            self.writers.running.post([(lease_identity(job), job) for job in claimed], self._running_written)
-        else:
-            for job in claimed:
-                self._dispatch(self._process, job, WRITE_RUNNING)
+        for job in batch.running:
+            self._dispatch(self._process, job, None)
+        # Claimed on a caller's connection, each job's pool thread writes its running.
+        # After a running write that failed or may not have landed, it checks and
+        # hands the claim back unless it landed.
+        unstarted = WRITE_RUNNING if batch.error is None else batch.error
+        for job in batch.unstarted:
+            self._dispatch(self._process, job, unstarted)
         self.backlogged = len(claimed) == limit
         return self.backlogged
 
@@ -198,10 +214,6 @@ class WorkerLoop:
         if self.writers is None:
             return self._running_count()
         return self.finishing.within(seconds)
-
-    def _running_written(self, item: RunningItem, result: object) -> None:
-        """On the running writer's thread: hand the job to a pool thread with its write's answer."""
-        self._dispatch(self._process, item[1], result)
 
     def _dispatch(self, task: Callable[..., None], first: Any, second: Any = None) -> None:
         """Run ``task(first, second)`` on a pool thread: an idle runner, or a new one."""

@@ -53,7 +53,8 @@ _LEASED = JobStatus.LEASED.value
 _PENDING_IN_TEXT = literal_column(f"'{JobStatus.PENDING.value}'", Text)
 
 
-def _build_claim(with_type_filter: bool) -> Any:
+def _build_claim(with_type_filter: bool, *, returning_rows: bool = True) -> Any:
+    """The claim; ``returning_rows`` False answers only how many jobs it leased (a result nobody reads)."""
     conditions = [_q.status == _PENDING_IN_TEXT, _q.next_run_at <= func.now()]
     if with_type_filter:
         conditions.append(_q.job_type == func.any(bindparam("job_types", type_=ARRAY(Text))))
@@ -121,6 +122,8 @@ def _build_claim(with_type_filter: bool) -> Any:
         .values(status=WorkflowStepStatus.RUNNING.value)
         .cte("claimed_steps")
     )
+    if not returning_rows:
+        return select(func.count().label("leased")).select_from(leased).add_cte(attempts, events, steps)
     return (
         select(*leased.c)
         .add_cte(attempts, events, steps)
@@ -132,17 +135,20 @@ def _build_claim(with_type_filter: bool) -> Any:
 # reads the claim index and the update looks the picked ids up, at any queue size.
 _CLAIM_ANY_TYPE = PreparedStatement("claim", _build_claim(with_type_filter=False), index_plan=True)
 _CLAIM_FOR_TYPES = PreparedStatement("claim_for_types", _build_claim(with_type_filter=True), index_plan=True)
+#: The worker's claim, when the jobs' rows come back from the running write that follows it.
+CLAIM_FOR_TYPES_UNREAD = PreparedStatement(
+    "claim_for_types_unread", _build_claim(with_type_filter=True, returning_rows=False), index_plan=True)
 
 
-def _claim(
-    bind: Bind,
+def claim_params(
     origin: ClaimOrigin,
     worker_id: str,
     lease_ttl_seconds: float,
     limit: int,
     job_types: Optional[Sequence[str]],
     event_log: EventLog | str,
-) -> list[JobRecord]:
+) -> Optional[dict[str, Any]]:
+    """The checked parameters of a claim (``job_types`` among them when given); None when no type is asked for."""
     check.check_text("worker_id", worker_id, max_length=check.WORKER_ID_MAX_LENGTH)
     number = isinstance(lease_ttl_seconds, (int, float)) and not isinstance(lease_ttl_seconds, bool)
     if not number or not lease_ttl_seconds > 0:
@@ -155,17 +161,30 @@ def _claim(
         "claim_origin": origin.value,
         "attempt_ids": uuid7_strings(limit),
     } | event_log_params(event_log)
-    statement = _CLAIM_ANY_TYPE
     if job_types is not None:
         types = sorted({check.check_job_type(t) for t in job_types})
         if not types:
-            return []
+            return None
         params["job_types"] = types
-        statement = _CLAIM_FOR_TYPES
+    return params
 
+
+def _claim(
+    bind: Bind,
+    origin: ClaimOrigin,
+    worker_id: str,
+    lease_ttl_seconds: float,
+    limit: int,
+    job_types: Optional[Sequence[str]],
+    event_log: EventLog | str,
+) -> list[JobRecord]:
+    params = claim_params(origin, worker_id, lease_ttl_seconds, limit, job_types, event_log)
+    if params is None:
+        return []
+    statement = _CLAIM_FOR_TYPES if "job_types" in params else _CLAIM_ANY_TYPE
     if not owns_transaction(bind):
         return run_in_transaction(bind, lambda connection: _claim_in_callers_transaction(connection, statement, params))
-    settings = _PRESTART_CLAIM_SETTINGS if origin is ClaimOrigin.WORKER_PRESTART else _CLAIM_SETTINGS
+    settings = PRESTART_CLAIM_SETTINGS if origin is ClaimOrigin.WORKER_PRESTART else _CLAIM_SETTINGS
 
     def work(connection: Connection) -> list[JobRecord]:
         # SET LOCAL: gone when this transaction of ours ends. Set in the same round
@@ -198,7 +217,7 @@ _CLAIM_SETTINGS = PreparedStatement("claim_settings", select(*_SORTED_BY_INDEX))
 # Nothing runs on a prestart claim until the running write commits, and that
 # synchronous commit flushes this one too. A claim lost in a server crash before
 # then is simply claimed again, so it need not wait for the disk.
-_PRESTART_CLAIM_SETTINGS = PreparedStatement(
+PRESTART_CLAIM_SETTINGS = PreparedStatement(
     "prestart_claim_settings", select(*_SORTED_BY_INDEX, func.set_config("synchronous_commit", "off", True))
 )
 # A caller's transaction keeps its own synchronous_commit; its planner settings

@@ -39,6 +39,8 @@ import re
 import threading
 from typing import Any, Mapping, Optional, Sequence
 
+import psycopg2
+import psycopg2.extensions
 from sqlalchemy import bindparam, column, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, CursorResult
@@ -60,6 +62,8 @@ _INFO_KEY = "runledger_prepared"
 _LOST_SQLSTATES = ("26000", "0A000")
 #: duplicate_prepared_statement: the session holds a statement this connection never made.
 _FOUND_ELSEWHERE_SQLSTATE = "42P05"
+#: The session's state after a query that stopped inside a BEGIN block.
+_OPEN_BLOCK = (psycopg2.extensions.TRANSACTION_STATUS_INTRANS, psycopg2.extensions.TRANSACTION_STATUS_INERROR)
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 #: Deallocates the library's statements in the session it runs in, in one round trip
 #: (so in one transaction: behind a transaction pooler, on one server connection).
@@ -206,6 +210,17 @@ class PreparedStatement:
         #: By schema translation: only psycopg2 connections get here, so nothing else varies.
         self._rendered: dict[tuple[Any, ...], _Rendered] = {}
         self._lock = threading.Lock()
+        self._parameter_names: Optional[frozenset[str]] = None
+
+    def own_parameters(self, connection: Connection, parameters: Mapping[str, Any]) -> dict[str, Any]:
+        """The values of ``parameters`` this statement binds, and no others.
+
+        Run plain, a statement that writes (even in a CTE) would take any other
+        key that names a column of its table as a value to SET.
+        """
+        if self._parameter_names is None:
+            self._parameter_names = frozenset(self.statement.compile(dialect=connection.dialect).binds)
+        return {name: value for name, value in parameters.items() if name in self._parameter_names}
 
     def execute(self, connection: Connection, parameters: Mapping[str, Any]) -> CursorResult[Any]:
         return execute_in_turn(connection, (self,), parameters)
@@ -251,24 +266,72 @@ def execute_in_turn(
     and keeps the last result); otherwise each is sent on its own. Where two
     statements name the same parameter it means the same value.
     """
+    return execute_transactions(connection, (statements,), parameters)
+
+
+def execute_transactions(
+    connection: Connection, transactions: Sequence[Sequence[PreparedStatement]], parameters: Mapping[str, Any]
+) -> CursorResult[Any]:
+    """Run each group of ``transactions`` as a transaction of its own, in turn; return the last statement's result.
+
+    Prepared, they all travel in one round trip: every group but the last is
+    sent between BEGIN and COMMIT, and the last is the query's own implicit
+    transaction, which the server commits when the query ends. An error stops
+    the query where it happens: the groups before it stay committed. Unprepared,
+    each group but the last is committed here, and the caller commits the last.
+    Only for the store's own transactions (:func:`~runledger_sync.store._errors.run_in_transaction`
+    on an Engine or a HeldConnection): a caller's transaction is not ours to commit.
+    """
     if not may_prepare(connection):
-        for statement in statements[:-1]:
-            connection.execute(statement.statement, parameters)
-        return connection.execute(statements[-1].statement, parameters)
-    rendered = [statement._prepared_on(connection) for statement in statements]
-    index_plan = any(statement.index_plan for statement in statements)
-    key = (index_plan, *(r.name for r in rendered))
+        for index, group in enumerate(transactions):
+            if index:
+                connection.commit()
+            for statement in group:
+                result = connection.execute(statement.statement, statement.own_parameters(connection, parameters))
+        return result
+    rendered = [[statement._prepared_on(connection) for statement in group] for group in transactions]
+    key = tuple((any(s.index_plan for s in group), *(r.name for r in names))
+                for group, names in zip(transactions, rendered, strict=True))
     combined = _combined.get(key)
     if combined is None:
         parameters_by_name: dict[str, Any] = {}
-        for parameter in (p for r in rendered for p in r.parameters):
+        for parameter in (p for names in rendered for r in names for p in r.parameters):
             same = parameters_by_name.setdefault(parameter.key, parameter)
             if same.value != parameter.value or type(same.type) is not type(parameter.type):
                 raise TypeError(f"{key}: parameter {parameter.key} means different things in different statements")
-        sent = ([_INDEX_PLAN_SQL] if index_plan else []) + [r.execute_sql for r in rendered]
+        sent: list[str] = []
+        for index, ((index_plan, *_), names) in enumerate(zip(key, rendered, strict=True)):
+            last = index == len(rendered) - 1
+            sent += ([] if last else ["BEGIN"]) + ([_INDEX_PLAN_SQL] if index_plan else [])
+            sent += [r.execute_sql for r in names] + ([] if last else ["COMMIT"])
         combined = _combined.setdefault(key, (
             text("; ".join(sent))
             .bindparams(*parameters_by_name.values())
-            .columns(*rendered[-1].columns)
+            .columns(*rendered[-1][-1].columns)
         ))
-    return connection.execute(combined, parameters)
+    if len(transactions) == 1:
+        return connection.execute(combined, parameters)
+    try:
+        return connection.execute(combined, parameters)
+    except sa_exc.DBAPIError:
+        _end_failed_block(connection)
+        raise
+
+
+def _end_failed_block(connection: Connection) -> None:
+    """Roll back a BEGIN block an error left open: the query stopped before its COMMIT.
+
+    The driver's own rollback sends nothing on an autocommit connection, and the
+    session would refuse every later statement.
+    """
+    if connection.invalidated:
+        return
+    driver_connection = connection.connection.dbapi_connection
+    if driver_connection.closed or driver_connection.get_transaction_status() not in _OPEN_BLOCK:
+        return
+    try:
+        with driver_connection.cursor() as cursor:
+            cursor.execute("ROLLBACK")
+    except psycopg2.Error:
+        # Broken meanwhile: the caller's error stands, and the connection is replaced when next used.
+        connection.invalidate()

@@ -13,8 +13,11 @@ Connections
     transactions. ``ping``: one round trip, for readiness.
 
 Claim
-    ``claim_prestart_jobs_for_types``: lease up to ``limit`` due jobs of the
-    given types to a worker in one statement. ``claim_jobs`` is the same claim
+    ``claim_and_start_jobs``: on a held connection, lease up to ``limit`` due
+    jobs of the given types and write their running in one round trip, as two
+    transactions (``StartedClaim``: the jobs running, and any left unstarted).
+    ``claim_prestart_jobs_for_types``: the claim alone, in one statement (a
+    worker polling on a caller's connection). ``claim_jobs`` is the same claim
     for tools that lease jobs by hand (the attempt is spent at the claim).
 
 Start
@@ -53,6 +56,7 @@ Maintenance
 from __future__ import annotations
 
 from runledger_sync.store._claim import claim_jobs, claim_prestart_jobs_for_types
+from runledger_sync.store._claim_start import StartedClaim, claim_and_start_jobs
 from runledger_sync.store._gauges import ping
 from runledger_sync.store._held import HeldConnection
 from runledger_sync.store._lifecycle_batch import (
@@ -84,6 +88,8 @@ __all__ = [
     "HeldConnection",
     "ping",
     # claim
+    "claim_and_start_jobs",
+    "StartedClaim",
     "claim_prestart_jobs_for_types",
     "claim_jobs",
     # start

@@ -46,6 +46,7 @@ class Sizes:
     churn_rate: float
     churn_kill_every_seconds: float
     restart_jobs: int
+    crash_jobs: int
     terminate_jobs: int
     concurrency_jobs: int
     concurrency_processes: int
@@ -56,12 +57,13 @@ class Sizes:
 
 
 CI_SIZES = Sizes(
-    churn_jobs=400, churn_rate=40, churn_kill_every_seconds=1.5, restart_jobs=150, terminate_jobs=150,
+    churn_jobs=400, churn_rate=40, churn_kill_every_seconds=1.5, restart_jobs=150, crash_jobs=1_500, terminate_jobs=150,
     concurrency_jobs=2_000, concurrency_processes=4, concurrency_threads=16, hang_flowing_jobs=20,
     soak_mark_jobs=2_000, soak_total_jobs=8_000,
 )
 FULL_SIZES = Sizes(
-    churn_jobs=2_000, churn_rate=40, churn_kill_every_seconds=3.0, restart_jobs=1_000, terminate_jobs=1_000,
+    churn_jobs=2_000, churn_rate=40, churn_kill_every_seconds=3.0, restart_jobs=1_000, crash_jobs=10_000,
+    terminate_jobs=1_000,
     concurrency_jobs=20_000, concurrency_processes=4, concurrency_threads=16, hang_flowing_jobs=100,
     soak_mark_jobs=20_000, soak_total_jobs=100_000,
 )
@@ -79,7 +81,7 @@ def sizes_from_env(environ: Optional[dict[str, str]] = None) -> Sizes:
         raise ValueError(f"{SCALE_VARIABLE} must be ci, full or a fraction in (0, 1], got {value!r}")
     scaled = {
         name: max(getattr(CI_SIZES, name), round(getattr(FULL_SIZES, name) * fraction))
-        for name in ("churn_jobs", "restart_jobs", "terminate_jobs", "concurrency_jobs", "hang_flowing_jobs",
+        for name in ("churn_jobs", "restart_jobs", "crash_jobs", "terminate_jobs", "concurrency_jobs", "hang_flowing_jobs",
                      "soak_mark_jobs", "soak_total_jobs")
     }
     return replace(FULL_SIZES, **scaled)
@@ -271,16 +273,18 @@ def _first_success_after(db: Db, at: Any) -> Any:
 
 def _database_fault_run(
     url: str, jobs: int, name: str, faults: list[Any], reconnect: Any = None, job_type: str = EFFECT,
+    settings: WorkerSettings = BASE_SETTINGS, durations_ms: tuple[int, int] = (50, 150),
+    before_fault: Any = None,
 ) -> ScenarioResult:
     """Run ``jobs`` effect jobs on 2 workers; at 30 % and 60 % done, the next of ``faults`` breaks the database.
 
     Each fault returns the database time from which the workers must resume.
-    Workers are never restarted.
+    Workers are never restarted. ``before_fault`` is called with the Db just before each fault.
     """
     engine, db = prepare(url)
     result = ScenarioResult(name, jobs, 0, 0, 0, None)
-    settings = replace(BASE_SETTINGS, url=url, job_types=[job_type])
-    enqueue(engine, effect_specs(jobs, random.Random(2), 50, 150, job_type))  # noqa: S311 - durations
+    settings = replace(settings, url=url, job_types=[job_type])
+    enqueue(engine, effect_specs(jobs, random.Random(2), *durations_ms, job_type))  # noqa: S311 - durations
     resumes: list[float] = []
     try:
         with WorkerFleet() as fleet:
@@ -292,6 +296,8 @@ def _database_fault_run(
                 wait_for(lambda db=db, share=share: db.count_status("SUCCEEDED", job_type) >= jobs * share,
                          drain_seconds(jobs, 20),
                          f"{name}: {share:.0%} of the jobs done")
+                if before_fault is not None:
+                    before_fault(db)
                 resume_from = fault()
                 if reconnect is not None:
                     engine.dispose()
@@ -332,10 +338,13 @@ class RestartableServer:
         migrator.dispose()
         self.downtimes: list[float] = []
 
-    def restart(self) -> Any:
-        """Stop the server, wait, start it again; return the database time it serves from."""
+    def restart(self, *, immediate: bool = False) -> Any:
+        """Stop the server, wait, start it again; return the database time it serves from.
+
+        ``immediate``: stop it as a crash would, so commits that did not wait for the disk may be lost.
+        """
         stopped_at = time.monotonic()
-        self.server.stop()
+        self.server.stop(immediate=immediate)
         time.sleep(self.down_seconds)
         self.server = EmbeddedPostgres(self.data).start()
         self.downtimes.append(round(time.monotonic() - stopped_at, 2))
@@ -344,6 +353,9 @@ class RestartableServer:
             return Db(probe).now()
         finally:
             probe.dispose()
+
+    def crash(self) -> Any:
+        return self.restart(immediate=True)
 
     def close(self) -> None:
         self.server.stop()
@@ -382,6 +394,74 @@ def postgres_restart(data_dir: str | Path, sizes: Sizes, down_seconds: float = 1
         return result
     finally:
         server.close()
+
+
+#: The spec's defaults (32 slots, claims of 16), short jobs so claims go out all the time, and a
+#: lease longer than any outage here: no lease runs out, so a job run twice at once could only
+#: come from a claim or running write that a crash undid.
+CRASH_SETTINGS = replace(BASE_SETTINGS, max_global_concurrency=32, claim_batch_size=16, lease_ttl_seconds=15.0,
+                         heartbeat_interval_seconds=1.0)
+
+
+def postgres_crash(data_dir: str | Path, sizes: Sizes) -> ScenarioResult:
+    """The server is stopped as a crash would (``pg_ctl -m immediate``) and started again, twice, mid-run.
+
+    The claim commits without waiting for the disk; only the running write that
+    follows it in the same round trip does. A crash can lose claims, never a
+    started one: no handler may run on a claim the crash undid, nor twice at once,
+    and each job's attempts must be counted as the rows show them.
+    """
+    server = RestartableServer(data_dir, down_seconds=0.2)
+    leased_at_crash: list[int] = []
+    try:
+        result = _database_fault_run(
+            server.url, sizes.crash_jobs, "PostgreSQL crash", [server.crash, server.crash],
+            reconnect=lambda: rl.create_engine(server.url), settings=CRASH_SETTINGS, durations_ms=(5, 30),
+            before_fault=lambda db: leased_at_crash.append(db.count_status("LEASED")),
+        )
+        result.details["downtime_seconds"] = server.downtimes
+        result.details["leased_at_crash"] = leased_at_crash
+        result.expect(all(leased_at_crash), f"a crash came while no job was leased: {leased_at_crash}")
+        engine = rl.create_engine(server.url)
+        try:
+            attempt_figures(result, Db(engine))
+        finally:
+            engine.dispose()
+        return result
+    finally:
+        server.close()
+
+
+def attempt_figures(result: ScenarioResult, db: Db) -> None:
+    """No handler ran twice at once or on an unpersisted claim, and every job's attempt count matches its rows."""
+    # One handler run per (job, attempt, worker, start): an effect row whose insert
+    # the crash answered late is written again by the same run, not by another one.
+    overlapping = db.scalar(
+        "WITH runs AS (SELECT job_id, attempt, worker_id, started_at, min(finished_at) AS finished_at"
+        " FROM fault_effects GROUP BY job_id, attempt, worker_id, started_at)"
+        " SELECT count(*) FROM runs a JOIN runs b ON a.job_id = b.job_id"
+        " AND (a.attempt, a.worker_id, a.started_at) < (b.attempt, b.worker_id, b.started_at)"
+        " WHERE a.started_at < b.finished_at AND b.started_at < a.finished_at")
+    unpersisted = db.scalar(
+        "SELECT count(*) FROM fault_effects e JOIN job_queue q ON q.id = e.job_id"
+        " LEFT JOIN job_attempts a ON (a.job_id, a.run_number, a.attempt) = (e.job_id, q.run_number, e.attempt)"
+        " WHERE a.execution_started_persisted_at IS NULL OR a.execution_started_persisted_at > e.started_at")
+    miscounted = db.scalar(
+        "SELECT count(*) FROM job_queue q CROSS JOIN LATERAL (SELECT count(*) AS n, max(a.attempt) AS top"
+        " FROM job_attempts a WHERE a.job_id = q.id AND a.run_number = q.run_number) a"
+        " WHERE a.n <> q.attempt OR a.top IS DISTINCT FROM nullif(q.attempt, 0)")
+    never_started = db.scalar("SELECT count(*) FROM job_attempts WHERE execution_started_persisted_at IS NULL")
+    result.details.update(
+        handlers_overlapping=overlapping, handlers_on_unpersisted_claims=unpersisted,
+        jobs_with_miscounted_attempts=miscounted, attempts_never_started=never_started,
+        overlapping_live_claims=db.overlapping_live_claims(),
+        attempts=db.scalar("SELECT count(*) FROM job_attempts"),
+    )
+    result.expect(overlapping == 0, f"{overlapping} pairs of one job's handlers ran at the same time")
+    result.expect(unpersisted == 0, f"{unpersisted} handlers ran on an attempt whose RUNNING was not persisted first")
+    result.expect(miscounted == 0, f"{miscounted} jobs' attempt numbers do not match their attempt rows")
+    result.expect(never_started == 0, f"{never_started} attempt rows of finished jobs never started")
+    result.expect(result.details["overlapping_live_claims"] == 0, "two workers held live leases on one job at once")
 
 
 def terminate_backends(url: str, sizes: Sizes) -> ScenarioResult:

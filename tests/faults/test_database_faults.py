@@ -10,7 +10,7 @@ import pytest
 import runledger_sync as rl
 from runledger_sync.store._errors import TRANSIENT_RETRY_BUDGET_SECONDS
 from tests.faults.harness import Db, TcpProxy, wait_for
-from tests.faults.scenarios import postgres_restart, restart_under_app_writes, terminate_backends
+from tests.faults.scenarios import postgres_crash, postgres_restart, restart_under_app_writes, terminate_backends
 
 
 @pytest.mark.timeout(240)
@@ -20,6 +20,19 @@ def test_workers_finish_every_job_once_across_two_postgres_restarts(tmp_path, si
     assert result.problems == []
     assert result.lost == 0
     assert result.duplicate_completions == 0
+    assert len(result.details["resume_seconds"]) == 2
+
+
+@pytest.mark.timeout(240)
+def test_a_crashed_server_loses_no_job_runs_none_twice_at_once_and_counts_every_attempt(tmp_path, sizes):
+    # pg_ctl -m immediate: claims committed without waiting for the disk may be gone after it.
+    result = postgres_crash(tmp_path, sizes)
+    print(result.summary())
+    assert result.problems == []
+    assert result.lost == 0 and result.details["statuses"] == {"SUCCEEDED": sizes.crash_jobs}
+    assert result.duplicate_completions == 0
+    assert result.details["handlers_overlapping"] == 0
+    assert result.details["jobs_with_miscounted_attempts"] == 0
     assert len(result.details["resume_seconds"]) == 2
 
 

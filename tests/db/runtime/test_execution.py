@@ -32,6 +32,8 @@ from runledger_sync.store import lifecycle
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store._actions import cancel_job
 from runledger_sync.store._claim import claim_jobs, claim_prestart_jobs_for_types
+from runledger_sync.store._claim_start import claim_and_start_jobs
+from runledger_sync.store._held import HeldConnection
 from runledger_sync.store._running import heartbeat_job, mark_job_running
 from tests import handlers as h
 from tests.handlers import SECRET, fast_config
@@ -105,29 +107,34 @@ def side_effects(engine):
     return rows(engine, "SELECT job_id, attempt, note FROM side_effects")
 
 
-def process_alone(engine, registry, job, config):
+def claim_then_process_alone(engine, registry, config):
+    """The pool thread's own running write (a worker polling on a caller's connection)."""
+    job = enqueue_and_claim(engine, registry, config)
     process_claimed_job(engine, registry, job, config)
+    return job
 
 
-def process_as_the_worker_does(engine, registry, job, config):
-    """The polling thread's way: the running write posted with its batch to the group writers."""
-    writers = HotPathWriters.start(engine, config.worker_id, finishing=FinishingSoon(running_jobs=lambda: 1))
-    answered = threading.Event()
-    running: list[object] = []
+def claim_and_start_as_the_worker_does(engine, registry, config):
+    """The polling thread's way: the running write sent with the claim; the pool thread gets its answer."""
+    registry.sync_definitions(engine)
+    store_enqueue.enqueue(engine, JOB_TYPE, PAYLOAD)
+    held = HeldConnection(engine)
     try:
-        writers.running.post([(lease_identity(job), job)], lambda _item, result: (running.append(result), answered.set()))
-        assert answered.wait(10)
-        process_claimed_job(engine, registry, job, config, writers, running[0])
+        started = claim_and_start_jobs(held, worker_id=config.worker_id, lease_ttl_seconds=config.lease_ttl_seconds,
+                                       limit=1, job_types=[JOB_TYPE])
     finally:
-        writers.close()
+        held.close()
+    [job] = started.running + started.unstarted
+    process_claimed_job(engine, registry, job, config, running=None if started.running else started.error)
+    return job
 
 
-#: Seed step 2 (mark running) has the same outcomes written alone or with its batch.
-ways_to_mark_running = pytest.mark.parametrize("process", [process_alone, process_as_the_worker_does])
+#: Seed step 2 (mark running) has the same outcomes written alone or with its claim.
+ways_to_mark_running = pytest.mark.parametrize("claim_and_process", [claim_then_process_alone,
+                                                                     claim_and_start_as_the_worker_does])
 
 
-@ways_to_mark_running
-def test_handler_does_not_run_when_the_lease_changed_owner_before_start(engine, probe, logs, process):
+def test_handler_does_not_run_when_the_lease_changed_owner_before_start(engine, probe, logs):
     with engine.begin() as conn:
         conn.execute(text(h.SIDE_EFFECTS_DDL))
     registry = h.registry_with(JOB_TYPE, h.record_side_effect(probe, engine), max_attempts=3)
@@ -139,7 +146,7 @@ def test_handler_does_not_run_when_the_lease_changed_owner_before_start(engine, 
     reap_once(engine, registry, config, threading.Event())
     other = claim_one(engine, worker_id="worker-fast")
     assert other.attempt == stale.attempt
-    process(engine, registry, stale, config)
+    process_claimed_job(engine, registry, stale, config)
     assert probe.calls == [] and side_effects(engine) == []
     row = job_row(engine, stale.id)
     assert (row.status, row.worker_id, row.stage) == ("LEASED", "worker-fast", "queued")
@@ -194,17 +201,18 @@ def test_handler_does_not_run_when_running_cannot_be_persisted_and_the_claim_sta
 
 
 @ways_to_mark_running
-def test_running_persist_failure_releases_the_unstarted_claim_when_the_store_still_can(engine, probe, logs, process):
+def test_running_persist_failure_releases_the_unstarted_claim_when_the_store_still_can(
+    engine, probe, logs, claim_and_process,
+):
     registry = h.registry_with(JOB_TYPE, h.ok(probe))
     config = fast_config()
-    job = enqueue_and_claim(engine, registry, config)
     with engine.begin() as conn:
         conn.execute(text(
             "CREATE FUNCTION refuse_running() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
             "IF NEW.event_type = 'STAGE_CHANGED' THEN RAISE EXCEPTION 'disk full'; END IF; RETURN NEW; END $$"))
         conn.execute(text("CREATE TRIGGER refuse_running BEFORE INSERT ON job_events "
                           "FOR EACH ROW EXECUTE FUNCTION refuse_running()"))
-    process(engine, registry, job, config)
+    job = claim_and_process(engine, registry, config)
     assert probe.calls == []
     row = rows(engine, "SELECT status, attempt, worker_id, stage, next_run_at - now() AS wait FROM job_queue")[0]
     assert (row.status, row.attempt, row.worker_id, row.stage) == ("PENDING", 0, None, "queued")

@@ -378,3 +378,34 @@ def test_a_loop_that_is_not_backed_up_claims_into_a_single_free_slot_at_once(eng
         assert loop.turn() is True
         assert time.monotonic() - started < 5
         assert claims(engine) == 4
+
+
+@pytest.mark.parametrize("failure", ["refused", "connection lost"])
+def test_a_running_write_that_fails_with_its_claim_hands_the_claim_back_and_the_job_runs_later(
+    engine, probe, start_loop, logs, failure,
+):
+    # The first running write fails (the server refuses it, or its connection dies
+    # under it) after the claim in the same round trip committed.
+    action = ("RAISE EXCEPTION 'disk full'" if failure == "refused"
+              else "PERFORM pg_terminate_backend(pg_backend_pid())")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE SEQUENCE running_writes")
+        conn.exec_driver_sql(
+            "CREATE FUNCTION fail_first_running() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            f"IF NEW.event_type = 'STAGE_CHANGED' AND nextval('running_writes') = 1 THEN {action}; END IF; "
+            "RETURN NEW; END $$")
+        conn.exec_driver_sql("CREATE TRIGGER fail_first_running BEFORE INSERT ON job_events "
+                             "FOR EACH ROW EXECUTE FUNCTION fail_first_running()")
+    registry = h.registry_with(JOB_TYPE, h.ok(probe))
+    registry.sync_definitions(engine)
+    job = store_enqueue.enqueue(engine, JOB_TYPE, PAYLOAD)
+    start_loop("worker", registry, fast_config())
+
+    wait_status(engine, job.id, "SUCCEEDED")
+
+    assert len(probe.calls) == 1
+    assert event_types(engine, job.id) == [
+        "ENQUEUED", "LEASED", "REQUEUED", "LEASED", "STAGE_CHANGED", "SUCCEEDED"]
+    assert rows(engine, "SELECT payload->>'reason' FROM job_events WHERE job_id = :id AND event_type = 'REQUEUED'",
+                id=job.id) == [("RUNNING_PROGRESS_PERSIST_FAILED",)]
+    assert [(a.attempt, a.execution_started_persisted_at is not None) for a in attempts(engine, job.id)] == [(1, True)]
