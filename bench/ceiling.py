@@ -1,10 +1,10 @@
 """Print what the store alone costs per job, with no worker around it: the ceiling of any worker on this schema.
 
 Usage: python bench/ceiling.py [--jobs 8000] [--batches 8,64] [--event-log full|transitions] [--database-url URL]
-One thread claims a batch of no-op jobs, marks it running and completes it, in a
-loop, on held connections as the worker's own roles do: the three fenced
-transactions every job needs, with their attempt and event rows, and no thread
-pool, handler, timer or group writer. PostgreSQL's CPU per job here bounds every
+One thread claims a batch of no-op jobs and marks it running (one round trip, two
+transactions) and completes it, in a loop, on held connections as the worker's
+own roles do: the three fenced transactions every job needs, with their attempt
+and event rows, and no thread pool, handler, timer or completer. PostgreSQL's CPU per job here bounds every
 worker on the same box: with C cores it cannot pass C / (PostgreSQL ms per job)
 thousand jobs/s even if the worker cost nothing.
 """
@@ -20,7 +20,7 @@ import _common as bench
 
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.store import driver
-from runledger_sync.store.driver import HeldConnection, claim_prestart_jobs_for_types
+from runledger_sync.store.driver import HeldConnection
 
 
 def parse_args() -> argparse.Namespace:
@@ -42,15 +42,16 @@ def drain(engine, url: str, jobs: int, batch: int, event_log: str) -> tuple[floa
         window.start()
         started = time.perf_counter()
         while done < jobs:
-            claimed = claim_prestart_jobs_for_types(
+            started_batch = driver.claim_and_start_jobs(
                 claims, worker_id="ceiling", lease_ttl_seconds=60, limit=batch, job_types=[bench.NOOP_TYPE],
                 event_log=event_log,
             )
+            claimed = started_batch.running
+            if started_batch.unstarted or started_batch.error is not None:
+                raise RuntimeError(f"a running write did not land: {started_batch.error}")
             if not claimed:
                 raise RuntimeError(f"the queue ran dry after {done} jobs")
-            leases = [LeaseIdentity.of(job) for job in claimed]
-            driver.mark_jobs_running(writes, leases, event_log=event_log)
-            driver.complete_jobs_success(writes, [(lease, None) for lease in leases])
+            driver.complete_jobs_success(writes, [(LeaseIdentity.of(job), None) for job in claimed])
             done += len(claimed)
         elapsed = time.perf_counter() - started
         window.stop()

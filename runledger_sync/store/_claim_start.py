@@ -21,20 +21,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from sqlalchemy import Text, any_, bindparam, cast, func, literal, select
+from sqlalchemy import Text, any_, bindparam, cast, select
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.engine import Connection
 
 from runledger_sync.core.errors import RunledgerError
 from runledger_sync.core.records import JobRecord
-from runledger_sync.core.types import ClaimOrigin, EventLog, JobEventType, JobStage
+from runledger_sync.core.types import ClaimOrigin, EventLog
 from runledger_sync.db.schema import job_attempts, job_queue
 from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store._fence import held_under, live_lease
 from runledger_sync.store._prepared import PreparedStatement, execute_transactions
 from runledger_sync.store._rows import JOB_COLUMNS, to_jobs
-from runledger_sync.store._sql import attempt_of, event_insert, full_event_log
+from runledger_sync.store._transitions import build_running
 from runledger_sync.store._claim import CLAIM_FOR_TYPES_UNREAD, PRESTART_CLAIM_SETTINGS, claim_params
 from runledger_sync.store._held import HeldConnection
 
@@ -67,8 +67,8 @@ def _claimed(worker_id: Any) -> Any:
         _a.id == any_(attempt_ids)).cte("claimed")
 
 
-def _in_claim_order(rows: Any) -> tuple[Any, ...]:
-    return rows.c.priority.desc(), rows.c.next_run_at, rows.c.created_at, rows.c.id
+def _in_claim_order(columns: Any) -> tuple[Any, ...]:
+    return columns.priority.desc(), columns.next_run_at, columns.created_at, columns.id
 
 
 def _build_lock() -> Any:
@@ -85,26 +85,9 @@ def _build_lock() -> Any:
 
 def _build_running() -> Any:
     claimed = _claimed(bindparam("lease_worker_id", type_=Text))
-    running = (
-        job_queue.update()
-        .where(live_lease(claimed.c.job_id, claimed.c.run_number, claimed.c.attempt, claimed.c.worker_id))
-        .values(stage=JobStage.RUNNING.value)
-        .returning(*JOB_COLUMNS)
-        .cte("running")
-    )
-    marker = (
-        job_attempts.update()
-        .where(attempt_of(running), _a.execution_started_persisted_at.is_(None))
-        .values(execution_started_persisted_at=func.now())
-        .cte("execution_marker")
-    )
-    events = event_insert(
-        running,
-        running.c.id, running.c.run_number, running.c.attempt, literal(JobEventType.STAGE_CHANGED.value),
-        running.c.stage, running.c.progress_done, running.c.progress_total, func.jsonb_build_object(),
-        where=full_event_log(),
-    ).cte("running_events")
-    return select(*running.c).add_cte(marker, events).order_by(*_in_claim_order(running))
+    statement = build_running(live_lease(claimed.c.job_id, claimed.c.run_number, claimed.c.attempt, claimed.c.worker_id),
+                              returning=JOB_COLUMNS)
+    return statement.order_by(*_in_claim_order(statement.selected_columns))
 
 
 _LOCK_CLAIMED = PreparedStatement("lock_claimed", _build_lock(), index_plan=True)
@@ -117,7 +100,7 @@ def _build_still_leased() -> Any:
         select(*JOB_COLUMNS)
         .select_from(job_queue.join(claimed, held_under(
             claimed.c.job_id, claimed.c.run_number, claimed.c.attempt, claimed.c.worker_id)))
-        .order_by(*_in_claim_order(job_queue))
+        .order_by(*_in_claim_order(job_queue.c))
     )
 
 

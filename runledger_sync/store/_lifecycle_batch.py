@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 from uuid import UUID
 
-from sqlalchemy import BigInteger, Text, and_, cast, func, literal, select
+from sqlalchemy import BigInteger, Text, and_, cast, select
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.engine import Connection
 
@@ -25,7 +25,7 @@ from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidCompletionProgress, InvalidProgress, LeaseOwnerMismatch
 from runledger_sync.core.outcomes import DeadLetter, EarlierAttempts, Retry, Succeed
 from runledger_sync.core.records import LeaseIdentity
-from runledger_sync.core.types import EventLog, JobCompletion, JobEventType, JobStage, JobStatus
+from runledger_sync.core.types import EventLog, JobCompletion, JobStatus
 from runledger_sync.core.workflow_errors import WorkflowReleaseConflict
 from runledger_sync.db.schema import job_attempts, job_queue
 from runledger_sync.store._binds import Bind
@@ -40,10 +40,11 @@ from runledger_sync.store._fence import (
     write_fenced,
 )
 from runledger_sync.store._prepared import PreparedStatement
-from runledger_sync.store._sql import attempt_of, check_identity, event_insert, event_log_params, full_event_log
+from runledger_sync.store._sql import check_identity, event_log_params
 from runledger_sync.store._transitions import (
     FAILURE_ARRAYS,
     build_failure,
+    build_running,
     build_success,
     earlier_attempts,
     failure_params,
@@ -73,29 +74,6 @@ def _live_leases(leases: Any) -> Any:
     return and_(live_lease(*leases_columns(leases)), by_listed_ids())
 
 
-def _build_running() -> Any:
-    running = (
-        job_queue.update()
-        .where(_live_leases(unnested()))
-        .values(stage=JobStage.RUNNING.value)
-        .returning(*_WRITTEN)
-        .cte("running")
-    )
-    marker = (
-        job_attempts.update()
-        .where(attempt_of(running), _a.execution_started_persisted_at.is_(None))
-        .values(execution_started_persisted_at=func.now())
-        .cte("execution_marker")
-    )
-    events = event_insert(
-        running,
-        running.c.id, running.c.run_number, running.c.attempt, literal(JobEventType.STAGE_CHANGED.value),
-        running.c.stage, running.c.progress_done, running.c.progress_total, func.jsonb_build_object(),
-        where=full_event_log(),
-    ).cte("running_events")
-    return select(*running.c).add_cte(marker, events)
-
-
 def _build_group_success(plain_jobs_only: bool) -> Any:
     values = unnested(IDENTITY_ARRAYS + _SUCCESS_ARRAYS)
     fence = _live_leases(values)
@@ -116,7 +94,7 @@ def _build_group_failure(plain_jobs_only: bool) -> Any:
     return build_failure(and_(fence, _q.workflow_step_id.is_(None)) if plain_jobs_only else fence, values)
 
 
-_RUNNING = PreparedStatement("mark_running", _build_running(), index_plan=True)
+_RUNNING = PreparedStatement("mark_running", build_running(_live_leases(unnested()), returning=_WRITTEN), index_plan=True)
 # Per outcome, the plain jobs' write, which needs no workflow hook, so its one
 # query is the whole transaction; and the write of any job, whose steps end after it.
 _SUCCESS_STATEMENTS = (

@@ -43,11 +43,38 @@ from runledger_sync.db.schema import job_attempts, job_dead_letters, job_events,
 from runledger_sync.store._fence import held_under, one_lease
 from runledger_sync.store._prepared import PreparedStatement
 from runledger_sync.store._rows import JOB_COLUMNS
-from runledger_sync.store._sql import attempt_of, event_insert, milliseconds, ordinals
+from runledger_sync.store._sql import attempt_of, event_insert, full_event_log, milliseconds, ordinals
 
 _q = job_queue.c
 _a = job_attempts.c
 _LEASED = JobStatus.LEASED.value
+
+
+def build_running(guard: Any, *, returning: Sequence[Any]) -> Any:
+    """The write of stage ``running`` with the attempt's execution marker and (full event log) its event.
+
+    ``returning`` must hold the id, run, attempt, stage and progress columns the attempt and event rows use.
+    """
+    running = (
+        job_queue.update()
+        .where(guard)
+        .values(stage=JobStage.RUNNING.value)
+        .returning(*returning)
+        .cte("running")
+    )
+    marker = (
+        job_attempts.update()
+        .where(attempt_of(running), _a.execution_started_persisted_at.is_(None))
+        .values(execution_started_persisted_at=func.now())
+        .cte("execution_marker")
+    )
+    events = event_insert(
+        running,
+        running.c.id, running.c.run_number, running.c.attempt, literal(JobEventType.STAGE_CHANGED.value),
+        running.c.stage, running.c.progress_done, running.c.progress_total, func.jsonb_build_object(),
+        where=full_event_log(),
+    ).cte("running_events")
+    return select(*running.c).add_cte(marker, events)
 
 
 def build_success(

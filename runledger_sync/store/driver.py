@@ -21,8 +21,8 @@ Claim
     for tools that lease jobs by hand (the attempt is spent at the claim).
 
 Start
-    ``mark_job_running`` (one lease) and ``mark_jobs_running`` (a group) write
-    stage ``running``; ``running_landed`` tells whether a mark whose reply was
+    ``mark_job_running`` writes stage ``running`` for a job claimed on its own
+    (a worker polling on a caller's connection); ``running_landed`` tells whether a mark whose reply was
     lost was written. ``release_unstarted_job_claim`` hands back a claim that
     never started (no handler, shutdown before start).
 
@@ -62,7 +62,6 @@ from runledger_sync.store._held import HeldConnection
 from runledger_sync.store._lifecycle_batch import (
     complete_jobs_failure,
     complete_jobs_success,
-    mark_jobs_running,
     read_back_outcomes,
     read_earlier_attempts,
 )
@@ -94,7 +93,6 @@ __all__ = [
     "claim_jobs",
     # start
     "mark_job_running",
-    "mark_jobs_running",
     "running_landed",
     "release_unstarted_job_claim",
     # while the handler runs
