@@ -31,7 +31,6 @@ from runledger_sync.core.workflow_errors import WorkflowReleaseConflict
 from runledger_sync.logging import JOB_LINES_LOGGER_NAME, get_logger, job_log_fields
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.completer import Completer
-from runledger_sync.runtime.hot_path import HotPathWriters
 from runledger_sync.runtime.tally import OutcomeTally
 from runledger_sync.store import driver
 
@@ -84,12 +83,12 @@ class JobExecution:
 
     def __init__(
         self, engine: Engine, registry: JobRegistry, job: JobRecord, config: JobsConfig,
-        writers: Optional[HotPathWriters], *, tally: Optional[OutcomeTally] = None,
+        completer: Optional[Completer], *, tally: Optional[OutcomeTally] = None,
         on_ended: Optional[Callable[[], None]] = None, hand_back: Optional[Callable[[Callable[[], None]], None]] = None,
     ) -> None:
         self.started = time.monotonic()
         self.engine = engine
-        self.writers = writers
+        self._completer = completer
         #: Told of failed lease renewals; None when metrics are off.
         self.observer = tally.observer if tally is not None else None
         #: How long the handler ran, once it has returned.
@@ -167,8 +166,8 @@ class JobExecution:
     @cached_property
     def completer(self) -> Completer:
         """The worker's completer; without one, this attempt's outcome is written at once on the deciding thread."""
-        if self.writers is not None:
-            return self.writers.completer
+        if self._completer is not None:
+            return self._completer
         return Completer(self.engine, "runledger-completer", max_output_bytes=self.config.max_output_bytes,
                          threaded=False)
 

@@ -37,6 +37,7 @@ from runledger_sync.core.store_errors import CommitOutcomeUnknown, ConnectionFai
 from runledger_sync.core.validation import DEFAULT_MAX_OUTPUT_BYTES
 from runledger_sync.runtime.group_writer import GroupWriter
 from runledger_sync.runtime.observer import WorkerObserver
+from runledger_sync.runtime.pace import FinishingSoon
 from runledger_sync.store import driver
 from runledger_sync.store.driver import HeldConnection
 
@@ -79,15 +80,18 @@ class Completer:
         bind: an Engine (a thread and a held connection of its own, unless
             ``threaded`` is False) or a caller's Connection (written at once, on
             the posting thread).
-        still_coming: how many more outcomes are due within a given time; the
-            writer lingers for them. None never lingers.
+        finishing: the worker's batching policy: how many running jobs succeed
+            soon. The completer lingers for those, tells it how many outcomes wait
+            to be written, and pool threads record each handler's time in it.
+            None never lingers.
     """
 
     def __init__(
         self, bind: Any, name: str, *, max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
-        still_coming: Optional[Callable[[float], int]] = None, observer: Optional[WorkerObserver] = None,
+        finishing: Optional[FinishingSoon] = None, observer: Optional[WorkerObserver] = None,
         threaded: bool = True,
     ) -> None:
+        self.finishing = finishing
         self._max_output_bytes = max_output_bytes
         self._observer = observer
         self._held: Optional[HeldConnection] = None
@@ -97,8 +101,10 @@ class Completer:
             self._held = self._bind = HeldConnection(bind)
             self._writer = GroupWriter(
                 name, self._write_group, linger_seconds=GROUP_LINGER_SECONDS,
-                still_coming=None if still_coming is None else lambda: still_coming(GROUP_LINGER_SECONDS),
+                still_coming=None if finishing is None else lambda: finishing.others_within(GROUP_LINGER_SECONDS),
             )
+            if finishing is not None:
+                finishing.count_succeeding(self._writer.waiting_count)
 
     @property
     def threaded(self) -> bool:

@@ -65,7 +65,7 @@ from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.attempt import JobExecution
 from runledger_sync.runtime.completion import finish
-from runledger_sync.runtime.hot_path import HotPathWriters
+from runledger_sync.runtime.completer import Completer
 from runledger_sync.runtime.tally import OutcomeTally
 from runledger_sync.runtime.timer_thread import TimerThread
 from runledger_sync.runtime.watch import deadline_of, watch
@@ -84,7 +84,7 @@ WRITE_RUNNING = object()
 
 def process_claimed_job(
     engine: Engine, registry: JobRegistry, job: JobRecord, config: JobsConfig,
-    writers: Optional[HotPathWriters] = None, running: object = WRITE_RUNNING,
+    completer: Optional[Completer] = None, running: object = WRITE_RUNNING,
     timer: Optional[TimerThread] = None, tally: Optional[OutcomeTally] = None,
     *, on_ended: Optional[Callable[[], None]] = None, hand_back: Optional[Callable[[Callable[[], None]], None]] = None,
     handlers_running: Optional[set[JobExecution]] = None,
@@ -92,8 +92,8 @@ def process_claimed_job(
     """Run one claimed job and write its single outcome (or none when the lease was lost).
 
     Args:
-        writers: group writers shared with the worker's other jobs; None writes
-            this job's running and success on their own, before this returns.
+        completer: the worker's completer, shared with its other jobs; None
+            writes this job's outcome on this thread, before this returns.
         running: the answer to this job's running write when the polling thread
             sent it with the claim (None once written, or the error that kept it
             from landing or left its outcome unknown); ``WRITE_RUNNING`` makes it here.
@@ -102,7 +102,7 @@ def process_claimed_job(
         tally: counts how the attempt ended, for the worker's periodic summary; the
             per-job "job processed" line is logged at DEBUG.
         on_ended: called once when the attempt is over (its outcome durable, or
-            nothing left to write). With ``writers``, a success or retry ends on
+            nothing left to write). With ``completer``, a success or retry ends on
             the completer's thread, after this has returned.
         hand_back: runs follow-up work on a pool thread (when the store refused a
             success's progress: the terminal failure's write and its dead-letter
@@ -111,7 +111,7 @@ def process_claimed_job(
             shutting down past its drain deadline can tell it to stop.
     """
     try:
-        execution = JobExecution(engine, registry, job, config, writers, tally=tally, on_ended=on_ended,
+        execution = JobExecution(engine, registry, job, config, completer, tally=tally, on_ended=on_ended,
                                  hand_back=hand_back)
     except BaseException:
         if on_ended is not None:
@@ -130,7 +130,8 @@ def process_claimed_job(
 def _process_with_timer(
     execution: JobExecution, running: object, timer: TimerThread, handlers_running: Optional[set[JobExecution]],
 ) -> None:
-    job, config, writers = execution.job, execution.config, execution.writers
+    job, config = execution.job, execution.config
+    finishing = execution.completer.finishing
     handed_off = False
     try:
         if not _mark_running_or_abort(execution, running):
@@ -154,8 +155,8 @@ def _process_with_timer(
             if handlers_running is not None:
                 handlers_running.discard(execution)
         execution.handler_seconds = handler_seconds = time.monotonic() - handler_started
-        if writers is not None:
-            writers.finishing.record(handler_seconds)
+        if finishing is not None:
+            finishing.record(handler_seconds)
         if execution.lease_verdict_pending.is_set():
             # The lease ran out while a renewal was in flight: the watch logs the
             # verdict itself once that renewal has said why.

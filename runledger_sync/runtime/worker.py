@@ -44,7 +44,7 @@ from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.attempt import JobExecution
 from runledger_sync.runtime.execution import WRITE_RUNNING, process_claimed_job
 from runledger_sync.runtime.health import CLAIM, LoopMarks
-from runledger_sync.runtime.hot_path import HotPathWriters
+from runledger_sync.runtime.completer import Completer
 from runledger_sync.runtime.listener import JobListener
 from runledger_sync.runtime.observer import WorkerObserver
 from runledger_sync.runtime.pace import FinishingSoon
@@ -132,9 +132,10 @@ class WorkerLoop:
         #: The batching policy: how many running jobs succeed soon (the claim's gather
         #: wait and the completer's linger both ask it).
         self.finishing = FinishingSoon(running_jobs=self._running_count)
-        self.writers = HotPathWriters.start(
-            engine, config.worker_id, finishing=self.finishing, observer=observer,
-            max_output_bytes=config.max_output_bytes,
+        #: The writer of every job's outcome; None when polling on a caller's connection.
+        self.completer = Completer(
+            engine, f"runledger-completer-{config.worker_id}", max_output_bytes=config.max_output_bytes,
+            finishing=self.finishing, observer=observer,
         ) if owns_connections else None
 
     def _running_count(self) -> int:
@@ -211,7 +212,7 @@ class WorkerLoop:
         Jobs of 100 ms at concurrency 32 free one slot every 3 ms or so, so a
         wait for a batch of them would only leave slots idle.
         """
-        if self.writers is None:
+        if self.completer is None:
             return self._running_count()
         return self.finishing.within(seconds)
 
@@ -251,7 +252,7 @@ class WorkerLoop:
 
     def _process(self, job: JobRecord, running: object, timer: TimerThread) -> None:
         """Run one job on this pool thread; its slot is freed when its attempt ends."""
-        process_claimed_job(self.engine, self.registry, job, self.config, self.writers, running, timer, self.tally,
+        process_claimed_job(self.engine, self.registry, job, self.config, self.completer, running, timer, self.tally,
                             on_ended=self._slot_ended, hand_back=self._hand_back,
                             handlers_running=self.handlers_running)
 
@@ -328,8 +329,8 @@ class WorkerLoop:
             for timer in self._timers:
                 timer.close()
         self.tally.report()
-        if self.writers is not None:
-            self.writers.close()
+        if self.completer is not None:
+            self.completer.close()
         if isinstance(self.claim_bind, HeldConnection):
             self.claim_bind.close()
 
@@ -350,7 +351,7 @@ class WorkerLoop:
             self._slot_freed.clear()
         for execution in list(self.handlers_running):
             if execution.gate.take():
-                # Its late return must not be written: the writers close as the worker exits.
+                # Its late return must not be written: the completer closes as the worker exits.
                 execution.decided = LEFT_BEHIND
             # No more renewals (a timer still watching would also hold its close() up).
             execution.stop_watchdog.set()

@@ -1,6 +1,6 @@
 """A connection one thread keeps for its many short transactions.
 
-The worker's polling thread and its group writers each run a transaction every
+The worker's polling thread and its completer each run a transaction every
 few milliseconds. Through an Engine each of those checks a connection out of
 the pool, and the pool's pre-ping (kept on for the application's own queries)
 spends a round trip on ``SELECT 1`` before every one. A held connection is

@@ -24,7 +24,7 @@ from runledger_sync.db.engine import create_engine
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.attempt import UNKNOWN_WORKER_ID, lease_identity
 from runledger_sync.runtime.execution import process_claimed_job
-from runledger_sync.runtime.hot_path import HotPathWriters
+from runledger_sync.runtime.completer import Completer
 from runledger_sync.runtime.pace import FinishingSoon
 from runledger_sync.runtime.tally import OutcomeTally
 from runledger_sync.runtime.reaper import reap_once
@@ -698,10 +698,10 @@ def test_a_grouped_success_refused_by_the_fence_is_logged_and_still_ends_the_att
     registry = h.registry_with(JOB_TYPE, h.scripted(probe, lambda ctx, payload, call: go.wait(10) and None))
     config = fast_config(lease_ttl_seconds=5, heartbeat_interval_seconds=4)  # no heartbeat during the test
     job = enqueue_and_claim(engine, registry, config)
-    writers = HotPathWriters.start(engine, config.worker_id, finishing=FinishingSoon(running_jobs=lambda: 1))
+    completer = Completer(engine, "test-completer", finishing=FinishingSoon(running_jobs=lambda: 1))
     ended = threading.Event()
     try:
-        worker = threading.Thread(target=process_claimed_job, args=(engine, registry, job, config, writers),
+        worker = threading.Thread(target=process_claimed_job, args=(engine, registry, job, config, completer),
                                   kwargs={"on_ended": ended.set}, daemon=True)
         worker.start()
         probe.wait_calls(1)
@@ -711,6 +711,6 @@ def test_a_grouped_success_refused_by_the_fence_is_logged_and_still_ends_the_att
         # The completer's thread answers the attempt: refused, so logged, and its slot comes back.
         assert ended.wait(10)
     finally:
-        writers.close()
+        completer.close()
     assert records(logs, "failed to mark job success")
     assert job_row(engine, job.id).status == "LEASED"

@@ -59,7 +59,7 @@ def test_a_claimed_batch_is_marked_running_in_one_transaction_however_slowly_its
 
     class SlowToStart(JobExecution):
         def __init__(self, *args, **kwargs):
-            # Each pool thread takes far longer than the writers' linger to reach its running write.
+            # Each pool thread takes far longer to start than any linger: the batch's running write must not wait on them.
             threading.Event().wait(0.02)
             super().__init__(*args, **kwargs)
 
