@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, TypeVar
+from typing import Callable, Optional, Sequence, TypeVar
 
 from sqlalchemy.engine import Engine
 
@@ -85,13 +85,13 @@ class HotPathWriters:
 
 
 def _timed(
-    observer: Optional[WorkerObserver], writer: str, write: Callable[[list[T]], list[object]],
-) -> Callable[[list[T]], list[object]]:
+    observer: Optional[WorkerObserver], writer: str, write: Callable[[list[T]], Sequence[object]],
+) -> Callable[[list[T]], Sequence[object]]:
     """``write``, reporting each group's size and duration to ``observer``; ``write`` itself when there is none."""
     if observer is None:
         return write
 
-    def timed_write(group: list[T]) -> list[object]:
+    def timed_write(group: list[T]) -> Sequence[object]:
         started = time.monotonic()
         results = write(group)
         observer.group_written(writer, len(group), time.monotonic() - started)
