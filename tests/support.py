@@ -78,6 +78,13 @@ def wait_until(condition: Callable[[], Any], timeout: float = 10.0, interval: fl
         time.sleep(interval)
 
 
+def terminate_backend(engine: Any, pid: int) -> None:
+    """End a server session, as a restart or an admin would, and wait until it is gone."""
+    with engine.connect() as conn:
+        conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+    wait_until(lambda: not scalar(engine, "SELECT count(*) FROM pg_stat_activity WHERE pid = :pid", pid=pid))
+
+
 def run_worker_until(engine: Any, registry: Any, config: Any, condition: Callable[[], Any], timeout: float = 30) -> None:
     """Run a worker loop in a thread until ``condition`` holds, then shut it down and check it stopped."""
     shutdown = threading.Event()
