@@ -168,7 +168,6 @@ class RawDriver:
     status: Callable[[Any], int]
     #: Make ``raw`` return dict rows by default, as some apps configure it.
     use_dict_rows: Callable[[Any], None]
-    set_autocommit: Callable[[Any], None]
     #: How the refusal of a closed connection names it.
     closed_name: str
 
@@ -184,14 +183,10 @@ def _psycopg_dict_rows(raw: Any) -> None:
     raw.row_factory = dict_row
 
 
-def _autocommit(raw: Any) -> None:
-    raw.autocommit = True
-
-
 PSYCOPG2 = RawDriver("psycopg2", psycopg2_connect, lambda raw: raw.get_transaction_status(), _psycopg2_dict_rows,
-                     _autocommit, "closed psycopg2 connection")
+                     "closed psycopg2 connection")
 PSYCOPG = RawDriver("psycopg", psycopg_connect, lambda raw: raw.info.transaction_status, _psycopg_dict_rows,
-                    _autocommit, "closed psycopg connection")
+                    "closed psycopg connection")
 RAW_DRIVERS = [PSYCOPG2, PSYCOPG]
 
 
@@ -364,7 +359,7 @@ def test_a_closed_connection_is_refused_with_invalid_argument(driver, raw):
 
 
 def test_autocommit_connection_commits_each_statement_as_it_is(driver, raw, orders):
-    driver.set_autocommit(raw)
+    raw.autocommit = True  # the same attribute on both drivers
     job = rl.enqueue(raw, JOB_TYPE, {"n": 1})
     # Visible at once to other connections: the caller chose autocommit.
     assert rl.get_job(orders, job.id) is not None
