@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-external venv docs clean
+.PHONY: demo test test-external venv docs typecheck clean
 
 venv: $(VENV)/.installed
 
@@ -19,6 +19,10 @@ demo: venv
 
 test: venv
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# mypy over runledger_sync/ (settings in pyproject.toml).
+typecheck: venv
+	$(BIN)/mypy
 
 # The documentation site, into site/: strict, so a broken link or reference fails the build.
 docs: venv

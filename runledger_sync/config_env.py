@@ -99,8 +99,8 @@ def read_env(fields: Iterable[dataclasses.Field], env: Mapping[str, str]) -> tup
             continue
         parsed = _ENV_PARSERS[name](raw)
         if parsed is _UNPARSEABLE:
-            reason = _UNPARSEABLE_REASONS[_ENV_PARSERS[name]]
-            adjustments.append(EnvAdjustment(variable, name, raw, _default_of(config_field), reason, True))
+            unparseable = _UNPARSEABLE_REASONS[_ENV_PARSERS[name]]
+            adjustments.append(EnvAdjustment(variable, name, raw, _default_of(config_field), unparseable, True))
             continue
         values[name], reason = _clamp(name, parsed)
         if reason is not None:

@@ -179,7 +179,7 @@ class JobRegistry:
         result = []
         for job_type in self.registered_types():
             handler = self._handlers[job_type]
-            given = {
+            given: dict[str, Any] = {
                 "max_attempts": handler.max_attempts,
                 "default_timeout_seconds": handler.timeout_seconds,
                 "default_priority": handler.priority,

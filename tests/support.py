@@ -66,16 +66,57 @@ def expire_lease(engine: Any, job_id: Any, seconds_ago: float = 1.0) -> None:
         )
 
 
-def wait_until(condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
-    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
+class ClaimWatch:
+    """A worker observer that notes when each claim came back, so a test can wait for the worker's next claim.
+
+    Times are ``time.time()``, comparable with a log record's ``created``.
+    """
+
+    def __init__(self) -> None:
+        self.claimed_at: list[float] = []
+
+    def claimed(self, jobs: Any) -> None:
+        self.claimed_at.append(time.time())
+
+    def claims_since(self, moment: float) -> int:
+        return sum(1 for at in self.claimed_at if at > moment)
+
+    def job_finished(self, job_type: str, outcome: str, handler_seconds: Any) -> None:
+        pass
+
+    def group_written(self, writer: str, size: int, seconds: float) -> None:
+        pass
+
+    def heartbeat_failed(self, job_type: str) -> None:
+        pass
+
+
+def lock_waiters(engine: Any) -> int:
+    """How many sessions on this database wait for a lock (a heartbeat blocked on a row, say)."""
+    return scalar(engine, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                          "AND wait_event_type = 'Lock'")
+
+
+def wait_until(condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02, what: str = "condition") -> Any:
+    """Poll ``condition`` until it returns something truthy, and return that; fail after ``timeout`` seconds.
+
+    The one way the tests wait for something to happen: never a fixed sleep.
+    """
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
+            raise AssertionError(f"{what} not met within {timeout} s")
         time.sleep(interval)
+
+
+def terminate_backend(engine: Any, pid: int) -> None:
+    """End a server session, as a restart or an admin would, and wait until it is gone."""
+    with engine.connect() as conn:
+        conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+    wait_until(lambda: not scalar(engine, "SELECT count(*) FROM pg_stat_activity WHERE pid = :pid", pid=pid))
 
 
 def run_worker_until(engine: Any, registry: Any, config: Any, condition: Callable[[], Any], timeout: float = 30) -> None:

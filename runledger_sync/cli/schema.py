@@ -40,7 +40,7 @@ def _migrate(args: argparse.Namespace) -> int:
         definitions = registry.sync_definitions(engine) if registry is not None else None
     moved = "already up to date" if before == after else f"migrated from {before or 'an empty database'}"
     written = ""
-    if registry is not None:
+    if registry is not None and definitions is not None:
         written = f"; {len(definitions)} job definition(s) and {len(registry.schedules)} schedule(s) written"
     print(f"schema at {after} ({moved}){written}")
     return EXIT_OK

@@ -6,8 +6,10 @@ works when run as root (pgserver then runs the server as a dedicated user).
 
 from __future__ import annotations
 
+import os
 import signal
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Optional
@@ -76,11 +78,7 @@ class EmbeddedPostgres:
         if immediate:
             # What pg_ctl -m immediate sends. Signalled here rather than through pg_ctl,
             # which runs as the server's own user and may not reach the data directory.
-            import psutil  # pgserver's own dependency
-
-            postmaster = psutil.Process(server.get_postmaster_info().pid)
-            postmaster.send_signal(signal.SIGQUIT)
-            postmaster.wait(_IMMEDIATE_STOP_SECONDS)
+            _quit_and_wait(server.get_postmaster_info().pid)
         server.cleanup()
 
     def url(self, database: str = "postgres") -> str:
@@ -119,3 +117,19 @@ class EmbeddedPostgres:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def _quit_and_wait(pid: int) -> None:
+    """Send the postmaster SIGQUIT (an immediate shutdown) and wait until it is gone.
+
+    It is not this process's child (pg_ctl started it), so it is watched, not reaped.
+    """
+    os.kill(pid, signal.SIGQUIT)
+    deadline = time.monotonic() + _IMMEDIATE_STOP_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise ConnectionFailed(f"the embedded PostgreSQL (pid {pid}) did not stop within {_IMMEDIATE_STOP_SECONDS} s")

@@ -14,6 +14,7 @@ from typing import Optional
 
 import psycopg2
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL
 
 from runledger_sync.core import errors
 from runledger_sync.core.store_errors import (
@@ -101,7 +102,7 @@ def is_transient_error(exc: BaseException) -> bool:
     return isinstance(state, str) and state.startswith(_TRANSIENT_PREFIXES)
 
 
-def translate(exc: sa_exc.DBAPIError, url: object = None) -> errors.RunledgerError:
+def translate(exc: sa_exc.DBAPIError, url: str | URL | None = None) -> errors.RunledgerError:
     """Return the most specific coded error for a driver error (raise it ``from exc``)."""
     text = str(exc.orig).strip() if exc.orig is not None else str(exc)
     # A driver may quote the connection string it was given: mask any URL in its text.

@@ -18,6 +18,8 @@ imports both.
 
 from __future__ import annotations
 
+from enum import Enum
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -56,7 +58,7 @@ NOW = text("now()")
 EMPTY_JSON = text("'{}'::jsonb")
 
 
-def one_of(column: str, enum_cls: type) -> str:
+def one_of(column: str, enum_cls: type[Enum]) -> str:
     """A CHECK expression: ``column`` holds one of the enum's values."""
     values = ", ".join(f"'{member.value}'" for member in enum_cls)
     return f"{column} IN ({values})"

@@ -171,11 +171,11 @@ class Completer:
                 self._write(pending[half:], items, results)
                 return
             if time.monotonic() >= give_up_at:
-                error: ConnectionFailed = CommitOutcomeUnknown(
+                gave_up: ConnectionFailed = CommitOutcomeUnknown(
                     "the database stayed out of reach after an outcome write whose reply was lost; it may have landed"
                 ) if reply_lost else ConnectionFailed("the outcome could not be written before its lease ran out")
                 for index in pending:
-                    results[index] = error
+                    results[index] = gave_up
                 return
             time.sleep(RETRY_PAUSE_SECONDS)
 

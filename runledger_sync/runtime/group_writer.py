@@ -44,7 +44,7 @@ class GroupWriter(Generic[T, R]):
     """
 
     def __init__(
-        self, name: str, write_group: Callable[[list[T]], list[object]], *,
+        self, name: str, write_group: Callable[[list[T]], Sequence[object]], *,
         linger_seconds: float = 0.0, still_coming: Optional[Callable[[], int]] = None,
     ) -> None:
         self._write_group = write_group

@@ -97,12 +97,12 @@ class EngineSpec:
     @classmethod
     def of(cls, engine: Engine) -> "EngineSpec":
         pool = engine.pool
-        queue_pool = isinstance(pool, QueuePool)
+        queue_pool = pool if isinstance(pool, QueuePool) else None
         spec = cls(
             url=engine.url.render_as_string(hide_password=False),
-            pool_size=pool.size() if queue_pool else None,
+            pool_size=queue_pool.size() if queue_pool is not None else None,
             # QueuePool exposes its overflow limit only under this name.
-            max_overflow=getattr(pool, "_max_overflow", None) if queue_pool else None,
+            max_overflow=getattr(queue_pool, "_max_overflow", None) if queue_pool is not None else None,
             execution_options=dict(engine.get_execution_options()),
         )
         try:
@@ -112,8 +112,10 @@ class EngineSpec:
         return spec
 
     def build(self) -> Engine:
-        sizes = {key: value for key, value in (("pool_size", self.pool_size), ("max_overflow", self.max_overflow))
-                 if value is not None}
+        sizes: dict[str, Any] = {
+            key: value for key, value in (("pool_size", self.pool_size), ("max_overflow", self.max_overflow))
+            if value is not None
+        }
         # schema="" so RUNLEDGER_SCHEMA is not applied twice: the parent's
         # schema_translate_map is among the execution options already.
         engine = create_engine(self.url, schema="", **sizes)

@@ -100,9 +100,11 @@ def _renew_lease(execution: JobExecution) -> None:
         retry=retry_if_exception_type(ConnectionFailed),
         # No retry that could only land after the lease ran out, nor after the attempt ended.
         stop=stop_before_delay(max(0.0, execution.local_lease_deadline - sent_at))
-        | stop_when_event_set(execution.stop_watchdog),
+        # A Flag stands in for the Event tenacity names: it reads only is_set(), and its
+        # sleep's return value (set or not) is dropped, the stop condition reads the flag.
+        | stop_when_event_set(execution.stop_watchdog),  # type: ignore[arg-type]
         wait=wait_exponential(multiplier=RENEWAL_RETRY_FIRST_PAUSE_SECONDS, max=RENEWAL_RETRY_MAX_PAUSE_SECONDS),
-        sleep=execution.stop_watchdog.wait,
+        sleep=execution.stop_watchdog.wait,  # type: ignore[arg-type]
         before_sleep=lambda _state: _count_heartbeat_failure(execution),
         reraise=True,
     )
@@ -132,7 +134,7 @@ def _renew_lease(execution: JobExecution) -> None:
             execution.lease_verdict_pending.set()
             execution.lease_lost = MAINTENANCE_LOST
             execution.context.request_cancel("lease_lost")
-        renewal.join(min(execution.config.heartbeat_interval_seconds, LATE_RENEWAL_ANSWER_SECONDS))
+        renewal.join(min(execution.config.heartbeat_interval, LATE_RENEWAL_ANSWER_SECONDS))
         if renewal.is_alive() or "error" not in outcome:
             raise ConnectionFailed(
                 f"no answer to the lease renewal of job {execution.job.id} before its lease ran out")

@@ -423,7 +423,7 @@ def _check_job_types(config: JobsConfig, registry: JobRegistry) -> None:
     # wait for ever while the worker looked healthy: a typo must stop the start.
     unknown = sorted(set(config.job_types or ()) - set(registry.registered_types()))
     if unknown:
-        raise ConfigError(
+        raise ConfigError([
             f"jobs config job_types names types no handler is registered for: {', '.join(unknown)}; "
             f"registered: {', '.join(registry.registered_types()) or 'none'}"
-        )
+        ])

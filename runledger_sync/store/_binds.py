@@ -33,7 +33,7 @@ import sys
 import threading
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Union, cast
 
 import psycopg2.extensions
 import psycopg2.extras
@@ -42,6 +42,7 @@ from sqlalchemy.dialects import registry as dialect_registry
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg, PGExecutionContext_psycopg
 from sqlalchemy.dialects.postgresql.psycopg2 import PGDialect_psycopg2, PGExecutionContext_psycopg2
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine.interfaces import IsolationLevel
 from sqlalchemy.orm import Session, scoped_session
 from sqlalchemy.pool import NullPool
 
@@ -50,8 +51,13 @@ from runledger_sync.core.errors import InvalidArgument
 if TYPE_CHECKING:
     import psycopg
 
-#: What every store function accepts as its first argument.
-Bind = Union[Engine, Connection, Session, scoped_session, psycopg2.extensions.connection, "psycopg.Connection[Any]"]
+    from runledger_sync.store._held import HeldConnection
+
+#: What every store function accepts as its first argument (a HeldConnection is
+#: the runtime's stand-in for an Engine: the store owns its transactions too).
+Bind = Union[
+    Engine, Connection, Session, scoped_session, psycopg2.extensions.connection, "psycopg.Connection[Any]", "HeldConnection",
+]
 
 BIND_DESCRIPTION = "an Engine, a Connection, an ORM Session or a psycopg2 or psycopg 3 connection"
 
@@ -94,7 +100,8 @@ class _LentExecutionContext(PGExecutionContext_psycopg2):
     def create_default_cursor(self) -> Any:
         # A plain cursor even when the caller's connection defaults to dict rows
         # (RealDictConnection, cursor_factory=...): SQLAlchemy reads rows as tuples.
-        cursor = self._dbapi_connection.cursor(cursor_factory=psycopg2.extensions.cursor)
+        # SQLAlchemy types the cursor as a generic DBAPI one; with this factory it is psycopg2's.
+        cursor = cast(psycopg2.extensions.cursor, self._dbapi_connection.cursor(cursor_factory=psycopg2.extensions.cursor))
         # The usual dialect registers these typecasters on the connection at
         # connect time. A lent connection is not ours to change (Django makes
         # jsonb come back as text, for one), so they are scoped to our cursor.
@@ -112,12 +119,13 @@ class LentConnectionDialect(_LeavesTheConnectionToItsOwner, PGDialect_psycopg2):
     # (SQLAlchemy reads this flag from each dialect class itself).
     supports_statement_cache = True
 
-    def get_isolation_level(self, dbapi_connection: Any) -> str:
+    def get_isolation_level(self, dbapi_connection: Any) -> IsolationLevel:
         # Read once at first connect, through the caller's connection: ask for a
         # plain cursor, as its default cursor may return dict rows.
         with dbapi_connection.cursor(cursor_factory=psycopg2.extensions.cursor) as cursor:
             cursor.execute("show transaction isolation level")
-            return str(cursor.fetchone()[0]).upper()
+            # The server names one of SQLAlchemy's levels (AUTOCOMMIT is never a server's).
+            return cast(IsolationLevel, str(cursor.fetchone()[0]).upper())
 
 
 def _own_psycopg_cursor(psycopg_module: Any, connection: Any) -> Any:
@@ -156,12 +164,13 @@ class LentPsycopgConnectionDialect(_LeavesTheConnectionToItsOwner, PGDialect_psy
     # (SQLAlchemy reads this flag from each dialect class itself).
     supports_statement_cache = True
 
-    def get_isolation_level(self, dbapi_connection: Any) -> str:
+    def get_isolation_level(self, dbapi_connection: Any) -> IsolationLevel:
         # Read once at first connect. The stock dialect rolls back afterwards when
         # the connection was idle; a lent one is left as the statement leaves it.
         with _own_psycopg_cursor(self.dbapi, dbapi_connection) as cursor:
             cursor.execute("show transaction isolation level")
-            return str(cursor.fetchone()[0]).upper()
+            # The server names one of SQLAlchemy's levels (AUTOCOMMIT is never a server's).
+            return cast(IsolationLevel, str(cursor.fetchone()[0]).upper())
 
 
 class _LentPool(NullPool):

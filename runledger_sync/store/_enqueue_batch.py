@@ -201,7 +201,7 @@ def request_snapshot(spec: JobSpec, *, payload_json: str) -> str:
     run_at = None
     if spec.run_at is not None:
         run_at = spec.run_at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    parts = {
+    parts: dict[str, Any] = {
         "max_attempts": spec.max_attempts,
         "next_run_at": run_at,
         "payload": "__PAYLOAD__",

@@ -19,8 +19,9 @@ three. A connection lost during such a query leaves its outcome unknown.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, TypeGuard, TypeVar, cast
 
+import psycopg2.extensions
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
@@ -101,7 +102,7 @@ def run_in_transaction(
     raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
 
 
-def owns_transaction(bind: Any) -> bool:
+def owns_transaction(bind: Any) -> TypeGuard[Engine | HeldConnection]:
     """True when the store runs (and commits) its own transaction on ``bind``, False when it joins the caller's."""
     return isinstance(bind, (Engine, HeldConnection))
 
@@ -189,7 +190,8 @@ def _autocommit_if(wanted: bool, connection: Connection) -> Iterator[None]:
 
 @contextmanager
 def _driver_autocommit(connection: Connection, on: bool) -> Iterator[None]:
-    driver_connection = connection.connection.dbapi_connection
+    # Only an Engine's (or a HeldConnection's) checked-out connection comes here: psycopg2's, never None.
+    driver_connection = cast(psycopg2.extensions.connection, connection.connection.dbapi_connection)
     before = driver_connection.autocommit
     driver_connection.autocommit = on
     try:

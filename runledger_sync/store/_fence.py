@@ -119,7 +119,7 @@ def lease_params(identities: Sequence[LeaseIdentity]) -> dict[str, list[Any]]:
 def write_fenced(
     connection: Connection, statements: Sequence[PreparedStatement], identities: Sequence[LeaseIdentity],
     parameters: dict[str, Any], *, settings: Sequence[PreparedStatement] = (),
-) -> CursorResult[Any]:
+) -> CursorResult:  # unparametrised: rows of any width, read by position too
     """Lock the leases' rows, then run ``statements``; return the last one's result.
 
     ``settings`` run first (SET LOCAL statements the lock wait must obey).

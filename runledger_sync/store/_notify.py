@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from typing import Any, Iterable
+from typing import Any, Iterable, cast
 
 import psycopg2.extensions
 from sqlalchemy import String, bindparam, func, literal, select
@@ -94,7 +94,8 @@ def open_listener(engine: Engine, channels: Iterable[str] = (CHANNEL,)) -> psyco
     """
     fairy = engine.raw_connection()
     fairy.detach()
-    connection = fairy.dbapi_connection
+    # The engines of this package are built on psycopg2 (db.engine.create_engine).
+    connection = cast(psycopg2.extensions.connection, fairy.dbapi_connection)
     try:
         # The pool's pre-ping may have left a transaction open; autocommit needs none.
         connection.rollback()

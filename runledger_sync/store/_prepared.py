@@ -326,8 +326,9 @@ def _end_failed_block(connection: Connection) -> None:
     """
     if connection.invalidated:
         return
-    driver_connection = connection.connection.dbapi_connection
-    if driver_connection.closed or driver_connection.get_transaction_status() not in _OPEN_BLOCK:
+    # A psycopg2 connection: only those run several transactions in one query.
+    driver_connection: Any = connection.connection.dbapi_connection
+    if driver_connection is None or driver_connection.closed or driver_connection.get_transaction_status() not in _OPEN_BLOCK:
         return
     try:
         with driver_connection.cursor() as cursor:

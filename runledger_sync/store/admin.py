@@ -13,7 +13,7 @@ reported as not found.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 from uuid import UUID
 
 from sqlalchemy import func, select, tuple_, union_all
@@ -132,7 +132,7 @@ def _cursor(before: Any) -> tuple[Any, UUID]:
 
 
 def job_statuses(
-    bind: Bind, job_ids: list[UUID | str], *, organization_id: Optional[str] = None
+    bind: Bind, job_ids: Sequence[UUID | str], *, organization_id: Optional[str] = None
 ) -> dict[UUID, JobStatus]:
     """Return the status of each of the jobs that exist in the scope, in one primary-key read.
 

@@ -182,6 +182,7 @@ def _enqueue_chunked(bind: Bind, specs: Any, max_payload_bytes: int, *, ids_only
     def several(connection: Connection) -> list[Any]:
         nonlocal tries
         tries += 1
+        chunks: Iterator[list[JobSpec]]
         if tries == 1:
             chunks = itertools.chain((first, second), _chunks(iterator, len(first) + len(second)))
         elif replayable:

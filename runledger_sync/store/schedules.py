@@ -119,7 +119,7 @@ def _upsert(connection: Connection, spec: ScheduleSpec, is_active: Optional[bool
                 notify_schedules_changed(connection)
             return _to_schedule(inserted)
         # Written meanwhile by another upsert: replace it like any stored one.
-        current = connection.execute(_LOCK_BY_NAME, {"name": spec.name}).first()
+        current = connection.execute(_LOCK_BY_NAME, {"name": spec.name}).one()
     active = current.is_active if is_active is None else is_active
     timing_changed = (current.cron_expr, current.timezone, current.max_jitter_seconds) != (
         spec.cron_expr, spec.timezone, spec.max_jitter_seconds)

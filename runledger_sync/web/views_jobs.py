@@ -29,7 +29,10 @@ def jobs_list(dashboard: PageHost, request: Request) -> Response:
         "search": request.arg("q"),
     }
     before = _page_cursor(dashboard, request.arg("before"), filters["organization_id"])
-    jobs = rl.list_jobs(dashboard.engine, **filters, before=before, limit=PAGE_SIZE + 1)
+    jobs = rl.list_jobs(
+        dashboard.engine, status=filters["status"], job_type=filters["job_type"],
+        organization_id=filters["organization_id"], search=filters["search"], before=before, limit=PAGE_SIZE + 1,
+    )
     next_before = str(jobs[PAGE_SIZE - 1].id) if len(jobs) > PAGE_SIZE else None
     return dashboard.render(
         request, "jobs.html", jobs=jobs[:PAGE_SIZE], filters=filters, next_before=next_before,

@@ -277,7 +277,7 @@ def test_the_readme_starts_with_the_two_commands_that_work_on_a_fresh_machine():
     assert [line.split()[:2] for line in shell_lines(commands)] == [["make", "demo"], ["make", "test"]]
     assert commands.splitlines()[0] in [line.strip() for line in first_lines]
     targets = re.findall(r"^([\w-]+):", (REPO / "Makefile").read_text(encoding="utf-8"), re.M)
-    assert {"demo", "test", "docs"} <= set(targets)
+    assert {"demo", "test", "docs", "typecheck"} <= set(targets)
 
 
 def test_the_readme_is_a_landing_page():

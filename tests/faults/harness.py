@@ -278,17 +278,6 @@ def max_overlap(intervals: list[tuple[Any, Any]]) -> int:
     return peak
 
 
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not reached within {timeout} s")
-        time.sleep(interval)
-
-
 # -- a TCP proxy that can cut the network ------------------------------------------------
 
 

@@ -31,7 +31,8 @@ from tests.faults.fault_worker import (
     WorkerSettings,
     build_registry,
 )
-from tests.faults.harness import Db, TcpProxy, WorkerFleet, max_overlap, wait_for
+from tests.faults.harness import Db, TcpProxy, WorkerFleet, max_overlap
+from tests.support import wait_until
 
 SCALE_VARIABLE = "RUNLEDGER_FAULT_SCALE"
 #: Extra time a bounded recovery may take on a loaded 2-core machine, beyond what the config implies.
@@ -169,7 +170,7 @@ def outcome_figures(result: ScenarioResult, db: Db, job_type: str) -> None:
 
 
 def terminal_wait(db: Db, job_type: str, timeout: float, what: str) -> None:
-    wait_for(lambda: db.unfinished(job_type) == 0, timeout, what, interval=0.2)
+    wait_until(lambda: db.unfinished(job_type) == 0, timeout, interval=0.2, what=what)
 
 
 # -- 1. worker SIGKILL churn ---------------------------------------------------------------
@@ -293,9 +294,8 @@ def _database_fault_run(
                 worker.wait_ready()
             pids = [worker.pid for worker in workers]
             for share, fault in zip((0.3, 0.6), faults, strict=True):
-                wait_for(lambda db=db, share=share: db.count_status("SUCCEEDED", job_type) >= jobs * share,
-                         drain_seconds(jobs, 20),
-                         f"{name}: {share:.0%} of the jobs done")
+                wait_until(lambda db=db, share=share: db.count_status("SUCCEEDED", job_type) >= jobs * share,
+                           drain_seconds(jobs, 20), what=f"{name}: {share:.0%} of the jobs done")
                 if before_fault is not None:
                     before_fault(db)
                 resume_from = fault()
@@ -303,8 +303,8 @@ def _database_fault_run(
                     engine.dispose()
                     engine = reconnect()
                     db = Db(engine)
-                first = wait_for(lambda db=db, at=resume_from: _first_success_after(db, at), 30,
-                                 f"{name}: a job finishing after the fault")
+                first = wait_until(lambda db=db, at=resume_from: _first_success_after(db, at), 30,
+                                   what=f"{name}: a job finishing after the fault")
                 resumes.append((first - resume_from).total_seconds())
             terminal_wait(db, job_type, drain_seconds(jobs, 20), f"{name}: every job finished")
             alive = [worker.alive() for worker in workers]
@@ -520,16 +520,16 @@ def network_cut(url: str, cut_seconds: float = 6.0) -> CutResult:
         with WorkerFleet() as fleet:
             victim = fleet.start(replace(settings, worker_id="cutoff", url=proxy.url_for(url), observer_url=url,
                                          partition_role="victim", run_reaper=False))
-            wait_for(lambda: db.scalar("SELECT count(*) FROM fault_notes WHERE note = 'victim running'"), 30,
-                     "the victim started the job")
-            wait_for(lambda: db.scalar("SELECT count(*) FROM job_events WHERE event_type = 'HEARTBEAT'"), 10,
-                     "the victim renews its lease")
+            wait_until(lambda: db.scalar("SELECT count(*) FROM fault_notes WHERE note = 'victim running'"), 30,
+                       what="the victim started the job")
+            wait_until(lambda: db.scalar("SELECT count(*) FROM job_events WHERE event_type = 'HEARTBEAT'"), 10,
+                       what="the victim renews its lease")
             # Started (and idle) before the cut, so recovery is not measured from a process start.
             rescuer = fleet.start(replace(settings, worker_id="rescuer"))
             cut_at = db.now()
             cut_started = time.monotonic()
             proxy.cut()
-            wait_for(lambda: db.count_status("SUCCEEDED") == 1, cut_seconds + 10, "the rescuer finished the job")
+            wait_until(lambda: db.count_status("SUCCEEDED") == 1, cut_seconds + 10, what="the rescuer finished the job")
             result.expect(proxy.is_cut and time.monotonic() - cut_started < cut_seconds,
                           "the job was only finished after the network came back")
             succeeded_at = db.scalar("SELECT occurred_at FROM job_events WHERE event_type = 'SUCCEEDED'")
@@ -537,8 +537,8 @@ def network_cut(url: str, cut_seconds: float = 6.0) -> CutResult:
             time.sleep(max(0.0, cut_seconds - (time.monotonic() - cut_started)))
             healed_at = db.now()
             proxy.heal()
-            wait_for(lambda: db.scalar("SELECT count(*) FROM fault_notes WHERE note LIKE 'late completion%'"), 20,
-                     "the cut-off worker tried its late completion")
+            wait_until(lambda: db.scalar("SELECT count(*) FROM fault_notes WHERE note LIKE 'late completion%'"), 20,
+                       what="the cut-off worker tried its late completion")
             notes = db.rows("SELECT note, at FROM fault_notes WHERE worker_id = :w ORDER BY at", w=victim.worker_id)
             result.details["victim_notes"] = [note for note, _ in notes]
             cancelled = [at for note, at in notes if note.startswith("victim cancelled:")]

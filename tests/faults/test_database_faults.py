@@ -9,8 +9,9 @@ import pytest
 
 import runledger_sync as rl
 from runledger_sync.store._errors import TRANSIENT_RETRY_BUDGET_SECONDS
-from tests.faults.harness import Db, TcpProxy, wait_for
+from tests.faults.harness import Db, TcpProxy
 from tests.faults.scenarios import postgres_crash, postgres_restart, restart_under_app_writes, terminate_backends
+from tests.support import wait_until
 
 
 @pytest.mark.timeout(240)
@@ -73,13 +74,15 @@ def test_an_outage_shorter_than_the_lease_costs_the_running_job_nothing(fresh_da
     worker.start()
     observer = rl.create_engine(fresh_database)
     try:
-        wait_for(lambda: rl.get_job(observer, job.id).stage is rl.JobStage.RUNNING, 20, "the job to start")
+        wait_until(lambda: rl.get_job(observer, job.id).stage is rl.JobStage.RUNNING, 20, what="the job to start")
         proxy.refuse()
-        time.sleep(outage_seconds)
+        time.sleep(outage_seconds)  # the outage itself: longer than the retry budget
+        healed_at = Db(observer).now()
         proxy.heal()
-        time.sleep(1.0)  # a renewal or two after the outage
+        # The lease survives the outage: a renewal lands after it, before the job is let go.
+        wait_until(lambda: rl.get_job(observer, job.id).last_heartbeat_at > healed_at, 10, what="a renewal after the outage")
         release.set()
-        wait_for(lambda: rl.get_job(observer, job.id).status is rl.JobStatus.SUCCEEDED, 20, "the job to succeed")
+        wait_until(lambda: rl.get_job(observer, job.id).status is rl.JobStatus.SUCCEEDED, 20, what="the job to succeed")
         finished = rl.get_job(observer, job.id)
         assert cancelled == []
         assert (finished.attempt, finished.run_number) == (1, 1)

@@ -5,13 +5,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+import threading
 
 import pytest
 
 from runledger_sync import config as config_module
 from runledger_sync.config import JobsConfig
 from runledger_sync.core.errors import ConfigError
-from runledger_sync.core.types import EventLog
+from runledger_sync.core.types import EventLog, RuntimeLoopExit
+from runledger_sync.registry import JobRegistry
+from runledger_sync.runtime.worker import run_worker_loop
 
 WORKER_ID_PATTERN = re.compile(
     r"^worker-[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$"
@@ -207,6 +210,18 @@ def test_worker_loop_checks_only_worker_fields():
     assert problems_of(config, "validate_worker_loop") == [
         "jobs config worker_id must be a non-blank string, got ''"
     ]
+
+
+def test_unknown_job_types_stop_the_worker_loop_with_one_readable_problem(caplog):
+    registry = JobRegistry()
+    registry.job("test.job")(lambda ctx, payload: None)
+    caplog.set_level(logging.WARNING, logger="runledger_sync")
+    config = JobsConfig(job_types=("test.job", "test.tpyo"))
+    # The check runs before the engine is touched, so none is needed.
+    assert run_worker_loop(None, registry, config, threading.Event()) is RuntimeLoopExit.INVALID_CONFIG
+    [record] = [r for r in caplog.records if r.getMessage() == "invalid jobs config; stopping worker loop"]
+    assert record.error == (
+        "config.invalid: jobs config job_types names types no handler is registered for: test.tpyo; registered: test.job")
 
 
 def test_reaper_checks_batch_interval_delay_and_hook_timeout():

@@ -22,11 +22,12 @@ from tests.handlers import SECRET, Probe, fast_config
 class RunningLoop:
     """A runtime loop in a daemon thread, with its own shutdown event."""
 
-    def __init__(self, loop: Callable[..., RuntimeLoopExit], engine: Any, registry: Any, config: JobsConfig) -> None:
+    def __init__(self, loop: Callable[..., RuntimeLoopExit], engine: Any, registry: Any, config: JobsConfig,
+                 **options: Any) -> None:
         self.shutdown = threading.Event()
         self.exits: list[Any] = []
         self.thread = threading.Thread(
-            target=lambda: self.exits.append(loop(engine, registry, config, self.shutdown)),
+            target=lambda: self.exits.append(loop(engine, registry, config, self.shutdown, **options)),
             name=f"test-{loop.__name__}", daemon=True,
         )
         self.thread.start()
@@ -49,9 +50,11 @@ def probe() -> Iterator[Probe]:
 def start_loop(engine) -> Iterator[Callable[..., RunningLoop]]:
     started: list[RunningLoop] = []
 
-    def start(kind: str, registry: Any, config: Optional[JobsConfig] = None, *, bind: Any = None) -> RunningLoop:
+    def start(kind: str, registry: Any, config: Optional[JobsConfig] = None, *, bind: Any = None,
+              **options: Any) -> RunningLoop:
+        """Start a ``worker`` or ``reaper`` loop; ``options`` go to it (a worker's ``observer=``, say)."""
         loop = {"worker": run_worker_loop, "reaper": run_reaper_loop}[kind]
-        running = RunningLoop(loop, bind if bind is not None else engine, registry, config or fast_config())
+        running = RunningLoop(loop, bind if bind is not None else engine, registry, config or fast_config(), **options)
         started.append(running)
         return running
 

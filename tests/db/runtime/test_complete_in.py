@@ -24,7 +24,7 @@ from runledger_sync.runtime.execution import process_claimed_job
 from runledger_sync.store import enqueue as store_enqueue
 from tests import handlers as h
 from tests.handlers import MAX_BLOCK_SECONDS, fast_config
-from tests.support import JOB_TYPE, claim_one, event_types, expire_lease, rows, scalar
+from tests.support import JOB_TYPE, claim_one, event_types, expire_lease, lock_waiters, rows, scalar, wait_until
 
 INSERT_EFFECT = "INSERT INTO side_effects VALUES (:j, :a, 'effect')"
 
@@ -239,12 +239,14 @@ def test_heartbeats_blocked_by_the_handler_transaction_do_not_end_the_attempt(
         with sa_connection(engine, fresh_database) as (conn, write_effect):
             write_effect(ctx)
             ctx.complete_in(conn)
-            # Hold the row lock across several heartbeats, then keep running after the commit.
-            time.sleep(1.0)
-        time.sleep(0.5)
+            # Hold the row lock until a heartbeat waits on it, then keep running after the commit.
+            probe.note(wait_until(lambda: lock_waiters(engine), timeout=MAX_BLOCK_SECONDS,
+                                  what="a heartbeat waiting on the handler's lock"))
+        time.sleep(0.5)  # the handler's own work after its commit, while the heartbeat is answered
 
     job = run_one(engine, h.scripted(probe, body), config=config)
 
+    assert probe.notes and probe.notes[0] >= 1
     assert job_row(engine, job.id).status == "SUCCEEDED"
     assert effect_count(engine) == 1
     logged = messages(logs)

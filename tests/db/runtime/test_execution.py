@@ -45,6 +45,7 @@ from tests.support import (
     events,
     expire_lease,
     identity,
+    lock_waiters,
     rows,
     scalar,
     wait_until,
@@ -75,11 +76,6 @@ def in_thread(target, *args):
     thread = threading.Thread(target=target, args=args, daemon=True)
     thread.start()
     return thread
-
-
-def lock_waiters(engine) -> int:
-    return scalar(engine, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                          "AND wait_event_type = 'Lock'")
 
 
 def records(caplog, message):
@@ -572,10 +568,7 @@ def test_handler_holding_its_own_row_lock_over_a_heartbeat_does_not_deadlock(eng
     def body(ctx, payload, call):
         with engine.connect() as conn:
             conn.execute(text("SELECT 1 FROM job_queue WHERE id = :id FOR UPDATE"), {"id": ctx.job_id})
-            deadline = time.monotonic() + 5
-            while lock_waiters(engine) == 0 and time.monotonic() < deadline:
-                time.sleep(0.02)
-            probe.note(lock_waiters(engine))
+            probe.note(wait_until(lambda: lock_waiters(engine), timeout=5, what="a heartbeat waiting on the handler's lock"))
             conn.commit()
 
     config = fast_config(heartbeat_interval_seconds=0.2)

@@ -15,7 +15,7 @@ from runledger_sync.runtime.worker import WorkerLoop, run_worker_loop
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store import _notify as notify
 from tests.handlers import fast_config
-from tests.support import JOB_TYPE, define, rows, scalar, wait_until
+from tests.support import JOB_TYPE, ClaimWatch, define, rows, scalar, wait_until
 
 #: Far longer than any bound asserted below, so polling cannot explain a fast pickup.
 LONG_POLL_MS = 5_000
@@ -64,14 +64,22 @@ def enqueue_and_time(engine, name: str) -> float:
     return time.perf_counter()
 
 
-def start_idle_worker(engine, start_loop, logs, starts: Starts, **config):
+def wait_idle_and_listening(logs, claims: ClaimWatch, connections: int = 1) -> None:
+    """Wait until the worker's ``connections``-th LISTEN took effect and it claimed once more since.
+
+    It claims once more after connecting, then settles into its long pause.
+    """
+    connected = wait_until(lambda: messages(logs, "listener connected")[connections - 1:])[0]
+    wait_until(lambda: claims.claims_since(connected.created), what="a claim after the LISTEN")
+
+
+def start_idle_worker(engine, start_loop, logs, starts: Starts, claims: ClaimWatch | None = None, **config):
     registry = registry_of(starts)
     registry.sync_definitions(engine)
-    worker = start_loop("worker", registry, fast_config(**config))
-    wait_until(lambda: messages(logs, "listener connected"))
+    claims = claims or ClaimWatch()
+    worker = start_loop("worker", registry, fast_config(**config), observer=claims)
     wait_until(lambda: listener_pids(engine))
-    # The worker claims once more after connecting, then settles into its long pause.
-    time.sleep(0.2)
+    wait_idle_and_listening(logs, claims)
     return worker
 
 
@@ -109,14 +117,16 @@ def test_idle_worker_picks_up_a_new_job_long_before_its_poll(engine, start_loop,
 
 def test_rolled_back_enqueue_starts_nothing(engine, start_loop, logs):
     starts = Starts()
-    start_idle_worker(engine, start_loop, logs, starts, poll_interval_ms=LONG_POLL_MS)
+    # One slot: had the rolled-back job been written, it would start before any later one.
+    start_idle_worker(engine, start_loop, logs, starts, poll_interval_ms=LONG_POLL_MS, max_global_concurrency=1)
     with engine.connect() as conn:
         store_enqueue.enqueue(conn, JOB_TYPE, {"name": "rolled-back"})
         conn.rollback()
-    time.sleep(0.5)
-    assert starts.times == {}
-    assert scalar(engine, "SELECT count(*) FROM job_queue") == 0
-    assert scalar(engine, "SELECT count(*) FROM job_events") == 0
+    enqueue_and_time(engine, "committed")
+    starts.wait_for("committed", PICKUP_BOUND_SECONDS)
+    assert list(starts.times) == ["committed"]
+    assert scalar(engine, "SELECT count(*) FROM job_queue WHERE payload ->> 'name' <> 'committed'") == 0
+    assert scalar(engine, "SELECT count(*) FROM job_events WHERE job_id NOT IN (SELECT id FROM job_queue)") == 0
 
 
 def test_worker_polls_while_its_listener_is_lost(engine, start_loop, logs, monkeypatch):
@@ -136,7 +146,8 @@ def test_worker_polls_while_its_listener_is_lost(engine, start_loop, logs, monke
 
 def test_worker_listens_again_after_losing_its_listener(engine, start_loop, logs):
     starts = Starts()
-    start_idle_worker(engine, start_loop, logs, starts, poll_interval_ms=LONG_POLL_MS)
+    claims = ClaimWatch()
+    start_idle_worker(engine, start_loop, logs, starts, claims, poll_interval_ms=LONG_POLL_MS)
     [first] = listener_pids(engine)
     assert scalar(engine, "SELECT pg_terminate_backend(:pid)", pid=first)
     wait_until(lambda: messages(logs, "listener lost; polling"))
@@ -146,7 +157,7 @@ def test_worker_listens_again_after_losing_its_listener(engine, start_loop, logs
     wait_until(lambda: [pid for pid in listener_pids(engine) if pid != first], timeout=5.0)
     assert len(messages(logs, "listener connected")) == 2
     assert len(messages(logs, "listener lost; polling")) == 1
-    time.sleep(0.2)
+    wait_idle_and_listening(logs, claims, connections=2)
     committed = enqueue_and_time(engine, "after")
     assert starts.wait_for("after", PICKUP_BOUND_SECONDS) - committed < PICKUP_BOUND_SECONDS
 

@@ -110,11 +110,7 @@ def test_a_lost_lease_counts_a_heartbeat_failure_and_a_lease_loss(engine):
     @jobs.job("m.slow")
     def slow(ctx, payload):
         started.set()
-        for _ in range(int(MAX_BLOCK_SECONDS / 0.05)):
-            if ctx.cancelled:
-                return None
-            threading.Event().wait(0.05)
-        return None
+        ctx.wait_cancelled(MAX_BLOCK_SECONDS)
 
     jobs.sync_definitions(engine)
     job = rl.enqueue(engine, "m.slow", {})

@@ -15,7 +15,7 @@ from runledger_sync.runtime.scheduler import run_scheduler_loop, tick_once
 from runledger_sync.store import _notify as notify
 from tests import handlers as h
 from tests.handlers import fast_config
-from tests.support import JOB_TYPE, rows, wait_until
+from tests.support import JOB_TYPE, rows, scalar, wait_until
 
 WINDOW_SECONDS = 10
 
@@ -35,7 +35,9 @@ def test_three_supervisors_enqueue_each_instant_of_a_per_second_schedule_once(en
     for supervisor in supervisors:
         supervisor.start()
     try:
-        time.sleep(WINDOW_SECONDS)
+        # A window of WINDOW_SECONDS instants: over as soon as that many were fired.
+        wait_until(lambda: len(set(scheduled_for(engine))) >= WINDOW_SECONDS, timeout=3 * WINDOW_SECONDS,
+                   interval=0.2, what=f"{WINDOW_SECONDS} instants fired")
     finally:
         for supervisor in supervisors:
             supervisor.stop(timeout=10)
@@ -62,7 +64,10 @@ def test_a_supervisor_can_leave_the_scheduler_out(engine, probe, logs):
     registry.sync_definitions(engine)
     supervisor = rl.Supervisor(engine, registry, fast_config(), run_scheduler=False).start()
     try:
-        time.sleep(1.5)
+        # An instant of the per-second schedule came due half a second ago and nobody fired it.
+        wait_until(lambda: scalar(engine, "SELECT next_fire_at < now() - interval '0.5 seconds' FROM job_schedules"),
+                   what="an instant of the schedule left unfired")
+        assert "scheduler" not in supervisor.health(check_database=False).loops
     finally:
         supervisor.stop(timeout=10)
     assert set(supervisor.exits) == {"worker", "reaper"}

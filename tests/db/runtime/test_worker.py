@@ -360,7 +360,7 @@ def test_the_gather_wait_is_bounded_and_an_idle_loop_claims_at_once(engine):
 def test_a_backed_up_loop_whose_handlers_are_slow_claims_its_free_slot_without_waiting_for_more(engine):
     with gated_loop(engine, queued=12, gather_seconds=0.5) as (gate, loop):
         assert loop.turn() is True
-        time.sleep(1.0)
+        time.sleep(1.0)  # the handlers' own running time: what makes them slow, not a wait for anything
         gate.release(1)  # a handler of a second: fewer than three more free within the gather time
         wait_until(lambda: loop.free_slots == 1)
         started = time.monotonic()
