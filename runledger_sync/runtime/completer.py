@@ -99,22 +99,17 @@ class Completer:
         self._bind = bind
         if threaded and isinstance(bind, Engine):
             self._held = self._bind = HeldConnection(bind)
-            self._writer = GroupWriter(
+            writer = self._writer = GroupWriter(
                 name, self._write_group, linger_seconds=GROUP_LINGER_SECONDS,
                 still_coming=None if finishing is None else lambda: finishing.others_within(GROUP_LINGER_SECONDS),
             )
             if finishing is not None:
-                finishing.count_succeeding(self._writer.waiting_count)
+                finishing.count_succeeding(lambda: writer.waiting)
 
     @property
     def threaded(self) -> bool:
         """True when outcomes are written on the completer's own thread, False when on the posting one."""
         return self._writer is not None
-
-    @property
-    def waiting(self) -> int:
-        """Outcomes posted and not yet answered."""
-        return 0 if self._writer is None else self._writer.waiting
 
     def post(self, identity: LeaseIdentity, transition: Written, *, give_up_at: float, on_answer: OnAnswer) -> None:
         """Write ``transition`` under ``identity``'s lease; ``on_answer(result)`` is called once it is durable or lost.

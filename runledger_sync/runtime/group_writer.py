@@ -64,10 +64,6 @@ class GroupWriter(Generic[T, R]):
         """Items posted and not yet answered."""
         return self._waiting
 
-    def waiting_count(self) -> int:
-        """:attr:`waiting`, as a method to hand to whoever asks it often."""
-        return self._waiting
-
     def _count(self, items: int) -> None:
         with self._waiting_lock:
             self._waiting += items
