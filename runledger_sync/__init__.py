@@ -75,6 +75,8 @@ from runledger_sync.core.workflow import (
     WorkflowStepStatus,
 )
 from runledger_sync.core.workflow_errors import InvalidWorkflow, WorkflowRunNotFound
+from runledger_sync.core.flow import JobWait, QueueLoad, QueueRecord, RateLimit, WaitReason
+from runledger_sync.core.queue_errors import InvalidQueueSetting, QueueNotFound
 from runledger_sync.db.embedded import EmbeddedPostgres
 from runledger_sync.db.engine import create_engine, mask_url, mask_urls_in, with_schema
 from runledger_sync.db.migrate import check_schema, current_revision, downgrade, head_revision, migrate, migration_sql
@@ -102,6 +104,14 @@ from runledger_sync.store.admin import (
     requeue_job,
 )
 from runledger_sync.store.enqueue import enqueue, enqueue_many, enqueue_many_ids, set_job_definition_enabled
+from runledger_sync.store.queues import (
+    configure_queue,
+    get_queue,
+    list_queues,
+    pause_queue,
+    queue_loads,
+    resume_queue,
+)
 from runledger_sync.store.schedules import (
     delete_schedule,
     get_schedule,
@@ -133,6 +143,7 @@ __all__ = [
     "InvalidArgument",
     "InvalidCron",
     "InvalidPayload",
+    "InvalidQueueSetting",
     "InvalidStateTransition",
     "InvalidWorkflow",
     "JobAttemptRecord",
@@ -154,6 +165,7 @@ __all__ = [
     "JobStage",
     "JobStateError",
     "JobStatus",
+    "JobWait",
     "JobsConfig",
     "LeaseOwnerMismatch",
     "LoopHealth",
@@ -162,7 +174,11 @@ __all__ = [
     "OutputTooLarge",
     "PoolMode",
     "QueueGauges",
+    "QueueLoad",
+    "QueueNotFound",
+    "QueueRecord",
     "QueueStats",
+    "RateLimit",
     "RegistrationError",
     "RunledgerError",
     "RuntimeLoopExit",
@@ -174,6 +190,7 @@ __all__ = [
     "Supervisor",
     "SupervisorHealth",
     "ValidationError",
+    "WaitReason",
     "Workflow",
     "WorkflowContext",
     "WorkflowReleaseMode",
@@ -190,6 +207,7 @@ __all__ = [
     "complete_external_step",
     "configure_logging",
     "configure_logging_unless_configured",
+    "configure_queue",
     "count_jobs",
     "create_engine",
     "current_revision",
@@ -201,6 +219,7 @@ __all__ = [
     "enqueue_workflow",
     "get_dead_letter",
     "get_job",
+    "get_queue",
     "get_schedule",
     "get_workflow_run",
     "head_revision",
@@ -208,6 +227,7 @@ __all__ = [
     "list_dead_letters",
     "list_events",
     "list_jobs",
+    "list_queues",
     "list_schedules",
     "list_workflow_runs",
     "load_registry",
@@ -215,10 +235,13 @@ __all__ = [
     "mask_urls_in",
     "migrate",
     "migration_sql",
+    "pause_queue",
     "pause_schedule",
     "queue_gauges",
+    "queue_loads",
     "queue_stats",
     "requeue_job",
+    "resume_queue",
     "resume_schedule",
     "run_worker_loop",
     "set_job_definition_enabled",

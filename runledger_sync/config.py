@@ -20,6 +20,7 @@ from runledger_sync.core import backoff
 from runledger_sync.core.errors import ConfigError, ValidationError
 from runledger_sync.core.ids import uuid7
 from runledger_sync.core.types import EventLog
+from runledger_sync.core.flow import check_queue_name
 from runledger_sync.core.validation import WORKER_ID_MAX_LENGTH, check_job_type, check_text
 
 DEFAULT_POLL_INTERVAL_MS: float = 500
@@ -54,6 +55,8 @@ WORKER_LOOP_FIELDS: tuple[str, ...] = (
     "heartbeat_lock_timeout_ms",
     "max_output_bytes",
     "job_types",
+    "queues",
+    "queue_concurrency",
     "event_log",
 )
 REAPER_FIELDS: tuple[str, ...] = (
@@ -98,6 +101,9 @@ class JobsConfig:
         max_output_bytes: Largest JSON output a handler may return; a larger one
             dead-letters its job with ``job.output_too_large``, storing nothing of it.
         job_types: Restrict this worker to these registered types; None means all.
+        queues: Claim only from these queues; None means every queue.
+        queue_concurrency: Queue name -> most jobs of that queue running at once in
+            this worker (its share, inside ``max_global_concurrency``).
         log_payloads: Allow payloads in debug logs (off: payloads may hold secrets).
         event_log: Which events the worker writes: ``full`` (every event of the
             spec) or ``transitions`` (no LEASED, no STAGE_CHANGED to running, no
@@ -119,6 +125,8 @@ class JobsConfig:
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
     job_types: Optional[tuple[str, ...]] = DEFAULT_JOB_TYPES
+    queues: Optional[tuple[str, ...]] = None
+    queue_concurrency: Optional[Mapping[str, int]] = None
     log_payloads: bool = DEFAULT_LOG_PAYLOADS
     event_log: str = DEFAULT_EVENT_LOG
 
@@ -127,6 +135,8 @@ class JobsConfig:
         # not a tuple is left for validate() to name.
         if isinstance(self.job_types, list):
             object.__setattr__(self, "job_types", tuple(self.job_types))
+        if isinstance(self.queues, list):
+            object.__setattr__(self, "queues", tuple(self.queues))
 
     @property
     def heartbeat_interval(self) -> float:
@@ -330,6 +340,27 @@ def _check_job_types(config: JobsConfig) -> Optional[str]:
     return _store_refusal("job_types", lambda: [check_job_type(t) for t in value])
 
 
+def _check_queues(config: JobsConfig) -> Optional[str]:
+    value = config.queues
+    if value is None:
+        return None
+    rule = "be None or a non-empty tuple of queue names"
+    if not isinstance(value, tuple) or not value:
+        return _problem("queues", rule, value)
+    return _store_refusal("queues", lambda: [check_queue_name(q, "queues") for q in value])
+
+
+def _check_queue_concurrency(config: JobsConfig) -> Optional[str]:
+    value = config.queue_concurrency
+    if value is None:
+        return None
+    rule = "be None or a mapping of queue name to a whole number of at least 1"
+    if not isinstance(value, Mapping) or any(isinstance(n, bool) or not isinstance(n, int) or n < 1
+                                             for n in value.values()):
+        return _problem("queue_concurrency", rule, value)
+    return _store_refusal("queue_concurrency", lambda: [check_queue_name(q, "queue_concurrency") for q in value])
+
+
 def _check_log_payloads(config: JobsConfig) -> Optional[str]:
     if not isinstance(config.log_payloads, bool):
         return _problem("log_payloads", "be a bool", config.log_payloads)
@@ -359,6 +390,8 @@ _CHECKS: Mapping[str, Callable[[JobsConfig], Optional[str]]] = {
     "max_payload_bytes": _int_at_least("max_payload_bytes", 1),
     "max_output_bytes": _int_at_least("max_output_bytes", 1),
     "job_types": _check_job_types,
+    "queues": _check_queues,
+    "queue_concurrency": _check_queue_concurrency,
     "log_payloads": _check_log_payloads,
     "event_log": _check_event_log,
 }

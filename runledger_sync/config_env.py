@@ -50,6 +50,8 @@ _ENV_CLAMPS: Mapping[str, tuple[float, Optional[float]]] = {
 _DEFAULT_WORDS: Mapping[str, str] = {
     "heartbeat_interval_seconds": "a third of the lease",
     "job_types": "every registered type",
+    "queues": "every queue",
+    "queue_concurrency": "no cap per queue",
 }
 
 @dataclass(frozen=True)
@@ -156,6 +158,17 @@ def _parse_job_types(raw: str) -> Any:
     return types or _UNPARSEABLE
 
 
+def _parse_queue_concurrency(raw: str) -> Any:
+    caps: dict[str, Any] = {}
+    for part in (p.strip() for p in raw.split(",") if p.strip()):
+        name, _, count = part.partition("=")
+        number = _parse_int(count.strip())
+        if not name.strip() or number is _UNPARSEABLE:
+            return _UNPARSEABLE
+        caps[name.strip()] = number
+    return caps or _UNPARSEABLE
+
+
 def _parse_event_log(raw: str) -> Any:
     lowered = raw.lower()
     return lowered if lowered in {level.value for level in EventLog} else _UNPARSEABLE
@@ -177,6 +190,8 @@ _ENV_PARSERS: Mapping[str, Callable[[str], Any]] = {
     "max_payload_bytes": _parse_int,
     "max_output_bytes": _parse_int,
     "job_types": _parse_job_types,
+    "queues": _parse_job_types,
+    "queue_concurrency": _parse_queue_concurrency,
     "log_payloads": _parse_bool,
     "event_log": _parse_event_log,
 }
@@ -189,6 +204,7 @@ _UNPARSEABLE_REASONS: Mapping[Callable[[str], Any], str] = {
     _parse_bool: "is not a boolean (expected true/false, yes/no, on/off or 1/0)",
     _parse_job_types: "names no job type (expected a comma-separated list)",
     _parse_event_log: "is not an event log level (expected full or transitions)",
+    _parse_queue_concurrency: "is not a list of queue=count (expected e.g. mail=2,default=8)",
     _ENV_PARSERS["worker_id"]: "is not a worker id",
 }
 

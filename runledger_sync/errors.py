@@ -61,6 +61,7 @@ from runledger_sync.core.store_errors import (
     UniqueViolation,
 )
 from runledger_sync.core.types import JobFailure
+from runledger_sync.core.queue_errors import InvalidConcurrencyKey, InvalidQueueName, InvalidQueueSetting, QueueNotFound
 from runledger_sync.core.workflow_errors import (
     DependencyCycle,
     DuplicateStepKey,
@@ -125,11 +126,14 @@ __all__ = [
     "IncompleteRequestBody",
     "InvalidArgument",
     "InvalidCompletionProgress",
+    "InvalidConcurrencyKey",
     "InvalidCron",
     "InvalidJobType",
     "InvalidLeaseDuration",
     "InvalidPayload",
     "InvalidProgress",
+    "InvalidQueueName",
+    "InvalidQueueSetting",
     "InvalidRetryDelay",
     "InvalidStateTransition",
     "InvalidTimezone",
@@ -145,6 +149,7 @@ __all__ = [
     "OfflineMigrationUnsupported",
     "OutputTooLarge",
     "PermissionDenied",
+    "QueueNotFound",
     "RegistrationError",
     "RelatedResourceMissing",
     "RelatedResourceStillReferenced",

@@ -33,6 +33,7 @@ class JobHandler:
         max_attempts: Attempts before dead-lettering; None means the definition default (8).
         timeout_seconds: Per-attempt deadline; None means the default (900).
         priority: Default priority of enqueued jobs; None means 100.
+        queue: The queue its jobs join (default ``"default"``); an enqueue may name another.
         retry_on: Exception classes that become retryable failures instead of panics.
         retry_delay_overrides: Failure code -> retry delay in ms, replacing the backoff.
     """
@@ -41,6 +42,7 @@ class JobHandler:
     max_attempts: Optional[int] = None
     timeout_seconds: Optional[int] = None
     priority: Optional[int] = None
+    queue: str = "default"
     retry_on: tuple[type[BaseException], ...] = ()
     # Read-only, so a subclass cannot mutate the default shared by every handler.
     retry_delay_overrides: Mapping[str, int] = types.MappingProxyType({})
@@ -107,6 +109,7 @@ class WrappedHandler(JobHandler):
         self.max_attempts = inner.max_attempts
         self.timeout_seconds = inner.timeout_seconds
         self.priority = inner.priority
+        self.queue = inner.queue
         self.retry_on = retry_on
         self.retry_delay_overrides = inner.retry_delay_overrides
 

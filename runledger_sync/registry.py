@@ -12,7 +12,8 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, ContextManager, Mapping, Optional
 
-from runledger_sync.core.errors import ConfigError, RegistrationError, ValidationError
+from runledger_sync.core.errors import ConfigError, InvalidArgument, RegistrationError, ValidationError
+from runledger_sync.core.flow import DEFAULT_KEY_LIMIT, DEFAULT_QUEUE, QueueSpec, RateLimit, check_queue_name
 from runledger_sync.core.records import JobDefinition, ScheduleSpec
 from runledger_sync.core.validation import check_job_type
 from runledger_sync.handlers import DeadLetterHook, FunctionHandler, HandlerFunction, JobHandler, WrappedHandler
@@ -61,6 +62,7 @@ class JobRegistry:
         self._schedules: dict[str, ScheduleSpec] = {}
         self._retry_on: dict[str, tuple[type[BaseException], ...]] = {}
         self._overrides: dict[str, dict[str, int]] = {}
+        self._queues: dict[str, QueueSpec] = {}
 
     def job(
         self,
@@ -72,6 +74,7 @@ class JobRegistry:
         retry_on: Any = (),
         retry_delay_overrides: Optional[Mapping[str, int]] = None,
         on_dead_letter: Optional[DeadLetterHook] = None,
+        queue: str = DEFAULT_QUEUE,
     ) -> Callable[[HandlerFunction], HandlerFunction]:
         """Register the decorated ``fn(ctx, payload)`` as the handler of ``job_type``.
 
@@ -85,6 +88,7 @@ class JobRegistry:
             retry_on: Exception classes (or one class) that mean "retry".
             retry_delay_overrides: Failure code -> delay in ms for this type only.
             on_dead_letter: ``hook(ctx, payload, info)`` called after a dead letter.
+            queue: The queue its jobs join (declare its limits with :meth:`queue`).
 
         Returns:
             A decorator.
@@ -110,6 +114,7 @@ class JobRegistry:
                 priority=priority,
                 retry_on=retry_on,
                 retry_delay_overrides=retry_delay_overrides or {},
+                queue=queue,
             )
             self.register(handler)
             return fn
@@ -143,6 +148,10 @@ class JobRegistry:
             raise RegistrationError(
                 f"priority for job type {job_type!r} must be an int, got {handler.priority!r}"
             )
+        try:
+            check_queue_name(handler.queue)
+        except InvalidArgument as error:
+            raise RegistrationError(f"queue for job type {job_type!r}: {error.message}") from None
         retry_on = _checked_retry_on(job_type, handler.retry_on)
         overrides = _checked_overrides(job_type, handler.retry_delay_overrides)
         # Every check passed: only now mutate, so a rejected handler leaves no trace.
@@ -184,6 +193,7 @@ class JobRegistry:
                 "default_timeout_seconds": handler.timeout_seconds,
                 "default_priority": handler.priority,
             }
+            given["queue"] = handler.queue
             result.append(JobDefinition(job_type, **{k: v for k, v in given.items() if v is not None}))
         return result
 
@@ -220,6 +230,36 @@ class JobRegistry:
         self._schedules[name] = spec
         return spec
 
+    def queue(
+        self, name: str, *, global_limit: Optional[int] = None, key_limit: Optional[int] = DEFAULT_KEY_LIMIT,
+        rate_limit: Optional[RateLimit] = None,
+    ) -> QueueSpec:
+        """Declare a queue's limits in code; :meth:`sync_definitions` writes them (an operator's pause is kept).
+
+        Args:
+            name: The queue (job types join it with ``@registry.job(..., queue=name)``).
+            global_limit: At most this many of its jobs running at once, across every worker.
+            key_limit: At most this many running (or next in line) per concurrency key; None: no limit.
+            rate_limit: At most ``count`` claims per ``per_seconds``, across every worker.
+
+        Raises:
+            InvalidQueueName, InvalidQueueSetting: a bad name or setting.
+            RegistrationError: the queue is already declared.
+
+        Example:
+            ``registry.queue("payments", global_limit=4, rate_limit=rl.RateLimit(100, per_seconds=60))``
+        """
+        spec = QueueSpec(name, global_limit, key_limit, rate_limit).checked()
+        if name in self._queues:
+            raise RegistrationError(f"a queue named {name!r} is already declared")
+        self._queues[name] = spec
+        return spec
+
+    @property
+    def queues(self) -> list[QueueSpec]:
+        """The queues declared with :meth:`queue`, by name."""
+        return [self._queues[name] for name in sorted(self._queues)]
+
     @property
     def schedules(self) -> list[ScheduleSpec]:
         """The schedules declared with :meth:`schedule`, by name."""
@@ -248,8 +288,11 @@ class JobRegistry:
         # Imported here, not at module level: the registry sits below the store in
         # the layering, and the store must stay importable without the registry.
         from runledger_sync.store.enqueue import sync_job_definitions
+        from runledger_sync.store.queues import sync_queues
         from runledger_sync.store.schedules import sync_declared_schedules
 
+        # Queues first: a definition names its queue.
+        sync_queues(engine_or_connection, self.queues)
         definitions = sync_job_definitions(engine_or_connection, self.definitions(), overwrite=overwrite)
         synced = sync_declared_schedules(
             engine_or_connection, self.schedules, job_types=self.registered_types(),
@@ -276,6 +319,7 @@ class JobRegistry:
         """
         wrapped = JobRegistry(transient_errors=self.transient_errors)
         wrapped._schedules = dict(self._schedules)
+        wrapped._queues = dict(self._queues)
         for job_type, handler in self._handlers.items():
             wrapped.register(WrappedHandler(handler, around, self.retry_on(job_type)))
         return wrapped

@@ -24,6 +24,8 @@ class JobDefinition:
     default_timeout_seconds: int = 900
     default_priority: int = 100
     is_enabled: bool = True
+    #: The queue its jobs join unless their enqueue names another.
+    queue: str = "default"
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,10 @@ class JobSpec:
     organization_id: Optional[str] = None
     idempotency_key: Optional[str] = None
     stage: JobStage = JobStage.QUEUED
+    #: The queue, when not the job type's own.
+    queue: Optional[str] = None
+    #: Jobs of one key run at most ``key_limit`` at a time (their queue's), head first.
+    concurrency_key: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,14 @@ class JobRecord:
     updated_at: datetime
     #: The workflow step this job runs, or None for a plain job.
     workflow_step_id: Optional[UUID] = None
+    queue: str = "default"
+    #: The concurrency key (column ``execution_resource_key``, the spec's name); see :attr:`concurrency_key`.
+    execution_resource_key: Optional[str] = None
+
+    @property
+    def concurrency_key(self) -> Optional[str]:
+        """The key given at enqueue: jobs of one key run at most ``key_limit`` at a time."""
+        return self.execution_resource_key
 
 
 @dataclass(frozen=True)

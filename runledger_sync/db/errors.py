@@ -17,6 +17,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 
 from runledger_sync.core import errors
+from runledger_sync.core.queue_errors import QueueNotFound
 from runledger_sync.core.store_errors import (
     BusinessRuleViolation,
     ConnectionFailed,
@@ -47,6 +48,8 @@ _BY_CONSTRAINT: dict[str, type[errors.RunledgerError]] = {
     "fk_job_queue_job_type": DefinitionNotFound,
     "fk_job_schedules_job_type": DefinitionNotFound,
     "ck_job_queue_progress": errors.InvalidProgress,
+    "fk_job_queue_queue": QueueNotFound,
+    "fk_job_definitions_queue": QueueNotFound,
 }
 # undefined_table, undefined_column, undefined_function: a database not migrated, or behind.
 _SCHEMA_MISSING_STATES = frozenset({"42P01", "42703", "42883"})

@@ -27,6 +27,7 @@ from sqlalchemy import (
     Column,
     Computed,
     DateTime,
+    Float,
     ForeignKey,
     Identity,
     Index,
@@ -83,6 +84,30 @@ def timestamp_columns(*, stamped_by_statements: bool = False) -> list[Column]:
     ]
 
 
+# A queue's settings, one row per queue (revision 0005): every worker reads them at
+# each claim, so a pause or a new limit holds at once across workers. None is no limit.
+job_queues = Table(
+    "job_queues",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("paused", Boolean, nullable=False, server_default=text("false")),
+    Column("paused_at", DateTime(timezone=True)),
+    Column("global_limit", Integer),
+    Column("key_limit", Integer, server_default=text("1")),
+    Column("rate_limit_count", Integer),
+    Column("rate_limit_seconds", Float),
+    Column("rate_limit_per_key", Boolean, nullable=False, server_default=text("false")),
+    *timestamp_columns(stamped_by_statements=True),
+    CheckConstraint("btrim(name) <> ''", name="ck_job_queues_name_not_blank"),
+    CheckConstraint("global_limit IS NULL OR global_limit > 0", name="ck_job_queues_global_limit_positive"),
+    CheckConstraint("key_limit IS NULL OR key_limit > 0", name="ck_job_queues_key_limit_positive"),
+    CheckConstraint(
+        "(rate_limit_count IS NULL) = (rate_limit_seconds IS NULL) "
+        "AND (rate_limit_count IS NULL OR (rate_limit_count > 0 AND rate_limit_seconds > 0))",
+        name="ck_job_queues_rate_limit",
+    ),
+)
+
 job_definitions = Table(
     "job_definitions",
     metadata,
@@ -93,6 +118,10 @@ job_definitions = Table(
     Column("default_priority", Integer, nullable=False, server_default=text("100")),
     Column("is_enabled", Boolean, nullable=False, server_default=text("true")),
     *timestamp_columns(stamped_by_statements=True),
+    Column(
+        "queue", Text, ForeignKey("job_queues.name", name="fk_job_definitions_queue"),
+        nullable=False, server_default=text("'default'"),
+    ),
     CheckConstraint("btrim(job_type) <> ''", name="ck_job_definitions_job_type_not_blank"),
     CheckConstraint("version > 0", name="ck_job_definitions_version_positive"),
     CheckConstraint("max_attempts > 0", name="ck_job_definitions_max_attempts_positive"),
@@ -149,6 +178,13 @@ job_queue = Table(
         UUID(as_uuid=True),
         ForeignKey("workflow_steps.id", ondelete="SET NULL", name="fk_job_queue_workflow_step_id", use_alter=True),
     ),
+    # Flow control (revision 0005, runledger_sync.db.schema_queues): the job's queue,
+    # its concurrency key (the spec's execution resource key), and whether the key's
+    # limit holds it back. The key trigger alone writes blocked_by_key.
+    Column("queue", Text, ForeignKey("job_queues.name", name="fk_job_queue_queue"), nullable=False,
+           server_default=text("'default'")),
+    Column("execution_resource_key", Text),
+    Column("blocked_by_key", Boolean, nullable=False, server_default=text("false")),
     CheckConstraint(one_of("status", JobStatus), name="ck_job_queue_status"),
     CheckConstraint(one_of("stage", JobStage), name="ck_job_queue_stage"),
     CheckConstraint("run_number > 0", name="ck_job_queue_run_number_positive"),
@@ -169,18 +205,37 @@ job_queue = Table(
         "idempotency_key IS NULL OR enqueue_request IS NOT NULL",
         name="ck_job_queue_idempotency_enqueue_request",
     ),
+    CheckConstraint(
+        "execution_resource_key IS NULL OR (btrim(execution_resource_key) <> '' "
+        "AND octet_length(execution_resource_key) <= 512)",
+        name="ck_job_queue_execution_resource_key",
+    ),
 )
 
-# The claim index covers exactly the rows a claim can pick, in claim order, so the
-# claim statement reads only the head of the queue however many finished rows exist.
+# The claim index covers exactly the rows a claim can pick, queue by queue in claim
+# order, so the claim reads only the head of each queue it serves however many
+# finished rows exist, and jobs held back by a busy concurrency key are not in it.
+CLAIMABLE = "status = 'PENDING' AND NOT blocked_by_key"
 Index(
     "idx_job_queue_claim",
-    job_queue.c.status,
+    job_queue.c.queue,
     job_queue.c.priority.desc(),
     job_queue.c.next_run_at,
     job_queue.c.created_at,
     job_queue.c.id,
-    postgresql_where=text("status = 'PENDING'"),
+    postgresql_where=text(CLAIMABLE),
+)
+# A key's live jobs (PENDING or LEASED) in claim order: the key trigger counts them
+# and finds the next one to let go. Only keyed rows have entries.
+Index(
+    "idx_job_queue_key_live",
+    job_queue.c.queue,
+    job_queue.c.execution_resource_key,
+    job_queue.c.priority.desc(),
+    job_queue.c.next_run_at,
+    job_queue.c.created_at,
+    job_queue.c.id,
+    postgresql_where=text("execution_resource_key IS NOT NULL AND status IN ('PENDING', 'LEASED')"),
 )
 Index(
     "idx_job_queue_leased_expiry",

@@ -26,6 +26,7 @@ poll; without the listener (lost, or turned off) it simply polls.
 from __future__ import annotations
 
 import random
+from functools import partial
 import threading
 import time
 from queue import SimpleQueue
@@ -87,6 +88,9 @@ class WorkerLoop:
         self.job_types = types
         #: Claimed jobs whose attempt has not ended yet: each holds a slot.
         self.in_flight = 0
+        #: This worker's own cap per queue (``queue_concurrency``), and its jobs in flight of each.
+        self.queue_caps: dict[str, int] = dict(config.queue_concurrency or {})
+        self.in_flight_by_queue: dict[str, int] = dict.fromkeys(self.queue_caps, 0)
         self._lock = threading.Lock()
         self._slot_freed = threading.Event()
         #: Set when the drain deadline has come: running handlers are told to stop.
@@ -157,17 +161,16 @@ class WorkerLoop:
         if not self.job_types or limit <= 0:
             return False
         started = time.monotonic()
+        claim: dict[str, Any] = {
+            "worker_id": self.config.worker_id, "lease_ttl_seconds": self.config.lease_ttl_seconds, "limit": limit,
+            "job_types": self.job_types, "event_log": self.config.event_log, "queues": self.config.queues,
+            "queue_rooms": self._queue_rooms(),
+        }
         try:
             if isinstance(self.claim_bind, HeldConnection):
-                batch = claim_and_start_jobs(
-                    self.claim_bind, worker_id=self.config.worker_id, lease_ttl_seconds=self.config.lease_ttl_seconds,
-                    limit=limit, job_types=self.job_types, event_log=self.config.event_log,
-                )
+                batch = claim_and_start_jobs(self.claim_bind, **claim)
             else:
-                batch = StartedClaim(unstarted=claim_prestart_jobs_for_types(
-                    self.claim_bind, worker_id=self.config.worker_id, lease_ttl_seconds=self.config.lease_ttl_seconds,
-                    limit=limit, job_types=self.job_types, event_log=self.config.event_log,
-                ))
+                batch = StartedClaim(unstarted=claim_prestart_jobs_for_types(self.claim_bind, **claim))
         except Exception as error:  # noqa: BLE001 - a failed claim must never stop the loop
             log.warning("worker claim failed", extra={"worker_id": self.config.worker_id, "error": str(error)})
             self.backlogged = False
@@ -182,6 +185,9 @@ class WorkerLoop:
                 self.observer.group_written("running", len(batch.running), time.monotonic() - started)
         with self._lock:
             self.in_flight += len(claimed)
+            for job in claimed:
+                if job.queue in self.in_flight_by_queue:
+                    self.in_flight_by_queue[job.queue] += 1
         for job in batch.running:
             self._dispatch(self._process, job, None)
         # Claimed on a caller's connection, each job's pool thread writes its running.
@@ -192,6 +198,13 @@ class WorkerLoop:
             self._dispatch(self._process, job, unstarted)
         self.backlogged = len(claimed) == limit
         return self.backlogged
+
+    def _queue_rooms(self) -> Optional[dict[str, int]]:
+        """How many more jobs of each capped queue this worker may take (None: no queue is capped)."""
+        if not self.queue_caps:
+            return None
+        with self._lock:
+            return {queue: max(0, cap - self.in_flight_by_queue[queue]) for queue, cap in self.queue_caps.items()}
 
     def _gather_free_slots(self) -> None:
         """Wait up to the gather time for ``gather_target`` free slots, while they can still come in time."""
@@ -253,16 +266,18 @@ class WorkerLoop:
     def _process(self, job: JobRecord, running: object, timer: TimerThread) -> None:
         """Run one job on this pool thread; its slot is freed when its attempt ends."""
         process_claimed_job(self.engine, self.registry, job, self.config, self.completer, running, timer, self.tally,
-                            on_ended=self._slot_ended, hand_back=self._hand_back,
+                            on_ended=partial(self._slot_ended, job.queue), hand_back=self._hand_back,
                             handlers_running=self.handlers_running)
 
     def _hand_back(self, work: Callable[[], None]) -> None:
         """Run ``work`` on a pool thread (follow-up work that must not hold the completer's thread)."""
         self._dispatch(_call, work)
 
-    def _slot_ended(self) -> None:
+    def _slot_ended(self, queue: str) -> None:
         with self._lock:
             self.in_flight -= 1
+            if queue in self.in_flight_by_queue:
+                self.in_flight_by_queue[queue] -= 1
         if not self._slot_freed.is_set():  # setting an Event takes its Condition: skip it when nobody cleared it
             self._slot_freed.set()
 

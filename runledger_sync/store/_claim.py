@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from sqlalchemy import (
     Float,
@@ -15,7 +15,9 @@ from sqlalchemy import (
     literal,
     literal_column,
     null,
+    or_,
     select,
+    true,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
@@ -37,6 +39,14 @@ from runledger_sync.core.types import (
 from runledger_sync.db.schema import job_attempts, job_queue
 from runledger_sync.db.schema_workflows import workflow_steps
 from runledger_sync.store._binds import Bind
+from runledger_sync.store._claim_queues import (
+    build_clock,
+    build_queue_locks,
+    build_rate_log,
+    build_served,
+    flow_params,
+    key_rate_room,
+)
 from runledger_sync.store._errors import owns_transaction, run_in_transaction
 from runledger_sync.store._prepared import PreparedStatement, execute_in_turn
 from runledger_sync.store._rows import JOB_COLUMNS, to_jobs
@@ -55,15 +65,42 @@ _PENDING_IN_TEXT = literal_column(f"'{JobStatus.PENDING.value}'", Text)
 
 def _build_claim(with_type_filter: bool, *, returning_rows: bool = True) -> Any:
     """The claim; ``returning_rows`` False answers only how many jobs it leased (a result nobody reads)."""
-    conditions = [_q.status == _PENDING_IN_TEXT, _q.next_run_at <= func.now()]
+    clock = build_clock()
+    served = build_served(clock)
+    key_room = key_rate_room(served, clock, _q.execution_resource_key)
+    conditions = [
+        _q.queue == served.c.name, _q.status == _PENDING_IN_TEXT, ~_q.blocked_by_key, _q.next_run_at <= func.now(),
+        # Only a queue whose rate limit is per key asks its rate log about each job's key.
+        or_(~served.c.rate_limit_per_key, key_room > 0),
+    ]
     if with_type_filter:
         conditions.append(_q.job_type == func.any(bindparam("job_types", type_=ARRAY(Text))))
-    picked = (
-        select(_q.id)
+    in_queue = (
+        select(_q.id, _q.queue, _q.execution_resource_key, *_claim_order_columns(_q), key_room.label("key_room"))
         .where(*conditions)
         .order_by(_q.priority.desc(), _q.next_run_at, _q.created_at, _q.id)
+        .limit(served.c.room)
+        .with_for_update(of=job_queue, skip_locked=True)
+        .lateral("in_queue")
+    )
+    candidates = (
+        select(
+            in_queue.c.id, in_queue.c.key_room, *_claim_order_columns(in_queue.c),
+            # A per-key rate budget caps one claim too: its jobs of one key count in turn.
+            func.row_number().over(
+                partition_by=(in_queue.c.queue, in_queue.c.execution_resource_key),
+                order_by=_claim_order(in_queue.c),
+            ).label("nth_of_key"),
+        )
+        .select_from(served.join(in_queue, true()))
+        .where(served.c.room > 0)
+        .cte("candidates")
+    )
+    picked = (
+        select(candidates.c.id)
+        .where(candidates.c.nth_of_key <= candidates.c.key_room)
+        .order_by(*_claim_order(candidates.c))
         .limit(bindparam("limit", type_=Integer))
-        .with_for_update(skip_locked=True)
         .cte("picked")
     )
     leased = (
@@ -85,17 +122,18 @@ def _build_claim(with_type_filter: bool, *, returning_rows: bool = True) -> Any:
         leased.c.id, leased.c.run_number, leased.c.attempt, leased.c.stage,
         func.row_number().over(order_by=leased.c.id).label("n"),
     ).cte("numbered")
+    rate_logged, rate_expired = build_rate_log(leased, served, clock)
     # Attempt ids are UUIDv7s made in Python (PostgreSQL < 18 has no uuidv7());
     # the caller passes one per possible row and they are paired by position.
     attempt_ids = func.unnest(cast(bindparam("attempt_ids", type_=ARRAY(Text)), ARRAY(PG_UUID(as_uuid=True)))).table_valued(
         "attempt_id", with_ordinality="n"
     ).render_derived(name="attempt_ids")
     attempts = job_attempts.insert().from_select(
-        ["id", "job_id", "run_number", "attempt", "worker_id", "claim_origin"],
+        ["id", "job_id", "run_number", "attempt", "worker_id", "claim_origin", "leased_at"],
         select(
             attempt_ids.c.attempt_id, numbered.c.id, numbered.c.run_number, numbered.c.attempt,
-            bindparam("lease_worker_id", type_=Text), bindparam("claim_origin", type_=Text),
-        ).select_from(numbered.join(attempt_ids, attempt_ids.c.n == numbered.c.n)),
+            bindparam("lease_worker_id", type_=Text), bindparam("claim_origin", type_=Text), clock.c.t,
+        ).select_from(numbered.join(attempt_ids, attempt_ids.c.n == numbered.c.n).join(clock, true())),
     ).cte("attempts")
     events = event_insert(
         leased,
@@ -123,12 +161,21 @@ def _build_claim(with_type_filter: bool, *, returning_rows: bool = True) -> Any:
         .cte("claimed_steps")
     )
     if not returning_rows:
-        return select(func.count().label("leased")).select_from(leased).add_cte(attempts, events, steps)
+        return select(func.count().label("leased")).select_from(leased).add_cte(
+            attempts, events, steps, rate_logged, rate_expired)
     return (
         select(*leased.c)
-        .add_cte(attempts, events, steps)
+        .add_cte(attempts, events, steps, rate_logged, rate_expired)
         .order_by(leased.c.priority.desc(), leased.c.next_run_at, leased.c.created_at, leased.c.id)
     )
+
+
+def _claim_order_columns(columns: Any) -> tuple[Any, ...]:
+    return columns.priority, columns.next_run_at, columns.created_at
+
+
+def _claim_order(columns: Any) -> tuple[Any, ...]:
+    return columns.priority.desc(), columns.next_run_at, columns.created_at, columns.id
 
 
 # Planned once per connection (planning cost about as much as the claim): the pick
@@ -147,8 +194,13 @@ def claim_params(
     limit: int,
     job_types: Optional[Sequence[str]],
     event_log: EventLog | str,
+    queues: Optional[Sequence[str]] = None,
+    queue_rooms: Optional[Mapping[str, int]] = None,
 ) -> Optional[dict[str, Any]]:
-    """The checked parameters of a claim (``job_types`` among them when given); None when no type is asked for."""
+    """The checked parameters of a claim (``job_types`` among them when given); None when no type is asked for.
+
+    ``queues`` None serves every queue; ``queue_rooms`` caps this claim per queue (the worker's own share).
+    """
     check.check_text("worker_id", worker_id, max_length=check.WORKER_ID_MAX_LENGTH)
     number = isinstance(lease_ttl_seconds, (int, float)) and not isinstance(lease_ttl_seconds, bool)
     if not number or not lease_ttl_seconds > 0:
@@ -160,7 +212,7 @@ def claim_params(
         "limit": limit,
         "claim_origin": origin.value,
         "attempt_ids": uuid7_strings(limit),
-    } | event_log_params(event_log)
+    } | event_log_params(event_log) | flow_params(queues, queue_rooms)
     if job_types is not None:
         types = sorted({check.check_job_type(t) for t in job_types})
         if not types:
@@ -177,8 +229,10 @@ def _claim(
     limit: int,
     job_types: Optional[Sequence[str]],
     event_log: EventLog | str,
+    queues: Optional[Sequence[str]],
+    queue_rooms: Optional[Mapping[str, int]],
 ) -> list[JobRecord]:
-    params = claim_params(origin, worker_id, lease_ttl_seconds, limit, job_types, event_log)
+    params = claim_params(origin, worker_id, lease_ttl_seconds, limit, job_types, event_log, queues, queue_rooms)
     if params is None:
         return []
     statement = _CLAIM_FOR_TYPES if "job_types" in params else _CLAIM_ANY_TYPE
@@ -213,12 +267,15 @@ def _claim_in_callers_transaction(
 # JIT (hundreds of milliseconds each), so JIT is off as well.
 _PLANNER_SETTINGS = {"enable_sort": "off", "jit": "off"}
 _SORTED_BY_INDEX = tuple(func.set_config(name, value, True) for name, value in _PLANNER_SETTINGS.items())
-_CLAIM_SETTINGS = PreparedStatement("claim_settings", select(*_SORTED_BY_INDEX))
+# The locks of the limited queues the claim serves come first too: see
+# runledger_sync.store._claim_queues.
+_CLAIM_SETTINGS = PreparedStatement("claim_settings", select(*_SORTED_BY_INDEX, build_queue_locks()))
 # Nothing runs on a prestart claim until the running write commits, and that
 # synchronous commit flushes this one too. A claim lost in a server crash before
 # then is simply claimed again, so it need not wait for the disk.
 PRESTART_CLAIM_SETTINGS = PreparedStatement(
-    "prestart_claim_settings", select(*_SORTED_BY_INDEX, func.set_config("synchronous_commit", "off", True))
+    "prestart_claim_settings",
+    select(*_SORTED_BY_INDEX, func.set_config("synchronous_commit", "off", True), build_queue_locks()),
 )
 # A caller's transaction keeps its own synchronous_commit; its planner settings
 # are read before the claim and set back after it.
@@ -236,6 +293,8 @@ def claim_jobs(
     limit: int,
     job_types: Optional[Sequence[str]] = None,
     event_log: EventLog | str = EventLog.FULL,
+    queues: Optional[Sequence[str]] = None,
+    queue_rooms: Optional[Mapping[str, int]] = None,
 ) -> list[JobRecord]:
     """Lease up to ``limit`` due jobs for ``worker_id`` (DIRECT claims: the attempt is spent).
 
@@ -246,12 +305,15 @@ def claim_jobs(
         bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
         event_log: ``full`` writes a LEASED event per job; ``transitions`` does not.
+        queues: the queues to take from (None: every queue); a paused queue gives nothing.
+        queue_rooms: at most this many from a queue (the caller's own cap), besides the queues' limits.
 
     Raises:
         InvalidLeaseDuration: ``lease_ttl_seconds`` is not positive.
         InvalidArgument: ``event_log`` is not a level of :class:`EventLog`.
     """
-    return _claim(bind, ClaimOrigin.DIRECT, worker_id, lease_ttl_seconds, limit, job_types, event_log)
+    return _claim(bind, ClaimOrigin.DIRECT, worker_id, lease_ttl_seconds, limit, job_types, event_log,
+                  queues, queue_rooms)
 
 
 def claim_prestart_jobs_for_types(
@@ -262,6 +324,8 @@ def claim_prestart_jobs_for_types(
     limit: int,
     job_types: Sequence[str],
     event_log: EventLog | str = EventLog.FULL,
+    queues: Optional[Sequence[str]] = None,
+    queue_rooms: Optional[Mapping[str, int]] = None,
 ) -> list[JobRecord]:
     """Lease due jobs of ``job_types`` as prestart claims, the worker's way.
 
@@ -277,4 +341,5 @@ def claim_prestart_jobs_for_types(
     Raises:
         InvalidArgument: ``event_log`` is not a level of :class:`EventLog`.
     """
-    return _claim(bind, ClaimOrigin.WORKER_PRESTART, worker_id, lease_ttl_seconds, limit, job_types, event_log)
+    return _claim(bind, ClaimOrigin.WORKER_PRESTART, worker_id, lease_ttl_seconds, limit, job_types, event_log,
+                  queues, queue_rooms)

@@ -19,7 +19,7 @@ is then simply claimed again: no handler ever ran on it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from sqlalchemy import Text, any_, bindparam, cast, select
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -115,6 +115,8 @@ def claim_and_start_jobs(
     limit: int,
     job_types: Sequence[str],
     event_log: EventLog | str = EventLog.FULL,
+    queues: Optional[Sequence[str]] = None,
+    queue_rooms: Optional[Mapping[str, int]] = None,
 ) -> StartedClaim:
     """Lease due jobs of ``job_types`` as prestart claims and persist RUNNING for them, in one round trip.
 
@@ -129,7 +131,8 @@ def claim_and_start_jobs(
         RunledgerError: the claim failed and nothing was leased, or what the running
             write's failure left leased could not be read back (the reaper recovers those).
     """
-    params = claim_params(ClaimOrigin.WORKER_PRESTART, worker_id, lease_ttl_seconds, limit, job_types, event_log)
+    params = claim_params(ClaimOrigin.WORKER_PRESTART, worker_id, lease_ttl_seconds, limit, job_types, event_log,
+                          queues, queue_rooms)
     if params is None:
         return StartedClaim()
     transactions = ((PRESTART_CLAIM_SETTINGS, CLAIM_FOR_TYPES_UNREAD), (_LOCK_CLAIMED, _MARK_CLAIMED_RUNNING))

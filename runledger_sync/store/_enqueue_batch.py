@@ -43,6 +43,7 @@ from runledger_sync.core.errors import (
     IdempotencyConflictMissingExisting,
     LegacyIdempotencySnapshotMissing,
 )
+from runledger_sync.core.flow import check_optional_concurrency_key, check_optional_queue_name
 from runledger_sync.core.ids import uuid7_strings
 from runledger_sync.core.records import JobRecord, JobSpec
 from runledger_sync.core.types import JobEventType, JobStage
@@ -66,9 +67,11 @@ _INPUT = func.unnest(
     bindparam("stages", type_=ARRAY(Text)),
     bindparam("keys", type_=ARRAY(Text)),
     cast(bindparam("snapshots", type_=ARRAY(Text)), ARRAY(JSONB)),
+    bindparam("queues", type_=ARRAY(Text)),
+    bindparam("concurrency_keys", type_=ARRAY(Text)),
 ).table_valued(
     "id", "job_type", "organization_id", "payload", "priority", "max_attempts", "timeout_seconds",
-    "run_at", "delay_seconds", "stage", "idempotency_key", "enqueue_request",
+    "run_at", "delay_seconds", "stage", "idempotency_key", "enqueue_request", "queue", "execution_resource_key",
     with_ordinality="ord",
 ).render_derived(name="input")
 
@@ -93,6 +96,8 @@ def _build_enqueue_statement(ids_only: bool = False) -> Any:
             _INPUT.c.stage,
             _INPUT.c.idempotency_key,
             _INPUT.c.enqueue_request,
+            func.coalesce(_INPUT.c.queue, definition.c.queue),
+            _INPUT.c.execution_resource_key,
         )
         .select_from(_INPUT.join(definition, enabled))
         # All or nothing: one unknown or disabled type rejects the whole batch.
@@ -103,7 +108,7 @@ def _build_enqueue_statement(ids_only: bool = False) -> Any:
         pg_insert(job_queue)
         .from_select(
             ["id", "job_type", "organization_id", "payload", "priority", "max_attempts", "timeout_seconds",
-             "next_run_at", "stage", "idempotency_key", "enqueue_request"],
+             "next_run_at", "stage", "idempotency_key", "enqueue_request", "queue", "execution_resource_key"],
             rows,
         )
         # Only the idempotency indexes can conflict (ids are fresh UUIDv7s); the
@@ -160,7 +165,7 @@ def _batch_parameters(specs: Sequence[JobSpec], max_payload_bytes: int) -> tuple
     columns: dict[str, list[Any]] = {
         name: []
         for name in ("ids", "job_types", "organization_ids", "payloads", "priorities", "max_attempts",
-                     "timeouts", "run_ats", "delays", "stages", "keys", "snapshots")
+                     "timeouts", "run_ats", "delays", "stages", "keys", "snapshots", "queues", "concurrency_keys")
     }
     # One lock and one read of the random source for the whole chunk.
     id_strings = uuid7_strings(len(specs))
@@ -175,6 +180,8 @@ def _batch_parameters(specs: Sequence[JobSpec], max_payload_bytes: int) -> tuple
             raise check.InvalidArgument("delay_seconds", spec.delay_seconds, "None when run_at is given")
         key = check.check_optional_idempotency_key(spec.idempotency_key)
         stage = _check_stage(spec.stage)
+        queue = check_optional_queue_name(spec.queue)
+        concurrency_key = check_optional_concurrency_key(spec.concurrency_key)
         columns["ids"].append(id_string)
         columns["job_types"].append(check.check_job_type(spec.job_type))
         columns["organization_ids"].append(check.check_optional_organization_id(spec.organization_id))
@@ -186,6 +193,8 @@ def _batch_parameters(specs: Sequence[JobSpec], max_payload_bytes: int) -> tuple
         columns["delays"].append(delay)
         columns["stages"].append(stage.value)
         columns["keys"].append(key)
+        columns["queues"].append(queue)
+        columns["concurrency_keys"].append(concurrency_key)
         columns["snapshots"].append(
             None if key is None else request_snapshot(spec, payload_json=payload_json)
         )
@@ -211,6 +220,11 @@ def request_snapshot(spec: JobSpec, *, payload_json: str) -> str:
     }
     if spec.delay_seconds is not None:
         parts["delay_seconds"] = float(spec.delay_seconds)
+    # Only when given, so a request stored before queues existed still matches.
+    if spec.queue is not None:
+        parts["queue"] = spec.queue
+    if spec.concurrency_key is not None:
+        parts["concurrency_key"] = spec.concurrency_key
     # The payload is already canonical JSON text; splice it in rather than re-encode it.
     encoded = check.serialize_json("request", parts)
     return encoded.replace('"__PAYLOAD__"', payload_json, 1)

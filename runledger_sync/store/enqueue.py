@@ -19,10 +19,11 @@ from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import DefinitionNotFoundOrDisabled
+from runledger_sync.core.flow import check_queue_name
 from runledger_sync.core.records import JobDefinition, JobRecord, JobSpec
 from runledger_sync.core.store_errors import ConnectionFailed
 from runledger_sync.core.types import JobStage
-from runledger_sync.db.schema import job_definitions
+from runledger_sync.db.schema import job_definitions, job_queues
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._enqueue_batch import prepare_chunk, require_read_committed, write_chunk
 from runledger_sync.store._errors import owns_transaction, run_in_transaction
@@ -51,6 +52,8 @@ def enqueue(
     idempotency_key: Optional[str] = None,
     stage: JobStage = JobStage.QUEUED,
     max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
+    queue: Optional[str] = None,
+    concurrency_key: Optional[str] = None,
 ) -> JobRecord:
     """Add one job to the queue.
 
@@ -68,6 +71,9 @@ def enqueue(
         run_at: when the job may start (timezone-aware); or ``delay_seconds`` from now.
         idempotency_key: with the same key (per type and organization) the same
             request returns the existing job instead of adding another.
+        queue: the queue to join instead of the job type's own (see ``registry.job(queue=)``).
+        concurrency_key: jobs of one key run at most their queue's ``key_limit`` at a
+            time (default 1: one after another, in claim order), across every worker.
 
     Returns:
         The job row (the existing one for a repeated idempotent request).
@@ -75,6 +81,7 @@ def enqueue(
     Raises:
         InvalidArgument, InvalidJobType, InvalidPayload: bad arguments; nothing written.
         DefinitionNotFoundOrDisabled: the type is unknown or disabled.
+        QueueNotFound: ``queue`` names no queue (``queue.not_found``).
         IdempotencyConflict: the key exists with a different request.
 
     Example:
@@ -95,6 +102,8 @@ def enqueue(
         organization_id=organization_id,
         idempotency_key=idempotency_key,
         stage=stage,
+        queue=queue,
+        concurrency_key=concurrency_key,
     )
     return enqueue_many(bind, [spec], max_payload_bytes=max_payload_bytes)[0]
 
@@ -278,6 +287,7 @@ def sync_job_definitions(
         check.check_int("default_timeout_seconds", definition.default_timeout_seconds, check.TIMEOUT_SECONDS_RANGE)
         check.check_int("default_priority", definition.default_priority, check.PRIORITY_RANGE)
         check.check_int("version", definition.version, (1, 2**31 - 1))
+        check_queue_name(definition.queue)
     if not definitions:
         return []
     rows = [
@@ -288,6 +298,7 @@ def sync_job_definitions(
             "default_timeout_seconds": d.default_timeout_seconds,
             "default_priority": d.default_priority,
             "is_enabled": d.is_enabled,
+            "queue": d.queue,
         }
         for d in definitions
     ]
@@ -302,7 +313,11 @@ def sync_job_definitions(
     else:
         statement = statement.on_conflict_do_nothing(index_elements=[job_definitions.c.job_type])
 
+    # A queue a definition names exists from then on, with no limits unless declared.
+    queues = pg_insert(job_queues).values([{"name": name} for name in sorted({d.queue for d in definitions})])
+
     def work(connection: Connection) -> list[JobDefinition]:
+        connection.execute(queues.on_conflict_do_nothing())
         connection.execute(statement)
         stored = connection.execute(
             select(*DEFINITION_COLUMNS).where(job_definitions.c.job_type.in_([d.job_type for d in definitions]))

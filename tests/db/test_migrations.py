@@ -45,6 +45,7 @@ QUEUE_TABLES = {"job_definitions", "job_queue", "job_attempts", "job_events", "j
 TRIGGER_FUNCTION = "runledger_set_updated_at"
 WORKFLOW_TABLES = {"workflow_runs", "workflow_steps", "workflow_step_dependencies"}
 LINK_TRIGGERS = {("job_queue", "trg_job_queue_workflow_link"), ("workflow_steps", "trg_workflow_steps_job_link")}
+KEY_TRIGGERS = {("job_queue", f"trg_job_queue_key_{event}") for event in ("enqueued", "reentered", "released", "deleted")}
 
 
 @pytest.fixture
@@ -111,8 +112,8 @@ def test_upgrade_to_head_on_empty_database_creates_the_queue_tables(empty_engine
     assert current_revision(empty_engine) == head_revision()
     assert functions_named(empty_engine, TRIGGER_FUNCTION) == ["public"]
     # 0003: the hot tables' statements stamp updated_at themselves; only schedules keep a trigger.
-    # 0004: the job/step linkage triggers.
-    assert triggers_of(empty_engine) == {("job_schedules", "trg_job_schedules_updated_at")} | LINK_TRIGGERS
+    # 0004: the job/step linkage triggers. 0005: the concurrency-key triggers.
+    assert triggers_of(empty_engine) == {("job_schedules", "trg_job_schedules_updated_at")} | LINK_TRIGGERS | KEY_TRIGGERS
 
 
 def test_migrated_schema_matches_the_sqlalchemy_metadata(empty_engine):

@@ -1,0 +1,272 @@
+"""Queues: their settings (pause, limits), what waits in them, and why a job waits.
+
+The settings are rows of ``job_queues``, read by every claim: a pause or a new
+limit holds from the next claim of every worker. The rules themselves are in
+:mod:`runledger_sync.core.flow`, the claim's use of them in
+:mod:`runledger_sync.store._claim_queues`, and the concurrency-key turns in the
+key trigger (:mod:`runledger_sync.db.schema_queues`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from sqlalchemy import Text, bindparam, case, func, select, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import Connection
+
+from runledger_sync.core.flow import (
+    QueueLoad,
+    QueueRecord,
+    QueueSpec,
+    RateLimit,
+    check_optional_limit,
+    check_optional_rate_limit,
+    check_queue_name,
+)
+from runledger_sync.core.queue_errors import QueueNotFound
+from runledger_sync.core.types import JobStatus
+from runledger_sync.db.schema import job_definitions, job_queue, job_queues
+from runledger_sync.db.schema_queues import job_queue_rate_claims
+from runledger_sync.store._binds import Bind
+from runledger_sync.store._errors import run_in_transaction
+from runledger_sync.store._notify import CHANNEL
+
+_qs = job_queues.c
+_q = job_queue.c
+
+#: An argument left out of :func:`configure_queue`: its setting stays as it is.
+UNCHANGED: Any = object()
+
+_QUEUE_COLUMNS = (
+    _qs.name, _qs.paused, _qs.global_limit, _qs.key_limit, _qs.rate_limit_count, _qs.rate_limit_seconds,
+    _qs.rate_limit_per_key, _qs.paused_at, _qs.created_at, _qs.updated_at,
+)
+
+
+def to_queue(row: Any) -> QueueRecord:
+    rate = None
+    if row.rate_limit_count is not None:
+        rate = RateLimit(row.rate_limit_count, row.rate_limit_seconds, row.rate_limit_per_key)
+    return QueueRecord(row.name, row.paused, row.global_limit, row.key_limit, rate, row.paused_at, row.created_at,
+                       row.updated_at)
+
+
+def _setting_values(global_limit: Any, key_limit: Any, rate_limit: Any) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    if global_limit is not UNCHANGED:
+        values["global_limit"] = check_optional_limit("global_limit", global_limit)
+    if key_limit is not UNCHANGED:
+        values["key_limit"] = check_optional_limit("key_limit", key_limit)
+    if rate_limit is not UNCHANGED:
+        rate = check_optional_rate_limit(rate_limit)
+        values["rate_limit_count"] = None if rate is None else rate.count
+        values["rate_limit_seconds"] = None if rate is None else rate.per_seconds
+        values["rate_limit_per_key"] = False if rate is None else rate.per_key
+    return values
+
+
+# A higher key limit (or none) lets held-back jobs of every key of the queue go,
+# as many per key as the new limit leaves room for, in claim order.
+_RELEASE_KEYS = text("""
+WITH live AS (
+  SELECT execution_resource_key AS k, count(*) AS n FROM job_queue
+  WHERE queue = :queue AND execution_resource_key IS NOT NULL AND status IN ('PENDING', 'LEASED')
+    AND NOT blocked_by_key
+  GROUP BY execution_resource_key
+), waiting AS (
+  SELECT id, execution_resource_key AS k,
+         row_number() OVER (PARTITION BY execution_resource_key
+                            ORDER BY priority DESC, next_run_at, created_at, id) AS nth
+  FROM job_queue
+  WHERE queue = :queue AND execution_resource_key IS NOT NULL AND status = 'PENDING' AND blocked_by_key
+)
+UPDATE job_queue SET blocked_by_key = false, updated_at = now()
+WHERE id IN (SELECT w.id FROM waiting w LEFT JOIN live l ON l.k = w.k
+             WHERE CAST(:key_limit AS integer) IS NULL OR w.nth <= CAST(:key_limit AS integer) - coalesce(l.n, 0))
+""")
+
+
+def configure_queue(
+    bind: Bind, name: str, *, global_limit: Any = UNCHANGED, key_limit: Any = UNCHANGED, rate_limit: Any = UNCHANGED,
+) -> QueueRecord:
+    """Create the queue, or change its limits; an argument left out keeps its setting, None removes the limit.
+
+    Every worker applies the new settings from its next claim. A higher
+    ``key_limit`` lets held-back jobs of each key go at once.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
+            connection whose open transaction the call joins (the caller commits).
+        global_limit: at most this many of the queue's jobs LEASED at once, across workers.
+        key_limit: at most this many live jobs per concurrency key (a new queue: 1).
+        rate_limit: an :class:`~runledger_sync.core.flow.RateLimit`.
+
+    Raises:
+        InvalidQueueName, InvalidQueueSetting: a bad name or setting; nothing written.
+
+    Example:
+        ``rl.configure_queue(engine, "payments", global_limit=8, rate_limit=rl.RateLimit(100, per_seconds=60))``
+    """
+    check_queue_name(name, "name")
+    values = _setting_values(global_limit, key_limit, rate_limit)
+    insert = pg_insert(job_queues).values(name=name, **values)
+    statement = (
+        insert.on_conflict_do_update(index_elements=[_qs.name], set_={**values, "updated_at": func.now()})
+        if values else insert.on_conflict_do_nothing()
+    )
+
+    def work(connection: Connection) -> QueueRecord:
+        connection.execute(statement)
+        queue = _read(connection, name)
+        if "key_limit" in values:
+            connection.execute(_RELEASE_KEYS, {"queue": name, "key_limit": queue.key_limit})
+        return queue
+
+    return run_in_transaction(bind, work)
+
+
+def _read(connection: Connection, name: str) -> QueueRecord:
+    row = connection.execute(select(*_QUEUE_COLUMNS).where(_qs.name == name)).first()
+    if row is None:
+        raise QueueNotFound(f"no queue is named {name!r}; declare it with registry.queue() and sync, or create it "
+                            "with configure_queue()", queue=name)
+    return to_queue(row)
+
+
+def _set_paused(bind: Bind, name: str, paused: bool) -> QueueRecord:
+    check_queue_name(name, "name")
+    statement = (
+        job_queues.update().where(_qs.name == name)
+        .values(paused=paused, paused_at=func.now() if paused else None)
+        .returning(*_QUEUE_COLUMNS)
+    )
+    # Idle workers wake for the queue's types (by their definitions) instead of
+    # waiting out their poll interval.
+    wake = select(func.count(func.pg_notify(CHANNEL, job_definitions.c.job_type))).where(
+        job_definitions.c.queue == bindparam("queue", type_=Text))
+
+    def work(connection: Connection) -> QueueRecord:
+        row = connection.execute(statement).first()
+        if row is None:
+            return _read(connection, name)  # raises QueueNotFound
+        if not paused:
+            connection.execute(wake, {"queue": name})
+        return to_queue(row)
+
+    return run_in_transaction(bind, work)
+
+
+def pause_queue(bind: Bind, name: str) -> QueueRecord:
+    """Stop every worker from claiming the queue's jobs; running ones finish, enqueue still works.
+
+    Raises:
+        QueueNotFound: no queue has this name.
+    """
+    return _set_paused(bind, name, True)
+
+
+def resume_queue(bind: Bind, name: str) -> QueueRecord:
+    """Let workers claim the queue's jobs again (idle workers are woken at once).
+
+    Raises:
+        QueueNotFound: no queue has this name.
+    """
+    return _set_paused(bind, name, False)
+
+
+def get_queue(bind: Bind, name: str) -> QueueRecord:
+    """One queue's settings.
+
+    Raises:
+        QueueNotFound: no queue has this name.
+    """
+    check_queue_name(name, "name")
+    return run_in_transaction(bind, lambda connection: _read(connection, name))
+
+
+def list_queues(bind: Bind) -> list[QueueRecord]:
+    """Every queue's settings, by name."""
+    statement = select(*_QUEUE_COLUMNS).order_by(_qs.name)
+    return run_in_transaction(bind, lambda connection: [to_queue(row) for row in connection.execute(statement)])
+
+
+def sync_queues(bind: Bind, declared: Iterable[QueueSpec]) -> list[QueueRecord]:
+    """Write the queues code declares: their limits (a pause an operator set is kept)."""
+    specs = [spec.checked() for spec in declared]
+
+    def work(connection: Connection) -> list[QueueRecord]:
+        for spec in specs:
+            values = _setting_values(spec.global_limit, spec.key_limit, spec.rate_limit)
+            connection.execute(
+                pg_insert(job_queues).values(name=spec.name, **values)
+                .on_conflict_do_update(index_elements=[_qs.name], set_={**values, "updated_at": func.now()})
+            )
+            connection.execute(_RELEASE_KEYS, {"queue": spec.name, "key_limit": spec.key_limit})
+        rows = connection.execute(select(*_QUEUE_COLUMNS).where(_qs.name.in_([s.name for s in specs])).order_by(_qs.name))
+        return [to_queue(row) for row in rows]
+
+    return run_in_transaction(bind, work) if specs else []
+
+
+def _build_loads() -> Any:
+    pending = _q.status == JobStatus.PENDING.value
+    due = _q.next_run_at <= func.now()
+    counts = (
+        select(
+            _q.queue,
+            func.count().filter(pending, due, ~_q.blocked_by_key).label("ready"),
+            func.count().filter(pending, due, _q.blocked_by_key).label("blocked_by_key"),
+            func.count().filter(pending, ~due).label("scheduled"),
+            func.count().filter(_q.status == JobStatus.LEASED.value).label("leased"),
+        )
+        .where(_q.status.in_([JobStatus.PENDING.value, JobStatus.LEASED.value]))
+        .group_by(_q.queue)
+        .subquery("counts")
+    )
+    r = job_queue_rate_claims.c
+    rate_used = (
+        select(func.count()).select_from(job_queue_rate_claims)
+        .where(r.queue == _qs.name,
+               r.claimed_at > func.now() - func.make_interval(0, 0, 0, 0, 0, 0, _qs.rate_limit_seconds))
+        .scalar_subquery()
+    )
+    zero = func.coalesce
+    return (
+        select(
+            *_QUEUE_COLUMNS,
+            zero(counts.c.ready, 0).label("ready"), zero(counts.c.blocked_by_key, 0).label("blocked"),
+            zero(counts.c.scheduled, 0).label("scheduled"), zero(counts.c.leased, 0).label("leased"),
+            case((_qs.rate_limit_count.is_(None), 0), else_=rate_used).label("rate_used"),
+        )
+        .select_from(job_queues.outerjoin(counts, counts.c.queue == _qs.name))
+        .order_by(_qs.name)
+    )
+
+
+_LOADS = _build_loads()
+
+
+def queue_loads(bind: Bind) -> list[QueueLoad]:
+    """Every queue with its settings and what waits in it now (ready, held by a key, scheduled, leased)."""
+
+    def work(connection: Connection) -> list[QueueLoad]:
+        return [
+            QueueLoad(to_queue(row), int(row.ready), int(row.blocked), int(row.scheduled), int(row.leased),
+                      int(row.rate_used))
+            for row in connection.execute(_LOADS)
+        ]
+
+    return run_in_transaction(bind, work)
+
+
+__all__ = [
+    "UNCHANGED",
+    "configure_queue",
+    "get_queue",
+    "list_queues",
+    "pause_queue",
+    "queue_loads",
+    "resume_queue",
+    "sync_queues",
+]
