@@ -106,6 +106,7 @@ from runledger_sync.store.admin import (
 from runledger_sync.store.enqueue import enqueue, enqueue_many, enqueue_many_ids, set_job_definition_enabled
 from runledger_sync.store.queues import (
     configure_queue,
+    explain_wait,
     get_queue,
     list_queues,
     pause_queue,
@@ -217,6 +218,7 @@ __all__ = [
     "enqueue_many",
     "enqueue_many_ids",
     "enqueue_workflow",
+    "explain_wait",
     "get_dead_letter",
     "get_job",
     "get_queue",

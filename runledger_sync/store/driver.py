@@ -51,11 +51,17 @@ Notify and listen
 Maintenance
     ``reap_expired_leases`` (the reaper's batch) and ``fire_due_schedules``
     (the scheduler's tick).
+
+Workers
+    ``record_worker`` says a worker is alive and which queues and types it
+    serves (so an operator can be told nobody serves a waiting job);
+    ``forget_worker`` removes it when it stops.
 """
 
 from __future__ import annotations
 
 from runledger_sync.store._claim import claim_jobs, claim_prestart_jobs_for_types
+from runledger_sync.store._waits import forget_worker, record_worker
 from runledger_sync.store._claim_start import StartedClaim, claim_and_start_jobs
 from runledger_sync.store._gauges import ping
 from runledger_sync.store._held import HeldConnection
@@ -120,4 +126,7 @@ __all__ = [
     # maintenance
     "reap_expired_leases",
     "fire_due_schedules",
+    # workers
+    "record_worker",
+    "forget_worker",
 ]

@@ -31,6 +31,7 @@ from runledger_sync.db.schema_queues import job_queue_rate_claims
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store._notify import CHANNEL
+from runledger_sync.store._waits import explain_wait
 
 _qs = job_queues.c
 _q = job_queue.c
@@ -261,6 +262,7 @@ def queue_loads(bind: Bind) -> list[QueueLoad]:
 
 
 __all__ = [
+    "explain_wait",
     "UNCHANGED",
     "configure_queue",
     "get_queue",
