@@ -42,6 +42,11 @@ DEFAULT_LOG_PAYLOADS: bool = False
 #: Every event of the spec; ``transitions`` leaves out LEASED, STAGE_CHANGED to running and HEARTBEAT.
 DEFAULT_EVENT_LOG: str = EventLog.FULL.value
 
+#: Every queue.
+DEFAULT_QUEUES: Optional[tuple[str, ...]] = None
+#: No cap of this worker's own per queue (the queues' own limits still hold).
+DEFAULT_QUEUE_CONCURRENCY: Optional[Mapping[str, int]] = None
+
 #: The fields each loop reads, so one loop's bad knob cannot stop another loop.
 WORKER_LOOP_FIELDS: tuple[str, ...] = (
     "worker_id",
@@ -125,8 +130,8 @@ class JobsConfig:
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
     job_types: Optional[tuple[str, ...]] = DEFAULT_JOB_TYPES
-    queues: Optional[tuple[str, ...]] = None
-    queue_concurrency: Optional[Mapping[str, int]] = None
+    queues: Optional[tuple[str, ...]] = DEFAULT_QUEUES
+    queue_concurrency: Optional[Mapping[str, int]] = DEFAULT_QUEUE_CONCURRENCY
     log_payloads: bool = DEFAULT_LOG_PAYLOADS
     event_log: str = DEFAULT_EVENT_LOG
 

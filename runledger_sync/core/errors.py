@@ -19,6 +19,9 @@ Branch on ``.code`` or on the class, never on the message text::
     │   ├── InvalidRetryDelay                   job.invalid_retry_delay
     │   ├── InvalidCron                         schedule.invalid_cron
     │   ├── InvalidTimezone                     schedule.invalid_timezone
+    │   ├── InvalidQueueName                    queue.invalid_name
+    │   ├── InvalidQueueSetting                 queue.invalid_setting
+    │   ├── InvalidConcurrencyKey               job.invalid_execution_resource_key
     │   ├── EnqueueIdempotencyUnsupportedIsolation
     │   │                                       job.enqueue_idempotency_unsupported_isolation
     │   ├── InvalidWorkflow                     workflow.invalid_definition
@@ -37,6 +40,7 @@ Branch on ``.code`` or on the class, never on the message text::
     │   ├── ScheduleNotFound                    schedule.not_found
     │   ├── ScheduleDeclaredInCode              schedule.declared_in_code
     │   ├── DefinitionNotFoundOrDisabled        job.definition_not_found_or_disabled
+    │   ├── QueueNotFound                       queue.not_found
     │   ├── WorkflowRequeueNotSupported         job.workflow_requeue_not_supported
     │   ├── WorkflowReleaseConflict             workflow.release_conflict
     │   ├── WorkflowDefinitionNotFoundOrDisabled
@@ -92,7 +96,9 @@ module of its own, which imports its bases from here (never the other way), and
 is imported from there: the workflow classes (every ``workflow.*`` code) from
 :mod:`runledger_sync.core.workflow_errors`, the ``web.*`` errors from
 :mod:`runledger_sync.core.dashboard_errors`, the ``StoreError`` branch (but its
-workflow leaves) from :mod:`runledger_sync.core.store_errors`.
+workflow leaves) from :mod:`runledger_sync.core.store_errors`, the flow-control
+errors (``queue.*``, and the concurrency key's) from
+:mod:`runledger_sync.core.queue_errors`.
 """
 
 from __future__ import annotations

@@ -75,7 +75,10 @@ class RateLimit:
     per_key: bool = False
 
     def __post_init__(self) -> None:
-        check_optional_limit("rate_limit.count", self.count)
+        count = self.count
+        if isinstance(count, bool) or not isinstance(count, int) or not LIMIT_RANGE[0] <= count <= LIMIT_RANGE[1]:
+            raise InvalidQueueSetting("rate_limit.count", count,
+                                      f"a whole number of claims from {LIMIT_RANGE[0]} to {LIMIT_RANGE[1]:,}")
         seconds = self.per_seconds
         if (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds)
                 or not RATE_SECONDS_RANGE[0] <= seconds <= RATE_SECONDS_RANGE[1]):

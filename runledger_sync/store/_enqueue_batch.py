@@ -102,7 +102,10 @@ def _build_enqueue_statement(ids_only: bool = False) -> Any:
         .select_from(_INPUT.join(definition, enabled))
         # All or nothing: one unknown or disabled type rejects the whole batch.
         .where(~any_missing)
-        .order_by(_INPUT.c.ord)
+        # Keyed rows lock their key as they go in (the key trigger): inserted in
+        # key order, two batches naming the same keys take them in the same order
+        # and wait for each other instead of deadlocking. Records are matched by id.
+        .order_by(_INPUT.c.execution_resource_key.nulls_first(), _INPUT.c.ord)
     )
     inserted = (
         pg_insert(job_queue)

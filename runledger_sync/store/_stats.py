@@ -53,11 +53,11 @@ class QueueStats:
 def pending_timing_statement(organization_id: Optional[str] = None) -> Any:
     """Due-now and scheduled-for-later counts, the oldest due age and the next run time, in one pass.
 
-    The status = 'PENDING' predicate matches idx_job_queue_claim's WHERE, so the
-    pass reads only that partial index (which holds next_run_at), never the
-    finished jobs that make up most of a long-lived table; scoped to an
-    organization, it reads that organization's PENDING entries of
-    idx_job_queue_resting_org.
+    The status = 'PENDING' predicate reads the PENDING entries of
+    idx_job_queue_resting_status (the claim index leaves out jobs held back by
+    their concurrency key, which count here too), never the finished jobs that
+    make up most of a long-lived table; scoped to an organization, it reads that
+    organization's PENDING entries of idx_job_queue_resting_org.
     """
     now = func.now()
     due = _q.next_run_at <= now

@@ -61,6 +61,10 @@ ALLOWED_UPWARD_IMPORTS: dict[tuple[str, str], str] = {
         "runledger_sync.registry",
         "runledger_sync.store.schedules",
     ): "registry.sync_definitions writes the declared schedules through the store",
+    (
+        "runledger_sync.registry",
+        "runledger_sync.store.queues",
+    ): "registry.sync_definitions writes the declared queues through the store",
 }
 
 IO_LIBRARIES = {"sqlalchemy", "psycopg2", "psycopg", "alembic", "tenacity", "pythonjsonlogger", "pgserver"}

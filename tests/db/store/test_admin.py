@@ -642,9 +642,11 @@ def test_queue_stats_counts_pending_jobs_that_are_not_due_yet_apart(db):
 
 
 @pytest.mark.parametrize("organization_id", [None, "org-1"])
-def test_the_pending_timing_pass_can_read_only_the_claim_index(db, organization_id):
-    # With sequential scans off, the plan names idx_job_queue_claim only if the
-    # statement's predicate matches that partial index's WHERE status = 'PENDING'.
+def test_the_pending_timing_pass_reads_an_index_of_resting_rows(db, organization_id):
+    # With sequential scans off, the plan names a partial index only if the
+    # statement's predicate matches its WHERE. The claim index leaves out jobs held
+    # back by their concurrency key, which the pass counts: it reads the PENDING
+    # entries of the resting-status index instead.
     pending(db, EMAIL)
     pending(db, EMAIL, delay_seconds=60)
     statement = pending_timing_statement(organization_id)
@@ -656,5 +658,5 @@ def test_the_pending_timing_pass_can_read_only_the_claim_index(db, organization_
 
     # Scoped to an organization, its own listing index (organization, status, ...)
     # reads fewer rows still: that organization's PENDING jobs only.
-    expected = "idx_job_queue_claim" if organization_id is None else "idx_job_queue_resting_org"
+    expected = "idx_job_queue_resting_status" if organization_id is None else "idx_job_queue_resting_org"
     assert expected in plan and "Seq Scan" not in plan, plan

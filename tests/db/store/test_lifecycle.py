@@ -566,7 +566,8 @@ def test_claim_statement_uses_the_partial_claim_index(engine):
     plan = "\n".join(
         row[0] for row in rows(
             engine,
-            "EXPLAIN SELECT id FROM job_queue WHERE status = 'PENDING' AND next_run_at <= now() "
+            "EXPLAIN SELECT id FROM job_queue WHERE queue = 'default' AND status = 'PENDING' AND NOT blocked_by_key "
+            "AND next_run_at <= now() "
             "AND job_type = ANY(ARRAY[:t]) ORDER BY priority DESC, next_run_at, created_at, id LIMIT 16 "
             "FOR UPDATE SKIP LOCKED", t=JOB_TYPE,
         )
