@@ -35,7 +35,7 @@ try:
 except ImportError:  # the dashboard extra; the rest of the library works without it
     raise MissingExtra("dashboard", "Jinja2") from None
 from runledger_sync.logging import get_logger
-from runledger_sync.web import views_jobs, views_operations, views_overview, views_workflows
+from runledger_sync.web import views_jobs, views_operations, views_overview, views_queues, views_workflows
 from runledger_sync.web.csrf import FIELD_NAME, CsrfGuard, check_origin
 from runledger_sync.web.http import HostForm, Request, Response
 
@@ -56,12 +56,17 @@ ROUTES: list[tuple[str, re.Pattern[str], Callable[..., Response]]] = [
     ("GET", re.compile(r"/schedules"), views_operations.schedules),
     ("POST", re.compile(r"/schedules/(?P<action>pause|resume|trigger)"), views_operations.schedule_action),
     ("GET", re.compile(r"/workflows"), views_workflows.workflows),
+    ("GET", re.compile(r"/queues"), views_queues.queues),
+    # The actions are named as the API calls they make, apart from the schedules' pause and
+    # resume: a hook that lets someone pause a schedule need not let them stop a queue.
+    ("POST", re.compile(r"/queues/(?P<action>pause_queue|resume_queue|configure_queue)"), views_queues.queue_action),
 ]
 
 _STATUS_OF_CODE = {
     "job.not_found": HTTPStatus.NOT_FOUND,
     "schedule.not_found": HTTPStatus.NOT_FOUND,
     "workflow.run_not_found": HTTPStatus.NOT_FOUND,
+    "queue.not_found": HTTPStatus.NOT_FOUND,
     "job.invalid_state_transition": HTTPStatus.CONFLICT,
     # The dashboard is fine; what it reads is not there yet or not reachable: try again later.
     "db.schema_mismatch": HTTPStatus.SERVICE_UNAVAILABLE,
@@ -297,7 +302,8 @@ def create_app(
             and no action buttons are drawn.
         authorize: ``authorize(request, action)``, asked before each page (action
             ``"view"``) and each action (``"cancel"``, ``"retry"``, ``"replay"``,
-            ``"pause"``, ``"resume"``, ``"trigger"``). It returns False to refuse, True
+            ``"pause"``, ``"resume"``, ``"trigger"`` for schedules; ``"pause_queue"``,
+            ``"resume_queue"``, ``"configure_queue"`` for queues). It returns False to refuse, True
             to allow, or the user's id (a non-empty str, the same for every action) to
             allow and bind that user's forms to them (a form token read by one user is
             refused for another). ``request.environ`` is the WSGI environ; mounted in

@@ -62,8 +62,24 @@ def _shown(value: Any) -> Optional[tuple[str, int]]:
     return text[:SHOWN_VALUE_CHARS], max(0, len(text) - SHOWN_VALUE_CHARS)
 
 
+def _wait_of(dashboard: PageHost, job: rl.JobRecord, scope: Optional[str]) -> Optional[rl.JobWait]:
+    """Why a PENDING job waits; a blocking job this dashboard may not show is not named."""
+    if job.status is not rl.JobStatus.PENDING:
+        return None
+    wait = rl.explain_wait(dashboard.engine, job.id)  # None: claimed since it was read
+    blocker = wait.blocking_job_id if wait is not None else None
+    if wait is None or blocker is None or scope is None:
+        return wait
+    if rl.get_job(dashboard.engine, blocker, organization_id=scope) is not None:
+        return wait
+    # A key is shared across organizations: say it is busy without naming another organization's job.
+    return rl.JobWait(wait.reason, f"concurrency key {job.concurrency_key!r} is busy: a job of another "
+                                   "organization holds its turn", until=wait.until)
+
+
 def job_page(dashboard: PageHost, request: Request, job_id: str) -> Response:
-    job = rl.get_job(dashboard.engine, job_id, organization_id=dashboard.organization(request))
+    scope = dashboard.organization(request)
+    job = rl.get_job(dashboard.engine, job_id, organization_id=scope)
     if job is None:
         raise rl.JobNotFound(f"job {job_id} was not found")
     # The payload may hold personal data: it is sent only when asked for, never hidden by CSS.
@@ -78,6 +94,7 @@ def job_page(dashboard: PageHost, request: Request, job_id: str) -> Response:
         payload=_shown(job.payload) if show_payload else None,
         done=DONE_MESSAGES.get(request.arg("done") or ""),
         cancelable=not job.status.is_terminal,
+        wait=_wait_of(dashboard, job, scope),
     )
 
 

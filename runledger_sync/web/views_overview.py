@@ -1,4 +1,4 @@
-"""The overview page: counts by status and type, throughput over the last hour, oldest due job, workers, failures."""
+"""The overview page: counts by status and type, queues, throughput over the last hour, oldest due job, workers, failures."""
 
 from __future__ import annotations
 
@@ -40,5 +40,7 @@ def overview(dashboard: PageHost, request: Request) -> Response:
         request, "overview.html", stats=stats, recent=recent, by_type=by_type,
         statuses=[status.value for status in rl.JobStatus], bars=_bars(recent), chart_height=CHART_HEIGHT,
         refresh=request.arg("refresh") != "0",
+        # Queues are shared by every organization: a scoped overview shows their settings, not their counts.
+        queue_loads=rl.queue_loads(dashboard.engine), show_queue_counts=scope is None,
     )
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
@@ -25,6 +26,7 @@ import runledger_sync as rl
 from runledger_sync.web import create_app
 from tests.db.web.conftest import EMAIL, REPO, allow_all, dead_lettered, serving
 from tests.db.web.screenshot_data import seed_showcase
+from tests.support import define
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -204,3 +206,45 @@ def test_a_form_auto_posted_from_another_port_of_the_same_host_is_refused(db, ch
             assert text_of(chrome, "error-code") == "web.cross_origin_rejected"
             snap(chrome, "cross-origin-refused")
     assert rl.get_job(db, job.id).status is rl.JobStatus.PENDING
+
+
+def test_pause_and_resume_a_queue_by_clicking(db, chrome):
+    rl.configure_queue(db, "mail", global_limit=2, key_limit=1, rate_limit=rl.RateLimit(100, per_seconds=60))
+    define(db, "web.mail", queue="mail", max_attempts=3)
+    waiting = rl.enqueue(db, "web.mail", {"n": 1}, concurrency_key="customer:42")
+    rl.enqueue(db, "web.mail", {"n": 2}, concurrency_key="customer:42")
+    rl.enqueue(db, EMAIL, {"n": 3})
+    mail_row = 'tr[data-queue="mail"]'
+    with serving(create_app(db, read_only=False, authorize=allow_all)) as base:
+        chrome.get(base + "/")
+        chrome.find_element(By.LINK_TEXT, "Queues").click()
+        assert chrome.title == "Queues · runledger"
+        assert chrome.find_element(By.CSS_SELECTOR, f"{mail_row} td.blocked").text == "1"
+        snap(chrome, "queues")
+
+        chrome.find_element(By.CSS_SELECTOR, f"{mail_row} button.pause-queue").click()
+        assert text_of(chrome, "done") == "Queue mail paused."
+        assert chrome.find_element(By.CSS_SELECTOR, f"{mail_row} td.state").text.startswith("paused since ")
+        snap(chrome, "queues-paused")
+        assert rl.get_queue(db, "mail").paused and not rl.get_queue(db, "default").paused
+
+        chrome.get(f"{base}/jobs/{waiting.id}")
+        assert text_of(chrome, "wait-reason") == "queue_paused"
+        snap(chrome, "job-waiting")
+        chrome.find_element(By.CSS_SELECTOR, "#job-queue a").click()
+        assert text_of(chrome, "chosen") == "Queue mail"
+        limit = chrome.find_element(By.CSS_SELECTOR, "#configure input[name=global_limit]")
+        limit.clear()
+        limit.send_keys("5")
+        snap(chrome, "queue-limits")
+        chrome.find_element(By.ID, "configure-queue").click()
+        assert text_of(chrome, "done") == "Queue mail changed."
+        assert rl.get_queue(db, "mail").global_limit == 5
+
+        chrome.find_element(By.CSS_SELECTOR, f"{mail_row} button.resume-queue").click()
+        # The page the button is on has a notice too: wait for the next page's.
+        WebDriverWait(chrome, 15, ignored_exceptions=(NoSuchElementException, StaleElementReferenceException)).until(
+            lambda d: d.find_element(By.ID, "done").text == "Queue mail resumed.")
+        assert chrome.find_element(By.CSS_SELECTOR, f"{mail_row} td.state").text == "active"
+        snap(chrome, "queues-resumed")
+    assert not rl.get_queue(db, "mail").paused

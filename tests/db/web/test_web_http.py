@@ -24,7 +24,7 @@ from tests.db.web.conftest import EMAIL, REPO, allow_all, dashboard_process, dea
 BAD_VALUES = ["²", "9" * 4301, "%00", "a%00b", "%ff%fe", "x" * 5000, "-1", "1e5", "٣"]
 QUERY_PARAMETERS = {
     "/": ["refresh"], "/jobs": ["status", "type", "org", "q", "before"], "/dead-letters": ["type", "org", "replayed"],
-    "/schedules": ["done", "name"], "/workflows": ["run"],
+    "/schedules": ["done", "name"], "/workflows": ["run"], "/queues": ["queue", "done", "name"],
 }
 
 
@@ -79,7 +79,7 @@ def test_an_unmigrated_database_is_a_503_page_naming_the_migrate_command(empty_d
     engine = rl.create_engine(empty_database)
     try:
         dashboard = Client(create_app(engine, authorize=allow_anyone))
-        for url in ("/", "/jobs", "/dead-letters", "/schedules", "/workflows"):
+        for url in ("/", "/jobs", "/dead-letters", "/schedules", "/workflows", "/queues"):
             response = dashboard.get(url)
             html = response.get_data(as_text=True)
             assert response.status_code == 503, url
