@@ -61,7 +61,7 @@ Workers
 from __future__ import annotations
 
 from runledger_sync.store._claim import claim_jobs, claim_prestart_jobs_for_types
-from runledger_sync.store._waits import forget_worker, record_worker
+from runledger_sync.store._workers import forget_worker, record_worker
 from runledger_sync.store._claim_start import StartedClaim, claim_and_start_jobs
 from runledger_sync.store._gauges import ping
 from runledger_sync.store._held import HeldConnection

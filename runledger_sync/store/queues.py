@@ -5,17 +5,27 @@ limit holds from the next claim of every worker. The rules themselves are in
 :mod:`runledger_sync.core.flow`, the claim's use of them in
 :mod:`runledger_sync.store._claim_queues`, and the concurrency-key turns in the
 key trigger (:mod:`runledger_sync.db.schema_queues`).
+
+Why a PENDING job is not running (:func:`explain_wait`) is checked in the order
+a claim meets the reasons: not due yet, its queue paused, its concurrency key
+busy, its queue's global limit reached, its rate budget spent, no live worker
+serving its queue and type; otherwise it is ready and the next claim takes it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from datetime import timedelta
+from typing import Any, Iterable, Optional
+from uuid import UUID
 
 from sqlalchemy import Text, bindparam, case, func, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
+from runledger_sync.core.errors import JobNotFound
 from runledger_sync.core.flow import (
+    JobWait,
+    WaitReason,
     QueueLoad,
     QueueRecord,
     QueueSpec,
@@ -31,10 +41,12 @@ from runledger_sync.db.schema_queues import job_queue_rate_claims
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store._notify import CHANNEL
-from runledger_sync.store._waits import explain_wait
+from runledger_sync.store._workers import serves
 
 _qs = job_queues.c
 _q = job_queue.c
+_r = job_queue_rate_claims.c
+_LIVE = (JobStatus.PENDING.value, JobStatus.LEASED.value)
 
 #: An argument left out of :func:`configure_queue`: its setting stays as it is.
 UNCHANGED: Any = object()
@@ -208,6 +220,86 @@ def sync_queues(bind: Bind, declared: Iterable[QueueSpec]) -> list[QueueRecord]:
         return [to_queue(row) for row in rows]
 
     return run_in_transaction(bind, work) if specs else []
+
+
+def _read_job(connection: Connection, job_id: UUID) -> Any:
+    row = connection.execute(
+        select(_q.id, _q.status, _q.queue, _q.job_type, _q.execution_resource_key, _q.blocked_by_key,
+               _q.next_run_at, func.now().label("now"))
+        .where(_q.id == job_id)
+    ).first()
+    if row is None:
+        raise JobNotFound(f"no job has id {job_id}", job_id=str(job_id))
+    return row
+
+
+def _key_holder(connection: Connection, job: Any) -> Optional[UUID]:
+    """The live job of the key that holds its turn: a running one first, else the next in line."""
+    return connection.execute(
+        select(_q.id)
+        .where(_q.queue == job.queue, _q.execution_resource_key == job.execution_resource_key,
+               _q.status.in_(_LIVE), ~_q.blocked_by_key)
+        .order_by((_q.status == JobStatus.LEASED.value).desc(), _q.priority.desc(), _q.next_run_at,
+                  _q.created_at, _q.id)
+        .limit(1)
+    ).scalar()
+
+
+def _rate_wait(connection: Connection, job: Any, queue: Any) -> Optional[JobWait]:
+    window = timedelta(seconds=queue.rate_limit_seconds)
+    conditions = [_r.queue == job.queue, _r.claimed_at > job.now - window]
+    scope = f"queue {job.queue!r}"
+    if queue.rate_limit_per_key:
+        conditions.append(_r.concurrency_key.is_not_distinct_from(job.execution_resource_key))
+        scope = f"key {job.execution_resource_key!r} of queue {job.queue!r}"
+    used, oldest = connection.execute(
+        select(func.count(), func.min(_r.claimed_at)).where(*conditions)).one()
+    if used < queue.rate_limit_count:
+        return None
+    until = oldest + window
+    return JobWait(WaitReason.RATE_LIMITED,
+                   f"rate limit of {scope} spent: {used} of {queue.rate_limit_count} claims in the last "
+                   f"{queue.rate_limit_seconds:g} s; the next may go at {until.isoformat()}", until=until)
+
+
+def _explain(connection: Connection, job_id: UUID) -> Optional[JobWait]:
+    job = _read_job(connection, job_id)
+    if job.status != JobStatus.PENDING.value:
+        return None
+    if job.next_run_at > job.now:
+        return JobWait(WaitReason.NOT_DUE, f"not due until {job.next_run_at.isoformat()}", until=job.next_run_at)
+    queue = connection.execute(select(job_queues).where(_qs.name == job.queue)).one()
+    if queue.paused:
+        return JobWait(WaitReason.QUEUE_PAUSED, f"queue {job.queue!r} is paused"
+                       + (f" since {queue.paused_at.isoformat()}" if queue.paused_at else ""))
+    if job.blocked_by_key:
+        holder = _key_holder(connection, job)
+        return JobWait(WaitReason.KEY_BUSY,
+                       f"concurrency key {job.execution_resource_key!r} is busy (key_limit {queue.key_limit})"
+                       + (f": job {holder} holds its turn" if holder else ""), blocking_job_id=holder)
+    if queue.global_limit is not None:
+        leased = connection.execute(
+            select(func.count()).where(_q.status == JobStatus.LEASED.value, _q.queue == job.queue)).scalar_one()
+        if leased >= queue.global_limit:
+            return JobWait(WaitReason.GLOBAL_LIMIT,
+                           f"queue {job.queue!r} has {leased} of {queue.global_limit} jobs running (global_limit)")
+    if queue.rate_limit_count is not None:
+        rate = _rate_wait(connection, job, queue)
+        if rate is not None:
+            return rate
+    if not serves(connection, job.queue, job.job_type):
+        return JobWait(WaitReason.NO_WORKER,
+                       f"no live worker serves queue {job.queue!r} and type {job.job_type!r}")
+    return JobWait(WaitReason.READY, f"ready: the next claim of a worker serving queue {job.queue!r} takes it")
+
+
+def explain_wait(bind: Bind, job_id: UUID) -> Optional[JobWait]:
+    """Why the job is not running, or None when it is not PENDING (it runs, or it is finished).
+
+    Raises:
+        JobNotFound: no job has this id.
+    """
+    return run_in_transaction(bind, lambda connection: _explain(connection, job_id))
 
 
 def _build_loads() -> Any:

@@ -10,7 +10,7 @@ from werkzeug.test import Client
 
 import runledger_sync as rl
 from runledger_sync.store._claim import claim_jobs
-from runledger_sync.store._waits import record_worker
+from runledger_sync.store.driver import record_worker
 from runledger_sync.web import allow_anyone, create_app
 from tests.db.web.conftest import CSRF_FIELD, EMAIL, HOSTILE, TOP, allow_all, page, post_form
 from tests.support import define
