@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any, Optional, Sequence
 from uuid import UUID
 
-from sqlalchemy import Text, bindparam, func, or_, select
+from sqlalchemy import Text, any_, bindparam, func, literal, or_, select
 from sqlalchemy.dialects.postgresql import ARRAY, insert as pg_insert
 from sqlalchemy.engine import Connection
 
@@ -80,8 +80,9 @@ def _served(connection: Connection, job: Any) -> bool:
     return connection.execute(
         select(func.count()).where(
             _w.last_seen_at > func.now() - timedelta(seconds=WORKER_SEEN_WITHIN_SECONDS),
-            or_(_w.queues.is_(None), job.queue == func.any(_w.queues)),
-            job.job_type == func.any(_w.job_types),
+            # any_() on the right: func.any() would be written first, `any(...) = 'x'`, which is not SQL.
+            or_(_w.queues.is_(None), literal(job.queue, Text) == any_(_w.queues)),
+            literal(job.job_type, Text) == any_(_w.job_types),
         )
     ).scalar_one() > 0
 
