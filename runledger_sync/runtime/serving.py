@@ -11,7 +11,7 @@ goes on claiming.
 from __future__ import annotations
 
 import threading
-from typing import Optional
+from typing import Mapping, Optional
 
 from sqlalchemy.engine import Engine
 
@@ -38,7 +38,9 @@ def served_job_types(registry: JobRegistry, config: JobsConfig) -> list[str]:
     return [job_type for job_type in types if job_type in wanted]
 
 
-def check_queues_exist(engine: Engine, registry: JobRegistry, config: JobsConfig) -> None:
+def check_queues_exist(
+    engine: Engine, registry: JobRegistry, config: JobsConfig, *, sources: Optional[Mapping[str, str]] = None,
+) -> None:
     """Refuse a config that names a queue nobody knows: its worker would wait for jobs that never come.
 
     A queue is known when it has a ``job_queues`` row, or when the registry
@@ -47,9 +49,14 @@ def check_queues_exist(engine: Engine, registry: JobRegistry, config: JobsConfig
     database does not answer, the check is skipped with a warning: the loops
     then wait for the database as they always do.
 
+    Args:
+        sources: how the message names where ``queues`` and ``queue_concurrency``
+            came from (default ``jobs config queues``, ...): a command line names its options.
+
     Raises:
         QueueNotFound: ``config.queues`` or a key of ``config.queue_concurrency``
-            names an unknown queue (the first one, by name, in the message).
+            names an unknown queue; ``details`` has the first one (``queue``) and
+            the setting that names it (``setting``), the message every one.
     """
     named = {"queues": list(config.queues or ()), "queue_concurrency": sorted(config.queue_concurrency or {})}
     if not any(named.values()):
@@ -64,11 +71,13 @@ def check_queues_exist(engine: Engine, registry: JobRegistry, config: JobsConfig
     for field, names in named.items():
         unknown = [name for name in names if name not in known]
         if unknown:
+            source = (sources or {}).get(field, f"jobs config {field}")
             raise QueueNotFound(
-                f"jobs config {field} names {'a queue' if len(unknown) == 1 else 'queues'} that "
+                f"{source} names {'a queue' if len(unknown) == 1 else 'queues'} that "
                 f"{'does' if len(unknown) == 1 else 'do'} not exist: {', '.join(map(repr, unknown))} "
-                f"(known: {', '.join(sorted(known)) or 'none'}); declare it with registry.queue() or "
-                "create it with configure_queue()", queue=unknown[0])
+                f"(known: {', '.join(sorted(known)) or 'none'}); a queue exists once a registry declares it "
+                "(registry.queue) or a job type joins it, or once configure_queue() creates it",
+                queue=unknown[0], setting=field)
 
 
 class WorkerRow:

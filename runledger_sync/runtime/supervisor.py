@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from sqlalchemy.engine import Engine
 
@@ -192,17 +192,18 @@ class Supervisor:
         threads = dict(zip(self._loops, self._threads, strict=False))  # no threads before start()
         return thread_health(self._loops, threads, self._exits, self._marks, self.config, STALL_ALLOWANCE_SECONDS)
 
-    def check_queues(self) -> None:
+    def check_queues(self, *, sources: Optional[Mapping[str, str]] = None) -> None:
         """Refuse a config whose ``queues`` or ``queue_concurrency`` names a queue that does not exist.
 
         :meth:`start` calls it; call it first to refuse before writing anything
         (``runledger-sync worker`` does, before it syncs the registry). See
-        :func:`~runledger_sync.runtime.serving.check_queues_exist`.
+        :func:`~runledger_sync.runtime.serving.check_queues_exist` (``sources``: how
+        the message names where each setting came from).
 
         Raises:
             QueueNotFound: the first unknown queue, named in the message.
         """
-        check_queues_exist(self.engine, self.registry, self.config)
+        check_queues_exist(self.engine, self.registry, self.config, sources=sources)
 
     def start(self) -> "Supervisor":
         """Start the loops in background threads; return at once.

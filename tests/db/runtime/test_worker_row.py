@@ -118,6 +118,7 @@ def test_a_row_that_cannot_be_written_is_logged_and_the_worker_runs_on(engine, s
     {"queue_concurrency": {"nosuch": 2}},
 ], ids=["queues", "queue_concurrency"])
 def test_a_queue_that_does_not_exist_is_refused_at_start_before_any_claim(engine, supervisors, config):
+    [setting] = config
     registry = mail_app()
     registry.sync_definitions(engine)
     job = rl.enqueue(engine, "row.mail", {})
@@ -128,8 +129,9 @@ def test_a_queue_that_does_not_exist_is_refused_at_start_before_any_claim(engine
         supervisor.start()
 
     assert refused.value.code == "queue.not_found"
-    assert refused.value.details == {"queue": "nosuch"}
-    assert "'nosuch'" in refused.value.message and "known: default, mail" in refused.value.message
+    assert refused.value.details == {"queue": "nosuch", "setting": setting}
+    assert refused.value.message.startswith(f"jobs config {setting} names a queue that does not exist: 'nosuch' "
+                                            "(known: default, mail); ")
     assert not supervisor.running
     assert rl.get_job(engine, job.id).status is rl.JobStatus.PENDING
     assert worker_rows(engine) == []
