@@ -193,15 +193,10 @@ class Supervisor:
         return thread_health(self._loops, threads, self._exits, self._marks, self.config, STALL_ALLOWANCE_SECONDS)
 
     def check_queues(self, *, sources: Optional[Mapping[str, str]] = None) -> None:
-        """Refuse a config whose ``queues`` or ``queue_concurrency`` names a queue that does not exist.
+        """Raise QueueNotFound if ``config.queues`` or ``queue_concurrency`` names a queue that does not exist.
 
-        :meth:`start` calls it; call it first to refuse before writing anything
-        (``runledger-sync worker`` does, before it syncs the registry). See
-        :func:`~runledger_sync.runtime.serving.check_queues_exist` (``sources``: how
-        the message names where each setting came from).
-
-        Raises:
-            QueueNotFound: the first unknown queue, named in the message.
+        :meth:`start` calls it; call it first to refuse before writing anything (``runledger-sync
+        worker`` does, before its sync). See :func:`~runledger_sync.runtime.serving.check_queues_exist`.
         """
         check_queues_exist(self.engine, self.registry, self.config, sources=sources)
 
