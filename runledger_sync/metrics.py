@@ -11,8 +11,10 @@ supervisor's liveness at ``/livez`` (``/health`` is its alias) and readiness at
     supervisor = rl.Supervisor(engine, registry, config, observer=metrics)
     app = make_wsgi_app(registry_for(engine, worker=metrics))   # mount it where you like
 
-The queue gauges cost one statement per scrape (:func:`runledger_sync.store.admin.queue_gauges`
-says which indexes it reads). The worker's counters cost nothing when no
+The queue gauges cost two statements per scrape: by job type
+(:func:`runledger_sync.store.admin.queue_gauges` says which indexes it reads) and by
+queue, with each queue's pause and limits (:func:`runledger_sync.store.queues.queue_loads`,
+``runledger_queue_*`` gauges with a ``queue`` label). The worker's counters cost nothing when no
 observer is given, and a few counter and histogram updates per job when one is.
 prometheus_client is the ``metrics`` extra: without it, this module still
 imports, and the functions that need it raise :class:`MissingExtra`.
@@ -30,10 +32,12 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from runledger_sync.core.errors import MissingExtra, RunledgerError
+from runledger_sync.core.flow import QueueLoad
 from runledger_sync.core.records import JobRecord
 from runledger_sync.logging import get_logger
 from runledger_sync.runtime.health import SupervisorHealth
 from runledger_sync.store.admin import DEAD_LETTER_WINDOW_SECONDS, LATE_SCHEDULE_SECONDS, QueueGauges, queue_gauges
+from runledger_sync.store.queues import queue_loads
 
 log = get_logger(__name__)
 
@@ -134,7 +138,8 @@ class WorkerMetrics:
 
 
 class QueueCollector:
-    """Reads :func:`~runledger_sync.store.admin.queue_gauges` on each scrape and turns it into gauges.
+    """Reads :func:`~runledger_sync.store.admin.queue_gauges` and :func:`~runledger_sync.store.queues.queue_loads`
+    on each scrape and turns them into gauges.
 
     A failed read is logged and reported as ``runledger_queue_up 0``, never as an
     error of the whole scrape, so the worker's own counters are still collected.
@@ -147,8 +152,10 @@ class QueueCollector:
     def collect(self) -> Iterator[Any]:
         core = self._core
         started = time.monotonic()
+        loads: list[QueueLoad] = []
         try:
             read: Optional[QueueGauges] = queue_gauges(self.bind)
+            loads = queue_loads(self.bind)
         except RunledgerError as error:
             log.warning("queue metrics could not be read", extra={"error": str(error)})
             read = None
@@ -158,6 +165,7 @@ class QueueCollector:
                                      "How long the scrape's queue read took.", value=time.monotonic() - started)
         if read is not None:
             yield from _queue_families(core, read)
+            yield from _flow_families(core, loads)
 
 
 def _queue_families(core: Any, read: QueueGauges) -> Iterable[Any]:
@@ -186,6 +194,44 @@ def _queue_families(core: Any, read: QueueGauges) -> Iterable[Any]:
     yield core.GaugeMetricFamily("runledger_schedules_max_lateness_seconds",
                                  "How long the most overdue active schedule has been due (0: none is due).",
                                  value=read.max_schedule_lateness_seconds or 0.0)
+
+
+def _flow_families(core: Any, loads: Sequence[QueueLoad]) -> Iterable[Any]:
+    """One gauge per queue (label ``queue``): its waiting and running jobs, its pause, its limits.
+
+    A limit's gauge has no sample for a queue without that limit: absent means
+    unlimited, so ``leased / global_limit`` is only computed where it means something.
+    """
+    def by_queue(name: str, documentation: str, value: Callable[[QueueLoad], Any]) -> Any:
+        family = core.GaugeMetricFamily(name, documentation, labels=["queue"])
+        for load in loads:
+            if value(load) is not None:
+                family.add_metric([load.queue.name], value(load))
+        return family
+
+    def rate(load: QueueLoad) -> Any:
+        return load.queue.rate_limit
+
+    yield by_queue("runledger_queue_ready_jobs", "PENDING jobs that are due and free to claim, by queue.",
+                   lambda load: load.ready)
+    yield by_queue("runledger_queue_blocked_jobs",
+                   "PENDING due jobs held back by a busy concurrency key (key_limit reached), by queue.",
+                   lambda load: load.blocked_by_key)
+    yield by_queue("runledger_queue_scheduled_jobs", "PENDING jobs not due yet (delayed or retrying later), by queue.",
+                   lambda load: load.scheduled)
+    yield by_queue("runledger_queue_leased_jobs", "LEASED (running) jobs, by queue.", lambda load: load.leased)
+    yield by_queue("runledger_queue_paused", "1 while the queue is paused (no worker claims its jobs), else 0.",
+                   lambda load: int(load.queue.paused))
+    yield by_queue("runledger_queue_global_limit", "Most jobs of the queue running at once across every worker "
+                   "(no sample: no limit).", lambda load: load.queue.global_limit)
+    yield by_queue("runledger_queue_key_limit", "Most jobs per concurrency key running (or next in line) at once "
+                   "(no sample: no limit).", lambda load: load.queue.key_limit)
+    yield by_queue("runledger_queue_rate_limit", "Most claims of the queue per rate window (no sample: no rate limit).",
+                   lambda load: None if rate(load) is None else rate(load).count)
+    yield by_queue("runledger_queue_rate_window_seconds", "The rate limit's window (no sample: no rate limit).",
+                   lambda load: None if rate(load) is None else rate(load).per_seconds)
+    yield by_queue("runledger_queue_rate_used", "Claims of the queue inside its current rate window, every key "
+                   "counted (no sample: no rate limit).", lambda load: None if rate(load) is None else load.rate_used)
 
 
 def registry_for(bind: Any, *, worker: Optional[WorkerMetrics] = None) -> Any:

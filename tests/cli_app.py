@@ -36,3 +36,14 @@ def wait_cancel(ctx: rl.JobContext, payload: dict) -> None:
 @stopping.job("cli.ignore_cancel", max_attempts=3)
 def ignore_cancel(ctx: rl.JobContext, payload: dict) -> None:
     time.sleep(60)
+
+#: An app with a second queue: ``--app tests.cli_app:queued``. cli.echo stays in
+#: the default queue; cli.mail joins "mail", declared here with a global limit.
+queued = rl.JobRegistry()
+queued.job("cli.echo")(echo)
+queued.queue("mail", global_limit=2)
+
+
+@queued.job("cli.mail", queue="mail")
+def mail(ctx: rl.JobContext, payload: dict) -> None:
+    return None

@@ -72,6 +72,12 @@ HINTS: dict[str, str] = {
         "register a handler for the job type in the app (registry.job), or remove what names the type"
     ),
     "schedule.not_found": f"list schedule names with `{PROG} schedules list`",
+    "queue.not_found": (
+        f"list queues with `{PROG} queues list`; a queue exists once an app's registry declares or uses it and is "
+        f"synced (`{PROG} migrate --app module:registry`), or once `{PROG} queues set NAME --create` creates it"
+    ),
+    "queue.invalid_name": "a queue name is non-blank text of at most 128 characters, e.g. mail",
+    "queue.invalid_setting": f"see `{PROG} queues set --help`: limits are whole numbers of at least 1, or none",
     "schedule.declared_in_code": (
         f"pause it with `{PROG} schedules pause NAME`, or remove it from the code and then run "
         f"`{PROG} schedules delete NAME --force`"
@@ -218,8 +224,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _report(exc.code, exc.message, hint, args)
         return EXIT_USAGE
     except rl.RunledgerError as exc:
-        _report(exc.code, exc.message, HINTS.get(exc.code, DEFAULT_HINT), args)
-        return EXIT_FAILED
+        _report(exc.code, exc.message, getattr(exc, "hint", None) or HINTS.get(exc.code, DEFAULT_HINT), args)
+        return int(getattr(exc, "exit_code", EXIT_FAILED))
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -267,6 +273,17 @@ def _report(code: str, message: str, hint: str, args: argparse.Namespace, stream
     # The message may repeat stored or upstream text: no escape sequence reaches the terminal.
     print(f"error: {code}: {printable(redact(first_line(message), args.database_url))}", file=stream)
     print(f"hint: {hint}", file=stream)
+
+
+def refused_input(error: rl.RunledgerError, hint: str) -> rl.RunledgerError:
+    """``error`` marked as a refusal of what the command was given: exit 2 (bad usage), with ``hint``.
+
+    For an error whose class is not a validation error but that, here, means the
+    input was wrong (a worker's ``--queues`` naming no queue, say).
+    """
+    error.hint = hint  # type: ignore[attr-defined]
+    error.exit_code = EXIT_USAGE  # type: ignore[attr-defined]
+    return error
 
 
 def first_line(text: str) -> str:

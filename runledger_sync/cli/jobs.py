@@ -1,4 +1,4 @@
-"""Queue commands: ``enqueue``, ``jobs list|show|retry|cancel`` and ``stats``."""
+"""Job commands: ``enqueue``, ``jobs list|show|retry|cancel`` and ``stats``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from uuid import UUID
 import runledger_sync as rl
 from runledger_sync.cli._core import EXIT_OK, PROG, command, command_group, open_engine
 from runledger_sync.cli._output import add_json_option, clipped, plain, print_json, print_table, printable, when
+from runledger_sync.cli._queue_view import QUEUE_COLUMNS, queue_data, queue_row
 
 command_group("jobs", help="list, show, retry and cancel jobs")
 
@@ -152,7 +153,12 @@ def _jobs_show_arguments(parser: argparse.ArgumentParser) -> None:
     add_json_option(parser, "the job, its attempts and its events")
 
 
-@command("jobs show", help="print one job with its attempts and events", arguments=_jobs_show_arguments)
+#: Fields shown under the name operators use (the column keeps the spec's name; ``--json`` too).
+_SHOWN_AS = {"execution_resource_key": "concurrency_key"}
+
+
+@command("jobs show", help="print one job with its attempts and events, and why it waits if it is PENDING",
+         arguments=_jobs_show_arguments)
 def _jobs_show(args: argparse.Namespace) -> int:
     job_id = _parse_job_id(args.job_id)
     with open_engine(args) as engine:
@@ -160,8 +166,10 @@ def _jobs_show(args: argparse.Namespace) -> int:
         if job is None:
             raise rl.JobNotFound(f"job {job_id} was not found", job_id=str(job_id))
         attempts, events = rl.list_attempts(engine, job_id), rl.list_events(engine, job_id)
+        # Read after the job: one that has started meanwhile has no wait (None).
+        wait = rl.explain_wait(engine, job_id) if job.status is rl.JobStatus.PENDING else None
     if args.json:
-        print_json({"job": job, "attempts": attempts, "events": events})
+        print_json({"job": job, "attempts": attempts, "events": events, "wait": wait})
         return EXIT_OK
     for field in dataclasses.fields(job):
         value = getattr(job, field.name)
@@ -170,7 +178,9 @@ def _jobs_show(args: argparse.Namespace) -> int:
             shown = json.dumps(shown, sort_keys=True)
         if isinstance(shown, str):
             shown = clipped(shown)
-        print(f"{field.name + ':':<20} {printable(shown)}")
+        print(f"{_SHOWN_AS.get(field.name, field.name) + ':':<20} {printable(shown)}")
+        if field.name == "status" and wait is not None:
+            print(f"{'waits:':<20} {wait.reason.value}: {printable(wait.message)}")
     print(f"\nattempts ({len(attempts)}):")
     print_table(("run", "attempt", "worker", "started_at", "finished_at", "outcome", "error_code"),
                  [(a.run_number, a.attempt, a.worker_id, when(a.started_at), when(a.finished_at), _outcome(a),
@@ -223,11 +233,12 @@ def _stats_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the numbers as one JSON object")
 
 
-@command("stats", help="print counts by status and type, due and scheduled pending jobs, and expired leases",
-         arguments=_stats_arguments)
+@command("stats", help="print counts by status and type, the queues with their limits and waiting jobs, due and "
+                       "scheduled pending jobs, and expired leases", arguments=_stats_arguments)
 def _stats(args: argparse.Namespace) -> int:
     with open_engine(args) as engine:
         stats = rl.queue_stats(engine, organization_id=args.organization_id)
+        loads = rl.queue_loads(engine)
     statuses = [status.value for status in rl.JobStatus]
     by_type: dict[str, dict[str, int]] = {}
     for (job_type, status), count in sorted(stats.by_type_and_status.items()):
@@ -238,12 +249,18 @@ def _stats(args: argparse.Namespace) -> int:
                     "scheduled_for_later": stats.scheduled_for_later, "next_scheduled_at": stats.next_scheduled_at,
                     # Kept for scripts written before due and scheduled jobs were told apart.
                     "oldest_pending_age_seconds": stats.oldest_due_age_seconds,
-                    "expired_leases": stats.expired_leases})
+                    "expired_leases": stats.expired_leases,
+                    # Every organization's: a queue's limits and counts are shared by all of them.
+                    "queues": [queue_data(load) for load in loads]})
         return EXIT_OK
     print_table(("status", "count"), [(status, stats.by_status.get(status, 0)) for status in statuses])
     print()
     print_table(("type",) + tuple(statuses), [(job_type,) + tuple(counts[s] for s in statuses)
                                                 for job_type, counts in by_type.items()])
+    print()
+    if args.organization_id is not None:
+        print("queues (every organization's jobs):")
+    print_table(QUEUE_COLUMNS, [queue_row(load) for load in loads])
     print()
     print(_pending_line("due now", stats.due_now, stats.oldest_due_age_seconds,
                         lambda age: f"oldest due: {age:.1f} s ago"))

@@ -3,7 +3,8 @@
 Each frame reads :func:`runledger_sync.queue_stats` (counts by status and type,
 finished jobs included, through the listing indexes) and
 :func:`runledger_sync.queue_gauges` (due jobs, the oldest due job per type,
-recent dead letters, late schedules). Rates are the change in finished jobs
+recent dead letters, late schedules) and :func:`runledger_sync.queue_loads`
+(each queue's pause, limits and waiting jobs). Rates are the change in finished jobs
 between two frames, so the first frame (and ``--once``) shows none.
 """
 
@@ -20,6 +21,7 @@ from typing import Any, Optional
 import runledger_sync as rl
 from runledger_sync.cli._core import EXIT_OK, command, open_engine
 from runledger_sync.cli._output import printable
+from runledger_sync.cli._queue_view import queue_row
 
 DEFAULT_INTERVAL_SECONDS = 2.0
 #: The width of a frame printed where stdout is not a terminal (a pipe, a file, a test).
@@ -41,6 +43,8 @@ class Snapshot:
     stats: Any
     gauges: Any
     taken: float
+    #: Each queue with its settings and what waits in it.
+    loads: tuple[Any, ...] = ()
 
 
 def _rich() -> ModuleType:
@@ -55,7 +59,8 @@ def _rich() -> ModuleType:
 
 
 @command("top", help="a live view of the queue: counts by status and type, finish rates, the oldest due job "
-                     "per type (needs the tui extra)", arguments=_top_arguments)
+                     "per type, the queues with their limits and waiting jobs (needs the tui extra)",
+         arguments=_top_arguments)
 def _top(args: argparse.Namespace) -> int:
     rich = _rich()
     if not args.interval > 0:
@@ -78,7 +83,7 @@ def _top(args: argparse.Namespace) -> int:
 
 
 def _read(engine: Any) -> Snapshot:
-    return Snapshot(rl.queue_stats(engine), rl.queue_gauges(engine), time.monotonic())
+    return Snapshot(rl.queue_stats(engine), rl.queue_gauges(engine), time.monotonic(), tuple(rl.queue_loads(engine)))
 
 
 def _frame(rich: ModuleType, now: Snapshot, before: Optional[Snapshot], interval: float) -> Any:
@@ -101,9 +106,18 @@ def _frame(rich: ModuleType, now: Snapshot, before: Optional[Snapshot], interval
         types.add_row(text(printable(job_type)), *(text(str(count)) for count in counts),
                       text(str(now.gauges.due.get(job_type, 0))), text("-" if age is None else f"{age:.1f} s"),
                       text(_rate(now, before, job_type)), text(str(now.gauges.dead_lettered_recently.get(job_type, 0))))
+    queues = table(title="queues", title_justify="left")
+    queues.add_column("queue")
+    for heading in ("state", "global limit", "key limit", "rate limit", "ready", "held by key", "scheduled", "leased"):
+        queues.add_column(heading, justify="right")
+    for load in now.loads:
+        name, paused, *cells = queue_row(load)
+        queues.add_row(text(printable(name)), text("paused" if paused == "yes" else "active",
+                                                   style="bold yellow" if paused == "yes" else ""),
+                       *(text(printable(cell)) for cell in cells))
     footer = text(f"expired leases: {now.stats.expired_leases}   late schedules: {now.gauges.late_schedules}   "
                   f"scheduled for later: {now.stats.scheduled_for_later}")
-    return rich.console.Group(title, statuses, types, footer)
+    return rich.console.Group(title, statuses, types, queues, footer)
 
 
 def _job_types(now: Snapshot) -> list[str]:

@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 import runledger_sync as rl
-from runledger_sync.cli._core import command, load_app_registry, open_engine
+from runledger_sync.cli._core import PROG, command, load_app_registry, open_engine, refused_input
 from runledger_sync.demo import run_demo
 from runledger_sync.logging import LOG_FORMAT_VARIABLE, LOG_FORMATS, resolve_log_format
 
@@ -20,6 +20,13 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
                         help="most jobs running at once (max_global_concurrency)")
     parser.add_argument("--types", dest="job_types", default=argparse.SUPPRESS, metavar="A,B",
                         help="only run these registered job types")
+    parser.add_argument("--queues", dest="queues", default=argparse.SUPPRESS, metavar="A,B",
+                        help="only claim jobs of these queues (default: $RUNLEDGER_QUEUES, else every queue); "
+                             "each must exist (`queues list`) or be declared or used by --app")
+    parser.add_argument("--queue-concurrency", dest="queue_concurrency", default=argparse.SUPPRESS,
+                        metavar="QUEUE=N,...",
+                        help="most jobs of a queue this worker runs at once, inside --concurrency, e.g. "
+                             "mail=2,default=8 (default: $RUNLEDGER_QUEUE_CONCURRENCY, else no cap)")
     parser.add_argument("--drain-timeout", type=float, default=30.0,
                         help="seconds in-flight jobs get to finish after SIGINT/SIGTERM (default 30)")
     parser.add_argument("--processes", type=int, default=1, metavar="N",
@@ -42,7 +49,7 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
                         help="exit 2 listing every RUNLEDGER_*/JOBS_* value that does not parse or is out of "
                              "range, instead of using the default or the nearest allowed value")
     for field in dataclasses.fields(rl.JobsConfig):
-        if field.name in ("max_global_concurrency", "job_types"):
+        if field.name in ("max_global_concurrency", "job_types", "queues", "queue_concurrency"):
             continue
         parser.add_argument(f"--{field.name.replace('_', '-')}", dest=field.name, default=argparse.SUPPRESS,
                             metavar="VALUE", help=f"JobsConfig.{field.name} (default: $RUNLEDGER_{field.name.upper()})")
@@ -108,6 +115,8 @@ def _coerce(field: dataclasses.Field, raw: Any) -> Any:
             return text.lower() in ("1", "true", "yes", "on")
         if "tuple" in kind:
             return tuple(part.strip() for part in text.split(","))
+        if "Mapping" in kind:
+            return _queue_counts(option, text)
         if kind == "int":
             return int(text)
         if "float" in kind:
@@ -116,6 +125,34 @@ def _coerce(field: dataclasses.Field, raw: Any) -> Any:
         raise _refuse([f"{option} must be a {kind.replace('Optional[', '').rstrip(']')}, got {text!r}"],
                       CONFIG_HINT) from None
     return text
+
+
+def _queue_counts(option: str, text: str) -> dict[str, int]:
+    """``mail=2,default=8`` as a mapping; the counts' range is left to the config's validation."""
+    counts: dict[str, int] = {}
+    for part in (part.strip() for part in text.split(",")):
+        name, equals, count = part.partition("=")
+        try:
+            if not equals or not name.strip() or name.strip() in counts:
+                raise ValueError(part)
+            counts[name.strip()] = int(count.strip())
+        except ValueError:
+            raise _refuse([f"{option} must list queue=count pairs, each queue once, e.g. mail=2,default=8, "
+                           f"got {text!r}"], CONFIG_HINT) from None
+    return counts
+
+
+def _check_queues(args: argparse.Namespace, supervisor: Any) -> None:
+    """Refuse a queue that does not exist before anything is written (the sync comes after)."""
+    sources = {"queues": "--queues" if hasattr(args, "queues") else "RUNLEDGER_QUEUES",
+               "queue_concurrency": "--queue-concurrency" if hasattr(args, "queue_concurrency")
+               else "RUNLEDGER_QUEUE_CONCURRENCY"}
+    try:
+        supervisor.check_queues(sources=sources)
+    except rl.QueueNotFound as error:
+        source = sources.get(error.details.get("setting", ""), "--queues")
+        raise refused_input(error, f"fix {source}: list the queues with `{PROG} queues list`, or declare the "
+                                   "queue in --app with registry.queue()") from None
 
 
 @command("worker", help="run a worker, reaper and scheduler until SIGINT/SIGTERM", arguments=_worker_arguments)
@@ -141,6 +178,7 @@ def _worker(args: argparse.Namespace) -> int:
         supervisor = rl.Supervisor(engine, registry, config, run_scheduler=args.run_scheduler,
                                    processes=args.processes, app=args.app, observer=observer)
         rl.check_schema(engine)
+        _check_queues(args, supervisor)
         registry.sync_definitions(engine)
         server = _serve_metrics(args, engine, observer, supervisor) if worker_metrics is not None else None
         try:

@@ -5,6 +5,10 @@ stopped and the failure is reported. Embed it with ``start()``/``stop()`` or
 ``with Supervisor(...)``; a script calls :meth:`Supervisor.run_until_shutdown`.
 With ``processes=N`` (N > 1) the loops run in N child processes instead
 (:mod:`runledger_sync.runtime.processes`), for handlers that need CPU.
+
+While the loops run, each worker keeps its row in ``job_workers`` (which queues
+and types it serves, for an operator asking why a job waits) and deletes it when
+it stops (:mod:`runledger_sync.runtime.serving`).
 """
 
 from __future__ import annotations
@@ -15,37 +19,36 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from sqlalchemy.engine import Engine
 
 from runledger_sync.config import JobsConfig
 from runledger_sync.core.errors import ConfigError
+from runledger_sync.core.queue_errors import QueueNotFound
 from runledger_sync.core.types import RuntimeLoopExit
 from runledger_sync.logging import configure_logging, get_logger
 from runledger_sync.registry import JobRegistry, load_registry
 from runledger_sync.runtime.health import (
     CLAIM,
-    REAP,
     STALL_ALLOWANCE_SECONDS,
-    TICK,
     DatabaseProbe,
     LoopHealth,
     LoopMarks,
     SupervisorHealth,
 )
+from runledger_sync.runtime.loop_health import process_health, thread_health
 from runledger_sync.runtime.observer import WorkerObserver
 from runledger_sync.runtime.processes import CHECK_SECONDS, EXIT_REFUSED, ChildSpec, ProcessGroup, check_processes
 from runledger_sync.runtime.processes import log as process_log
 from runledger_sync.runtime.reaper import run_reaper_loop
 from runledger_sync.runtime.scheduler import run_scheduler_loop
+from runledger_sync.runtime.serving import WorkerRow, check_queues_exist
 from runledger_sync.runtime.worker import run_worker_loop
 
 log = get_logger(__name__)
 
 Loop = Callable[[Engine, JobRegistry, JobsConfig, threading.Event], RuntimeLoopExit]
-#: The step each loop marks when it succeeds, shown as its last_success_at.
-LOOP_STEPS = {"worker": CLAIM, "reaper": REAP, "scheduler": TICK}
 #: A claim that succeeded this recently (or within three poll intervals, if longer)
 #: shows the database answers: readiness then asks it nothing.
 CLAIM_EVIDENCE_SECONDS = 5.0
@@ -117,6 +120,7 @@ class Supervisor:
         if run_scheduler:
             self._loops["scheduler"] = functools.partial(run_scheduler_loop, marks=self._marks)
         self._threads: list[threading.Thread] = []
+        self._worker_row: Optional[WorkerRow] = None
         self._exits: dict[str, Any] = {}
         self._failure: Optional[str] = None
         self._probe = DatabaseProbe(engine)
@@ -172,7 +176,7 @@ class Supervisor:
         Example:
             ``status = sup.health(); status.live, status.ready, status.loops["worker"].last_success_at``
         """
-        loops = self._thread_health() if self._group is None else _process_health(self._group)
+        loops = self._thread_health() if self._group is None else process_health(self._group)
         error = self._database_error() if check_database else None
         return SupervisorHealth(loops=loops, database_reachable=error is None, database_error=error)
 
@@ -186,31 +190,28 @@ class Supervisor:
 
     def _thread_health(self) -> dict[str, LoopHealth]:
         threads = dict(zip(self._loops, self._threads, strict=False))  # no threads before start()
-        intervals = {"worker": self.config.poll_interval_ms / 1000.0, "reaper": self.config.reaper_interval_seconds,
-                     "scheduler": self.config.schedule_poll_interval_seconds}
-        now = time.time()
-        loops = {}
-        for name in self._loops:
-            thread = threads.get(name)
-            ended = self._exits.get(name)
-            alive = thread is not None and thread.is_alive()
-            turned = self._marks.last_turn(name)
-            stalled = alive and turned is not None and \
-                now - turned.timestamp() > intervals[name] + STALL_ALLOWANCE_SECONDS
-            loops[name] = LoopHealth(
-                name, alive=alive, last_success_at=self._marks.last(LOOP_STEPS[name]),
-                exit=None if ended is None else repr(ended), last_turn_at=turned, stalled=stalled,
-            )
-        listener = self._marks.listener
-        if listener is not None:
-            loops["listener"] = LoopHealth("listener", alive=listener.connected)
-        return loops
+        return thread_health(self._loops, threads, self._exits, self._marks, self.config, STALL_ALLOWANCE_SECONDS)
+
+    def check_queues(self, *, sources: Optional[Mapping[str, str]] = None) -> None:
+        """Raise QueueNotFound if ``config.queues`` or ``queue_concurrency`` names a queue that does not exist.
+
+        :meth:`start` calls it; call it first to refuse before writing anything (``runledger-sync
+        worker`` does, before its sync). See :func:`~runledger_sync.runtime.serving.check_queues_exist`.
+        """
+        check_queues_exist(self.engine, self.registry, self.config, sources=sources)
 
     def start(self) -> "Supervisor":
-        """Start the loops in background threads; return at once."""
+        """Start the loops in background threads; return at once.
+
+        Raises:
+            ConfigError: the config does not validate.
+            QueueNotFound: the config names a queue that does not exist (:meth:`check_queues`).
+        """
         if self._threads or (self._group is not None and self._group.started):
             raise RuntimeError("this Supervisor was already started")
         self.config.validate()
+        # Before any claim: a worker of a misspelt queue would look healthy and run nothing.
+        self.check_queues()
         if self._group is not None:
             # The parent logs the environment's adjustments once; its children do not.
             for adjustment in self.config.env_adjustments:
@@ -222,6 +223,8 @@ class Supervisor:
             thread = threading.Thread(target=self._run, args=(name, loop), name=f"runledger-{name}", daemon=True)
             self._threads.append(thread)
             thread.start()
+        if isinstance(self.engine, Engine):  # a caller's Connection must not be shared with another thread
+            self._worker_row = WorkerRow(self.engine, self.registry, self.config, self.shutdown_event).start()
         log.info("supervisor started", extra={"worker_id": self.config.worker_id, "loops": list(self._loops)})
         return self
 
@@ -268,6 +271,9 @@ class Supervisor:
                 if self.running:
                     log.warning("supervisor stop timed out with loops still running",
                                 extra={"timeout_seconds": timeout})
+            if self._worker_row is not None:
+                # It deleted its row when shutdown was set; this only waits for that write.
+                self._worker_row.join(STOP_MARGIN_SECONDS)
             return drained
         finally:
             self._probe.close()
@@ -366,7 +372,7 @@ def child_main(spec: ChildSpec) -> None:
     signal.signal(signal.SIGUSR1, on_sigusr1)
     try:
         supervisor.start()
-    except ConfigError as error:
+    except (ConfigError, QueueNotFound) as error:
         process_log.error("worker process refused its config",
                           extra={"worker_id": spec.config.worker_id, "error": str(error)})
         sys.exit(EXIT_REFUSED)
@@ -390,12 +396,3 @@ def _stop_group(group: ProcessGroup, timeout: float, grace: float) -> bool:
         group.stop_jobs()
         group.stop(grace + STOP_MARGIN_SECONDS)
     return drained
-
-
-def _process_health(group: ProcessGroup) -> dict[str, LoopHealth]:
-    health = {}
-    for slot in group.slots:
-        name = slot.worker_id or f"p{slot.index}"
-        health[name] = LoopHealth(name, alive=slot.process is not None and slot.process.is_alive(),
-                                  exit=None if slot.last_exit is None else str(slot.last_exit))
-    return health

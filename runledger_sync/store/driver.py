@@ -55,7 +55,8 @@ Maintenance
 Workers
     ``record_worker`` says a worker is alive and which queues and types it
     serves (so an operator can be told nobody serves a waiting job);
-    ``forget_worker`` removes it when it stops.
+    ``forget_worker`` removes it when it stops. ``list_queues``: the queues
+    that exist, so a worker refuses a config naming any other.
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ from runledger_sync.store._running import heartbeat_job, mark_job_running, runni
 from runledger_sync.store._schedule_tick import fire_due_schedules
 from runledger_sync.store.admin import get_job
 from runledger_sync.store.lifecycle import complete_job_success, release_unstarted_job_claim
+from runledger_sync.store.queues import list_queues
 from runledger_sync.store.workflows import load_step, step_output
 
 __all__ = [
@@ -129,4 +131,5 @@ __all__ = [
     # workers
     "record_worker",
     "forget_worker",
+    "list_queues",
 ]

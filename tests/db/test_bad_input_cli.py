@@ -31,10 +31,11 @@ from tests.support import define
 JOB_TYPE = "cli.bad"
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOW_TABLES = ("workflow_runs", "workflow_steps", "workflow_step_dependencies")
+QUEUE_TABLES = ("job_queues", "job_workers")
 
 
 def table_digest(engine: Any) -> dict[str, tuple[int, str]]:
-    return queue_digest(engine, TABLES + WORKFLOW_TABLES)
+    return queue_digest(engine, TABLES + WORKFLOW_TABLES + QUEUE_TABLES)
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +160,35 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("worker-app-sql", ["worker", "--app", "os:system'; --"], USAGE, "config.invalid"),
     ("worker-unknown-type", ["worker", "--app", "tests.cli_app:registry", "--types", "cli.echo,no.such"], USAGE,
      "config.invalid"),
+    ("worker-unknown-queue", ["worker", "--app", "tests.cli_app:registry", "--queues", "default,no.such"], USAGE,
+     "queue.not_found"),
+    ("worker-unknown-queue-sql", ["worker", "--app", "tests.cli_app:registry", "--queues", HOSTILE], USAGE,
+     "queue.not_found"),
+    ("worker-unknown-queue-concurrency", ["worker", "--app", "tests.cli_app:registry", "--queue-concurrency",
+                                          "no.such=2"], USAGE, "queue.not_found"),
+    ("worker-queue-concurrency-no-count", ["worker", "--app", "tests.cli_app:registry", "--queue-concurrency",
+                                           "default"], USAGE, "config.invalid"),
+    ("worker-queue-concurrency-zero", ["worker", "--app", "tests.cli_app:registry", "--queue-concurrency",
+                                       "default=0"], USAGE, "config.invalid"),
+    ("worker-queues-blank", ["worker", "--app", "tests.cli_app:registry", "--queues", " "], USAGE, "config.invalid"),
+    ("queues-show-unknown", ["queues", "show", "no.such"], FAILED, "queue.not_found"),
+    ("queues-show-blank", ["queues", "show", ""], USAGE, "queue.invalid_name"),
+    ("queues-show-too-long", ["queues", "show", "q" * 129], USAGE, "queue.invalid_name"),
+    ("queues-pause-unknown", ["queues", "pause", HOSTILE], FAILED, "queue.not_found"),
+    ("queues-pause-bad-utf8", ["queues", "pause", SURROGATE], USAGE, "queue.invalid_name"),
+    ("queues-resume-unknown", ["queues", "resume", "no.such"], FAILED, "queue.not_found"),
+    ("queues-set-unknown", ["queues", "set", "no.such", "--global-limit", "2"], FAILED, "queue.not_found"),
+    ("queues-set-nothing", ["queues", "set", "default"], USAGE, "config.invalid"),
+    ("queues-set-limit-zero", ["queues", "set", "default", "--global-limit", "0"], USAGE, "queue.invalid_setting"),
+    ("queues-set-limit-negative", ["queues", "set", "default", "--key-limit", "-1"], USAGE, "queue.invalid_setting"),
+    ("queues-set-limit-word", ["queues", "set", "default", "--key-limit", "many"], USAGE, "queue.invalid_setting"),
+    ("queues-set-limit-huge", ["queues", "set", "default", "--global-limit", "1000001"], USAGE,
+     "queue.invalid_setting"),
+    ("queues-set-rate-zero", ["queues", "set", "default", "--rate", "0/60s"], USAGE, "queue.invalid_setting"),
+    ("queues-set-rate-zero-window", ["queues", "set", "default", "--rate", "10/0s"], USAGE, "queue.invalid_setting"),
+    ("queues-set-rate-word", ["queues", "set", "default", "--rate", "fast"], USAGE, "queue.invalid_setting"),
+    ("queues-set-per-key-alone", ["queues", "set", "default", "--per-key"], USAGE, "config.invalid"),
+    ("queues-set-create-blank", ["queues", "set", " ", "--create"], USAGE, "queue.invalid_name"),
 ]
 
 

@@ -14,7 +14,7 @@ import time
 import runledger_sync as rl
 from runledger_sync import cli
 from runledger_sync.store._reaper import reap_expired_leases
-from tests.support import event_types, scalar, wait_until
+from tests.support import event_types, rows, scalar, wait_until
 
 SECRET_WORD = "payload-secret-3b8d"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -252,3 +252,76 @@ def test_worker_refuses_a_log_format_variable_it_does_not_know_before_touching_t
     err = capsys.readouterr().err
     assert code == 2
     assert "RUNLEDGER_LOG_FORMAT must be one of text, json, got 'xml'" in err
+
+
+# -- queues ------------------------------------------------------------------------------
+
+
+def test_worker_refuses_a_queue_that_does_not_exist_before_writing_anything(engine, fresh_database, capsys):
+    code = cli.main(["--database-url", fresh_database, "worker", "--app", "tests.cli_app:registry",
+                     "--queues", "default,mial"])
+
+    lines = capsys.readouterr().err.splitlines()
+    assert code == 2
+    assert lines[0] == ("error: queue.not_found: --queues names a queue that does not exist: 'mial' (known: default); "
+                        "a queue exists once a registry declares it (registry.queue) or a job type joins it, or once "
+                        "configure_queue() creates it")
+    assert lines[1] == ("hint: fix --queues: list the queues with `runledger-sync queues list`, or declare the queue "
+                        "in --app with registry.queue()")
+    assert not _definition_exists(engine)
+
+
+def test_worker_refuses_an_unknown_queue_of_the_environments_queue_concurrency(engine, fresh_database, capsys,
+                                                                               monkeypatch):
+    monkeypatch.setenv("RUNLEDGER_QUEUE_CONCURRENCY", "default=2,mial=1")
+
+    code = cli.main(["--database-url", fresh_database, "worker", "--app", "tests.cli_app:registry"])
+
+    lines = capsys.readouterr().err.splitlines()
+    assert code == 2
+    assert lines[0].startswith("error: queue.not_found: RUNLEDGER_QUEUE_CONCURRENCY names a queue that does not "
+                               "exist: 'mial'")
+    assert lines[1].startswith("hint: fix RUNLEDGER_QUEUE_CONCURRENCY: ")
+
+
+def _config_of(*options: str):
+    from runledger_sync.cli import worker as worker_command
+
+    args = cli.build_parser().parse_args(["worker", "--app", "tests.cli_app:queued", *options])
+    return worker_command._worker_config(args, rl.load_registry("tests.cli_app:queued"))
+
+
+def test_queue_options_and_variables_pass_through_to_the_jobs_config(monkeypatch):
+    config = _config_of("--queues", "mail, default", "--queue-concurrency", "mail=2, default=4")
+    assert (config.queues, config.queue_concurrency) == (("mail", "default"), {"mail": 2, "default": 4})
+
+    monkeypatch.setenv("RUNLEDGER_QUEUES", "mail")
+    monkeypatch.setenv("RUNLEDGER_QUEUE_CONCURRENCY", "mail=3")
+    config = _config_of()
+    assert (config.queues, config.queue_concurrency) == (("mail",), {"mail": 3})
+    # An option wins over its variable.
+    assert _config_of("--queues", "default").queues == ("default",)
+
+
+def test_a_worker_of_one_queue_runs_its_jobs_only_and_its_row_says_so(engine, fresh_database, run):
+    # The app declares "mail": known before the worker's own sync writes it.
+    process = _start_worker(fresh_database, "tests.cli_app:queued", "--queues", "mail",
+                            "--queue-concurrency", "mail=1")
+    try:
+        wait_until(lambda: _definition_exists(engine) or process.poll() is not None, timeout=30)
+        assert process.poll() is None, process.communicate()[1]
+        mail = rl.enqueue(engine, "cli.mail", {})
+        echo = rl.enqueue(engine, "cli.echo", {"say": "hi"})
+        wait_until(lambda: rl.get_job(engine, mail.id).status is rl.JobStatus.SUCCEEDED, timeout=30)
+        [row] = wait_until(lambda: rows(engine, "SELECT queues, job_types FROM job_workers"), timeout=30)
+        assert (row.queues, sorted(row.job_types)) == (["mail"], ["cli.echo", "cli.mail"])
+        assert rl.get_job(engine, echo.id).status is rl.JobStatus.PENDING
+        code, out, _ = run("jobs", "show", str(echo.id))
+        assert code == 0
+        assert "waits:               no_worker: no live worker serves queue 'default' and type 'cli.echo'" in out
+        _stop(process)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert rows(engine, "SELECT worker_id FROM job_workers") == []

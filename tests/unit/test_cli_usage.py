@@ -246,10 +246,11 @@ def test_the_module_runs_as_a_script_with_the_same_exit_codes(tmp_path):
 OPERATOR_COMMANDS = ["enqueue", "jobs list", "jobs show", "jobs retry", "jobs cancel", "dead-letters list",
                      "dead-letters replay", "stats", "schedules list", "schedules show", "schedules pause",
                      "schedules resume", "schedules trigger", "schedules delete", "workflows list", "workflows show",
-                     "workflows cancel", "workflows complete-external"]
+                     "workflows cancel", "workflows complete-external", "queues list", "queues show", "queues pause",
+                     "queues resume", "queues set"]
 
 
-@pytest.mark.parametrize("name", OPERATOR_COMMANDS + ["jobs", "dead-letters", "schedules", "workflows"])
+@pytest.mark.parametrize("name", OPERATOR_COMMANDS + ["jobs", "dead-letters", "schedules", "workflows", "queues"])
 def test_each_operator_command_has_help(capsys, name):
     code, out, _ = run(capsys, *name.split(), "--help")
 
@@ -259,7 +260,7 @@ def test_each_operator_command_has_help(capsys, name):
 
 def test_operator_commands_are_registered_under_their_groups():
     assert set(OPERATOR_COMMANDS) <= set(cli.COMMANDS)
-    assert set(cli.GROUPS) == {"jobs", "dead-letters", "schedules", "workflows"}
+    assert set(cli.GROUPS) == {"jobs", "dead-letters", "schedules", "workflows", "queues"}
 
 
 def test_a_nested_command_needs_its_group():
@@ -285,6 +286,10 @@ def test_a_nested_command_needs_its_group():
         ["jobs", "cancel", "a", "b"],
         ["dead-letters", "replay", "--dry-run", "yes"],
         ["stats", "extra"],
+        ["queues"],
+        ["queues", "show"],
+        ["queues", "pause", "a", "b"],
+        ["queues", "set"],
     ],
     ids=lambda argv: " ".join(argv),
 )

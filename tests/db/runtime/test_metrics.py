@@ -17,7 +17,7 @@ from runledger_sync.metrics import WorkerMetrics, registry_for
 from runledger_sync.runtime.worker import run_worker_loop
 from tests.db.test_docs import marked
 from tests.handlers import MAX_BLOCK_SECONDS, fast_config
-from tests.support import scalar, wait_until
+from tests.support import claim_one, define, scalar, wait_until
 
 
 def scrape(registry) -> dict[tuple[str, tuple], float]:
@@ -32,6 +32,15 @@ def families(registry) -> dict[str, str]:
     # the parser reads them as gauges of their own.
     return {family.name: family.type for family in text_string_to_metric_families(generate_latest(registry).decode())
             if not family.name.endswith("_created")}
+
+
+#: The gauges by queue (label ``queue``).
+QUEUE_FAMILIES = (
+    "runledger_queue_ready_jobs", "runledger_queue_blocked_jobs", "runledger_queue_scheduled_jobs",
+    "runledger_queue_leased_jobs", "runledger_queue_paused", "runledger_queue_global_limit",
+    "runledger_queue_key_limit", "runledger_queue_rate_limit", "runledger_queue_rate_window_seconds",
+    "runledger_queue_rate_used",
+)
 
 
 def _workload_registry() -> rl.JobRegistry:
@@ -86,6 +95,7 @@ def test_scrape_after_a_workload_has_every_family_and_the_counts_of_what_ran(eng
         "runledger_job_pickup_latency_seconds": "histogram", "runledger_claim_batch_jobs": "histogram",
         "runledger_group_write_jobs": "histogram", "runledger_group_write_duration_seconds": "histogram",
         "runledger_heartbeat_failures": "counter", "runledger_lease_losses": "counter",
+        **dict.fromkeys(QUEUE_FAMILIES, "gauge"),
     }
     assert samples[("runledger_queue_up", ())] == 1
     assert samples[("runledger_jobs_total", (("job_type", "m.ok"), ("outcome", "succeeded")))] == 3
@@ -148,6 +158,42 @@ def test_a_queue_that_cannot_be_read_reports_up_0_and_still_serves_the_worker_co
     assert samples[("runledger_queue_up", ())] == 0
     assert samples[("runledger_jobs_total", (("job_type", "m.ok"), ("outcome", "succeeded")))] == 1
     assert not [key for key in samples if key[0] == "runledger_queue_jobs"]
+    assert not [key for key in samples if key[0] in QUEUE_FAMILIES]
+
+
+def test_the_queue_gauges_by_queue_say_what_waits_and_each_queues_pause_and_limits(engine):
+    rl.configure_queue(engine, "mail", global_limit=4, key_limit=1, rate_limit=rl.RateLimit(100, per_seconds=60))
+    rl.configure_queue(engine, "bulk", key_limit=None)
+    rl.pause_queue(engine, "bulk")
+    define(engine, "m.mail", queue="mail")
+    define(engine, "m.bulk", queue="bulk")
+    rl.enqueue(engine, "m.mail", {}, priority=1_000_000)
+    claim_one(engine, job_type="m.mail")  # leased, and one claim inside mail's rate window
+    rl.enqueue(engine, "m.mail", {}, concurrency_key="customer:1")
+    rl.enqueue(engine, "m.mail", {}, concurrency_key="customer:1")  # held back by its key
+    rl.enqueue(engine, "m.mail", {}, delay_seconds=3600)
+    for _ in range(3):
+        rl.enqueue(engine, "m.bulk", {})
+
+    samples = scrape(registry_for(engine))
+
+    def by_queue(name: str) -> dict[str, float]:
+        return {dict(labels)["queue"]: value for (sample, labels), value in samples.items() if sample == name}
+
+    assert samples[("runledger_queue_up", ())] == 1
+    assert by_queue("runledger_queue_ready_jobs") == {"bulk": 3, "default": 0, "mail": 1}
+    assert by_queue("runledger_queue_blocked_jobs") == {"bulk": 0, "default": 0, "mail": 1}
+    assert by_queue("runledger_queue_scheduled_jobs") == {"bulk": 0, "default": 0, "mail": 1}
+    assert by_queue("runledger_queue_leased_jobs") == {"bulk": 0, "default": 0, "mail": 1}
+    assert by_queue("runledger_queue_paused") == {"bulk": 1, "default": 0, "mail": 0}
+    # No sample where there is no limit.
+    assert by_queue("runledger_queue_global_limit") == {"mail": 4}
+    assert by_queue("runledger_queue_key_limit") == {"default": 1, "mail": 1}
+    assert by_queue("runledger_queue_rate_limit") == {"mail": 100}
+    assert by_queue("runledger_queue_rate_window_seconds") == {"mail": 60}
+    assert by_queue("runledger_queue_rate_used") == {"mail": 1}
+    # The gauges by job type keep their names and labels.
+    assert samples[("runledger_queue_jobs", (("job_type", "m.bulk"), ("status", "PENDING")))] == 3
 
 
 def test_an_observer_is_refused_with_worker_processes(engine):
