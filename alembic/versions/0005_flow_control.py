@@ -63,7 +63,8 @@ def upgrade() -> None:
                        name='ck_job_queues_rate_limit'),
     sa.PrimaryKeyConstraint('name', name=op.f('pk_job_queues'))
     )
-    queues = sa.table('job_queues', sa.column('name', sa.Text()))
+    # A lightweight table is not rewritten by schema_translate_map either: name the schema.
+    queues = sa.table('job_queues', sa.column('name', sa.Text()), schema=schema_of(op.get_bind()))
     op.bulk_insert(queues, [{'name': 'default'}])
     op.create_table('job_queue_rate_claims',
     sa.Column('id', sa.BigInteger(), sa.Identity(always=False), nullable=False),

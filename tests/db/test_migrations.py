@@ -393,8 +393,8 @@ def test_0003_downgrade_restores_triggers_and_listing_indexes_and_upgrade_reappl
     migrate(empty_engine)
 
     assert job_queue_state(empty_engine) == (
-        indexes - LISTING_INDEXES_0002 | LISTING_INDEXES_0003 | {"uq_job_queue_workflow_step_id"}, ["fillfactor=70"],
-        {("job_schedules", "trg_job_schedules_updated_at")} | LINK_TRIGGERS,
+        indexes - LISTING_INDEXES_0002 | LISTING_INDEXES_0003 | {"uq_job_queue_workflow_step_id", "idx_job_queue_key_live"},
+        ["fillfactor=70"], {("job_schedules", "trg_job_schedules_updated_at")} | LINK_TRIGGERS | KEY_TRIGGERS,
     )
     assert schema_diff(empty_engine) == []
 
@@ -671,7 +671,7 @@ def test_migrate_sql_prints_a_script_that_builds_the_schema_migrate_builds(empty
     assert current_revision(empty_engine) == head_revision()
     assert schema_diff(empty_engine) == []
     assert functions_named(empty_engine, TRIGGER_FUNCTION) == ["public"]
-    assert triggers_of(empty_engine) == {("job_schedules", "trg_job_schedules_updated_at")} | LINK_TRIGGERS
+    assert triggers_of(empty_engine) == {("job_schedules", "trg_job_schedules_updated_at")} | LINK_TRIGGERS | KEY_TRIGGERS
     a_job_goes_through(empty_engine)
     migrate(empty_engine)  # nothing left to do
     assert current_revision(empty_engine) == head_revision()
