@@ -14,8 +14,11 @@
 Adding NOT NULL columns with constant defaults does not rewrite job_queue; the
 foreign key is checked against existing rows, and the claim index is rebuilt,
 which locks job_queue against writes while it is built: on a large table, run
-this revision at a quiet time. The downgrade drops the queue settings, queue
-assignments and concurrency keys.
+this revision at a quiet time. The downgrade keeps every job and drops the queue
+settings (pauses and limits), the jobs' and types' queue assignments, the
+concurrency keys, the rate log and the worker rows: a job held back by its key
+becomes a plain PENDING job, and an upgrade after it puts every job in
+``default`` without a key.
 
 Revision ID: 0005
 Revises: 0004
