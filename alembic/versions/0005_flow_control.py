@@ -6,7 +6,8 @@
   job_queues); job_queue.execution_resource_key (the spec's, non-blank, at most
   512 bytes) and job_queue.blocked_by_key.
 - idx_job_queue_claim leads with the queue and leaves out jobs held back by their
-  key; idx_job_queue_key_live holds keyed live jobs in claim order.
+  key; idx_job_queue_key_live holds keyed PENDING and LEASED jobs, the live ones
+  apart from the held-back ones, in claim order.
 - job_queue_rate_claims: the claims inside each rate window.
 - job_workers: which queues and types each live worker serves.
 - The key trigger (see runledger_sync/db/schema_queues.py): fires for keyed rows only.
@@ -109,7 +110,7 @@ def upgrade() -> None:
     op.drop_index('idx_job_queue_claim', table_name='job_queue', postgresql_where=sa.text("status = 'PENDING'"))
     op.create_index('idx_job_queue_claim', 'job_queue', ['queue', *_CLAIM_ORDER], unique=False,
                     postgresql_where=sa.text(_CLAIMABLE))
-    op.create_index('idx_job_queue_key_live', 'job_queue', ['queue', 'execution_resource_key', *_CLAIM_ORDER],
+    op.create_index('idx_job_queue_key_live', 'job_queue', ['queue', 'execution_resource_key', 'blocked_by_key', *_CLAIM_ORDER],
                     unique=False, postgresql_where=sa.text(_KEY_LIVE))
     for statement in key_trigger_ddl(_qualified):
         op.execute(statement)

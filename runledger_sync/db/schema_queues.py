@@ -10,7 +10,9 @@ others wait PENDING with ``blocked_by_key``, outside the claim index, so a
 claim never reads them. The key trigger is the one place that decides it:
 
 - a keyed job entering (enqueued, or requeued from a finished state) is held
-  back when its key already has ``key_limit`` live jobs;
+  back when its key already has ``key_limit`` live jobs, unless it comes before
+  one of them in claim order that has not been claimed in this run: that one is
+  held back instead (a job due in an hour does not hold back one due now);
 - a live keyed job leaving (finished, canceled, dead-lettered, deleted) lets the
   next held-back jobs of its key go, in claim order, up to the limit.
 
@@ -76,6 +78,7 @@ DECLARE
   row_key text;
   key_limit integer;
   live integer;
+  behind uuid;
 BEGIN
   IF TG_WHEN = 'BEFORE' THEN
     row_queue := NEW.queue;
@@ -86,26 +89,46 @@ BEGIN
   END IF;
   PERFORM pg_advisory_xact_lock(hashtext('runledger_sync.concurrency_key'), hashtext(row_queue || chr(31) || row_key));
   EXECUTE format('SELECT key_limit FROM %I.job_queues WHERE name = $1', TG_TABLE_SCHEMA) INTO key_limit USING row_queue;
+  IF key_limit IS NULL THEN
+    live := 0;
+  ELSE
+    -- idx_job_queue_key_live: the key's live entries only, however many are held back.
+    EXECUTE format('SELECT count(*) FROM %I.job_queue WHERE queue = $1 AND execution_resource_key = $2 '
+                   'AND status IN (''PENDING'', ''LEASED'') AND NOT blocked_by_key AND id <> $3', TG_TABLE_SCHEMA)
+      INTO live USING row_queue, row_key, CASE WHEN TG_WHEN = 'BEFORE' THEN NEW.id ELSE OLD.id END;
+  END IF;
   IF TG_WHEN = 'BEFORE' THEN
-    IF key_limit IS NULL THEN
-      NEW.blocked_by_key := false;
+    NEW.blocked_by_key := false;
+    IF key_limit IS NULL OR live < key_limit THEN
+      RETURN NEW;
+    END IF;
+    -- The key is full. A live job that has not been claimed in this run and comes
+    -- after the new one in claim order gives it its turn (a job due in an hour must
+    -- not hold back one due now); one claimed already keeps it, and one being
+    -- claimed right now is locked and passed over.
+    EXECUTE format('SELECT id FROM %I.job_queue WHERE queue = $1 AND execution_resource_key = $2 '
+                   'AND status = ''PENDING'' AND NOT blocked_by_key AND attempt = 0 AND id <> $3 '
+                   'AND (-priority, next_run_at, created_at, id) > (-$4, $5, $6, $3) '
+                   'ORDER BY priority, next_run_at DESC, created_at DESC, id DESC LIMIT 1 FOR UPDATE SKIP LOCKED',
+                   TG_TABLE_SCHEMA)
+      INTO behind USING row_queue, row_key, NEW.id, NEW.priority, NEW.next_run_at, NEW.created_at;
+    IF behind IS NULL THEN
+      NEW.blocked_by_key := true;
     ELSE
-      EXECUTE format('SELECT count(*) FROM %I.job_queue WHERE queue = $1 AND execution_resource_key = $2 '
-                     'AND status IN (''PENDING'', ''LEASED'') AND NOT blocked_by_key AND id <> $3', TG_TABLE_SCHEMA)
-        INTO live USING row_queue, row_key, NEW.id;
-      NEW.blocked_by_key := live >= key_limit;
+      EXECUTE format('UPDATE %I.job_queue SET blocked_by_key = true, updated_at = now() WHERE id = $1', TG_TABLE_SCHEMA)
+        USING behind;
     END IF;
     RETURN NEW;
   END IF;
-  EXECUTE format('SELECT count(*) FROM %I.job_queue WHERE queue = $1 AND execution_resource_key = $2 '
-                 'AND status IN (''PENDING'', ''LEASED'') AND NOT blocked_by_key', TG_TABLE_SCHEMA)
-    INTO live USING row_queue, row_key;
   IF key_limit IS NULL OR live < key_limit THEN
-    EXECUTE format('UPDATE %I.job_queue SET blocked_by_key = false, updated_at = now() WHERE id IN ('
+    -- The next held-back jobs in claim order, locked first: one changed meanwhile
+    -- (canceled while this waited for it) is passed over for the one after it.
+    EXECUTE format('UPDATE %I.job_queue SET blocked_by_key = false, updated_at = now() WHERE id = ANY(ARRAY('
                    'SELECT id FROM %I.job_queue WHERE queue = $1 AND execution_resource_key = $2 '
                    'AND status = ''PENDING'' AND blocked_by_key '
-                   'ORDER BY priority DESC, next_run_at, created_at, id LIMIT $3)', TG_TABLE_SCHEMA, TG_TABLE_SCHEMA)
-      USING row_queue, row_key, CASE WHEN key_limit IS NULL THEN NULL ELSE key_limit - live END;
+                   'ORDER BY priority DESC, next_run_at, created_at, id LIMIT $3 FOR UPDATE))',
+                   TG_TABLE_SCHEMA, TG_TABLE_SCHEMA)
+      USING row_queue, row_key, key_limit - live;
   END IF;
   RETURN NULL;
 END

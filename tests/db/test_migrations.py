@@ -592,6 +592,10 @@ def test_tables_can_live_in_a_non_public_schema(empty_database):
         assert [(row.id, row.payload) for row in rows] == [(job.id, {"where": "rl_custom"})]
         assert functions_named(admin, KEY_TRIGGER_FUNCTION) == ["rl_custom"]
         keys_take_turns(engine)
+        # The queue settings are written where the tables are too.
+        runledger_sync.configure_queue(engine, "default", key_limit=2)
+        runledger_sync.pause_queue(engine, "default")
+        assert runledger_sync.get_queue(engine, "default").paused
         # The default-schema engine sees no runledger schema at all.
         assert current_revision(admin) is None
     finally:
