@@ -321,6 +321,38 @@ def test_a_release_racing_a_cancel_of_the_next_job_lets_the_one_after_it_go(engi
     assert head.id != after.id
 
 
+_KEY_LOCK = ("SELECT pg_advisory_xact_lock(hashtext('runledger_sync.concurrency_key'), "
+             "hashtext('default' || chr(31) || %(key)s))")
+
+
+@pytest.mark.xfail(strict=True, reason="a statement of many keyed rows takes their keys' locks in row order: two with "
+                                       "keys in other orders can deadlock (two enqueue_many here; an enqueue_many and a "
+                                       "worker's group completion alike)")
+def test_two_batches_enqueueing_the_same_keys_in_other_orders_both_land(engine):
+    errors: list[BaseException] = []
+
+    def batch(keys: list[str]) -> threading.Thread:
+        thread = threading.Thread(target=lambda: _run(errors, rl.enqueue_many, engine, [
+            rl.JobSpec(JOB_TYPE, {}, concurrency_key=key) for key in keys]))
+        thread.start()
+        return thread
+
+    with engine.connect() as holder:
+        # The first batch holds key a and waits at key c, held here, while the second
+        # takes b and waits for a; once c is free the first wants b.
+        holder.exec_driver_sql(_KEY_LOCK, {"key": "c"})
+        first = batch(["a", "c", "b"])
+        wait_until(lambda: lock_waiters(engine) == 1, what="the first batch waits at key c")
+        second = batch(["b", "a"])
+        wait_until(lambda: lock_waiters(engine) == 2, what="the second batch waits at key a")
+        holder.rollback()
+    first.join(30)
+    second.join(30)
+
+    assert errors == []
+    assert scalar(engine, "SELECT count(*) FROM job_queue") == 5
+
+
 def _run(errors: list[BaseException], function: Any, *args: Any) -> None:
     try:
         function(*args)
