@@ -10,7 +10,7 @@
   apart from the held-back ones, in claim order.
 - job_queue_rate_claims: the claims inside each rate window.
 - job_workers: which queues and types each live worker serves.
-- The key trigger (see runledger_sync/db/schema_queues.py): fires for keyed rows only.
+- The key triggers (see runledger_sync/db/schema_queues.py): fire for keyed rows only.
 
 Adding NOT NULL columns with constant defaults does not rewrite job_queue; the
 foreign key is checked against existing rows, and the claim index is rebuilt,

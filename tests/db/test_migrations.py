@@ -47,7 +47,8 @@ QUEUE_TABLES = {"job_definitions", "job_queue", "job_attempts", "job_events", "j
 TRIGGER_FUNCTION = "runledger_set_updated_at"
 WORKFLOW_TABLES = {"workflow_runs", "workflow_steps", "workflow_step_dependencies"}
 LINK_TRIGGERS = {("job_queue", "trg_job_queue_workflow_link"), ("workflow_steps", "trg_workflow_steps_job_link")}
-KEY_TRIGGERS = {("job_queue", f"trg_job_queue_key_{event}") for event in ("enqueued", "reentered", "released", "deleted")}
+KEY_TRIGGERS = {("job_queue", f"trg_job_queue_key_{event}")
+                for event in ("enqueued", "reentered", "released", "deleted", "ahead")}
 
 
 @pytest.fixture
@@ -470,6 +471,7 @@ def test_0004_keeps_jobs_enqueued_before_it(empty_engine):
 FLOW_TABLES = {"job_queues", "job_queue_rate_claims", "job_workers"}
 FLOW_COLUMNS = {"queue", "execution_resource_key", "blocked_by_key"}
 KEY_TRIGGER_FUNCTION = "runledger_concurrency_key_turns"
+KEY_AHEAD_FUNCTION = "runledger_concurrency_key_ahead"
 
 
 def claim_index_definition(engine: Engine) -> str:
@@ -503,6 +505,7 @@ def test_0005_downgrade_removes_the_flow_control_schema_and_upgrade_rebuilds_it(
     assert job_queue_columns(empty_engine) & FLOW_COLUMNS == set()
     assert triggers_of(empty_engine) & KEY_TRIGGERS == set()
     assert functions_named(empty_engine, KEY_TRIGGER_FUNCTION) == []
+    assert functions_named(empty_engine, KEY_AHEAD_FUNCTION) == []
     # The claim index of 0004 is back: led by the status, every PENDING row in it.
     assert "(status, priority DESC" in claim_index_definition(empty_engine)
     assert claim_index_definition(empty_engine).endswith("WHERE (status = 'PENDING'::text)")
@@ -513,6 +516,7 @@ def test_0005_downgrade_removes_the_flow_control_schema_and_upgrade_rebuilds_it(
     assert FLOW_TABLES <= tables_in(empty_engine)
     assert KEY_TRIGGERS <= triggers_of(empty_engine)
     assert functions_named(empty_engine, KEY_TRIGGER_FUNCTION) == ["public"]
+    assert functions_named(empty_engine, KEY_AHEAD_FUNCTION) == ["public"]
     assert schema_diff(empty_engine) == []
 
 
@@ -590,7 +594,7 @@ def test_tables_can_live_in_a_non_public_schema(empty_database):
         with admin.connect() as connection:
             rows = connection.execute(sqlalchemy.text("SELECT id, payload FROM rl_custom.job_queue")).all()
         assert [(row.id, row.payload) for row in rows] == [(job.id, {"where": "rl_custom"})]
-        assert functions_named(admin, KEY_TRIGGER_FUNCTION) == ["rl_custom"]
+        assert functions_named(admin, KEY_TRIGGER_FUNCTION) == functions_named(admin, KEY_AHEAD_FUNCTION) == ["rl_custom"]
         keys_take_turns(engine)
         # The queue settings are written where the tables are too.
         runledger_sync.configure_queue(engine, "default", key_limit=2)
