@@ -133,8 +133,11 @@ BEGIN
   -- Taken already by this row's BEFORE firing, in this transaction: taking it again costs nothing.
   PERFORM pg_advisory_xact_lock(hashtext('runledger_sync.concurrency_key'),
                                 hashtext(NEW.queue || chr(31) || NEW.execution_resource_key));
+  -- IS FALSE, not NOT: the claim index's predicate says NOT blocked_by_key and its order
+  -- is this one's, so the planner (on a table not analyzed yet) could choose it and read
+  -- every ready job of the queue; it cannot prove its predicate from IS FALSE.
   EXECUTE format('SELECT id FROM %I.job_queue WHERE queue = $1 AND execution_resource_key = $2 '
-                 'AND status = ''PENDING'' AND NOT blocked_by_key AND attempt = 0 AND id <> $3 '
+                 'AND status = ''PENDING'' AND blocked_by_key IS FALSE AND attempt = 0 AND id <> $3 '
                  'AND (-priority, next_run_at, created_at, id) > (-$4, $5, $6, $3) '
                  'ORDER BY priority, next_run_at DESC, created_at DESC, id DESC LIMIT 1 FOR UPDATE SKIP LOCKED',
                  TG_TABLE_SCHEMA)

@@ -379,14 +379,18 @@ def _run(errors: list[BaseException], function: Any, *args: Any) -> None:
 HELD_BACK = 20_000
 
 
-def hold_back_many(engine: Any, key: str, count: int = HELD_BACK) -> None:
-    """``count`` jobs of ``key`` held back, as the key trigger leaves them, written in one statement for speed."""
+def write_keyed(engine: Any, keys: str, count: int, held_back: bool) -> None:
+    """``count`` PENDING jobs of the keys ``keys`` names (``%(n)s``: a key each), as the key trigger leaves them.
+
+    Written in one statement with triggers off, for speed: the state is given, not made.
+    """
     with engine.begin() as connection:
-        connection.exec_driver_sql("SET LOCAL session_replication_role = replica")  # no triggers: the state is given
+        connection.exec_driver_sql("SET LOCAL session_replication_role = replica")
         connection.exec_driver_sql(
             "INSERT INTO job_queue (id, job_type, max_attempts, queue, execution_resource_key, blocked_by_key) "
-            "SELECT gen_random_uuid(), %(type)s, 5, 'default', %(key)s, true FROM generate_series(1, %(count)s)",
-            {"type": JOB_TYPE, "key": key, "count": count})
+            "SELECT gen_random_uuid(), %(type)s, 5, 'default', replace(%(keys)s, '{n}', g::text), %(held)s "
+            "FROM generate_series(1, %(count)s) g",
+            {"type": JOB_TYPE, "keys": keys, "count": count, "held": held_back})
 
 
 # job_queue's sequential scans, entries read from idx_job_queue_key_live and from all
@@ -412,15 +416,16 @@ def job_queue_reads(engine: Any, work: Callable[[Any], Any]) -> tuple[Any, tuple
 
 def test_a_key_with_many_held_back_jobs_costs_an_enqueue_and_a_release_only_its_live_ones(engine):
     head = keyed(engine, "hot")
-    hold_back_many(engine, "hot")
+    write_keyed(engine, "hot", HELD_BACK, held_back=True)
     [leased] = claim(engine)
     assert leased.id == head.id
+    write_keyed(engine, "customer:{n}", HELD_BACK, held_back=False)  # other keys' ready jobs in the same queue
 
     newcomer, enqueued = job_queue_reads(engine, lambda connection: keyed(connection, "hot", 1))
     _, released = job_queue_reads(engine, lambda connection: succeed(connection, leased))
 
     # A few entries of the key's index (its live job and the versions it left, the next
-    # held-back one), not the key's 20,000.
+    # held-back one), not the key's 20,000 nor the queue's.
     for seq_scans, key_entries, entries in (enqueued, released):
         assert seq_scans == 0 and key_entries <= 10 and entries < 100, (enqueued, released)
     assert len(held_back(engine)) == HELD_BACK and newcomer.id in held_back(engine)
