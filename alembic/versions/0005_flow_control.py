@@ -6,16 +6,20 @@
   job_queues); job_queue.execution_resource_key (the spec's, non-blank, at most
   512 bytes) and job_queue.blocked_by_key.
 - idx_job_queue_claim leads with the queue and leaves out jobs held back by their
-  key; idx_job_queue_key_live holds keyed live jobs in claim order.
+  key; idx_job_queue_key_live holds keyed PENDING and LEASED jobs, the live ones
+  apart from the held-back ones, in claim order.
 - job_queue_rate_claims: the claims inside each rate window.
 - job_workers: which queues and types each live worker serves.
-- The key trigger (see runledger_sync/db/schema_queues.py): fires for keyed rows only.
+- The key triggers (see runledger_sync/db/schema_queues.py): fire for keyed rows only.
 
 Adding NOT NULL columns with constant defaults does not rewrite job_queue; the
 foreign key is checked against existing rows, and the claim index is rebuilt,
 which locks job_queue against writes while it is built: on a large table, run
-this revision at a quiet time. The downgrade drops the queue settings, queue
-assignments and concurrency keys.
+this revision at a quiet time. The downgrade keeps every job and drops the queue
+settings (pauses and limits), the jobs' and types' queue assignments, the
+concurrency keys, the rate log and the worker rows: a job held back by its key
+becomes a plain PENDING job, and an upgrade after it puts every job in
+``default`` without a key.
 
 Revision ID: 0005
 Revises: 0004
@@ -63,7 +67,8 @@ def upgrade() -> None:
                        name='ck_job_queues_rate_limit'),
     sa.PrimaryKeyConstraint('name', name=op.f('pk_job_queues'))
     )
-    queues = sa.table('job_queues', sa.column('name', sa.Text()))
+    # A lightweight table is not rewritten by schema_translate_map either: name the schema.
+    queues = sa.table('job_queues', sa.column('name', sa.Text()), schema=schema_of(op.get_bind()))
     op.bulk_insert(queues, [{'name': 'default'}])
     op.create_table('job_queue_rate_claims',
     sa.Column('id', sa.BigInteger(), sa.Identity(always=False), nullable=False),
@@ -105,7 +110,7 @@ def upgrade() -> None:
     op.drop_index('idx_job_queue_claim', table_name='job_queue', postgresql_where=sa.text("status = 'PENDING'"))
     op.create_index('idx_job_queue_claim', 'job_queue', ['queue', *_CLAIM_ORDER], unique=False,
                     postgresql_where=sa.text(_CLAIMABLE))
-    op.create_index('idx_job_queue_key_live', 'job_queue', ['queue', 'execution_resource_key', *_CLAIM_ORDER],
+    op.create_index('idx_job_queue_key_live', 'job_queue', ['queue', 'execution_resource_key', 'blocked_by_key', *_CLAIM_ORDER],
                     unique=False, postgresql_where=sa.text(_KEY_LIVE))
     for statement in key_trigger_ddl(_qualified):
         op.execute(statement)

@@ -9,6 +9,7 @@ the same codes (``db.connection_failed``, ``db.unique_violation``, ...).
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Optional
 
@@ -51,6 +52,10 @@ _BY_CONSTRAINT: dict[str, type[errors.RunledgerError]] = {
     "fk_job_queue_queue": QueueNotFound,
     "fk_job_definitions_queue": QueueNotFound,
 }
+# The server's detail of a queue's foreign key: its one column, the queue's name (never
+# a payload). Absent when the server's messages are not in English or the role may not
+# read the column; the error then says what it can without the name.
+_MISSING_QUEUE = re.compile(r'Key \(queue\)=\((?P<name>.*)\) is not present in table "job_queues"', re.DOTALL)
 # undefined_table, undefined_column, undefined_function: a database not migrated, or behind.
 _SCHEMA_MISSING_STATES = frozenset({"42P01", "42703", "42883"})
 # Connection exceptions (08), operator intervention (57P01-57P03: shutdown,
@@ -126,4 +131,19 @@ def translate(exc: sa_exc.DBAPIError, url: str | URL | None = None) -> errors.Ru
             sqlstate=state,
         )
     cls = _BY_CONSTRAINT.get(constraint or "") or _BY_SQLSTATE.get(state or "", StoreError)
+    if cls is QueueNotFound:
+        return _queue_not_found(exc, detail, state, constraint)
     return cls(f"{detail}", sqlstate=state, constraint=constraint)
+
+
+def _queue_not_found(exc: sa_exc.DBAPIError, detail: str, state: Optional[str], constraint: Optional[str]) -> QueueNotFound:
+    diag = getattr(exc.orig, "diag", None)
+    found = _MISSING_QUEUE.search(getattr(diag, "message_detail", None) or "")
+    if found is None:
+        return QueueNotFound(f"a job or job type names a queue that does not exist ({detail})", sqlstate=state,
+                             constraint=constraint)
+    name = found.group("name")
+    return QueueNotFound(
+        f"no queue is named {name!r}; declare it with registry.queue() and sync, or create it with configure_queue()",
+        queue=name, sqlstate=state, constraint=constraint,
+    )

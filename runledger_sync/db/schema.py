@@ -225,12 +225,15 @@ Index(
     job_queue.c.id,
     postgresql_where=text(CLAIMABLE),
 )
-# A key's live jobs (PENDING or LEASED) in claim order: the key trigger counts them
-# and finds the next one to let go. Only keyed rows have entries.
+# A key's PENDING and LEASED jobs, the live ones apart from the held-back ones, each
+# in claim order: the key trigger counts the live ones without reading the held-back
+# ones (a busy key may hold back thousands) and finds the next one to let go. Only
+# keyed rows have entries.
 Index(
     "idx_job_queue_key_live",
     job_queue.c.queue,
     job_queue.c.execution_resource_key,
+    job_queue.c.blocked_by_key,
     job_queue.c.priority.desc(),
     job_queue.c.next_run_at,
     job_queue.c.created_at,

@@ -7,10 +7,13 @@ foreign keys need; what only flow control reads is here, on the same metadata.
 **Concurrency keys.** A keyed job is *live* while it is PENDING and not held
 back, or LEASED. A key has at most its queue's ``key_limit`` live jobs; the
 others wait PENDING with ``blocked_by_key``, outside the claim index, so a
-claim never reads them. The key trigger is the one place that decides it:
+claim never reads them. The key triggers are the one place that decides it:
 
 - a keyed job entering (enqueued, or requeued from a finished state) is held
-  back when its key already has ``key_limit`` live jobs;
+  back when its key already has ``key_limit`` live jobs; once it is written, if
+  it comes before one of them in claim order that has not been claimed in this
+  run, it takes that one's turn (a job due in an hour does not hold back one due
+  now);
 - a live keyed job leaving (finished, canceled, dead-lettered, deleted) lets the
   next held-back jobs of its key go, in claim order, up to the limit.
 
@@ -74,38 +77,75 @@ KEY_TRIGGER_FUNCTION_BODY = """
 DECLARE
   row_queue text;
   row_key text;
+  row_id uuid;
   key_limit integer;
   live integer;
 BEGIN
   IF TG_WHEN = 'BEFORE' THEN
     row_queue := NEW.queue;
     row_key := NEW.execution_resource_key;
+    row_id := NEW.id;
   ELSE
     row_queue := OLD.queue;
     row_key := OLD.execution_resource_key;
+    row_id := OLD.id;
   END IF;
   PERFORM pg_advisory_xact_lock(hashtext('runledger_sync.concurrency_key'), hashtext(row_queue || chr(31) || row_key));
   EXECUTE format('SELECT key_limit FROM %I.job_queues WHERE name = $1', TG_TABLE_SCHEMA) INTO key_limit USING row_queue;
+  IF key_limit IS NULL THEN
+    live := 0;
+  ELSE
+    -- idx_job_queue_key_live: the key's live entries only, however many are held back.
+    EXECUTE format('SELECT count(*) FROM %I.job_queue WHERE queue = $1 AND execution_resource_key = $2 '
+                   'AND status IN (''PENDING'', ''LEASED'') AND NOT blocked_by_key AND id <> $3', TG_TABLE_SCHEMA)
+      INTO live USING row_queue, row_key, row_id;
+  END IF;
   IF TG_WHEN = 'BEFORE' THEN
-    IF key_limit IS NULL THEN
-      NEW.blocked_by_key := false;
-    ELSE
-      EXECUTE format('SELECT count(*) FROM %I.job_queue WHERE queue = $1 AND execution_resource_key = $2 '
-                     'AND status IN (''PENDING'', ''LEASED'') AND NOT blocked_by_key AND id <> $3', TG_TABLE_SCHEMA)
-        INTO live USING row_queue, row_key, NEW.id;
-      NEW.blocked_by_key := live >= key_limit;
-    END IF;
+    -- Nothing else is written here: an enqueue that meets its idempotency key is
+    -- not inserted after this, and must leave no trace (see KEY_AHEAD_FUNCTION).
+    NEW.blocked_by_key := key_limit IS NOT NULL AND live >= key_limit;
     RETURN NEW;
   END IF;
-  EXECUTE format('SELECT count(*) FROM %I.job_queue WHERE queue = $1 AND execution_resource_key = $2 '
-                 'AND status IN (''PENDING'', ''LEASED'') AND NOT blocked_by_key', TG_TABLE_SCHEMA)
-    INTO live USING row_queue, row_key;
   IF key_limit IS NULL OR live < key_limit THEN
-    EXECUTE format('UPDATE %I.job_queue SET blocked_by_key = false, updated_at = now() WHERE id IN ('
+    -- The next held-back jobs in claim order, locked first: one changed meanwhile
+    -- (canceled while this waited for it) is passed over for the one after it.
+    EXECUTE format('UPDATE %I.job_queue SET blocked_by_key = false, updated_at = now() WHERE id = ANY(ARRAY('
                    'SELECT id FROM %I.job_queue WHERE queue = $1 AND execution_resource_key = $2 '
                    'AND status = ''PENDING'' AND blocked_by_key '
-                   'ORDER BY priority DESC, next_run_at, created_at, id LIMIT $3)', TG_TABLE_SCHEMA, TG_TABLE_SCHEMA)
-      USING row_queue, row_key, CASE WHEN key_limit IS NULL THEN NULL ELSE key_limit - live END;
+                   'ORDER BY priority DESC, next_run_at, created_at, id LIMIT $3 FOR UPDATE))',
+                   TG_TABLE_SCHEMA, TG_TABLE_SCHEMA)
+      USING row_queue, row_key, key_limit - live;
+  END IF;
+  RETURN NULL;
+END
+"""
+KEY_AHEAD_FUNCTION = "runledger_concurrency_key_ahead"
+# A job held back as it entered takes the turn of a live job of its key that has
+# not been claimed in this run and comes after it in claim order (a job due in an
+# hour must not hold back one due now): that one is held back instead. A job
+# claimed already keeps its turn, and one being claimed at this moment is locked
+# and passed over. AFTER the row is written: a repeated idempotent enqueue, which
+# is not inserted, changes nothing.
+KEY_AHEAD_FUNCTION_BODY = """
+DECLARE
+  behind uuid;
+BEGIN
+  -- Taken already by this row's BEFORE firing, in this transaction: taking it again costs nothing.
+  PERFORM pg_advisory_xact_lock(hashtext('runledger_sync.concurrency_key'),
+                                hashtext(NEW.queue || chr(31) || NEW.execution_resource_key));
+  -- IS FALSE, not NOT: the claim index's predicate says NOT blocked_by_key and its order
+  -- is this one's, so the planner (on a table not analyzed yet) could choose it and read
+  -- every ready job of the queue; it cannot prove its predicate from IS FALSE.
+  EXECUTE format('SELECT id FROM %I.job_queue WHERE queue = $1 AND execution_resource_key = $2 '
+                 'AND status = ''PENDING'' AND blocked_by_key IS FALSE AND attempt = 0 AND id <> $3 '
+                 'AND (-priority, next_run_at, created_at, id) > (-$4, $5, $6, $3) '
+                 'ORDER BY priority, next_run_at DESC, created_at DESC, id DESC LIMIT 1 FOR UPDATE SKIP LOCKED',
+                 TG_TABLE_SCHEMA)
+    INTO behind USING NEW.queue, NEW.execution_resource_key, NEW.id, NEW.priority, NEW.next_run_at, NEW.created_at;
+  IF behind IS NOT NULL THEN
+    EXECUTE format('UPDATE %I.job_queue SET blocked_by_key = (id = $1), updated_at = now() WHERE id IN ($1, $2)',
+                   TG_TABLE_SCHEMA)
+      USING behind, NEW.id;
   END IF;
   RETURN NULL;
 END
@@ -121,21 +161,35 @@ KEY_TRIGGERS = (
      f"{_LIVE_OLD} AND NEW.status NOT IN ('PENDING', 'LEASED')"),
     ("trg_job_queue_key_deleted", "AFTER DELETE", _LIVE_OLD),
 )
+#: The same for KEY_AHEAD_FUNCTION: a keyed job held back as it entered (enqueued or requeued).
+KEY_AHEAD_TRIGGERS = (
+    ("trg_job_queue_key_ahead", "AFTER INSERT OR UPDATE OF status",
+     "NEW.execution_resource_key IS NOT NULL AND NEW.status = 'PENDING' AND NEW.blocked_by_key"),
+)
+
+
+def _functions() -> tuple[tuple[str, str, tuple[tuple[str, str, str], ...]], ...]:
+    return (KEY_TRIGGER_FUNCTION, KEY_TRIGGER_FUNCTION_BODY, KEY_TRIGGERS), (
+        KEY_AHEAD_FUNCTION, KEY_AHEAD_FUNCTION_BODY, KEY_AHEAD_TRIGGERS)
 
 
 def key_trigger_ddl(qualify: Callable[[str], str]) -> list[str]:
-    """The statements creating the key trigger function and its triggers; ``qualify`` names a schema object."""
-    function = qualify(KEY_TRIGGER_FUNCTION)
-    statements = [f"CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $${KEY_TRIGGER_FUNCTION_BODY}$$"]
-    for trigger, timing, when in KEY_TRIGGERS:
-        statements.append(
-            f"CREATE TRIGGER {trigger} {timing} ON {qualify('job_queue')} FOR EACH ROW WHEN ({when}) "
-            f"EXECUTE FUNCTION {function}()"
-        )
+    """The statements creating the key trigger functions and their triggers; ``qualify`` names a schema object."""
+    statements = []
+    for name, body, triggers in _functions():
+        function = qualify(name)
+        statements.append(f"CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $${body}$$")
+        for trigger, timing, when in triggers:
+            statements.append(
+                f"CREATE TRIGGER {trigger} {timing} ON {qualify('job_queue')} FOR EACH ROW WHEN ({when}) "
+                f"EXECUTE FUNCTION {function}()"
+            )
     return statements
 
 
 def drop_key_trigger_ddl(qualify: Callable[[str], str]) -> list[str]:
-    statements = [f"DROP TRIGGER IF EXISTS {trigger} ON {qualify('job_queue')}" for trigger, _, _ in KEY_TRIGGERS]
-    statements.append(f"DROP FUNCTION IF EXISTS {qualify(KEY_TRIGGER_FUNCTION)}()")
+    statements = []
+    for name, _, triggers in _functions():
+        statements += [f"DROP TRIGGER IF EXISTS {trigger} ON {qualify('job_queue')}" for trigger, _, _ in triggers]
+        statements.append(f"DROP FUNCTION IF EXISTS {qualify(name)}()")
     return statements

@@ -18,7 +18,7 @@ from datetime import timedelta
 from typing import Any, Iterable, Optional
 from uuid import UUID
 
-from sqlalchemy import BigInteger, Text, bindparam, case, func, literal, select, text, union_all
+from sqlalchemy import BigInteger, Integer, Text, and_, bindparam, case, func, literal, or_, select, union_all
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
@@ -80,25 +80,46 @@ def _setting_values(global_limit: Any, key_limit: Any, rate_limit: Any) -> dict[
     return values
 
 
-# A higher key limit (or none) lets held-back jobs of every key of the queue go,
-# as many per key as the new limit leaves room for, in claim order.
-_RELEASE_KEYS = text("""
-WITH live AS (
-  SELECT execution_resource_key AS k, count(*) AS n FROM job_queue
-  WHERE queue = :queue AND execution_resource_key IS NOT NULL AND status IN ('PENDING', 'LEASED')
-    AND NOT blocked_by_key
-  GROUP BY execution_resource_key
-), waiting AS (
-  SELECT id, execution_resource_key AS k,
-         row_number() OVER (PARTITION BY execution_resource_key
-                            ORDER BY priority DESC, next_run_at, created_at, id) AS nth
-  FROM job_queue
-  WHERE queue = :queue AND execution_resource_key IS NOT NULL AND status = 'PENDING' AND blocked_by_key
-)
-UPDATE job_queue SET blocked_by_key = false, updated_at = now()
-WHERE id IN (SELECT w.id FROM waiting w LEFT JOIN live l ON l.k = w.k
-             WHERE CAST(:key_limit AS integer) IS NULL OR w.nth <= CAST(:key_limit AS integer) - coalesce(l.n, 0))
-""")
+def _build_release_keys() -> Any:
+    """A higher key limit (or none) lets held-back jobs of every key of the queue go.
+
+    As many per key as the new limit leaves room for, in claim order. They are
+    locked key by key in claim order, the order the key trigger locks a key's
+    held-back jobs in, so the two never wait for each other in a circle; one that
+    changed meanwhile (canceled) is left as it is.
+    """
+    key_limit = bindparam("key_limit", type_=Integer)
+    keyed = and_(_q.queue == bindparam("queue_name", type_=Text), _q.execution_resource_key.is_not(None))
+    claim_order = (_q.priority.desc(), _q.next_run_at, _q.created_at, _q.id)
+    live = (
+        select(_q.execution_resource_key.label("k"), func.count().label("n"))
+        .where(keyed, _q.status.in_([JobStatus.PENDING.value, JobStatus.LEASED.value]), ~_q.blocked_by_key)
+        .group_by(_q.execution_resource_key)
+        .cte("live")
+    )
+    waiting = (
+        select(_q.id, _q.execution_resource_key.label("k"),
+               func.row_number().over(partition_by=_q.execution_resource_key, order_by=claim_order).label("nth"))
+        .where(keyed, _q.status == JobStatus.PENDING.value, _q.blocked_by_key)
+        .cte("waiting")
+    )
+    within = (
+        select(waiting.c.id)
+        .select_from(waiting.outerjoin(live, live.c.k == waiting.c.k))
+        .where(or_(key_limit.is_(None), waiting.c.nth <= key_limit - func.coalesce(live.c.n, 0)))
+    )
+    chosen = (
+        select(_q.id)
+        .where(_q.id.in_(within), _q.status == JobStatus.PENDING.value, _q.blocked_by_key)
+        .order_by(_q.execution_resource_key, *claim_order)
+        .with_for_update()
+        .cte("chosen")
+    )
+    return job_queue.update().where(_q.id.in_(select(chosen.c.id))).values(blocked_by_key=False, updated_at=func.now())
+
+
+# Plain SQL text would not follow the engine's schema (schema_translate_map rewrites only tables).
+_RELEASE_KEYS = _build_release_keys()
 
 
 def configure_queue(
@@ -134,7 +155,7 @@ def configure_queue(
         connection.execute(statement)
         queue = _read(connection, name)
         if "key_limit" in values:
-            connection.execute(_RELEASE_KEYS, {"queue": name, "key_limit": queue.key_limit})
+            connection.execute(_RELEASE_KEYS, {"queue_name": name, "key_limit": queue.key_limit})
         return queue
 
     return run_in_transaction(bind, work)
@@ -216,7 +237,7 @@ def sync_queues(bind: Bind, declared: Iterable[QueueSpec]) -> list[QueueRecord]:
                 pg_insert(job_queues).values(name=spec.name, **values)
                 .on_conflict_do_update(index_elements=[_qs.name], set_={**values, "updated_at": func.now()})
             )
-            connection.execute(_RELEASE_KEYS, {"queue": spec.name, "key_limit": spec.key_limit})
+            connection.execute(_RELEASE_KEYS, {"queue_name": spec.name, "key_limit": spec.key_limit})
         rows = connection.execute(select(*_QUEUE_COLUMNS).where(_qs.name.in_([s.name for s in specs])).order_by(_qs.name))
         return [to_queue(row) for row in rows]
 

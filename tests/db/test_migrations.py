@@ -39,13 +39,16 @@ from runledger_sync.db.migrate import (
     migrations_directory,
 )
 from runledger_sync.db.schema import metadata
+from runledger_sync.store.driver import claim_jobs
 from runledger_sync.store.enqueue import enqueue, sync_job_definitions
+from runledger_sync.store.lifecycle import complete_job_success
 
 QUEUE_TABLES = {"job_definitions", "job_queue", "job_attempts", "job_events", "job_dead_letters"}
 TRIGGER_FUNCTION = "runledger_set_updated_at"
 WORKFLOW_TABLES = {"workflow_runs", "workflow_steps", "workflow_step_dependencies"}
 LINK_TRIGGERS = {("job_queue", "trg_job_queue_workflow_link"), ("workflow_steps", "trg_workflow_steps_job_link")}
-KEY_TRIGGERS = {("job_queue", f"trg_job_queue_key_{event}") for event in ("enqueued", "reentered", "released", "deleted")}
+KEY_TRIGGERS = {("job_queue", f"trg_job_queue_key_{event}")
+                for event in ("enqueued", "reentered", "released", "deleted", "ahead")}
 
 
 @pytest.fixture
@@ -393,8 +396,8 @@ def test_0003_downgrade_restores_triggers_and_listing_indexes_and_upgrade_reappl
     migrate(empty_engine)
 
     assert job_queue_state(empty_engine) == (
-        indexes - LISTING_INDEXES_0002 | LISTING_INDEXES_0003 | {"uq_job_queue_workflow_step_id"}, ["fillfactor=70"],
-        {("job_schedules", "trg_job_schedules_updated_at")} | LINK_TRIGGERS,
+        indexes - LISTING_INDEXES_0002 | LISTING_INDEXES_0003 | {"uq_job_queue_workflow_step_id", "idx_job_queue_key_live"},
+        ["fillfactor=70"], {("job_schedules", "trg_job_schedules_updated_at")} | LINK_TRIGGERS | KEY_TRIGGERS,
     )
     assert schema_diff(empty_engine) == []
 
@@ -463,6 +466,113 @@ def test_0004_keeps_jobs_enqueued_before_it(empty_engine):
     assert [tuple(row) for row in rows] == [("kept", None)]
 
 
+# -- revision 0005: flow control ----------------------------------------------------------
+
+FLOW_TABLES = {"job_queues", "job_queue_rate_claims", "job_workers"}
+FLOW_COLUMNS = {"queue", "execution_resource_key", "blocked_by_key"}
+KEY_TRIGGER_FUNCTION = "runledger_concurrency_key_turns"
+KEY_AHEAD_FUNCTION = "runledger_concurrency_key_ahead"
+
+
+def claim_index_definition(engine: Engine) -> str:
+    with engine.connect() as connection:
+        return connection.execute(sqlalchemy.text(
+            "SELECT indexdef FROM pg_indexes WHERE indexname = 'idx_job_queue_claim'")).scalar_one()
+
+
+def insert_jobs_as_0004_would(engine: Engine, statuses: list[str]) -> None:
+    """Jobs written by code of revision 0004, which knows no queues: plain SQL, as that code's columns."""
+    with engine.begin() as connection:
+        connection.execute(sqlalchemy.text("INSERT INTO job_definitions (job_type) VALUES ('kept')"))
+        for n, status in enumerate(statuses):
+            connection.execute(sqlalchemy.text(
+                "INSERT INTO job_queue (id, job_type, max_attempts, status, payload, finished_at) "
+                "VALUES (gen_random_uuid(), 'kept', 3, :status, CAST(:payload AS jsonb), "
+                "CASE WHEN :status IN ('PENDING', 'LEASED') THEN NULL ELSE now() END)"),
+                {"status": status, "payload": f'{{"n": {n}}}'})
+
+
+def test_0005_downgrade_removes_the_flow_control_schema_and_upgrade_rebuilds_it(empty_engine):
+    migrate(empty_engine)
+    assert FLOW_TABLES <= tables_in(empty_engine)
+    assert FLOW_COLUMNS <= job_queue_columns(empty_engine)
+    assert KEY_TRIGGERS <= triggers_of(empty_engine)
+    assert "(queue, priority DESC" in claim_index_definition(empty_engine)
+
+    downgrade(empty_engine, "0004")
+
+    assert tables_in(empty_engine) & FLOW_TABLES == set()
+    assert job_queue_columns(empty_engine) & FLOW_COLUMNS == set()
+    assert triggers_of(empty_engine) & KEY_TRIGGERS == set()
+    assert functions_named(empty_engine, KEY_TRIGGER_FUNCTION) == []
+    assert functions_named(empty_engine, KEY_AHEAD_FUNCTION) == []
+    # The claim index of 0004 is back: led by the status, every PENDING row in it.
+    assert "(status, priority DESC" in claim_index_definition(empty_engine)
+    assert claim_index_definition(empty_engine).endswith("WHERE (status = 'PENDING'::text)")
+    assert current_revision(empty_engine) == "0004"
+
+    migrate(empty_engine)
+
+    assert FLOW_TABLES <= tables_in(empty_engine)
+    assert KEY_TRIGGERS <= triggers_of(empty_engine)
+    assert functions_named(empty_engine, KEY_TRIGGER_FUNCTION) == ["public"]
+    assert functions_named(empty_engine, KEY_AHEAD_FUNCTION) == ["public"]
+    assert schema_diff(empty_engine) == []
+
+
+def test_0005_puts_jobs_enqueued_before_it_in_the_default_queue_and_they_are_claimable(empty_engine):
+    migrate(empty_engine, "0004")
+    insert_jobs_as_0004_would(empty_engine, ["PENDING", "PENDING", "SUCCEEDED"])
+
+    migrate(empty_engine)
+
+    with empty_engine.connect() as connection:
+        jobs = connection.execute(sqlalchemy.text(
+            "SELECT status, queue, execution_resource_key, blocked_by_key FROM job_queue ORDER BY payload->>'n'")).all()
+        definition_queue = connection.execute(sqlalchemy.text("SELECT queue FROM job_definitions")).scalar_one()
+        queues = connection.execute(sqlalchemy.text("SELECT name, paused, key_limit FROM job_queues")).all()
+    assert [tuple(job) for job in jobs] == [
+        ("PENDING", "default", None, False), ("PENDING", "default", None, False), ("SUCCEEDED", "default", None, False)]
+    assert definition_queue == "default"
+    assert [tuple(queue) for queue in queues] == [("default", False, 1)]
+    claimed = claim_jobs(empty_engine, worker_id="w", lease_ttl_seconds=30, limit=5)
+    assert sorted(job.payload["n"] for job in claimed) == [0, 1]
+    assert {job.queue for job in claimed} == {"default"}
+
+
+def test_0005_round_trip_keeps_every_job_and_drops_queues_and_keys(empty_engine):
+    migrate(empty_engine)
+    sync_job_definitions(empty_engine, [JobDefinition("kept", queue="mail")])
+    runledger_sync.configure_queue(empty_engine, "mail", global_limit=2, rate_limit=runledger_sync.RateLimit(5))
+    runledger_sync.pause_queue(empty_engine, "mail")
+    head = enqueue(empty_engine, "kept", {"n": 0}, concurrency_key="customer:1")
+    held_back = enqueue(empty_engine, "kept", {"n": 1}, concurrency_key="customer:1")
+    plain = enqueue(empty_engine, "kept", {"n": 2}, queue="default")
+    with empty_engine.connect() as connection:
+        assert connection.execute(sqlalchemy.text(
+            "SELECT blocked_by_key FROM job_queue WHERE id = :id"), {"id": held_back.id}).scalar_one() is True
+
+    # Down: every job is kept, now plain PENDING jobs that 0004's claim takes, the
+    # held-back one too; the queue settings, assignments and keys are dropped.
+    downgrade(empty_engine, "0004")
+
+    with empty_engine.connect() as connection:
+        kept = connection.execute(sqlalchemy.text("SELECT id, status, payload FROM job_queue ORDER BY payload->>'n'")).all()
+    assert [tuple(row) for row in kept] == [
+        (head.id, "PENDING", {"n": 0}), (held_back.id, "PENDING", {"n": 1}), (plain.id, "PENDING", {"n": 2})]
+
+    # Up again: the jobs are back in the default queue, without keys, none held back, none paused.
+    migrate(empty_engine)
+
+    jobs = [runledger_sync.get_job(empty_engine, job.id) for job in (head, held_back, plain)]
+    assert [(job.queue, job.concurrency_key, job.status.value) for job in jobs] == [("default", None, "PENDING")] * 3
+    assert [queue.name for queue in runledger_sync.list_queues(empty_engine)] == ["default"]
+    assert claim_jobs(empty_engine, worker_id="w", lease_ttl_seconds=30, limit=5) != []
+    with empty_engine.connect() as connection:
+        assert connection.execute(sqlalchemy.text("SELECT count(*) FROM job_queue WHERE status = 'LEASED'")).scalar() == 3
+        assert connection.execute(sqlalchemy.text("SELECT queue FROM job_definitions")).scalar_one() == "default"
+
+
 # -- a schema of its own -------------------------------------------------------------
 
 
@@ -484,11 +594,29 @@ def test_tables_can_live_in_a_non_public_schema(empty_database):
         with admin.connect() as connection:
             rows = connection.execute(sqlalchemy.text("SELECT id, payload FROM rl_custom.job_queue")).all()
         assert [(row.id, row.payload) for row in rows] == [(job.id, {"where": "rl_custom"})]
+        assert functions_named(admin, KEY_TRIGGER_FUNCTION) == functions_named(admin, KEY_AHEAD_FUNCTION) == ["rl_custom"]
+        keys_take_turns(engine)
+        # The queue settings are written where the tables are too.
+        runledger_sync.configure_queue(engine, "default", key_limit=2)
+        runledger_sync.pause_queue(engine, "default")
+        assert runledger_sync.get_queue(engine, "default").paused
         # The default-schema engine sees no runledger schema at all.
         assert current_revision(admin) is None
     finally:
         engine.dispose()
         admin.dispose()
+
+
+def keys_take_turns(engine: Engine, job_type: str = "keyed.turns") -> None:
+    """The key trigger works where the tables are: the second job of a key waits for the first to end."""
+    sync_job_definitions(engine, [JobDefinition(job_type)])
+    first = enqueue(engine, job_type, {"turn": 1}, concurrency_key="k")
+    second = enqueue(engine, job_type, {"turn": 2}, concurrency_key="k")
+    [claimed] = claim_jobs(engine, worker_id="w", lease_ttl_seconds=30, limit=5, job_types=[job_type])
+    assert claimed.id == first.id
+    complete_job_success(engine, job_id=claimed.id, run_number=claimed.run_number, attempt=claimed.attempt, worker_id="w")
+    assert [job.id for job in claim_jobs(engine, worker_id="w", lease_ttl_seconds=30, limit=5, job_types=[job_type])] == [
+        second.id]
 
 
 # -- privileges ------------------------------------------------------------------------
@@ -655,6 +783,7 @@ def a_job_goes_through(engine: Engine) -> None:
     sync_job_definitions(engine, [JobDefinition(job_type="script.check")])
     job = enqueue(engine, "script.check", {"n": 1})
     assert runledger_sync.get_job(engine, job.id).status is runledger_sync.JobStatus.PENDING
+    keys_take_turns(engine)
 
 
 def test_migrate_sql_prints_a_script_that_builds_the_schema_migrate_builds(empty_engine, capsys, monkeypatch):
@@ -671,7 +800,7 @@ def test_migrate_sql_prints_a_script_that_builds_the_schema_migrate_builds(empty
     assert current_revision(empty_engine) == head_revision()
     assert schema_diff(empty_engine) == []
     assert functions_named(empty_engine, TRIGGER_FUNCTION) == ["public"]
-    assert triggers_of(empty_engine) == {("job_schedules", "trg_job_schedules_updated_at")} | LINK_TRIGGERS
+    assert triggers_of(empty_engine) == {("job_schedules", "trg_job_schedules_updated_at")} | LINK_TRIGGERS | KEY_TRIGGERS
     a_job_goes_through(empty_engine)
     migrate(empty_engine)  # nothing left to do
     assert current_revision(empty_engine) == head_revision()

@@ -13,6 +13,7 @@ caller's planner settings back.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any, Iterator
 
 import pytest
@@ -196,3 +197,78 @@ def test_a_claim_in_the_callers_transaction_plans_in_order_and_gives_back_its_se
         connection.commit()
     assert_reads_the_claim_index_in_order(claim_plans)
     assert scalar(engine, "SELECT count(*) FROM job_queue WHERE status = 'LEASED'") == 8
+
+
+# -- jobs held back by their concurrency key -----------------------------------------------------
+
+HELD_BACK_KEYS = 200
+HELD_BACK_PER_KEY = 100
+
+
+@pytest.fixture
+def held_back(engine) -> list[Any]:
+    """20,000 PENDING jobs of 200 keys, each key busy with a LEASED head: the rest held back, as the key trigger leaves them.
+
+    The heads are enqueued and claimed; the held-back jobs are written in one
+    statement with triggers off (enqueueing them one by one would only be slower).
+    """
+    define(engine)
+    heads = store_enqueue.enqueue_many(
+        engine, [rl.JobSpec(JOB_TYPE, {"key": n}, concurrency_key=f"customer:{n}") for n in range(HELD_BACK_KEYS)])
+    assert len(claim_jobs(engine, worker_id="w", lease_ttl_seconds=300, limit=HELD_BACK_KEYS)) == HELD_BACK_KEYS
+    with engine.begin() as connection:
+        connection.exec_driver_sql("SET LOCAL session_replication_role = replica")
+        connection.exec_driver_sql(
+            "INSERT INTO job_queue (id, job_type, max_attempts, queue, execution_resource_key, blocked_by_key) "
+            "SELECT gen_random_uuid(), %(type)s, 3, 'default', 'customer:' || (g %% %(keys)s), true "
+            "FROM generate_series(1, %(count)s) g",
+            {"type": JOB_TYPE, "keys": HELD_BACK_KEYS, "count": HELD_BACK_KEYS * (HELD_BACK_PER_KEY - 1)})
+    assert scalar(engine, "SELECT count(*) FROM job_queue WHERE status = 'PENDING' AND blocked_by_key") == 19_800
+    return heads
+
+
+# job_queue's sequential scans and the entries read from its indexes, so far. The
+# counters are the backend's own, not yet reported, which may hold earlier
+# transactions' too: only a difference taken inside one transaction is its own.
+_READS = (
+    "SELECT pg_stat_get_xact_numscans('job_queue'::regclass), sum(pg_stat_get_xact_tuples_returned(indexrelid)) "
+    "FROM pg_index WHERE indrelid = 'job_queue'::regclass"
+)
+
+
+def claim_reads(engine, limit: int = 8) -> tuple[list[Any], float, int, int]:
+    """A claim in a transaction of ours: its jobs, seconds, and job_queue's sequential scans and index entries read."""
+    with engine.connect() as connection:
+        scans_before, entries_before = connection.exec_driver_sql(_READS).one()
+        started = time.perf_counter()
+        jobs = claim_jobs(connection, worker_id="w", lease_ttl_seconds=30, limit=limit, job_types=[JOB_TYPE])
+        seconds = time.perf_counter() - started
+        scans_after, entries_after = connection.exec_driver_sql(_READS).one()
+        connection.commit()
+    return jobs, seconds, scans_after - scans_before, entries_after - entries_before
+
+
+@pytest.mark.parametrize("analyzed", [False, True])
+def test_a_claim_among_jobs_held_back_by_busy_keys_reads_the_claim_index_not_them(engine, held_back, claim_plans, analyzed):
+    if analyzed:
+        with engine.begin() as connection:
+            connection.exec_driver_sql("ANALYZE job_queue")
+    claim_reads(engine)  # plans and warms up
+
+    jobs, seconds, seq_scans, entries = claim_reads(engine)
+
+    assert jobs == []
+    # Not the 19,800 held back: at most the entries the 200 claimed heads left in the
+    # claim index, which stay until vacuum (or a scan marks them dead) while another
+    # session's snapshot may still see them.
+    assert seq_scans == 0 and entries <= 2 * HELD_BACK_KEYS, (seq_scans, entries)
+    assert seconds < 0.5, seconds
+    assert_reads_the_claim_index_in_order(claim_plans, claims=2)
+    for plan in claim_plans:
+        assert not [n for n in plan_nodes(plan["Plan"]) if n["Node Type"] == "Seq Scan" and n["Relation Name"] == "job_queue"]
+
+    # Plain jobs among them are found at once.
+    plain = store_enqueue.enqueue_many(engine, [rl.JobSpec(JOB_TYPE, {"plain": n}) for n in range(8)])
+    jobs, seconds, seq_scans, entries = claim_reads(engine)
+    assert sorted(job.id for job in jobs) == sorted(job.id for job in plain)
+    assert seq_scans == 0 and entries <= 2 * HELD_BACK_KEYS + 50 and seconds < 0.5, (seq_scans, entries, seconds)
