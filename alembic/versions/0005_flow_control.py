@@ -28,7 +28,7 @@ Create Date: 2026-12-05
 """
 from typing import Sequence, Union
 
-from alembic import op
+from alembic import context, op
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
@@ -141,8 +141,10 @@ def downgrade() -> None:
 
 
 def _qualified(name: str) -> str:
-    # The schema comes from the engine's configuration, never from user input.
+    # The schema comes from the engine's configuration, never from user input. The
+    # key functions' statements name their tables, so an offline script (which
+    # addresses the search path it sets) names the schema it was written for too.
     bind = op.get_bind()
     quote = bind.dialect.identifier_preparer.quote
-    schema = schema_of(bind)
+    schema = schema_of(bind) or context.config.attributes.get("schema")
     return f"{quote(schema)}.{quote(name)}" if schema else quote(name)

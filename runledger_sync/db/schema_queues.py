@@ -1,4 +1,4 @@
-"""Flow control's own storage (revision 0005): the rate-limit claim log and the key trigger.
+"""Flow control's own storage (revision 0005): the rate-limit claim log, worker rows, and the key triggers.
 
 ``job_queues`` and job_queue's ``queue``, ``execution_resource_key`` and
 ``blocked_by_key`` columns are in :mod:`runledger_sync.db.schema`, which the
@@ -7,23 +7,26 @@ foreign keys need; what only flow control reads is here, on the same metadata.
 **Concurrency keys.** A keyed job is *live* while it is PENDING and not held
 back, or LEASED. A key has at most its queue's ``key_limit`` live jobs; the
 others wait PENDING with ``blocked_by_key``, outside the claim index, so a
-claim never reads them. The key triggers are the one place that decides it:
+claim never reads them. Which of a key's PENDING jobs hold its turns is settled
+in one place, :data:`KEY_SETTLE_FUNCTION`, whenever a transaction changes the
+key's live jobs (a job enqueued or requeued, one finished, canceled,
+dead-lettered or deleted): the LEASED jobs hold theirs, then a PENDING job
+claimed before in this run (a retry, a returned lease), then the rest in claim
+order, so a job due now is not held back by one due in an hour, and no later
+job of the key overtakes a retry.
 
-- a keyed job entering (enqueued, or requeued from a finished state) is held
-  back when its key already has ``key_limit`` live jobs; once it is written, if
-  it comes before one of them in claim order that has not been claimed in this
-  run, it takes that one's turn (a job due in an hour does not hold back one due
-  now);
-- a live keyed job leaving (finished, canceled, dead-lettered, deleted) lets the
-  next held-back jobs of its key go, in claim order, up to the limit.
-
-A retry or a returned lease keeps the job live, so it keeps its key's turn and
-no later job of the key overtakes it. Each firing takes a transaction-scoped
-advisory lock on its key before it counts, so an enqueue and a release of the
-same key wait for each other and the second sees the first; the lock ends with
-the transaction (nothing is held across transactions, so it works behind a
-transaction-pooling proxy). The triggers' WHEN clauses skip unkeyed rows
-without calling the function: plain jobs pay nothing.
+The settling runs when the transaction commits (deferred constraint triggers),
+under one transaction-scoped advisory lock shared by every key. So an
+application's transaction that enqueues a keyed job holds nothing while it
+runs, and cannot hold up a worker's outcome write; two commits that change the
+same keys settle one after the other, each seeing the other's rows, and never
+wait for each other in a circle. The lock ends with the transaction (nothing is
+held across transactions, so it works behind a transaction-pooling proxy). A
+job being claimed at that moment (its row locked) keeps its turn. Until its
+commit settles it, a new job carries a guess made without the lock
+(:data:`KEY_GUESS_FUNCTION`), so most enqueues write their row once. The
+triggers' WHEN clauses skip unkeyed rows without calling a function: plain
+jobs pay nothing.
 
 **Rate limits.** Each claim from a rate-limited queue logs one row here (with
 the job's key when the limit is per key); a claim counts the rows inside the
@@ -72,116 +75,128 @@ job_workers = Table(
     Column("last_seen_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
 )
 
-KEY_TRIGGER_FUNCTION = "runledger_concurrency_key_turns"
-KEY_TRIGGER_FUNCTION_BODY = """
+#: The one lock of key settling, shared by every key (see the module docstring); the settle
+#: function spells it too.
+KEY_LOCK = "SELECT pg_advisory_xact_lock(hashtext('runledger_sync.concurrency_keys'), 0)"
+
+KEY_GUESS_FUNCTION = "runledger_concurrency_key_guess"
+# Held back when the key's live jobs already fill its limit, as far as this
+# statement can see; the commit settles it for certain. The statements are
+# static (planned once per session); the tables' schema is written in when the
+# function is created (``@job_queue@``, ``@job_queues@``).
+KEY_GUESS_FUNCTION_BODY = """
 DECLARE
-  row_queue text;
-  row_key text;
-  row_id uuid;
   key_limit integer;
   live integer;
 BEGIN
-  IF TG_WHEN = 'BEFORE' THEN
-    row_queue := NEW.queue;
-    row_key := NEW.execution_resource_key;
-    row_id := NEW.id;
-  ELSE
-    row_queue := OLD.queue;
-    row_key := OLD.execution_resource_key;
-    row_id := OLD.id;
-  END IF;
-  PERFORM pg_advisory_xact_lock(hashtext('runledger_sync.concurrency_key'), hashtext(row_queue || chr(31) || row_key));
-  EXECUTE format('SELECT key_limit FROM %I.job_queues WHERE name = $1', TG_TABLE_SCHEMA) INTO key_limit USING row_queue;
+  SELECT q.key_limit INTO key_limit FROM @job_queues@ q WHERE q.name = NEW.queue;
   IF key_limit IS NULL THEN
-    live := 0;
-  ELSE
-    -- idx_job_queue_key_live: the key's live entries only, however many are held back.
-    EXECUTE format('SELECT count(*) FROM %I.job_queue WHERE queue = $1 AND execution_resource_key = $2 '
-                   'AND status IN (''PENDING'', ''LEASED'') AND NOT blocked_by_key AND id <> $3', TG_TABLE_SCHEMA)
-      INTO live USING row_queue, row_key, row_id;
-  END IF;
-  IF TG_WHEN = 'BEFORE' THEN
-    -- Nothing else is written here: an enqueue that meets its idempotency key is
-    -- not inserted after this, and must leave no trace (see KEY_AHEAD_FUNCTION).
-    NEW.blocked_by_key := key_limit IS NOT NULL AND live >= key_limit;
+    NEW.blocked_by_key := false;
     RETURN NEW;
   END IF;
-  IF key_limit IS NULL OR live < key_limit THEN
-    -- The next held-back jobs in claim order, locked first: one changed meanwhile
-    -- (canceled while this waited for it) is passed over for the one after it.
-    EXECUTE format('UPDATE %I.job_queue SET blocked_by_key = false, updated_at = now() WHERE id = ANY(ARRAY('
-                   'SELECT id FROM %I.job_queue WHERE queue = $1 AND execution_resource_key = $2 '
-                   'AND status = ''PENDING'' AND blocked_by_key '
-                   'ORDER BY priority DESC, next_run_at, created_at, id LIMIT $3 FOR UPDATE))',
-                   TG_TABLE_SCHEMA, TG_TABLE_SCHEMA)
-      USING row_queue, row_key, key_limit - live;
-  END IF;
-  RETURN NULL;
+  -- idx_job_queue_key_live: the key's live entries only, however many are held back.
+  SELECT count(*) INTO live FROM @job_queue@ j
+  WHERE j.queue = NEW.queue AND j.execution_resource_key = NEW.execution_resource_key
+    AND j.status IN ('PENDING', 'LEASED') AND j.blocked_by_key IS FALSE AND j.id <> NEW.id;
+  NEW.blocked_by_key := live >= key_limit;
+  RETURN NEW;
 END
 """
-KEY_AHEAD_FUNCTION = "runledger_concurrency_key_ahead"
-# A job held back as it entered takes the turn of a live job of its key that has
-# not been claimed in this run and comes after it in claim order (a job due in an
-# hour must not hold back one due now): that one is held back instead. A job
-# claimed already keeps its turn, and one being claimed at this moment is locked
-# and passed over. AFTER the row is written: a repeated idempotent enqueue, which
-# is not inserted, changes nothing.
-KEY_AHEAD_FUNCTION_BODY = """
+
+KEY_SETTLE_FUNCTION = "runledger_concurrency_key_settle"
+KEY_SETTLE_FUNCTION_BODY = """
 DECLARE
-  behind uuid;
+  row_queue text;
+  row_key text;
+  key_limit integer;
+  leased integer;
+  free uuid[];
+  ready integer;
+  room integer;
 BEGIN
-  -- Taken already by this row's BEFORE firing, in this transaction: taking it again costs nothing.
-  PERFORM pg_advisory_xact_lock(hashtext('runledger_sync.concurrency_key'),
-                                hashtext(NEW.queue || chr(31) || NEW.execution_resource_key));
-  -- IS FALSE, not NOT: the claim index's predicate says NOT blocked_by_key and its order
-  -- is this one's, so the planner (on a table not analyzed yet) could choose it and read
-  -- every ready job of the queue; it cannot prove its predicate from IS FALSE.
-  EXECUTE format('SELECT id FROM %I.job_queue WHERE queue = $1 AND execution_resource_key = $2 '
-                 'AND status = ''PENDING'' AND blocked_by_key IS FALSE AND attempt = 0 AND id <> $3 '
-                 'AND (-priority, next_run_at, created_at, id) > (-$4, $5, $6, $3) '
-                 'ORDER BY priority, next_run_at DESC, created_at DESC, id DESC LIMIT 1 FOR UPDATE SKIP LOCKED',
-                 TG_TABLE_SCHEMA)
-    INTO behind USING NEW.queue, NEW.execution_resource_key, NEW.id, NEW.priority, NEW.next_run_at, NEW.created_at;
-  IF behind IS NOT NULL THEN
-    EXECUTE format('UPDATE %I.job_queue SET blocked_by_key = (id = $1), updated_at = now() WHERE id IN ($1, $2)',
-                   TG_TABLE_SCHEMA)
-      USING behind, NEW.id;
+  IF TG_OP = 'DELETE' THEN
+    row_queue := OLD.queue;
+    row_key := OLD.execution_resource_key;
+  ELSE
+    row_queue := NEW.queue;
+    row_key := NEW.execution_resource_key;
   END IF;
+  PERFORM pg_advisory_xact_lock(hashtext('runledger_sync.concurrency_keys'), 0);
+  SELECT q.key_limit INTO key_limit FROM @job_queues@ q WHERE q.name = row_queue;
+  IF key_limit IS NULL THEN
+    UPDATE @job_queue@ SET blocked_by_key = false, updated_at = now() WHERE id IN (
+      SELECT j.id FROM @job_queue@ j WHERE j.queue = row_queue AND j.execution_resource_key = row_key
+        AND j.status = 'PENDING' AND j.blocked_by_key FOR UPDATE SKIP LOCKED);
+    RETURN NULL;
+  END IF;
+  SELECT count(*) INTO leased FROM @job_queue@ j
+  WHERE j.queue = row_queue AND j.execution_resource_key = row_key AND j.status = 'LEASED';
+  -- The PENDING jobs holding a turn now. One a claim has locked is being claimed:
+  -- it keeps its turn, and is not waited for.
+  SELECT count(*) INTO ready FROM @job_queue@ j
+  WHERE j.queue = row_queue AND j.execution_resource_key = row_key AND j.status = 'PENDING'
+    AND j.blocked_by_key IS FALSE;
+  free := array(SELECT j.id FROM @job_queue@ j
+                WHERE j.queue = row_queue AND j.execution_resource_key = row_key AND j.status = 'PENDING'
+                  AND j.blocked_by_key IS FALSE FOR UPDATE SKIP LOCKED);
+  room := key_limit - leased - (ready - cardinality(free));
+  -- The turns go to the free holders claimed before in this run, then in claim
+  -- order among them and the first held-back jobs. Nothing is waited for while
+  -- the key lock is held: a held-back job another transaction has locked (being
+  -- canceled) is passed over, and gets its turn at the key's next change if it
+  -- is still waiting then.
+  WITH held AS (
+    SELECT j.id FROM @job_queue@ j
+    WHERE j.queue = row_queue AND j.execution_resource_key = row_key AND j.status = 'PENDING' AND j.blocked_by_key
+    ORDER BY j.priority DESC, j.next_run_at, j.created_at, j.id
+    LIMIT key_limit FOR UPDATE SKIP LOCKED
+  ), ranked AS (
+    SELECT j.id, row_number() OVER (ORDER BY (j.attempt > 0 AND NOT j.blocked_by_key) DESC,
+                                    j.priority DESC, j.next_run_at, j.created_at, j.id) AS turn
+    FROM @job_queue@ j
+    WHERE j.id IN (SELECT unnest(free) UNION ALL SELECT h.id FROM held h)
+  )
+  UPDATE @job_queue@ q SET blocked_by_key = (r.turn > room), updated_at = now()
+  FROM ranked r WHERE q.id = r.id AND q.blocked_by_key <> (r.turn > room);
   RETURN NULL;
 END
 """
-_LIVE_OLD = "OLD.execution_resource_key IS NOT NULL AND OLD.status IN ('PENDING', 'LEASED') AND NOT OLD.blocked_by_key"
-#: (trigger, timing and events, WHEN): each names the rows whose key's turns it changes.
-KEY_TRIGGERS = (
-    ("trg_job_queue_key_enqueued", "BEFORE INSERT",
-     "NEW.execution_resource_key IS NOT NULL AND NEW.status = 'PENDING'"),
-    ("trg_job_queue_key_reentered", "BEFORE UPDATE OF status",
-     "NEW.execution_resource_key IS NOT NULL AND NEW.status = 'PENDING' AND OLD.status NOT IN ('PENDING', 'LEASED')"),
-    ("trg_job_queue_key_released", "AFTER UPDATE OF status",
-     f"{_LIVE_OLD} AND NEW.status NOT IN ('PENDING', 'LEASED')"),
-    ("trg_job_queue_key_deleted", "AFTER DELETE", _LIVE_OLD),
+_LIVE = "('PENDING', 'LEASED')"
+_KEYED_NEW = "NEW.execution_resource_key IS NOT NULL"
+_KEYED_OLD = "OLD.execution_resource_key IS NOT NULL"
+#: (function, body, triggers): each trigger is (name, kind, timing and events, WHEN).
+_FUNCTIONS = (
+    (KEY_GUESS_FUNCTION, KEY_GUESS_FUNCTION_BODY, (
+        ("trg_job_queue_key_enqueued", "TRIGGER", "BEFORE INSERT", f"{_KEYED_NEW} AND NEW.status = 'PENDING'"),
+        ("trg_job_queue_key_reentered", "TRIGGER", "BEFORE UPDATE OF status",
+         f"{_KEYED_NEW} AND NEW.status = 'PENDING' AND OLD.status NOT IN {_LIVE}"),
+    )),
+    (KEY_SETTLE_FUNCTION, KEY_SETTLE_FUNCTION_BODY, (
+        ("trg_job_queue_key_settle_entered", "CONSTRAINT TRIGGER", "AFTER INSERT",
+         f"{_KEYED_NEW} AND NEW.status = 'PENDING'"),
+        ("trg_job_queue_key_settle_changed", "CONSTRAINT TRIGGER", "AFTER UPDATE OF status",
+         f"{_KEYED_OLD} AND (OLD.status IN {_LIVE}) <> (NEW.status IN {_LIVE})"),
+        ("trg_job_queue_key_settle_deleted", "CONSTRAINT TRIGGER", "AFTER DELETE",
+         f"{_KEYED_OLD} AND OLD.status IN {_LIVE} AND NOT OLD.blocked_by_key"),
+    )),
 )
-#: The same for KEY_AHEAD_FUNCTION: a keyed job held back as it entered (enqueued or requeued).
-KEY_AHEAD_TRIGGERS = (
-    ("trg_job_queue_key_ahead", "AFTER INSERT OR UPDATE OF status",
-     "NEW.execution_resource_key IS NOT NULL AND NEW.status = 'PENDING' AND NEW.blocked_by_key"),
-)
-
-
-def _functions() -> tuple[tuple[str, str, tuple[tuple[str, str, str], ...]], ...]:
-    return (KEY_TRIGGER_FUNCTION, KEY_TRIGGER_FUNCTION_BODY, KEY_TRIGGERS), (
-        KEY_AHEAD_FUNCTION, KEY_AHEAD_FUNCTION_BODY, KEY_AHEAD_TRIGGERS)
+#: Every key trigger's name, for checks of what a migration built.
+KEY_TRIGGER_NAMES = tuple(trigger for _, _, triggers in _FUNCTIONS for trigger, _, _, _ in triggers)
 
 
 def key_trigger_ddl(qualify: Callable[[str], str]) -> list[str]:
     """The statements creating the key trigger functions and their triggers; ``qualify`` names a schema object."""
     statements = []
-    for name, body, triggers in _functions():
+    for name, body, triggers in _FUNCTIONS:
         function = qualify(name)
+        for table in ("job_queues", "job_queue"):
+            body = body.replace(f"@{table}@", qualify(table))
         statements.append(f"CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $${body}$$")
-        for trigger, timing, when in triggers:
+        for trigger, kind, timing, when in triggers:
+            # A constraint trigger here is deferred: it settles the key as the transaction commits.
+            deferred = " DEFERRABLE INITIALLY DEFERRED" if kind == "CONSTRAINT TRIGGER" else ""
             statements.append(
-                f"CREATE TRIGGER {trigger} {timing} ON {qualify('job_queue')} FOR EACH ROW WHEN ({when}) "
+                f"CREATE {kind} {trigger} {timing} ON {qualify('job_queue')}{deferred} FOR EACH ROW WHEN ({when}) "
                 f"EXECUTE FUNCTION {function}()"
             )
     return statements
@@ -189,7 +204,7 @@ def key_trigger_ddl(qualify: Callable[[str], str]) -> list[str]:
 
 def drop_key_trigger_ddl(qualify: Callable[[str], str]) -> list[str]:
     statements = []
-    for name, _, triggers in _functions():
-        statements += [f"DROP TRIGGER IF EXISTS {trigger} ON {qualify('job_queue')}" for trigger, _, _ in triggers]
+    for name, _, triggers in _FUNCTIONS:
+        statements += [f"DROP TRIGGER IF EXISTS {trigger} ON {qualify('job_queue')}" for trigger, _, _, _ in triggers]
         statements.append(f"DROP FUNCTION IF EXISTS {qualify(name)}()")
     return statements

@@ -18,7 +18,7 @@ from datetime import timedelta
 from typing import Any, Iterable, Optional
 from uuid import UUID
 
-from sqlalchemy import BigInteger, Integer, Text, and_, bindparam, case, func, literal, or_, select, union_all
+from sqlalchemy import BigInteger, Integer, Text, and_, bindparam, case, func, literal, or_, select, text, union_all
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
@@ -37,7 +37,7 @@ from runledger_sync.core.flow import (
 from runledger_sync.core.queue_errors import QueueNotFound
 from runledger_sync.core.types import JobStatus
 from runledger_sync.db.schema import job_definitions, job_queue, job_queues
-from runledger_sync.db.schema_queues import job_queue_rate_claims
+from runledger_sync.db.schema_queues import KEY_LOCK, job_queue_rate_claims
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store._notify import CHANNEL
@@ -83,10 +83,9 @@ def _setting_values(global_limit: Any, key_limit: Any, rate_limit: Any) -> dict[
 def _build_release_keys() -> Any:
     """A higher key limit (or none) lets held-back jobs of every key of the queue go.
 
-    As many per key as the new limit leaves room for, in claim order. They are
-    locked key by key in claim order, the order the key trigger locks a key's
-    held-back jobs in, so the two never wait for each other in a circle; one that
-    changed meanwhile (canceled) is left as it is.
+    As many per key as the new limit leaves room for, in claim order, under the
+    key lock every settling of a key takes (db.schema_queues); one another
+    transaction holds (being canceled) is left to its key's next settling.
     """
     key_limit = bindparam("key_limit", type_=Integer)
     keyed = and_(_q.queue == bindparam("queue_name", type_=Text), _q.execution_resource_key.is_not(None))
@@ -112,7 +111,9 @@ def _build_release_keys() -> Any:
         select(_q.id)
         .where(_q.id.in_(within), _q.status == JobStatus.PENDING.value, _q.blocked_by_key)
         .order_by(_q.execution_resource_key, *claim_order)
-        .with_for_update()
+        # Under the key lock nothing is waited for (see db.schema_queues): a job
+        # another transaction holds is left to the key's next settling.
+        .with_for_update(skip_locked=True)
         .cte("chosen")
     )
     return job_queue.update().where(_q.id.in_(select(chosen.c.id))).values(blocked_by_key=False, updated_at=func.now())
@@ -155,6 +156,7 @@ def configure_queue(
         connection.execute(statement)
         queue = _read(connection, name)
         if "key_limit" in values:
+            connection.execute(text(KEY_LOCK))
             connection.execute(_RELEASE_KEYS, {"queue_name": name, "key_limit": queue.key_limit})
         return queue
 
@@ -237,6 +239,7 @@ def sync_queues(bind: Bind, declared: Iterable[QueueSpec]) -> list[QueueRecord]:
                 pg_insert(job_queues).values(name=spec.name, **values)
                 .on_conflict_do_update(index_elements=[_qs.name], set_={**values, "updated_at": func.now()})
             )
+            connection.execute(text(KEY_LOCK))
             connection.execute(_RELEASE_KEYS, {"queue_name": spec.name, "key_limit": spec.key_limit})
         rows = connection.execute(select(*_QUEUE_COLUMNS).where(_qs.name.in_([s.name for s in specs])).order_by(_qs.name))
         return [to_queue(row) for row in rows]

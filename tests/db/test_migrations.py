@@ -28,6 +28,7 @@ import runledger_sync
 from runledger_sync import cli
 from runledger_sync.core.records import JobDefinition
 from runledger_sync.core.store_errors import ConnectionFailed, MigrationFailed, SchemaMismatch
+from runledger_sync.db.schema_queues import KEY_GUESS_FUNCTION, KEY_SETTLE_FUNCTION, KEY_TRIGGER_NAMES
 from runledger_sync.db.engine import create_engine
 from runledger_sync.db.migrate import (
     VERSION_TABLE,
@@ -47,8 +48,7 @@ QUEUE_TABLES = {"job_definitions", "job_queue", "job_attempts", "job_events", "j
 TRIGGER_FUNCTION = "runledger_set_updated_at"
 WORKFLOW_TABLES = {"workflow_runs", "workflow_steps", "workflow_step_dependencies"}
 LINK_TRIGGERS = {("job_queue", "trg_job_queue_workflow_link"), ("workflow_steps", "trg_workflow_steps_job_link")}
-KEY_TRIGGERS = {("job_queue", f"trg_job_queue_key_{event}")
-                for event in ("enqueued", "reentered", "released", "deleted", "ahead")}
+KEY_TRIGGERS = {("job_queue", name) for name in KEY_TRIGGER_NAMES}
 
 
 @pytest.fixture
@@ -470,8 +470,8 @@ def test_0004_keeps_jobs_enqueued_before_it(empty_engine):
 
 FLOW_TABLES = {"job_queues", "job_queue_rate_claims", "job_workers"}
 FLOW_COLUMNS = {"queue", "execution_resource_key", "blocked_by_key"}
-KEY_TRIGGER_FUNCTION = "runledger_concurrency_key_turns"
-KEY_AHEAD_FUNCTION = "runledger_concurrency_key_ahead"
+KEY_TRIGGER_FUNCTION = KEY_GUESS_FUNCTION
+KEY_AHEAD_FUNCTION = KEY_SETTLE_FUNCTION
 
 
 def claim_index_definition(engine: Engine) -> str:

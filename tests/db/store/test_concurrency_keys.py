@@ -16,6 +16,7 @@ import pytest
 
 import runledger_sync as rl
 from runledger_sync.core.types import JobFailure, JobStatus
+from runledger_sync.db.schema_queues import KEY_LOCK
 from runledger_sync.store import lifecycle
 from runledger_sync.store._actions import cancel_job, requeue_job
 from runledger_sync.store._reaper import reap_expired_leases
@@ -286,16 +287,20 @@ def test_raising_the_key_limit_lets_held_jobs_go_at_once_in_claim_order(engine):
     assert held_back(engine) == set()
 
 
-def test_lowering_the_key_limit_stops_nothing_live_and_holds_back_what_comes_next(engine):
+def test_lowering_the_key_limit_stops_nothing_running_and_holds_back_what_has_not_started(engine):
     configure_queue(engine, "q", key_limit=3)
     jobs = [keyed(engine, "k", n, queue="q") for n in range(3)]
-    assert len(claim(engine, limit=2)) == 2
+    running = claim(engine, limit=2)
+    assert len(running) == 2
 
     configure_queue(engine, "q", key_limit=1)
-
-    assert held_back(engine) == set()  # the third was live already: it keeps its place
     newcomer = keyed(engine, "k", 9, queue="q")
-    assert held_back(engine) == {newcomer.id}
+
+    # The key's next settling applies the new limit to what has not started yet.
+    assert held_back(engine) == {jobs[2].id, newcomer.id}
+    assert claim(engine) == []
+    for job in running:
+        succeed(engine, job)
     assert ids(claim(engine)) == [jobs[2].id]
 
 
@@ -312,37 +317,29 @@ def test_the_key_limit_holds_for_jobs_enqueued_together_in_claim_order(engine):
 # -- races -----------------------------------------------------------------------------------
 
 
-def test_a_release_racing_a_cancel_of_the_next_job_lets_the_one_after_it_go(engine):
+def test_a_release_passes_over_a_next_job_being_canceled_and_waits_for_nothing(engine):
     head = keyed(engine, "k", 0)
     nxt = keyed(engine, "k", 1)
     after = keyed(engine, "k", 2)
     [leased] = claim(engine)
-    errors: list[BaseException] = []
+    assert leased.id == head.id
 
     with engine.connect() as canceling:
         # The next job is canceled in a transaction still open when the head ends:
-        # the release waits for its row, and must then pass over it.
+        # the release does not wait for its row (it holds the key lock meanwhile),
+        # it gives the turn to the one after it.
         cancel_job(canceling, nxt.id)
-        finishing = threading.Thread(target=lambda: _run(errors, succeed, engine, leased))
-        finishing.start()
-        wait_until(lambda: lock_waiters(engine) == 1, what="the release waits for the canceled row")
+        succeed(engine, leased)
         canceling.commit()
-    finishing.join(10)
 
-    assert errors == [] and not finishing.is_alive()
     assert held_back(engine) == set()
     assert ids(claim(engine)) == [after.id]
-    assert head.id != after.id
 
 
-_KEY_LOCK = ("SELECT pg_advisory_xact_lock(hashtext('runledger_sync.concurrency_key'), "
-             "hashtext('default' || chr(31) || %(key)s))")
-
-
-@pytest.mark.xfail(strict=True, reason="a statement of many keyed rows takes their keys' locks in row order: two with "
-                                       "keys in other orders can deadlock (two enqueue_many here; an enqueue_many and a "
-                                       "worker's group completion alike)")
-def test_two_batches_enqueueing_the_same_keys_in_other_orders_both_land(engine):
+@pytest.mark.parametrize("orders", [(["a", "c", "b"], ["b", "a", "c"])])
+def test_two_batches_enqueueing_the_same_keys_in_other_orders_both_land_and_settle(engine, orders):
+    # Both commits settle their keys under the one key lock, held here for a while:
+    # each waits its turn, neither waits for the other in a circle.
     errors: list[BaseException] = []
 
     def batch(keys: list[str]) -> threading.Thread:
@@ -352,19 +349,35 @@ def test_two_batches_enqueueing_the_same_keys_in_other_orders_both_land(engine):
         return thread
 
     with engine.connect() as holder:
-        # The first batch holds key a and waits at key c, held here, while the second
-        # takes b and waits for a; once c is free the first wants b.
-        holder.exec_driver_sql(_KEY_LOCK, {"key": "c"})
-        first = batch(["a", "c", "b"])
-        wait_until(lambda: lock_waiters(engine) == 1, what="the first batch waits at key c")
-        second = batch(["b", "a"])
-        wait_until(lambda: lock_waiters(engine) == 2, what="the second batch waits at key a")
+        holder.exec_driver_sql(KEY_LOCK)
+        first = batch(orders[0])
+        second = batch(orders[1])
+        wait_until(lambda: lock_waiters(engine) == 2, what="both batches wait at their commits")
         holder.rollback()
     first.join(30)
     second.join(30)
 
     assert errors == []
-    assert scalar(engine, "SELECT count(*) FROM job_queue") == 5
+    assert scalar(engine, "SELECT count(*) FROM job_queue") == 6
+    # One turn per key, whichever commit came first.
+    assert scalar(engine, "SELECT count(*) FROM job_queue WHERE NOT blocked_by_key") == 3
+    assert scalar(engine, "SELECT count(DISTINCT execution_resource_key) FROM job_queue WHERE NOT blocked_by_key") == 3
+
+
+def test_an_open_transaction_that_enqueued_a_keyed_job_holds_no_lock_a_release_waits_for(engine):
+    head = keyed(engine, "k", 0)
+    [leased] = claim(engine)
+    with engine.connect() as application:
+        rl.enqueue(application, JOB_TYPE, {}, concurrency_key="k")  # open, not committed
+        done = threading.Event()
+        thread = threading.Thread(target=lambda: (lifecycle.complete_job_success(engine, **identity(leased)), done.set()))
+        thread.start()
+        assert done.wait(10), "the success write waited for the application's transaction"
+        application.commit()
+    thread.join(10)
+    assert head.id == leased.id
+    # The application's job, committed after the release, settles into the free turn.
+    assert held_back(engine) == set()
 
 
 def _run(errors: list[BaseException], function: Any, *args: Any) -> None:
