@@ -310,6 +310,25 @@ def test_sigkilled_worker_holding_a_keys_job_frees_the_key_within_the_lease_boun
         assert earlier.finished_at < later.started_at
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "the key trigger takes the key's advisory lock in the enqueue's transaction and holds it to its commit; the "
+    "success write of the key's running job waits for that lock, and with it the completer's whole group"))
+@pytest.mark.timeout(90)
+def test_an_open_transaction_that_enqueued_a_keyed_job_does_not_hold_up_the_outcome_of_its_keys_running_job(flow):
+    flow.start_workers()
+    running = rl.enqueue(flow.engine, KEYED, {"key": "k", "seq": 0, "ms": 200}, concurrency_key="k")
+    wait_until(lambda: flow.runs(KEYED), timeout=30, what="the key's job running")
+    with flow.engine.connect() as application:
+        # An application's transaction that enqueued the key's next job and has not committed yet.
+        rl.enqueue(application, KEYED, {"key": "k", "seq": 1, "ms": 0}, concurrency_key="k")
+        wait_until(lambda: flow.runs(KEYED)[0].finished_at, timeout=30, what="the running job's handler done")
+        try:
+            wait_until(lambda: rl.get_job(flow.engine, running.id).status == rl.JobStatus.SUCCEEDED, timeout=3,
+                       what="the running job's success written while the other transaction is open")
+        finally:
+            application.rollback()
+
+
 @pytest.mark.timeout(120)
 def test_key_and_global_limits_hold_behind_pgbouncer_in_transaction_pooling(flow, pgbouncer):  # noqa: F811 - the fixture
     flow.start_workers(url=pgbouncer.url(flow.url), pool_mode="transaction")
