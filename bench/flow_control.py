@@ -31,7 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import _common as bench
 import throughput
@@ -44,6 +44,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 KEYED_TYPE = "bench.keyed"
 KEYED_QUEUE = "bench_keyed"
 _PROCESSED = re.compile(r"^processed:\s+([\d,]+) jobs/s", re.MULTILINE)
+_CPU = re.compile(r"^CPU per job:\s+worker ([\d.]+) ms, PostgreSQL ([\d.]+|n/a) ms", re.MULTILINE)
 
 
 def parse_args() -> argparse.Namespace:
@@ -96,38 +97,48 @@ def enqueue(engine: Any, specs: Iterator[rl.JobSpec]) -> float:
 # -- plain: throughput.py per tree, in turn ---------------------------------------------
 
 
-def plain_run(srv: bench.Server, tree: str, args: argparse.Namespace) -> float:
+def plain_run(srv: bench.Server, tree: str, args: argparse.Namespace) -> tuple[float, float, Optional[float]]:
+    """Jobs/s, and worker and PostgreSQL CPU ms per job, of one throughput.py run on ``tree``'s code."""
     argv = [sys.executable, os.path.join(HERE, "throughput.py"), "--jobs", str(args.jobs),
             "--concurrency", str(args.concurrency), "--database-url", srv.admin_url]
     environment = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, HERE]))
     result = subprocess.run(argv, capture_output=True, text=True, check=False, env=environment)  # noqa: S603 - our script
-    found = _PROCESSED.search(result.stdout)
-    if result.returncode != 0 or found is None:
+    found, cpu = _PROCESSED.search(result.stdout), _CPU.search(result.stdout)
+    if result.returncode != 0 or found is None or cpu is None:
         raise SystemExit(f"throughput.py failed for {tree}:\n{result.stdout}\n{result.stderr}")
-    return float(found.group(1).replace(",", ""))
+    postgres = None if cpu.group(2) == "n/a" else float(cpu.group(2))
+    return float(found.group(1).replace(",", "")), float(cpu.group(1)), postgres
 
 
 def plain(srv: bench.Server, args: argparse.Namespace) -> None:
     trees = args.code or [os.path.dirname(HERE)]
-    runs: dict[str, list[float]] = {tree: [] for tree in trees}
+    runs: dict[str, list[tuple[float, float, Optional[float]]]] = {tree: [] for tree in trees}
     for _ in range(args.rounds):
         for tree in trees:
             runs[tree].append(plain_run(srv, tree, args))
     print(f"\n(a) plain no-op jobs, default queue, no limits: jobs={args.jobs} concurrency={args.concurrency}")
-    bench.print_table(["code", "jobs/s run by run (the trees took turns)", "median"],
-                      [[tree, ", ".join(bench.fmt(v) for v in values), bench.fmt(statistics.median(values))]
-                       for tree, values in runs.items()])
+    rows = []
+    for tree, figures in runs.items():
+        rates = [rate for rate, _, _ in figures]
+        worker = [ms for _, ms, _ in figures]
+        postgres = [ms for _, _, ms in figures if ms is not None]
+        rows.append([tree, ", ".join(bench.fmt(v) for v in rates), bench.fmt(statistics.median(rates)),
+                     f"{statistics.median(worker):.3f}", bench.fmt(statistics.median(postgres) if postgres else None, 3)])
+    bench.print_table(["code", "jobs/s run by run (the trees took turns)", "median", "worker CPU ms/job",
+                       "PostgreSQL CPU ms/job"], rows)
     if len(trees) == 2:
-        ratios = [new / old for old, new in zip(runs[trees[0]], runs[trees[1]], strict=True)]
-        print(f"ratio {trees[1]} / {trees[0]} round by round: {', '.join(f'{r:.3f}' for r in ratios)}"
-              f" (median {statistics.median(ratios):.3f}; target >= 0.95)")
+        for name, index in (("jobs/s", 0), ("worker CPU per job", 1)):
+            ratios = [new[index] / old[index] for old, new in zip(runs[trees[0]], runs[trees[1]], strict=True)]
+            print(f"{name}, {trees[1]} / {trees[0]} round by round: {', '.join(f'{r:.3f}' for r in ratios)}"
+                  f" (median {statistics.median(ratios):.3f})")
+        print("target: jobs/s at least 0.95 of the old code's")
 
 
 # -- keyed vs plain ----------------------------------------------------------------------
 
 
-def drain(srv: bench.Server, args: argparse.Namespace, keyed: bool) -> float:
-    """Jobs/s of one worker draining ``--jobs`` pre-inserted no-op jobs, keyed or plain, on a fresh database."""
+def drain(srv: bench.Server, args: argparse.Namespace, keyed: bool) -> tuple[float, float, Optional[float]]:
+    """Jobs/s, and worker and PostgreSQL CPU ms per job, of one worker draining ``--jobs`` pre-inserted no-op jobs."""
     progress = throughput.Progress(args.jobs, 0.0)
     with bench.fresh_database(srv, f"rl_bench_flow_{os.getpid()}") as url:
         engine = bench.migrated_engine(url, pool_size=args.concurrency + 4)
@@ -145,11 +156,12 @@ def drain(srv: bench.Server, args: argparse.Namespace, keyed: bool) -> float:
             elapsed = throughput.drain(engine, made, config, progress, window)
         finally:
             engine.dispose()
-    return args.jobs / elapsed
+    return (args.jobs / elapsed, *window.per_job_ms(args.jobs))
 
 
 def keyed(srv: bench.Server, args: argparse.Namespace) -> None:
-    pairs: list[tuple[float, float]] = []
+    Figures = tuple[float, float, Optional[float]]
+    pairs: list[tuple[Figures, Figures]] = []
     for number in range(args.rounds):
         # ABBA: whichever goes second in a round has the warmer machine; alternate it.
         if number % 2 == 0:
@@ -161,9 +173,12 @@ def keyed(srv: bench.Server, args: argparse.Namespace) -> None:
         pairs.append((plain_rate, keyed_rate))
     print(f"\n(b) keyed no-op jobs at key_limit 1 over {args.keys:,} keys vs plain ones:"
           f" jobs={args.jobs} concurrency={args.concurrency}")
-    bench.print_table(["round", "plain jobs/s", "keyed jobs/s", "keyed / plain"],
-                      [[str(n + 1), bench.fmt(p), bench.fmt(k), f"{k / p:.2f}"] for n, (p, k) in enumerate(pairs)])
-    print(f"median keyed / plain: {statistics.median(k / p for p, k in pairs):.2f} (target >= 0.70)")
+    bench.print_table(
+        ["round", "plain jobs/s", "keyed jobs/s", "keyed / plain", "worker CPU ms/job plain, keyed",
+         "PostgreSQL CPU ms/job plain, keyed"],
+        [[str(n + 1), bench.fmt(p[0]), bench.fmt(k[0]), f"{k[0] / p[0]:.2f}", f"{p[1]:.3f}, {k[1]:.3f}",
+          f"{bench.fmt(p[2], 3)}, {bench.fmt(k[2], 3)}"] for n, (p, k) in enumerate(pairs)])
+    print(f"median keyed / plain: {statistics.median(k[0] / p[0] for p, k in pairs):.2f} (target >= 0.70)")
 
 
 # -- plan: a claim among held-back jobs ------------------------------------------------------
