@@ -310,9 +310,6 @@ def test_sigkilled_worker_holding_a_keys_job_frees_the_key_within_the_lease_boun
         assert earlier.finished_at < later.started_at
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the key trigger takes the key's advisory lock in the enqueue's transaction and holds it to its commit; the "
-    "success write of the key's running job waits for that lock, and with it the completer's whole group"))
 @pytest.mark.timeout(90)
 def test_an_open_transaction_that_enqueued_a_keyed_job_does_not_hold_up_the_outcome_of_its_keys_running_job(flow):
     flow.start_workers()
