@@ -34,6 +34,7 @@ an invalid result) come from no exception: both are None.
 
 from __future__ import annotations
 
+import builtins
 import traceback
 from dataclasses import dataclass, field
 from typing import Optional
@@ -51,6 +52,8 @@ CUT_MARKER = "[... {cut} characters cut ...]\n"
 _DATABASE_MODULES = ("sqlalchemy", "psycopg2", "psycopg", "django.db")
 #: Exception group members shown, as Python's own traceback shows them.
 _MAX_GROUP_MEMBERS = 15
+#: Exception groups, from Python 3.11 on (None before).
+_EXCEPTION_GROUP: Optional[type] = getattr(builtins, "BaseExceptionGroup", None)
 _CAUSE = "\nThe above exception was the direct cause of the following exception:\n\n"
 _CONTEXT = "\nDuring handling of the above exception, another exception occurred:\n\n"
 
@@ -71,10 +74,15 @@ NO_EVIDENCE = FailureEvidence()
 
 def evidence_of(exc: BaseException) -> FailureEvidence:
     """The type name and bounded traceback of ``exc``, as the attempt row stores them."""
+    return FailureEvidence(bounded_error_type(error_type_of(exc)), bounded_traceback(format_traceback(exc)), exc)
+
+
+def error_type_of(exc: BaseException) -> str:
+    """The type name a failure caused by ``exc`` is known by: its own, or a raised JobFailure's cause's."""
     named = exc
     if isinstance(exc, JobFailure):
         named = cause_of(exc) or exc
-    return FailureEvidence(bounded_error_type(type_name(type(named))), bounded_traceback(format_traceback(exc)), exc)
+    return type_name(type(named))
 
 
 def type_name(cls: type) -> str:
@@ -130,15 +138,16 @@ def _format_one(exc: BaseException, seen: set[int]) -> str:
     lines.append(f"{type_name(type(exc))}: {message}\n" if message else f"{type_name(type(exc))}\n")
     if not _from_a_database(type(exc)):
         lines.extend(f"{note}\n" for note in getattr(exc, "__notes__", None) or () if isinstance(note, str))
-    if isinstance(exc, BaseExceptionGroup):
-        for number, member in enumerate(exc.exceptions[:_MAX_GROUP_MEMBERS], start=1):
+    if _EXCEPTION_GROUP is not None and isinstance(exc, _EXCEPTION_GROUP):
+        members: tuple[BaseException, ...] = getattr(exc, "exceptions", ())
+        for number, member in enumerate(members[:_MAX_GROUP_MEMBERS], start=1):
             if id(member) in seen:
                 continue
             seen.add(id(member))
             lines.append(f"+---------------- {number} ----------------\n")
             lines.extend(f"| {line}\n" for line in format_traceback(member).splitlines())
-        if len(exc.exceptions) > _MAX_GROUP_MEMBERS:
-            lines.append(f"+---------------- ... ----------------\nand {len(exc.exceptions) - _MAX_GROUP_MEMBERS} "
+        if len(members) > _MAX_GROUP_MEMBERS:
+            lines.append(f"+---------------- ... ----------------\nand {len(members) - _MAX_GROUP_MEMBERS} "
                          "more exceptions\n")
     return "".join(lines)
 
