@@ -14,6 +14,8 @@ from runledger_sync.core.types import JobCompletion, JobContext, JobDeadLetterIn
 
 HandlerFunction = Callable[[JobContext, Any], Optional[JobCompletion]]
 DeadLetterHook = Callable[[JobContext, Any, JobDeadLetterInfo], None]
+#: ``hook(ctx, payload, exception)``, told of every failed attempt (``JobRegistry.on_failure``).
+FailureHook = Callable[[JobContext, Any, BaseException], None]
 
 
 class JobHandler:
@@ -123,3 +125,13 @@ class WrappedHandler(JobHandler):
 
     def __repr__(self) -> str:
         return f"<{self.inner!r} inside {self.around!r}>"
+
+
+def failure_hook_within(hook: FailureHook, around: Callable[[], ContextManager[Any]]) -> FailureHook:
+    """``hook`` run inside ``around()``, as a wrapped handler's dead-letter hook is."""
+
+    def within(ctx: JobContext, payload: Any, exception: BaseException) -> None:
+        with around():
+            hook(ctx, payload, exception)
+
+    return within

@@ -21,6 +21,7 @@ from typing import IO, Any, Optional, Union
 from uuid import UUID
 
 from runledger_sync.core.errors import ConfigError
+from runledger_sync.core.evidence import format_traceback
 
 try:
     # python-json-logger >= 3.1. The old module path still works there but emits
@@ -197,8 +198,21 @@ def job_log_fields(
 _RECORD_ATTRIBUTES = frozenset(vars(_logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 
 
+def _format_exception(formatter: _logging.Formatter, ei: Any) -> str:
+    # The traceback as a failed attempt's row keeps it (runledger_sync.core.evidence):
+    # the same frames, no locals, and a database error's message without the later
+    # lines that repeat its statement's parameters, which come from payloads. The
+    # record keeps the exception itself, for error trackers' logging integrations.
+    if ei and ei[1] is not None:
+        return format_traceback(ei[1]).rstrip("\n")
+    return _logging.Formatter.formatException(formatter, ei)
+
+
 class _TextFormatter(_logging.Formatter):
     """The time, level, logger and message, then each ``extra=`` field as ``key=value`` (job lines: the message)."""
+
+    def formatException(self, ei: Any) -> str:  # noqa: N802 - logging's name
+        return _format_exception(self, ei)
 
     def formatMessage(self, record: _logging.LogRecord) -> str:  # noqa: N802 - logging's name
         line = super().formatMessage(record)
@@ -214,8 +228,13 @@ def _text_value(value: Any) -> str:
     return text if text and not any(c.isspace() or c in "\"=" for c in text) else _json_module.dumps(text)
 
 
+class _JsonLinesFormatter(_JsonFormatter):
+    def formatException(self, ei: Any) -> str:  # noqa: N802 - logging's name
+        return _format_exception(self, ei)
+
+
 def _json_formatter() -> _logging.Formatter:
-    return _JsonFormatter(
+    return _JsonLinesFormatter(
         _JSON_FORMAT,
         rename_fields={"levelname": "level", "name": "logger"},
         timestamp=True,

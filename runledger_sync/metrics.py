@@ -32,8 +32,10 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from runledger_sync.core.errors import MissingExtra, RunledgerError
+from runledger_sync.core.evidence import bounded_error_type, error_type_of
 from runledger_sync.core.flow import QueueLoad
 from runledger_sync.core.records import JobRecord
+from runledger_sync.core.types import JobFailure
 from runledger_sync.logging import get_logger
 from runledger_sync.runtime.health import SupervisorHealth
 from runledger_sync.store.admin import DEAD_LETTER_WINDOW_SECONDS, LATE_SCHEDULE_SECONDS, QueueGauges, queue_gauges
@@ -97,6 +99,9 @@ class WorkerMetrics:
         self.lease_losses = client.Counter(
             "runledger_lease_losses", "Attempts that lost their lease (nothing written; the reaper recovers them).",
             ["job_type"], registry=None)
+        self.failures = client.Counter(
+            "runledger_job_failures", "Failed attempts recorded, by job type and the exception's type.",
+            ["job_type", "error_type"], registry=None)
         # Label children looked up once: a job's end then costs a dict read per metric.
         self._children: dict[tuple[Any, ...], Any] = {}
 
@@ -131,9 +136,14 @@ class WorkerMetrics:
     def heartbeat_failed(self, job_type: str) -> None:
         self._child(self.heartbeat_failures, job_type).inc()
 
+    def attempt_failed(self, job_type: str, failure: JobFailure, exception: Optional[BaseException]) -> None:
+        # No exception (a timeout, an invalid result): the failure's code names it instead.
+        error_type = failure.code if exception is None else bounded_error_type(error_type_of(exception))
+        self._child(self.failures, job_type, error_type).inc()
+
     def collect(self) -> Iterator[Any]:
         for metric in (self.jobs, self.handler_seconds, self.pickup_seconds, self.claim_batch, self.group_size,
-                       self.group_seconds, self.heartbeat_failures, self.lease_losses):
+                       self.group_seconds, self.heartbeat_failures, self.lease_losses, self.failures):
             yield from metric.collect()
 
 

@@ -16,7 +16,15 @@ from runledger_sync.core.errors import ConfigError, InvalidArgument, Registratio
 from runledger_sync.core.flow import DEFAULT_KEY_LIMIT, DEFAULT_QUEUE, QueueSpec, RateLimit, check_queue_name
 from runledger_sync.core.records import JobDefinition, ScheduleSpec
 from runledger_sync.core.validation import check_job_type
-from runledger_sync.handlers import DeadLetterHook, FunctionHandler, HandlerFunction, JobHandler, WrappedHandler
+from runledger_sync.handlers import (
+    DeadLetterHook,
+    FailureHook,
+    FunctionHandler,
+    HandlerFunction,
+    JobHandler,
+    WrappedHandler,
+    failure_hook_within,
+)
 from runledger_sync.logging import get_logger
 
 log = get_logger(__name__)
@@ -63,6 +71,7 @@ class JobRegistry:
         self._retry_on: dict[str, tuple[type[BaseException], ...]] = {}
         self._overrides: dict[str, dict[str, int]] = {}
         self._queues: dict[str, QueueSpec] = {}
+        self._failure_hooks: list[FailureHook] = []
 
     def job(
         self,
@@ -159,6 +168,43 @@ class JobRegistry:
         self._retry_on[job_type] = retry_on
         self._overrides[job_type] = overrides
         return handler
+
+    def on_failure(self, hook: FailureHook) -> FailureHook:
+        """Call ``hook(ctx, payload, exception)`` for every failed attempt of any of the registry's job types.
+
+        ``exception`` is what the handler raised (its ``__traceback__`` intact);
+        for a failure it raised nothing for (a timeout, an invalid result) it is
+        the :class:`~runledger_sync.JobFailure` recorded, whose kind, code and
+        message say what happened. The hook runs once the failure (a retry or a
+        dead letter) is durable, on a thread of its own, before the job's
+        dead-letter hook, bounded by ``JobsConfig.dead_letter_hook_timeout_seconds``
+        as that one is; what it raises is logged and swallowed. An attempt whose
+        lease was lost is recorded by the reaper instead, and not told.
+
+        Args:
+            hook: Called with the attempt's context, the job's payload and the exception.
+
+        Returns:
+            ``hook``, unchanged: it works as a decorator.
+
+        Raises:
+            RegistrationError: ``hook`` is not callable.
+
+        Example::
+
+            @registry.on_failure
+            def report(ctx, payload, exception):
+                sentry_sdk.capture_exception(exception)
+        """
+        if not callable(hook):
+            raise RegistrationError(f"on_failure takes a callable hook(ctx, payload, exception), got {hook!r}")
+        self._failure_hooks.append(hook)
+        return hook
+
+    @property
+    def failure_hooks(self) -> tuple[FailureHook, ...]:
+        """The hooks given to :meth:`on_failure`, in the order they were given."""
+        return tuple(self._failure_hooks)
 
     def get(self, job_type: str) -> Optional[JobHandler]:
         """Return the handler of ``job_type``, or None if none is registered."""
@@ -310,9 +356,9 @@ class JobRegistry:
     def wrapped(self, around: Callable[[], ContextManager[Any]]) -> "JobRegistry":
         """Return a new registry whose handlers run inside ``around()`` (a context manager factory).
 
-        Integrations use it to give every handler its framework's surroundings
-        (an app context, fresh database connections). Types, retry rules and
-        definitions stay those of this registry, which is left unchanged.
+        Integrations use it to give every handler (and hook) its framework's
+        surroundings (an app context, fresh database connections). Types, retry
+        rules and definitions stay those of this registry, which is left unchanged.
 
         Example:
             ``registry.wrapped(app.app_context)``
@@ -320,6 +366,7 @@ class JobRegistry:
         wrapped = JobRegistry(transient_errors=self.transient_errors)
         wrapped._schedules = dict(self._schedules)
         wrapped._queues = dict(self._queues)
+        wrapped._failure_hooks = [failure_hook_within(hook, around) for hook in self._failure_hooks]
         for job_type, handler in self._handlers.items():
             wrapped.register(WrappedHandler(handler, around, self.retry_on(job_type)))
         return wrapped

@@ -57,8 +57,8 @@ def _dead_letters_list(args: argparse.Namespace) -> int:
         for letter in letters:
             print_json({**plain(letter), "replayed": letter.job_id not in dead})
         return EXIT_OK
-    print_table(("job_id", "type", "failed_at", "attempt", "error_code", "state", "error_message"),
-                 [(d.job_id, d.job_type, when(d.failed_at), d.attempt, d.error_code,
+    print_table(("job_id", "type", "failed_at", "attempt", "error_code", "error_type", "state", "error_message"),
+                 [(d.job_id, d.job_type, when(d.failed_at), d.attempt, d.error_code, d.error_type,
                    "dead" if d.job_id in dead else "replayed", first_line(d.error_message or "")[:60])
                   for d in letters])
     return EXIT_OK

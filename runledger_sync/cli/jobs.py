@@ -182,14 +182,24 @@ def _jobs_show(args: argparse.Namespace) -> int:
         if field.name == "status" and wait is not None:
             print(f"{'waits:':<20} {wait.reason.value}: {printable(wait.message)}")
     print(f"\nattempts ({len(attempts)}):")
-    print_table(("run", "attempt", "worker", "started_at", "finished_at", "outcome", "error_code"),
+    print_table(("run", "attempt", "worker", "started_at", "finished_at", "outcome", "error_code", "error_type"),
                  [(a.run_number, a.attempt, a.worker_id, when(a.started_at), when(a.finished_at), _outcome(a),
-                   a.error_code) for a in attempts])
+                   a.error_code, a.error_type) for a in attempts])
+    _print_tracebacks(attempts)
     print(f"\nevents ({len(events)}):")
     print_table(("occurred_at", "run", "attempt", "event", "stage", "payload"),
                  [(when(e.occurred_at), e.run_number, e.attempt, e.event_type, e.stage,
                    json.dumps(plain(e.payload), sort_keys=True)) for e in events])
     return EXIT_OK
+
+
+def _print_tracebacks(attempts: list[Any]) -> None:
+    # Whole, line by line: a stored traceback is already cut to 8192 characters.
+    for attempt in attempts:
+        if attempt.traceback:
+            print(f"\ntraceback of run {attempt.run_number} attempt {attempt.attempt} ({printable(attempt.error_type)}):")
+            for line in attempt.traceback.splitlines():
+                print(f"  {printable(line)}")
 
 
 def _outcome(attempt: Any) -> str:

@@ -22,10 +22,11 @@ same kind and shares that budget, so a deploy never dead-letters work either.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Optional, Union
 
 from runledger_sync.core import backoff
+from runledger_sync.core.evidence import NO_EVIDENCE, FailureEvidence
 from runledger_sync.core.records import JobRecord
 from runledger_sync.core.types import (
     JobCompletion,
@@ -74,12 +75,15 @@ class Succeed:
 class Retry:
     failure: JobFailure
     delay_ms: int
+    #: The exception behind the failure, written with the attempt row.
+    evidence: FailureEvidence = field(default=NO_EVIDENCE, compare=False)
 
 
 @dataclass(frozen=True)
 class DeadLetter:
     failure: JobFailure
     info: JobDeadLetterInfo
+    evidence: FailureEvidence = field(default=NO_EVIDENCE, compare=False)
 
 
 Outcome = Union[JobCompletion, JobFailure, LeaseLost]
@@ -151,19 +155,25 @@ def dead_letter_reason(
 
 def decide_failure(
     job: JobRecord, failure: JobFailure, earlier: EarlierAttempts, *, retry_delay_override: Optional[int] = None,
+    evidence: FailureEvidence = NO_EVIDENCE,
 ) -> Retry | DeadLetter:
     """The transition ``failure`` makes for the claimed ``job``, given its run's earlier attempts.
 
     Args:
         retry_delay_override: the registry's delay for this (job type, failure
             code), in ms; used instead of the backoff for a retried failure.
+        evidence: the exception behind the failure, carried to its write (and
+            to the dead-letter hook's info).
     """
     reason = dead_letter_reason(failure, job.attempt, job.max_attempts, earlier)
     if reason is not None:
-        return DeadLetter(failure, JobDeadLetterInfo(failure=failure, reason=reason, max_attempts=job.max_attempts))
+        info = JobDeadLetterInfo(failure=failure, reason=reason, max_attempts=job.max_attempts,
+                                 exception=evidence.exception)
+        return DeadLetter(failure, info, evidence)
     if retry_delay_override is not None:
-        return Retry(failure, retry_delay_override)
+        return Retry(failure, retry_delay_override, evidence)
     if not earlier.spends_attempt(failure):
-        return Retry(failure, backoff.compute_transient_retry_delay_ms(earlier.transient_streak + 1, job.id))
+        return Retry(failure, backoff.compute_transient_retry_delay_ms(earlier.transient_streak + 1, job.id), evidence)
     # The backoff of the attempts spent, not of the claims: transient retries do not lengthen it.
-    return Retry(failure, backoff.compute_retry_delay_ms(earlier.attempts_spent(failure, job.attempt), job.id))
+    return Retry(failure, backoff.compute_retry_delay_ms(earlier.attempts_spent(failure, job.attempt), job.id),
+                 evidence)

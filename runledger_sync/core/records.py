@@ -112,6 +112,11 @@ class JobAttemptRecord:
     claim_origin: str
     execution_started_persisted_at: Optional[datetime]
     created_at: datetime
+    #: The failing exception's qualified type name (``KeyError``, ``myapp.errors.Declined``);
+    #: None for a success, and for a failure no exception caused (a timeout, a lost lease).
+    error_type: Optional[str] = None
+    #: Its traceback, without local values, cut in the middle to 8192 characters.
+    traceback: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -132,7 +137,7 @@ class JobEventRecord:
 
 @dataclass(frozen=True)
 class DeadLetterRecord:
-    """One row of ``job_dead_letters``."""
+    """One row of ``job_dead_letters``, with the evidence of the attempt it failed on."""
 
     job_id: UUID
     job_type: str
@@ -145,6 +150,10 @@ class DeadLetterRecord:
     checkpoint_snapshot: Any
     failed_at: datetime
     created_at: datetime
+    #: The failing exception's type and traceback, read from its attempt's row
+    #: (see :class:`JobAttemptRecord`); None when no exception caused the failure.
+    error_type: Optional[str] = None
+    traceback: Optional[str] = None
 
 
 @dataclass(frozen=True)

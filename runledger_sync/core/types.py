@@ -187,12 +187,16 @@ class JobCompletion:
 class JobDeadLetterInfo:
     """What a dead-letter hook is told: the failure, the reason, and the attempt budget.
 
-    ``max_attempts`` is None when the reaper dead-lettered the job.
+    ``max_attempts`` is None when the reaper dead-lettered the job. ``exception``
+    is what the handler raised on its last attempt (the live object, with its
+    ``__traceback__``); None when it raised nothing: a timeout, an invalid
+    result, a lease the reaper found expired.
     """
 
     failure: JobFailure
     reason: JobDeadLetterReason
     max_attempts: Optional[int]
+    exception: Optional[BaseException] = field(default=None, compare=False)
 
 
 ProgressReporter = Callable[["JobContext", Optional[int], Optional[int], Any], None]

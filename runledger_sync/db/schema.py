@@ -44,6 +44,7 @@ from sqlalchemy import (
 from sqlalchemy.schema import DDL
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
+from runledger_sync.core.evidence import MAX_ERROR_TYPE_CHARS, MAX_TRACEBACK_CHARS
 from runledger_sync.core.types import ClaimOrigin, JobEventType, JobFailureKind, JobStage, JobStatus
 
 metadata = MetaData(
@@ -56,6 +57,9 @@ metadata = MetaData(
 )
 
 NOW = text("now()")
+#: A stored exception type name and traceback stay within the caps they are cut to.
+ERROR_TYPE_CHECK = f"error_type IS NULL OR char_length(error_type) <= {MAX_ERROR_TYPE_CHARS}"
+TRACEBACK_CHECK = f"traceback IS NULL OR char_length(traceback) <= {MAX_TRACEBACK_CHARS}"
 EMPTY_JSON = text("'{}'::jsonb")
 
 
@@ -334,11 +338,16 @@ job_attempts = Table(
     Column("claim_origin", Text, nullable=False, server_default=text("'DIRECT'")),
     Column("execution_started_persisted_at", DateTime(timezone=True)),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    # Revision 0006: the failing exception's qualified type and bounded traceback (runledger_sync.core.evidence).
+    Column("error_type", Text),
+    Column("traceback", Text),
     UniqueConstraint("job_id", "run_number", "attempt", name="uq_job_attempts_job_run_attempt"),
     CheckConstraint("attempt > 0", name="ck_job_attempts_attempt_positive"),
     CheckConstraint("retry_delay_ms IS NULL OR retry_delay_ms >= 0", name="ck_job_attempts_retry_delay"),
     CheckConstraint(f"outcome IS NULL OR {one_of('outcome', JobFailureKind)}", name="ck_job_attempts_outcome"),
     CheckConstraint(one_of("claim_origin", ClaimOrigin), name="ck_job_attempts_claim_origin"),
+    CheckConstraint(ERROR_TYPE_CHECK, name="ck_job_attempts_error_type"),
+    CheckConstraint(TRACEBACK_CHECK, name="ck_job_attempts_traceback"),
 )
 Index(
     "idx_job_attempts_job_run_created",

@@ -6,7 +6,8 @@ a delay, or dead-letter), which reads the run's earlier attempts when the
 failure is retryable. The :class:`~runledger_sync.runtime.completer.Completer`
 writes it as decided. A pool thread hands its outcome off and moves on: the
 completer ends the attempt (frees its slot) once the outcome is durable. A
-dead letter's hook runs on the pool thread that waits for its write, and the
+dead letter's hook, and the registry's failure hooks, run on the pool thread
+that waits for its write (a failure with hooks is not handed off), and the
 watch always waits, since its handler may still be running.
 
 A success is logged as failed (ERROR) only when it did not land; one whose
@@ -19,6 +20,7 @@ import time
 from typing import Optional
 
 from runledger_sync.core.errors import InvalidCompletionProgress
+from runledger_sync.core.evidence import NO_EVIDENCE, FailureEvidence
 from runledger_sync.core.outcomes import (
     HANDLER_TRANSIENT_ERROR_CODE,
     INVALID_COMPLETION_PROGRESS_CODE,
@@ -36,7 +38,8 @@ from runledger_sync.core.workflow_errors import WorkflowReleaseConflict
 from runledger_sync.logging import get_logger
 from runledger_sync.runtime.attempt import JobExecution
 from runledger_sync.runtime.completer import LANDED_AFTER_LOST_REPLY, wait_for_answer, with_retries
-from runledger_sync.runtime.hooks import run_dead_letter_hook
+from runledger_sync.runtime.hooks import run_dead_letter_hook, run_failure_hooks
+from runledger_sync.runtime.observer import failure_observer
 from runledger_sync.store import driver
 
 log = get_logger(__name__)
@@ -50,13 +53,17 @@ SUCCESS_REPLY_LOST = "job success landed; its reply was lost"
 Written = Succeed | Retry | DeadLetter
 
 
-def finish(execution: JobExecution, outcome: Outcome, *, hand_off: bool = False) -> bool:
+def finish(
+    execution: JobExecution, outcome: Outcome, *, hand_off: bool = False, evidence: FailureEvidence = NO_EVIDENCE,
+) -> bool:
     """Decide the attempt's transition and have it written.
 
     Args:
         hand_off: the caller frees the attempt's slot only through the return
             value: True means the completer ends the attempt once its outcome is
             durable (a pool thread's success or retry); the caller moves on.
+        evidence: the exception behind a failure (its type and traceback are
+            written with the attempt row; the hooks and the observer get the exception).
 
     Returns:
         True when the completer took the attempt and will end it.
@@ -71,13 +78,13 @@ def finish(execution: JobExecution, outcome: Outcome, *, hand_off: bool = False)
             extra=execution.log_fields | {"failure_code": outcome.code},
         )
         return False
-    transition = _decide(execution, outcome)
+    transition = _decide(execution, outcome, evidence)
     if transition is None:
         return False
     return _write(execution, transition, hand_off=hand_off)
 
 
-def _decide(execution: JobExecution, outcome: JobCompletion | JobFailure) -> Optional[Written]:
+def _decide(execution: JobExecution, outcome: JobCompletion | JobFailure, evidence: FailureEvidence) -> Optional[Written]:
     """The transition ``outcome`` makes; None when the earlier attempts it depends on could not be read."""
     if not isinstance(outcome, JobFailure):
         return Succeed(outcome)
@@ -92,13 +99,13 @@ def _decide(execution: JobExecution, outcome: JobCompletion | JobFailure) -> Opt
                         "the reaper retries the job", extra=execution.log_fields | {"error": str(error)})
             return None
     override = execution.registry.retry_delay_override(job.job_type, outcome.code) if outcome.kind.is_retryable else None
-    return decide_failure(job, outcome, earlier, retry_delay_override=override)
+    return decide_failure(job, outcome, earlier, retry_delay_override=override, evidence=evidence)
 
 
 def _write(execution: JobExecution, transition: Written, *, hand_off: bool) -> bool:
     """Post the transition; hand the attempt's end to the completer, or wait for the answer here."""
     completer = execution.completer
-    if hand_off and completer.threaded and not isinstance(transition, DeadLetter):
+    if hand_off and completer.threaded and not _hooked(execution, transition):
         completer.post(execution.identity, transition, give_up_at=_give_up_at(execution),
                        on_answer=lambda answer: _answered_off_thread(execution, transition, answer))
         return True
@@ -107,6 +114,11 @@ def _write(execution: JobExecution, transition: Written, *, hand_off: bool) -> b
     if invalid is not None:
         _write(execution, invalid, hand_off=False)
     return False
+
+
+def _hooked(execution: JobExecution, transition: Written) -> bool:
+    """True when a hook waits for the transition to land: it runs on the deciding thread, never the completer's."""
+    return isinstance(transition, DeadLetter) or (isinstance(transition, Retry) and bool(execution.registry.failure_hooks))
 
 
 def _answered_off_thread(execution: JobExecution, transition: Written, answer: object) -> None:
@@ -135,8 +147,8 @@ def _answered(execution: JobExecution, transition: Written, answer: object) -> O
         if isinstance(transition, Succeed):
             if answer is LANDED_AFTER_LOST_REPLY:
                 log.info(SUCCESS_REPLY_LOST, extra=fields | {"write": "completer"})
-        elif isinstance(transition, DeadLetter):
-            _dead_lettered(execution, transition)
+        else:
+            _failure_recorded(execution, transition)
         return None
     if isinstance(answer, InvalidCompletionProgress) and isinstance(transition, Succeed):
         log.warning("handler returned invalid success completion; marking job terminal",
@@ -154,6 +166,22 @@ def _answered(execution: JobExecution, transition: Written, answer: object) -> O
     return None
 
 
+def _failure_recorded(execution: JobExecution, transition: Retry | DeadLetter) -> None:
+    """Tell the observer and the hooks of a failed attempt whose outcome is durable."""
+    failure, exception = transition.failure, transition.evidence.exception
+    observe = failure_observer(execution.observer)
+    if observe is not None:
+        observe(execution.job.job_type, failure, exception)
+    hooks = execution.registry.failure_hooks
+    if hooks:
+        # Not on the completer's thread: a failure with hooks is never handed off (_hooked).
+        run_failure_hooks(hooks, execution.context, execution.job.payload, exception or failure,
+                          timeout_seconds=execution.config.dead_letter_hook_timeout_seconds,
+                          log_fields=execution.log_fields)
+    if isinstance(transition, DeadLetter):
+        _dead_lettered(execution, transition)
+
+
 def _dead_lettered(execution: JobExecution, transition: DeadLetter) -> None:
     job, failure, info = execution.job, transition.failure, transition.info
     log.warning(
@@ -161,6 +189,7 @@ def _dead_lettered(execution: JobExecution, transition: DeadLetter) -> None:
         extra=execution.log_fields | {
             "max_attempts": job.max_attempts, "dead_letter_reason": info.reason.value,
             "failure_kind": failure.kind.value, "failure_code": failure.code, "failure_message": failure.message,
+            "error_type": transition.evidence.error_type,
         },
     )
     handler = execution.registry.get(job.job_type)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import time
-import traceback
 from typing import Any, Callable, Optional
 
 from sqlalchemy.engine import Engine
@@ -36,6 +35,7 @@ from runledger_sync.core.errors import (
     RunledgerError,
     UnstartedClaimReleaseNotApplicable,
 )
+from runledger_sync.core.evidence import NO_EVIDENCE, FailureEvidence, evidence_of, message_of
 from runledger_sync.core.outcomes import (
     HANDLER_ERROR_CODE,
     HANDLER_INVALID_RESULT_CODE,
@@ -150,7 +150,7 @@ def _process_with_timer(
         if handlers_running is not None:
             handlers_running.add(execution)
         try:
-            outcome = _run_handler(execution)
+            outcome, evidence = _run_handler(execution)
         finally:
             if handlers_running is not None:
                 handlers_running.discard(execution)
@@ -164,7 +164,7 @@ def _process_with_timer(
         elif execution.gate.take():
             execution.stop_watchdog.set()
             timer.withdraw()
-            handed_off = finish(execution, outcome, hand_off=True)
+            handed_off = finish(execution, outcome, hand_off=True, evidence=evidence)
         elif not isinstance(outcome, LeaseLost):
             log.warning(
                 "handler finished after its attempt was already decided; result discarded",
@@ -235,37 +235,43 @@ def _release_after_running_persist_failure(execution: JobExecution, error: objec
 # -- step 3: the handler and its watchdog ----------------------------------------------
 
 
-def _run_handler(execution: JobExecution) -> Outcome:
-    """Call the handler and narrow whatever it does to one Outcome."""
+def _run_handler(execution: JobExecution) -> tuple[Outcome, FailureEvidence]:
+    """Call the handler and narrow whatever it does to one Outcome, with the evidence of the exception behind it."""
     handler = execution.registry.get(execution.job.job_type)
     if handler is None:
-        return JobFailure.terminal(HANDLER_NOT_REGISTERED_CODE, "No handler is registered for this job type.")
+        return JobFailure.terminal(HANDLER_NOT_REGISTERED_CODE, "No handler is registered for this job type."), NO_EVIDENCE
     try:
         result = handler.execute(execution.context, execution.job.payload)
-    except JobFailure as failure:
-        return _unless_abandoned(execution, _recordable(failure))
-    except JobCancelled as cancelled:
-        abandoned = _abandoned_outcome(execution)
-        if abandoned is not None:
-            return abandoned
-        if execution.interrupted:
-            log.warning("job stopped by the worker's shutdown; it runs again without spending an attempt",
-                        extra=execution.log_fields)
-            return worker_shutdown_failure()
-        return _panic(execution, cancelled)
     except BaseException as exc:  # noqa: BLE001 - a handler may raise anything, even SystemExit
         abandoned = _abandoned_outcome(execution)
         if abandoned is not None:
-            return abandoned
-        if isinstance(exc, OutputTooLarge):
-            # ctx.complete_in refused the output: the same code would return it again.
-            return JobFailure.terminal(exc.code, f"The handler's {exc.message}; the output was not stored.")
-        if isinstance(exc, execution.registry.retry_on(execution.job.job_type)):
-            return JobFailure.retryable(HANDLER_ERROR_CODE, f"{type(exc).__name__}: {exc}")
-        if isinstance(exc, execution.registry.transient_errors) or is_transient_error(exc):
-            return _transient(execution, exc)
-        return _panic(execution, exc)
-    return _unless_abandoned(execution, _completion_outcome(result, execution.config.max_output_bytes))
+            # A timeout or a lost lease: what the handler raised once told to stop is not the cause.
+            return abandoned, NO_EVIDENCE
+        return _failure_of(execution, exc)
+    return _unless_abandoned(execution, _completion_outcome(result, execution.config.max_output_bytes)), NO_EVIDENCE
+
+
+def _failure_of(execution: JobExecution, exc: BaseException) -> tuple[JobFailure, FailureEvidence]:
+    """The failure the handler's exception makes (its choice, a retry, a transient error or a panic), with its evidence."""
+    if isinstance(exc, JobCancelled) and execution.interrupted:
+        log.warning("job stopped by the worker's shutdown; it runs again without spending an attempt",
+                    extra=execution.log_fields)
+        return worker_shutdown_failure(), NO_EVIDENCE
+    evidence = evidence_of(exc)
+    if isinstance(exc, JobFailure):
+        return _recordable(exc), evidence
+    if isinstance(exc, JobCancelled):
+        return _panic(execution, exc, evidence), evidence
+    if isinstance(exc, OutputTooLarge):
+        # ctx.complete_in refused the output: the same code would return it again.
+        return JobFailure.terminal(exc.code, f"The handler's {exc.message}; the output was not stored."), evidence
+    if isinstance(exc, execution.registry.retry_on(execution.job.job_type)):
+        log.warning("job handler raised an error its job type retries on", exc_info=exc,
+                    extra=execution.log_fields | {"error_type": evidence.error_type})
+        return JobFailure.retryable(HANDLER_ERROR_CODE, f"{type(exc).__name__}: {message_of(exc)}"), evidence
+    if isinstance(exc, execution.registry.transient_errors) or is_transient_error(exc):
+        return _transient(execution, exc, evidence), evidence
+    return _panic(execution, exc, evidence), evidence
 
 
 def _recordable(failure: JobFailure) -> JobFailure:
@@ -335,25 +341,20 @@ def _unless_abandoned(execution: JobExecution, outcome: Outcome) -> Outcome:
     return _abandoned_outcome(execution) or outcome
 
 
-def _transient(execution: JobExecution, exc: BaseException) -> JobFailure:
+def _transient(execution: JobExecution, exc: BaseException, evidence: FailureEvidence) -> JobFailure:
     # A database restart is not a bug in the handler: the attempt retries. Only the
     # first line: a SQLAlchemy error goes on with the statement and its parameters.
-    summary = f"{type(exc).__name__}: {(_text_of(exc).strip().splitlines() or [''])[0]}"
+    # Logged without exc_info for the same reason: the log's traceback would print
+    # the whole message (the attempt row keeps the traceback, messages cut alike).
+    summary = f"{type(exc).__name__}: {(message_of(exc).strip().splitlines() or [''])[0]}"
     log.warning("job handler hit a transient error; the attempt will be retried",
-                extra=execution.log_fields | {"error": summary})
+                extra=execution.log_fields | {"error": summary, "error_type": evidence.error_type})
     return JobFailure.retryable(HANDLER_TRANSIENT_ERROR_CODE, summary)
 
 
-def _text_of(exc: BaseException) -> str:
-    try:
-        return str(exc) or type(exc).__name__
-    except Exception:  # noqa: BLE001 - a broken __str__ must not crash the pipeline
-        return f"unprintable {type(exc).__name__}"
-
-
-def _panic(execution: JobExecution, exc: BaseException) -> JobFailure:
-    log.error(
-        "job handler panicked",
-        extra=execution.log_fields | {"traceback": "".join(traceback.format_exception(exc))},
-    )
-    return JobFailure.panicked(HANDLER_PANIC_CODE, f"Job handler panicked: {_text_of(exc)}")
+def _panic(execution: JobExecution, exc: BaseException, evidence: FailureEvidence) -> JobFailure:
+    # exc_info, not a text field: error trackers' logging integrations (Sentry's)
+    # report the exception itself. Never the payload: the traceback has no locals.
+    log.error("job handler panicked", exc_info=exc,
+              extra=execution.log_fields | {"error_type": evidence.error_type})
+    return JobFailure.panicked(HANDLER_PANIC_CODE, f"Job handler panicked: {message_of(exc)}")

@@ -1,12 +1,13 @@
-"""Run a handler's ``on_dead_letter`` hook in its own thread, bounded by a timeout."""
+"""Run the application's hooks (a handler's ``on_dead_letter``, the registry's ``on_failure``) in threads, bounded by a timeout."""
 
 from __future__ import annotations
 
 import threading
-from typing import Any
+import time
+from typing import Any, Callable, Sequence
 
 from runledger_sync.core.types import JobContext, JobDeadLetterInfo
-from runledger_sync.handlers import JobHandler
+from runledger_sync.handlers import FailureHook, JobHandler
 from runledger_sync.logging import get_logger
 
 log = get_logger(__name__)
@@ -27,28 +28,63 @@ def run_dead_letter_hook(
     is already committed and nothing it does can change that. A hung hook's
     thread is a daemon, so it cannot keep the process alive.
     """
-    failure: list[BaseException] = []
+    return _run_bounded("dead-letter hook", [lambda: handler.on_dead_letter(context, payload, info)], context,
+                        timeout_seconds=timeout_seconds, log_fields=log_fields)
 
-    def call() -> None:
+
+def run_failure_hooks(
+    hooks: Sequence[FailureHook],
+    context: JobContext,
+    payload: Any,
+    exception: BaseException,
+    *,
+    timeout_seconds: float,
+    log_fields: dict[str, Any],
+) -> bool:
+    """Call every ``hook(context, payload, exception)`` at once and wait at most ``timeout_seconds`` for them all.
+
+    Returns True if every hook finished cleanly; one that raises or hangs is
+    logged and otherwise ignored, as a dead-letter hook is.
+    """
+    return _run_bounded("failure hook", [_bound(hook, context, payload, exception) for hook in hooks], context,
+                        timeout_seconds=timeout_seconds, log_fields=log_fields)
+
+
+def _bound(hook: FailureHook, context: JobContext, payload: Any, exception: BaseException) -> Callable[[], None]:
+    return lambda: hook(context, payload, exception)
+
+
+def _run_bounded(
+    what: str, calls: Sequence[Callable[[], None]], context: JobContext, *, timeout_seconds: float,
+    log_fields: dict[str, Any],
+) -> bool:
+    failures: list[BaseException] = []
+
+    def run(call: Callable[[], None]) -> None:
         try:
-            handler.on_dead_letter(context, payload, info)
+            call()
         except BaseException as exc:  # noqa: BLE001 - reported below, never propagated
-            failure.append(exc)
+            failures.append(exc)
 
-    thread = threading.Thread(target=call, name=f"runledger-hook-{context.job_id}", daemon=True)
-    thread.start()
-    thread.join(timeout_seconds)
-    if thread.is_alive():
+    threads = [threading.Thread(target=run, args=(call,), name=f"runledger-hook-{context.job_id}", daemon=True)
+               for call in calls]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout_seconds
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    clean = True
+    if any(thread.is_alive() for thread in threads):
+        clean = False
         log.warning(
-            "dead-letter hook timed out; continuing worker job task",
+            f"{what} timed out; continuing worker job task",
             extra=log_fields | {"timeout_ms": int(timeout_seconds * 1000)},
         )
-        return False
-    if failure:
+    for failure in list(failures):
+        clean = False
         log.warning(
-            "dead-letter hook panicked; continuing worker job task",
-            extra=log_fields | {"error": f"{type(failure[0]).__name__}: {failure[0]}"},
-            exc_info=failure[0],
+            f"{what} panicked; continuing worker job task",
+            extra=log_fields | {"error": f"{type(failure).__name__}: {failure}"},
+            exc_info=failure,
         )
-        return False
-    return True
+    return clean

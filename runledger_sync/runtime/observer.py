@@ -1,16 +1,17 @@
 """The points at which the worker reports what it does, for metrics kept in process.
 
 The worker holds an observer, or None. With None (metrics off) each point costs
-one attribute check; with one, a call per claimed batch, per job end and per
-group write. The runtime never imports an implementation:
+one attribute check; with one, a call per claimed batch, per job end, per
+failed attempt and per group write. The runtime never imports an implementation:
 :class:`runledger_sync.metrics.WorkerMetrics` is the Prometheus one.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Protocol, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 from runledger_sync.core.records import JobRecord
+from runledger_sync.core.types import JobFailure
 
 
 class WorkerObserver(Protocol):
@@ -28,3 +29,18 @@ class WorkerObserver(Protocol):
 
     def heartbeat_failed(self, job_type: str) -> None:
         """A lease renewal failed (retried after a lost connection, or given up)."""
+
+    def attempt_failed(self, job_type: str, failure: JobFailure, exception: Optional[BaseException]) -> None:
+        """A failed attempt's outcome (a retry or a dead letter) is durable: ``failure`` as written, and the
+        exception the handler raised (None when it raised none: a timeout, an invalid result).
+
+        Optional: an observer without this method is not told (see :func:`failure_observer`).
+        """
+
+
+FailureObserver = Callable[[str, JobFailure, Optional[BaseException]], None]
+
+
+def failure_observer(observer: Optional[WorkerObserver]) -> Optional[FailureObserver]:
+    """The observer's ``attempt_failed``, or None: observers written before it was added keep working."""
+    return getattr(observer, "attempt_failed", None)

@@ -181,7 +181,8 @@ def complete_jobs_failure(
 
     Same effect per job as :func:`runledger_sync.store.lifecycle.complete_job_failure`,
     but the transition is written as the worker decided it
-    (:func:`runledger_sync.core.outcomes.decide_failure`), never decided again here.
+    (:func:`runledger_sync.core.outcomes.decide_failure`), never decided again here,
+    with the exception's type and traceback the transition carries on its attempt row.
     Plain jobs are written in one query, workflow jobs after them as
     :func:`complete_jobs_success` does.
 
@@ -195,10 +196,10 @@ def complete_jobs_failure(
     values: list[tuple[LeaseIdentity, tuple[Any, ...]]] = []
     for identity, transition in failures:
         delay = transition.delay_ms if isinstance(transition, Retry) else 0
-        params = failure_params(transition.failure, max(0, delay), {})
+        params = failure_params(transition.failure, max(0, delay), {}, transition.evidence)
         values.append((check_identity(*_identity_values(identity)), (
             params["kind"], params["code"], params["message"], params["retry_delay"],
-            isinstance(transition, DeadLetter), params["event_extra"],
+            isinstance(transition, DeadLetter), params["event_extra"], params["error_type"], params["traceback"],
         )))
     return _write_plain_then_workflow(bind, values, FAILURE_ARRAYS, _FAILURE_STATEMENTS, retry=retry)
 

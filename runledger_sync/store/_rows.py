@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any, Mapping, TypeVar
 
+from sqlalchemy import and_
 from sqlalchemy.engine import Result, Row
 
 from runledger_sync.core.records import (
@@ -22,7 +23,16 @@ R = TypeVar("R")
 JOB_COLUMNS = tuple(job_queue.c[f.name] for f in fields(JobRecord))
 ATTEMPT_COLUMNS = tuple(job_attempts.c[f.name] for f in fields(JobAttemptRecord))
 EVENT_COLUMNS = tuple(job_events.c[f.name] for f in fields(JobEventRecord))
-DEAD_LETTER_COLUMNS = tuple(job_dead_letters.c[f.name] for f in fields(DeadLetterRecord))
+#: The dead letter's failing attempt: the row its evidence (error type, traceback) is read from.
+_FAILED_ATTEMPT = and_(job_attempts.c.job_id == job_dead_letters.c.job_id,
+                       job_attempts.c.run_number == job_dead_letters.c.run_number,
+                       job_attempts.c.attempt == job_dead_letters.c.attempt)
+#: Read dead letters from here (DEAD_LETTER_COLUMNS name the attempt's columns too).
+DEAD_LETTERS = job_dead_letters.outerjoin(job_attempts, _FAILED_ATTEMPT)
+DEAD_LETTER_COLUMNS = tuple(
+    job_attempts.c[f.name] if f.name in ("error_type", "traceback") else job_dead_letters.c[f.name]
+    for f in fields(DeadLetterRecord)
+)
 DEFINITION_COLUMNS = tuple(job_definitions.c[f.name] for f in fields(JobDefinition))
 _JOB_FIELDS = tuple(f.name for f in fields(JobRecord))
 

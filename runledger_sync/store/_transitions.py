@@ -31,6 +31,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
+from runledger_sync.core.evidence import NO_EVIDENCE, FailureEvidence, bounded_error_type, bounded_traceback
 from runledger_sync.core.outcomes import EarlierAttempts
 from runledger_sync.core.types import (
     ClaimOrigin,
@@ -127,6 +128,8 @@ FAILURE_ARRAYS = (
     ("retry_delay", "retry_delays", ARRAY(BigInteger)),
     ("dead_letter", "dead_letters", ARRAY(Boolean)),
     ("event_extra", "event_extras", ARRAY(Text)),
+    ("error_type", "error_types", ARRAY(Text)),
+    ("traceback", "tracebacks", ARRAY(Text)),
 )
 
 
@@ -140,6 +143,9 @@ def one_failure() -> dict[str, Any]:
         # Decided before the write, by the one rule (core.outcomes.dead_letter_reason).
         "dead_letter": bindparam("dead_letter", type_=Boolean),
         "event_extra": bindparam("event_extra", type_=Text),
+        # The failing exception's, for the attempt row (None when no exception caused the failure).
+        "error_type": bindparam("error_type", type_=Text),
+        "traceback": bindparam("traceback", type_=Text),
     }
 
 
@@ -147,7 +153,7 @@ def build_failure(guard: Any, failures: Any = None) -> Any:
     """The retry-or-dead-letter write, shared by the worker (live lease, one or a group) and the reaper (expired).
 
     ``failures`` holds the values (``kind``, ``code``, ``message``, ``retry_delay``,
-    ``dead_letter``, ``event_extra``): the columns of the unnested arrays the
+    ``dead_letter``, ``event_extra``, ``error_type``, ``traceback``): the columns of the unnested arrays the
     guard joins (a group), or by default bound values (one lease). The failed
     rows return them beside the job's columns, so the attempt, dead-letter and
     event rows take each row's own.
@@ -168,8 +174,8 @@ def build_failure(guard: Any, failures: Any = None) -> Any:
             last_error_code=values["code"],
             last_error_message=values["message"],
         )
-        .returning(*JOB_COLUMNS, *(values[name].label(f"failure_{name}")
-                                   for name in ("kind", "code", "message", "retry_delay", "event_extra")))
+        .returning(*JOB_COLUMNS, *(values[name].label(f"failure_{name}") for name in (
+            "kind", "code", "message", "retry_delay", "event_extra", "error_type", "traceback")))
         .cte("failed")
     )
     kind, code, message = failed.c.failure_kind, failed.c.failure_code, failed.c.failure_message
@@ -184,6 +190,8 @@ def build_failure(guard: Any, failures: Any = None) -> Any:
             error_code=code,
             error_message=message,
             retry_delay_ms=case((is_dead, null()), else_=delay_ms),
+            error_type=failed.c.failure_error_type,
+            traceback=failed.c.failure_traceback,
         )
         .cte("failed_attempt")
     )
@@ -229,17 +237,21 @@ def build_failure(guard: Any, failures: Any = None) -> Any:
     return select(*failed.c).add_cte(attempt, dead_letter, events)
 
 
-def failure_params(failure: JobFailure, delay_ms: int, extra: dict[str, Any]) -> dict[str, Any]:
+def failure_params(
+    failure: JobFailure, delay_ms: int, extra: dict[str, Any], evidence: FailureEvidence = NO_EVIDENCE,
+) -> dict[str, Any]:
     """The failure statement's values but ``dead_letter``, which the writer adds once it has read the row."""
-    # The code and message are made storable, not refused: a handler's message
-    # often repeats a file name or an upstream reply, and a refused write would
-    # lose the failure (the lease would expire and the job run again).
+    # The code, message and evidence are made storable, not refused: a handler's
+    # message often repeats a file name or an upstream reply, and a refused write
+    # would lose the failure (the lease would expire and the job run again).
     return {
         "kind": failure.kind.value,
         "code": check.check_failure_code(failure.code),
         "message": check.storable_text(str(failure.message)),
         "retry_delay": delay_ms,
         "event_extra": check.serialize_json("event", extra),
+        "error_type": None if evidence.error_type is None else bounded_error_type(str(evidence.error_type)),
+        "traceback": None if evidence.traceback is None else bounded_traceback(str(evidence.traceback)),
     }
 
 

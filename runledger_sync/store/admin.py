@@ -25,7 +25,9 @@ from runledger_sync.core.types import JobStatus
 from runledger_sync.db.schema import job_attempts, job_dead_letters, job_events, job_queue
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
-from runledger_sync.store._rows import ATTEMPT_COLUMNS, DEAD_LETTER_COLUMNS, EVENT_COLUMNS, JOB_COLUMNS, to_job, to_record
+from runledger_sync.store._rows import (
+    ATTEMPT_COLUMNS, DEAD_LETTER_COLUMNS, DEAD_LETTERS, EVENT_COLUMNS, JOB_COLUMNS, to_job, to_record,
+)
 from runledger_sync.store._scope import check_job_id, scoped, status_is, status_parts
 
 # The architecture's fixed admin names (cancel, requeue, stats) and the other operator
@@ -178,7 +180,7 @@ def _check_status(status: Any) -> Optional[JobStatus]:
 
 
 def list_attempts(bind: Bind, job_id: UUID | str) -> list[JobAttemptRecord]:
-    """Return a job's attempts, oldest first.
+    """Return a job's attempts, oldest first, each failed one with its exception's ``error_type`` and ``traceback``.
 
     Args:
         bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
@@ -210,7 +212,8 @@ def get_dead_letter(bind: Bind, job_id: UUID | str) -> Optional[DeadLetterRecord
         bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
     """
-    statement = select(*DEAD_LETTER_COLUMNS).where(job_dead_letters.c.job_id == check_job_id(job_id))
+    statement = (select(*DEAD_LETTER_COLUMNS).select_from(DEAD_LETTERS)
+                 .where(job_dead_letters.c.job_id == check_job_id(job_id)))
     rows = _read(bind, statement)
     return to_record(DeadLetterRecord, rows[0]) if rows else None
 
@@ -223,7 +226,7 @@ def list_dead_letters(
     since: Optional[datetime] = None,
     limit: int = DEFAULT_LIST_LIMIT,
 ) -> list[DeadLetterRecord]:
-    """Return dead letters, most recent failure first.
+    """Return dead letters, most recent failure first, each with its failing exception's type and traceback.
 
     Args:
         bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
@@ -231,7 +234,7 @@ def list_dead_letters(
     """
     check.check_int("limit", limit, check.LIMIT_RANGE)
     dl = job_dead_letters.c
-    statement = select(*DEAD_LETTER_COLUMNS).order_by(dl.failed_at.desc()).limit(limit)
+    statement = select(*DEAD_LETTER_COLUMNS).select_from(DEAD_LETTERS).order_by(dl.failed_at.desc()).limit(limit)
     if job_type is not None:
         statement = statement.where(dl.job_type == check.check_job_type(job_type))
     if organization_id is not None:

@@ -30,6 +30,7 @@ from runledger_sync.core.errors import (
     LeaseOwnerMismatch,
     UnstartedClaimReleaseNotApplicable,
 )
+from runledger_sync.core.evidence import FailureEvidence
 from runledger_sync.core.outcomes import EarlierAttempts, dead_letter_reason
 from runledger_sync.core.records import JobRecord, LeaseIdentity
 from runledger_sync.core.types import JobCompletion, JobFailure, JobStatus
@@ -124,6 +125,8 @@ def complete_job_failure(
     worker_id: str,
     failure: JobFailure,
     retry_delay_ms: Optional[int],
+    error_type: Optional[str] = None,
+    traceback: Optional[str] = None,
 ) -> JobRecord:
     """Record a failed attempt: retry after ``retry_delay_ms``, or dead-letter the job.
 
@@ -136,6 +139,9 @@ def complete_job_failure(
     Args:
         bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
+        error_type: the failing exception's qualified type name, kept on the attempt
+            row (``runledger_sync.core.evidence`` makes it and ``traceback`` from an exception).
+        traceback: its traceback; cut in the middle to 8192 characters when longer.
 
     Returns:
         The row after the write: PENDING (retry) or DEAD_LETTERED.
@@ -147,7 +153,7 @@ def complete_job_failure(
     if not isinstance(failure, JobFailure):
         raise InvalidArgument("failure", failure, "a JobFailure")
     delay = 0 if retry_delay_ms is None or retry_delay_ms < 0 else check.check_int("retry_delay_ms", retry_delay_ms, (0, 2**62))
-    params = identity.params() | failure_params(failure, delay, {})
+    params = identity.params() | failure_params(failure, delay, {}, FailureEvidence(error_type, traceback))
 
     def work(connection: Connection) -> JobRecord:
         # Whether this attempt ends the job is the core's rule, asked of the locked row.

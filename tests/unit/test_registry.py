@@ -358,3 +358,26 @@ def test_transient_errors_are_kept_and_carried_by_a_wrapped_registry():
 def test_transient_errors_must_be_exception_classes(given):
     with pytest.raises(RegistrationError, match="transient_errors must"):
         JobRegistry(transient_errors=given)
+
+
+def test_failure_hooks_are_kept_in_order_and_a_wrapped_registry_runs_them_inside_its_wrapper():
+    registry = JobRegistry()
+    seen: list[str] = []
+    first = registry.on_failure(lambda ctx, payload, exception: seen.append(f"first {exception}"))
+    registry.on_failure(lambda ctx, payload, exception: seen.append("second"))
+
+    @contextlib.contextmanager
+    def around():
+        seen.append("enter")
+        yield
+        seen.append("exit")
+
+    assert registry.failure_hooks[0] is first and len(registry.failure_hooks) == 2
+    for hook in registry.wrapped(around).failure_hooks:
+        hook(make_ctx(), {}, KeyError("k"))
+    assert seen == ["enter", "first 'k'", "exit", "enter", "second", "exit"]
+
+
+def test_a_failure_hook_that_cannot_be_called_is_refused():
+    with pytest.raises(RegistrationError, match="on_failure takes a callable"):
+        JobRegistry().on_failure("not a function")

@@ -338,7 +338,9 @@ def test_panic_is_recorded_as_panicked_with_failure_and_dead_letter_events(engin
     assert dead == ("DEAD_LETTERED", 1, {"kind": "PANICKED", "error_code": "job.handler_panic"})
     assert job_row(engine, job.id).status == "DEAD_LETTERED"
     [panic_log] = records(logs, "job handler panicked")
-    assert "RuntimeError: boom" in panic_log.traceback
+    # The exception itself, for error trackers' logging integrations, and its type for log search.
+    assert (type(panic_log.exc_info[1]), str(panic_log.exc_info[1]), panic_log.error_type) == (
+        RuntimeError, "boom", "RuntimeError")
 
 
 class Unprintable(Exception):

@@ -96,10 +96,13 @@ def test_scrape_after_a_workload_has_every_family_and_the_counts_of_what_ran(eng
         "runledger_group_write_jobs": "histogram", "runledger_group_write_duration_seconds": "histogram",
         "runledger_heartbeat_failures": "counter", "runledger_lease_losses": "counter",
         **dict.fromkeys(QUEUE_FAMILIES, "gauge"),
+        "runledger_job_failures": "counter",
     }
     assert samples[("runledger_queue_up", ())] == 1
     assert samples[("runledger_jobs_total", (("job_type", "m.ok"), ("outcome", "succeeded")))] == 3
     assert samples[("runledger_jobs_total", (("job_type", "m.broken"), ("outcome", "dead_lettered")))] == 1
+    assert samples[("runledger_job_failures_total", (("error_type", "runledger_sync.core.types.JobFailure"),
+                                                     ("job_type", "m.broken")))] == 1
     assert samples[("runledger_job_handler_duration_seconds_count", (("job_type", "m.ok"),))] == 3
     assert samples[("runledger_job_pickup_latency_seconds_count", (("job_type", "m.ok"),))] == 3
     assert samples[("runledger_claim_batch_jobs_sum", ())] == 4

@@ -1,0 +1,40 @@
+"""The job and dead-letter pages show a failed attempt's exception type and traceback, escaped."""
+
+from __future__ import annotations
+
+import runledger_sync as rl
+from runledger_sync.core.records import LeaseIdentity
+from runledger_sync.store._claim import claim_jobs
+from runledger_sync.store.lifecycle import complete_job_failure
+from tests.db.web.conftest import EMAIL, HOSTILE, TOP, page
+
+
+def dead_lettered_with_evidence(db, error_type: str, traceback: str) -> rl.JobRecord:
+    job = rl.enqueue(db, EMAIL, {"n": 1}, priority=TOP)
+    [claimed] = claim_jobs(db, worker_id="web-worker", lease_ttl_seconds=60, limit=1, job_types=[EMAIL])
+    complete_job_failure(db, **LeaseIdentity.of(claimed).keywords(), retry_delay_ms=None,
+                         failure=rl.JobFailure.panicked("job.handler_panic", "Job handler panicked: 'x'"),
+                         error_type=error_type, traceback=traceback)
+    return job
+
+
+def test_both_pages_show_the_type_and_the_folded_traceback(db, client):
+    job = dead_lettered_with_evidence(db, "myapp.billing.Declined",
+                                      'Traceback (most recent call last):\n  File "app.py", line 9, in charge\n'
+                                      "myapp.billing.Declined: card declined\n")
+
+    for url in (f"/jobs/{job.id}", "/dead-letters"):
+        html = page(client, url)
+        assert '<div class="error-type"><code>myapp.billing.Declined</code></div>' in html, url
+        assert '<details class="traceback"><summary>Traceback</summary><pre>Traceback (most recent call last):' in html
+        assert "in charge" in html
+    assert 'id="dead-letter-error-type">myapp.billing.Declined</code>' in page(client, f"/jobs/{job.id}")
+
+
+def test_a_hostile_type_and_traceback_are_escaped(db, client):
+    job = dead_lettered_with_evidence(db, HOSTILE, f"Traceback (most recent call last):\n{HOSTILE}\n")
+
+    for url in (f"/jobs/{job.id}", "/dead-letters"):
+        html = page(client, url)
+        assert "<script>alert" not in html and "<img src=x" not in html, url
+        assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in html.split('class="traceback"', 1)[1]
