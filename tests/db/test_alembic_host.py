@@ -32,6 +32,8 @@ from tests.db.test_readme import readme_snippet
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 QUEUE_TABLES = {"job_definitions", "job_queue", "job_attempts", "job_events", "job_dead_letters"}
+#: The example host's newest revision: its merge of runledger-sync's newest.
+HOST_HEAD = "app_0005"
 NO_CHANGES = "No new upgrade operations detected."
 
 
@@ -233,17 +235,18 @@ def test_option_2_every_alembic_command_works_from_empty_to_head_and_back(
 
     # heads and history never run env.py: alembic.ini alone must find our versions.
     heads = ok(alembic("heads")).strip().splitlines()
-    assert len(heads) == 1 and heads[0].startswith("app_0004 ") and heads[0].endswith("(head)")
+    assert len(heads) == 1 and heads[0].startswith(f"{HOST_HEAD} ") and heads[0].endswith("(head)")
     history = ok(alembic("history"))
     assert "(runledger)" not in history  # no label of ours spreads to the app's revisions
-    assert "0001 -> app_0001" in history and "<base> -> 0001" in history and "-> app_0003" in history and "-> app_0004" in history
+    assert "0001 -> app_0001" in history and "<base> -> 0001" in history and "-> app_0003" in history
+    assert "-> app_0004" in history and f"-> {HOST_HEAD}" in history
 
     ok(alembic("upgrade", "head"))
 
     assert {"app_orders", "alembic_version"} | QUEUE_TABLES <= tables(engine)
     assert VERSION_TABLE not in tables(engine)
-    assert versions(engine, "alembic_version") == {"app_0004"}
-    assert "app_0004 (head)" in ok(alembic("current"))
+    assert versions(engine, "alembic_version") == {HOST_HEAD}
+    assert f"{HOST_HEAD} (head)" in ok(alembic("current"))
     assert NO_CHANGES in ok(alembic("check"))
     before = set((option_2_host / "versions").glob("*.py"))
     ok(alembic("revision", "--autogenerate", "-m", "probe"))
@@ -327,7 +330,7 @@ def test_option_2_upgrade_sql_writes_the_queue_ddl_and_the_script_builds_the_sch
             cursor.execute(script)
     finally:
         raw.close()
-    assert versions(engine, "alembic_version") == {"app_0004"}
+    assert versions(engine, "alembic_version") == {HOST_HEAD}
     rl_engine = rl.create_engine(empty_database)
     try:
         rl.check_schema(rl_engine)  # runledger's tables match this version's, found through the app's table
@@ -348,7 +351,7 @@ def test_option_1_upgrade_sql_fails_with_a_coded_error_and_changes_nothing(
 
 NEXT_RUNLEDGER_REVISION = '''"""A later runledger-sync's revision (a no-op here)."""
 revision = "0099"
-down_revision = "0004"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 
@@ -386,7 +389,8 @@ def test_option_2_a_newer_runledger_revision_is_merged_into_the_hosts_history(
     merged = set((option_2_host / "versions").glob("*.py")) - before
     assert len(merged) == 1
     assert sorted(p.name for p in (site / "runledger_sync" / "_alembic" / "versions").glob("*.py")) == [
-        "0001_queue_tables.py", "0002_job_schedules.py", "0003_hot_path_storage.py", "0004_workflows.py", "0099_next.py"
+        "0001_queue_tables.py", "0002_job_schedules.py", "0003_hot_path_storage.py", "0004_workflows.py",
+        "0005_flow_control.py", "0006_failure_evidence.py", "0099_next.py",
     ]
     ok(alembic("upgrade", "head"))
     assert versions(engine, "alembic_version") == {merged.pop().name.split("_", 1)[0]}
@@ -404,7 +408,7 @@ def test_option_2_migrate_refuses_to_move_tables_the_host_history_manages(
     assert cli.returncode == 1
     error, hint = cli.stderr.splitlines()
     assert error.startswith("error: db.schema_managed_by_host: runledger's tables are managed by your application's")
-    assert "alembic_version holds app_0004" in error and "alembic upgrade head" in error
+    assert f"alembic_version holds {HOST_HEAD}" in error and "alembic upgrade head" in error
     assert hint.startswith("hint: ") and "alembic upgrade head" in hint and "CREATE" not in hint
     assert VERSION_TABLE not in tables(engine)
     rl_engine = rl.create_engine(empty_database)
@@ -467,11 +471,11 @@ def test_option_2_with_an_editable_install_lists_the_printed_directory(
     shipped = sorted(path.name for path in editable_versions.glob("*.py"))
 
     heads = ok(alembic("heads")).strip().splitlines()
-    assert len(heads) == 1 and heads[0].startswith("app_0004 ")
+    assert len(heads) == 1 and heads[0].startswith(f"{HOST_HEAD} ")
     ok(alembic("upgrade", "head"))
 
     assert {"app_orders", "alembic_version"} | QUEUE_TABLES <= tables(engine)
-    assert versions(engine, "alembic_version") == {"app_0004"}
+    assert versions(engine, "alembic_version") == {HOST_HEAD}
     assert NO_CHANGES in ok(alembic("check"))
     before = set((option_2_host / "versions").glob("*.py"))
     ok(alembic("revision", "--autogenerate", "-m", "probe"))
