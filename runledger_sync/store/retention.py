@@ -160,9 +160,10 @@ class _Batches:
     """Runs one kind of batch (jobs of a status, or runs) until nothing old is left."""
 
     def __init__(self, bind: Bind, tally: _Tally, batch_size: int, dry_run: bool, exclusive: bool,
-                 max_batches: Optional[int]) -> None:
+                 max_batches: Optional[int], pause_seconds: float) -> None:
         self.bind, self.tally, self.batch_size = bind, tally, batch_size
         self.dry_run, self.exclusive, self.max_batches = dry_run, exclusive, max_batches
+        self.pause_seconds = pause_seconds
         self.owned = owns_transaction(bind)
 
     @property
@@ -180,6 +181,9 @@ class _Batches:
             after = (last_finished_at, last_id)
             if len(picked) < self.batch_size:
                 return
+            if self.pause_seconds and not self.stopped:
+                # Room for the live traffic between two batches: the prune is upkeep, never urgent.
+                time.sleep(self.pause_seconds)
 
     def _one(self, connection: Connection, kind: str, age: timedelta, status: Optional[str],
              after: Optional[tuple[Any, Any]]) -> Optional[list[tuple[Any, Any]]]:
@@ -222,6 +226,7 @@ def prune(
     dry_run: bool = False,
     exclusive: bool = False,
     max_batches: Optional[int] = None,
+    pause_seconds: float = 0.0,
 ) -> PruneResult:
     """Delete finished jobs and workflow runs older than ``retention``, in short batches; return the counts.
 
@@ -245,6 +250,8 @@ def prune(
             the workers' pruners use it, so only one prunes at a time.
         max_batches: stop after this many batches (``PruneResult.complete`` is then
             False if more may be left); None runs until nothing old is left.
+        pause_seconds: wait this long between two batches (0 to 10), leaving
+            room to live traffic on a busy server at the cost of a slower prune.
 
     Raises:
         InvalidArgument: a bad ``retention``, ``batch_size`` or ``max_batches``.
@@ -259,9 +266,11 @@ def prune(
     check.check_int("batch_size", batch_size, BATCH_SIZE_RANGE)
     if max_batches is not None:
         check.check_int("max_batches", max_batches, (1, 2**31 - 1))
+    if isinstance(pause_seconds, bool) or not isinstance(pause_seconds, (int, float)) or not 0 <= pause_seconds <= 10:
+        raise InvalidArgument("pause_seconds", pause_seconds, "a number of seconds from 0 to 10")
     started = time.monotonic()
     tally = _Tally()
-    batches = _Batches(bind, tally, batch_size, bool(dry_run), bool(exclusive), max_batches)
+    batches = _Batches(bind, tally, batch_size, bool(dry_run), bool(exclusive), max_batches, float(pause_seconds))
     ages = {
         JobStatus.SUCCEEDED: retention.succeeded,
         JobStatus.CANCELED: retention.canceled,
