@@ -26,9 +26,9 @@ log = get_logger(__name__)
 #: Batches one turn may run before it lets shutdown (and the other workers) in.
 BATCHES_PER_TURN = 20
 #: Smaller batches with a pause between them than rl.prune's default: with them the
-#: live traffic's pickup p95 rose 1.9x during a prune of 100,000 jobs, 2.2-2.5x
-#: during one flat out (bench/retention.py, bench/README.md), and some 6,000 jobs a
-#: second is ample upkeep.
+#: live traffic's pickup p95 rose 1.9x and 2.2x during prunes of 100,000 and
+#: 1,000,000 jobs, against 2.2-2.5x flat out (bench/retention.py, bench/README.md),
+#: and some 5,000 jobs a second is ample upkeep.
 BATCH_SIZE = 500
 PAUSE_SECONDS = 0.05
 #: Wait before the next turn when a turn stopped with rows left.
