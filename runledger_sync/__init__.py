@@ -77,6 +77,7 @@ from runledger_sync.core.workflow import (
 from runledger_sync.core.workflow_errors import InvalidWorkflow, WorkflowRunNotFound
 from runledger_sync.core.flow import JobWait, QueueLoad, QueueRecord, RateLimit, WaitReason
 from runledger_sync.core.queue_errors import InvalidQueueSetting, QueueNotFound
+from runledger_sync.core.retention import PruneResult, Retention
 from runledger_sync.db.embedded import EmbeddedPostgres
 from runledger_sync.db.engine import create_engine, mask_url, mask_urls_in, with_schema
 from runledger_sync.db.migrate import check_schema, current_revision, downgrade, head_revision, migrate, migration_sql
@@ -113,6 +114,7 @@ from runledger_sync.store.queues import (
     queue_loads,
     resume_queue,
 )
+from runledger_sync.store.retention import prune
 from runledger_sync.store.schedules import (
     delete_schedule,
     get_schedule,
@@ -174,6 +176,7 @@ __all__ = [
     "MissingExtra",
     "OutputTooLarge",
     "PoolMode",
+    "PruneResult",
     "QueueGauges",
     "QueueLoad",
     "QueueNotFound",
@@ -181,6 +184,7 @@ __all__ = [
     "QueueStats",
     "RateLimit",
     "RegistrationError",
+    "Retention",
     "RunledgerError",
     "RuntimeLoopExit",
     "ScheduleNotFound",
@@ -239,6 +243,7 @@ __all__ = [
     "migration_sql",
     "pause_queue",
     "pause_schedule",
+    "prune",
     "queue_gauges",
     "queue_loads",
     "queue_stats",

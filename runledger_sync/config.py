@@ -19,6 +19,7 @@ from runledger_sync.config_env import MAX_CLAIM_BATCH_SIZE, EnvAdjustment, read_
 from runledger_sync.core import backoff
 from runledger_sync.core.errors import ConfigError, ValidationError
 from runledger_sync.core.ids import uuid7
+from runledger_sync.core.retention import Retention
 from runledger_sync.core.types import EventLog
 from runledger_sync.core.flow import check_queue_name
 from runledger_sync.core.validation import WORKER_ID_MAX_LENGTH, check_job_type, check_text
@@ -41,6 +42,10 @@ DEFAULT_JOB_TYPES: Optional[tuple[str, ...]] = None
 DEFAULT_LOG_PAYLOADS: bool = False
 #: Every event of the spec; ``transitions`` leaves out LEASED, STAGE_CHANGED to running and HEARTBEAT.
 DEFAULT_EVENT_LOG: str = EventLog.FULL.value
+
+#: On: succeeded and canceled jobs kept 7 days, dead-lettered jobs and finished workflow runs 30.
+DEFAULT_RETENTION: Optional[Retention] = Retention()
+DEFAULT_PRUNE_INTERVAL_SECONDS: float = 300
 
 #: Every queue.
 DEFAULT_QUEUES: Optional[tuple[str, ...]] = None
@@ -71,6 +76,7 @@ REAPER_FIELDS: tuple[str, ...] = (
     "dead_letter_hook_timeout_seconds",
 )
 SCHEDULER_FIELDS: tuple[str, ...] = ("claim_batch_size", "schedule_poll_interval_seconds")
+PRUNER_FIELDS: tuple[str, ...] = ("retention", "prune_interval_seconds")
 
 
 def generate_worker_id() -> str:
@@ -113,6 +119,10 @@ class JobsConfig:
         event_log: Which events the worker writes: ``full`` (every event of the
             spec) or ``transitions`` (no LEASED, no STAGE_CHANGED to running, no
             HEARTBEAT rows; bench/README.md has what it saves).
+        retention: How long finished jobs and workflow runs are kept before the
+            pruner deletes them (:class:`runledger_sync.Retention`); None keeps
+            everything and runs no pruner.
+        prune_interval_seconds: Wait between prunes (one worker prunes at a time).
     """
 
     worker_id: str = field(default_factory=generate_worker_id)
@@ -134,6 +144,8 @@ class JobsConfig:
     queue_concurrency: Optional[Mapping[str, int]] = DEFAULT_QUEUE_CONCURRENCY
     log_payloads: bool = DEFAULT_LOG_PAYLOADS
     event_log: str = DEFAULT_EVENT_LOG
+    retention: Optional[Retention] = DEFAULT_RETENTION
+    prune_interval_seconds: float = DEFAULT_PRUNE_INTERVAL_SECONDS
 
     def __post_init__(self) -> None:
         # A list would make the frozen config unhashable; anything else that is
@@ -240,6 +252,14 @@ class JobsConfig:
             ConfigError: One or more of those fields are out of range.
         """
         return self._validate_fields(SCHEDULER_FIELDS)
+
+    def validate_pruner(self) -> "JobsConfig":
+        """Check only the fields the pruner reads (:data:`PRUNER_FIELDS`).
+
+        Raises:
+            ConfigError: One or more of those fields are out of range.
+        """
+        return self._validate_fields(PRUNER_FIELDS)
 
     def _validate_fields(self, names: tuple[str, ...]) -> "JobsConfig":
         problems = [p for p in (_CHECKS[name](self) for name in names) if p is not None]
@@ -379,6 +399,13 @@ def _check_event_log(config: JobsConfig) -> Optional[str]:
     return _problem("event_log", f"be one of {', '.join(repr(level) for level in levels)}", config.event_log)
 
 
+def _check_retention(config: JobsConfig) -> Optional[str]:
+    # Retention checks its own ages when it is built; anything else is refused here.
+    if config.retention is None or isinstance(config.retention, Retention):
+        return None
+    return _problem("retention", "be an rl.Retention or None", config.retention)
+
+
 _CHECKS: Mapping[str, Callable[[JobsConfig], Optional[str]]] = {
     "worker_id": _check_worker_id,
     "poll_interval_ms": _number("poll_interval_ms", above=0),
@@ -399,6 +426,8 @@ _CHECKS: Mapping[str, Callable[[JobsConfig], Optional[str]]] = {
     "queue_concurrency": _check_queue_concurrency,
     "log_payloads": _check_log_payloads,
     "event_log": _check_event_log,
+    "retention": _check_retention,
+    "prune_interval_seconds": _number("prune_interval_seconds", above=0),
 }
 
 

@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Optional
 
+from runledger_sync.core.errors import InvalidArgument
+from runledger_sync.core.retention import Retention
 from runledger_sync.core.types import EventLog
 
 #: The largest claim batch both validate() and from_env() allow.
@@ -44,6 +46,7 @@ _ENV_CLAMPS: Mapping[str, tuple[float, Optional[float]]] = {
     "reaper_interval_seconds": (1, None),
     "schedule_poll_interval_seconds": (1, None),
     "reaper_retry_delay_ms": (1000, None),
+    "prune_interval_seconds": (1, None),
 }
 
 # How a default that is not a plain number reads in a start-up warning.
@@ -52,6 +55,7 @@ _DEFAULT_WORDS: Mapping[str, str] = {
     "job_types": "every registered type",
     "queues": "every queue",
     "queue_concurrency": "no cap per queue",
+    "retention": "the default retention",
 }
 
 @dataclass(frozen=True)
@@ -174,6 +178,13 @@ def _parse_event_log(raw: str) -> Any:
     return lowered if lowered in {level.value for level in EventLog} else _UNPARSEABLE
 
 
+def _parse_retention(raw: str) -> Any:
+    try:
+        return Retention.parse(raw)
+    except InvalidArgument:
+        return _UNPARSEABLE
+
+
 _ENV_PARSERS: Mapping[str, Callable[[str], Any]] = {
     "worker_id": lambda raw: raw,
     "poll_interval_ms": _parse_number,
@@ -194,6 +205,8 @@ _ENV_PARSERS: Mapping[str, Callable[[str], Any]] = {
     "queue_concurrency": _parse_queue_concurrency,
     "log_payloads": _parse_bool,
     "event_log": _parse_event_log,
+    "retention": _parse_retention,
+    "prune_interval_seconds": _parse_number,
 }
 
 
@@ -205,6 +218,7 @@ _UNPARSEABLE_REASONS: Mapping[Callable[[str], Any], str] = {
     _parse_job_types: "names no job type (expected a comma-separated list)",
     _parse_event_log: "is not an event log level (expected full or transitions)",
     _parse_queue_concurrency: "is not a list of queue=count (expected e.g. mail=2,default=8)",
+    _parse_retention: "is not a retention (expected off, or kind=age pairs such as succeeded=7d,dead_lettered=keep)",
     _ENV_PARSERS["worker_id"]: "is not a worker id",
 }
 

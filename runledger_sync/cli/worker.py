@@ -109,6 +109,8 @@ def _coerce(field: dataclasses.Field, raw: Any) -> Any:
     option = f"--{field.name.replace('_', '-')}"
     text = str(raw).strip()
     try:
+        if "Retention" in kind:
+            return rl.Retention.parse(text, argument=option)
         if "bool" in kind:
             if text.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
                 raise ValueError(text)
@@ -121,6 +123,8 @@ def _coerce(field: dataclasses.Field, raw: Any) -> Any:
             return int(text)
         if "float" in kind:
             return float(text)
+    except rl.InvalidArgument as error:
+        raise _refuse([error.message], CONFIG_HINT) from None
     except ValueError:
         raise _refuse([f"{option} must be a {kind.replace('Optional[', '').rstrip(']')}, got {text!r}"],
                       CONFIG_HINT) from None

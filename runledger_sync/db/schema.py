@@ -282,6 +282,17 @@ Index(
     job_queue.c.id.desc(),
     postgresql_where=text(f"organization_id IS NOT NULL AND {RESTING}"),
 )
+# Retention (revision 0007): finished jobs outside workflows, by status and age, so
+# a prune reads only the oldest of the rows it may delete. A success writes one
+# entry here; the running write, which changes neither column, stays HOT.
+FINISHED_STANDALONE = "status IN ('SUCCEEDED', 'CANCELED', 'DEAD_LETTERED') AND workflow_step_id IS NULL"
+Index(
+    "idx_job_queue_finished",
+    job_queue.c.status,
+    job_queue.c.finished_at,
+    job_queue.c.id,
+    postgresql_where=text(FINISHED_STANDALONE),
+)
 Index(
     "uq_job_queue_type_idempotency_org",
     job_queue.c.job_type,

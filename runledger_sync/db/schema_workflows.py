@@ -40,6 +40,10 @@ Index(
     workflow_runs.c.created_at.desc(),
     workflow_runs.c.id.desc(),
 )
+# Retention (revision 0007): finished runs by age, the prune's walk.
+FINISHED_RUNS = "status IN ('SUCCEEDED', 'COMPLETED_WITH_ERRORS', 'CANCELED')"
+Index("idx_workflow_runs_finished", workflow_runs.c.finished_at, workflow_runs.c.id,
+      postgresql_where=text(FINISHED_RUNS))
 Index(
     "idx_workflow_runs_org_created",
     workflow_runs.c.organization_id,

@@ -11,7 +11,7 @@ goes on claiming.
 from __future__ import annotations
 
 import threading
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Union
 
 from sqlalchemy.engine import Engine
 
@@ -21,6 +21,7 @@ from runledger_sync.core.queue_errors import QueueNotFound
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.periodic import run_periodically
+from runledger_sync.runtime.pruning import Pruner
 from runledger_sync.store.driver import forget_worker, list_queues, record_worker
 
 log = get_logger(__name__)
@@ -123,3 +124,17 @@ class WorkerRow:
         except Exception as error:  # noqa: BLE001 - a row left behind counts as a worker gone within a minute
             log.warning("worker row could not be removed",
                         extra={"worker_id": self.config.worker_id, "error": str(error)})
+
+
+#: A thread of upkeep beside the loops: started with them, joined when they stop.
+Upkeep = Union[WorkerRow, Pruner]
+
+
+def start_upkeep(
+    bind: Engine, registry: JobRegistry, config: JobsConfig, shutdown_event: threading.Event, prunes: bool,
+) -> list[Upkeep]:
+    """Start the worker's row and, where ``prunes`` (the process reaps) and a retention is set, the pruner."""
+    started: list[Upkeep] = [WorkerRow(bind, registry, config, shutdown_event).start()]
+    if prunes and config.retention is not None:
+        started.append(Pruner(bind, config, shutdown_event).start())
+    return started

@@ -8,7 +8,7 @@ With ``processes=N`` (N > 1) the loops run in N child processes instead
 
 While the loops run, each worker keeps its row in ``job_workers`` (which queues
 and types it serves, for an operator asking why a job waits) and deletes it when
-it stops (:mod:`runledger_sync.runtime.serving`).
+it stops (:mod:`runledger_sync.runtime.serving`); one that reaps also prunes (``config.retention``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from runledger_sync.runtime.processes import CHECK_SECONDS, EXIT_REFUSED, ChildS
 from runledger_sync.runtime.processes import log as process_log
 from runledger_sync.runtime.reaper import run_reaper_loop
 from runledger_sync.runtime.scheduler import run_scheduler_loop
-from runledger_sync.runtime.serving import WorkerRow, check_queues_exist
+from runledger_sync.runtime.serving import Upkeep, check_queues_exist, start_upkeep
 from runledger_sync.runtime.worker import run_worker_loop
 
 log = get_logger(__name__)
@@ -63,7 +63,7 @@ class Supervisor:
     """Own the worker, reaper and scheduler threads of one process.
 
     Args:
-        run_reaper: recover expired leases in this process (any number may).
+        run_reaper: recover expired leases (any number may) and prune past ``config.retention`` here.
         run_scheduler: fire due cron schedules in this process (any number may:
             each due instant is enqueued once). False for processes that should only work.
         processes: 1 (the default) runs the loops as threads of this process. N > 1
@@ -120,7 +120,7 @@ class Supervisor:
         if run_scheduler:
             self._loops["scheduler"] = functools.partial(run_scheduler_loop, marks=self._marks)
         self._threads: list[threading.Thread] = []
-        self._worker_row: Optional[WorkerRow] = None
+        self._helpers: list[Upkeep] = []
         self._exits: dict[str, Any] = {}
         self._failure: Optional[str] = None
         self._probe = DatabaseProbe(engine)
@@ -224,7 +224,8 @@ class Supervisor:
             self._threads.append(thread)
             thread.start()
         if isinstance(self.engine, Engine):  # a caller's Connection must not be shared with another thread
-            self._worker_row = WorkerRow(self.engine, self.registry, self.config, self.shutdown_event).start()
+            self._helpers = start_upkeep(self.engine, self.registry, self.config, self.shutdown_event,
+                                         prunes="reaper" in self._loops)
         log.info("supervisor started", extra={"worker_id": self.config.worker_id, "loops": list(self._loops)})
         return self
 
@@ -271,9 +272,9 @@ class Supervisor:
                 if self.running:
                     log.warning("supervisor stop timed out with loops still running",
                                 extra={"timeout_seconds": timeout})
-            if self._worker_row is not None:
-                # It deleted its row when shutdown was set; this only waits for that write.
-                self._worker_row.join(STOP_MARGIN_SECONDS)
+            for helper in self._helpers:
+                # The row was deleted and the prune stopped when shutdown was set; this waits for that.
+                helper.join(STOP_MARGIN_SECONDS)
             return drained
         finally:
             self._probe.close()

@@ -49,8 +49,8 @@ Notify and listen
     ``send_probe`` to prove it still hears.
 
 Maintenance
-    ``reap_expired_leases`` (the reaper's batch) and ``fire_due_schedules``
-    (the scheduler's tick).
+    ``reap_expired_leases`` (the reaper's batch), ``fire_due_schedules``
+    (the scheduler's tick) and ``prune`` (retention's batches).
 
 Workers
     ``record_worker`` says a worker is alive and which queues and types it
@@ -88,6 +88,7 @@ from runledger_sync.store._schedule_tick import fire_due_schedules
 from runledger_sync.store.admin import get_job
 from runledger_sync.store.lifecycle import complete_job_success, release_unstarted_job_claim
 from runledger_sync.store.queues import list_queues
+from runledger_sync.store.retention import prune
 from runledger_sync.store.workflows import load_step, step_output
 
 __all__ = [
@@ -128,6 +129,7 @@ __all__ = [
     # maintenance
     "reap_expired_leases",
     "fire_due_schedules",
+    "prune",
     # workers
     "record_worker",
     "forget_worker",

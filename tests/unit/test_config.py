@@ -550,3 +550,27 @@ def test_validate_refuses_an_unknown_event_log(value):
 def test_validate_accepts_either_level_as_enum_or_text():
     for value in (EventLog.FULL, EventLog.TRANSITIONS, "full", "transitions"):
         assert JobsConfig(event_log=value).validate().event_log == value
+
+
+def test_retention_is_on_by_default_and_read_from_the_environment():
+    from datetime import timedelta
+
+    from runledger_sync.core.retention import Retention
+
+    assert JobsConfig().retention == Retention(
+        succeeded=timedelta(days=7), canceled=timedelta(days=7),
+        dead_lettered=timedelta(days=30), workflow_runs=timedelta(days=30))
+    assert JobsConfig.from_env({"RUNLEDGER_RETENTION": "off"}).retention is None
+    read = JobsConfig.from_env({"RUNLEDGER_RETENTION": "succeeded=12h,dead_lettered=keep"}).retention
+    assert read == Retention(succeeded=timedelta(hours=12), dead_lettered=None)
+    bent = JobsConfig.from_env({"RUNLEDGER_RETENTION": "forever-ish"})
+    assert bent.retention == Retention() and bent.env_adjustments[0].field == "retention"
+    with pytest.raises(ConfigError, match="RUNLEDGER_RETENTION"):
+        JobsConfig.from_env({"RUNLEDGER_RETENTION": "forever-ish"}, strict=True)
+
+
+def test_retention_and_the_prune_interval_are_validated():
+    with pytest.raises(ConfigError) as refused:
+        JobsConfig(retention={"succeeded": 1}, prune_interval_seconds=0).validate_pruner()  # type: ignore[arg-type]
+    assert len(refused.value.problems) == 2
+    assert JobsConfig(retention=None).validate() is not None
