@@ -59,10 +59,9 @@ from runledger_sync.core.types import (
     JobEventType,
     JobFailure,
     JobFailureKind,
-    JobStage,
-    JobStatus,
     RuntimeLoopExit,
 )
+from runledger_sync.core.states import JobStage, JobStatus
 from runledger_sync.core.workflow import (
     Workflow,
     WorkflowContext,

@@ -11,7 +11,7 @@ from uuid import UUID
 from runledger_sync.core import validation as check
 from runledger_sync.core.cron import check_timezone, parse_cron
 from runledger_sync.core.errors import LeaseOwnerMismatch
-from runledger_sync.core.types import JobStage, JobStatus
+from runledger_sync.core.states import JobStage, JobStatus
 
 
 @dataclass(frozen=True)

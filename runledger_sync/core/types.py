@@ -1,4 +1,8 @@
-"""The job lifecycle's vocabulary: statuses, stages, failures and the handler's context."""
+"""The job lifecycle's vocabulary: failures, outcomes and the handler's context.
+
+A job's status and stage are in :mod:`runledger_sync.core.states`, which the
+records use too (so the records and this module do not import each other).
+"""
 
 from __future__ import annotations
 
@@ -13,37 +17,6 @@ from runledger_sync.core.flag import Flag
 if TYPE_CHECKING:
     from runledger_sync.core.records import JobRecord
     from runledger_sync.core.workflow import WorkflowContext
-
-
-class JobStatus(str, enum.Enum):
-    """Where a job row is in its lifecycle (column ``job_queue.status``)."""
-
-    #: Into: enqueue, retry, unstarted release, reaper retry, requeue. Out: claim, cancel.
-    PENDING = "PENDING"
-    #: Into: claim. Out: success, failure, release, reaper, cancel.
-    LEASED = "LEASED"
-    #: Into: complete success. Out: requeue.
-    SUCCEEDED = "SUCCEEDED"
-    #: Into: terminal failure, exhausted attempts, reaper. Out: requeue.
-    DEAD_LETTERED = "DEAD_LETTERED"
-    #: Into: cancel. Out: requeue.
-    CANCELED = "CANCELED"
-
-    @property
-    def is_terminal(self) -> bool:
-        return self in TERMINAL_STATUSES
-
-
-TERMINAL_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.DEAD_LETTERED, JobStatus.CANCELED})
-
-
-class JobStage(str, enum.Enum):
-    """The coarse execution stage shown to operators (column ``job_queue.stage``)."""
-
-    QUEUED = "queued"
-    SCHEDULED = "scheduled"
-    RUNNING = "running"
-    COMPLETED = "completed"
 
 
 class JobFailureKind(str, enum.Enum):

@@ -45,7 +45,8 @@ from sqlalchemy.schema import DDL
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
 from runledger_sync.core.evidence import MAX_ERROR_TYPE_CHARS, MAX_TRACEBACK_CHARS
-from runledger_sync.core.types import ClaimOrigin, JobEventType, JobFailureKind, JobStage, JobStatus
+from runledger_sync.core.types import ClaimOrigin, JobEventType, JobFailureKind
+from runledger_sync.core.states import JobStage, JobStatus
 
 metadata = MetaData(
     naming_convention={

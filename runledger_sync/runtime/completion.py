@@ -33,7 +33,8 @@ from runledger_sync.core.outcomes import (
     decide_failure,
 )
 from runledger_sync.core.store_errors import CommitOutcomeUnknown, ConnectionFailed
-from runledger_sync.core.types import JobCompletion, JobFailure, JobStatus
+from runledger_sync.core.types import JobCompletion, JobFailure
+from runledger_sync.core.states import JobStatus
 from runledger_sync.core.workflow_errors import WorkflowReleaseConflict
 from runledger_sync.logging import get_logger
 from runledger_sync.runtime.attempt import JobExecution

@@ -20,9 +20,7 @@ from runledger_sync.core.outcomes import (
     timeout_failure,
 )
 from runledger_sync.core.store_errors import ConnectionFailed
-from runledger_sync.core.types import (
-    JobStatus,
-)
+from runledger_sync.core.states import JobStatus
 from runledger_sync.logging import get_logger
 from runledger_sync.runtime.attempt import JobExecution
 from runledger_sync.runtime.completion import finish

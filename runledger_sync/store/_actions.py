@@ -14,7 +14,8 @@ from sqlalchemy.engine import Connection
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidStateTransition, JobNotFound, WorkflowRequeueNotSupported
 from runledger_sync.core.records import JobRecord
-from runledger_sync.core.types import JobEventType, JobStage, JobStatus
+from runledger_sync.core.types import JobEventType
+from runledger_sync.core.states import JobStage, JobStatus
 from runledger_sync.db.schema import job_attempts, job_events, job_queue
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction

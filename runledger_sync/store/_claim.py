@@ -30,12 +30,8 @@ from runledger_sync.core.errors import (
 from runledger_sync.core.ids import uuid7_strings
 from runledger_sync.core.records import JobRecord
 from runledger_sync.core.workflow import WorkflowStepStatus
-from runledger_sync.core.types import (
-    ClaimOrigin,
-    EventLog,
-    JobEventType,
-    JobStatus,
-)
+from runledger_sync.core.types import ClaimOrigin, EventLog, JobEventType
+from runledger_sync.core.states import JobStatus
 from runledger_sync.db.schema import job_attempts, job_queue
 from runledger_sync.db.schema_workflows import workflow_steps
 from runledger_sync.store._binds import Bind

@@ -26,7 +26,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 
 from runledger_sync.core.flow import check_queue_name
 from runledger_sync.core import validation as check
-from runledger_sync.core.types import JobStatus
+from runledger_sync.core.states import JobStatus
 from runledger_sync.db.schema import job_queue, job_queues
 from runledger_sync.db.schema_queues import job_queue_rate_claims
 

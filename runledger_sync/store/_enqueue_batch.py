@@ -46,7 +46,8 @@ from runledger_sync.core.errors import (
 from runledger_sync.core.flow import check_optional_concurrency_key, check_optional_queue_name
 from runledger_sync.core.ids import uuid7_strings
 from runledger_sync.core.records import JobRecord, JobSpec
-from runledger_sync.core.types import JobEventType, JobStage
+from runledger_sync.core.types import JobEventType
+from runledger_sync.core.states import JobStage
 from runledger_sync.db.schema import job_definitions, job_events, job_queue
 from runledger_sync.store._prepared import PreparedStatement
 from runledger_sync.store._rows import JOB_COLUMNS, to_job, to_jobs

@@ -30,7 +30,7 @@ from sqlalchemy.engine import Connection, CursorResult
 
 from runledger_sync.core.errors import LeaseOwnerMismatch
 from runledger_sync.core.records import JobRecord, LeaseIdentity
-from runledger_sync.core.types import JobStatus
+from runledger_sync.core.states import JobStatus
 from runledger_sync.db.schema import job_queue
 from runledger_sync.store._prepared import PreparedStatement, execute_in_turn
 from runledger_sync.store._rows import to_job

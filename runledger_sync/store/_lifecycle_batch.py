@@ -25,7 +25,8 @@ from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidCompletionProgress, InvalidProgress, LeaseOwnerMismatch
 from runledger_sync.core.outcomes import DeadLetter, EarlierAttempts, Retry, Succeed
 from runledger_sync.core.records import LeaseIdentity
-from runledger_sync.core.types import EventLog, JobCompletion, JobStatus
+from runledger_sync.core.types import EventLog, JobCompletion
+from runledger_sync.core.states import JobStatus
 from runledger_sync.core.workflow_errors import WorkflowReleaseConflict
 from runledger_sync.db.schema import job_attempts, job_queue
 from runledger_sync.store._binds import Bind

@@ -15,7 +15,8 @@ from sqlalchemy import Integer, bindparam, func, select
 from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
-from runledger_sync.core.types import JobEventType, JobStatus
+from runledger_sync.core.types import JobEventType
+from runledger_sync.core.states import JobStatus
 from runledger_sync.db.schema import job_events, job_queue
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction

@@ -20,11 +20,8 @@ from runledger_sync.core.errors import (
 )
 from runledger_sync.core.outcomes import EarlierAttempts, dead_letter_reason, lease_expired_failure
 from runledger_sync.core.records import JobRecord, LeaseIdentity, ReapedDeadLetter, ReapResult
-from runledger_sync.core.types import (
-    ClaimOrigin,
-    JobStage,
-    JobStatus,
-)
+from runledger_sync.core.types import ClaimOrigin
+from runledger_sync.core.states import JobStage, JobStatus
 from runledger_sync.db.schema import job_attempts, job_queue
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction

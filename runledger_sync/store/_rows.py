@@ -15,7 +15,7 @@ from runledger_sync.core.records import (
     JobEventRecord,
     JobRecord,
 )
-from runledger_sync.core.types import JobStage, JobStatus
+from runledger_sync.core.states import JobStage, JobStatus
 from runledger_sync.db.schema import job_attempts, job_dead_letters, job_definitions, job_events, job_queue
 
 R = TypeVar("R")

@@ -16,7 +16,8 @@ from sqlalchemy.dialects.postgresql import JSONB
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidLeaseDuration, RunledgerError
 from runledger_sync.core.records import JobRecord, LeaseIdentity
-from runledger_sync.core.types import EventLog, JobEventType, JobStage, JobStatus
+from runledger_sync.core.types import EventLog, JobEventType
+from runledger_sync.core.states import JobStage, JobStatus
 from runledger_sync.db.schema import job_attempts, job_events, job_queue
 from runledger_sync.store import admin
 from runledger_sync.store._binds import Bind

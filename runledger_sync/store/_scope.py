@@ -9,7 +9,7 @@ from sqlalchemy import Text, literal_column
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidArgument
-from runledger_sync.core.types import JobStatus
+from runledger_sync.core.states import JobStatus
 from runledger_sync.db.schema import job_queue
 
 _q = job_queue.c

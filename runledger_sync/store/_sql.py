@@ -22,10 +22,8 @@ from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidArgument
 from runledger_sync.core.records import LeaseIdentity
-from runledger_sync.core.types import (
-    EventLog,
-    JobStatus,
-)
+from runledger_sync.core.types import EventLog
+from runledger_sync.core.states import JobStatus
 from runledger_sync.db.schema import job_attempts, job_events, job_queue
 
 _q = job_queue.c

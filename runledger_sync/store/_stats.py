@@ -9,7 +9,7 @@ from typing import Any, Optional
 from sqlalchemy import func, select, union_all
 from sqlalchemy.engine import Connection
 
-from runledger_sync.core.types import JobStatus
+from runledger_sync.core.states import JobStatus
 from runledger_sync.db.schema import job_queue
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction

@@ -33,13 +33,8 @@ from sqlalchemy.engine import Connection
 from runledger_sync.core import validation as check
 from runledger_sync.core.evidence import NO_EVIDENCE, FailureEvidence, bounded_error_type, bounded_traceback
 from runledger_sync.core.outcomes import EarlierAttempts
-from runledger_sync.core.types import (
-    ClaimOrigin,
-    JobEventType,
-    JobFailure,
-    JobStage,
-    JobStatus,
-)
+from runledger_sync.core.types import ClaimOrigin, JobEventType, JobFailure
+from runledger_sync.core.states import JobStage, JobStatus
 from runledger_sync.db.schema import job_attempts, job_dead_letters, job_events, job_queue
 from runledger_sync.store._fence import held_under, one_lease
 from runledger_sync.store._prepared import PreparedStatement

@@ -11,7 +11,8 @@ from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
-from runledger_sync.core.types import JobEventType, JobStatus
+from runledger_sync.core.types import JobEventType
+from runledger_sync.core.states import JobStatus
 from runledger_sync.core.workflow import (
     STEP_KEY_MAX_LENGTH,
     WorkflowRunRecord,

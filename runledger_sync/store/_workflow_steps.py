@@ -24,7 +24,8 @@ from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.engine import Connection
 
 from runledger_sync.core.ids import uuid7
-from runledger_sync.core.types import JobEventType, JobStatus
+from runledger_sync.core.types import JobEventType
+from runledger_sync.core.states import JobStatus
 from runledger_sync.core.workflow import (
     WorkflowReleaseMode,
     WorkflowRunStatus,

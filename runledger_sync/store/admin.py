@@ -21,7 +21,7 @@ from sqlalchemy import func, select, tuple_, union_all
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidArgument
 from runledger_sync.core.records import DeadLetterRecord, JobAttemptRecord, JobEventRecord, JobRecord
-from runledger_sync.core.types import JobStatus
+from runledger_sync.core.states import JobStatus
 from runledger_sync.db.schema import job_attempts, job_dead_letters, job_events, job_queue
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction

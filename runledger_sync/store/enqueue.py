@@ -22,7 +22,7 @@ from runledger_sync.core.errors import DefinitionNotFoundOrDisabled
 from runledger_sync.core.flow import check_queue_name
 from runledger_sync.core.records import JobDefinition, JobRecord, JobSpec
 from runledger_sync.core.store_errors import ConnectionFailed
-from runledger_sync.core.types import JobStage
+from runledger_sync.core.states import JobStage
 from runledger_sync.db.schema import job_definitions, job_queues
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._enqueue_batch import prepare_chunk, require_read_committed, write_chunk

@@ -33,7 +33,8 @@ from runledger_sync.core.errors import (
 from runledger_sync.core.evidence import FailureEvidence
 from runledger_sync.core.outcomes import EarlierAttempts, dead_letter_reason
 from runledger_sync.core.records import JobRecord, LeaseIdentity
-from runledger_sync.core.types import JobCompletion, JobFailure, JobStatus
+from runledger_sync.core.types import JobCompletion, JobFailure
+from runledger_sync.core.states import JobStatus
 from runledger_sync.db.schema import job_queue
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction

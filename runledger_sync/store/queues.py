@@ -35,7 +35,7 @@ from runledger_sync.core.flow import (
     check_queue_name,
 )
 from runledger_sync.core.queue_errors import QueueNotFound
-from runledger_sync.core.types import JobStatus
+from runledger_sync.core.states import JobStatus
 from runledger_sync.db.schema import job_definitions, job_queue, job_queues
 from runledger_sync.db.schema_queues import KEY_LOCK, job_queue_rate_claims
 from runledger_sync.store._binds import Bind

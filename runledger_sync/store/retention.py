@@ -30,7 +30,7 @@ from sqlalchemy.engine import Connection
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidArgument
 from runledger_sync.core.retention import PruneResult, Retention
-from runledger_sync.core.types import JobStatus
+from runledger_sync.core.states import JobStatus
 from runledger_sync.core.workflow import WorkflowRunStatus
 from runledger_sync.db.schema import job_attempts, job_dead_letters, job_events, job_queue
 from runledger_sync.db.schema_workflows import workflow_runs, workflow_steps

@@ -28,7 +28,7 @@ from runledger_sync.core.records import (
     ScheduleSpec,
 )
 from runledger_sync.core.store_errors import DefinitionNotFound
-from runledger_sync.core.types import JobStage
+from runledger_sync.core.states import JobStage
 from runledger_sync.db.schema import job_definitions, job_schedules
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction

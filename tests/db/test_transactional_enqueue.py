@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 import runledger_sync as rl
 from runledger_sync.core.records import JobSpec, LeaseIdentity
-from runledger_sync.core.types import JobStatus
+from runledger_sync.core.states import JobStatus
 from runledger_sync.store import admin, lifecycle
 from runledger_sync.store._running import mark_job_running
 from tests.handlers import fast_config

@@ -51,12 +51,7 @@ ALLOWED_CYCLES: dict[frozenset[str], str] = {}
 #: Cycles closed only by an import inside a function or under TYPE_CHECKING: no
 #: module is left half-initialised, but each is a place where two modules know
 #: each other. The list is exact: a new one, or one that is gone, fails.
-DEFERRED_CYCLES: dict[frozenset[str], str] = {
-    frozenset({
-        "runledger_sync.core.records",
-        "runledger_sync.core.types",
-    }): "types.py names JobRecord in annotations only (JobContext.complete_in, Completer)",
-}
+DEFERRED_CYCLES: dict[frozenset[str], str] = {}
 
 #: Public module -> why it answers for names written in other modules of its own
 #: package: those names may be imported from it, and its ``__all__`` may list them.

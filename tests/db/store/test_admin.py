@@ -21,7 +21,8 @@ from runledger_sync.core.errors import (
     LeaseOwnerMismatch,
 )
 from runledger_sync.core.records import JobDefinition, JobRecord, LeaseIdentity
-from runledger_sync.core.types import JobCompletion, JobFailure, JobStage, JobStatus
+from runledger_sync.core.types import JobCompletion, JobFailure
+from runledger_sync.core.states import JobStage, JobStatus
 from runledger_sync.store import admin
 from runledger_sync.store._actions import cancel_job, requeue_job
 from runledger_sync.store._claim import claim_jobs, claim_prestart_jobs_for_types

@@ -16,7 +16,8 @@ from sqlalchemy.engine import make_url
 from runledger_sync.core.errors import RunledgerError
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.store_errors import CommitOutcomeUnknown
-from runledger_sync.core.types import EventLog, JobStatus
+from runledger_sync.core.types import EventLog
+from runledger_sync.core.states import JobStatus
 from runledger_sync.db.engine import create_engine
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store import lifecycle

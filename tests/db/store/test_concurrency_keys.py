@@ -15,7 +15,8 @@ from typing import Any, Callable
 import pytest
 
 import runledger_sync as rl
-from runledger_sync.core.types import JobFailure, JobStatus
+from runledger_sync.core.types import JobFailure
+from runledger_sync.core.states import JobStatus
 from runledger_sync.db.schema_queues import KEY_LOCK
 from runledger_sync.store import lifecycle
 from runledger_sync.store._actions import cancel_job, requeue_job

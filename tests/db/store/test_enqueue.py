@@ -12,7 +12,7 @@ from sqlalchemy import event, text
 from runledger_sync.core import errors
 from runledger_sync.core.records import JobDefinition, JobSpec
 from runledger_sync.core.store_errors import ConnectionFailed, PermissionDenied
-from runledger_sync.core.types import JobStage, JobStatus
+from runledger_sync.core.states import JobStage, JobStatus
 from runledger_sync.db.engine import create_engine
 from runledger_sync.store import enqueue as store
 from tests.support import JOB_TYPE, define, events, rows, scalar

@@ -7,7 +7,8 @@ import pytest
 
 from runledger_sync.core import errors
 from runledger_sync.core.records import LeaseIdentity
-from runledger_sync.core.types import EventLog, JobFailure, JobStage
+from runledger_sync.core.types import EventLog, JobFailure
+from runledger_sync.core.states import JobStage
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store import lifecycle, _lifecycle_batch as lifecycle_batch
 from runledger_sync.store._claim import claim_jobs, claim_prestart_jobs_for_types

@@ -12,7 +12,8 @@ from sqlalchemy import text
 from runledger_sync.core import errors
 from runledger_sync.core.records import JobSpec, LeaseIdentity
 from runledger_sync.core.store_errors import StoreError
-from runledger_sync.core.types import JobCompletion, JobFailure, JobStage, JobStatus
+from runledger_sync.core.types import JobCompletion, JobFailure
+from runledger_sync.core.states import JobStage, JobStatus
 from runledger_sync.db.engine import create_engine
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store import lifecycle
