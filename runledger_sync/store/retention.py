@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any, Optional, Sequence
 
@@ -133,6 +133,8 @@ _PICKS = {(kind, locking, after): pick(locking, after)
 
 @dataclass
 class _Tally:
+    """The counts of a prune as it goes: :class:`PruneResult`'s, field for field."""
+
     jobs: dict[str, int] = field(default_factory=dict)
     attempts: int = 0
     events: int = 0
@@ -282,12 +284,9 @@ def prune(
             batches.run("jobs", age, status.value)
     if retention.workflow_runs is not None:
         batches.run("runs", retention.workflow_runs)
-    return PruneResult(
-        jobs=dict(tally.jobs), attempts=tally.attempts, events=tally.events, dead_letters=tally.dead_letters,
-        workflow_runs=tally.workflow_runs, workflow_steps=tally.workflow_steps, batches=tally.batches,
-        elapsed_seconds=time.monotonic() - started, dry_run=bool(dry_run), contended=tally.contended,
-        complete=not batches.stopped,
-    )
+    # The tally's fields are the result's counts by name: only what the run itself knows is added here.
+    return PruneResult(**asdict(tally), elapsed_seconds=time.monotonic() - started, dry_run=bool(dry_run),
+                       complete=not batches.stopped)
 
 
 __all__ = ["DEFAULT_BATCH_SIZE", "PRUNE_LOCK_KEY", "prune"]
