@@ -49,6 +49,7 @@ from runledger_sync.runtime.completer import Completer
 from runledger_sync.runtime.listener import JobListener
 from runledger_sync.runtime.observer import WorkerObserver
 from runledger_sync.runtime.pace import FinishingSoon
+from runledger_sync.runtime.queue_limits import QueueLimitsWatch
 from runledger_sync.runtime.tally import OutcomeTally
 from runledger_sync.runtime.timer_thread import TimerThread
 from runledger_sync.store.driver import HeldConnection, StartedClaim, claim_and_start_jobs, claim_prestart_jobs_for_types
@@ -91,6 +92,7 @@ class WorkerLoop:
         #: This worker's own cap per queue (``queue_concurrency``), and its jobs in flight of each.
         self.queue_caps: dict[str, int] = dict(config.queue_concurrency or {})
         self.in_flight_by_queue: dict[str, int] = dict.fromkeys(self.queue_caps, 0)
+        self.queue_limits = QueueLimitsWatch(config.queues, config.worker_id)
         self._lock = threading.Lock()
         self._slot_freed = threading.Event()
         #: Set when the drain deadline has come: running handlers are told to stop.
@@ -164,7 +166,7 @@ class WorkerLoop:
         claim: dict[str, Any] = {
             "worker_id": self.config.worker_id, "lease_ttl_seconds": self.config.lease_ttl_seconds, "limit": limit,
             "job_types": self.job_types, "event_log": self.config.event_log, "queues": self.config.queues,
-            "queue_rooms": self._queue_rooms(),
+            "queue_rooms": self._queue_rooms(), "unlimited_only": not self.queue_limits.limited(self.claim_bind),
         }
         try:
             if isinstance(self.claim_bind, HeldConnection):

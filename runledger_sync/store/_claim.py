@@ -40,6 +40,7 @@ from runledger_sync.store._claim_queues import (
     build_queue_locks,
     build_rate_log,
     build_served,
+    build_served_unlimited,
     flow_params,
     key_rate_room,
 )
@@ -59,18 +60,21 @@ _LEASED = JobStatus.LEASED.value
 _PENDING_IN_TEXT = literal_column(f"'{JobStatus.PENDING.value}'", Text)
 
 
-def _build_claim(with_type_filter: bool, *, returning_rows: bool = True) -> Any:
-    """The claim; ``returning_rows`` False answers only how many jobs it leased (a result nobody reads)."""
+def _build_claim(with_type_filter: bool, *, returning_rows: bool = True, limited: bool = True) -> Any:
+    """The claim; ``returning_rows`` False answers only how many jobs it leased (a result nobody reads).
+
+    ``limited`` False builds the claim of :func:`_build_unlimited_claim`.
+    """
     clock = build_clock()
+    if not limited:
+        return _build_unlimited_claim(clock, with_type_filter, returning_rows)
     served = build_served(clock)
     key_room = key_rate_room(served, clock, _q.execution_resource_key)
     conditions = [
-        _q.queue == served.c.name, _q.status == _PENDING_IN_TEXT, ~_q.blocked_by_key, _q.next_run_at <= func.now(),
+        *_due_in(served, with_type_filter),
         # Only a queue whose rate limit is per key asks its rate log about each job's key.
         or_(~served.c.rate_limit_per_key, key_room > 0),
     ]
-    if with_type_filter:
-        conditions.append(_q.job_type == func.any(bindparam("job_types", type_=ARRAY(Text))))
     in_queue = (
         select(_q.id, _q.queue, _q.execution_resource_key, *_claim_order_columns(_q), key_room.label("key_room"))
         .where(*conditions)
@@ -99,7 +103,47 @@ def _build_claim(with_type_filter: bool, *, returning_rows: bool = True) -> Any:
         .limit(bindparam("limit", type_=Integer))
         .cte("picked")
     )
-    leased = (
+    leased = _lease(picked)
+    return _claim_writes(leased, clock, returning_rows, extra=build_rate_log(leased, served, clock))
+
+
+def _due_in(served: Any, with_type_filter: bool) -> list[Any]:
+    """A job the claim may take from a served queue: pending, not held back by its key, due (and of the types)."""
+    conditions = [
+        _q.queue == served.c.name, _q.status == _PENDING_IN_TEXT, ~_q.blocked_by_key, _q.next_run_at <= func.now(),
+    ]
+    if with_type_filter:
+        conditions.append(_q.job_type == func.any(bindparam("job_types", type_=ARRAY(Text))))
+    return conditions
+
+
+def _build_unlimited_claim(clock: Any, with_type_filter: bool, returning_rows: bool) -> Any:
+    """The claim when no served queue has a global or rate limit: nothing to count, no rate log to keep.
+
+    It serves only such queues, read in its own snapshot, so a limit set since the
+    caller last looked leaves that queue's jobs alone rather than overrunning it.
+    """
+    served = build_served_unlimited()
+    in_queue = (
+        select(_q.id, *_claim_order_columns(_q))
+        .where(*_due_in(served, with_type_filter))
+        .order_by(_q.priority.desc(), _q.next_run_at, _q.created_at, _q.id)
+        .limit(served.c.room)
+        .with_for_update(of=job_queue, skip_locked=True)
+        .lateral("in_queue")
+    )
+    picked = (
+        select(in_queue.c.id)
+        .select_from(served.join(in_queue, true()))
+        .order_by(*_claim_order(in_queue.c))
+        .limit(bindparam("limit", type_=Integer))
+        .cte("picked")
+    )
+    return _claim_writes(_lease(picked), clock, returning_rows, extra=())
+
+
+def _lease(picked: Any) -> Any:
+    return (
         job_queue.update()
         # No join: no join order for a plan made on a near-empty table to get backwards.
         .where(_q.id == any_(ids_of(picked)))
@@ -114,11 +158,13 @@ def _build_claim(with_type_filter: bool, *, returning_rows: bool = True) -> Any:
         .returning(*JOB_COLUMNS)
         .cte("leased")
     )
+
+
+def _claim_writes(leased: Any, clock: Any, returning_rows: bool, extra: Any) -> Any:
     numbered = select(
         leased.c.id, leased.c.run_number, leased.c.attempt, leased.c.stage,
         func.row_number().over(order_by=leased.c.id).label("n"),
     ).cte("numbered")
-    rate_logged, rate_expired = build_rate_log(leased, served, clock)
     # Attempt ids are UUIDv7s made in Python (PostgreSQL < 18 has no uuidv7());
     # the caller passes one per possible row and they are paired by position.
     attempt_ids = func.unnest(cast(bindparam("attempt_ids", type_=ARRAY(Text)), ARRAY(PG_UUID(as_uuid=True)))).table_valued(
@@ -158,10 +204,10 @@ def _build_claim(with_type_filter: bool, *, returning_rows: bool = True) -> Any:
     )
     if not returning_rows:
         return select(func.count().label("leased")).select_from(leased).add_cte(
-            attempts, events, steps, rate_logged, rate_expired)
+            attempts, events, steps, *extra)
     return (
         select(*leased.c)
-        .add_cte(attempts, events, steps, rate_logged, rate_expired)
+        .add_cte(attempts, events, steps, *extra)
         .order_by(leased.c.priority.desc(), leased.c.next_run_at, leased.c.created_at, leased.c.id)
     )
 
@@ -181,6 +227,12 @@ _CLAIM_FOR_TYPES = PreparedStatement("claim_for_types", _build_claim(with_type_f
 #: The worker's claim, when the jobs' rows come back from the running write that follows it.
 CLAIM_FOR_TYPES_UNREAD = PreparedStatement(
     "claim_for_types_unread", _build_claim(with_type_filter=True, returning_rows=False), index_plan=True)
+#: The same two, for a caller that knows no queue it serves has a global or rate limit.
+_CLAIM_FOR_TYPES_UNLIMITED = PreparedStatement(
+    "claim_for_types_unlimited", _build_claim(with_type_filter=True, limited=False), index_plan=True)
+CLAIM_FOR_TYPES_UNREAD_UNLIMITED = PreparedStatement(
+    "claim_for_types_unread_unlimited", _build_claim(with_type_filter=True, returning_rows=False, limited=False),
+    index_plan=True)
 
 
 def claim_params(
@@ -227,14 +279,21 @@ def _claim(
     event_log: EventLog | str,
     queues: Optional[Sequence[str]],
     queue_rooms: Optional[Mapping[str, int]],
+    unlimited_only: bool = False,
 ) -> list[JobRecord]:
     params = claim_params(origin, worker_id, lease_ttl_seconds, limit, job_types, event_log, queues, queue_rooms)
     if params is None:
         return []
-    statement = _CLAIM_FOR_TYPES if "job_types" in params else _CLAIM_ANY_TYPE
+    if "job_types" not in params:
+        statement = _CLAIM_ANY_TYPE
+    else:
+        statement = _CLAIM_FOR_TYPES_UNLIMITED if unlimited_only else _CLAIM_FOR_TYPES
     if not owns_transaction(bind):
         return run_in_transaction(bind, lambda connection: _claim_in_callers_transaction(connection, statement, params))
-    settings = PRESTART_CLAIM_SETTINGS if origin is ClaimOrigin.WORKER_PRESTART else _CLAIM_SETTINGS
+    if origin is not ClaimOrigin.WORKER_PRESTART:
+        settings = _CLAIM_SETTINGS
+    else:
+        settings = PRESTART_UNLIMITED_CLAIM_SETTINGS if unlimited_only else PRESTART_CLAIM_SETTINGS
 
     def work(connection: Connection) -> list[JobRecord]:
         # SET LOCAL: gone when this transaction of ours ends. Set in the same round
@@ -272,6 +331,10 @@ _CLAIM_SETTINGS = PreparedStatement("claim_settings", select(*_SORTED_BY_INDEX, 
 PRESTART_CLAIM_SETTINGS = PreparedStatement(
     "prestart_claim_settings",
     select(*_SORTED_BY_INDEX, func.set_config("synchronous_commit", "off", True), build_queue_locks()),
+)
+#: An unlimited claim counts nothing, so it locks nothing either.
+PRESTART_UNLIMITED_CLAIM_SETTINGS = PreparedStatement(
+    "prestart_unlimited_claim_settings", select(*_SORTED_BY_INDEX, func.set_config("synchronous_commit", "off", True)),
 )
 # A caller's transaction keeps its own synchronous_commit; its planner settings
 # are read before the claim and set back after it.
@@ -322,6 +385,7 @@ def claim_prestart_jobs_for_types(
     event_log: EventLog | str = EventLog.FULL,
     queues: Optional[Sequence[str]] = None,
     queue_rooms: Optional[Mapping[str, int]] = None,
+    unlimited_only: bool = False,
 ) -> list[JobRecord]:
     """Lease due jobs of ``job_types`` as prestart claims, the worker's way.
 
@@ -333,9 +397,12 @@ def claim_prestart_jobs_for_types(
             connection whose open transaction the call joins (the caller commits).
         event_log: ``full`` writes a LEASED event per job; ``transitions`` does not
             (the worker passes ``JobsConfig.event_log``).
+        unlimited_only: take only from queues with neither a global nor a rate limit,
+            with the claim that counts nothing (for a caller that has just seen
+            :func:`~runledger_sync.store._claim_queues.serves_limited_queue` answer False).
 
     Raises:
         InvalidArgument: ``event_log`` is not a level of :class:`EventLog`.
     """
     return _claim(bind, ClaimOrigin.WORKER_PRESTART, worker_id, lease_ttl_seconds, limit, job_types, event_log,
-                  queues, queue_rooms)
+                  queues, queue_rooms, unlimited_only)

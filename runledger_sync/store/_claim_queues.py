@@ -29,6 +29,8 @@ from runledger_sync.core import validation as check
 from runledger_sync.core.states import JobStatus
 from runledger_sync.db.schema import job_queue, job_queues
 from runledger_sync.db.schema_queues import job_queue_rate_claims
+from runledger_sync.store._binds import Bind
+from runledger_sync.store._errors import run_in_transaction
 
 _q = job_queue.c
 _qs = job_queues.c
@@ -98,6 +100,20 @@ def build_served(clock: Any) -> Any:
     )
 
 
+def build_served_unlimited() -> Any:
+    """The served queues that have neither a global nor a rate limit, each with the worker's room."""
+    limit = bindparam("limit", type_=Integer)
+    local = func.unnest(
+        bindparam("local_queues", type_=ARRAY(Text)), bindparam("local_rooms", type_=ARRAY(Integer)),
+    ).table_valued("name", "room").render_derived(name="local_cap")
+    local_room = select(local.c.room).where(local.c.name == _qs.name).scalar_subquery()
+    return (
+        select(_qs.name, func.least(limit, func.coalesce(local_room, limit)).label("room"))
+        .where(_served_filter(), _qs.global_limit.is_(None), _qs.rate_limit_count.is_(None))
+        .cte("served")
+    )
+
+
 def key_rate_room(served: Any, clock: Any, key: Any) -> Any:
     """For a queue whose rate limit is per key: how many more claims ``key`` may have in the window."""
     used = (
@@ -126,6 +142,24 @@ def build_rate_log(leased: Any, served: Any, clock: Any) -> tuple[Any, Any]:
         .cte("rate_expired")
     )
     return logged, expired
+
+
+def _build_limited_served() -> Any:
+    return select(func.count()).select_from(job_queues).where(
+        _served_filter(), or_(_qs.global_limit.is_not(None), _qs.rate_limit_count.is_not(None)))
+
+
+_LIMITED_SERVED = _build_limited_served()
+
+
+def serves_limited_queue(bind: Bind, queues: Optional[Sequence[str]]) -> bool:
+    """Whether any unpaused queue of ``queues`` (None: every queue) has a global or rate limit.
+
+    A claim that may skip counting asks this first; see ``unlimited_only`` of
+    :func:`~runledger_sync.store._claim.claim_prestart_jobs_for_types`.
+    """
+    params = {"queues": flow_params(queues, None)["queues"]}
+    return run_in_transaction(bind, lambda connection: connection.execute(_LIMITED_SERVED, params).scalar_one() > 0)
 
 
 def flow_params(queues: Optional[Sequence[str]], queue_rooms: Optional[Mapping[str, int]]) -> dict[str, Any]:

@@ -35,7 +35,13 @@ from runledger_sync.store._fence import held_under, live_lease
 from runledger_sync.store._prepared import PreparedStatement, execute_transactions
 from runledger_sync.store._rows import JOB_COLUMNS, to_jobs
 from runledger_sync.store._transitions import build_running
-from runledger_sync.store._claim import CLAIM_FOR_TYPES_UNREAD, PRESTART_CLAIM_SETTINGS, claim_params
+from runledger_sync.store._claim import (
+    CLAIM_FOR_TYPES_UNREAD,
+    CLAIM_FOR_TYPES_UNREAD_UNLIMITED,
+    PRESTART_CLAIM_SETTINGS,
+    PRESTART_UNLIMITED_CLAIM_SETTINGS,
+    claim_params,
+)
 from runledger_sync.store._held import HeldConnection
 
 _q = job_queue.c
@@ -117,6 +123,7 @@ def claim_and_start_jobs(
     event_log: EventLog | str = EventLog.FULL,
     queues: Optional[Sequence[str]] = None,
     queue_rooms: Optional[Mapping[str, int]] = None,
+    unlimited_only: bool = False,
 ) -> StartedClaim:
     """Lease due jobs of ``job_types`` as prestart claims and persist RUNNING for them, in one round trip.
 
@@ -126,6 +133,7 @@ def claim_and_start_jobs(
     Args:
         bind: the worker's held connection (the store's own transactions; never a caller's).
         event_log: ``full`` writes the LEASED and STAGE_CHANGED(running) events; ``transitions`` neither.
+        unlimited_only: as for :func:`~runledger_sync.store._claim.claim_prestart_jobs_for_types`.
 
     Raises:
         RunledgerError: the claim failed and nothing was leased, or what the running
@@ -135,7 +143,9 @@ def claim_and_start_jobs(
                           queues, queue_rooms)
     if params is None:
         return StartedClaim()
-    transactions = ((PRESTART_CLAIM_SETTINGS, CLAIM_FOR_TYPES_UNREAD), (_LOCK_CLAIMED, _MARK_CLAIMED_RUNNING))
+    claim = ((PRESTART_UNLIMITED_CLAIM_SETTINGS, CLAIM_FOR_TYPES_UNREAD_UNLIMITED) if unlimited_only
+             else (PRESTART_CLAIM_SETTINGS, CLAIM_FOR_TYPES_UNREAD))
+    transactions = (claim, (_LOCK_CLAIMED, _MARK_CLAIMED_RUNNING))
 
     def work(connection: Connection) -> list[JobRecord]:
         return to_jobs(execute_transactions(connection, transactions, params))

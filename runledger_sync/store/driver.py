@@ -19,6 +19,9 @@ Claim
     ``claim_prestart_jobs_for_types``: the claim alone, in one statement (a
     worker polling on a caller's connection). ``claim_jobs`` is the same claim
     for tools that lease jobs by hand (the attempt is spent at the claim).
+    ``serves_limited_queue``: whether any served queue has a global or rate
+    limit; when none has, the worker's claims pass ``unlimited_only`` and skip
+    the counting and the rate log.
 
 Start
     ``mark_job_running`` writes stage ``running`` for a job claimed on its own
@@ -62,6 +65,7 @@ Workers
 from __future__ import annotations
 
 from runledger_sync.store._claim import claim_jobs, claim_prestart_jobs_for_types
+from runledger_sync.store._claim_queues import serves_limited_queue
 from runledger_sync.store._workers import forget_worker, record_worker
 from runledger_sync.store._claim_start import StartedClaim, claim_and_start_jobs
 from runledger_sync.store._gauges import ping
@@ -100,6 +104,7 @@ __all__ = [
     "StartedClaim",
     "claim_prestart_jobs_for_types",
     "claim_jobs",
+    "serves_limited_queue",
     # start
     "mark_job_running",
     "running_landed",

@@ -128,7 +128,8 @@ def configure_queue(
 ) -> QueueRecord:
     """Create the queue, or change its limits; an argument left out keeps its setting, None removes the limit.
 
-    Every worker applies the new settings from its next claim. A higher
+    Every worker applies the new settings from its next claim; a queue's first
+    global or rate limit within a second (until then its jobs wait). A higher
     ``key_limit`` lets held-back jobs of each key go at once.
 
     Args:
