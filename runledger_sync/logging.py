@@ -92,7 +92,7 @@ def configure_logging(
         if getattr(existing, _HANDLER_MARK, False):
             logger.removeHandler(existing)
             existing.close()
-    handler = _logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler = _logging.StreamHandler(stream) if stream is not None else _CurrentStderrHandler()
     handler.setFormatter(_json_formatter() if json else _TextFormatter(_TEXT_FORMAT))
     setattr(handler, _HANDLER_MARK, True)
     logger.addHandler(handler)
@@ -102,6 +102,25 @@ def configure_logging(
     _logging.getLogger(JOB_LINES_LOGGER_NAME).setLevel(
         max(logger.level, _logging.INFO) if wanted else _logging.WARNING)
     return handler
+
+
+class _CurrentStderrHandler(_logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a line is written, not when logging was set up.
+
+    A program (or a test runner) may replace and later close the stderr it had
+    when the worker's logging was configured; lines keep going to the current one.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @property
+    def stream(self) -> IO[str]:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass  # StreamHandler.__init__ assigns one; the current sys.stderr is always used instead
 
 
 def configured_setup() -> Optional[dict[str, Any]]:

@@ -120,6 +120,17 @@ def test_configuring_twice_keeps_one_handler_writing_to_the_latest_stream():
     assert [json.loads(line)["message"] for line in second.getvalue().splitlines()] == ["once"]
 
 
+def test_without_a_stream_lines_go_to_the_stderr_of_the_moment(monkeypatch):
+    first = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    configure_logging()
+    first.close()  # as a test runner closes the stderr it had lent
+    second = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", second)
+    get_logger("x").warning("after the swap")
+    assert [json.loads(line)["message"] for line in second.getvalue().splitlines()] == ["after the swap"]
+
+
 def test_configure_keeps_handlers_it_did_not_install():
     logger = logging.getLogger(ROOT_LOGGER_NAME)
     foreign = logging.NullHandler()
