@@ -167,8 +167,7 @@ def _worker(args: argparse.Namespace) -> int:
         raise _refuse([f"--metrics-port must be a port number from 0 to {MAX_PORT}, got {args.metrics_port}"],
                       "give a free TCP port, e.g. --metrics-port 9100 (0 picks one)")
     # Made before the database is touched, so a missing metrics extra is refused first.
-    # Worker processes keep counts in their own memory: with --processes N the port
-    # serves the queue gauges and each process's health only.
+    # With --processes N it gathers the worker processes' counts for this process's port.
     worker_metrics = _worker_metrics() if args.metrics_port is not None else None
     try:
         log_format = resolve_log_format(args.log_format)
@@ -176,15 +175,22 @@ def _worker(args: argparse.Namespace) -> int:
         raise _refuse(error.problems, f"set {LOG_FORMAT_VARIABLE}=text or json, or give --log-format") from error
     if not args.debug:
         rl.configure_logging(level="INFO", json=log_format == "json")
-    observer = worker_metrics if args.processes == 1 else None
+    try:
+        return _run_worker(args, registry, config, worker_metrics)
+    finally:
+        if worker_metrics is not None:
+            worker_metrics.close()  # the worker processes' directory, once they are all gone
+
+
+def _run_worker(args: argparse.Namespace, registry: Any, config: Any, worker_metrics: Any) -> int:
     with open_engine(args) as engine:
         # Built first: a bad --processes is refused before the database is touched.
         supervisor = rl.Supervisor(engine, registry, config, run_scheduler=args.run_scheduler,
-                                   processes=args.processes, app=args.app, observer=observer)
+                                   processes=args.processes, app=args.app, observer=worker_metrics)
         rl.check_schema(engine)
         _check_queues(args, supervisor)
         registry.sync_definitions(engine)
-        server = _serve_metrics(args, engine, observer, supervisor) if worker_metrics is not None else None
+        server = _serve_metrics(args, engine, worker_metrics, supervisor) if worker_metrics is not None else None
         try:
             return supervisor.run_until_shutdown(drain_timeout=args.drain_timeout)
         finally:
