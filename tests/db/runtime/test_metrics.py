@@ -199,12 +199,6 @@ def test_the_queue_gauges_by_queue_say_what_waits_and_each_queues_pause_and_limi
     assert samples[("runledger_queue_jobs", (("job_type", "m.bulk"), ("status", "PENDING")))] == 3
 
 
-def test_an_observer_is_refused_with_worker_processes(engine):
-    with pytest.raises(rl.ConfigError, match="observer needs processes=1"):
-        rl.Supervisor(engine, rl.JobRegistry(), fast_config(), processes=2, app="tests.cli_app:registry",
-                      observer=WorkerMetrics())
-
-
 def test_the_grafana_dashboard_queries_only_metrics_a_worker_serves(engine):
     dashboard = json.loads((Path(__file__).parents[3] / "examples" / "grafana" / "runledger-sync.json").read_text())
     queries = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
