@@ -7,7 +7,6 @@ import re
 import threading
 from pathlib import Path
 
-import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
