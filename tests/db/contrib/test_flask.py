@@ -16,6 +16,7 @@ import runledger_sync as rl
 from runledger_sync.contrib import flask as rl_flask
 from runledger_sync.db.pool_mode import policy_of
 from runledger_sync.metrics import WorkerMetrics
+from tests.db.test_docs import marked
 from tests.support import scalar, wait_until
 
 JOB_TYPE = "flask.note_created"
@@ -351,3 +352,24 @@ def test_cli_worker_counts_its_jobs_for_the_extensions_observer(fresh_database):
         ext.engine.dispose()
     assert result.exit_code == 0, result.output
     assert status == "SUCCEEDED" and succeeded_count(metrics) == 1
+
+
+def test_the_documented_flask_metrics_snippet_counts_the_in_process_workers_jobs(fresh_database):
+    app = flask.Flask(APP_NAME)
+    app.config.update(RUNLEDGER_DATABASE_URL=fresh_database, **FAST_APP_CONFIG)
+    namespace = {"flask_app": app, "registry": registry, "Runledger": rl_flask.Runledger}
+    exec(compile(marked("metrics-frameworks", "python"), "docs:metrics-frameworks", "exec"), namespace)  # noqa: S102
+    ext = namespace["runledger"]
+    try:
+        ext.sync_definitions(app)
+        with app.app_context():
+            job = ext.enqueue(JOB_TYPE, {"body": "documented"})
+        ext.start_worker(app)
+        wait_until(lambda: job_status(ext.engine, str(job.id)) == "SUCCEEDED")
+        scraped = namespace["metrics_registry"]
+        wait_until(lambda: scraped.get_sample_value(
+            "runledger_jobs_total", {"job_type": JOB_TYPE, "outcome": "succeeded"}) == 1)
+    finally:
+        assert ext.stop_worker(app, timeout=10)
+        ext.engine.dispose()
+    assert scraped.get_sample_value("runledger_queue_up") == 1
