@@ -37,7 +37,8 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                         help="serve Prometheus metrics at http://HOST:PORT/metrics, liveness at /livez (alias "
                              "/health: the loops) and readiness at /readyz (the loops and the database); needs the "
-                             "metrics extra; 0 picks a free port, logged at start")
+                             "metrics extra; 0 picks a free port, logged at start; with --processes N it serves "
+                             "every process's counters, summed")
     parser.add_argument("--metrics-host", default=None, metavar="HOST",
                         help="the address the metrics port listens on (default 127.0.0.1; the port has no "
                              "authentication: 0.0.0.0 serves every interface)")

@@ -147,7 +147,7 @@ class Runledger:
             config=config_from_app(app.config),
             registry=in_app_context(self.registry, app),
             autostart=_as_bool(app.config.get(AUTOSTART_KEY, DEFAULT_AUTOSTART_WORKER)),
-            observer=app.config.get(OBSERVER_KEY) or self.observer,
+            observer=self.observer if app.config.get(OBSERVER_KEY) is None else app.config[OBSERVER_KEY],
         )
         self._states[app] = state
         app.extensions[EXTENSION_KEY] = self

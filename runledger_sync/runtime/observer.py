@@ -1,4 +1,4 @@
-"""The points at which the worker reports what it does, for metrics kept in process.
+"""The points at which the worker reports what it does, for metrics kept in process (or gathered from worker processes).
 
 The worker holds an observer, or None. With None (metrics off) each point costs
 one attribute check; with one, a call per claimed batch, per job end, per
