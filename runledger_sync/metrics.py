@@ -11,11 +11,8 @@ supervisor's liveness at ``/livez`` (``/health`` is its alias) and readiness at
     supervisor = rl.Supervisor(engine, registry, config, observer=metrics)
     app = make_wsgi_app(registry_for(engine, worker=metrics))   # mount it where you like
 
-Given to ``Supervisor(processes=N)`` (``worker --processes N``), the same
-WorkerMetrics makes a private directory (mode 0700) for prometheus_client's
-multiprocess mode: each worker process counts into files there, the parent's
-scrape sums them (a restarted process's counts are kept), and the directory is
-removed by :meth:`WorkerMetrics.close` or at the parent's exit.
+With ``processes=N`` the worker processes count into a private directory (mode 0700)
+of prometheus_client's multiprocess mode, and the parent's scrape sums them.
 
 The queue gauges cost two statements per scrape: by job type
 (:func:`runledger_sync.store.admin.queue_gauges` says which indexes it reads) and by
@@ -85,7 +82,8 @@ class WorkerMetrics:
     It is a :class:`runledger_sync.runtime.observer.WorkerObserver` and a
     Prometheus collector. Its metrics belong to no registry until you register it.
     With ``processes > 1`` it is a :class:`~runledger_sync.runtime.observer.ProcessesObserver`:
-    it then collects what the worker processes counted, and :meth:`close` removes their directory.
+    it collects what the worker processes counted (a restarted one's counts are kept),
+    and :meth:`close`, or the interpreter's exit, removes their directory.
 
     Raises:
         MissingExtra: prometheus_client is not installed.
@@ -180,7 +178,10 @@ class WorkerMetrics:
             # Drops the process's live gauges; its counters stay in the sums.
             from prometheus_client.multiprocess import mark_process_dead
 
-            mark_process_dead(pid, directory)
+            try:
+                mark_process_dead(pid, directory)
+            except OSError as error:  # bookkeeping of metrics must never stop the workers' monitor
+                log.warning("metrics of an exited worker process not cleared", extra={"pid": pid, "error": str(error)})
 
     def close(self) -> None:
         """Remove the worker processes' directory, and their counts with it; without processes, nothing."""

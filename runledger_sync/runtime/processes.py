@@ -23,6 +23,9 @@ passes, the parent sends SIGUSR1: the child tells its running jobs to stop and
 ends after their grace; one still running after that is killed. A child also drains when
 its parent is gone. The URL, password included, reaches a child through
 multiprocessing's pipe, never its command line or environment.
+
+An observer (metrics) given to the group is asked for a picklable factory that
+each child calls first of all, and told when a child exits.
 """
 
 from __future__ import annotations
