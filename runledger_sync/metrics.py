@@ -11,6 +11,9 @@ supervisor's liveness at ``/livez`` (``/health`` is its alias) and readiness at
     supervisor = rl.Supervisor(engine, registry, config, observer=metrics)
     app = make_wsgi_app(registry_for(engine, worker=metrics))   # mount it where you like
 
+With ``processes=N`` the worker processes count into a private directory (mode 0700)
+of prometheus_client's multiprocess mode, and the parent's scrape sums them.
+
 The queue gauges cost two statements per scrape: by job type
 (:func:`runledger_sync.store.admin.queue_gauges` says which indexes it reads) and by
 queue, with each queue's pause and limits (:func:`runledger_sync.store.queues.queue_loads`,
@@ -22,9 +25,14 @@ imports, and the functions that need it raise :class:`MissingExtra`.
 
 from __future__ import annotations
 
+import functools
 import json
+import os
+import shutil
+import tempfile
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from socketserver import ThreadingMixIn
 from types import ModuleType
@@ -54,6 +62,9 @@ DEFAULT_METRICS_HOST = "127.0.0.1"
 #: Liveness (the loops), its alias, and readiness (the loops and the database).
 LIVENESS_PATHS = ("/livez", "/health")
 READINESS_PATH = "/readyz"
+#: Where prometheus_client's multiprocess mode keeps its files (read when a metric is made).
+MULTIPROCESS_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
+MULTIPROCESS_DIR_PREFIX = "runledger-metrics-"
 
 
 def _prometheus() -> ModuleType:
@@ -70,6 +81,9 @@ class WorkerMetrics:
 
     It is a :class:`runledger_sync.runtime.observer.WorkerObserver` and a
     Prometheus collector. Its metrics belong to no registry until you register it.
+    With ``processes > 1`` it is a :class:`~runledger_sync.runtime.observer.ProcessesObserver`:
+    it collects what the worker processes counted (a restarted one's counts are kept),
+    and :meth:`close`, or the interpreter's exit, removes their directory.
 
     Raises:
         MissingExtra: prometheus_client is not installed.
@@ -104,6 +118,9 @@ class WorkerMetrics:
             ["job_type", "error_type"], registry=None)
         # Label children looked up once: a job's end then costs a dict read per metric.
         self._children: dict[tuple[Any, ...], Any] = {}
+        self._directory: Optional[str] = None
+        self._remove: Optional[weakref.finalize] = None
+        self._lock = threading.Lock()
 
     def _child(self, metric: Any, *labels: str) -> Any:
         key = (id(metric), *labels)
@@ -141,10 +158,59 @@ class WorkerMetrics:
         error_type = failure.code if exception is None else bounded_error_type(error_type_of(exception))
         self._child(self.failures, job_type, error_type).inc()
 
+    @property
+    def directory(self) -> Optional[str]:
+        """Where the worker processes count, from their start until :meth:`close` (None without processes)."""
+        return self._directory
+
+    def worker_process_observer(self) -> Callable[[], "WorkerMetrics"]:
+        """Make the worker processes' directory (once); return what each process calls for its WorkerMetrics."""
+        with self._lock:
+            if self._directory is None:
+                self._directory = tempfile.mkdtemp(prefix=MULTIPROCESS_DIR_PREFIX)
+                # At interpreter exit too, for a parent that never calls close().
+                self._remove = weakref.finalize(self, shutil.rmtree, self._directory, ignore_errors=True)
+            return functools.partial(_in_worker_process, self._directory)
+
+    def worker_process_exited(self, pid: int) -> None:
+        directory = self._directory
+        if directory is not None and os.path.isdir(directory):
+            # Drops the process's live gauges; its counters stay in the sums.
+            from prometheus_client.multiprocess import mark_process_dead
+
+            try:
+                mark_process_dead(pid, directory)
+            except OSError as error:  # bookkeeping of metrics must never stop the workers' monitor
+                log.warning("metrics of an exited worker process not cleared", extra={"pid": pid, "error": str(error)})
+
+    def close(self) -> None:
+        """Remove the worker processes' directory, and their counts with it; without processes, nothing."""
+        with self._lock:
+            remove, self._remove, self._directory = self._remove, None, None
+        if remove is not None:
+            remove()
+
     def collect(self) -> Iterator[Any]:
+        directory = self._directory
+        if directory is not None:
+            # The parent of worker processes runs no job: every count is in their files.
+            from prometheus_client.multiprocess import MultiProcessCollector
+
+            yield from MultiProcessCollector(None, path=directory).collect()
+            return
         for metric in (self.jobs, self.handler_seconds, self.pickup_seconds, self.claim_batch, self.group_size,
                        self.group_seconds, self.heartbeat_failures, self.lease_losses, self.failures):
             yield from metric.collect()
+
+
+def _in_worker_process(directory: str) -> WorkerMetrics:
+    """A worker process's WorkerMetrics, counting into files of ``directory`` that its parent reads."""
+    os.environ[MULTIPROCESS_VARIABLE] = directory
+    from prometheus_client import values
+    # prometheus_client picks where values live when it is first imported, which
+    # may have happened in this process before it knew the directory.
+    values.ValueClass = values.get_value_class()
+    return WorkerMetrics()
 
 
 class QueueCollector:

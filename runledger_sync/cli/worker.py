@@ -37,7 +37,8 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                         help="serve Prometheus metrics at http://HOST:PORT/metrics, liveness at /livez (alias "
                              "/health: the loops) and readiness at /readyz (the loops and the database); needs the "
-                             "metrics extra; 0 picks a free port, logged at start")
+                             "metrics extra; 0 picks a free port, logged at start; with --processes N it serves "
+                             "every process's counters, summed")
     parser.add_argument("--metrics-host", default=None, metavar="HOST",
                         help="the address the metrics port listens on (default 127.0.0.1; the port has no "
                              "authentication: 0.0.0.0 serves every interface)")
@@ -167,8 +168,7 @@ def _worker(args: argparse.Namespace) -> int:
         raise _refuse([f"--metrics-port must be a port number from 0 to {MAX_PORT}, got {args.metrics_port}"],
                       "give a free TCP port, e.g. --metrics-port 9100 (0 picks one)")
     # Made before the database is touched, so a missing metrics extra is refused first.
-    # Worker processes keep counts in their own memory: with --processes N the port
-    # serves the queue gauges and each process's health only.
+    # With --processes N it gathers the worker processes' counts for this process's port.
     worker_metrics = _worker_metrics() if args.metrics_port is not None else None
     try:
         log_format = resolve_log_format(args.log_format)
@@ -176,15 +176,22 @@ def _worker(args: argparse.Namespace) -> int:
         raise _refuse(error.problems, f"set {LOG_FORMAT_VARIABLE}=text or json, or give --log-format") from error
     if not args.debug:
         rl.configure_logging(level="INFO", json=log_format == "json")
-    observer = worker_metrics if args.processes == 1 else None
+    try:
+        return _run_worker(args, registry, config, worker_metrics)
+    finally:
+        if worker_metrics is not None:
+            worker_metrics.close()  # the worker processes' directory, once they are all gone
+
+
+def _run_worker(args: argparse.Namespace, registry: Any, config: Any, worker_metrics: Any) -> int:
     with open_engine(args) as engine:
         # Built first: a bad --processes is refused before the database is touched.
         supervisor = rl.Supervisor(engine, registry, config, run_scheduler=args.run_scheduler,
-                                   processes=args.processes, app=args.app, observer=observer)
+                                   processes=args.processes, app=args.app, observer=worker_metrics)
         rl.check_schema(engine)
         _check_queues(args, supervisor)
         registry.sync_definitions(engine)
-        server = _serve_metrics(args, engine, observer, supervisor) if worker_metrics is not None else None
+        server = _serve_metrics(args, engine, worker_metrics, supervisor) if worker_metrics is not None else None
         try:
             return supervisor.run_until_shutdown(drain_timeout=args.drain_timeout)
         finally:

@@ -35,6 +35,9 @@ Configuration (read by :meth:`Runledger.init_app`, never at import):
   ``RUNLEDGER_DASHBOARD_ORGANIZATION``: the dashboard's options when
   ``Runledger(app, dashboard="/jobs")`` mounts it (see :func:`runledger_sync.web.create_app`);
   its CSRF key is ``app.secret_key`` when set, and its forms are bound to the Flask session.
+- ``RUNLEDGER_OBSERVER``: the observer the app's worker reports to, e.g. a
+  :class:`runledger_sync.metrics.WorkerMetrics` whose counters you serve; it wins over
+  ``Runledger(observer=...)``, which applies to every app of the extension.
 - ``RUNLEDGER_<FIELD>`` for any :class:`~runledger_sync.JobsConfig` field
   (``RUNLEDGER_POLL_INTERVAL_MS``, ``RUNLEDGER_MAX_GLOBAL_CONCURRENCY``...),
   applied over :meth:`JobsConfig.from_env`.
@@ -73,6 +76,7 @@ FALLBACK_DATABASE_URL_KEY = "SQLALCHEMY_DATABASE_URI"
 SCHEMA_KEY = "RUNLEDGER_SCHEMA"
 POOL_MODE_KEY = "RUNLEDGER_POOL_MODE"
 AUTOSTART_KEY = "RUNLEDGER_AUTOSTART_WORKER"
+OBSERVER_KEY = "RUNLEDGER_OBSERVER"
 DASHBOARD_READ_ONLY_KEY = "RUNLEDGER_DASHBOARD_READ_ONLY"
 DASHBOARD_AUTHORIZE_KEY = "RUNLEDGER_DASHBOARD_AUTHORIZE"
 DASHBOARD_ORGANIZATION_KEY = "RUNLEDGER_DASHBOARD_ORGANIZATION"
@@ -93,6 +97,7 @@ class _AppState:
     config: rl.JobsConfig
     registry: rl.JobRegistry
     autostart: bool
+    observer: Any = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     supervisor: rl.Supervisor | None = None
     supervisor_pid: int | None = None
@@ -108,17 +113,22 @@ class Runledger:
         dashboard: A URL path (``"/jobs"``) at which to mount the operator dashboard,
             or None for no dashboard. It serves nobody until
             ``RUNLEDGER_DASHBOARD_AUTHORIZE`` names a hook.
+        observer: What the in-process worker and ``flask runledger worker`` report
+            to (``Supervisor(observer=...)``), e.g. a
+            :class:`runledger_sync.metrics.WorkerMetrics`; an app's ``RUNLEDGER_OBSERVER`` wins.
 
     Example:
         ``runledger = Runledger(); runledger.init_app(app)``
     """
 
     def __init__(
-        self, app: Flask | None = None, registry: rl.JobRegistry | None = None, *, dashboard: str | None = None
+        self, app: Flask | None = None, registry: rl.JobRegistry | None = None, *, dashboard: str | None = None,
+        observer: Any = None,
     ) -> None:
         self.app = app
         self.registry = registry if registry is not None else rl.JobRegistry()
         self.dashboard = dashboard
+        self.observer = observer
         self._states: weakref.WeakKeyDictionary[Flask, _AppState] = weakref.WeakKeyDictionary()
         if app is not None:
             self.init_app(app)
@@ -137,6 +147,7 @@ class Runledger:
             config=config_from_app(app.config),
             registry=in_app_context(self.registry, app),
             autostart=_as_bool(app.config.get(AUTOSTART_KEY, DEFAULT_AUTOSTART_WORKER)),
+            observer=self.observer if app.config.get(OBSERVER_KEY) is None else app.config[OBSERVER_KEY],
         )
         self._states[app] = state
         app.extensions[EXTENSION_KEY] = self
@@ -229,7 +240,7 @@ class Runledger:
             if state.supervisor is not None and state.supervisor_pid == os.getpid():
                 return state.supervisor
             state.registry.sync_definitions(state.engine)
-            supervisor = rl.Supervisor(state.engine, state.registry, state.config)
+            supervisor = rl.Supervisor(state.engine, state.registry, state.config, observer=state.observer)
             supervisor.start()
             state.supervisor, state.supervisor_pid = supervisor, os.getpid()
         atexit.register(_stop_at_exit, weakref.ref(supervisor))
@@ -260,7 +271,8 @@ class Runledger:
         """
         state = self._state(app)
         state.registry.sync_definitions(state.engine)
-        return rl.Supervisor(state.engine, state.registry, state.config).run_until_shutdown(drain_timeout)
+        supervisor = rl.Supervisor(state.engine, state.registry, state.config, observer=state.observer)
+        return supervisor.run_until_shutdown(drain_timeout)
 
 
 def _stop_at_exit(supervisor_ref: weakref.ref[rl.Supervisor]) -> None:

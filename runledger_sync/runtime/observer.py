@@ -1,4 +1,4 @@
-"""The points at which the worker reports what it does, for metrics kept in process.
+"""The points at which the worker reports what it does, for metrics kept in process (or gathered from worker processes).
 
 The worker holds an observer, or None. With None (metrics off) each point costs
 one attribute check; with one, a call per claimed batch, per job end, per
@@ -44,3 +44,24 @@ FailureObserver = Callable[[str, JobFailure, Optional[BaseException]], None]
 def failure_observer(observer: Optional[WorkerObserver]) -> Optional[FailureObserver]:
     """The observer's ``attempt_failed``, or None: observers written before it was added keep working."""
     return getattr(observer, "attempt_failed", None)
+
+
+class ProcessesObserver(WorkerObserver, Protocol):
+    """An observer that follows worker processes too: what ``Supervisor(processes=N, observer=...)`` needs.
+
+    The parent runs no job, so its observer is told nothing itself: each worker
+    process builds its own, and the observer gathers what they count (through
+    files, a socket...) wherever it is read.
+    """
+
+    def worker_process_observer(self) -> Callable[[], WorkerObserver]:
+        """Return a picklable callable that each worker process calls once, first of all, for its own observer."""
+
+    def worker_process_exited(self, pid: int) -> None:
+        """The worker process ``pid`` has exited (it may be restarted under another pid)."""
+
+
+def follows_processes(observer: Optional[WorkerObserver]) -> bool:
+    """Whether ``observer`` can be given with ``processes > 1``."""
+    return callable(getattr(observer, "worker_process_observer", None)) and \
+        callable(getattr(observer, "worker_process_exited", None))

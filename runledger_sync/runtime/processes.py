@@ -23,6 +23,9 @@ passes, the parent sends SIGUSR1: the child tells its running jobs to stop and
 ends after their grace; one still running after that is killed. A child also drains when
 its parent is gone. The URL, password included, reaches a child through
 multiprocessing's pipe, never its command line or environment.
+
+An observer (metrics) given to the group is asked for a picklable factory that
+each child calls first of all, and told when a child exits.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from runledger_sync.core.errors import ConfigError
 from runledger_sync.db.engine import create_engine
 from runledger_sync.logging import configured_setup, get_logger
 from runledger_sync.registry import JobRegistry, load_registry
+from runledger_sync.runtime.observer import ProcessesObserver, WorkerObserver
 
 log = get_logger(__name__)
 
@@ -134,6 +138,8 @@ class ChildSpec:
     run_scheduler: bool
     parent_pid: int
     logging: Optional[dict[str, Any]]
+    #: Called first thing in the child for the observer its worker reports to (None: no observer).
+    observer: Optional[Callable[[], WorkerObserver]] = None
 
 
 @dataclass
@@ -155,7 +161,7 @@ class ProcessGroup:
     def __init__(
         self, engine: Engine, registry: JobRegistry, app: Optional[str], config: JobsConfig, processes: int,
         *, run_reaper: bool, run_scheduler: bool, shutdown_event: threading.Event,
-        child_main: Callable[[ChildSpec], None],
+        child_main: Callable[[ChildSpec], None], observer: Optional[ProcessesObserver] = None,
     ) -> None:
         if not app:
             raise ConfigError([f"processes={processes} needs app='module:attribute' naming your JobRegistry, "
@@ -176,6 +182,8 @@ class ProcessGroup:
         # which imports this module, so it is handed in rather than imported.
         self.child_main = child_main
         self.slots = [_Slot(index) for index in range(processes)]
+        self.observer = observer
+        self._child_observer: Optional[Callable[[], WorkerObserver]] = None
         self._context = multiprocessing.get_context("spawn")
         self._monitor: Optional[threading.Thread] = None
         self._failure: Optional[str] = None
@@ -207,6 +215,10 @@ class ProcessGroup:
         # A worker id the suffix makes too long is refused here, not in a child
         # (checked with a restart count a long-lived group will not reach).
         self.child_config(len(self.slots) - 1, 99_999).validate()
+        if self.observer is not None:
+            # Asked at the start, not at construction: what it sets up (a directory,
+            # say) exists only for a group that runs.
+            self._child_observer = self.observer.worker_process_observer()
         self._monitor = threading.Thread(target=self._watch, name="runledger-processes", daemon=True)
         self._monitor.start()
 
@@ -264,8 +276,10 @@ class ProcessGroup:
     def _check(self, slot: _Slot, stopping: bool) -> None:
         process = slot.process
         if process is not None and process.exitcode is not None:
-            slot.process, slot.last_exit = None, process.exitcode
+            slot.process, slot.last_exit, pid = None, process.exitcode, process.pid
             process.close()
+            if self.observer is not None and pid is not None:
+                self.observer.worker_process_exited(pid)
             if stopping:
                 # A child signalled before it set its handler held no job: that ending is clean too.
                 clean = slot.last_exit in (0, -signal.SIGTERM, -signal.SIGUSR1)
@@ -312,7 +326,7 @@ class ProcessGroup:
         spec = ChildSpec(
             app=self.app, engine=self.engine_spec, config=config, index=slot.index,
             run_reaper=self.run_reaper and first, run_scheduler=self.run_scheduler and first,
-            parent_pid=os.getpid(), logging=configured_setup(),
+            parent_pid=os.getpid(), logging=configured_setup(), observer=self._child_observer,
         )
         process = self._context.Process(target=self.child_main, args=(spec,), name=f"runledger-{config.worker_id}",
                                         # Daemonic: should the parent's interpreter exit first, it

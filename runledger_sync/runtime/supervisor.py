@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, cast
 
 from sqlalchemy.engine import Engine
 
@@ -38,7 +38,7 @@ from runledger_sync.runtime.health import (
     SupervisorHealth,
 )
 from runledger_sync.runtime.loop_health import process_health, thread_health
-from runledger_sync.runtime.observer import WorkerObserver
+from runledger_sync.runtime.observer import ProcessesObserver, WorkerObserver, follows_processes
 from runledger_sync.runtime.processes import CHECK_SECONDS, EXIT_REFUSED, ChildSpec, ProcessGroup, check_processes
 from runledger_sync.runtime.processes import log as process_log
 from runledger_sync.runtime.reaper import run_reaper_loop
@@ -75,7 +75,9 @@ class Supervisor:
             that cannot load ``app``, all are stopped and :attr:`failure` says why).
         observer: told of each claimed batch, job end and group write of the
             worker (:class:`runledger_sync.metrics.WorkerMetrics` keeps Prometheus
-            counters); only with ``processes=1``, since it lives in this process.
+            counters). With ``processes > 1`` it must also follow worker processes
+            (:class:`~runledger_sync.runtime.observer.ProcessesObserver`, as WorkerMetrics does):
+            each process then reports to an observer of its own that it asks for.
         app: with ``processes > 1``, where each worker process imports the registry:
             ``"module:attribute"`` naming a JobRegistry, or a callable returning
             one, with the same job types as ``registry``. Required then, since a
@@ -84,8 +86,8 @@ class Supervisor:
     Raises:
         ConfigError: ``processes`` is not an int >= 1, or it is > 1 and ``app`` is
             missing, does not import, names no registry or one with other types,
-            or is the ``__main__`` of an interactive session; or an ``observer`` is
-            given with ``processes > 1``.
+            or is the ``__main__`` of an interactive session; or an ``observer`` that
+            does not follow worker processes is given with ``processes > 1``.
 
     Example:
         ``with rl.Supervisor(engine, registry, rl.JobsConfig.from_env()): serve()``, or
@@ -125,12 +127,13 @@ class Supervisor:
         self._failure: Optional[str] = None
         self._probe = DatabaseProbe(engine)
         self.processes = check_processes(processes)
-        if observer is not None and processes > 1:
-            raise ConfigError([f"an observer needs processes=1 (got {processes}): worker processes "
-                               "keep their counts in their own memory"])
+        if observer is not None and processes > 1 and not follows_processes(observer):
+            raise ConfigError([f"this observer needs processes=1 (got {processes}): it has no "
+                               "worker_process_observer() to give each worker process one of its own"])
         self._group = ProcessGroup(
             engine, registry, app, self.config, processes, run_reaper=run_reaper, run_scheduler=run_scheduler,
             shutdown_event=self.shutdown_event, child_main=child_main,
+            observer=cast(Optional[ProcessesObserver], observer),  # follows_processes() said so
         ) if processes > 1 else None
 
     @property
@@ -347,6 +350,8 @@ def child_main(spec: ChildSpec) -> None:
     """
     # Ctrl-C reaches the whole process group; the parent alone decides what it means.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Before the app is imported: an observer may need to set this process up before any metric exists.
+    observer = spec.observer() if spec.observer is not None else None
     if spec.logging is not None:
         setup = dict(spec.logging)
         configure_logging(level=setup["level"], json=setup["json"], stream=getattr(sys, setup["stream_name"]),
@@ -359,7 +364,7 @@ def child_main(spec: ChildSpec) -> None:
         sys.exit(EXIT_REFUSED)
     engine = spec.engine.build()
     supervisor = Supervisor(engine, registry, spec.config, run_reaper=spec.run_reaper,
-                            run_scheduler=spec.run_scheduler)
+                            run_scheduler=spec.run_scheduler, observer=observer)
 
     def on_sigterm(_signum: int, _frame: Any) -> None:
         if not supervisor.shutdown_event.is_set():

@@ -25,8 +25,8 @@ START_TIMEOUT = 60
 class ParentProcess:
     """The worker command in a child of the test, its JSON log lines (its own and its children's) collected."""
 
-    def __init__(self, url: str, *options: str) -> None:
-        env = {**os.environ, process_app.URL_VARIABLE: url}
+    def __init__(self, url: str, *options: str, env: dict[str, str] | None = None) -> None:
+        env = {**os.environ, process_app.URL_VARIABLE: url, **(env or {})}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "runledger_sync.cli", "--database-url", url, "worker",
              "--app", "tests.process_app:registry", "--processes", "2", "--worker-id", "cli",

@@ -104,17 +104,26 @@ def with_django_connections(registry: rl.JobRegistry) -> rl.JobRegistry:
     return registry.wrapped(_fresh_connections)
 
 
-def build_supervisor(config: rl.JobsConfig | None = None, *, using: str | None = None) -> rl.Supervisor:
+def get_observer() -> Any:
+    """Return the worker's observer named by ``RUNLEDGER["OBSERVER"]``, or None."""
+    return _app_config().get_observer()
+
+
+def build_supervisor(
+    config: rl.JobsConfig | None = None, *, using: str | None = None, observer: Any = None,
+) -> rl.Supervisor:
     """Return a Supervisor over the project's engine and wrapped registry (definitions written).
 
     Args:
         config: Defaults to :func:`get_config`.
         using: The ``DATABASES`` alias; defaults to ``RUNLEDGER["DATABASE"]``.
+        observer: What the worker reports to; defaults to :func:`get_observer`.
     """
     engine = get_engine(using)
     registry = with_django_connections(get_registry())
     registry.sync_definitions(engine)
-    return rl.Supervisor(engine, registry, config if config is not None else get_config())
+    return rl.Supervisor(engine, registry, config if config is not None else get_config(),
+                         observer=observer if observer is not None else get_observer())
 
 
 def migrate(using: str | None = None) -> tuple[str | None, str | None]:
@@ -137,6 +146,7 @@ __all__ = [
     "enqueue",
     "get_config",
     "get_engine",
+    "get_observer",
     "get_registry",
     "migrate",
     "with_django_connections",

@@ -69,6 +69,14 @@ class RunledgerConfig(AppConfig):
                 self._registry = _load_registry(self.runledger_settings.registry)
             return self._registry
 
+    def get_observer(self) -> Any:
+        """Return the observer named by ``RUNLEDGER["OBSERVER"]`` (importing it on first use), or None."""
+        spec = self.runledger_settings.observer
+        if not isinstance(spec, str):
+            return spec
+        module_name, attribute = spec.split(":")
+        return getattr(importlib.import_module(module_name), attribute)
+
     def jobs_config(self) -> rl.JobsConfig:
         """Return the JobsConfig of ``RUNLEDGER["CONFIG"]`` over :meth:`JobsConfig.from_env`."""
         return jobs_config(self.runledger_settings.config)

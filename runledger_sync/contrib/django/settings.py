@@ -9,6 +9,7 @@ never at import::
         "DATABASE": "default",               # optional; the DATABASES alias holding the queue
         "POOL_MODE": "transaction",          # optional; behind PgBouncer in transaction pooling mode
         "CONFIG": {"max_global_concurrency": 8},   # JobsConfig fields over JobsConfig.from_env()
+        "OBSERVER": "myapp.ops:worker_metrics",   # optional; what the worker reports to (module:attribute or the object)
         "DASHBOARD": {                       # optional; the dashboard mounted by contrib.django.urls
             "READ_ONLY": False,              # default True
             "AUTHORIZE": "myapp.ops:can",    # authorize(django_request, action); default: staff users only
@@ -31,7 +32,7 @@ import runledger_sync as rl
 
 SETTING_NAME = "RUNLEDGER"
 DEFAULT_DATABASE_ALIAS = "default"
-KNOWN_KEYS = frozenset({"REGISTRY", "SCHEMA", "DATABASE", "CONFIG", "POOL_MODE", "DASHBOARD"})
+KNOWN_KEYS = frozenset({"REGISTRY", "SCHEMA", "DATABASE", "CONFIG", "POOL_MODE", "DASHBOARD", "OBSERVER"})
 DASHBOARD_KEYS = frozenset({"READ_ONLY", "AUTHORIZE", "ORGANIZATION"})
 #: DATABASES ENGINE values that speak PostgreSQL.
 POSTGRES_ENGINES = frozenset(
@@ -70,6 +71,8 @@ class RunledgerSettings:
         config: JobsConfig field -> value, applied over :meth:`JobsConfig.from_env`.
         pool_mode: How the queue engine's connections reach PostgreSQL; None means
             the RUNLEDGER_POOL_MODE environment variable, then session.
+        observer: ``module:attribute`` of the worker's observer (a
+            :class:`runledger_sync.metrics.WorkerMetrics`, say), the observer itself, or None.
     """
 
     registry: str | None = None
@@ -78,6 +81,7 @@ class RunledgerSettings:
     config: Mapping[str, Any] = field(default_factory=dict)
     pool_mode: rl.PoolMode | None = None
     dashboard: DashboardSettings = field(default_factory=DashboardSettings)
+    observer: Any = None
 
 
 def read_settings(django_settings: Any) -> RunledgerSettings:
@@ -108,7 +112,17 @@ def read_settings(django_settings: Any) -> RunledgerSettings:
         config=config,
         pool_mode=_pool_mode(raw.get("POOL_MODE")),
         dashboard=_dashboard(raw.get("DASHBOARD")),
+        observer=_observer(raw.get("OBSERVER")),
     )
+
+
+def _observer(value: Any) -> Any:
+    if value is None:
+        return None
+    if (isinstance(value, str) and value.count(":") == 1) or callable(getattr(value, "job_finished", None)):
+        return value
+    raise ImproperlyConfigured(f"{SETTING_NAME}['OBSERVER'] must be 'module:attribute' or an observer "
+                               f"(runledger_sync.metrics.WorkerMetrics, say), got {value!r}")
 
 
 def _dashboard(value: Any) -> DashboardSettings:

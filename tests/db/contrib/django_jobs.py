@@ -7,6 +7,7 @@ from typing import Any
 from django.db import connections
 
 import runledger_sync as rl
+from runledger_sync.metrics import WorkerMetrics
 
 JOB_TYPE = "django.order_placed"
 
@@ -30,3 +31,7 @@ def dashboard_operator(request: Any, action: str) -> bool:
     It is given the Django request, as a project's own hook is.
     """
     return action == "view" or request.META.get("HTTP_X_OPERATOR") == "ada"
+
+
+#: The worker's observer, when a test names it in RUNLEDGER["OBSERVER"].
+worker_metrics = WorkerMetrics()

@@ -249,6 +249,69 @@ def test_runledger_worker_command_runs_until_sigterm(runledger):
     assert [run[2] for run in django_jobs.runs] == [{"item": "command"}]
 
 
+def succeeded_count(metrics: Any) -> float:
+    return sum(sample.value for family in metrics.collect() for sample in family.samples
+               if sample.name == "runledger_jobs_total" and sample.labels == {"job_type": JOB_TYPE,
+                                                                               "outcome": "succeeded"})
+
+
+@contextlib.contextmanager
+def observer_setting(value: Any) -> Iterator[None]:
+    app_config = django.apps.apps.get_app_config("runledger")
+    configured = app_config.runledger_settings
+    app_config.runledger_settings = dataclasses.replace(configured, observer=value)
+    try:
+        yield
+    finally:
+        app_config.runledger_settings = configured
+
+
+def test_runledger_worker_command_counts_its_jobs_for_the_observer_the_setting_names(runledger):
+    engine = runledger.get_engine()
+    metrics = django_jobs.worker_metrics
+    before = succeeded_count(metrics)
+    job = rl.enqueue(engine, JOB_TYPE, {"item": "counted"})
+
+    def stop_when_counted() -> None:
+        # The counter can only move while the command runs, so its signal handler is installed.
+        try:
+            wait_until(lambda: succeeded_count(metrics) == before + 1, timeout=15)
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    watcher = threading.Thread(target=stop_when_counted, daemon=True)
+    with observer_setting("tests.db.contrib.django_jobs:worker_metrics"):
+        assert runledger.get_observer() is metrics
+        watcher.start()
+        call_command("runledger_worker", "--drain-timeout", "5")
+    watcher.join(5)
+    assert rl.get_job(engine, job.id).status == rl.JobStatus.SUCCEEDED
+    assert succeeded_count(metrics) == before + 1
+
+
+def test_build_supervisor_counts_its_jobs_for_an_observer_object_in_the_setting(runledger):
+    from runledger_sync.metrics import WorkerMetrics
+
+    engine = runledger.get_engine()
+    metrics = WorkerMetrics()
+    jobs = [rl.enqueue(engine, JOB_TYPE, {"item": item}) for item in ("a", "b")]
+    with observer_setting(metrics), runledger.build_supervisor():
+        wait_until(lambda: all(rl.get_job(engine, job.id).status == rl.JobStatus.SUCCEEDED for job in jobs))
+        wait_until(lambda: succeeded_count(metrics) == 2)
+    assert succeeded_count(metrics) == 2
+
+
+def test_an_observer_setting_that_is_neither_a_name_nor_an_observer_is_reported():
+    class Settings:
+        RUNLEDGER = {"OBSERVER": "no_colon"}  # noqa: RUF012 - a settings stub
+
+    with pytest.raises(ImproperlyConfigured, match=r"OBSERVER'\] must be 'module:attribute' or an observer"):
+        read_settings(Settings)
+    Settings.RUNLEDGER = {"OBSERVER": object()}
+    with pytest.raises(ImproperlyConfigured, match="OBSERVER"):
+        read_settings(Settings)
+
+
 def test_runledger_worker_command_refuses_a_log_format_variable_it_does_not_know(runledger, monkeypatch):
     monkeypatch.setenv("RUNLEDGER_LOG_FORMAT", "xml")
     with pytest.raises(CommandError, match="RUNLEDGER_LOG_FORMAT must be one of text, json, got 'xml'") as refused:

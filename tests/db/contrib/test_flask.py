@@ -15,6 +15,8 @@ import sqlalchemy as sa
 import runledger_sync as rl
 from runledger_sync.contrib import flask as rl_flask
 from runledger_sync.db.pool_mode import policy_of
+from runledger_sync.metrics import WorkerMetrics
+from tests.db.test_docs import marked
 from tests.support import scalar, wait_until
 
 JOB_TYPE = "flask.note_created"
@@ -42,11 +44,11 @@ FAST_APP_CONFIG = {
 }
 
 
-def make_app(url: str, **config: Any) -> tuple[Any, rl_flask.Runledger]:
+def make_app(url: str, *, observer: Any = None, **config: Any) -> tuple[Any, rl_flask.Runledger]:
     app = flask.Flask(APP_NAME)
     app.config.update(RUNLEDGER_DATABASE_URL=url, **FAST_APP_CONFIG)
     app.config.update(config)
-    ext = rl_flask.Runledger(app, registry)
+    ext = rl_flask.Runledger(app, registry, observer=observer)
 
     @app.post("/notes")
     def create_note() -> Any:
@@ -302,3 +304,72 @@ def test_pool_mode_key_builds_an_engine_that_neither_prepares_nor_listens(fresh_
     bad.config.update(RUNLEDGER_DATABASE_URL=fresh_database, RUNLEDGER_POOL_MODE="statement")
     with pytest.raises(rl.ConfigError, match="pool_mode must be one of session, transaction, got 'statement'"):
         rl_flask.Runledger(bad)
+
+
+def succeeded_count(metrics: WorkerMetrics) -> float:
+    return sum(sample.value for family in metrics.collect() for sample in family.samples
+               if sample.name == "runledger_jobs_total" and sample.labels == {"job_type": JOB_TYPE,
+                                                                               "outcome": "succeeded"})
+
+
+def test_in_process_worker_counts_its_jobs_for_the_observer_the_config_key_names(fresh_database):
+    metrics, ignored = WorkerMetrics(), WorkerMetrics()
+    app, ext = make_app(fresh_database, observer=ignored, RUNLEDGER_OBSERVER=metrics)
+    metadata.create_all(ext.engine)
+    try:
+        ext.start_worker(app)
+        client = app.test_client()
+        job_ids = [client.post("/notes", json={"body": body}).get_json()["job_id"] for body in ("a", "b")]
+        wait_until(lambda: all(job_status(ext.engine, job_id) == "SUCCEEDED" for job_id in job_ids))
+        # The counter moves just after the success commits, on the job's own thread.
+        wait_until(lambda: succeeded_count(metrics) == 2)
+    finally:
+        assert ext.stop_worker(app, timeout=10)
+        ext.engine.dispose()
+    assert succeeded_count(metrics) == 2 and succeeded_count(ignored) == 0  # the app's key wins
+
+
+def test_cli_worker_counts_its_jobs_for_the_extensions_observer(fresh_database):
+    metrics = WorkerMetrics()
+    app, ext = make_app(fresh_database, observer=metrics)
+    ext.sync_definitions(app)
+    with app.app_context():
+        job = ext.enqueue(JOB_TYPE, {"body": "counted"})
+
+    def stop_when_counted() -> None:
+        try:
+            wait_until(lambda: succeeded_count(metrics) == 1, timeout=15)
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    watcher = threading.Thread(target=stop_when_counted, daemon=True)
+    watcher.start()
+    try:
+        result = app.test_cli_runner().invoke(args=["runledger", "worker", "--drain-timeout", "5"])
+        watcher.join(5)
+        status = job_status(ext.engine, str(job.id))
+    finally:
+        ext.engine.dispose()
+    assert result.exit_code == 0, result.output
+    assert status == "SUCCEEDED" and succeeded_count(metrics) == 1
+
+
+def test_the_documented_flask_metrics_snippet_counts_the_in_process_workers_jobs(fresh_database):
+    app = flask.Flask(APP_NAME)
+    app.config.update(RUNLEDGER_DATABASE_URL=fresh_database, **FAST_APP_CONFIG)
+    namespace = {"flask_app": app, "registry": registry, "Runledger": rl_flask.Runledger}
+    exec(compile(marked("metrics-frameworks", "python"), "docs:metrics-frameworks", "exec"), namespace)  # noqa: S102
+    ext = namespace["runledger"]
+    try:
+        ext.sync_definitions(app)
+        with app.app_context():
+            job = ext.enqueue(JOB_TYPE, {"body": "documented"})
+        ext.start_worker(app)
+        wait_until(lambda: job_status(ext.engine, str(job.id)) == "SUCCEEDED")
+        scraped = namespace["metrics_registry"]
+        wait_until(lambda: scraped.get_sample_value(
+            "runledger_jobs_total", {"job_type": JOB_TYPE, "outcome": "succeeded"}) == 1)
+    finally:
+        assert ext.stop_worker(app, timeout=10)
+        ext.engine.dispose()
+    assert scraped.get_sample_value("runledger_queue_up") == 1

@@ -7,7 +7,6 @@ import re
 import threading
 from pathlib import Path
 
-import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
@@ -197,12 +196,6 @@ def test_the_queue_gauges_by_queue_say_what_waits_and_each_queues_pause_and_limi
     assert by_queue("runledger_queue_rate_used") == {"mail": 1}
     # The gauges by job type keep their names and labels.
     assert samples[("runledger_queue_jobs", (("job_type", "m.bulk"), ("status", "PENDING")))] == 3
-
-
-def test_an_observer_is_refused_with_worker_processes(engine):
-    with pytest.raises(rl.ConfigError, match="observer needs processes=1"):
-        rl.Supervisor(engine, rl.JobRegistry(), fast_config(), processes=2, app="tests.cli_app:registry",
-                      observer=WorkerMetrics())
 
 
 def test_the_grafana_dashboard_queries_only_metrics_a_worker_serves(engine):
