@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
+from uuid import UUID
 
 from sqlalchemy import (
     Float,
@@ -45,6 +46,7 @@ from runledger_sync.store._claim_queues import (
 )
 from runledger_sync.store._errors import owns_transaction, run_in_transaction
 from runledger_sync.store._prepared import PreparedStatement, execute_in_turn
+from runledger_sync.store._scope import check_job_id
 from runledger_sync.store._rows import JOB_COLUMNS, to_jobs
 from runledger_sync.store._sql import event_insert, event_log_params, full_event_log, ids_of, seconds
 
@@ -59,8 +61,11 @@ _LEASED = JobStatus.LEASED.value
 _PENDING_IN_TEXT = literal_column(f"'{JobStatus.PENDING.value}'", Text)
 
 
-def _build_claim(with_type_filter: bool, *, returning_rows: bool = True) -> Any:
-    """The claim; ``returning_rows`` False answers only how many jobs it leased (a result nobody reads)."""
+def _build_claim(with_type_filter: bool, *, returning_rows: bool = True, with_id_filter: bool = False) -> Any:
+    """The claim; ``returning_rows`` False answers only how many jobs it leased (a result nobody reads).
+
+    ``with_id_filter`` narrows it to the jobs named in ``job_ids`` (a test working one job it enqueued).
+    """
     clock = build_clock()
     served = build_served(clock)
     key_room = key_rate_room(served, clock, _q.execution_resource_key)
@@ -71,6 +76,8 @@ def _build_claim(with_type_filter: bool, *, returning_rows: bool = True) -> Any:
     ]
     if with_type_filter:
         conditions.append(_q.job_type == func.any(bindparam("job_types", type_=ARRAY(Text))))
+    if with_id_filter:
+        conditions.append(_q.id == func.any(cast(bindparam("job_ids", type_=ARRAY(Text)), ARRAY(PG_UUID(as_uuid=True)))))
     in_queue = (
         select(_q.id, _q.queue, _q.execution_resource_key, *_claim_order_columns(_q), key_room.label("key_room"))
         .where(*conditions)
@@ -178,6 +185,8 @@ def _claim_order(columns: Any) -> tuple[Any, ...]:
 # reads the claim index and the update looks the picked ids up, at any queue size.
 _CLAIM_ANY_TYPE = PreparedStatement("claim", _build_claim(with_type_filter=False), index_plan=True)
 _CLAIM_FOR_TYPES = PreparedStatement("claim_for_types", _build_claim(with_type_filter=True), index_plan=True)
+#: The claim of named jobs only: rare (a test's run_job), so planned by PostgreSQL's own rule.
+_CLAIM_NAMED = PreparedStatement("claim_named", _build_claim(with_type_filter=True, with_id_filter=True))
 #: The worker's claim, when the jobs' rows come back from the running write that follows it.
 CLAIM_FOR_TYPES_UNREAD = PreparedStatement(
     "claim_for_types_unread", _build_claim(with_type_filter=True, returning_rows=False), index_plan=True)
@@ -192,10 +201,12 @@ def claim_params(
     event_log: EventLog | str,
     queues: Optional[Sequence[str]] = None,
     queue_rooms: Optional[Mapping[str, int]] = None,
+    job_ids: Optional[Sequence[UUID | str]] = None,
 ) -> Optional[dict[str, Any]]:
     """The checked parameters of a claim (``job_types`` among them when given); None when no type is asked for.
 
-    ``queues`` None serves every queue; ``queue_rooms`` caps this claim per queue (the worker's own share).
+    ``queues`` None serves every queue; ``queue_rooms`` caps this claim per queue (the worker's own share);
+    ``job_ids`` (None: any job) narrows it to those jobs.
     """
     check.check_text("worker_id", worker_id, max_length=check.WORKER_ID_MAX_LENGTH)
     number = isinstance(lease_ttl_seconds, (int, float)) and not isinstance(lease_ttl_seconds, bool)
@@ -214,6 +225,8 @@ def claim_params(
         if not types:
             return None
         params["job_types"] = types
+    if job_ids is not None:
+        params["job_ids"] = [str(check_job_id(job_id)) for job_id in job_ids]
     return params
 
 
@@ -227,11 +240,15 @@ def _claim(
     event_log: EventLog | str,
     queues: Optional[Sequence[str]],
     queue_rooms: Optional[Mapping[str, int]],
+    job_ids: Optional[Sequence[UUID | str]] = None,
 ) -> list[JobRecord]:
-    params = claim_params(origin, worker_id, lease_ttl_seconds, limit, job_types, event_log, queues, queue_rooms)
+    params = claim_params(origin, worker_id, lease_ttl_seconds, limit, job_types, event_log, queues, queue_rooms, job_ids)
     if params is None:
         return []
-    statement = _CLAIM_FOR_TYPES if "job_types" in params else _CLAIM_ANY_TYPE
+    if "job_ids" in params:
+        statement = _CLAIM_NAMED
+    else:
+        statement = _CLAIM_FOR_TYPES if "job_types" in params else _CLAIM_ANY_TYPE
     if not owns_transaction(bind):
         return run_in_transaction(bind, lambda connection: _claim_in_callers_transaction(connection, statement, params))
     settings = PRESTART_CLAIM_SETTINGS if origin is ClaimOrigin.WORKER_PRESTART else _CLAIM_SETTINGS
@@ -322,6 +339,7 @@ def claim_prestart_jobs_for_types(
     event_log: EventLog | str = EventLog.FULL,
     queues: Optional[Sequence[str]] = None,
     queue_rooms: Optional[Mapping[str, int]] = None,
+    job_ids: Optional[Sequence[UUID | str]] = None,
 ) -> list[JobRecord]:
     """Lease due jobs of ``job_types`` as prestart claims, the worker's way.
 
@@ -333,9 +351,11 @@ def claim_prestart_jobs_for_types(
             connection whose open transaction the call joins (the caller commits).
         event_log: ``full`` writes a LEASED event per job; ``transitions`` does not
             (the worker passes ``JobsConfig.event_log``).
+        job_ids: only these jobs, if due and claimable (None: any job of the types);
+            :func:`runledger_sync.testing.run_job` works the one job it enqueued this way.
 
     Raises:
-        InvalidArgument: ``event_log`` is not a level of :class:`EventLog`.
+        InvalidArgument: ``event_log`` is not a level of :class:`EventLog`, or a job id is malformed.
     """
     return _claim(bind, ClaimOrigin.WORKER_PRESTART, worker_id, lease_ttl_seconds, limit, job_types, event_log,
-                  queues, queue_rooms)
+                  queues, queue_rooms, job_ids)
