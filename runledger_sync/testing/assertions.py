@@ -109,8 +109,6 @@ def refute_enqueued(engine: Engine, job_type: str, payload: Any = None, **filter
 
 
 def _with_payload(payload: Any, filters: dict[str, Any]) -> dict[str, Any]:
-    if "payload" in filters:
-        raise InvalidArgument("payload", filters["payload"], "given once, as the third argument")
     return filters if payload is None else {"payload": payload, **filters}
 
 
@@ -152,6 +150,19 @@ def _mismatches(job: JobRecord, wanted: dict[str, Any]) -> list[str]:
 def _contains(actual: Any, expected: Any) -> bool:
     if isinstance(expected, dict):
         return isinstance(actual, dict) and all(k in actual and _contains(actual[k], v) for k, v in expected.items())
+    return _same_json(actual, expected)
+
+
+def _same_json(actual: Any, expected: Any) -> bool:
+    """Equal as JSON values: ``true`` is not ``1``, as Python's ``True == 1`` would have it."""
+    if isinstance(expected, (list, tuple)):
+        return (isinstance(actual, list) and len(actual) == len(expected)
+                and all(_same_json(a, e) for a, e in zip(actual, expected, strict=True)))
+    if isinstance(expected, dict):
+        return isinstance(actual, dict) and actual.keys() == expected.keys() and all(
+            _same_json(actual[k], v) for k, v in expected.items())
+    if isinstance(expected, bool) or isinstance(actual, bool):
+        return actual is expected
     return bool(actual == expected)
 
 
