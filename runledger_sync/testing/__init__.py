@@ -13,7 +13,7 @@ Example:
 """
 
 from runledger_sync.testing.assertions import assert_enqueued, enqueued_jobs, refute_enqueued
-from runledger_sync.testing.drain import DrainedJob, DrainResult, drain, run_job
+from runledger_sync.testing.in_process import DrainedJob, DrainResult, drain, run_job
 
 __all__ = [
     "DrainResult",

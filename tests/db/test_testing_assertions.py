@@ -9,6 +9,7 @@ import pytest
 import runledger_sync as rl
 from runledger_sync import testing
 from runledger_sync.core.errors import InvalidArgument
+from tests.db.test_docs import marked
 
 
 @pytest.fixture
@@ -130,3 +131,15 @@ def test_a_malformed_filter_is_refused_with_a_code(engine, call, argument):
         call(engine)
     assert raised.value.code == "job.invalid_argument"
     assert argument in str(raised.value)
+
+
+def test_the_failure_message_shown_in_the_documentation_is_the_one_raised(engine, registry):
+    registry.job("crm.sync")(lambda ctx, payload: None)
+    registry.sync_definitions(engine)
+    rl.enqueue(engine, "crm.sync", {"email": "alan@example.test", "source": "import"}, priority=7)
+
+    with pytest.raises(AssertionError) as raised:
+        testing.assert_enqueued(engine, "crm.sync", {"email": "ada@example.test"}, priority=3)
+
+    shown = re.sub(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "<id>", str(raised.value))
+    assert shown + "\n" == marked("testing-failure-message", "text")

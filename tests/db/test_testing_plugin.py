@@ -9,6 +9,7 @@ from pathlib import Path
 import sqlalchemy
 
 from runledger_sync.testing.databases import DATABASE_PREFIX, TEST_URL_VARIABLE
+from tests.db.test_docs import marked
 
 pytest_plugins = ["pytester"]
 
@@ -85,3 +86,12 @@ def test_the_plugin_is_registered_as_a_pytest11_entry_point_named_after_its_modu
     assert entry_points == [f"{PLUGIN} = {PLUGIN}"]
     assert f"-p no:{PLUGIN}" in config["tool:pytest"]["addopts"]
 
+
+
+def test_the_documented_test_suite_passes_with_the_plugin(pytester, monkeypatch, pg_server):
+    monkeypatch.setenv(TEST_URL_VARIABLE, pg_server.url())
+    pytester.makepyfile(test_documented=marked("testing-pytest-suite", "python"))
+
+    result = pytester.runpytest_inprocess("-p", PLUGIN, "-p", "no:cacheprovider")
+
+    result.assert_outcomes(passed=2)

@@ -64,14 +64,17 @@ class DrainResult:
 
     @property
     def succeeded(self) -> int:
+        """How many attempts succeeded."""
         return self.by_outcome.get("succeeded", 0)
 
     @property
     def retried(self) -> int:
+        """How many attempts failed with a retry scheduled."""
         return self.by_outcome.get("retried", 0)
 
     @property
     def dead_lettered(self) -> int:
+        """How many attempts ended their job in the dead-letter state."""
         return self.by_outcome.get("dead_lettered", 0)
 
     def ids(self, outcome: Optional[str] = None) -> list[UUID]:
