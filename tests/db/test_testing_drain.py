@@ -101,6 +101,19 @@ def test_drain_runs_the_handler_on_the_calling_thread_and_the_dead_letter_hook_b
     assert seen == {"thread": threading.current_thread(), "reason": "report.bad"}
 
 
+def test_a_handler_past_its_deadline_is_told_to_stop_and_its_timeout_written(engine, registry):
+    @registry.job("slow", timeout_seconds=1, max_attempts=1)
+    def slow(ctx, payload):
+        assert ctx.wait_cancelled(30), "the deadline's cancellation never came"
+        ctx.check_cancelled()
+
+    registry.sync_definitions(engine)
+    job = rl.enqueue(engine, "slow", {})
+
+    assert testing.drain(engine, registry).by_outcome == {"dead_lettered": 1}
+    assert rl.get_job(engine, job.id).last_error_code == "job.timeout_exceeded"
+
+
 def test_drain_stops_at_max_jobs(engine, registry):
     @registry.job("ok")
     def ok(ctx, payload):
