@@ -1,8 +1,10 @@
 """Operator actions on one job: cancel it, or requeue a finished one (spec section 4, Cancel and Requeue).
 
-Beside them, :func:`make_jobs_due` brings waiting jobs forward (tests draining retries and delayed jobs).
-
 Both take an optional ``organization_id`` scope, as every admin call does.
+
+Beside them, :func:`make_jobs_due` brings waiting jobs forward to now, for a
+test that works retries and delayed jobs without waiting for them
+(:func:`runledger_sync.testing.drain` with ``include_scheduled``).
 """
 
 from __future__ import annotations

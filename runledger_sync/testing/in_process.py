@@ -86,10 +86,15 @@ class DrainResult:
 
 
 class _Outcomes:
-    """The observer a drain hands the worker's tally: it keeps how each attempt ended."""
+    """The observer a drain hands the worker's tally: it keeps how each attempt ended.
+
+    The worker's other reports (claims, group writes, renewals) mean nothing to a drain.
+    """
 
     def __init__(self) -> None:
         self.ended: list[str] = []
+        #: A Ctrl-C that reached the handler: the worker records it as a panic, and the drain then stops with it.
+        self.interrupt: Optional[KeyboardInterrupt] = None
 
     def claimed(self, jobs: Sequence[JobRecord]) -> None:
         pass
@@ -104,7 +109,8 @@ class _Outcomes:
         pass
 
     def attempt_failed(self, job_type: str, failure: JobFailure, exception: Optional[BaseException]) -> None:
-        pass
+        if isinstance(exception, KeyboardInterrupt):
+            self.interrupt = exception
 
 
 class _InProcessWorker:
@@ -130,8 +136,16 @@ class _InProcessWorker:
         return claimed[0] if claimed else None
 
     def work(self, job: JobRecord) -> DrainedJob:
-        """Run the claimed job's attempt to its written outcome."""
+        """Run the claimed job's attempt to its written outcome.
+
+        Raises:
+            KeyboardInterrupt: the handler was interrupted (Ctrl-C reaches the calling
+                thread, which a worker's pool threads never are); its attempt is written first.
+        """
         process_claimed_job(self.engine, self.registry, job, self.config, None, timer=self.timer, tally=self.tally)
+        interrupt, self.outcomes.interrupt = self.outcomes.interrupt, None
+        if interrupt is not None:
+            raise interrupt
         return DrainedJob(job.id, job.job_type, self.outcomes.ended.pop())
 
     def close(self) -> None:

@@ -114,6 +114,22 @@ def test_a_handler_past_its_deadline_is_told_to_stop_and_its_timeout_written(eng
     assert rl.get_job(engine, job.id).last_error_code == "job.timeout_exceeded"
 
 
+def test_a_ctrl_c_in_a_handler_stops_the_drain_once_its_attempt_is_written(engine, registry):
+    @registry.job("interrupted")
+    def interrupted(ctx, payload):
+        raise KeyboardInterrupt
+
+    registry.sync_definitions(engine)
+    first = rl.enqueue(engine, "interrupted", {})
+    second = rl.enqueue(engine, "interrupted", {})
+
+    with pytest.raises(KeyboardInterrupt):
+        testing.drain(engine, registry)
+
+    assert rl.get_job(engine, first.id).last_error_code == "job.handler_panic"
+    assert rl.get_job(engine, second.id).status is rl.JobStatus.PENDING
+
+
 def test_drain_stops_at_max_jobs(engine, registry):
     @registry.job("ok")
     def ok(ctx, payload):
