@@ -5,8 +5,9 @@ worker's claim (a prestart claim, as a worker polling on one connection makes
 it), the running write, the handler under its heartbeat and deadline watch, and
 the one outcome write, with the retry rule, the dead-letter hook and a
 workflow step's release of its dependents. Only the threads differ: one job at
-a time, in claim order, on the caller's thread, so a handler's breakpoint and
-its exceptions' tracebacks are where the test is.
+a time, in claim order, on the caller's thread, so a breakpoint in a handler
+stops the test itself. A handler's exception is recorded as the worker records
+it (the job's ``last_error_code``, the attempt's traceback), never raised to the test.
 """
 
 from __future__ import annotations
