@@ -15,41 +15,10 @@ import pytest
 import sqlalchemy
 
 from runledger_sync.db.embedded import EmbeddedPostgres
-from runledger_sync.db.engine import create_engine, normalize_url
+from runledger_sync.db.engine import create_engine
 from runledger_sync.db.migrate import migrate
-
-TEST_URL_VARIABLE = "RUNLEDGER_TEST_DATABASE_URL"
+from runledger_sync.testing.databases import TEST_URL_VARIABLE, ExternalServer
 _clone_numbers = itertools.count(1)
-
-
-class ExternalServer:
-    """A PostgreSQL server given by URL, on which tests create their own databases."""
-
-    def __init__(self, url: str) -> None:
-        self._url = normalize_url(url)
-
-    def url(self, database: str = "postgres") -> str:
-        return self._url.set(database=database).render_as_string(hide_password=False)
-
-    def _admin(self) -> sqlalchemy.Engine:
-        return sqlalchemy.create_engine(self._url, isolation_level="AUTOCOMMIT", poolclass=sqlalchemy.pool.NullPool)
-
-    def create_database(self, name: str, *, template: str | None = None, drop_existing: bool = False) -> str:
-        admin = self._admin()
-        quote = admin.dialect.identifier_preparer.quote
-        with admin.connect() as conn:
-            if drop_existing:
-                conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {quote(name)} WITH (FORCE)")
-            clause = f" TEMPLATE {quote(template)}" if template else ""
-            conn.exec_driver_sql(f"CREATE DATABASE {quote(name)}{clause}")
-        admin.dispose()
-        return self.url(name)
-
-    def drop_database(self, name: str) -> None:
-        admin = self._admin()
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {admin.dialect.identifier_preparer.quote(name)} WITH (FORCE)")
-        admin.dispose()
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,15 @@
 """Operator actions on one job: cancel it, or requeue a finished one (spec section 4, Cancel and Requeue).
 
 Both take an optional ``organization_id`` scope, as every admin call does.
+
+Beside them, :func:`make_jobs_due` brings waiting jobs forward to now, for a
+test that works retries and delayed jobs without waiting for them
+(:func:`runledger_sync.testing.drain` with ``include_scheduled``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 from uuid import UUID
 
 from sqlalchemy import Text, bindparam, func, literal, select
@@ -194,3 +198,35 @@ def _act(
         raise _transition_error(connection, target, organization_id, verb, allowed)
 
     return run_in_transaction(bind, work)
+
+
+def make_jobs_due(
+    bind: Bind,
+    *,
+    job_types: Optional[Sequence[str]] = None,
+    job_ids: Optional[Sequence[UUID | str]] = None,
+) -> list[UUID]:
+    """Bring PENDING jobs whose ``next_run_at`` is still ahead forward to now, so a claim takes them.
+
+    With ``job_ids``, those jobs (the ones already due are left alone). Without,
+    only the jobs of ``job_types`` (None: any type) that are due first, those
+    sharing the earliest ``next_run_at`` ahead: one call moves the clock to the
+    next instant anything was waiting for, so retries and delayed jobs come due
+    in the order time would have brought them. Nothing else about a job changes.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
+            connection whose open transaction the call joins (the caller commits).
+
+    Returns:
+        The ids of the jobs made due; empty when nothing was waiting.
+    """
+    waiting = [_q.status == JobStatus.PENDING.value, _q.next_run_at > func.now()]
+    if job_ids is not None:
+        waiting.append(_q.id.in_([check_job_id(job_id) for job_id in job_ids]))
+    else:
+        if job_types is not None:
+            waiting.append(_q.job_type.in_([check.check_job_type(t) for t in job_types]))
+        waiting.append(_q.next_run_at == select(func.min(_q.next_run_at)).where(*waiting).scalar_subquery())
+    statement = job_queue.update().where(*waiting).values(next_run_at=func.now()).returning(_q.id)
+    return run_in_transaction(bind, lambda connection: [row.id for row in connection.execute(statement)])

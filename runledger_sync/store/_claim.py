@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
+from uuid import UUID
 
 from sqlalchemy import (
     Float,
@@ -47,6 +48,7 @@ from runledger_sync.store._claim_queues import (
 from runledger_sync.store._errors import owns_transaction, run_in_transaction
 from runledger_sync.store._prepared import PreparedStatement, execute_in_turn
 from runledger_sync.store._rows import JOB_COLUMNS, to_jobs
+from runledger_sync.store._scope import check_job_id
 from runledger_sync.store._sql import event_insert, event_log_params, full_event_log, ids_of, seconds
 
 MAX_CLAIM_LIMIT = 1_000
@@ -60,10 +62,13 @@ _LEASED = JobStatus.LEASED.value
 _PENDING_IN_TEXT = literal_column(f"'{JobStatus.PENDING.value}'", Text)
 
 
-def _build_claim(with_type_filter: bool, *, returning_rows: bool = True, limited: bool = True) -> Any:
+def _build_claim(
+    with_type_filter: bool, *, returning_rows: bool = True, limited: bool = True, with_id_filter: bool = False,
+) -> Any:
     """The claim; ``returning_rows`` False answers only how many jobs it leased (a result nobody reads).
 
-    ``limited`` False builds the claim of :func:`_build_unlimited_claim`.
+    ``limited`` False builds the claim of :func:`_build_unlimited_claim`. ``with_id_filter``
+    narrows it to the jobs named in ``job_ids`` (a test working one job it enqueued).
     """
     clock = build_clock()
     if not limited:
@@ -75,6 +80,8 @@ def _build_claim(with_type_filter: bool, *, returning_rows: bool = True, limited
         # Only a queue whose rate limit is per key asks its rate log about each job's key.
         or_(~served.c.rate_limit_per_key, key_room > 0),
     ]
+    if with_id_filter:
+        conditions.append(_q.id == func.any(cast(bindparam("job_ids", type_=ARRAY(Text)), ARRAY(PG_UUID(as_uuid=True)))))
     in_queue = (
         select(_q.id, _q.queue, _q.execution_resource_key, *_claim_order_columns(_q), key_room.label("key_room"))
         .where(*conditions)
@@ -227,6 +234,8 @@ _CLAIM_FOR_TYPES = PreparedStatement("claim_for_types", _build_claim(with_type_f
 #: The worker's claim, when the jobs' rows come back from the running write that follows it.
 CLAIM_FOR_TYPES_UNREAD = PreparedStatement(
     "claim_for_types_unread", _build_claim(with_type_filter=True, returning_rows=False), index_plan=True)
+#: The claim of named jobs only: rare (a test's run_job), so planned by PostgreSQL's own rule.
+_CLAIM_NAMED = PreparedStatement("claim_named", _build_claim(with_type_filter=True, with_id_filter=True))
 #: The same two, for a caller that knows no queue it serves has a global or rate limit.
 _CLAIM_FOR_TYPES_UNLIMITED = PreparedStatement(
     "claim_for_types_unlimited", _build_claim(with_type_filter=True, limited=False), index_plan=True)
@@ -244,10 +253,12 @@ def claim_params(
     event_log: EventLog | str,
     queues: Optional[Sequence[str]] = None,
     queue_rooms: Optional[Mapping[str, int]] = None,
+    job_ids: Optional[Sequence[UUID | str]] = None,
 ) -> Optional[dict[str, Any]]:
     """The checked parameters of a claim (``job_types`` among them when given); None when no type is asked for.
 
-    ``queues`` None serves every queue; ``queue_rooms`` caps this claim per queue (the worker's own share).
+    ``queues`` None serves every queue; ``queue_rooms`` caps this claim per queue (the worker's own share);
+    ``job_ids`` (None: any job) narrows it to those jobs.
     """
     check.check_text("worker_id", worker_id, max_length=check.WORKER_ID_MAX_LENGTH)
     number = isinstance(lease_ttl_seconds, (int, float)) and not isinstance(lease_ttl_seconds, bool)
@@ -266,6 +277,8 @@ def claim_params(
         if not types:
             return None
         params["job_types"] = types
+    if job_ids is not None:
+        params["job_ids"] = [str(check_job_id(job_id)) for job_id in job_ids]
     return params
 
 
@@ -280,11 +293,14 @@ def _claim(
     queues: Optional[Sequence[str]],
     queue_rooms: Optional[Mapping[str, int]],
     unlimited_only: bool = False,
+    job_ids: Optional[Sequence[UUID | str]] = None,
 ) -> list[JobRecord]:
-    params = claim_params(origin, worker_id, lease_ttl_seconds, limit, job_types, event_log, queues, queue_rooms)
+    params = claim_params(origin, worker_id, lease_ttl_seconds, limit, job_types, event_log, queues, queue_rooms, job_ids)
     if params is None:
         return []
-    if "job_types" not in params:
+    if "job_ids" in params:
+        statement = _CLAIM_NAMED
+    elif "job_types" not in params:
         statement = _CLAIM_ANY_TYPE
     else:
         statement = _CLAIM_FOR_TYPES_UNLIMITED if unlimited_only else _CLAIM_FOR_TYPES
@@ -293,7 +309,7 @@ def _claim(
     if origin is not ClaimOrigin.WORKER_PRESTART:
         settings = _CLAIM_SETTINGS
     else:
-        settings = PRESTART_UNLIMITED_CLAIM_SETTINGS if unlimited_only else PRESTART_CLAIM_SETTINGS
+        settings = PRESTART_UNLIMITED_CLAIM_SETTINGS if unlimited_only and "job_ids" not in params else PRESTART_CLAIM_SETTINGS
 
     def work(connection: Connection) -> list[JobRecord]:
         # SET LOCAL: gone when this transaction of ours ends. Set in the same round
@@ -386,6 +402,7 @@ def claim_prestart_jobs_for_types(
     queues: Optional[Sequence[str]] = None,
     queue_rooms: Optional[Mapping[str, int]] = None,
     unlimited_only: bool = False,
+    job_ids: Optional[Sequence[UUID | str]] = None,
 ) -> list[JobRecord]:
     """Lease due jobs of ``job_types`` as prestart claims, the worker's way.
 
@@ -400,9 +417,11 @@ def claim_prestart_jobs_for_types(
         unlimited_only: take only from queues with neither a global nor a rate limit,
             with the claim that counts nothing (for a caller that has just seen
             :func:`~runledger_sync.store._claim_queues.serves_limited_queue` answer False).
+        job_ids: only these jobs, if due and claimable (None: any job of the types);
+            :func:`runledger_sync.testing.run_job` works the one job it enqueued this way.
 
     Raises:
-        InvalidArgument: ``event_log`` is not a level of :class:`EventLog`.
+        InvalidArgument: ``event_log`` is not a level of :class:`EventLog`, or a job id is malformed.
     """
     return _claim(bind, ClaimOrigin.WORKER_PRESTART, worker_id, lease_ttl_seconds, limit, job_types, event_log,
-                  queues, queue_rooms, unlimited_only)
+                  queues, queue_rooms, unlimited_only, job_ids)

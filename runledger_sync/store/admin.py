@@ -32,7 +32,7 @@ from runledger_sync.store._scope import check_job_id, scoped, status_is, status_
 
 # The architecture's fixed admin names (cancel, requeue, stats) and the other operator
 # reads, defined in their own modules.
-from runledger_sync.store._actions import cancel_job, requeue_job  # noqa: F401
+from runledger_sync.store._actions import cancel_job, make_jobs_due, requeue_job  # noqa: F401
 from runledger_sync.store._gauges import (  # noqa: F401
     DEAD_LETTER_WINDOW_SECONDS, LATE_SCHEDULE_SECONDS, QueueGauges, queue_gauges,
 )
