@@ -2,10 +2,11 @@
 
 The decision is made here, once, before anything is written: a success; a
 continuation (:func:`~runledger_sync.core.outcomes.decide_continuation`: run
-again later, unless the job used up its continuations or its workflow step did
-not opt in, which reads the step); or for a failure :func:`~runledger_sync.core.outcomes.decide_failure` (retry after
-a delay, or dead-letter), which reads the run's earlier attempts when the
-failure is retryable. The :class:`~runledger_sync.runtime.completer.Completer`
+again later, unless the job used up its type's continuations or its workflow
+step, which is read, did not opt in); or for a failure
+:func:`~runledger_sync.core.outcomes.decide_failure` (retry after a delay, or
+dead-letter), which reads the run's earlier attempts when the failure is
+retryable. The :class:`~runledger_sync.runtime.completer.Completer`
 writes it as decided. A pool thread hands its outcome off and moves on: the
 completer ends the attempt (frees its slot) once the outcome is durable. A
 dead letter's hook, and the registry's failure hooks, run on the pool thread
@@ -113,7 +114,9 @@ def _decide(execution: JobExecution, outcome: JobCompletion | JobFailure, eviden
 def _decide_continuation(execution: JobExecution, completion: JobCompletion) -> Optional[Continue | DeadLetter]:
     job = execution.job
     handler = execution.registry.get(job.job_type)
-    cap = DEFAULT_MAX_CONTINUATIONS if handler is None or handler.max_continuations is None else handler.max_continuations
+    # The registry's cap, the one sync_definitions stores on the type's definition.
+    cap = handler.max_continuations if handler is not None and handler.max_continuations is not None \
+        else DEFAULT_MAX_CONTINUATIONS
     step_allows = True
     if job.workflow_step_id is not None:
         step_id = job.workflow_step_id
