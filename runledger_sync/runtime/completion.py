@@ -115,8 +115,9 @@ def _decide_continuation(execution: JobExecution, completion: JobCompletion) -> 
     job = execution.job
     handler = execution.registry.get(job.job_type)
     # The registry's cap, the one sync_definitions stores on the type's definition.
-    cap = handler.max_continuations if handler is not None and handler.max_continuations is not None \
-        else DEFAULT_MAX_CONTINUATIONS
+    cap = DEFAULT_MAX_CONTINUATIONS
+    if handler is not None and handler.max_continuations is not None:
+        cap = handler.max_continuations
     step_allows = True
     if job.workflow_step_id is not None:
         step_id = job.workflow_step_id
