@@ -19,7 +19,10 @@ from runledger_sync.core.continuation import (
 from runledger_sync.core.outcomes import Continue, DeadLetter, EarlierAttempts, Retry, decide_continuation, decide_failure
 from runledger_sync.core.records import JobRecord
 from runledger_sync.core.states import JobStage, JobStatus
+from runledger_sync.core.errors import InvalidArgument, RegistrationError
 from runledger_sync.core.types import JobCompletion, JobDeadLetterReason, JobFailure, JobFailureKind, Snooze
+from runledger_sync.core.workflow import Workflow
+from runledger_sync.registry import JobRegistry
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 JOB = JobRecord(
@@ -80,3 +83,26 @@ def test_a_hint_on_a_failure_that_spends_the_last_attempt_still_dead_letters():
     last = replace(JOB, attempt=3)
     failure = JobFailure.retryable("api.busy", "429", retry_after=timedelta(seconds=100))
     assert isinstance(decide_failure(last, failure, EarlierAttempts()), DeadLetter)
+
+
+@pytest.mark.parametrize("cap", [0, -1, 1.5, "10", True])
+def test_a_cap_on_continuations_that_is_no_positive_int_is_refused_at_registration(cap):
+    registry = JobRegistry()
+    with pytest.raises(RegistrationError):
+        registry.job("t", max_continuations=cap)(lambda ctx, payload: None)
+    assert registry.registered_types() == []
+
+
+def test_the_registrys_cap_is_the_definitions():
+    registry = JobRegistry()
+    registry.job("capped", max_continuations=7)(lambda ctx, payload: None)
+    registry.job("default")(lambda ctx, payload: None)
+    assert {d.job_type: d.max_continuations for d in registry.definitions()} == {"capped": 7, "default": 100}
+
+
+def test_a_workflow_step_opts_in_with_a_real_bool():
+    wf = Workflow("w")
+    assert wf.job("a", "t", continuation=True).continuation is True
+    assert wf.job("b", "t").continuation is False
+    with pytest.raises(InvalidArgument):
+        wf.job("c", "t", continuation="yes")

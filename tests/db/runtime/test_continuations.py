@@ -329,3 +329,29 @@ def test_a_retry_hint_that_is_no_valid_delay_ends_the_job_with_invalid_retry_tim
     run_once(engine, registry)
 
     assert dead_letter_code(engine, job.id) == ("DEAD_LETTERED", "TERMINAL", "job.invalid_retry_timing")
+
+
+def test_a_continuation_whose_reply_was_lost_reads_back_as_landed(engine):
+    registry = registry_of(lambda ctx, payload: None)
+    enqueue(engine, registry)
+    job = claim_one(engine, worker_id="w")
+    lease = LeaseIdentity.of(job)
+    assert driver.read_back_outcomes(engine, [(lease, Continue(0))]) == [None]  # still leased: write it
+
+    driver.complete_jobs_continuation(engine, [(lease, Continue(0))])
+
+    assert driver.read_back_outcomes(engine, [(lease, Continue(0))]) == [True]
+
+
+def test_a_workflow_whose_step_opts_in_is_enqueued_again_idempotently(engine):
+    registry = registry_of(lambda ctx, payload: None)
+    registry.sync_definitions(engine)
+
+    def build() -> rl.Workflow:
+        wf = rl.Workflow("paged", idempotency_key="paged-1")
+        wf.job("sync", JOB_TYPE, {}, continuation=True)
+        return wf
+
+    first = rl.enqueue_workflow(engine, build())
+    assert rl.enqueue_workflow(engine, build()).id == first.id
+    assert scalar(engine, "SELECT allow_continuation FROM workflow_steps WHERE run_id = :run", run=first.id) is True
