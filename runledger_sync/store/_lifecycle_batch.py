@@ -115,7 +115,7 @@ _FAILURE_STATEMENTS = (
     PreparedStatement("complete_failure", _build_group_failure(plain_jobs_only=False), index_plan=True),
 )
 # A continuation leaves a workflow job's step RUNNING, so one statement serves every job.
-_CONTINUATION = PreparedStatement("continue", _build_group_continuation(), index_plan=True)
+_CONTINUATION = PreparedStatement("complete_continuation", _build_group_continuation(), index_plan=True)
 
 
 def mark_jobs_running(
