@@ -60,6 +60,7 @@ from runledger_sync.core.types import (
     JobFailure,
     JobFailureKind,
     RuntimeLoopExit,
+    Snooze,
 )
 from runledger_sync.core.states import JobStage, JobStatus
 from runledger_sync.core.workflow import (
@@ -190,6 +191,7 @@ __all__ = [
     "ScheduleRecord",
     "ScheduleSpec",
     "SchemaMismatch",
+    "Snooze",
     "StoreError",
     "Supervisor",
     "SupervisorHealth",

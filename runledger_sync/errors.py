@@ -2,8 +2,8 @@
 
 Each is a :class:`RunledgerError` with a stable ``.code`` (``JobCancelled``
 derives from ``BaseException``, so that a handler's ``except Exception`` cannot
-swallow a cancellation), but ``JobFailure``, which a handler raises to choose
-its outcome. The ones an application commonly catches are also in
+swallow a cancellation), but ``JobFailure`` and ``Snooze``, which a handler
+raises to choose its outcome. The ones an application commonly catches are also in
 the package itself (``rl.InvalidPayload``, ``rl.JobNotFound``, ...); the rarer
 leaves are here only. The tree, with every code, is in
 :mod:`runledger_sync.core.errors`, and on the documentation's errors page.
@@ -60,7 +60,7 @@ from runledger_sync.core.store_errors import (
     StoreError,
     UniqueViolation,
 )
-from runledger_sync.core.types import JobFailure
+from runledger_sync.core.types import JobFailure, Snooze
 from runledger_sync.core.queue_errors import InvalidConcurrencyKey, InvalidQueueName, InvalidQueueSetting, QueueNotFound
 from runledger_sync.core.workflow_errors import (
     DependencyCycle,
@@ -159,6 +159,7 @@ __all__ = [
     "ScheduleNotFound",
     "SchemaManagedByHost",
     "SchemaMismatch",
+    "Snooze",
     "StoreError",
     "UniqueViolation",
     "UnknownDependency",

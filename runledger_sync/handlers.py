@@ -38,6 +38,7 @@ class JobHandler:
         queue: The queue its jobs join (default ``"default"``); an enqueue may name another.
         retry_on: Exception classes that become retryable failures instead of panics.
         retry_delay_overrides: Failure code -> retry delay in ms, replacing the backoff.
+        max_continuations: How many times one job may continue (snooze); None means 100.
     """
 
     job_type: str
@@ -48,6 +49,7 @@ class JobHandler:
     retry_on: tuple[type[BaseException], ...] = ()
     # Read-only, so a subclass cannot mutate the default shared by every handler.
     retry_delay_overrides: Mapping[str, int] = types.MappingProxyType({})
+    max_continuations: Optional[int] = None
 
     def execute(self, ctx: JobContext, payload: Any) -> Optional[JobCompletion]:
         """Run one attempt of the job.
@@ -114,6 +116,7 @@ class WrappedHandler(JobHandler):
         self.queue = inner.queue
         self.retry_on = retry_on
         self.retry_delay_overrides = inner.retry_delay_overrides
+        self.max_continuations = inner.max_continuations
 
     def execute(self, ctx: JobContext, payload: Any) -> Optional[JobCompletion]:
         with self.around():

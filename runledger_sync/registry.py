@@ -84,6 +84,7 @@ class JobRegistry:
         retry_delay_overrides: Optional[Mapping[str, int]] = None,
         on_dead_letter: Optional[DeadLetterHook] = None,
         queue: str = DEFAULT_QUEUE,
+        max_continuations: Optional[int] = None,
     ) -> Callable[[HandlerFunction], HandlerFunction]:
         """Register the decorated ``fn(ctx, payload)`` as the handler of ``job_type``.
 
@@ -98,6 +99,7 @@ class JobRegistry:
             retry_delay_overrides: Failure code -> delay in ms for this type only.
             on_dead_letter: ``hook(ctx, payload, info)`` called after a dead letter.
             queue: The queue its jobs join (declare its limits with :meth:`queue`).
+            max_continuations: How many times one job may continue or snooze (default 100).
 
         Returns:
             A decorator.
@@ -124,6 +126,7 @@ class JobRegistry:
                 retry_on=retry_on,
                 retry_delay_overrides=retry_delay_overrides or {},
                 queue=queue,
+                max_continuations=max_continuations,
             )
             self.register(handler)
             return fn
@@ -149,7 +152,7 @@ class JobRegistry:
             )
         if type(handler).execute is JobHandler.execute:
             raise RegistrationError(f"handler for job type {job_type!r} does not implement execute()")
-        for name in ("max_attempts", "timeout_seconds"):
+        for name in ("max_attempts", "timeout_seconds", "max_continuations"):
             _check_optional_positive_int(job_type, name, getattr(handler, name))
         if handler.priority is not None and (
             isinstance(handler.priority, bool) or not isinstance(handler.priority, int)
@@ -238,6 +241,7 @@ class JobRegistry:
                 "max_attempts": handler.max_attempts,
                 "default_timeout_seconds": handler.timeout_seconds,
                 "default_priority": handler.priority,
+                "max_continuations": handler.max_continuations,
             }
             given["queue"] = handler.queue
             result.append(JobDefinition(job_type, **{k: v for k, v in given.items() if v is not None}))

@@ -33,7 +33,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from runledger_sync.db.engine import schema_of
-from runledger_sync.db.schema_queues import drop_key_trigger_ddl, key_trigger_ddl
+from runledger_sync.db.schema_queues import KEY_UNDER_WAY_0005, drop_key_trigger_ddl, key_trigger_ddl
 
 # revision identifiers, used by Alembic.
 revision: str = '0005'
@@ -112,7 +112,7 @@ def upgrade() -> None:
                     postgresql_where=sa.text(_CLAIMABLE))
     op.create_index('idx_job_queue_key_live', 'job_queue', ['queue', 'execution_resource_key', 'blocked_by_key', *_CLAIM_ORDER],
                     unique=False, postgresql_where=sa.text(_KEY_LIVE))
-    for statement in key_trigger_ddl(_qualified):
+    for statement in key_trigger_ddl(_qualified, under_way=KEY_UNDER_WAY_0005):
         op.execute(statement)
 
 

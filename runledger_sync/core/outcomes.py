@@ -23,9 +23,14 @@ same kind and shares that budget, so a deploy never dead-letters work either.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Union
+from typing import Any, Iterable, Optional, Union
 
 from runledger_sync.core import backoff
+from runledger_sync.core.continuation import (
+    CONTINUATION_LIMIT_CODE,
+    WORKFLOW_CONTINUATION_NOT_ENABLED_CODE,
+    delay_ms,
+)
 from runledger_sync.core.evidence import NO_EVIDENCE, FailureEvidence
 from runledger_sync.core.records import JobRecord
 from runledger_sync.core.types import (
@@ -80,6 +85,17 @@ class Retry:
 
 
 @dataclass(frozen=True)
+class Continue:
+    """The run ends and the job runs again after ``delay_ms`` as its next run (spec T14), spending no attempt."""
+
+    delay_ms: int
+    #: The new checkpoint, or None to keep the stored one (a snooze).
+    checkpoint: Any = None
+    progress_done: Optional[int] = None
+    progress_total: Optional[int] = None
+
+
+@dataclass(frozen=True)
 class DeadLetter:
     failure: JobFailure
     info: JobDeadLetterInfo
@@ -87,7 +103,7 @@ class DeadLetter:
 
 
 Outcome = Union[JobCompletion, JobFailure, LeaseLost]
-Transition = Union[Succeed, Retry, DeadLetter, LeaseLost]
+Transition = Union[Succeed, Continue, Retry, DeadLetter, LeaseLost]
 
 #: A handler still running when the worker's shutdown grace ran out: nothing is
 #: written for it, and the reaper recovers the job once its lease runs out.
@@ -170,10 +186,47 @@ def decide_failure(
         info = JobDeadLetterInfo(failure=failure, reason=reason, max_attempts=job.max_attempts,
                                  exception=evidence.exception)
         return DeadLetter(failure, info, evidence)
-    if retry_delay_override is not None:
-        return Retry(failure, retry_delay_override, evidence)
-    if not earlier.spends_attempt(failure):
-        return Retry(failure, backoff.compute_transient_retry_delay_ms(earlier.transient_streak + 1, job.id), evidence)
-    # The backoff of the attempts spent, not of the claims: transient retries do not lengthen it.
-    return Retry(failure, backoff.compute_retry_delay_ms(earlier.attempts_spent(failure, job.attempt), job.id),
+    return Retry(failure, _at_least_the_hint(failure, _policy_delay_ms(job, failure, earlier, retry_delay_override)),
                  evidence)
+
+
+def _policy_delay_ms(
+    job: JobRecord, failure: JobFailure, earlier: EarlierAttempts, retry_delay_override: Optional[int],
+) -> int:
+    if retry_delay_override is not None:
+        return retry_delay_override
+    if not earlier.spends_attempt(failure):
+        return backoff.compute_transient_retry_delay_ms(earlier.transient_streak + 1, job.id)
+    # The backoff of the attempts spent, not of the claims: transient retries do not lengthen it.
+    return backoff.compute_retry_delay_ms(earlier.attempts_spent(failure, job.attempt), job.id)
+
+
+def _at_least_the_hint(failure: JobFailure, policy_ms: int) -> int:
+    """The handler's ``retry_after`` is a lower bound on the policy's delay (spec section 2)."""
+    hint = None if failure.retry_after is None else delay_ms(failure.retry_after)
+    return policy_ms if hint is None else max(policy_ms, hint)
+
+
+def decide_continuation(
+    job: JobRecord, completion: JobCompletion, *, max_continuations: int, step_allows: bool = True,
+) -> Continue | DeadLetter:
+    """The transition a continuation makes for the claimed ``job``: run again later, or end here.
+
+    ``completion`` asks for a continuation whose delay and (absent) output were
+    checked when the handler returned. It is refused, as a TERMINAL failure,
+    when the job has continued ``max_continuations`` times already, or when the
+    job runs a workflow step that did not opt in (``step_allows`` False).
+    """
+    if not step_allows:
+        failure = JobFailure.terminal(WORKFLOW_CONTINUATION_NOT_ENABLED_CODE,
+                                      "The job's workflow step was not built with continuation=True.")
+    elif job.continuations >= max_continuations:
+        failure = JobFailure.terminal(CONTINUATION_LIMIT_CODE,
+                                      f"The job has continued {job.continuations} times, its limit "
+                                      f"(max_continuations {max_continuations}).")
+    else:
+        return Continue(delay_ms(completion.continue_after) or 0, completion.checkpoint,
+                        completion.progress_done, completion.progress_total)
+    info = JobDeadLetterInfo(failure=failure, reason=JobDeadLetterReason.FAILURE_KIND_NON_RETRYABLE,
+                             max_attempts=job.max_attempts)
+    return DeadLetter(failure, info)

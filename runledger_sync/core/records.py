@@ -26,6 +26,8 @@ class JobDefinition:
     is_enabled: bool = True
     #: The queue its jobs join unless their enqueue names another.
     queue: str = "default"
+    #: How many times one job of the type may continue (``JobCompletion(continue_after=...)``, ``Snooze``).
+    max_continuations: int = 100
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,8 @@ class JobRecord:
     queue: str = "default"
     #: The concurrency key (column ``execution_resource_key``, the spec's name); see :attr:`concurrency_key`.
     execution_resource_key: Optional[str] = None
+    #: How many times the job continued (spec T14) since it was enqueued or requeued.
+    continuations: int = 0
 
     @property
     def concurrency_key(self) -> Optional[str]:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 from uuid import UUID
 
 from runledger_sync.core.errors import JobCancelled
@@ -94,15 +95,29 @@ class JobFailure(Exception):
         ``raise JobFailure.retryable("smtp.busy", "server said 421")``
     """
 
-    def __init__(self, kind: JobFailureKind, code: str, message: str) -> None:
+    def __init__(
+        self, kind: JobFailureKind, code: str, message: str, *, retry_after: Optional[timedelta] = None,
+    ) -> None:
         self.kind = JobFailureKind(kind)
         self.code = code
         self.message = message
+        #: The handler's hint: retry no sooner than this (a lower bound on the backoff's delay).
+        self.retry_after = retry_after
         super().__init__(f"{self.kind.value} {code}: {message}")
 
     @classmethod
-    def retryable(cls, code: str, message: str) -> "JobFailure":
-        return cls(JobFailureKind.RETRYABLE, code, message)
+    def retryable(cls, code: str, message: str, *, retry_after: Optional[timedelta] = None) -> "JobFailure":
+        """A failure the job retries after, when attempts remain.
+
+        Args:
+            retry_after: retry no sooner than this, e.g. a server's ``Retry-After``:
+                the delay is the longer of this and the backoff's. Zero up to 365
+                days; any other value ends the job with ``job.invalid_retry_timing``.
+
+        Example:
+            ``raise JobFailure.retryable("api.busy", "429", retry_after=timedelta(seconds=10))``
+        """
+        return cls(JobFailureKind.RETRYABLE, code, message, retry_after=retry_after)
 
     @classmethod
     def terminal(cls, code: str, message: str) -> "JobFailure":
@@ -123,24 +138,54 @@ class JobFailure(Exception):
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, JobFailure):
             return NotImplemented
-        return (self.kind, self.code, self.message) == (other.kind, other.code, other.message)
+        return ((self.kind, self.code, self.message, self.retry_after)
+                == (other.kind, other.code, other.message, other.retry_after))
 
     def __hash__(self) -> int:
         return hash((self.kind, self.code, self.message))
+
+
+class Snooze(Exception):
+    """Raise from a handler to run the job again after ``seconds``, keeping its checkpoint.
+
+    The same as returning ``JobCompletion(continue_after=seconds)`` (spec T14):
+    the job waits PENDING, then runs as its next run, attempt 0, without
+    spending an attempt. A job snoozes at most its definition's
+    ``max_continuations`` times (default 100).
+
+    Args:
+        seconds: how long to wait, in seconds or as a timedelta: zero up to 365
+            days; any other value ends the job with ``job.invalid_continuation_delay``.
+
+    Example:
+        ``raise Snooze(30)``
+    """
+
+    def __init__(self, seconds: Union[float, timedelta]) -> None:
+        self.seconds = seconds
+        super().__init__(f"snooze for {seconds!r}")
 
 
 @dataclass(frozen=True)
 class JobCompletion:
     """What a successful handler reports; every field is optional.
 
+    With ``continue_after`` the run ends without ending the job: it runs again
+    after that delay as its next run, attempt 0, seeing ``checkpoint`` (or the
+    stored one when None) in ``ctx.checkpoint`` (spec T14). A continuation
+    has no output: giving one ends the job with ``job.continuation_output_not_allowed``.
+
     Example:
         ``return JobCompletion.success().with_output({"sent": 3})``
+        ``return JobCompletion(continue_after=timedelta(seconds=30), checkpoint={"page": 2})``
     """
 
     progress_done: Optional[int] = None
     progress_total: Optional[int] = None
     checkpoint: Any = None
     output: Any = None
+    #: Run again after this delay (a timedelta, or seconds) instead of succeeding.
+    continue_after: Union[timedelta, float, None] = None
 
     @classmethod
     def success(cls) -> "JobCompletion":

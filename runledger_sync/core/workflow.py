@@ -88,6 +88,8 @@ class WorkflowStep:
     priority: Optional[int] = None
     max_attempts: Optional[int] = None
     timeout_seconds: Optional[int] = None
+    #: The step's job may continue (``JobCompletion(continue_after=...)``, ``Snooze``).
+    continuation: bool = False
     #: The workflow that built the step: a step of another workflow is not a valid dependency.
     owner: Any = field(default=None, repr=False, compare=False)
 
@@ -119,7 +121,7 @@ class Workflow:
     def job(
         self, key: str, job_type: str, payload: Any = None, *, after: Iterable[WorkflowStep | str] = (),
         release: WorkflowReleaseMode | str = WorkflowReleaseMode.ON_TERMINAL, priority: Optional[int] = None,
-        max_attempts: Optional[int] = None, timeout_seconds: Optional[int] = None,
+        max_attempts: Optional[int] = None, timeout_seconds: Optional[int] = None, continuation: bool = False,
     ) -> WorkflowStep:
         """Add a step that runs a job of ``job_type`` once every step in ``after`` has ended.
 
@@ -130,6 +132,9 @@ class Workflow:
             priority: as for :func:`runledger_sync.enqueue`; unset, from the job type's definition.
             max_attempts: as for :func:`runledger_sync.enqueue`; unset, from the job type's definition.
             timeout_seconds: as for :func:`runledger_sync.enqueue`; unset, from the job type's definition.
+            continuation: let the step's job continue (snooze); the step stays
+                RUNNING meanwhile. Without it a continuation ends the job with
+                ``job.workflow_handler_continuation_not_enabled``.
 
         Raises:
             InvalidArgument, InvalidJobType, InvalidPayload: nothing is added.
@@ -140,9 +145,11 @@ class Workflow:
                                      ("max_attempts", max_attempts, check.MAX_ATTEMPTS_RANGE),
                                      ("timeout_seconds", timeout_seconds, check.TIMEOUT_SECONDS_RANGE)):
             check.check_optional_int(name, value, allowed)
+        if not isinstance(continuation, bool):
+            raise InvalidArgument("continuation", continuation, "True or False")
         return self._add(WorkflowStep(
             key, WorkflowStepKind.JOB, job_type, {} if payload is None else payload, self._keys_of(after),
-            _release_mode(release), priority, max_attempts, timeout_seconds, owner=self,
+            _release_mode(release), priority, max_attempts, timeout_seconds, continuation, owner=self,
         ))
 
     def external(

@@ -44,6 +44,7 @@ from sqlalchemy import (
 from sqlalchemy.schema import DDL
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
+from runledger_sync.core.continuation import CONTINUED_OUTCOME
 from runledger_sync.core.evidence import MAX_ERROR_TYPE_CHARS, MAX_TRACEBACK_CHARS
 from runledger_sync.core.types import ClaimOrigin, JobEventType, JobFailureKind
 from runledger_sync.core.states import JobStage, JobStatus
@@ -68,6 +69,11 @@ def one_of(column: str, enum_cls: type[Enum]) -> str:
     """A CHECK expression: ``column`` holds one of the enum's values."""
     values = ", ".join(f"'{member.value}'" for member in enum_cls)
     return f"{column} IN ({values})"
+
+
+#: An attempt row's outcome once finished: NULL (succeeded), a failure kind, or CONTINUED.
+ATTEMPT_OUTCOMES = (*(kind.value for kind in JobFailureKind), CONTINUED_OUTCOME)
+ATTEMPT_OUTCOME_CHECK = "outcome IS NULL OR outcome IN ({})".format(", ".join(f"'{value}'" for value in ATTEMPT_OUTCOMES))
 
 
 def timestamp_columns(*, stamped_by_statements: bool = False) -> list[Column]:
@@ -127,10 +133,13 @@ job_definitions = Table(
         "queue", Text, ForeignKey("job_queues.name", name="fk_job_definitions_queue"),
         nullable=False, server_default=text("'default'"),
     ),
+    # Revision 0008: the cap on one job's continuations (runledger_sync.core.continuation).
+    Column("max_continuations", Integer, nullable=False, server_default=text("100")),
     CheckConstraint("btrim(job_type) <> ''", name="ck_job_definitions_job_type_not_blank"),
     CheckConstraint("version > 0", name="ck_job_definitions_version_positive"),
     CheckConstraint("max_attempts > 0", name="ck_job_definitions_max_attempts_positive"),
     CheckConstraint("default_timeout_seconds > 0", name="ck_job_definitions_timeout_positive"),
+    CheckConstraint("max_continuations > 0", name="ck_job_definitions_max_continuations_positive"),
 )
 
 job_queue = Table(
@@ -190,6 +199,8 @@ job_queue = Table(
            server_default=text("'default'")),
     Column("execution_resource_key", Text),
     Column("blocked_by_key", Boolean, nullable=False, server_default=text("false")),
+    # Revision 0008: the job's continuations since it was enqueued or requeued (spec T14).
+    Column("continuations", Integer, nullable=False, server_default=text("0")),
     CheckConstraint(one_of("status", JobStatus), name="ck_job_queue_status"),
     CheckConstraint(one_of("stage", JobStage), name="ck_job_queue_stage"),
     CheckConstraint("run_number > 0", name="ck_job_queue_run_number_positive"),
@@ -215,6 +226,7 @@ job_queue = Table(
         "AND octet_length(execution_resource_key) <= 512)",
         name="ck_job_queue_execution_resource_key",
     ),
+    CheckConstraint("continuations >= 0", name="ck_job_queue_continuations_non_negative"),
 )
 
 # The claim index covers exactly the rows a claim can pick, queue by queue in claim
@@ -356,7 +368,8 @@ job_attempts = Table(
     UniqueConstraint("job_id", "run_number", "attempt", name="uq_job_attempts_job_run_attempt"),
     CheckConstraint("attempt > 0", name="ck_job_attempts_attempt_positive"),
     CheckConstraint("retry_delay_ms IS NULL OR retry_delay_ms >= 0", name="ck_job_attempts_retry_delay"),
-    CheckConstraint(f"outcome IS NULL OR {one_of('outcome', JobFailureKind)}", name="ck_job_attempts_outcome"),
+    # NULL: succeeded; a failure kind; or the run ended in a continuation (revision 0008).
+    CheckConstraint(ATTEMPT_OUTCOME_CHECK, name="ck_job_attempts_outcome"),
     CheckConstraint(one_of("claim_origin", ClaimOrigin), name="ck_job_attempts_claim_origin"),
     CheckConstraint(ERROR_TYPE_CHECK, name="ck_job_attempts_error_type"),
     CheckConstraint(TRACEBACK_CHECK, name="ck_job_attempts_traceback"),

@@ -11,8 +11,8 @@ claim never reads them. Which of a key's PENDING jobs hold its turns is settled
 in one place, :data:`KEY_SETTLE_FUNCTION`, whenever a transaction changes the
 key's live jobs (a job enqueued or requeued, one finished, canceled,
 dead-lettered or deleted): the LEASED jobs hold theirs, then a PENDING job
-claimed before in this run (a retry, a returned lease), then the rest in claim
-order, so a job due now is not held back by one due in an hour, and no later
+under way (a retry, a returned lease, a continuation: :data:`KEY_UNDER_WAY`),
+then the rest in claim order, so a job due now is not held back by one due in an hour, and no later
 job of the key overtakes a retry.
 
 The settling runs when the transaction commits (deferred constraint triggers),
@@ -140,7 +140,8 @@ BEGIN
                 WHERE j.queue = row_queue AND j.execution_resource_key = row_key AND j.status = 'PENDING'
                   AND j.blocked_by_key IS FALSE FOR UPDATE SKIP LOCKED);
   room := key_limit - leased - (ready - cardinality(free));
-  -- The turns go to the free holders claimed before in this run, then in claim
+  -- The turns go to the free holders under way (claimed before in this run, or
+  -- continued from an earlier one), then in claim
   -- order among them and the first held-back jobs. Nothing is waited for while
   -- the key lock is held: a held-back job another transaction has locked (being
   -- canceled) is passed over, and gets its turn at the key's next change if it
@@ -151,7 +152,7 @@ BEGIN
     ORDER BY j.priority DESC, j.next_run_at, j.created_at, j.id
     LIMIT key_limit FOR UPDATE SKIP LOCKED
   ), ranked AS (
-    SELECT j.id, row_number() OVER (ORDER BY (j.attempt > 0 AND NOT j.blocked_by_key) DESC,
+    SELECT j.id, row_number() OVER (ORDER BY (@under_way@ AND NOT j.blocked_by_key) DESC,
                                     j.priority DESC, j.next_run_at, j.created_at, j.id) AS turn
     FROM @job_queue@ j
     WHERE j.id IN (SELECT unnest(free) UNION ALL SELECT h.id FROM held h)
@@ -161,6 +162,13 @@ BEGIN
   RETURN NULL;
 END
 """
+#: A PENDING job under way keeps its key's turn: claimed before in this run, or
+#: continued from an earlier one (revision 0008; a continued job stays live, so
+#: the key is not settled when it leaves LEASED, and it must not lose its turn
+#: at the key's next change either: its checkpoint is work half done).
+KEY_UNDER_WAY = "(j.attempt > 0 OR j.continuations > 0)"
+#: The rule as revision 0005 wrote it, before jobs could continue.
+KEY_UNDER_WAY_0005 = "j.attempt > 0"
 _LIVE = "('PENDING', 'LEASED')"
 _KEYED_NEW = "NEW.execution_resource_key IS NOT NULL"
 _KEYED_OLD = "OLD.execution_resource_key IS NOT NULL"
@@ -184,22 +192,34 @@ _FUNCTIONS = (
 KEY_TRIGGER_NAMES = tuple(trigger for _, _, triggers in _FUNCTIONS for trigger, _, _, _ in triggers)
 
 
-def key_trigger_ddl(qualify: Callable[[str], str]) -> list[str]:
-    """The statements creating the key trigger functions and their triggers; ``qualify`` names a schema object."""
+def _function_ddl(name: str, body: str, qualify: Callable[[str], str], under_way: str, *, replace: bool) -> str:
+    for table in ("job_queues", "job_queue"):
+        body = body.replace(f"@{table}@", qualify(table))
+    create = "CREATE OR REPLACE FUNCTION" if replace else "CREATE FUNCTION"
+    return f"{create} {qualify(name)}() RETURNS trigger LANGUAGE plpgsql AS $${body.replace('@under_way@', under_way)}$$"
+
+
+def key_trigger_ddl(qualify: Callable[[str], str], *, under_way: str = KEY_UNDER_WAY) -> list[str]:
+    """The statements creating the key trigger functions and their triggers; ``qualify`` names a schema object.
+
+    ``under_way``: which PENDING jobs keep their key's turn (a revision passes the rule of its time).
+    """
     statements = []
     for name, body, triggers in _FUNCTIONS:
-        function = qualify(name)
-        for table in ("job_queues", "job_queue"):
-            body = body.replace(f"@{table}@", qualify(table))
-        statements.append(f"CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $${body}$$")
+        statements.append(_function_ddl(name, body, qualify, under_way, replace=False))
         for trigger, kind, timing, when in triggers:
             # A constraint trigger here is deferred: it settles the key as the transaction commits.
             deferred = " DEFERRABLE INITIALLY DEFERRED" if kind == "CONSTRAINT TRIGGER" else ""
             statements.append(
                 f"CREATE {kind} {trigger} {timing} ON {qualify('job_queue')}{deferred} FOR EACH ROW WHEN ({when}) "
-                f"EXECUTE FUNCTION {function}()"
+                f"EXECUTE FUNCTION {qualify(name)}()"
             )
     return statements
+
+
+def key_settle_function_ddl(qualify: Callable[[str], str], *, under_way: str = KEY_UNDER_WAY) -> str:
+    """The statement replacing the settle function with one whose turns follow ``under_way``."""
+    return _function_ddl(KEY_SETTLE_FUNCTION, KEY_SETTLE_FUNCTION_BODY, qualify, under_way, replace=True)
 
 
 def drop_key_trigger_ddl(qualify: Callable[[str], str]) -> list[str]:

@@ -8,7 +8,7 @@ stays with job_queue.
 
 from __future__ import annotations
 
-from sqlalchemy import CheckConstraint, Column, DateTime, ForeignKey, Index, Integer, Table, Text, UniqueConstraint, text
+from sqlalchemy import Boolean, CheckConstraint, Column, DateTime, ForeignKey, Index, Integer, Table, Text, UniqueConstraint, text
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
 from runledger_sync.core.workflow import WorkflowReleaseMode, WorkflowRunStatus, WorkflowStepKind, WorkflowStepStatus
@@ -86,6 +86,8 @@ workflow_steps = Table(
     Column("priority", Integer),
     Column("max_attempts", Integer),
     Column("timeout_seconds", Integer),
+    # Revision 0008: the step's job may continue (spec T14) while its dependents wait.
+    Column("allow_continuation", Boolean, nullable=False, server_default=text("false")),
     Column("job_id", UUID(as_uuid=True), ForeignKey("job_queue.id", ondelete="SET NULL", name="fk_workflow_steps_job_id")),
     Column("dependencies_total", Integer, nullable=False, server_default=text("0")),
     Column("dependencies_pending", Integer, nullable=False, server_default=text("0")),

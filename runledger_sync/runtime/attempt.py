@@ -12,9 +12,10 @@ from uuid import UUID
 from sqlalchemy.engine import Engine
 
 from runledger_sync.config import JobsConfig
-from runledger_sync.core.errors import LeaseOwnerMismatch
+from runledger_sync.core.errors import InvalidArgument, LeaseOwnerMismatch
 from runledger_sync.core.outcomes import (
     LEASE_OWNER_MISMATCH_CODE,
+    Continue,
     LeaseLost,
     Retry,
     Succeed,
@@ -64,6 +65,8 @@ def outcome_fields(transition: Optional[Transition]) -> dict[str, Any]:
         return {"outcome": "lease_lost", "failure_code": transition.code}
     if isinstance(transition, Succeed):
         return {"outcome": "succeeded"}
+    if isinstance(transition, Continue):
+        return {"outcome": "continued"}
     failure = transition.failure
     ended = "retry_scheduled" if isinstance(transition, Retry) else "dead_lettered"
     return {"outcome": ended, "failure_kind": failure.kind.value, "failure_code": failure.code}
@@ -200,6 +203,9 @@ class JobExecution:
             )
         # Past the deadline the attempt is a timeout; a success now would contradict it.
         context.check_cancelled()
+        if completion is not None and completion.continue_after is not None:
+            raise InvalidArgument("completion", "continue_after", "a JobCompletion without continue_after "
+                                  "(return a continuation from the handler instead)")
         try:
             record = driver.complete_job_success(bind, **self.identity.keywords(), completion=completion,
                                                     max_output_bytes=self.config.max_output_bytes)

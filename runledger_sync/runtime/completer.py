@@ -1,7 +1,7 @@
 """The completer: the one writer of every attempt's decided outcome.
 
 Pool threads and the watch hand it a decided :data:`~runledger_sync.core.outcomes.Transition`
-(succeed, retry, dead-letter) with the lease it was decided under. It writes
+(succeed, continue, retry, dead-letter) with the lease it was decided under. It writes
 what was queued while its previous group was being written as one group per
 kind, each with one fenced statement (:mod:`runledger_sync.store.driver`),
 and answers every item once its outcome is durable: only then may the caller
@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional, TypeVar
 from sqlalchemy.engine import Engine
 
 from runledger_sync.core.errors import RunledgerError
-from runledger_sync.core.outcomes import DeadLetter, Retry, Succeed
+from runledger_sync.core.outcomes import Continue, DeadLetter, Retry, Succeed
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.store_errors import CommitOutcomeUnknown, ConnectionFailed
 from runledger_sync.core.validation import DEFAULT_MAX_OUTPUT_BYTES
@@ -48,7 +48,7 @@ RETRY_PAUSE_SECONDS = 0.2
 GROUP_LINGER_SECONDS = 0.002
 
 T = TypeVar("T")
-Written = Succeed | Retry | DeadLetter
+Written = Succeed | Continue | Retry | DeadLetter
 #: Called once with the item's answer: None once durable, LANDED_AFTER_LOST_REPLY,
 #: or the error that kept it from landing.
 OnAnswer = Callable[[object], None]
@@ -131,7 +131,7 @@ class Completer:
 
     def _write_group(self, items: list[_Item]) -> list[object]:
         results: list[object] = [None] * len(items)
-        for kind in (Succeed, (Retry, DeadLetter)):
+        for kind in (Succeed, Continue, (Retry, DeadLetter)):
             indexes = [index for index, item in enumerate(items) if isinstance(item.transition, kind)]
             if indexes:
                 self._write(indexes, items, results)
@@ -182,6 +182,9 @@ class Completer:
             answers: list[Any] = driver.complete_jobs_success(
                 self._bind, [(identity, transition.completion) for identity, transition in outcomes],  # type: ignore[union-attr]
                 max_output_bytes=self._max_output_bytes, retry=False)
+        elif isinstance(items[0].transition, Continue):
+            kind = "continuation"
+            answers = driver.complete_jobs_continuation(self._bind, outcomes, retry=False)  # type: ignore[arg-type]
         else:
             kind = "failure"
             answers = driver.complete_jobs_failure(self._bind, outcomes, retry=False)  # type: ignore[arg-type]

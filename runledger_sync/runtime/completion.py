@@ -1,9 +1,12 @@
 """The attempt's one outcome: decide its transition, have the completer write it, act on the answer.
 
-The decision is made here, once, before anything is written: a success, or
-for a failure :func:`~runledger_sync.core.outcomes.decide_failure` (retry after
-a delay, or dead-letter), which reads the run's earlier attempts when the
-failure is retryable. The :class:`~runledger_sync.runtime.completer.Completer`
+The decision is made here, once, before anything is written: a success; a
+continuation (:func:`~runledger_sync.core.outcomes.decide_continuation`: run
+again later, unless the job used up its type's continuations or its workflow
+step, which is read, did not opt in); or for a failure
+:func:`~runledger_sync.core.outcomes.decide_failure` (retry after a delay, or
+dead-letter), which reads the run's earlier attempts when the failure is
+retryable. The :class:`~runledger_sync.runtime.completer.Completer`
 writes it as decided. A pool thread hands its outcome off and moves on: the
 completer ends the attempt (frees its slot) once the outcome is durable. A
 dead letter's hook, and the registry's failure hooks, run on the pool thread
@@ -21,15 +24,18 @@ from typing import Optional
 
 from runledger_sync.core.errors import InvalidCompletionProgress
 from runledger_sync.core.evidence import NO_EVIDENCE, FailureEvidence
+from runledger_sync.core.continuation import DEFAULT_MAX_CONTINUATIONS
 from runledger_sync.core.outcomes import (
     HANDLER_TRANSIENT_ERROR_CODE,
     INVALID_COMPLETION_PROGRESS_CODE,
+    Continue,
     DeadLetter,
     EarlierAttempts,
     LeaseLost,
     Outcome,
     Retry,
     Succeed,
+    decide_continuation,
     decide_failure,
 )
 from runledger_sync.core.store_errors import CommitOutcomeUnknown, ConnectionFailed
@@ -51,7 +57,7 @@ MIN_OUTCOME_WRITE_SECONDS = 1.0
 
 SUCCESS_REPLY_LOST = "job success landed; its reply was lost"
 
-Written = Succeed | Retry | DeadLetter
+Written = Succeed | Continue | Retry | DeadLetter
 
 
 def finish(
@@ -86,9 +92,11 @@ def finish(
 
 
 def _decide(execution: JobExecution, outcome: JobCompletion | JobFailure, evidence: FailureEvidence) -> Optional[Written]:
-    """The transition ``outcome`` makes; None when the earlier attempts it depends on could not be read."""
+    """The transition ``outcome`` makes; None when what it depends on (earlier attempts, the step) could not be read."""
     if not isinstance(outcome, JobFailure):
-        return Succeed(outcome)
+        if outcome.continue_after is None:
+            return Succeed(outcome)
+        return _decide_continuation(execution, outcome)
     job = execution.job
     earlier = EarlierAttempts()
     if outcome.kind.is_retryable:
@@ -101,6 +109,26 @@ def _decide(execution: JobExecution, outcome: JobCompletion | JobFailure, eviden
             return None
     override = execution.registry.retry_delay_override(job.job_type, outcome.code) if outcome.kind.is_retryable else None
     return decide_failure(job, outcome, earlier, retry_delay_override=override, evidence=evidence)
+
+
+def _decide_continuation(execution: JobExecution, completion: JobCompletion) -> Optional[Continue | DeadLetter]:
+    job = execution.job
+    handler = execution.registry.get(job.job_type)
+    # The registry's cap, the one sync_definitions stores on the type's definition.
+    cap = DEFAULT_MAX_CONTINUATIONS
+    if handler is not None and handler.max_continuations is not None:
+        cap = handler.max_continuations
+    step_allows = True
+    if job.workflow_step_id is not None:
+        step_id = job.workflow_step_id
+        try:
+            step_allows = with_retries(lambda: driver.step_allows_continuation(execution.engine, step_id),
+                                       give_up_at=_give_up_at(execution))
+        except ConnectionFailed as error:
+            log.warning("job continuation could not be decided: the database stayed out of reach; "
+                        "the reaper retries the job", extra=execution.log_fields | {"error": str(error)})
+            return None
+    return decide_continuation(job, completion, max_continuations=cap, step_allows=step_allows)
 
 
 def _write(execution: JobExecution, transition: Written, *, hand_off: bool) -> bool:
@@ -142,16 +170,16 @@ def _answered_off_thread(execution: JobExecution, transition: Written, answer: o
 def _answered(execution: JobExecution, transition: Written, answer: object) -> Optional[Written]:
     """Log what the write's answer means; the terminal failure to write instead, when the store refused the progress."""
     fields = execution.log_fields
-    what = "success" if isinstance(transition, Succeed) else "failure"
+    what = {Succeed: "success", Continue: "continuation"}.get(type(transition), "failure")
     if answer is None or answer is LANDED_AFTER_LOST_REPLY:
         execution.decided = transition
         if isinstance(transition, Succeed):
             if answer is LANDED_AFTER_LOST_REPLY:
                 log.info(SUCCESS_REPLY_LOST, extra=fields | {"write": "completer"})
-        else:
+        elif isinstance(transition, (Retry, DeadLetter)):
             _failure_recorded(execution, transition)
         return None
-    if isinstance(answer, InvalidCompletionProgress) and isinstance(transition, Succeed):
+    if isinstance(answer, InvalidCompletionProgress) and isinstance(transition, (Succeed, Continue)):
         log.warning("handler returned invalid success completion; marking job terminal",
                     extra=fields | {"failure_code": answer.code})
         failure = JobFailure.terminal(INVALID_COMPLETION_PROGRESS_CODE, answer.message)

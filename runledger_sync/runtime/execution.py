@@ -35,6 +35,13 @@ from runledger_sync.core.errors import (
     RunledgerError,
     UnstartedClaimReleaseNotApplicable,
 )
+from runledger_sync.core.continuation import (
+    CONTINUATION_OUTPUT_CODE,
+    INVALID_CONTINUATION_DELAY_CODE,
+    INVALID_RETRY_TIMING_CODE,
+    delay_ms,
+    describe,
+)
 from runledger_sync.core.evidence import NO_EVIDENCE, FailureEvidence, evidence_of, message_of
 from runledger_sync.core.outcomes import (
     HANDLER_ERROR_CODE,
@@ -53,6 +60,7 @@ from runledger_sync.core.store_errors import CommitOutcomeUnknown
 from runledger_sync.core.types import (
     JobCompletion,
     JobFailure,
+    Snooze,
 )
 from runledger_sync.core.validation import (
     check_failure_code,
@@ -242,6 +250,9 @@ def _run_handler(execution: JobExecution) -> tuple[Outcome, FailureEvidence]:
         return JobFailure.terminal(HANDLER_NOT_REGISTERED_CODE, "No handler is registered for this job type."), NO_EVIDENCE
     try:
         result = handler.execute(execution.context, execution.job.payload)
+    except Snooze as snooze:
+        # A snooze is a continuation that keeps the stored checkpoint (checkpoint None).
+        result = JobCompletion(continue_after=snooze.seconds)
     except BaseException as exc:  # noqa: BLE001 - a handler may raise anything, even SystemExit
         abandoned = _abandoned_outcome(execution)
         if abandoned is not None:
@@ -279,13 +290,19 @@ def _recordable(failure: JobFailure) -> JobFailure:
 
     The store would refuse the write, and the failure would be lost to a lease
     expiry. (NUL and lone surrogates in the code or message are replaced by the
-    store, not refused.)
+    store, not refused.) Likewise a retry hint that is no valid delay.
     """
     try:
         check_failure_code(failure.code)
     except InvalidArgument as error:
         return JobFailure.terminal(
             HANDLER_INVALID_RESULT_CODE, f"Handler raised a JobFailure whose {error.message}: {failure.message}"
+        )
+    if failure.retry_after is not None and delay_ms(failure.retry_after) is None:
+        return JobFailure.terminal(
+            INVALID_RETRY_TIMING_CODE,
+            f"Handler raised a JobFailure whose retry_after is {describe(failure.retry_after)}; "
+            f"expected a timedelta from zero to 365 days: {failure.message}",
         )
     return failure
 
@@ -325,7 +342,24 @@ def _completion_outcome(result: Any, max_output_bytes: int) -> Outcome:
     problem = completion_progress_problem(result.progress_done, result.progress_total)
     if problem is not None:
         return JobFailure.terminal(INVALID_COMPLETION_PROGRESS_CODE, problem)
+    if result.continue_after is not None:
+        return _continuation_problem(result) or result
     return result
+
+
+def _continuation_problem(result: JobCompletion) -> Optional[JobFailure]:
+    """The terminal failure a continuation the store cannot write makes; None for a valid one."""
+    if delay_ms(result.continue_after) is None:
+        return JobFailure.terminal(
+            INVALID_CONTINUATION_DELAY_CODE,
+            f"Handler asked to continue after {describe(result.continue_after)}; "
+            "expected a timedelta or seconds from zero to 365 days.",
+        )
+    if result.output is not None:
+        return JobFailure.terminal(
+            CONTINUATION_OUTPUT_CODE, "Handler returned an output with a continuation; only a finished job has one.",
+        )
+    return None
 
 
 def _abandoned_outcome(execution: JobExecution) -> Optional[Outcome]:

@@ -142,6 +142,8 @@ def _requeue_statement(organization_id: Optional[str]) -> Any:
             output=None,
             run_number=_q.run_number + 1,
             attempt=0,
+            # A requeue starts afresh (its checkpoint is gone too), with the whole cap on continuations.
+            continuations=0,
             lease_expires_at=None,
             last_heartbeat_at=None,
             worker_id=None,

@@ -1,4 +1,4 @@
-"""Lifecycle writes for many leases at once: mark running, complete successfully.
+"""Lifecycle writes for many leases at once: mark running, and each decided outcome.
 
 The worker's hot path writes stage ``running`` and SUCCEEDED for every job;
 one transaction per job makes each cost a round trip and a commit. These
@@ -23,7 +23,8 @@ from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidCompletionProgress, InvalidProgress, LeaseOwnerMismatch
-from runledger_sync.core.outcomes import DeadLetter, EarlierAttempts, Retry, Succeed
+from runledger_sync.core.continuation import delay_ms
+from runledger_sync.core.outcomes import Continue, DeadLetter, EarlierAttempts, Retry, Succeed
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.types import EventLog, JobCompletion
 from runledger_sync.core.states import JobStatus
@@ -43,7 +44,9 @@ from runledger_sync.store._fence import (
 from runledger_sync.store._prepared import PreparedStatement
 from runledger_sync.store._sql import check_identity, event_log_params
 from runledger_sync.store._transitions import (
+    CONTINUATION_ARRAYS,
     FAILURE_ARRAYS,
+    build_continuation,
     build_failure,
     build_running,
     build_success,
@@ -95,6 +98,11 @@ def _build_group_failure(plain_jobs_only: bool) -> Any:
     return build_failure(and_(fence, _q.workflow_step_id.is_(None)) if plain_jobs_only else fence, values)
 
 
+def _build_group_continuation() -> Any:
+    values = unnested(IDENTITY_ARRAYS + CONTINUATION_ARRAYS)
+    return build_continuation(_live_leases(values), values)
+
+
 _RUNNING = PreparedStatement("mark_running", build_running(_live_leases(unnested()), returning=_WRITTEN), index_plan=True)
 # Per outcome, the plain jobs' write, which needs no workflow hook, so its one
 # query is the whole transaction; and the write of any job, whose steps end after it.
@@ -106,6 +114,8 @@ _FAILURE_STATEMENTS = (
     PreparedStatement("complete_failure_plain", _build_group_failure(plain_jobs_only=True), index_plan=True),
     PreparedStatement("complete_failure", _build_group_failure(plain_jobs_only=False), index_plan=True),
 )
+# A continuation leaves a workflow job's step RUNNING, so one statement serves every job.
+_CONTINUATION = PreparedStatement("complete_continuation", _build_group_continuation(), index_plan=True)
 
 
 def mark_jobs_running(
@@ -197,12 +207,57 @@ def complete_jobs_failure(
     values: list[tuple[LeaseIdentity, tuple[Any, ...]]] = []
     for identity, transition in failures:
         delay = transition.delay_ms if isinstance(transition, Retry) else 0
-        params = failure_params(transition.failure, max(0, delay), {}, transition.evidence)
+        params = failure_params(transition.failure, max(0, delay), _hint_of(transition), transition.evidence)
         values.append((check_identity(*_identity_values(identity)), (
             params["kind"], params["code"], params["message"], params["retry_delay"],
             isinstance(transition, DeadLetter), params["event_extra"], params["error_type"], params["traceback"],
         )))
     return _write_plain_then_workflow(bind, values, FAILURE_ARRAYS, _FAILURE_STATEMENTS, retry=retry)
+
+
+def complete_jobs_continuation(
+    bind: Bind, continuations: Sequence[tuple[LeaseIdentity, Continue]], *, retry: bool = True,
+) -> list[LeaseResult]:
+    """End many leased jobs' runs in continuations (spec T14), in one transaction.
+
+    Each job goes back to PENDING as its next run, attempt 0, due after its
+    delay, with the checkpoint and progress given (None keeps the stored ones).
+    A workflow job's step stays RUNNING. Whether a continuation is allowed (the
+    definition's cap, the step's opt-in) was decided before
+    (:func:`runledger_sync.core.outcomes.decide_continuation`).
+
+    Returns:
+        One result per identity, in order: None once written, or a ``LeaseOwnerMismatch``.
+
+    Raises:
+        InvalidCompletionProgress: one continuation's progress merged with the stored
+            progress is invalid; nothing written.
+        CommitOutcomeUnknown: the connection was lost while the write ran; it may have landed.
+    """
+    values: list[tuple[LeaseIdentity, tuple[Any, ...]]] = []
+    for identity, transition in continuations:
+        check.check_progress_values(transition.progress_done, transition.progress_total, completion=True)
+        values.append((check_identity(*_identity_values(identity)), (
+            transition.delay_ms, _json_or_none("checkpoint", transition.checkpoint),
+            transition.progress_done, transition.progress_total,
+        )))
+    if not values:
+        return []
+    try:
+        return _write_values(bind, _CONTINUATION, values, CONTINUATION_ARRAYS, workflow=False, retry=retry)
+    except InvalidProgress as exc:
+        raise InvalidCompletionProgress(
+            "Handler returned invalid continuation progress: merged with the stored progress, "
+            "progress_done would exceed progress_total."
+        ) from exc
+
+
+def _hint_of(transition: Retry | DeadLetter) -> dict[str, Any]:
+    """The retry event's record of the handler's hint (the attempt row keeps the delay it made)."""
+    hint = transition.failure.retry_after
+    if not isinstance(transition, Retry) or hint is None:
+        return {}
+    return {"retry_after_ms": delay_ms(hint)}
 
 
 def _write_plain_then_workflow(
@@ -264,7 +319,7 @@ def read_earlier_attempts(bind: Bind, identity: LeaseIdentity) -> EarlierAttempt
 
 
 def read_back_outcomes(
-    bind: Bind, outcomes: Sequence[tuple[LeaseIdentity, Succeed | Retry | DeadLetter]],
+    bind: Bind, outcomes: Sequence[tuple[LeaseIdentity, Succeed | Continue | Retry | DeadLetter]],
 ) -> list[Optional[bool | LeaseOwnerMismatch]]:
     """What the rows say of outcome writes whose reply was lost, in one read (a lost connection is raised, not retried).
 
@@ -284,8 +339,11 @@ _READ_BACK = select(_q.id, _q.run_number, _q.attempt, _q.status, _q.last_error_c
 
 
 def _what_the_row_says(
-    row: Any, identity: LeaseIdentity, transition: Succeed | Retry | DeadLetter,
+    row: Any, identity: LeaseIdentity, transition: Succeed | Continue | Retry | DeadLetter,
 ) -> Optional[bool | LeaseOwnerMismatch]:
+    if isinstance(transition, Continue) and row is not None and row.run_number > identity.run_number:
+        # Only a continuation moves a leased job to its next run (a requeue takes a finished one).
+        return True
     if row is not None and (row.run_number, row.attempt) == (identity.run_number, identity.attempt):
         if row.status == JobStatus.LEASED.value:
             return None
@@ -293,7 +351,8 @@ def _what_the_row_says(
             if row.status == JobStatus.SUCCEEDED.value:
                 return True
         # The reaper retries or dead-letters with its own code: a row with this failure's code is this write's.
-        elif (row.status in (JobStatus.PENDING.value, JobStatus.DEAD_LETTERED.value)
+        elif (isinstance(transition, (Retry, DeadLetter))
+              and row.status in (JobStatus.PENDING.value, JobStatus.DEAD_LETTERED.value)
               and row.last_error_code == transition.failure.code):
             return True
     return lease_mismatch(identity)

@@ -31,6 +31,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
+from runledger_sync.core.continuation import CONTINUED_OUTCOME, HANDLER_CONTINUATION_REASON
 from runledger_sync.core.evidence import NO_EVIDENCE, FailureEvidence, bounded_error_type, bounded_traceback
 from runledger_sync.core.outcomes import EarlierAttempts
 from runledger_sync.core.types import ClaimOrigin, JobEventType, JobFailure
@@ -248,6 +249,69 @@ def failure_params(
         "error_type": None if evidence.error_type is None else bounded_error_type(str(evidence.error_type)),
         "traceback": None if evidence.traceback is None else bounded_traceback(str(evidence.traceback)),
     }
+
+
+#: (column of the unnested continuations, array parameter, its type): one continuation per lease.
+CONTINUATION_ARRAYS = (
+    ("delay", "continue_delays", ARRAY(BigInteger)),
+    ("checkpoint", "continue_checkpoints", ARRAY(Text)),
+    ("progress_done", "continue_progress_done", ARRAY(BigInteger)),
+    ("progress_total", "continue_progress_total", ARRAY(BigInteger)),
+)
+
+
+def build_continuation(guard: Any, leases: Any) -> Any:
+    """The continuation write (spec T14): PENDING as the next run, attempt 0, after each lease's delay.
+
+    ``leases`` are the unnested identities and :data:`CONTINUATION_ARRAYS` the
+    guard joins. The checkpoint and progress are coalesced with the stored ones
+    (a snooze keeps them). The run's attempt is closed as CONTINUED and a
+    REQUEUED event (reason ``HANDLER_CONTINUATION``) is written on the run that
+    ended. The rows return the identity they were written under, as every
+    group write's do.
+    """
+    continued = (
+        job_queue.update()
+        .where(guard)
+        .values(
+            status=JobStatus.PENDING.value,
+            run_number=_q.run_number + 1,
+            attempt=0,
+            continuations=_q.continuations + 1,
+            next_run_at=func.now() + milliseconds(leases.c.delay),
+            lease_expires_at=None,
+            last_heartbeat_at=None,
+            worker_id=None,
+            stage=JobStage.QUEUED.value,
+            progress_done=func.coalesce(leases.c.progress_done, _q.progress_done),
+            progress_total=func.coalesce(leases.c.progress_total, _q.progress_total),
+            checkpoint=func.coalesce(cast(leases.c.checkpoint, JSONB), _q.checkpoint),
+            status_reason=HANDLER_CONTINUATION_REASON,
+            last_error_code=None,
+            last_error_message=None,
+        )
+        .returning(
+            _q.id, leases.c.run_number.label("run_number"), leases.c.attempt.label("attempt"), _q.stage,
+            _q.progress_done, _q.progress_total, _q.workflow_step_id, _q.next_run_at,
+            leases.c.delay.label("continue_delay"),
+        )
+        .cte("continued")
+    )
+    attempt = (
+        job_attempts.update()
+        .where(attempt_of(continued))
+        .values(finished_at=func.now(), outcome=CONTINUED_OUTCOME, error_code=None, error_message=None,
+                retry_delay_ms=None)
+        .cte("continued_attempt")
+    )
+    events = event_insert(
+        continued,
+        continued.c.id, continued.c.run_number, continued.c.attempt, literal(JobEventType.REQUEUED.value),
+        continued.c.stage, continued.c.progress_done, continued.c.progress_total,
+        func.jsonb_build_object("reason", HANDLER_CONTINUATION_REASON, "continue_after_ms", continued.c.continue_delay,
+                                "next_run_at", continued.c.next_run_at),
+    ).cte("continued_event")
+    return select(*continued.c).add_cte(attempt, events)
 
 
 _EARLIER_CODES = (

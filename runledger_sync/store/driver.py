@@ -35,8 +35,10 @@ While the handler runs
 
 Outcome
     ``read_earlier_attempts``: what the run's earlier attempts mean for a
-    failure's decision. ``complete_jobs_success`` and ``complete_jobs_failure``
-    write a group of decided outcomes, one fenced statement per group;
+    failure's decision, ``step_allows_continuation`` a workflow job's
+    continuation's. ``complete_jobs_success``, ``complete_jobs_continuation``
+    and ``complete_jobs_failure`` write a group of decided outcomes, one fenced
+    statement per group;
     ``read_back_outcomes`` tells of a group whose reply was lost which landed.
     ``complete_job_success`` writes a success in the handler's own transaction
     (``ctx.complete_in``).
@@ -71,6 +73,7 @@ from runledger_sync.store._claim_start import StartedClaim, claim_and_start_jobs
 from runledger_sync.store._gauges import ping
 from runledger_sync.store._held import HeldConnection
 from runledger_sync.store._lifecycle_batch import (
+    complete_jobs_continuation,
     complete_jobs_failure,
     complete_jobs_success,
     read_back_outcomes,
@@ -93,7 +96,7 @@ from runledger_sync.store.admin import get_job
 from runledger_sync.store.lifecycle import complete_job_success, release_unstarted_job_claim
 from runledger_sync.store.queues import list_queues
 from runledger_sync.store.retention import prune
-from runledger_sync.store.workflows import load_step, step_output
+from runledger_sync.store.workflows import load_step, step_allows_continuation, step_output
 
 __all__ = [
     # connections
@@ -115,7 +118,9 @@ __all__ = [
     "get_job",
     # outcome
     "read_earlier_attempts",
+    "step_allows_continuation",
     "complete_jobs_success",
+    "complete_jobs_continuation",
     "complete_jobs_failure",
     "read_back_outcomes",
     "complete_job_success",

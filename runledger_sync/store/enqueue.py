@@ -287,6 +287,7 @@ def sync_job_definitions(
         check.check_int("default_timeout_seconds", definition.default_timeout_seconds, check.TIMEOUT_SECONDS_RANGE)
         check.check_int("default_priority", definition.default_priority, check.PRIORITY_RANGE)
         check.check_int("version", definition.version, (1, 2**31 - 1))
+        check.check_int("max_continuations", definition.max_continuations, (1, 2**31 - 1))
         check_queue_name(definition.queue)
     if not definitions:
         return []
@@ -299,6 +300,7 @@ def sync_job_definitions(
             "default_priority": d.default_priority,
             "is_enabled": d.is_enabled,
             "queue": d.queue,
+            "max_continuations": d.max_continuations,
         }
         for d in definitions
     ]

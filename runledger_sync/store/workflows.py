@@ -97,6 +97,8 @@ def _request_snapshot(workflow: Workflow) -> str:
         {"key": step.key, "kind": step.kind.value, "job_type": step.job_type, "payload": step.payload,
          "after": list(step.after), "release": step.release.value, "priority": step.priority,
          "max_attempts": step.max_attempts, "timeout_seconds": step.timeout_seconds}
+        # Only when set: the snapshots of runs enqueued before steps could opt in stay equal.
+        | ({"continuation": True} if step.continuation else {})
         for step in workflow.steps
     ]
     return check.serialize_json("workflow", {"name": workflow.name, "steps": steps})
@@ -123,6 +125,7 @@ def _enqueue(connection: Connection, workflow: Workflow, snapshot: str) -> Workf
          "job_type": step.job_type,
          "payload": None if step.kind is WorkflowStepKind.EXTERNAL else step.payload,
          "priority": step.priority, "max_attempts": step.max_attempts, "timeout_seconds": step.timeout_seconds,
+         "allow_continuation": step.continuation,
          "dependencies_total": len(step.after), "dependencies_pending": len(step.after)}
         for step in workflow.steps
     ])
@@ -245,6 +248,16 @@ def load_step(bind: Bind, step_id: UUID) -> tuple[UUID, str]:
     if row is None:
         raise WorkflowStepNotFound(f"workflow step {step_id} was not found")
     return row.run_id, row.step_key
+
+
+_STEP_ALLOWS_CONTINUATION = select(_s.allow_continuation).where(
+    _s.id == bindparam("step_id", type_=PG_UUID(as_uuid=True)))
+
+
+def step_allows_continuation(bind: Bind, step_id: UUID) -> bool:
+    """Whether the step was built with ``continuation=True`` (False once the step is gone)."""
+    return bool(run_in_transaction(bind, lambda connection: connection.execute(
+        _STEP_ALLOWS_CONTINUATION, {"step_id": step_id}).scalar()))
 
 
 def step_output(bind: Bind, run_id: UUID, step_key: str) -> Any:

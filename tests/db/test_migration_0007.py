@@ -48,7 +48,7 @@ def test_0007_downgrade_drops_them_and_upgrade_adds_them_again(empty_engine):
     assert current_revision(empty_engine) == "0006"
     assert index_definitions(empty_engine) == {}
 
-    migrate(empty_engine)
+    migrate(empty_engine, "0007")
 
     assert current_revision(empty_engine) == "0007"
     assert set(index_definitions(empty_engine)) == RETENTION_INDEXES

@@ -31,7 +31,7 @@ def test_names_fixed_by_the_architecture_are_exported():
 
 
 def test_errors_lists_every_error_class_and_the_package_keeps_the_common_ones():
-    every = {cls.__name__ for cls in all_error_classes()} | {"JobFailure"}
+    every = {cls.__name__ for cls in all_error_classes()} | {"JobFailure", "Snooze"}
     assert set(errors.__all__) == every
     assert errors.__all__ == sorted(errors.__all__)
     assert all(getattr(errors, name).__name__ == name for name in errors.__all__)
