@@ -92,6 +92,7 @@ from runledger_sync.store.admin import (
     QueueGauges,
     QueueStats,
     cancel_job,
+    count_dead_letters,
     count_jobs,
     get_dead_letter,
     get_job,
@@ -101,6 +102,7 @@ from runledger_sync.store.admin import (
     list_jobs,
     queue_gauges,
     queue_stats,
+    replay_dead_letters,
     requeue_job,
 )
 from runledger_sync.store.enqueue import enqueue, enqueue_many, enqueue_many_ids, set_job_definition_enabled
@@ -212,6 +214,7 @@ __all__ = [
     "configure_logging",
     "configure_logging_unless_configured",
     "configure_queue",
+    "count_dead_letters",
     "count_jobs",
     "create_engine",
     "current_revision",
@@ -246,6 +249,7 @@ __all__ = [
     "queue_gauges",
     "queue_loads",
     "queue_stats",
+    "replay_dead_letters",
     "requeue_job",
     "resume_queue",
     "resume_schedule",
