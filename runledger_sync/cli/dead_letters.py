@@ -84,7 +84,7 @@ def _dead_letters_replay(args: argparse.Namespace) -> int:
             print(f"{len(targets)} dead-lettered job(s) would be requeued (dry run)")
             return EXIT_OK
         # A batch per transaction: a replay of thousands holds no lock for long.
-        replayed = rl.replay_dead_letters(engine, **_filters(args, since), reason="DEAD_LETTER_REPLAY")
+        replayed = rl.replay_dead_letters(engine, **_filters(args, since))
     print(f"requeued {replayed} dead-lettered job(s)")
     return EXIT_OK
 

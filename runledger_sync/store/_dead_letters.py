@@ -107,15 +107,24 @@ def count_dead_letters(
     error_code: Optional[str] = None,
     error_type: Optional[str] = None,
     since: Optional[datetime] = None,
+    at_most: Optional[int] = None,
 ) -> int:
     """Return how many jobs :func:`replay_dead_letters` would requeue with the same filter.
 
     Those are the matching jobs still DEAD_LETTERED (a replayed job keeps its
     dead-letter row) and outside any workflow (a workflow's job is never requeued
-    on its own). The arguments are those of :func:`list_dead_letters`.
+    on its own). The filter arguments are those of :func:`list_dead_letters`.
+
+    Args:
+        at_most: stop counting there (a page that says "more than N" need not read
+            every dead letter of a large table); None counts them all.
     """
     chosen = _Filter(job_type, organization_id, error_code, error_type, since)
-    statement = select(func.count()).select_from(_WITH_JOBS).where(*chosen.replayable())
+    check.check_optional_int("at_most", at_most, (1, check.BIGINT_MAX))
+    matching = select(_dl.job_id).select_from(_WITH_JOBS).where(*chosen.replayable())
+    if at_most is not None:
+        matching = matching.limit(at_most)
+    statement = select(func.count()).select_from(matching.subquery("matching"))
     return int(run_in_transaction(bind, lambda connection: connection.execute(statement).scalar_one()))
 
 

@@ -49,7 +49,9 @@ def dead_letters(dashboard: PageHost, request: Request) -> Response:
     rows = [(letter, statuses.get(letter.job_id) is rl.JobStatus.DEAD_LETTERED) for letter in letters]
     return dashboard.render(
         request, "dead_letters.html", rows=rows, filters=chosen, query=_filter_query(chosen, scope),
-        replayable=rl.count_dead_letters(dashboard.engine, **chosen), replayed=_count_arg(request, "replayed"),
+        # Counted up to one past what a click replays: enough to say "more than" that.
+        replayable=rl.count_dead_letters(dashboard.engine, **chosen, at_most=REPLAY_FILTER_LIMIT + 1),
+        replayed=_count_arg(request, "replayed"),
         replay_cap=REPLAY_FILTER_LIMIT,
     )
 

@@ -310,6 +310,7 @@ def test_dead_letters_replay_since_the_future_matches_nothing(db, run):
 def failed_with(db, code: str, error_type: str) -> rl.JobRecord:
     job = rl.enqueue(db, EMAIL, {"n": 1}, priority=TOP)
     [claimed] = claim_jobs(db, worker_id="cli-worker", lease_ttl_seconds=60, limit=1, job_types=[EMAIL])
+    assert claimed.id == job.id
     return complete_job_failure(db, **LeaseIdentity.of(claimed).keywords(), failure=rl.JobFailure.terminal(code, "no"),
                                 retry_delay_ms=None, error_type=error_type)
 

@@ -102,6 +102,7 @@ def test_replay_stops_at_its_limit_most_recent_failure_first(db):
 
     assert [s for s, _, _ in statuses(db, jobs)] == [JobStatus.DEAD_LETTERED] * 2 + [JobStatus.PENDING] * 2
     assert admin.count_dead_letters(db, error_code="http.timeout") == 2
+    assert admin.count_dead_letters(db, error_code="http.timeout", at_most=1) == 1
 
 
 def test_replay_keeps_to_the_organization_and_leaves_a_replayed_job_that_failed_again_once(db):

@@ -9,7 +9,7 @@ from sqlalchemy import text
 from werkzeug.test import Client
 
 import runledger_sync as rl
-from runledger_sync.web import create_app
+from runledger_sync.web import create_app, views_operations
 from tests.db.web.conftest import CSRF_FIELD, HOSTILE, REPORT, allow_all, dead_lettered, page, post_form
 
 TIMEOUT = "builtins.TimeoutError"
@@ -57,6 +57,20 @@ def test_replaying_the_filter_requeues_exactly_what_it_matches_and_keeps_the_fil
     assert states(db, [other_type, other_code]) == [("DEAD_LETTERED", 1)] * 2
     after = page(admin, response.headers["Location"])
     assert 'id="done">Requeued 3 job(s).<' in after and "<strong>0</strong>" in after and 'id="replay-matching"' not in after
+
+
+def test_one_click_replays_at_most_its_cap_most_recent_first_and_says_so(db, admin, monkeypatch):
+    monkeypatch.setattr(views_operations, "REPLAY_FILTER_LIMIT", 2)
+    oldest, *newer = [dead_lettered(db, code="http.timeout") for _ in range(3)]
+    html = page(admin, "/dead-letters")
+    assert "<strong>more than 2</strong>" in html and 'id="replay-matching">Replay the 2 most recent matching<' in html
+
+    response = post_form(admin, "/dead-letters", "/dead-letters/replay_dead_letters", {})
+
+    assert response.headers["Location"] == "/dead-letters?replayed=2"
+    assert states(db, [oldest, *newer]) == [("DEAD_LETTERED", 1), ("PENDING", 2), ("PENDING", 2)]
+    after = page(admin, response.headers["Location"])
+    assert "replay again for the rest" in after and "<strong>1</strong>" in after
 
 
 def test_a_scoped_dashboard_replays_its_own_organization_whatever_the_form_says(db):
