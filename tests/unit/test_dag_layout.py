@@ -73,6 +73,35 @@ def test_rows_follow_the_prerequisites_so_edges_do_not_cross():
     assert sorted((e.source, e.target) for e in placed.edges) == [("first", "x"), ("second", "y")]
 
 
+def test_an_edge_that_skips_a_column_runs_through_a_free_lane_there_not_behind_a_box():
+    # a -> b -> c, and a -> c: the second edge crosses column 1, where b stands.
+    positions, placed = place([Step("a"), Step("b", ("a",)), Step("c", ("b", "a"))])
+
+    assert positions == {"a": (0, MARGIN, MARGIN), "b": (1, MARGIN + COLUMN, MARGIN), "c": (2, MARGIN + 2 * COLUMN, MARGIN)}
+    assert placed.height == 2 * MARGIN + 2 * NODE_HEIGHT + ROW_GAP  # b's row, and the lane's below it
+    long = next(edge for edge in placed.edges if (edge.source, edge.target) == ("a", "c"))
+    mid, lane_mid = MARGIN + NODE_HEIGHT // 2, MARGIN + ROW + NODE_HEIGHT // 2
+    x1, lane_x, x2 = MARGIN + NODE_WIDTH, MARGIN + COLUMN, MARGIN + 2 * COLUMN
+    bend = (lane_x - x1) // 2
+    assert long.path == (f"M{x1},{mid} C{x1 + bend},{mid} {lane_x - bend},{lane_mid} {lane_x},{lane_mid} "
+                         f"H{lane_x + NODE_WIDTH} "
+                         f"C{lane_x + NODE_WIDTH + bend},{lane_mid} {x2 - bend},{mid} {x2},{mid}")
+
+
+def test_edges_from_one_step_share_its_lanes_and_past_the_budget_run_straight_across():
+    steps = [Step("root"), Step("b1", ("root",)), Step("b2", ("b1",)), Step("far", ("root", "b2")),
+             Step("farther", ("root", "far"))]
+
+    shared = layout(layers(steps))
+    rows_used = (shared.height - 2 * MARGIN + ROW_GAP) // ROW
+    assert rows_used == 2  # each column between holds one step and root's one lane
+
+    tight = layout(layers(steps), max_lane_slots=1)
+    paths = {(edge.source, edge.target): edge.path for edge in tight.edges}
+    assert "H" not in paths[("root", "far")] and "H" not in paths[("root", "farther")]
+    assert (tight.height - 2 * MARGIN + ROW_GAP) // ROW == 1
+
+
 def test_a_prerequisite_that_is_not_placed_draws_no_edge_and_an_empty_graph_is_empty():
     placed = layout([[Step("later", ("on-another-page",))]])
     assert [n.step.key for n in placed.nodes] == ["later"] and placed.edges == ()
