@@ -144,8 +144,9 @@ def replay_dead_letters(
 
     Each job starts a new run (run_number + 1) from attempt 0, as with
     :func:`runledger_sync.requeue_job`, with ``reason`` as its status reason and in
-    its REQUEUED event. A job another caller requeues meanwhile is counted once,
-    by whichever got it; a workflow's job is left alone. The filter arguments are
+    its REQUEUED event. Two replays at once requeue each job once, counted by
+    whichever got it (one may stop early, finding what is left taken by the other);
+    a workflow's job is left alone. The filter arguments are
     those of :func:`list_dead_letters`.
 
     Args:

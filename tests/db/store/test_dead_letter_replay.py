@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 from uuid import UUID
 
@@ -93,6 +94,16 @@ def test_replay_requeues_exactly_the_filtered_jobs_in_batches(db):
     assert len(admin.list_dead_letters(db, error_type="builtins.TimeoutError")) == 6
     assert admin.count_dead_letters(db, error_code="http.timeout", error_type="builtins.TimeoutError") == 0
     assert admin.replay_dead_letters(db, error_code="http.timeout", error_type="builtins.TimeoutError") == 0
+
+
+def test_two_replays_at_once_requeue_each_job_once(db):
+    jobs = [dead(db, "http.timeout", None) for _ in range(40)]
+    with ThreadPoolExecutor(2) as pool:
+        counts = list(pool.map(lambda _: admin.replay_dead_letters(db, batch_size=3), range(2)))
+
+    assert sum(counts) == 40
+    assert statuses(db, jobs) == [(JobStatus.PENDING, 2, "DEAD_LETTER_REPLAY")] * 40
+    assert all(len(requeued_events(db, job.id)) == 1 for job in jobs)
 
 
 def test_replay_stops_at_its_limit_most_recent_failure_first(db):
