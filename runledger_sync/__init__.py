@@ -93,6 +93,7 @@ from runledger_sync.store.admin import (
     QueueGauges,
     QueueStats,
     cancel_job,
+    count_dead_letters,
     count_jobs,
     get_dead_letter,
     get_job,
@@ -102,6 +103,7 @@ from runledger_sync.store.admin import (
     list_jobs,
     queue_gauges,
     queue_stats,
+    replay_dead_letters,
     requeue_job,
 )
 from runledger_sync.store.enqueue import enqueue, enqueue_many, enqueue_many_ids, set_job_definition_enabled
@@ -214,6 +216,7 @@ __all__ = [
     "configure_logging",
     "configure_logging_unless_configured",
     "configure_queue",
+    "count_dead_letters",
     "count_jobs",
     "create_engine",
     "current_revision",
@@ -248,6 +251,7 @@ __all__ = [
     "queue_gauges",
     "queue_loads",
     "queue_stats",
+    "replay_dead_letters",
     "requeue_job",
     "resume_queue",
     "resume_schedule",

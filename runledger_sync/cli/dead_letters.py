@@ -12,7 +12,7 @@ from runledger_sync.cli._output import plain, print_json, print_table, when
 
 command_group("dead-letters", help="list and replay dead-lettered jobs")
 
-#: The most dead letters one ``dead-letters replay`` reads (the store's list limit).
+#: The most dead letters ``dead-letters replay --dry-run`` lists (the store's list limit).
 REPLAY_LIMIT = 100_000
 
 
@@ -30,6 +30,9 @@ def _parse_since(text: Optional[str]) -> Optional[datetime]:
 def _dead_letter_filters(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--type", dest="job_type", metavar="TYPE", help="only this job type")
     parser.add_argument("--org", dest="organization_id", metavar="ORG", help="only this organization's jobs")
+    parser.add_argument("--code", dest="error_code", metavar="CODE", help="only this error code (e.g. http.timeout)")
+    parser.add_argument("--error-type", metavar="TYPE",
+                        help="only failures that raised this exception type (its qualified name, e.g. builtins.TimeoutError)")
     parser.add_argument("--since", metavar="ISO8601", help="only jobs that failed at or after this time (UTC if no offset)")
 
 
@@ -50,8 +53,7 @@ def _dead_letters_list_arguments(parser: argparse.ArgumentParser) -> None:
 def _dead_letters_list(args: argparse.Namespace) -> int:
     since = _parse_since(args.since)
     with open_engine(args) as engine:
-        letters = rl.list_dead_letters(engine, job_type=args.job_type, organization_id=args.organization_id,
-                                       since=since, limit=args.limit)
+        letters = rl.list_dead_letters(engine, **_filters(args, since), limit=args.limit)
         dead = {letter.job_id for letter in letters if _still_dead(engine, letter)}
     if args.json:
         for letter in letters:
@@ -74,21 +76,19 @@ def _dead_letters_replay_arguments(parser: argparse.ArgumentParser) -> None:
 def _dead_letters_replay(args: argparse.Namespace) -> int:
     since = _parse_since(args.since)
     with open_engine(args) as engine:
-        letters = rl.list_dead_letters(engine, job_type=args.job_type, organization_id=args.organization_id,
-                                       since=since, limit=REPLAY_LIMIT)
-        targets = [letter.job_id for letter in letters if _still_dead(engine, letter)]
-        replayed = 0
-        for job_id in targets:
-            if args.dry_run:
+        if args.dry_run:
+            letters = rl.list_dead_letters(engine, **_filters(args, since), limit=REPLAY_LIMIT)
+            targets = [letter.job_id for letter in letters if _still_dead(engine, letter)]
+            for job_id in targets:
                 print(f"would requeue {job_id}")
-                continue
-            try:
-                rl.requeue_job(engine, job_id, reason="DEAD_LETTER_REPLAY")
-            except (rl.InvalidStateTransition, rl.JobNotFound):
-                continue  # requeued or deleted by someone else meanwhile
-            replayed += 1
-    if args.dry_run:
-        print(f"{len(targets)} dead-lettered job(s) would be requeued (dry run)")
-    else:
-        print(f"requeued {replayed} dead-lettered job(s)")
+            print(f"{len(targets)} dead-lettered job(s) would be requeued (dry run)")
+            return EXIT_OK
+        # A batch per transaction: a replay of thousands holds no lock for long.
+        replayed = rl.replay_dead_letters(engine, **_filters(args, since))
+    print(f"requeued {replayed} dead-lettered job(s)")
     return EXIT_OK
+
+
+def _filters(args: argparse.Namespace, since: Optional[datetime]) -> dict[str, Any]:
+    return {"job_type": args.job_type, "organization_id": args.organization_id, "error_code": args.error_code,
+            "error_type": args.error_type, "since": since}

@@ -123,13 +123,25 @@ def _transition_error(
     )
 
 
-def _requeue_statement(organization_id: Optional[str]) -> Any:
-    previous = scoped(
-        # A workflow's job runs once per run: its step's end has released its dependents.
-        select(_q.id, _q.run_number, _q.attempt).where(
-            _q.id == bindparam("target_id"), _q.status.in_(REQUEUABLE), _q.workflow_step_id.is_(None)),
+#: What a requeue may pick: a finished job outside any workflow (a workflow's job runs
+#: once per run: its step's end has released its dependents).
+REQUEUE_PICKABLE = (_q.status.in_(REQUEUABLE), _q.workflow_step_id.is_(None))
+
+
+def _pick_one(organization_id: Optional[str]) -> Any:
+    return scoped(
+        select(_q.id, _q.run_number, _q.attempt).where(_q.id == bindparam("target_id"), *REQUEUE_PICKABLE),
         organization_id,
-    ).with_for_update().subquery("previous")
+    ).with_for_update()
+
+
+def requeue_statement(picked: Any) -> Any:
+    """The requeue of the jobs ``picked`` selects (their id, run_number and attempt, locked), with a REQUEUED event each.
+
+    ``picked`` must keep to :data:`REQUEUE_PICKABLE`; the statement takes the bound
+    ``reason`` (None: ``REQUEUED``) and returns the requeued jobs.
+    """
+    previous = picked.subquery("previous")
     requeued = (
         job_queue.update()
         .where(_q.id == previous.c.id)
@@ -178,7 +190,7 @@ def requeue_job(
         JobNotFound: no such job in the scope.
         InvalidStateTransition: the job is still PENDING or LEASED.
     """
-    return _act(bind, job_id, reason, organization_id, _requeue_statement(organization_id), "requeued", REQUEUABLE)
+    return _act(bind, job_id, reason, organization_id, requeue_statement(_pick_one(organization_id)), "requeued", REQUEUABLE)
 
 
 def _act(

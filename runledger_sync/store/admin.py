@@ -1,7 +1,8 @@
 """Operator reads: get, list and count jobs, their attempts, events and dead letters.
 
 The public store path for operators. The actions (cancel, requeue) are written in
-:mod:`~runledger_sync.store._actions`, the stats in :mod:`~runledger_sync.store._stats`,
+:mod:`~runledger_sync.store._actions`, the dead letters chosen by a filter (list, count,
+bulk replay) in :mod:`~runledger_sync.store._dead_letters`, the stats in :mod:`~runledger_sync.store._stats`,
 the scrape's queue gauges in :mod:`~runledger_sync.store._gauges` and the dashboard's
 recent figures in :mod:`~runledger_sync.store._overview`; each answers here too.
 
@@ -12,7 +13,6 @@ reported as not found.
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any, Optional, Sequence
 from uuid import UUID
 
@@ -33,6 +33,9 @@ from runledger_sync.store._scope import check_job_id, scoped, status_is, status_
 # The architecture's fixed admin names (cancel, requeue, stats) and the other operator
 # reads, defined in their own modules.
 from runledger_sync.store._actions import cancel_job, make_jobs_due, requeue_job  # noqa: F401
+from runledger_sync.store._dead_letters import (  # noqa: F401
+    count_dead_letters, list_dead_letters, replay_dead_letters,
+)
 from runledger_sync.store._gauges import (  # noqa: F401
     DEAD_LETTER_WINDOW_SECONDS, LATE_SCHEDULE_SECONDS, QueueGauges, queue_gauges,
 )
@@ -218,35 +221,8 @@ def get_dead_letter(bind: Bind, job_id: UUID | str) -> Optional[DeadLetterRecord
     return to_record(DeadLetterRecord, rows[0]) if rows else None
 
 
-def list_dead_letters(
-    bind: Bind,
-    *,
-    job_type: Optional[str] = None,
-    organization_id: Optional[str] = None,
-    since: Optional[datetime] = None,
-    limit: int = DEFAULT_LIST_LIMIT,
-) -> list[DeadLetterRecord]:
-    """Return dead letters, most recent failure first, each with its failing exception's type and traceback.
-
-    Args:
-        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
-            connection whose open transaction the call joins (the caller commits).
-    """
-    check.check_int("limit", limit, check.LIMIT_RANGE)
-    dl = job_dead_letters.c
-    statement = select(*DEAD_LETTER_COLUMNS).select_from(DEAD_LETTERS).order_by(dl.failed_at.desc()).limit(limit)
-    if job_type is not None:
-        statement = statement.where(dl.job_type == check.check_job_type(job_type))
-    if organization_id is not None:
-        statement = statement.where(
-            dl.organization_id == check.check_organization_id(organization_id)
-        )
-    if since is not None:
-        statement = statement.where(dl.failed_at >= check.check_run_at(since, "since"))
-    return [to_record(DeadLetterRecord, row) for row in _read(bind, statement)]
-
-
 __all__ = [
+    "count_dead_letters",
     "count_jobs",
     "get_dead_letter",
     "get_job",
@@ -255,4 +231,5 @@ __all__ = [
     "list_dead_letters",
     "list_events",
     "list_jobs",
+    "replay_dead_letters",
 ]

@@ -16,10 +16,11 @@ import io
 import re
 import secrets
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Union
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import runledger_sync as rl
 from runledger_sync.core.dashboard_errors import (
@@ -52,10 +53,13 @@ ROUTES: list[tuple[str, re.Pattern[str], Callable[..., Response]]] = [
     ("GET", re.compile(r"/jobs/(?P<job_id>[0-9a-fA-F-]{32,36})"), views_jobs.job_page),
     ("POST", re.compile(r"/jobs/(?P<job_id>[0-9a-fA-F-]{32,36})/(?P<action>cancel|retry)"), views_jobs.job_action),
     ("GET", re.compile(r"/dead-letters"), views_operations.dead_letters),
-    ("POST", re.compile(r"/dead-letters/(?P<action>replay)"), views_operations.replay),
+    # replay: the jobs ticked in the form; replay_dead_letters: every one the page's filter matches.
+    ("POST", re.compile(r"/dead-letters/(?P<action>replay|replay_dead_letters)"), views_operations.replay),
     ("GET", re.compile(r"/schedules"), views_operations.schedules),
     ("POST", re.compile(r"/schedules/(?P<action>pause|resume|trigger)"), views_operations.schedule_action),
     ("GET", re.compile(r"/workflows"), views_workflows.workflows),
+    ("POST", re.compile(r"/workflows/(?P<action>cancel_workflow_run|complete_external_step)"),
+     views_workflows.workflow_action),
     ("GET", re.compile(r"/queues"), views_queues.queues),
     # The actions are named as the API calls they make, apart from the schedules' pause and
     # resume: a hook that lets someone pause a schedule need not let them stop a queue.
@@ -66,8 +70,12 @@ _STATUS_OF_CODE = {
     "job.not_found": HTTPStatus.NOT_FOUND,
     "schedule.not_found": HTTPStatus.NOT_FOUND,
     "workflow.run_not_found": HTTPStatus.NOT_FOUND,
+    "workflow.external_step_not_found": HTTPStatus.NOT_FOUND,
     "queue.not_found": HTTPStatus.NOT_FOUND,
     "job.invalid_state_transition": HTTPStatus.CONFLICT,
+    "workflow.run_finished": HTTPStatus.CONFLICT,
+    "workflow.external_step_not_waiting": HTTPStatus.CONFLICT,
+    "workflow.external_step_not_external": HTTPStatus.CONFLICT,
     # The dashboard is fine; what it reads is not there yet or not reachable: try again later.
     "db.schema_mismatch": HTTPStatus.SERVICE_UNAVAILABLE,
     "db.connection_failed": HTTPStatus.SERVICE_UNAVAILABLE,
@@ -116,6 +124,26 @@ def _when(moment: Optional[datetime]) -> str:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _when_in(moment: Optional[datetime], zone_name: str) -> str:
+    """The moment on the wall clock of ``zone_name`` (a schedule's own), with the zone's abbreviation and offset."""
+    if moment is None:
+        return "-"
+    try:
+        zone = ZoneInfo(zone_name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return "-"  # a zone this machine's tz database lacks: the UTC time beside it still tells
+    return moment.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S %Z (UTC%z)")
+
+
+def _duration(span: timedelta) -> str:
+    """A span as its two largest units: ``3 d 4 h``, ``12 min 5 s``."""
+    seconds = int(span.total_seconds())
+    parts = [(seconds // 86400, "d"), (seconds // 3600 % 24, "h"), (seconds // 60 % 60, "min"), (seconds % 60, "s")]
+    while len(parts) > 1 and parts[0][0] == 0:
+        parts.pop(0)
+    return " ".join(f"{value} {unit}" for value, unit in parts[:2])
+
+
 class Dashboard:
     """The WSGI app returned by :func:`create_app`; call it as any WSGI application."""
 
@@ -137,6 +165,8 @@ class Dashboard:
             undefined=jinja2.StrictUndefined,
         )
         self.templates.filters["when"] = _when
+        self.templates.filters["when_in"] = _when_in
+        self.templates.filters["duration"] = _duration
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         return self.respond(Request(environ)).wsgi(start_response)
@@ -301,9 +331,11 @@ def create_app(
         read_only: When True (the default) every POST is refused with ``web.read_only``
             and no action buttons are drawn.
         authorize: ``authorize(request, action)``, asked before each page (action
-            ``"view"``) and each action (``"cancel"``, ``"retry"``, ``"replay"``,
+            ``"view"``) and each action (``"cancel"``, ``"retry"``, ``"replay"`` (the
+            dead letters ticked), ``"replay_dead_letters"`` (every one a filter matches),
             ``"pause"``, ``"resume"``, ``"trigger"`` for schedules; ``"pause_queue"``,
-            ``"resume_queue"``, ``"configure_queue"`` for queues). It returns False to refuse, True
+            ``"resume_queue"``, ``"configure_queue"`` for queues; ``"cancel_workflow_run"``,
+            ``"complete_external_step"`` for workflow runs). It returns False to refuse, True
             to allow, or the user's id (a non-empty str, the same for every action) to
             allow and bind that user's forms to them (a form token read by one user is
             refused for another). ``request.environ`` is the WSGI environ; mounted in

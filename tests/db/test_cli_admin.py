@@ -307,6 +307,31 @@ def test_dead_letters_replay_since_the_future_matches_nothing(db, run):
     assert rl.get_job(db, job.id).status is rl.JobStatus.DEAD_LETTERED
 
 
+def failed_with(db, code: str, error_type: str) -> rl.JobRecord:
+    job = rl.enqueue(db, EMAIL, {"n": 1}, priority=TOP)
+    [claimed] = claim_jobs(db, worker_id="cli-worker", lease_ttl_seconds=60, limit=1, job_types=[EMAIL])
+    assert claimed.id == job.id
+    return complete_job_failure(db, **LeaseIdentity.of(claimed).keywords(), failure=rl.JobFailure.terminal(code, "no"),
+                                retry_delay_ms=None, error_type=error_type)
+
+
+def test_dead_letters_list_and_replay_by_error_code_and_exception_type(db, run):
+    timeout = failed_with(db, "http.timeout", "builtins.TimeoutError")
+    refused = failed_with(db, "http.timeout", "builtins.ConnectionRefusedError")
+    declined = failed_with(db, "card.declined", "builtins.TimeoutError")
+
+    _, out, _ = run("dead-letters", "list", "--code", "http.timeout", "--json")
+    assert [r["job_id"] for r in json_lines(out)] == [str(refused.id), str(timeout.id)]
+    _, out, _ = run("dead-letters", "replay", "--code", "http.timeout", "--error-type", "builtins.TimeoutError", "--dry-run")
+    assert out.splitlines() == [f"would requeue {timeout.id}", "1 dead-lettered job(s) would be requeued (dry run)"]
+
+    code, out, _ = run("dead-letters", "replay", "--code", "http.timeout", "--error-type", "builtins.TimeoutError")
+
+    assert (code, out.strip()) == (0, "requeued 1 dead-lettered job(s)")
+    assert [rl.get_job(db, job.id).status.value for job in (timeout, refused, declined)] == [
+        "PENDING", "DEAD_LETTERED", "DEAD_LETTERED"]
+
+
 def test_dead_letters_since_without_an_offset_is_taken_as_utc(db, run):
     dead_lettered(db)
     an_hour_ago = (datetime.now(timezone.utc) - timedelta(hours=1)).replace(tzinfo=None).isoformat()

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 from wsgiref.simple_server import make_server
 
 import pytest
@@ -40,19 +40,20 @@ def db(engine):
 
 
 def finish(db: Any, job: rl.JobRecord, *, fail: bool, code: str = "web.bad_input", message: str = "cannot be processed",
-           worker_id: str = "web-worker") -> rl.JobRecord:
+           worker_id: str = "web-worker", error_type: Optional[str] = None) -> rl.JobRecord:
     claimed = claim_jobs(db, worker_id=worker_id, lease_ttl_seconds=60, limit=1, job_types=[job.job_type])
     assert [c.id for c in claimed] == [job.id]
     identity = LeaseIdentity.of(claimed[0]).keywords()
     if fail:
         failure = rl.JobFailure.terminal(code, message)
-        return complete_job_failure(db, **identity, failure=failure, retry_delay_ms=None)
+        return complete_job_failure(db, **identity, failure=failure, retry_delay_ms=None, error_type=error_type)
     return complete_job_success(db, **identity, completion=rl.JobCompletion.success().with_output({"sent": True}))
 
 
-def dead_lettered(db: Any, job_type: str = EMAIL, payload: Any = None, **options: Any) -> rl.JobRecord:
+def dead_lettered(db: Any, job_type: str = EMAIL, payload: Any = None, *, code: str = "web.bad_input",
+                  error_type: Optional[str] = None, **options: Any) -> rl.JobRecord:
     job = rl.enqueue(db, job_type, payload if payload is not None else {"n": 1}, priority=TOP, **options)
-    return finish(db, job, fail=True)
+    return finish(db, job, fail=True, code=code, error_type=error_type)
 
 
 def succeeded(db: Any, job_type: str = EMAIL, **options: Any) -> rl.JobRecord:

@@ -4,7 +4,7 @@ Chromium and its driver come from the system (Debian's ``chromium`` and
 ``chromium-driver``); Selenium Manager is kept offline so nothing is downloaded.
 Without them these tests skip, saying so, except under CI=true, where they fail.
 Each page visited is saved as a PNG in tests/artifacts/screenshots/. With
-RUNLEDGER_UPDATE_SCREENSHOTS=1 the README's two screenshots (docs/screenshots/)
+RUNLEDGER_UPDATE_SCREENSHOTS=1 the screenshots the docs show (docs/screenshots/)
 are made again from the same pages.
 """
 
@@ -22,9 +22,12 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+from sqlalchemy import text
+
 import runledger_sync as rl
 from runledger_sync.web import create_app
-from tests.db.web.conftest import EMAIL, REPO, allow_all, dead_lettered, serving
+from tests.db.web.conftest import EMAIL, REPO, TOP, allow_all, dead_lettered, finish, serving
+from runledger_sync.store._claim import claim_jobs
 from tests.db.web.screenshot_data import seed_showcase
 from tests.support import define
 
@@ -78,6 +81,15 @@ def snap(driver: webdriver.Chrome, name: str) -> Path:
     return target
 
 
+def for_the_docs(*screenshots: Path) -> None:
+    """Copy screenshots into docs/screenshots/ when asked to (RUNLEDGER_UPDATE_SCREENSHOTS=1)."""
+    if os.environ.get("RUNLEDGER_UPDATE_SCREENSHOTS") != "1":
+        return
+    README_SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    for screenshot in screenshots:
+        shutil.copyfile(screenshot, README_SCREENSHOTS / screenshot.name)
+
+
 def text_of(driver: webdriver.Chrome, element_id: str) -> str:
     """The text of an element, waiting for it: a click or a submit may still be loading the next page."""
     return WebDriverWait(driver, 15).until(lambda d: d.find_element(By.ID, element_id)).text
@@ -108,13 +120,11 @@ def test_overview_leads_to_a_job_page_and_its_payload(db, chrome):
             snap(chrome, name)
         chrome.find_element(By.CSS_SELECTOR, "#workflow-runs a").click()
         drawn = [[step.get_attribute("data-step") for step in layer.find_elements(By.CSS_SELECTOR, ".step")]
-                 for layer in chrome.find_elements(By.CSS_SELECTOR, "#step-graph .layer")]
+                 for layer in WebDriverWait(chrome, 15).until(
+                     lambda d: d.find_elements(By.CSS_SELECTOR, "#step-graph .layer"))]
         assert drawn == [["charge"], ["receipt", "approval"], ["deliver"]]
         snap(chrome, "workflow-run")
-    if os.environ.get("RUNLEDGER_UPDATE_SCREENSHOTS") == "1":
-        README_SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(overview, README_SCREENSHOTS / "overview.png")
-        shutil.copyfile(job_page, README_SCREENSHOTS / "job.png")
+    for_the_docs(overview, job_page)
 
 
 def test_replay_a_dead_letter_by_clicking(db, chrome):
@@ -248,3 +258,104 @@ def test_pause_and_resume_a_queue_by_clicking(db, chrome):
         assert chrome.find_element(By.CSS_SELECTOR, f"{mail_row} td.state").text == "active"
         snap(chrome, "queues-resumed")
     assert not rl.get_queue(db, "mail").paused
+
+
+FLOW = ("flow.fetch", "flow.validate", "flow.render", "flow.send", "flow.archive")
+
+
+def invoice_run(db) -> rl.WorkflowRunRecord:
+    """A run caught midway: steps succeeded, one running, one waiting for an answer, the rest blocked."""
+    for job_type in FLOW:
+        define(db, job_type, max_attempts=1)
+    wf = rl.Workflow("invoice.close", organization_id="acme-1")
+    fetch = wf.job("fetch", "flow.fetch", {"invoice": 7}, priority=TOP)
+    validate = wf.job("validate", "flow.validate", {"invoice": 7}, after=[fetch], priority=TOP)
+    approve = wf.external("approve", after=[validate])
+    render = wf.job("render-pdf", "flow.render", {"invoice": 7}, after=[fetch], priority=TOP)
+    send = wf.job("send", "flow.send", {"invoice": 7}, after=[approve, render], release="on_success")
+    wf.job("archive", "flow.archive", {"invoice": 7}, after=[send])
+    run = rl.enqueue_workflow(db, wf)
+    finish(db, rl.get_job(db, run.step("fetch").job_id), fail=False)
+    run = rl.get_workflow_run(db, run.id)
+    finish(db, rl.get_job(db, run.step("validate").job_id), fail=False)
+    claim_jobs(db, worker_id="worker-7f3a", lease_ttl_seconds=60, limit=1, job_types=["flow.render"])
+    return rl.get_workflow_run(db, run.id)
+
+
+def test_a_workflow_runs_graph_answered_and_cancelled_by_clicking(db, chrome):
+    run = invoice_run(db)
+    assert {s.key: s.status.value for s in run.steps} == {
+        "fetch": "SUCCEEDED", "validate": "SUCCEEDED", "approve": "WAITING_FOR_EXTERNAL", "render-pdf": "RUNNING",
+        "send": "BLOCKED", "archive": "BLOCKED"}
+    with serving(create_app(db, read_only=False, authorize=allow_all)) as base:
+        chrome.get(base + "/workflows")
+        chrome.find_element(By.CSS_SELECTOR, "#workflow-runs a").click()
+        drawn = [[step.get_attribute("data-step") for step in column.find_elements(By.CSS_SELECTOR, ".step")]
+                 for column in WebDriverWait(chrome, 15).until(
+                     lambda d: d.find_elements(By.CSS_SELECTOR, "#step-graph .layer"))]
+        assert drawn == [["fetch"], ["validate", "render-pdf"], ["approve"], ["send"], ["archive"]]
+        edges = {(e.get_attribute("data-source"), e.get_attribute("data-target"))
+                 for e in chrome.find_elements(By.CSS_SELECTOR, "#step-graph path.edge")}
+        assert edges == {("fetch", "validate"), ("fetch", "render-pdf"), ("validate", "approve"), ("approve", "send"),
+                         ("render-pdf", "send"), ("send", "archive")}
+        box = chrome.find_element(By.CSS_SELECTOR, '#step-graph [data-step="approve"] rect')
+        assert box.value_of_css_property("fill") == "rgb(241, 230, 253)"  # the legend's WAITING_FOR_EXTERNAL
+        graph = snap(chrome, "workflow-dag")
+
+        row = chrome.find_element(By.CSS_SELECTOR, 'tr[data-step-row="approve"]')
+        row.find_element(By.NAME, "output").send_keys('{"approved_by": "ada"}')
+        row.find_element(By.CSS_SELECTOR, "button.answer-succeeded").click()
+        assert text_of(chrome, "done") == "The step was answered. (approve)"
+        snap(chrome, "workflow-answered")
+        chrome.find_element(By.ID, "cancel-run").click()
+        WebDriverWait(chrome, 15, ignored_exceptions=(NoSuchElementException, StaleElementReferenceException)).until(
+            lambda d: d.find_element(By.ID, "done").text == "The run was canceled.")
+        assert text_of(chrome, "run-status") == "CANCELED"
+        snap(chrome, "workflow-canceled")
+    after = rl.get_workflow_run(db, run.id)
+    assert after.status is rl.WorkflowRunStatus.CANCELED
+    assert (after.step("approve").status.value, after.step("approve").output) == ("SUCCEEDED", {"approved_by": "ada"})
+    assert after.step("send").status.value == "CANCELED"
+    for_the_docs(graph)
+
+
+def test_a_late_schedule_stands_out_with_its_zones_time(db, chrome):
+    define(db, "reports.export", max_attempts=1)
+    rl.upsert_schedule(db, "nightly-report", cron_expr="0 0 3 * * *", job_type="reports.export", timezone="Europe/Berlin")
+    rl.upsert_schedule(db, "hourly-sync", cron_expr="@hourly", job_type="reports.export")
+    with db.begin() as connection:
+        connection.execute(text("UPDATE job_schedules SET next_fire_at = now() - interval '2 hours 5 minutes' "
+                                "WHERE name = 'nightly-report'"))
+    with serving(create_app(db, read_only=False, authorize=allow_all)) as base:
+        chrome.get(base + "/schedules")
+        late = chrome.find_element(By.CSS_SELECTOR, 'tr[data-schedule="nightly-report"]')
+        assert "late" in late.get_attribute("class").split()
+        assert late.find_element(By.CSS_SELECTOR, ".badge.late").text.startswith("late by 2 h 5 min")
+        assert "CE" in late.find_element(By.CSS_SELECTOR, "td.next-fire .zone").text
+        assert not chrome.find_elements(By.CSS_SELECTOR, 'tr[data-schedule="hourly-sync"].late')
+        assert text_of(chrome, "late-notice").startswith("1 active schedule(s)")
+        schedules = snap(chrome, "schedules-late")
+    for_the_docs(schedules)
+
+
+def test_filter_dead_letters_by_code_and_exception_type_then_replay_them_all(db, chrome):
+    timeouts = [dead_lettered(db, code="http.timeout", error_type="builtins.TimeoutError") for _ in range(3)]
+    refused = dead_lettered(db, code="http.timeout", error_type="builtins.ConnectionRefusedError")
+    declined = dead_lettered(db, code="card.declined")
+    with serving(create_app(db, read_only=False, authorize=allow_all)) as base:
+        chrome.get(base + "/dead-letters")
+        chrome.find_element(By.NAME, "code").send_keys("http.timeout")
+        chrome.find_element(By.ID, "filter").click()
+        WebDriverWait(chrome, 15).until(lambda d: "code=http.timeout" in d.current_url)
+        assert len(chrome.find_elements(By.CSS_SELECTOR, "#dead-letters tbody tr")) == 4
+        chrome.find_elements(By.CSS_SELECTOR, "a.by-type")[-1].click()  # the oldest row's type: TimeoutError
+        WebDriverWait(chrome, 15).until(lambda d: "error_type=builtins.TimeoutError" in d.current_url)
+        assert len(chrome.find_elements(By.CSS_SELECTOR, "#dead-letters tbody tr")) == 3
+        assert text_of(chrome, "replayable-count").startswith("3 job(s) matching this filter")
+        filtered = snap(chrome, "dead-letters-filtered")
+        chrome.find_element(By.ID, "replay-matching").click()
+        assert text_of(chrome, "done") == "Requeued 3 job(s)."
+        snap(chrome, "dead-letters-filter-replayed")
+    assert [rl.get_job(db, j.id).status for j in timeouts] == [rl.JobStatus.PENDING] * 3
+    assert [rl.get_job(db, j.id).status for j in (refused, declined)] == [rl.JobStatus.DEAD_LETTERED] * 2
+    for_the_docs(filtered)
