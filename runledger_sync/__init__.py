@@ -25,6 +25,7 @@ from runledger_sync.core.errors import (
     JobCancelled,
     JobNotFound,
     JobStateError,
+    JobWaitTimeout,
     LeaseOwnerMismatch,
     MissingExtra,
     OutputTooLarge,
@@ -86,6 +87,7 @@ from runledger_sync.handlers import JobHandler
 from runledger_sync.logging import configure_logging, configure_logging_unless_configured
 from runledger_sync.registry import JobRegistry, load_registry
 from runledger_sync.runtime.health import LoopHealth, SupervisorHealth
+from runledger_sync.runtime.job_wait import wait_for_job
 from runledger_sync.runtime.supervisor import Supervisor
 from runledger_sync.runtime.worker import run_worker_loop
 from runledger_sync.store.admin import (
@@ -168,6 +170,7 @@ __all__ = [
     "JobStateError",
     "JobStatus",
     "JobWait",
+    "JobWaitTimeout",
     "JobsConfig",
     "LeaseOwnerMismatch",
     "LoopHealth",
@@ -253,5 +256,6 @@ __all__ = [
     "set_job_definition_enabled",
     "trigger_schedule",
     "upsert_schedule",
+    "wait_for_job",
     "with_schema",
 ]
