@@ -60,6 +60,9 @@ HINTS: dict[str, str] = {
     "job.invalid_argument": f"see `{PROG} COMMAND --help` for the values each option accepts",
     "job.invalid_job_type": "a job type is non-blank text of at most 255 characters, e.g. email.send",
     "job.not_found": f"list job ids with `{PROG} jobs list` (and check --org if you gave one)",
+    "job.wait_timeout": (
+        f"the job is still queued or running: wait longer with --timeout, or see why with `{PROG} jobs show ID`"
+    ),
     "job.invalid_state_transition": (
         "`jobs retry` takes SUCCEEDED, DEAD_LETTERED or CANCELED jobs; `jobs cancel` takes PENDING or LEASED jobs"
     ),
