@@ -223,7 +223,7 @@ class JobRegistry:
         model = self._payload_models.get(job_type)
         if model is not None:
             # An instance is checked as its dump, which is what the job row will hold.
-            given = payload.model_dump(mode="json") if is_model_instance(payload) else payload
+            given = payload.model_dump(mode="json", warnings=False) if is_model_instance(payload) else payload
             payload = validated(model, {} if given is None else given).model_dump(mode="json")
         return enqueue(bind, job_type, payload, **options)
 

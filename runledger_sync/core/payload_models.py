@@ -50,7 +50,8 @@ def stored_payload(value: Any, argument: str = "payload") -> Any:
     """
     if not is_model_instance(value):
         return value
-    dumped = value.model_dump(mode="json")
+    # No serializer warnings: they repeat the value; the validation below names what is wrong.
+    dumped = value.model_dump(mode="json", warnings=False)
     validated(type(value), dumped, argument)
     return dumped
 
