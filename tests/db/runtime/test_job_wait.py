@@ -17,7 +17,7 @@ from runledger_sync.store import _notify as notify
 from runledger_sync.store import driver, lifecycle
 from runledger_sync.store._claim import claim_prestart_jobs_for_types
 from runledger_sync.store._lifecycle_batch import complete_jobs_success
-from tests.support import JOB_TYPE, claim_one, define, rows, wait_until
+from tests.support import JOB_TYPE, claim_one, define, rows, terminate_backend, wait_until
 
 #: A ceiling far above the notification's delivery, far below the periodic look made long here.
 END_TO_RETURN_CEILING_SECONDS = 5.0
@@ -49,10 +49,15 @@ class Waiter:
         return self.result
 
 
+def ended_listener_pids(engine) -> list[int]:
+    return [row.pid for row in rows(
+        engine, "SELECT pid FROM pg_stat_activity WHERE application_name = :name AND query = :query"
+                " AND datname = current_database()",
+        name=notify.LISTENER_APPLICATION_NAME, query=f"LISTEN {notify.ENDED_CHANNEL}")]
+
+
 def ended_listeners(engine) -> int:
-    return len(rows(engine, "SELECT pid FROM pg_stat_activity WHERE application_name = :name AND query = :query"
-                            " AND datname = current_database()",
-                    name=notify.LISTENER_APPLICATION_NAME, query=f"LISTEN {notify.ENDED_CHANNEL}"))
+    return len(ended_listener_pids(engine))
 
 
 @pytest.fixture
@@ -111,6 +116,16 @@ def test_an_operator_cancel_ends_the_wait(engine, no_periodic_look):
     done = waiter.join()
     assert (done.status, done.status_reason) == (rl.JobStatus.CANCELED, "not needed")
     assert (waiter.returned_at - done.finished_at).total_seconds() < END_TO_RETURN_CEILING_SECONDS
+
+
+def test_a_lost_listener_falls_back_to_polling(engine, no_periodic_look):
+    define(engine)
+    job = rl.enqueue(engine, JOB_TYPE, {})
+    waiter = Waiter(engine, job.id)
+    [pid] = wait_until(lambda: ended_listener_pids(engine), what="the waiter's LISTEN")
+    terminate_backend(engine, pid)
+    rl.cancel_job(engine, job.id)
+    assert waiter.join().status is rl.JobStatus.CANCELED
 
 
 def test_a_job_still_pending_at_the_deadline_raises_wait_timeout(engine):
