@@ -8,9 +8,8 @@ The waiter LISTENs on :data:`driver.ENDED_CHANNEL` before it first reads the
 job, so an end that commits between the read and the wait is not missed. Every
 write that ends jobs notifies that channel once, naming them; the waiter reads
 the job again only when its id is named (or a notification names none). It
-also reads it every :data:`LISTENING_POLL_SECONDS` whatever it hears, for ends
-written by a path that sends nothing (a workflow run's cancel) and for a LISTEN
-that a proxy left without delivery. Behind a transaction pooler (the engine's
+also reads it every :data:`LISTENING_POLL_SECONDS` whatever it hears, in case a
+proxy left the LISTEN without delivery. Behind a transaction pooler (the engine's
 pool mode, see :mod:`runledger_sync.db.pool_mode`), or when the LISTEN cannot
 be set up, it polls: every :data:`FIRST_POLL_SECONDS` at first, doubling up to
 :data:`MAX_POLL_SECONDS`.

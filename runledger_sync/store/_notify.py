@@ -14,7 +14,7 @@ that becomes due later (a delay, a retry) is found by polling.
 The ``runledger_ended`` channel tells :func:`runledger_sync.wait_for_job` that
 jobs ended: each write that makes jobs SUCCEEDED, DEAD_LETTERED or CANCELED (a
 worker's success or failure, single or grouped, the reaper's, an operator's
-cancel) sends one notification listing their ids, inside its one statement
+cancel, a workflow run's cancel) sends one notification listing their ids, inside its one statement
 (:func:`notify_ended`). One per statement, not one per job: the worker's group
 writes stay one pg_notify dearer, whoever listens.
 

@@ -118,6 +118,20 @@ def test_an_operator_cancel_ends_the_wait(engine, no_periodic_look):
     assert (waiter.returned_at - done.finished_at).total_seconds() < END_TO_RETURN_CEILING_SECONDS
 
 
+def test_a_workflow_runs_cancel_ends_the_wait_of_its_pending_job(engine, no_periodic_look):
+    define(engine)
+    workflow = rl.Workflow("one-step")
+    workflow.job("only", JOB_TYPE, {})
+    run = rl.enqueue_workflow(engine, workflow)
+    [job] = rl.list_jobs(engine, job_type=JOB_TYPE)
+    waiter = Waiter(engine, job.id)
+    wait_until(lambda: ended_listeners(engine) == 1, what="the waiter's LISTEN")
+    rl.cancel_workflow_run(engine, run.id)
+    done = waiter.join()
+    assert done.status is rl.JobStatus.CANCELED
+    assert (waiter.returned_at - done.finished_at).total_seconds() < END_TO_RETURN_CEILING_SECONDS
+
+
 def test_a_lost_listener_falls_back_to_polling(engine, no_periodic_look):
     define(engine)
     job = rl.enqueue(engine, JOB_TYPE, {})
