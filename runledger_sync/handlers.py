@@ -77,6 +77,9 @@ class JobHandler:
 class FunctionHandler(JobHandler):
     """Adapt a ``fn(ctx, payload)`` registered with ``@registry.job`` to the class form."""
 
+    #: The pydantic model the function's payload is given as (``@registry.job(payload_model=M)``), or None.
+    payload_model: Any = None
+
     def __init__(
         self,
         job_type: str,
@@ -89,9 +92,6 @@ class FunctionHandler(JobHandler):
         self._hook = hook
         for name, value in options.items():
             setattr(self, name, value)
-
-    #: The pydantic model the function's payload is given as (``@registry.job(payload_model=M)``), or None.
-    payload_model: Any = None
 
     def execute(self, ctx: JobContext, payload: Any) -> Optional[JobCompletion]:
         if self.payload_model is not None:

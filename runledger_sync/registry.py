@@ -13,6 +13,7 @@ import importlib
 from typing import Any, Callable, ContextManager, Mapping, Optional
 
 from runledger_sync.core.errors import ConfigError, InvalidArgument, RegistrationError
+from runledger_sync.core.flow import DEFAULT_KEY_LIMIT, DEFAULT_QUEUE, QueueSpec, RateLimit, check_queue_name
 from runledger_sync.core.handler_checks import (
     check_handler,
     check_optional_positive_int,
@@ -24,9 +25,8 @@ from runledger_sync.core.handler_checks import (
     default_job_type,
 )
 from runledger_sync.core.payload_models import is_model_instance, validated
+from runledger_sync.core.records import JobDefinition, JobRecord, ScheduleSpec
 from runledger_sync.core.registry_errors import DuplicateJobType
-from runledger_sync.core.flow import DEFAULT_KEY_LIMIT, DEFAULT_QUEUE, QueueSpec, RateLimit, check_queue_name
-from runledger_sync.core.records import JobDefinition, ScheduleSpec
 from runledger_sync.handlers import (
     DeadLetterHook,
     FailureHook,
@@ -188,7 +188,7 @@ class JobRegistry:
         self._overrides[job_type] = overrides
         return handler
 
-    def enqueue(self, bind: Any, job_type: str, payload: Any = None, **options: Any) -> Any:
+    def enqueue(self, bind: Any, job_type: str, payload: Any = None, **options: Any) -> JobRecord:
         """Enqueue as :func:`runledger_sync.enqueue` does, first checking the payload against the type's ``payload_model``.
 
         For a type registered with ``payload_model=M``, ``payload`` may be an ``M``
