@@ -10,6 +10,7 @@ import uuid
 import pytest
 
 import runledger_sync as rl
+from runledger_sync import cli
 from runledger_sync.errors import AsyncHandler, DuplicateJobType, HandlerSignature, InvalidPayloadModel
 
 HEADER = "import runledger_sync as rl\nregistry = rl.JobRegistry()\n"
@@ -126,3 +127,17 @@ def test_a_refused_handler_leaves_no_trace():
     with pytest.raises(HandlerSignature):
         registry.job("mail.send")(lambda ctx: None)
     assert len(registry) == 0 and "mail.send" not in registry
+
+
+def test_the_command_line_names_the_mistake_and_how_to_fix_it(tmp_path, monkeypatch, capsys):
+    (tmp_path / "async_jobs.py").write_text(HEADER + textwrap.dedent("""
+        @registry.job("mail.send")
+        async def send(ctx, payload):
+            pass
+        """), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["--database-url", "postgresql://nobody@127.0.0.1:1/none", "worker", "--app", "async_jobs:registry"])
+    lines = capsys.readouterr().err.splitlines()
+    assert code == 1
+    assert lines[0].startswith("error: registry.async_handler: handler for job type 'mail.send' is an async function")
+    assert lines[1] == "hint: write the handler as a plain def; run async code inside it with asyncio.run(...)"
