@@ -131,3 +131,9 @@ def test_without_pydantic_nothing_is_imported_and_plain_payloads_work(fresh_data
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["{'a': 1} {}", "registry.invalid_payload_model"]
+
+
+def test_importing_the_library_does_not_import_pydantic():
+    script = "import sys, runledger_sync, runledger_sync.cli; print('pydantic' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout) == (0, "False\n"), result.stderr
