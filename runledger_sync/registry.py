@@ -10,7 +10,7 @@ reads the registry afterwards, so it needs no lock.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, ContextManager, Mapping, Optional
+from typing import Any, Callable, ContextManager, Mapping, Optional, overload
 
 from runledger_sync.core.errors import ConfigError, InvalidArgument, RegistrationError
 from runledger_sync.core.flow import DEFAULT_KEY_LIMIT, DEFAULT_QUEUE, QueueSpec, RateLimit, check_queue_name
@@ -81,6 +81,15 @@ class JobRegistry:
         self._failure_hooks: list[FailureHook] = []
         self._payload_models: dict[str, Any] = {}
 
+    @overload
+    def job(self, job_type: HandlerFunction, /) -> HandlerFunction: ...
+    @overload
+    def job(
+        self, job_type: Optional[str] = None, *, max_attempts: Optional[int] = None,
+        timeout_seconds: Optional[int] = None, priority: Optional[int] = None, retry_on: Any = (),
+        retry_delay_overrides: Optional[Mapping[str, int]] = None, on_dead_letter: Optional[DeadLetterHook] = None,
+        queue: str = DEFAULT_QUEUE, payload_model: Any = None,
+    ) -> Callable[[HandlerFunction], HandlerFunction]: ...
     def job(
         self, job_type: Any = None, *, max_attempts: Optional[int] = None, timeout_seconds: Optional[int] = None,
         priority: Optional[int] = None, retry_on: Any = (), retry_delay_overrides: Optional[Mapping[str, int]] = None,
@@ -210,12 +219,8 @@ class JobRegistry:
                 path and what is wrong with it, never the value.
             RunledgerError: whatever :func:`runledger_sync.enqueue` raises.
 
-        Example::
-
-            @registry.job("orders.sync", payload_model=OrderPayload)
-            def sync_order(ctx, order: OrderPayload): ...
-
-            registry.enqueue(engine, "orders.sync", {"order_id": 42})
+        Example:
+            ``registry.enqueue(engine, "orders.sync", {"order_id": 42})``
         """
         # Imported here: the registry sits below the store (see sync_definitions).
         from runledger_sync.store.enqueue import enqueue
