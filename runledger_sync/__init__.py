@@ -25,6 +25,7 @@ from runledger_sync.core.errors import (
     JobCancelled,
     JobNotFound,
     JobStateError,
+    JobWaitTimeout,
     LeaseOwnerMismatch,
     MissingExtra,
     OutputTooLarge,
@@ -87,6 +88,7 @@ from runledger_sync.handlers import JobHandler
 from runledger_sync.logging import configure_logging, configure_logging_unless_configured
 from runledger_sync.registry import JobRegistry, load_registry
 from runledger_sync.runtime.health import LoopHealth, SupervisorHealth
+from runledger_sync.runtime.job_wait import wait_for_job
 from runledger_sync.runtime.supervisor import Supervisor
 from runledger_sync.runtime.worker import run_worker_loop
 from runledger_sync.store.admin import (
@@ -171,6 +173,7 @@ __all__ = [
     "JobStateError",
     "JobStatus",
     "JobWait",
+    "JobWaitTimeout",
     "JobsConfig",
     "LeaseOwnerMismatch",
     "LoopHealth",
@@ -259,5 +262,6 @@ __all__ = [
     "set_job_definition_enabled",
     "trigger_schedule",
     "upsert_schedule",
+    "wait_for_job",
     "with_schema",
 ]

@@ -32,6 +32,7 @@ from runledger_sync.core.errors import (
     JobCancelled,
     JobNotFound,
     JobStateError,
+    JobWaitTimeout,
     LeaseOwnerMismatch,
     LegacyIdempotencySnapshotMissing,
     MissingExtra,
@@ -86,6 +87,7 @@ from runledger_sync.core.workflow_errors import (
     WorkflowRunNotFound,
     WorkflowStepNotFound,
 )
+from runledger_sync.core.registry_errors import AsyncHandler, DuplicateJobType, HandlerSignature, InvalidPayloadModel
 from runledger_sync.core.dashboard_errors import (
     ActionForbidden,
     AuthorizeHookMissing,
@@ -99,6 +101,7 @@ from runledger_sync.core.dashboard_errors import (
 __all__ = [
     "ActionForbidden",
     "AlreadyEnqueued",
+    "AsyncHandler",
     "AuthorizeHookMissing",
     "BusinessRuleViolation",
     "CommitOutcomeUnknown",
@@ -112,6 +115,7 @@ __all__ = [
     "DefinitionNotFound",
     "DefinitionNotFoundOrDisabled",
     "DependencyCycle",
+    "DuplicateJobType",
     "DuplicateStepKey",
     "EnqueueIdempotencyUnsupportedIsolation",
     "ExternalStepConflictingCompletion",
@@ -121,6 +125,7 @@ __all__ = [
     "ExternalStepNotFound",
     "ExternalStepNotWaiting",
     "ExternalStepOutputInvalidStatus",
+    "HandlerSignature",
     "IdempotencyConflict",
     "IdempotencyConflictMissingExisting",
     "IncompleteRequestBody",
@@ -131,6 +136,7 @@ __all__ = [
     "InvalidJobType",
     "InvalidLeaseDuration",
     "InvalidPayload",
+    "InvalidPayloadModel",
     "InvalidProgress",
     "InvalidQueueName",
     "InvalidQueueSetting",
@@ -142,6 +148,7 @@ __all__ = [
     "JobFailure",
     "JobNotFound",
     "JobStateError",
+    "JobWaitTimeout",
     "LeaseOwnerMismatch",
     "LegacyIdempotencySnapshotMissing",
     "MigrationFailed",

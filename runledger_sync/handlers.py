@@ -10,7 +10,9 @@ from __future__ import annotations
 import types
 from typing import Any, Callable, ContextManager, Mapping, Optional
 
-from runledger_sync.core.types import JobCompletion, JobContext, JobDeadLetterInfo
+from runledger_sync.core.errors import InvalidPayload
+from runledger_sync.core.payload_models import validated
+from runledger_sync.core.types import JobCompletion, JobContext, JobDeadLetterInfo, JobFailure
 
 HandlerFunction = Callable[[JobContext, Any], Optional[JobCompletion]]
 DeadLetterHook = Callable[[JobContext, Any, JobDeadLetterInfo], None]
@@ -77,6 +79,9 @@ class JobHandler:
 class FunctionHandler(JobHandler):
     """Adapt a ``fn(ctx, payload)`` registered with ``@registry.job`` to the class form."""
 
+    #: The pydantic model the function's payload is given as (``@registry.job(payload_model=M)``), or None.
+    payload_model: Any = None
+
     def __init__(
         self,
         job_type: str,
@@ -91,6 +96,12 @@ class FunctionHandler(JobHandler):
             setattr(self, name, value)
 
     def execute(self, ctx: JobContext, payload: Any) -> Optional[JobCompletion]:
+        if self.payload_model is not None:
+            try:
+                payload = validated(self.payload_model, payload)
+            except InvalidPayload as error:
+                # Terminal: the same stored payload is refused again on every attempt.
+                raise JobFailure.terminal(error.code, error.message) from None
         return self._fn(ctx, payload)
 
     def on_dead_letter(self, ctx: JobContext, payload: Any, info: JobDeadLetterInfo) -> None:

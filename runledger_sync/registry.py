@@ -10,12 +10,23 @@ reads the registry afterwards, so it needs no lock.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, ContextManager, Mapping, Optional
+from typing import Any, Callable, ContextManager, Mapping, Optional, overload
 
-from runledger_sync.core.errors import ConfigError, InvalidArgument, RegistrationError, ValidationError
+from runledger_sync.core.errors import ConfigError, InvalidArgument, RegistrationError
 from runledger_sync.core.flow import DEFAULT_KEY_LIMIT, DEFAULT_QUEUE, QueueSpec, RateLimit, check_queue_name
-from runledger_sync.core.records import JobDefinition, ScheduleSpec
-from runledger_sync.core.validation import check_job_type
+from runledger_sync.core.handler_checks import (
+    check_handler,
+    check_optional_positive_int,
+    check_payload_model,
+    checked_exception_classes,
+    checked_job_type,
+    checked_overrides,
+    checked_retry_on,
+    default_job_type,
+)
+from runledger_sync.core.payload_models import is_model_instance, validated
+from runledger_sync.core.records import JobDefinition, JobRecord, ScheduleSpec
+from runledger_sync.core.registry_errors import DuplicateJobType
 from runledger_sync.handlers import (
     DeadLetterHook,
     FailureHook,
@@ -28,10 +39,6 @@ from runledger_sync.handlers import (
 from runledger_sync.logging import get_logger
 
 log = get_logger(__name__)
-
-#: The longest job type a definition row accepts.
-MAX_JOB_TYPE_LENGTH = 255
-
 
 class JobRegistry:
     """Map job types to handlers, with their retry rules.
@@ -63,7 +70,7 @@ class JobRegistry:
     """
 
     def __init__(self, *, transient_errors: Any = ()) -> None:
-        self.transient_errors: tuple[type[BaseException], ...] = _checked_exception_classes(
+        self.transient_errors: tuple[type[BaseException], ...] = checked_exception_classes(
             "transient_errors", transient_errors
         )
         self._handlers: dict[str, JobHandler] = {}
@@ -72,26 +79,33 @@ class JobRegistry:
         self._overrides: dict[str, dict[str, int]] = {}
         self._queues: dict[str, QueueSpec] = {}
         self._failure_hooks: list[FailureHook] = []
+        self._payload_models: dict[str, Any] = {}
 
+    @overload
+    def job(self, job_type: HandlerFunction, /) -> HandlerFunction: ...
+    @overload
     def job(
-        self,
-        job_type: str,
-        *,
-        max_attempts: Optional[int] = None,
-        timeout_seconds: Optional[int] = None,
-        priority: Optional[int] = None,
-        retry_on: Any = (),
-        retry_delay_overrides: Optional[Mapping[str, int]] = None,
-        on_dead_letter: Optional[DeadLetterHook] = None,
-        queue: str = DEFAULT_QUEUE,
+        self, job_type: Optional[str] = None, *, max_attempts: Optional[int] = None,
+        timeout_seconds: Optional[int] = None, priority: Optional[int] = None, retry_on: Any = (),
+        retry_delay_overrides: Optional[Mapping[str, int]] = None, on_dead_letter: Optional[DeadLetterHook] = None,
+        queue: str = DEFAULT_QUEUE, payload_model: Any = None, max_continuations: Optional[int] = None,
+    ) -> Callable[[HandlerFunction], HandlerFunction]: ...
+    def job(
+        self, job_type: Any = None, *, max_attempts: Optional[int] = None, timeout_seconds: Optional[int] = None,
+        priority: Optional[int] = None, retry_on: Any = (), retry_delay_overrides: Optional[Mapping[str, int]] = None,
+        on_dead_letter: Optional[DeadLetterHook] = None, queue: str = DEFAULT_QUEUE, payload_model: Any = None,
         max_continuations: Optional[int] = None,
-    ) -> Callable[[HandlerFunction], HandlerFunction]:
+    ) -> Any:
         """Register the decorated ``fn(ctx, payload)`` as the handler of ``job_type``.
 
         The function is returned unchanged, so tests can still call it directly.
+        Used bare (``@registry.job``, or ``@registry.job()``), the job type is the
+        function's name. Every mistake the worker would meet later is refused here,
+        when the module that registers is imported (see
+        :mod:`runledger_sync.core.handler_checks`).
 
         Args:
-            job_type: The type to handle.
+            job_type: The type to handle (default: the function's name).
             max_attempts: Attempts before dead-lettering (default 8).
             timeout_seconds: Per-attempt deadline (default 900).
             priority: Default priority of the type's definition (default 100).
@@ -99,25 +113,35 @@ class JobRegistry:
             retry_delay_overrides: Failure code -> delay in ms for this type only.
             on_dead_letter: ``hook(ctx, payload, info)`` called after a dead letter.
             queue: The queue its jobs join (declare its limits with :meth:`queue`).
+            payload_model: A pydantic model class (the extra ``pydantic``): the
+                handler gets ``payload_model.model_validate(payload)``, and
+                :meth:`enqueue` refuses a payload it does not accept.
             max_continuations: How many times one job may continue or snooze (default 100).
 
         Returns:
-            A decorator.
+            A decorator; used bare, the function itself.
 
         Raises:
             RegistrationError: When the decorator is applied, if any option is
-                invalid, the function is not callable or the type is taken.
+                invalid or the function is not callable; its subclasses
+                ``AsyncHandler`` (``registry.async_handler``), ``HandlerSignature``
+                (``registry.handler_signature``), ``DuplicateJobType``
+                (``registry.duplicate_job_type``) and ``InvalidPayloadModel``
+                (``registry.invalid_payload_model``) for those mistakes.
         """
+        if callable(job_type) and not isinstance(job_type, str):
+            return self.job()(job_type)
 
         def decorator(fn: HandlerFunction) -> HandlerFunction:
-            if not callable(fn):
-                raise RegistrationError(f"handler for job type {job_type!r} must be callable, got {fn!r}")
+            name = default_job_type(fn) if job_type is None else job_type
+            check_handler(str(name), fn)
             if on_dead_letter is not None and not callable(on_dead_letter):
                 raise RegistrationError(
-                    f"on_dead_letter for job type {job_type!r} must be callable, got {on_dead_letter!r}"
+                    f"on_dead_letter for job type {name!r} must be callable, got {on_dead_letter!r}"
                 )
+            check_payload_model(str(name), payload_model)
             handler = FunctionHandler(
-                job_type,
+                name,
                 fn,
                 on_dead_letter,
                 max_attempts=max_attempts,
@@ -126,6 +150,7 @@ class JobRegistry:
                 retry_on=retry_on,
                 retry_delay_overrides=retry_delay_overrides or {},
                 queue=queue,
+                payload_model=payload_model,
                 max_continuations=max_continuations,
             )
             self.register(handler)
@@ -145,15 +170,16 @@ class JobRegistry:
         """
         if not isinstance(handler, JobHandler):
             raise RegistrationError(f"register() takes a JobHandler instance, got {handler!r}")
-        job_type = _checked_job_type(getattr(handler, "job_type", None), handler)
+        job_type = checked_job_type(getattr(handler, "job_type", None), handler)
         if job_type in self._handlers:
-            raise RegistrationError(
-                f"job type {job_type!r} is already registered to {self._handlers[job_type]!r}"
+            raise DuplicateJobType(
+                f"job type {job_type!r} is already registered to {self._handlers[job_type]!r}", job_type=job_type,
             )
         if type(handler).execute is JobHandler.execute:
             raise RegistrationError(f"handler for job type {job_type!r} does not implement execute()")
+        check_handler(job_type, handler.execute, "execute()")
         for name in ("max_attempts", "timeout_seconds", "max_continuations"):
-            _check_optional_positive_int(job_type, name, getattr(handler, name))
+            check_optional_positive_int(job_type, name, getattr(handler, name))
         if handler.priority is not None and (
             isinstance(handler.priority, bool) or not isinstance(handler.priority, int)
         ):
@@ -164,13 +190,50 @@ class JobRegistry:
             check_queue_name(handler.queue)
         except InvalidArgument as error:
             raise RegistrationError(f"queue for job type {job_type!r}: {error.message}") from None
-        retry_on = _checked_retry_on(job_type, handler.retry_on)
-        overrides = _checked_overrides(job_type, handler.retry_delay_overrides)
+        retry_on = checked_retry_on(job_type, handler.retry_on)
+        overrides = checked_overrides(job_type, handler.retry_delay_overrides)
         # Every check passed: only now mutate, so a rejected handler leaves no trace.
         self._handlers[job_type] = handler
+        if isinstance(handler, FunctionHandler) and handler.payload_model is not None:
+            self._payload_models[job_type] = handler.payload_model
         self._retry_on[job_type] = retry_on
         self._overrides[job_type] = overrides
         return handler
+
+    def enqueue(self, bind: Any, job_type: str, payload: Any = None, **options: Any) -> JobRecord:
+        """Enqueue as :func:`runledger_sync.enqueue` does, first checking the payload against the type's ``payload_model``.
+
+        For a type registered with ``payload_model=M``, ``payload`` may be an ``M``
+        instance or a JSON value ``M`` accepts; the job stores
+        ``M.model_validate(payload).model_dump(mode="json")``. A payload ``M``
+        refuses raises before anything is written. Any other type is enqueued as
+        given (it may be one another service handles).
+
+        Args:
+            bind: What :func:`runledger_sync.enqueue` takes: an Engine, or a
+                connection or session whose transaction the job joins.
+            options: :func:`runledger_sync.enqueue`'s keyword arguments.
+
+        Returns:
+            The job's record.
+
+        Raises:
+            InvalidPayload: ``job.invalid_payload``; the message names each field's
+                path and what is wrong with it, never the value.
+            RunledgerError: whatever :func:`runledger_sync.enqueue` raises.
+
+        Example:
+            ``registry.enqueue(engine, "orders.sync", {"order_id": 42})``
+        """
+        # Imported here: the registry sits below the store (see sync_definitions).
+        from runledger_sync.store.enqueue import enqueue
+
+        model = self._payload_models.get(job_type)
+        if model is not None:
+            # An instance is checked as its dump, which is what the job row will hold.
+            given = payload.model_dump(mode="json", warnings=False) if is_model_instance(payload) else payload
+            payload = validated(model, {} if given is None else given).model_dump(mode="json")
+        return enqueue(bind, job_type, payload, **options)
 
     def on_failure(self, hook: FailureHook) -> FailureHook:
         """Call ``hook(ctx, payload, exception)`` for every failed attempt of any of the registry's job types.
@@ -373,6 +436,7 @@ class JobRegistry:
         wrapped._failure_hooks = [failure_hook_within(hook, around) for hook in self._failure_hooks]
         for job_type, handler in self._handlers.items():
             wrapped.register(WrappedHandler(handler, around, self.retry_on(job_type)))
+        wrapped._payload_models = dict(self._payload_models)
         return wrapped
 
     def __contains__(self, job_type: object) -> bool:
@@ -383,65 +447,6 @@ class JobRegistry:
 
     def __repr__(self) -> str:
         return f"<JobRegistry {self.registered_types()!r}>"
-
-
-def _checked_job_type(job_type: Any, handler: JobHandler) -> str:
-    if not isinstance(job_type, str):
-        raise RegistrationError(f"job_type of {handler!r} must be a string, got {job_type!r}")
-    if not job_type.strip():
-        raise RegistrationError(f"job_type of {handler!r} must not be blank")
-    if len(job_type) > MAX_JOB_TYPE_LENGTH:
-        raise RegistrationError(
-            f"job_type must be at most {MAX_JOB_TYPE_LENGTH} characters, "
-            f"got {len(job_type)}: {job_type[:40]!r}..."
-        )
-    try:
-        # The store's own rule, so a type that registers is one the database can hold.
-        return check_job_type(job_type)
-    except ValidationError as error:
-        raise RegistrationError(f"job_type of {handler!r} cannot be stored: {error.message}") from error
-
-
-def _check_optional_positive_int(job_type: str, name: str, value: Any) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise RegistrationError(f"{name} for job type {job_type!r} must be a positive int, got {value!r}")
-
-
-def _checked_retry_on(job_type: str, retry_on: Any) -> tuple[type[BaseException], ...]:
-    return _checked_exception_classes(f"retry_on for job type {job_type!r}", retry_on)
-
-
-def _checked_exception_classes(what: str, given: Any) -> tuple[type[BaseException], ...]:
-    # One class is accepted like `except` accepts one: retry_on=ConnectionError.
-    entries = (given,) if isinstance(given, type) else given
-    if not isinstance(entries, (tuple, list)):
-        raise RegistrationError(f"{what} must be a tuple of exception classes, got {given!r}")
-    for entry in entries:
-        # Only Exception subclasses: retrying on JobCancelled or KeyboardInterrupt
-        # would turn a request to stop into another attempt.
-        if not (isinstance(entry, type) and issubclass(entry, Exception)):
-            raise RegistrationError(f"{what} must hold Exception subclasses, got {entry!r}")
-    return tuple(entries)
-
-
-def _checked_overrides(job_type: str, overrides: Any) -> dict[str, int]:
-    if not isinstance(overrides, Mapping):
-        raise RegistrationError(
-            f"retry_delay_overrides for job type {job_type!r} must map failure codes to ms, got {overrides!r}"
-        )
-    for code, delay_ms in overrides.items():
-        if not isinstance(code, str) or not code.strip():
-            raise RegistrationError(
-                f"retry_delay_overrides for job type {job_type!r} has a blank or non-string code {code!r}"
-            )
-        if isinstance(delay_ms, bool) or not isinstance(delay_ms, int) or delay_ms < 1:
-            raise RegistrationError(
-                f"retry_delay_overrides[{code!r}] for job type {job_type!r} must be a positive int of ms, "
-                f"got {delay_ms!r}"
-            )
-    return dict(overrides)
 
 
 def load_registry(spec: str, *, option: str = "app") -> JobRegistry:

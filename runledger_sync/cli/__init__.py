@@ -12,7 +12,8 @@ writing a function that takes the parsed arguments and returns an exit code
 
 Exit codes: 0 success, 1 the operation failed, 2 bad usage or configuration
 (argparse errors, ``config.invalid``, and values the library rejects before
-touching the database: bad JSON, a bad UUID, an out-of-range number), 141 when
+touching the database: bad JSON, a bad UUID, an out-of-range number), ``jobs wait``'s
+3 (the job was dead-lettered), 4 (canceled) and 124 (it had not ended at the timeout), 141 when
 the reader of stdout closed it early (``stats | head``; nothing is printed). A
 failure prints
 ``error: <code>: <message>`` and a ``hint:`` line to stderr; the traceback only

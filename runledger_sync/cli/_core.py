@@ -60,6 +60,12 @@ HINTS: dict[str, str] = {
     "job.invalid_argument": f"see `{PROG} COMMAND --help` for the values each option accepts",
     "job.invalid_job_type": "a job type is non-blank text of at most 255 characters, e.g. email.send",
     "job.not_found": f"list job ids with `{PROG} jobs list` (and check --org if you gave one)",
+    "registry.async_handler": "write the handler as a plain def; run async code inside it with asyncio.run(...)",
+    "registry.handler_signature": "a handler takes two positional arguments: def handler(ctx, payload)",
+    "registry.duplicate_job_type": "register each job type once: rename one of the two, or register it in one place",
+    "job.wait_timeout": (
+        f"the job is still queued or running: wait longer with --timeout, or see why with `{PROG} jobs show ID`"
+    ),
     "job.invalid_state_transition": (
         "`jobs retry` takes SUCCEEDED, DEAD_LETTERED or CANCELED jobs; `jobs cancel` takes PENDING or LEASED jobs"
     ),

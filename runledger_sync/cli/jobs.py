@@ -1,4 +1,4 @@
-"""Job commands: ``enqueue``, ``jobs list|show|retry|cancel`` and ``stats``."""
+"""Job commands: ``enqueue``, ``jobs list|show|retry|cancel|wait`` and ``stats``."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from runledger_sync.cli._core import EXIT_OK, PROG, command, command_group, open
 from runledger_sync.cli._output import add_json_option, clipped, plain, print_json, print_table, printable, when
 from runledger_sync.cli._queue_view import QUEUE_COLUMNS, queue_data, queue_row
 
-command_group("jobs", help="list, show, retry and cancel jobs")
+command_group("jobs", help="list, show, retry, cancel and wait for jobs")
 
 JOB_TABLE_COLUMNS = ("id", "type", "status", "attempt", "stage", "next_run_at", "last_error_code")
 
@@ -236,6 +236,42 @@ def _jobs_cancel(args: argparse.Namespace) -> int:
         job = rl.cancel_job(engine, job_id, reason=args.reason)
     print(f"job {job.id} canceled: {printable(job.status_reason)}")
     return EXIT_OK
+
+
+#: ``jobs wait``'s exit codes besides 0 (SUCCEEDED): one per way a job ends otherwise, and
+#: coreutils ``timeout``'s code for a wait that ran out.
+EXIT_DEAD_LETTERED = 3
+EXIT_CANCELED = 4
+EXIT_WAIT_TIMEOUT = 124
+_EXIT_OF_END = {rl.JobStatus.SUCCEEDED: EXIT_OK, rl.JobStatus.DEAD_LETTERED: EXIT_DEAD_LETTERED,
+                rl.JobStatus.CANCELED: EXIT_CANCELED}
+
+
+def _jobs_wait_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_job_id(parser)
+    parser.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                        help="give up after S seconds (default 30; 0 looks once)")
+    add_json_option(parser, "the ended job")
+
+
+@command("jobs wait", help=f"wait until a job ends and print it; exit {EXIT_OK} succeeded, {EXIT_DEAD_LETTERED} "
+                           f"dead-lettered, {EXIT_CANCELED} canceled, {EXIT_WAIT_TIMEOUT} still not ended at the "
+                           "timeout", arguments=_jobs_wait_arguments)
+def _jobs_wait(args: argparse.Namespace) -> int:
+    job_id = _parse_job_id(args.job_id)
+    with open_engine(args) as engine:
+        try:
+            job = rl.wait_for_job(engine, job_id, timeout=args.timeout)
+        except rl.JobWaitTimeout as error:
+            error.exit_code = EXIT_WAIT_TIMEOUT  # type: ignore[attr-defined]
+            raise
+    if args.json:
+        print_json(job)
+    else:
+        why = f", {job.last_error_code}: {printable(clipped(job.last_error_message or ''))}" \
+            if job.status is rl.JobStatus.DEAD_LETTERED else ""
+        print(f"job {job.id} {job.status.value} (attempt {job.attempt}, finished {when(job.finished_at)}){why}")
+    return _EXIT_OF_END[job.status]
 
 
 def _stats_arguments(parser: argparse.ArgumentParser) -> None:

@@ -7,7 +7,13 @@ import their bases from :mod:`runledger_sync.core.errors`, so that module cannot
 
 from __future__ import annotations
 
-from runledger_sync.core import dashboard_errors, queue_errors, store_errors, workflow_errors  # noqa: F401 - loaded for the walk
+from runledger_sync.core import (  # noqa: F401 - loaded for the walk
+    dashboard_errors,
+    queue_errors,
+    registry_errors,
+    store_errors,
+    workflow_errors,
+)
 from runledger_sync.core.errors import JobCancelled, RunledgerError
 
 

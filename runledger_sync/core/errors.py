@@ -8,6 +8,10 @@ Branch on ``.code`` or on the class, never on the message text::
     ├── ConfigError                             config.invalid
     │   └── MissingExtra                        config.missing_extra
     ├── RegistrationError                       registry.invalid_registration
+    │   ├── DuplicateJobType                    registry.duplicate_job_type
+    │   ├── AsyncHandler                        registry.async_handler
+    │   ├── HandlerSignature                    registry.handler_signature
+    │   └── InvalidPayloadModel                 registry.invalid_payload_model
     ├── ValidationError                         runledger.validation_failed
     │   ├── InvalidArgument                     job.invalid_argument
     │   ├── InvalidJobType                      job.invalid_job_type
@@ -61,6 +65,7 @@ Branch on ``.code`` or on the class, never on the message text::
     │   ├── WorkflowLegacySnapshotMissing       workflow.legacy_idempotency_snapshot_missing
     │   ├── ExternalStepConflictingCompletion   workflow.external_step_conflicting_completion_retry
     │   └── ExternalStepConflictingOutput       workflow.external_step_conflicting_output_retry
+    ├── JobWaitTimeout                          job.wait_timeout
     ├── DashboardRefusal                        web.refused
     │   ├── AuthorizeHookMissing                web.authorize_missing
     │   ├── DashboardReadOnly                   web.read_only
@@ -98,7 +103,9 @@ is imported from there: the workflow classes (every ``workflow.*`` code) from
 :mod:`runledger_sync.core.dashboard_errors`, the ``StoreError`` branch (but its
 workflow leaves) from :mod:`runledger_sync.core.store_errors`, the flow-control
 errors (``queue.*``, and the concurrency key's) from
-:mod:`runledger_sync.core.queue_errors`.
+:mod:`runledger_sync.core.queue_errors`, the ``RegistrationError`` leaves (a
+handler refused when it is registered) from
+:mod:`runledger_sync.core.registry_errors`.
 """
 
 from __future__ import annotations
@@ -341,6 +348,12 @@ class LegacyIdempotencySnapshotMissing(ConflictError):
     """The existing job with this idempotency key has no request snapshot to compare."""
 
     code = "job.legacy_idempotency_snapshot_missing"
+
+
+class JobWaitTimeout(RunledgerError):
+    """The job did not end (SUCCEEDED, DEAD_LETTERED or CANCELED) within the time given to wait for it."""
+
+    code = "job.wait_timeout"
 
 
 class JobCancelled(BaseException):

@@ -313,7 +313,8 @@ def _completion_outcome(result: Any, max_output_bytes: int) -> Outcome:
     if not isinstance(result, JobCompletion):
         return JobFailure.terminal(
             HANDLER_INVALID_RESULT_CODE,
-            f"Handler returned {type(result).__name__}; expected None or JobCompletion.",
+            f"Handler returned a {type(result).__name__}; return None for a plain success, or "
+            "rl.JobCompletion(output=...) to keep a result (progress and checkpoint too); nothing was stored.",
         )
     # Checked here, not left to the store: a str progress would crash the
     # comparison below, and a non-JSON output would fail the success write and

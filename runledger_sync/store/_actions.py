@@ -23,6 +23,7 @@ from runledger_sync.core.states import JobStage, JobStatus
 from runledger_sync.db.schema import job_attempts, job_events, job_queue
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
+from runledger_sync.store._notify import notify_ended
 from runledger_sync.store._rows import JOB_COLUMNS, to_job
 from runledger_sync.store._scope import check_job_id, scoped
 from runledger_sync.store._workflow_steps import job_ends, jobs_ended
@@ -80,7 +81,7 @@ def _cancel_statement(organization_id: Optional[str]) -> Any:
         .cte("closed_attempt")
     )
     event = _reason_event(canceled, JobEventType.CANCELED, canceled.c.run_number, canceled.c.attempt)
-    return select(*canceled.c).add_cte(closed, event)
+    return select(*canceled.c).add_cte(closed, event).where(notify_ended(canceled))
 
 
 def cancel_job(

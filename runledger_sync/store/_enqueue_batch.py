@@ -36,6 +36,7 @@ from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
+from runledger_sync.core.payload_models import stored_payload
 from runledger_sync.core.errors import (
     DefinitionNotFoundOrDisabled,
     EnqueueIdempotencyUnsupportedIsolation,
@@ -174,7 +175,7 @@ def _batch_parameters(specs: Sequence[JobSpec], max_payload_bytes: int) -> tuple
     # One lock and one read of the random source for the whole chunk.
     id_strings = uuid7_strings(len(specs))
     for spec, id_string in zip(specs, id_strings, strict=True):
-        payload_json = check.serialize_json("payload", spec.payload, max_bytes=max_payload_bytes)
+        payload_json = check.serialize_json("payload", stored_payload(spec.payload), max_bytes=max_payload_bytes)
         priority = check.check_optional_int("priority", spec.priority, check.PRIORITY_RANGE)
         max_attempts = check.check_optional_int("max_attempts", spec.max_attempts, check.MAX_ATTEMPTS_RANGE)
         timeout = check.check_optional_int("timeout_seconds", spec.timeout_seconds, check.TIMEOUT_SECONDS_RANGE)

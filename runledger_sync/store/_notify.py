@@ -11,6 +11,13 @@ inserts that is due at once, inside its one statement (see
 when the transaction commits, so a rolled-back enqueue wakes nobody; a job
 that becomes due later (a delay, a retry) is found by polling.
 
+The ``runledger_ended`` channel tells :func:`runledger_sync.wait_for_job` that
+jobs ended: each write that makes jobs SUCCEEDED, DEAD_LETTERED or CANCELED (a
+worker's success or failure, single or grouped, the reaper's, an operator's
+cancel, a workflow run's cancel) sends one notification listing their ids, inside its one statement
+(:func:`notify_ended`). One per statement, not one per job: the worker's group
+writes stay one pg_notify dearer, whoever listens.
+
 The listener side is one psycopg2 connection per worker, in autocommit mode,
 detached from the engine's pool (a listening session must never be handed to
 someone else, and must not use up a pool slot for the life of the worker). It
@@ -31,12 +38,15 @@ from __future__ import annotations
 
 import re
 import secrets
-from typing import Any, Iterable, cast
+from typing import Any, Iterable, Optional
+from typing import cast as typing_cast
 
 import psycopg2.extensions
-from sqlalchemy import String, bindparam, func, literal, select
+from sqlalchemy import String, Text, any_, bindparam, case, cast, func, literal, select
+from sqlalchemy.dialects.postgresql import array
 from sqlalchemy.engine import Connection, Engine
 
+from runledger_sync.core.states import TERMINAL_STATUSES
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
 
@@ -44,10 +54,15 @@ from runledger_sync.store._errors import run_in_transaction
 CHANNEL = "runledger_jobs"
 #: The channel the scheduler loop listens on; the payload says nothing (one per transaction).
 SCHEDULES_CHANNEL = "runledger_schedules"
+#: The channel told of ended jobs; the payload is their ids, comma-separated, or empty (see :func:`notify_ended`).
+ENDED_CHANNEL = "runledger_ended"
 #: ``application_name`` of listener sessions, so operators (and tests) can find them in pg_stat_activity.
 LISTENER_APPLICATION_NAME = "runledger-listener"
 #: Probe channels are this prefix and random hex: ours, never user input (LISTEN takes an identifier).
 PROBE_CHANNEL_PREFIX = "runledger_probe_"
+# PostgreSQL refuses a payload of 8000 bytes or more; ids past that are sent as "some jobs ended".
+_MAX_ENDED_PAYLOAD_BYTES = 7999
+_TERMINAL_VALUES = sorted(status.value for status in TERMINAL_STATUSES)
 _CHANNEL_NAME = re.compile(r"runledger_[a-z0-9_]{1,50}")
 _NOTIFY = select(func.pg_notify(bindparam("channel", type_=String), bindparam("payload", type_=String)))
 
@@ -67,6 +82,42 @@ def notify_due_types(inserted: Any) -> Any:
         .subquery("due_types")
     )
     return select(func.count(func.pg_notify(literal(CHANNEL), due_types.c.job_type))).scalar_subquery()
+
+
+def notify_ended(written: Any) -> Any:
+    """Return a WHERE clause, always true, that notifies :data:`ENDED_CHANNEL` of the ended rows of ``written``.
+
+    ``written`` is a data-modifying CTE returning ``id`` and ``status``; the caller
+    selects from it with this clause, so the notification is sent once per
+    statement, and only when a row reached a terminal status (a retry sends none).
+    The payload lists the ids; when they would not fit in one notification it is
+    empty, which a waiter reads as "look again".
+    """
+    ended = (
+        select(func.string_agg(cast(written.c.id, Text), literal(",")).label("ids"))
+        # An array, not IN (...): IN's list is expanded at execution, which a prepared statement cannot take.
+        .where(written.c.status == any_(array([literal(value) for value in _TERMINAL_VALUES])))
+        .correlate(None)
+        .subquery("ended_ids")
+    )
+    payload = case((func.octet_length(ended.c.ids) <= _MAX_ENDED_PAYLOAD_BYTES, ended.c.ids), else_=literal(""))
+    sent = (
+        select(func.count(func.pg_notify(literal(ENDED_CHANNEL), payload)))
+        .where(ended.c.ids.is_not(None))
+        .correlate(None)
+        .scalar_subquery()
+    )
+    return sent >= 0
+
+
+def ended_job_ids(payloads: Iterable[str]) -> Optional[set[str]]:
+    """The job ids notifications of :data:`ENDED_CHANNEL` name; None when one of them named none (look at yours)."""
+    ids: set[str] = set()
+    for payload in payloads:
+        if not payload:
+            return None
+        ids.update(payload.split(","))
+    return ids
 
 
 def notify_schedules_changed(connection: Connection) -> None:
@@ -95,7 +146,7 @@ def open_listener(engine: Engine, channels: Iterable[str] = (CHANNEL,)) -> psyco
     fairy = engine.raw_connection()
     fairy.detach()
     # The engines of this package are built on psycopg2 (db.engine.create_engine).
-    connection = cast(psycopg2.extensions.connection, fairy.dbapi_connection)
+    connection = typing_cast(psycopg2.extensions.connection, fairy.dbapi_connection)
     try:
         # The pool's pre-ping may have left a transaction open; autocommit needs none.
         connection.rollback()

@@ -38,6 +38,7 @@ from runledger_sync.core.types import ClaimOrigin, JobEventType, JobFailure
 from runledger_sync.core.states import JobStage, JobStatus
 from runledger_sync.db.schema import job_attempts, job_dead_letters, job_events, job_queue
 from runledger_sync.store._fence import held_under, one_lease
+from runledger_sync.store._notify import notify_ended
 from runledger_sync.store._prepared import PreparedStatement
 from runledger_sync.store._rows import JOB_COLUMNS
 from runledger_sync.store._sql import attempt_of, event_insert, full_event_log, milliseconds, ordinals
@@ -113,7 +114,7 @@ def build_success(
         succeeded.c.id, succeeded.c.run_number, succeeded.c.attempt, literal(JobEventType.SUCCEEDED.value),
         succeeded.c.stage, succeeded.c.progress_done, succeeded.c.progress_total, func.jsonb_build_object(),
     ).cte("succeeded_event")
-    return select(*succeeded.c).add_cte(attempt, events)
+    return select(*succeeded.c).add_cte(attempt, events).where(notify_ended(succeeded))
 
 
 #: (column of the unnested failures, array parameter, its type): one failure per lease, as bound arrays.
@@ -230,7 +231,8 @@ def build_failure(guard: Any, failures: Any = None) -> Any:
         .select_from(failed.join(kinds, true()))
         .order_by(kinds.c.ord),
     ).cte("failure_events")
-    return select(*failed.c).add_cte(attempt, dead_letter, events)
+    # Only a dead letter notifies: a retry is not an end.
+    return select(*failed.c).add_cte(attempt, dead_letter, events).where(notify_ended(failed))
 
 
 def failure_params(

@@ -37,6 +37,7 @@ from runledger_sync.db.schema_workflows import workflow_runs, workflow_steps
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._enqueue_batch import same_request
 from runledger_sync.store._errors import run_in_transaction
+from runledger_sync.store._notify import notify_ended
 from runledger_sync.store._workflow_steps import UUIDS, StepEnd, finish_steps, lock_runs_for_release, run_lock_key
 from runledger_sync.store._workflow_runs import check_run_id, read_run
 
@@ -66,7 +67,7 @@ def _build_cancel_jobs() -> Any:
         .where(_q.workflow_step_id == any_(func.array(steps_of_run)), _q.status == JobStatus.PENDING.value)
         .values(status=JobStatus.CANCELED.value, finished_at=func.now(),
                 status_reason=func.coalesce(bindparam("cancel_reason", type_=Text), "CANCELED"))
-        .returning(_q.id, _q.workflow_step_id, _q.run_number, _q.attempt, _q.stage, _q.status_reason)
+        .returning(_q.id, _q.workflow_step_id, _q.run_number, _q.attempt, _q.stage, _q.status_reason, _q.status)
         .cte("canceled")
     )
     event = job_events.insert().from_select(
@@ -75,7 +76,7 @@ def _build_cancel_jobs() -> Any:
                literal(JobEventType.CANCELED.value), canceled.c.stage,
                func.jsonb_build_object("reason", canceled.c.status_reason)),
     ).cte("canceled_event")
-    return select(canceled.c.workflow_step_id).add_cte(event)
+    return select(canceled.c.workflow_step_id).add_cte(event).where(notify_ended(canceled))
 
 
 _CANCEL_JOBS = _build_cancel_jobs()

@@ -48,7 +48,8 @@ Workflow steps (``ctx.workflow``)
     output).
 
 Notify and listen
-    ``CHANNEL`` (due jobs) and ``SCHEDULES_CHANNEL`` (schedule changes);
+    ``CHANNEL`` (due jobs), ``SCHEDULES_CHANNEL`` (schedule changes) and
+    ``ENDED_CHANNEL`` (jobs that ended, named by ``ended_job_ids``);
     ``open_listener``, ``listen``, ``read_notifications`` and
     ``close_listener`` for the listening connection; ``new_probe_channel`` and
     ``send_probe`` to prove it still hears.
@@ -81,8 +82,10 @@ from runledger_sync.store._lifecycle_batch import (
 )
 from runledger_sync.store._notify import (
     CHANNEL,
+    ENDED_CHANNEL,
     SCHEDULES_CHANNEL,
     close_listener,
+    ended_job_ids,
     listen,
     new_probe_channel,
     open_listener,
@@ -130,6 +133,8 @@ __all__ = [
     # notify and listen
     "CHANNEL",
     "SCHEDULES_CHANNEL",
+    "ENDED_CHANNEL",
+    "ended_job_ids",
     "open_listener",
     "listen",
     "read_notifications",

@@ -67,7 +67,9 @@ def enqueue(
     Args:
         bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
-        payload: any JSON value (default ``{}``).
+        payload: any JSON value (default ``{}``), or a pydantic model instance, stored as
+            its ``model_dump(mode="json")`` once its class accepts that dump (a type's
+            ``payload_model`` is checked by :meth:`JobRegistry.enqueue`).
         run_at: when the job may start (timezone-aware); or ``delay_seconds`` from now.
         idempotency_key: with the same key (per type and organization) the same
             request returns the existing job instead of adding another.

@@ -165,7 +165,9 @@ def test_the_unmarked_python_blocks_of_the_page_run(page, fresh_database, tmp_pa
         for block in page_blocks(page):
             if block.kind == "python" and not block.marker:
                 code = block.code.replace(f'"{PLACEHOLDER_URL}"', repr(fresh_database))
-                exec(compile(code, block.where, "exec"), namespace)  # noqa: S102 - our own documentation
+                # dont_inherit: the blocks run as a user's script would, without this module's
+                # `from __future__ import annotations` (a pydantic model's fields need theirs evaluated).
+                exec(compile(code, block.where, "exec", dont_inherit=True), namespace)  # noqa: S102 - our own documentation
     finally:
         engine = namespace.get("engine")
         if isinstance(engine, sa.Engine):

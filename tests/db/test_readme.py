@@ -144,6 +144,10 @@ def test_every_example_command_line_runs_as_written(fresh_database, capsys, tmp_
         lifecycle.complete_job_failure(engine, **LeaseIdentity.of(claimed).keywords(),
                                        failure=rl.JobFailure.terminal("smtp.rejected", "no such mailbox"),
                                        retry_delay_ms=None)
+        # `jobs wait` exits 0 only for a job that succeeded.
+        succeeded = rl.enqueue(engine, "email.send", {"to": "done@y.z"})
+        [claimed] = claim_jobs(engine, worker_id="readme", lease_ttl_seconds=30, limit=1, job_types=["email.send"])
+        lifecycle.complete_job_success(engine, **LeaseIdentity.of(claimed).keywords())
         commands = cli_example_commands()
         # Long-running ones have tests of their own (test_cli_worker.py, test_demo.py).
         runnable = [argv for argv in commands if argv[1] not in ("worker", "demo")]
@@ -156,6 +160,8 @@ def test_every_example_command_line_runs_as_written(fresh_database, capsys, tmp_
             job_id = str(finished.id)
             if argv[1:3] == ["jobs", "cancel"]:
                 job_id = str(rl.enqueue(engine, "email.send", {"to": "later@y.z"}).id)
+            if argv[1:3] == ["jobs", "wait"]:
+                job_id = str(succeeded.id)
             argv = [{"<id>": job_id, "<run>": run_id}.get(word, word) for word in argv[1:]]
             code = cli.main(["--database-url", fresh_database, *argv])
             out, err = capsys.readouterr()

@@ -56,7 +56,7 @@ ALLOWED_UPWARD_IMPORTS: dict[tuple[str, str], str] = {
     (
         "runledger_sync.registry",
         "runledger_sync.store.enqueue",
-    ): "registry.sync_definitions delegates to the store",
+    ): "registry.sync_definitions and registry.enqueue (which checks a typed payload first) delegate to the store",
     (
         "runledger_sync.registry",
         "runledger_sync.store.schedules",

@@ -50,10 +50,10 @@ class Export(JobHandler):
         self.dead_letters.append((payload, info.reason))
 
 
-def registration_error(fn, *args, **kwargs) -> RegistrationError:
+def registration_error(fn, *args, code: str = "registry.invalid_registration", **kwargs) -> RegistrationError:
     with pytest.raises(RegistrationError) as excinfo:
         fn(*args, **kwargs)
-    assert excinfo.value.code == "registry.invalid_registration"
+    assert excinfo.value.code == code
     return excinfo.value
 
 
@@ -160,9 +160,9 @@ def test_register_rejects_non_handlers():
 def test_same_type_twice_is_rejected_and_keeps_the_first():
     registry = JobRegistry()
     first = registry.register(Export())
-    err = registration_error(registry.register, Export())
+    err = registration_error(registry.register, Export(), code="registry.duplicate_job_type")
     assert "'reports.export' is already registered" in err.message
-    err = registration_error(registry.job("reports.export"), lambda ctx, payload: None)
+    err = registration_error(registry.job("reports.export"), lambda ctx, payload: None, code="registry.duplicate_job_type")
     assert "already registered" in err.message
     assert registry.get("reports.export") is first and len(registry) == 1
 
@@ -172,7 +172,8 @@ def test_same_type_twice_is_rejected_and_keeps_the_first():
     [
         ("", "must not be blank"),
         ("   ", "must not be blank"),
-        (None, "must be a string, got None"),
+        # None: the function's name, and a lambda has none to use.
+        (None, "give the job type of"),
         (42, "must be a string, got 42"),
         ("x" * 256, "at most 255 characters, got 256"),
     ],

@@ -420,6 +420,10 @@ def test_handler_returning_a_wrong_type_is_terminal_invalid_result(engine, probe
     row = job_row(engine, job.id)
     assert (row.status, row.status_reason, row.last_error_code) == (
         "DEAD_LETTERED", "TERMINAL", "job.handler_invalid_result")
+    # What to return instead, and the value's type only: the value may be anything the handler had.
+    assert row.last_error_message == (
+        f"Handler returned a {type(value).__name__}; return None for a plain success, or "
+        "rl.JobCompletion(output=...) to keep a result (progress and checkpoint too); nothing was stored.")
 
 
 @pytest.mark.parametrize("completion", [

@@ -1,0 +1,29 @@
+"""The registration family of errors: a handler refused when it is registered, at import time."""
+
+from __future__ import annotations
+
+from runledger_sync.core.errors import RegistrationError
+
+
+class DuplicateJobType(RegistrationError):
+    """Another handler is already registered for this job type."""
+
+    code = "registry.duplicate_job_type"
+
+
+class AsyncHandler(RegistrationError):
+    """The handler is a coroutine function: the worker calls handlers in threads and would never run its body."""
+
+    code = "registry.async_handler"
+
+
+class HandlerSignature(RegistrationError):
+    """The handler cannot be called as ``handler(ctx, payload)``."""
+
+    code = "registry.handler_signature"
+
+
+class InvalidPayloadModel(RegistrationError):
+    """``payload_model`` is not a pydantic model class."""
+
+    code = "registry.invalid_payload_model"
