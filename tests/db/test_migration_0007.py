@@ -9,7 +9,7 @@ import sqlalchemy
 from sqlalchemy.engine import Engine
 
 from runledger_sync.db.engine import create_engine
-from runledger_sync.db.migrate import current_revision, downgrade, migrate
+from runledger_sync.db.migrate import current_revision, downgrade, head_revision, migrate
 from tests.db.test_migration_0006 import schema_diff
 
 RETENTION_INDEXES = {"idx_job_queue_finished", "idx_workflow_runs_finished"}
@@ -50,5 +50,5 @@ def test_0007_downgrade_drops_them_and_upgrade_adds_them_again(empty_engine):
 
     migrate(empty_engine)
 
-    assert current_revision(empty_engine) == "0007"
+    assert current_revision(empty_engine) == head_revision()
     assert set(index_definitions(empty_engine)) == RETENTION_INDEXES
