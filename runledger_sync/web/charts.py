@@ -15,10 +15,10 @@ from datetime import datetime, timedelta, timezone
 from typing import Optional, Sequence
 
 #: The SVG's own units; it is scaled to the page's width.
-WIDTH = 640
-HEIGHT = 180
+WIDTH = 400
+HEIGHT = 170
 #: Room for the y labels at the left, the x labels below.
-LEFT, RIGHT, TOP, BOTTOM = 48, 8, 10, 22
+LEFT, RIGHT, TOP, BOTTOM = 36, 18, 10, 22
 #: Most y ticks above zero; most x labels.
 Y_TICKS = 4
 X_LABELS = 7

@@ -40,10 +40,10 @@ def _charts(engine: Any) -> OverviewCharts:
         throughput=stacked_bars("Attempts finished per minute", minutes,
                                 [Series(name, css, values(field)) for field, name, css in OUTCOMES], unit="attempts"),
         ready=line_chart("Due jobs waiting for a worker", minutes,
-                         [Series("due jobs", "ready", values("ready"))], unit="jobs", whole=True),
+                         [Series("due jobs", "due", values("ready"))], unit="jobs", whole=True),
         # A sampled minute with nothing due waited 0 s.
         wait=line_chart("Oldest due job's wait (seconds)", minutes,
-                        [Series("oldest wait", "wait", values("oldest_due_wait_seconds"))], unit="s"),
+                        [Series("oldest wait", "oldest-wait", values("oldest_due_wait_seconds"))], unit="s"),
     )
 
 

@@ -50,7 +50,7 @@ def test_the_overview_draws_three_charts_with_axes_a_legend_and_accessible_names
 
     ready = figure(html, "chart-ready")
     assert "latest: due jobs 12 jobs" in ready
-    assert len(re.findall(r'<polyline class="line ready"', ready)) == 2  # broken where minute -3 was not sampled
+    assert len(re.findall(r'<polyline class="line due"', ready)) == 2  # broken where minute -3 was not sampled
     assert "latest: oldest wait 7.5 s" in figure(html, "chart-wait")
 
 
