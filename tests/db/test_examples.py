@@ -168,9 +168,9 @@ def test_check_schema_finds_our_revision_in_the_host_version_table(empty_databas
         assert rl.current_revision(engine) == rl.head_revision()
         rl.check_schema(engine)
 
-        # Both histories: only app_0005 is stored, ours is its ancestor (rule 4).
+        # Both histories: only app_0006 is stored, ours is its ancestor (rule 4).
         command.upgrade(config, "head")
-        assert _stored(engine) == {"app_0005"}
+        assert _stored(engine) == {"app_0006"}
         assert rl.current_revision(engine) == rl.head_revision()
         assert rl.check_schema(engine) is None
         assert cli.main(["--database-url", empty_database, "check-schema"]) == 0
@@ -190,7 +190,7 @@ def test_check_schema_finds_our_revision_in_the_host_version_table(empty_databas
         assert rl.current_revision(engine) is None
         with pytest.raises(rl.SchemaMismatch) as drifted:
             rl.check_schema(engine)
-        assert "app_0005" in drifted.value.message and "idx_job_queue_claim" in drifted.value.message
+        assert "app_0006" in drifted.value.message and "idx_job_queue_claim" in drifted.value.message
         assert "alembic upgrade head" in drifted.value.message
         assert VERSION_TABLE not in set(sqlalchemy.inspect(engine).get_table_names())
     finally:
