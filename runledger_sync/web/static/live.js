@@ -79,8 +79,7 @@
       return schedule();
     }
     inFlight = true;
-    window.fetch(window.location.href, {credentials: "same-origin", cache: "no-store",
-                                        headers: {"X-Requested-With": "runledger-live"}})
+    window.fetch(window.location.href, {credentials: "same-origin", cache: "no-store"})
       .then(function (response) {
         // A redirect (a login page) or an error page is not this page: keep what is shown.
         if (!response.ok || response.redirected) {
