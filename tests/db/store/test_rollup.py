@@ -9,7 +9,9 @@ import pytest
 from sqlalchemy import text
 
 import runledger_sync as rl
-from runledger_sync.store._rollup import SAMPLE_LOCK_KEY, SETTLE_SECONDS, rollup_series, sample_rollup
+from runledger_sync.store._rollup import (
+    SAMPLE_LOCK_KEY, SAMPLE_STATEMENT, SETTLE_SECONDS, rollup_series, sample_rollup,
+)
 from tests.support import JOB_TYPE, define, scalar
 
 COLUMNS = "queue, succeeded, retried, dead_lettered, canceled, ready, oldest_due_wait_seconds"
@@ -150,3 +152,42 @@ def test_prune_deletes_rollup_minutes_older_than_their_retention(db):
     assert scalar(db, "SELECT min(minute) FROM job_rollup_minutes") == minute_ago(db, 3)
     assert rl.prune(db, rl.Retention(dashboard_rollup=None)).rollup_minutes == 0
     assert rl.Retention.parse("dashboard_rollup=1d").dashboard_rollup == timedelta(days=1)
+
+
+def plan_nodes(plan: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(node type, relation, index) of every node of an EXPLAIN (FORMAT JSON) plan."""
+    found, stack = [], [plan["Plan"]]
+    while stack:
+        node = stack.pop()
+        found.append((node["Node Type"], node.get("Relation Name", ""), node.get("Index Name", "")))
+        stack.extend(node.get("Plans", []))
+    return found
+
+
+def test_the_sample_reads_the_minutes_events_and_the_due_jobs_by_index_never_the_whole_tables(db):
+    with db.begin() as conn:
+        # A day of finished jobs with their outcome events, and a backlog partly due.
+        conn.execute(text(
+            "INSERT INTO job_queue (id, job_type, status, max_attempts, attempt, finished_at) "
+            "SELECT gen_random_uuid(), :type, 'SUCCEEDED', 1, 1, now() - g * interval '4 seconds' "
+            "FROM generate_series(1, 20000) g"), {"type": JOB_TYPE})
+        conn.execute(text(
+            "INSERT INTO job_events (job_id, run_number, attempt, event_type, occurred_at) "
+            "SELECT id, 1, 1, e, finished_at FROM job_queue, unnest(ARRAY['ENQUEUED', 'SUCCEEDED']) e"))
+        conn.execute(text(
+            "INSERT INTO job_queue (id, job_type, max_attempts, next_run_at) "
+            "SELECT gen_random_uuid(), :type, 1, now() + (g - 1000) * interval '1 second' "
+            "FROM generate_series(1, 2000) g"), {"type": JOB_TYPE})
+        conn.execute(text("ANALYZE job_queue"))
+        conn.execute(text("ANALYZE job_events"))
+
+    with db.connect() as conn:
+        minute = minute_ago(db, 30)
+        compiled = SAMPLE_STATEMENT.compile(dialect=conn.dialect)
+        params = {**compiled.params, "now": None, "minute": minute}
+        plan = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + str(compiled), params).scalar_one()[0]
+    nodes = plan_nodes(plan)
+    assert ("Index Scan", "job_events", "idx_job_events_type_occurred") in nodes or \
+        ("Bitmap Index Scan", "", "idx_job_events_type_occurred") in nodes, nodes
+    assert any(index == "idx_job_queue_claim" for _, _, index in nodes), nodes
+    assert not [node for node in nodes if node[0] == "Seq Scan" and node[1] in ("job_events", "job_queue")], nodes
