@@ -26,27 +26,32 @@
   toggle.type = "button";
   toggle.id = "live-toggle";
   toggle.className = "live-toggle";
+  // A form someone has started to fill in (boxes ticked on the dead letters, a filter
+  // typed) would be wiped by a swap: once changed, the page waits for its submit.
+  var edited = false;
+  function editing() {
+    var active = document.activeElement;
+    return edited || !!(active && active !== document.body && active.closest && active.closest("form"));
+  }
+
   function label() {
-    toggle.textContent = on ? "Live: on" : "Live: off";
+    var paused = on && editing();
+    toggle.textContent = paused ? "Live: paused" : on ? "Live: on" : "Live: off";
     toggle.setAttribute("aria-pressed", on ? "true" : "false");
-    toggle.title = on ? "The page updates itself every " + seconds + " s; click to stop"
-                      : "Click to update the page every " + seconds + " s";
+    toggle.title = paused ? "Paused while you use a form on this page"
+                 : on ? "The page updates itself every " + seconds + " s; click to stop"
+                 : "Click to update the page every " + seconds + " s";
   }
   label();
   var header = document.querySelector("header");
   (header || document.body).appendChild(toggle);
 
-  // A form someone has started to fill in (boxes ticked on the dead letters, a filter
-  // typed) would be wiped by a swap: once changed, the page waits for its submit.
-  var edited = false;
-  function touched() { edited = true; }
+  function touched() {
+    edited = true;
+    label();
+  }
   main.addEventListener("input", touched);
   main.addEventListener("change", touched);
-
-  function editing() {
-    var active = document.activeElement;
-    return edited || !!(active && active !== document.body && active.closest && active.closest("form"));
-  }
 
   function schedule() {
     window.clearTimeout(timer);
@@ -71,10 +76,15 @@
     main.setAttribute("data-live-updated", new Date().toISOString());
   }
 
+  var turns = 0;
   function refresh() {
+    // Counted on the page, swapped or not: a test (or a curious operator) can tell a turn ran.
+    turns += 1;
+    main.setAttribute("data-live-turns", String(turns));
     if (!on || document.hidden || inFlight) {
       return schedule();
     }
+    label();
     if (editing()) {
       return schedule();
     }

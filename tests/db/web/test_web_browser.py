@@ -299,3 +299,25 @@ def test_live_updates_show_a_jobs_new_status_without_a_reload(db, chrome):
         assert chrome.find_element(By.ID, "live-toggle").text == "Live: off"  # remembered by this browser
         chrome.find_element(By.ID, "live-toggle").click()
         assert chrome.find_element(By.ID, "live-toggle").text == "Live: on"
+
+
+def test_live_updates_wait_while_a_form_is_in_use(db, chrome):
+    first = rl.enqueue(db, EMAIL, {"n": 1})
+    with serving(create_app(db, authorize=allow_all)) as base:
+        chrome.get(base + "/jobs")
+        chrome.execute_script("window.localStorage.clear()")
+        chrome.get(base + "/jobs")
+        assert chrome.find_element(By.ID, "live-toggle").text == "Live: on"
+        search = chrome.find_element(By.CSS_SELECTOR, "form.filters input[name=q]")
+        search.send_keys(str(first.id)[:8])
+        assert chrome.find_element(By.ID, "live-toggle").text == "Live: paused"
+        later = rl.enqueue(db, EMAIL, {"n": 2})
+        main = chrome.find_element(By.CSS_SELECTOR, "main")
+        turns = int(main.get_attribute("data-live-turns") or 0)
+        WebDriverWait(chrome, 20).until(lambda d: int(main.get_attribute("data-live-turns") or 0) > turns)
+
+        # A turn ran and left the page alone: the typed text is there, the new job is not listed.
+        assert search.get_attribute("value") == str(first.id)[:8]
+        assert not chrome.find_elements(By.CSS_SELECTOR, f'a[href="/jobs/{later.id}"]')
+        assert main.get_attribute("data-live-updated") is None
+        snap(chrome, "jobs-live-paused")
