@@ -25,9 +25,9 @@ class OverviewCharts:
     wait: Chart
 
 
-def _charts(engine: Any) -> OverviewCharts:
-    """The last hour of the rollup as three charts; a minute not sampled is a gap, not a zero."""
-    rollup = rollup_series(engine, window_minutes=CHART_MINUTES)
+def _charts(engine: Any, queue: Optional[str]) -> OverviewCharts:
+    """The last hour of the rollup (every queue, or one) as three charts; a minute not sampled is a gap, not a zero."""
+    rollup = rollup_series(engine, window_minutes=CHART_MINUTES, queue=queue)
     last = rollup.as_of.replace(second=0, microsecond=0) - timedelta(minutes=1)
     minutes = minutes_of(last, CHART_MINUTES)
     sampled = {point.minute: point for point in rollup.points}
@@ -54,12 +54,15 @@ def overview(dashboard: PageHost, request: Request) -> Response:
     by_type: dict[str, dict[str, int]] = {}
     for (job_type, status), count in sorted(stats.by_type_and_status.items()):
         by_type.setdefault(job_type, {})[status] = count
+    queue_loads = rl.queue_loads(dashboard.engine)
+    # Only a queue that exists is charted alone; any other value charts every queue.
+    chart_queue = request.arg("queue") if request.arg("queue") in {load.queue.name for load in queue_loads} else None
     return dashboard.render(
         request, "overview.html", stats=stats, recent=recent, by_type=by_type,
         statuses=[status.value for status in rl.JobStatus],
         # The rollup counts every organization's jobs: a scoped overview does not show it.
-        charts=_charts(dashboard.engine) if scope is None else None,
+        charts=_charts(dashboard.engine, chart_queue) if scope is None else None, chart_queue=chart_queue,
         refresh=request.arg("refresh") != "0",
         # Queues are shared by every organization: a scoped overview shows their settings, not their counts.
-        queue_loads=rl.queue_loads(dashboard.engine), show_queue_counts=scope is None,
+        queue_loads=queue_loads, show_queue_counts=scope is None,
     )

@@ -54,6 +54,21 @@ def test_the_overview_draws_three_charts_with_axes_a_legend_and_accessible_names
     assert "latest: oldest wait 7.5 s" in figure(html, "chart-wait")
 
 
+def test_the_charts_show_one_queue_when_asked_and_every_queue_otherwise(db, client):
+    sample_minutes(db)
+    rl.configure_queue(db, "reports")
+    with db.begin() as conn:
+        conn.execute(text("INSERT INTO job_rollup_minutes (minute, queue, succeeded) "
+                          "VALUES (date_trunc('minute', now()) - interval '2 minutes', 'reports', 4)"))
+    every = figure(page(client, "/"), "chart-throughput")
+    assert "64 succeeded" in every
+    html = page(client, "/?queue=reports")
+    assert "Queue reports, minute by minute" in html
+    assert '<option value="reports" selected>' in html
+    assert "4 succeeded" in figure(html, "chart-throughput")
+    assert "64 succeeded" in figure(page(client, "/?queue=<nowhere>"), "chart-throughput")
+
+
 def test_a_chart_with_no_sample_says_so_and_still_has_its_axes(db, client):
     html = page(client, "/")
     for chart_id in ("chart-throughput", "chart-ready", "chart-wait"):
