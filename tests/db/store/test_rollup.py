@@ -117,18 +117,19 @@ def test_a_sample_joins_the_callers_transaction(db):
 
 
 def test_the_series_sums_the_queues_per_minute_within_the_window_oldest_first(db):
+    base = minute_ago(db, 0)
     with db.begin() as conn:
         conn.execute(text(
             "INSERT INTO job_rollup_minutes (minute, queue, succeeded, retried, ready, oldest_due_wait_seconds) VALUES "
-            "(date_trunc('minute', now()) - interval '2 minutes', 'default', 4, 1, 3, 12.5), "
-            "(date_trunc('minute', now()) - interval '2 minutes', 'reports', 1, 0, 2, 40), "
-            "(date_trunc('minute', now()) - interval '5 minutes', 'default', 7, 0, 0, NULL), "
-            "(date_trunc('minute', now()) - interval '90 minutes', 'default', 100, 0, 0, NULL)"))
+            "(:base - interval '2 minutes', 'default', 4, 1, 3, 12.5), "
+            "(:base - interval '2 minutes', 'reports', 1, 0, 2, 40), "
+            "(:base - interval '5 minutes', 'default', 7, 0, 0, NULL), "
+            "(:base - interval '90 minutes', 'default', 100, 0, 0, NULL)"), {"base": base})
 
     series = rollup_series(db)
 
     assert [(p.minute, p.succeeded, p.retried, p.ready, p.oldest_due_wait_seconds) for p in series.points] == [
-        (minute_ago(db, 5), 7, 0, 0, None), (minute_ago(db, 2), 5, 1, 5, 40.0)]
+        (base - timedelta(minutes=5), 7, 0, 0, None), (base - timedelta(minutes=2), 5, 1, 5, 40.0)]
     assert [p.succeeded for p in rollup_series(db, queue="reports").points] == [1]
     assert [p.succeeded for p in rollup_series(db, window_minutes=120).points] == [100, 7, 5]
     with pytest.raises(rl.InvalidArgument):
@@ -136,20 +137,22 @@ def test_the_series_sums_the_queues_per_minute_within_the_window_oldest_first(db
 
 
 def test_prune_deletes_rollup_minutes_older_than_their_retention(db):
+    base = minute_ago(db, 0)
     with db.begin() as conn:
         conn.execute(text(
-            "INSERT INTO job_rollup_minutes (minute, queue) SELECT date_trunc('minute', now()) - make_interval(mins => m), q "
-            "FROM generate_series(1, 5) m, unnest(ARRAY['default', 'reports']) q"))
+            "INSERT INTO job_rollup_minutes (minute, queue) SELECT :base - make_interval(mins => m), q "
+            "FROM generate_series(1, 9, 2) m, unnest(ARRAY['default', 'reports']) q"), {"base": base})
+    # Minutes 1 and 3 back are younger than 4.5 minutes, 5, 7 and 9 older, whatever second it is now.
     keep_three = rl.Retention(succeeded=None, canceled=None, dead_lettered=None, workflow_runs=None,
-                              dashboard_rollup=timedelta(minutes=3, seconds=30))
+                              dashboard_rollup=timedelta(minutes=4, seconds=30))
 
     dry = rl.prune(db, keep_three, dry_run=True)
-    assert (dry.rollup_minutes, scalar(db, "SELECT count(*) FROM job_rollup_minutes")) == (4, 10)
+    assert (dry.rollup_minutes, scalar(db, "SELECT count(*) FROM job_rollup_minutes")) == (6, 10)
 
     result = rl.prune(db, keep_three, batch_size=3)
 
-    assert (result.rollup_minutes, result.batches, result.total_jobs) == (4, 2, 0)
-    assert scalar(db, "SELECT min(minute) FROM job_rollup_minutes") == minute_ago(db, 3)
+    assert (result.rollup_minutes, result.batches, result.total_jobs) == (6, 2, 0)
+    assert scalar(db, "SELECT min(minute) FROM job_rollup_minutes") == base - timedelta(minutes=3)
     assert rl.prune(db, rl.Retention(dashboard_rollup=None)).rollup_minutes == 0
     assert rl.Retention.parse("dashboard_rollup=1d").dashboard_rollup == timedelta(days=1)
 
@@ -189,5 +192,10 @@ def test_the_sample_reads_the_minutes_events_and_the_due_jobs_by_index_never_the
     nodes = plan_nodes(plan)
     assert ("Index Scan", "job_events", "idx_job_events_type_occurred") in nodes or \
         ("Bitmap Index Scan", "", "idx_job_events_type_occurred") in nodes, nodes
-    assert any(index == "idx_job_queue_claim" for _, _, index in nodes), nodes
+    # The due jobs through an index of PENDING rows only: the claim index (index-only once
+    # vacuumed), or, on a table never vacuumed, the resting rows' status index; the events'
+    # jobs by their key.
+    indexes = {index for _, _, index in nodes if index.startswith(("idx_job_queue", "pk_job_queue"))}
+    assert indexes & {"idx_job_queue_claim", "idx_job_queue_resting_status"}, nodes
+    assert indexes <= {"idx_job_queue_claim", "idx_job_queue_resting_status", "pk_job_queue"}, nodes
     assert not [node for node in nodes if node[0] == "Seq Scan" and node[1] in ("job_events", "job_queue")], nodes
