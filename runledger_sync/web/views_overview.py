@@ -34,6 +34,7 @@ def _charts(engine: Any, queue: Optional[str]) -> OverviewCharts:
     points: list[Optional[RollupPoint]] = [sampled.get(minute) for minute in minutes]
 
     def values(field: str) -> list[Optional[float]]:
+        # A sampled minute with nothing due has no oldest wait: it waited 0 s.
         return [None if p is None else float(getattr(p, field) or 0) for p in points]
 
     return OverviewCharts(
@@ -41,7 +42,6 @@ def _charts(engine: Any, queue: Optional[str]) -> OverviewCharts:
                                 [Series(name, css, values(field)) for field, name, css in OUTCOMES], unit="attempts"),
         ready=line_chart("Due jobs waiting for a worker", minutes,
                          [Series("due jobs", "due", values("ready"))], unit="jobs", whole=True),
-        # A sampled minute with nothing due waited 0 s.
         wait=line_chart("Oldest due job's wait (seconds)", minutes,
                         [Series("oldest wait", "oldest-wait", values("oldest_due_wait_seconds"))], unit="s"),
     )
