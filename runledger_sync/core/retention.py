@@ -19,6 +19,8 @@ DEFAULT_CANCELED_AGE = timedelta(days=7)
 #: Longer: a dead letter is what an operator comes back to diagnose.
 DEFAULT_DEAD_LETTERED_AGE = timedelta(days=30)
 DEFAULT_WORKFLOW_RUNS_AGE = timedelta(days=30)
+#: The dashboard's charts reach back a week at most.
+DEFAULT_DASHBOARD_ROLLUP_AGE = timedelta(days=7)
 
 #: Words that mean "keep forever" where an age is written as text.
 KEEP_WORDS = ("keep", "none", "off", "never")
@@ -50,9 +52,9 @@ def _check_age(name: str, value: Any) -> None:
 class Retention:
     """How long each kind of finished row is kept; None keeps it forever.
 
-    Ages count from the row's ``finished_at``. PENDING and LEASED jobs, and the
-    jobs of a workflow run that has not finished, are never pruned, whatever
-    their age.
+    Ages count from the row's ``finished_at`` (a dashboard rollup row's: the
+    minute it covers). PENDING and LEASED jobs, and the jobs of a workflow run
+    that has not finished, are never pruned, whatever their age.
 
     Example:
         ``rl.Retention(succeeded=timedelta(days=1), dead_lettered=None)``
@@ -65,6 +67,8 @@ class Retention:
     canceled: Optional[timedelta] = DEFAULT_CANCELED_AGE
     dead_lettered: Optional[timedelta] = DEFAULT_DEAD_LETTERED_AGE
     workflow_runs: Optional[timedelta] = DEFAULT_WORKFLOW_RUNS_AGE
+    #: The per-minute rows behind the dashboard's charts (table job_rollup_minutes).
+    dashboard_rollup: Optional[timedelta] = DEFAULT_DASHBOARD_ROLLUP_AGE
 
     def __post_init__(self) -> None:
         for item in fields(self):
@@ -120,6 +124,7 @@ class PruneResult:
             those of pruned workflow runs included.
         attempts, events, dead_letters: rows of those jobs deleted with them.
         workflow_runs, workflow_steps: finished runs deleted, and their steps.
+        rollup_minutes: rows of the dashboard's rollup deleted (one per queue per minute).
         batches: transactions that deleted (or, dry, counted) something.
         elapsed_seconds: wall time of the whole prune.
         dry_run: nothing was deleted; the counts are what would have been.
@@ -134,6 +139,7 @@ class PruneResult:
     dead_letters: int = 0
     workflow_runs: int = 0
     workflow_steps: int = 0
+    rollup_minutes: int = 0
     batches: int = 0
     elapsed_seconds: float = 0.0
     dry_run: bool = False

@@ -22,6 +22,7 @@ from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.periodic import run_periodically
 from runledger_sync.runtime.pruning import Pruner
+from runledger_sync.runtime.sampling import Sampler
 from runledger_sync.store.driver import forget_worker, list_queues, record_worker
 
 log = get_logger(__name__)
@@ -127,14 +128,16 @@ class WorkerRow:
 
 
 #: A thread of upkeep beside the loops: started with them, joined when they stop.
-Upkeep = Union[WorkerRow, Pruner]
+Upkeep = Union[WorkerRow, Pruner, Sampler]
 
 
 def start_upkeep(
     bind: Engine, registry: JobRegistry, config: JobsConfig, shutdown_event: threading.Event, prunes: bool,
 ) -> list[Upkeep]:
-    """Start the worker's row and, where ``prunes`` (the process reaps) and a retention is set, the pruner."""
+    """Start the worker's row; where ``prunes`` (the process reaps), the sampler and, with a retention, the pruner."""
     started: list[Upkeep] = [WorkerRow(bind, registry, config, shutdown_event).start()]
+    if prunes:
+        started.append(Sampler(bind, config, shutdown_event).start())
     if prunes and config.retention is not None:
         started.append(Pruner(bind, config, shutdown_event).start())
     return started

@@ -8,7 +8,8 @@ With ``processes=N`` (N > 1) the loops run in N child processes instead
 
 While the loops run, each worker keeps its row in ``job_workers`` (which queues
 and types it serves, for an operator asking why a job waits) and deletes it when
-it stops (:mod:`runledger_sync.runtime.serving`); one that reaps also prunes (``config.retention``).
+it stops (:mod:`runledger_sync.runtime.serving`); one that reaps also samples
+the dashboard's minutes and prunes (``config.retention``).
 """
 
 from __future__ import annotations

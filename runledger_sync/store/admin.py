@@ -40,6 +40,7 @@ from runledger_sync.store._gauges import (  # noqa: F401
     DEAD_LETTER_WINDOW_SECONDS, LATE_SCHEDULE_SECONDS, QueueGauges, queue_gauges,
 )
 from runledger_sync.store._overview import recent_overview  # noqa: F401
+from runledger_sync.store._rollup import Rollup, RollupPoint, rollup_series  # noqa: F401
 from runledger_sync.store._stats import QueueStats, queue_stats  # noqa: F401
 
 _q = job_queue.c

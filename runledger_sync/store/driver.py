@@ -56,7 +56,8 @@ Notify and listen
 
 Maintenance
     ``reap_expired_leases`` (the reaper's batch), ``fire_due_schedules``
-    (the scheduler's tick) and ``prune`` (retention's batches).
+    (the scheduler's tick), ``prune`` (retention's batches) and
+    ``sample_rollup`` (the dashboard's minute, written once a minute closes).
 
 Workers
     ``record_worker`` says a worker is alive and which queues and types it
@@ -93,6 +94,7 @@ from runledger_sync.store._notify import (
     send_probe,
 )
 from runledger_sync.store._reaper import reap_expired_leases
+from runledger_sync.store._rollup import sample_rollup
 from runledger_sync.store._running import heartbeat_job, mark_job_running, running_landed, update_job_progress
 from runledger_sync.store._schedule_tick import fire_due_schedules
 from runledger_sync.store.admin import get_job
@@ -145,6 +147,7 @@ __all__ = [
     "reap_expired_leases",
     "fire_due_schedules",
     "prune",
+    "sample_rollup",
     # workers
     "record_worker",
     "forget_worker",

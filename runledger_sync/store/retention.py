@@ -33,12 +33,14 @@ from runledger_sync.core.retention import PruneResult, Retention
 from runledger_sync.core.states import JobStatus
 from runledger_sync.core.workflow import WorkflowRunStatus
 from runledger_sync.db.schema import job_attempts, job_dead_letters, job_events, job_queue
+from runledger_sync.db.schema_rollup import job_rollup_minutes
 from runledger_sync.db.schema_workflows import workflow_runs, workflow_steps
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import owns_transaction, run_in_transaction
 
 _q = job_queue.c
 _r = workflow_runs.c
+_m = job_rollup_minutes.c
 
 DEFAULT_BATCH_SIZE = 1000
 BATCH_SIZE_RANGE = (1, 100_000)
@@ -126,6 +128,12 @@ _COUNT_DEPENDENTS = select(_count_of(job_attempts), _count_of(job_events), _coun
 _COUNT_STEPS = select(func.count()).select_from(workflow_steps).where(workflow_steps.c.run_id == func.any(_IDS))
 _DELETE_JOBS = job_queue.delete().where(_q.id == func.any(_IDS))
 _DELETE_RUNS = workflow_runs.delete().where(_r.id == func.any(_IDS))
+_OLD_ROLLUP = _m.minute < func.now() - _AGE
+_COUNT_ROLLUP = select(func.count()).select_from(job_rollup_minutes).where(_OLD_ROLLUP)
+# The oldest minutes first, on the table's key (minute, queue).
+_DELETE_ROLLUP = job_rollup_minutes.delete().where(tuple_(_m.minute, _m.queue).in_(
+    select(_m.minute, _m.queue).where(_OLD_ROLLUP).order_by(_m.minute, _m.queue).limit(_LIMIT)
+    .with_for_update(skip_locked=True)))
 _PICKS = {(kind, locking, after): pick(locking, after)
           for kind, pick in (("jobs", _pick_jobs), ("runs", _pick_runs))
           for locking in (False, True) for after in (False, True)}
@@ -141,6 +149,7 @@ class _Tally:
     dead_letters: int = 0
     workflow_runs: int = 0
     workflow_steps: int = 0
+    rollup_minutes: int = 0
     batches: int = 0
     contended: bool = False
 
@@ -186,6 +195,28 @@ class _Batches:
             if self.pause_seconds and not self.stopped:
                 # Room for the live traffic between two batches: the prune is upkeep, never urgent.
                 time.sleep(self.pause_seconds)
+
+    def run_rollup(self, age: timedelta) -> None:
+        """Delete the dashboard's rollup rows older than ``age``, oldest minutes first (dry: count them)."""
+        while not self.stopped:
+            deleted = run_in_transaction(self.bind, functools.partial(self._one_rollup, age=age))
+            if deleted < self.batch_size or self.dry_run:
+                return
+
+    def _one_rollup(self, connection: Connection, age: timedelta) -> int:
+        if self.owned:
+            connection.execute(_settings())
+        if self.exclusive and not connection.execute(_try_lock(), {"lock_key": PRUNE_LOCK_KEY}).scalar_one():
+            self.tally.contended = True
+            return 0
+        if self.dry_run:
+            rows = int(connection.execute(_COUNT_ROLLUP, {"age": age}).scalar_one())
+        else:
+            rows = connection.execute(_DELETE_ROLLUP, {"age": age, "batch_size": self.batch_size}).rowcount
+        if rows:
+            self.tally.rollup_minutes += rows
+            self.tally.batches += 1
+        return rows
 
     def _one(self, connection: Connection, kind: str, age: timedelta, status: Optional[str],
              after: Optional[tuple[Any, Any]]) -> Optional[list[tuple[Any, Any]]]:
@@ -235,8 +266,10 @@ def prune(
     SUCCEEDED, CANCELED and DEAD_LETTERED jobs go once their ``finished_at`` is
     older than the retention's age for that status, with their attempts, events
     and dead letter; finished workflow runs go once older than
-    ``retention.workflow_runs``, with their steps and their steps' jobs. An age
-    of None keeps that kind. PENDING and LEASED jobs are never deleted, nor a
+    ``retention.workflow_runs``, with their steps and their steps' jobs; the
+    dashboard's rollup rows once their minute is older than
+    ``retention.dashboard_rollup``. An age of None keeps that kind. PENDING and
+    LEASED jobs are never deleted, nor a
     workflow step's job while its run is kept.
 
     Args:
@@ -284,6 +317,8 @@ def prune(
             batches.run("jobs", age, status.value)
     if retention.workflow_runs is not None:
         batches.run("runs", retention.workflow_runs)
+    if retention.dashboard_rollup is not None:
+        batches.run_rollup(retention.dashboard_rollup)
     # The tally's fields are the result's counts by name: only what the run itself knows is added here.
     return PruneResult(**asdict(tally), elapsed_seconds=time.monotonic() - started, dry_run=bool(dry_run),
                        complete=not batches.stopped)

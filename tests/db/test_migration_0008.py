@@ -72,9 +72,10 @@ def test_0008_downgrade_removes_them_and_upgrade_adds_them_again(empty_engine):
         with pytest.raises(sqlalchemy.exc.IntegrityError):
             connection.execute(sqlalchemy.text("UPDATE job_attempts SET outcome = 'CONTINUED'"))
 
-    migrate(empty_engine)
+    migrate(empty_engine, "0008")
 
     assert current_revision(empty_engine) == "0008"
     assert new_columns(empty_engine) == NEW_COLUMNS
     assert KEY_UNDER_WAY in settle_function(empty_engine)
+    migrate(empty_engine)
     assert schema_diff(empty_engine) == []

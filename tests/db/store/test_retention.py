@@ -114,7 +114,8 @@ def test_batches_are_bounded_each_its_own_transaction(db):
 
     event.listen(db, "commit", on_commit)
     try:
-        result = rl.prune(db, rl.Retention(canceled=None, dead_lettered=None, workflow_runs=None), batch_size=3)
+        result = rl.prune(db, rl.Retention(canceled=None, dead_lettered=None, workflow_runs=None,
+                                           dashboard_rollup=None), batch_size=3)
     finally:
         event.remove(db, "commit", on_commit)
 

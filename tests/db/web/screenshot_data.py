@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import text
@@ -11,6 +12,7 @@ import runledger_sync as rl
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.store._claim import claim_jobs
 from runledger_sync.store.lifecycle import complete_job_failure, complete_job_success
+from runledger_sync.store._rollup import SETTLE_SECONDS, sample_rollup
 from tests.support import define
 
 TYPES = {"email.send": 120, "reports.export": 30, "billing.charge": 60, "webhooks.deliver": 90}
@@ -46,9 +48,25 @@ def _spread_over_the_last_hour(db: Any) -> None:
     with db.begin() as conn:
         conn.execute(text(
             "UPDATE job_events SET occurred_at = now() - make_interval(mins => ((id * 37) % 58)::int, secs => (id % 50)::int) "
-            "WHERE event_type IN ('SUCCEEDED', 'FAILED')"
+            "WHERE event_type IN ('SUCCEEDED', 'FAILED', 'RETRY_SCHEDULED', 'DEAD_LETTERED')"
         ))
         conn.execute(text("UPDATE job_queue SET created_at = now() - make_interval(mins => (abs(hashtext(id::text)) % 59)::int)"))
+
+
+def _sample_the_last_hour(db: Any) -> None:
+    """Run the sampler for each minute of the last hour, as a worker would have, minute by minute."""
+    with db.connect() as conn:
+        last = conn.execute(text("SELECT date_trunc('minute', now()) - interval '1 minute'")).scalar_one()
+    for back in range(59, -1, -1):
+        minute = last - timedelta(minutes=back)
+        sample_rollup(db, now=minute + timedelta(minutes=1, seconds=SETTLE_SECONDS))
+    # The jobs waiting now were enqueued a moment ago, so the past minutes sampled none
+    # due: give them a deterministic backlog that builds up and drains.
+    with db.begin() as conn:
+        conn.execute(text(
+            "UPDATE job_rollup_minutes SET ready = (abs(30 - (extract(epoch FROM minute)::bigint / 60) % 60) * 3)::int, "
+            "oldest_due_wait_seconds = abs(30 - (extract(epoch FROM minute)::bigint / 60) % 60) * 1.7 "
+            "WHERE queue = 'default'"))
 
 
 def seed_showcase(db: Any) -> Showcase:
@@ -76,4 +94,5 @@ def seed_showcase(db: Any) -> Showcase:
     order.job("deliver", "webhooks.deliver", {"order": 42}, after=[receipt, approval])
     rl.enqueue_workflow(db, order)
     _spread_over_the_last_hour(db)
+    _sample_the_last_hour(db)
     return Showcase(idempotency_key=key, payload_marker=marker)

@@ -359,3 +359,76 @@ def test_filter_dead_letters_by_code_and_exception_type_then_replay_them_all(db,
     assert [rl.get_job(db, j.id).status for j in timeouts] == [rl.JobStatus.PENDING] * 3
     assert [rl.get_job(db, j.id).status for j in (refused, declined)] == [rl.JobStatus.DEAD_LETTERED] * 2
     for_the_docs(filtered)
+
+
+def test_the_overview_charts_render_with_axes_and_a_legend(db, chrome):
+    seed_showcase(db)
+    with serving(create_app(db, authorize=allow_all)) as base:
+        chrome.get(base + "/?refresh=0")
+        charts = chrome.find_elements(By.CSS_SELECTOR, "#charts figure.chart-box")
+        assert [chart.get_attribute("id") for chart in charts] == ["chart-throughput", "chart-ready", "chart-wait"]
+        for chart in charts:
+            svg = chart.find_element(By.CSS_SELECTOR, "svg[role=img]")
+            assert svg.size["width"] > 200 and svg.size["height"] > 50  # drawn, not collapsed
+            assert svg.find_element(By.TAG_NAME, "title").get_attribute("textContent")
+            assert len(svg.find_elements(By.CSS_SELECTOR, ".y-axis text")) >= 2
+            assert len(svg.find_elements(By.CSS_SELECTOR, ".x-axis text")) >= 3
+            assert chart.find_elements(By.CSS_SELECTOR, ".legend li")
+            assert not svg.find_elements(By.CSS_SELECTOR, ".no-data")
+        throughput = charts[0]
+        assert [item.text for item in throughput.find_elements(By.CSS_SELECTOR, ".legend li")] == [
+            "succeeded", "retried", "dead-lettered", "canceled"]
+        bars = throughput.find_elements(By.CSS_SELECTOR, "rect.succeeded")
+        assert len(bars) > 20 and all(bar.size["height"] > 0 for bar in bars[:5])
+        assert chrome.find_elements(By.CSS_SELECTOR, "#chart-ready polyline.line.due")
+        chrome.execute_script("document.getElementById('charts').scrollIntoView()")
+        snap(chrome, "overview-charts")
+
+
+def test_live_updates_show_a_jobs_new_status_without_a_reload(db, chrome):
+    job = rl.enqueue(db, EMAIL, {"n": 1})
+    with serving(create_app(db, authorize=allow_all)) as base:
+        chrome.get(f"{base}/jobs/{job.id}")
+        chrome.execute_script("window.localStorage.clear()")  # live updates on, whatever an earlier test chose
+        chrome.get(f"{base}/jobs/{job.id}")
+        toggle = chrome.find_element(By.ID, "live-toggle")
+        assert (toggle.text, toggle.get_attribute("aria-pressed")) == ("Live: on", "true")
+        assert text_of(chrome, "job-status") == "PENDING"
+        chrome.execute_script("window.sameDocument = true")  # gone if the page reloads
+
+        rl.cancel_job(db, job.id)
+
+        WebDriverWait(chrome, 20, ignored_exceptions=(NoSuchElementException, StaleElementReferenceException)).until(
+            lambda d: d.find_element(By.ID, "job-status").text == "CANCELED")
+        assert chrome.execute_script("return window.sameDocument") is True
+        assert chrome.find_element(By.CSS_SELECTOR, "main").get_attribute("data-live-updated")
+        snap(chrome, "job-live-updated")
+
+        toggle.click()
+        assert (toggle.text, toggle.get_attribute("aria-pressed")) == ("Live: off", "false")
+        chrome.get(f"{base}/jobs")
+        assert chrome.find_element(By.ID, "live-toggle").text == "Live: off"  # remembered by this browser
+        chrome.find_element(By.ID, "live-toggle").click()
+        assert chrome.find_element(By.ID, "live-toggle").text == "Live: on"
+
+
+def test_live_updates_wait_while_a_form_is_in_use(db, chrome):
+    first = rl.enqueue(db, EMAIL, {"n": 1})
+    with serving(create_app(db, authorize=allow_all)) as base:
+        chrome.get(base + "/jobs")
+        chrome.execute_script("window.localStorage.clear()")
+        chrome.get(base + "/jobs")
+        assert chrome.find_element(By.ID, "live-toggle").text == "Live: on"
+        search = chrome.find_element(By.CSS_SELECTOR, "form.filters input[name=q]")
+        search.send_keys(str(first.id)[:8])
+        assert chrome.find_element(By.ID, "live-toggle").text == "Live: paused"
+        later = rl.enqueue(db, EMAIL, {"n": 2})
+        main = chrome.find_element(By.CSS_SELECTOR, "main")
+        turns = int(main.get_attribute("data-live-turns") or 0)
+        WebDriverWait(chrome, 20).until(lambda d: int(main.get_attribute("data-live-turns") or 0) > turns)
+
+        # A turn ran and left the page alone: the typed text is there, the new job is not listed.
+        assert search.get_attribute("value") == str(first.id)[:8]
+        assert not chrome.find_elements(By.CSS_SELECTOR, f'a[href="/jobs/{later.id}"]')
+        assert main.get_attribute("data-live-updated") is None
+        snap(chrome, "jobs-live-paused")

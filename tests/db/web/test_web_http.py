@@ -23,7 +23,7 @@ from tests.db.web.conftest import EMAIL, REPO, allow_all, dashboard_process, dea
 #: more digits than int() parses, NUL, bytes that are not UTF-8, a long text, a number in another script.
 BAD_VALUES = ["²", "9" * 4301, "%00", "a%00b", "%ff%fe", "x" * 5000, "-1", "1e5", "٣"]
 QUERY_PARAMETERS = {
-    "/": ["refresh"], "/jobs": ["status", "type", "org", "q", "before"], "/dead-letters": ["type", "org", "replayed"],
+    "/": ["refresh", "queue"], "/jobs": ["status", "type", "org", "q", "before"], "/dead-letters": ["type", "org", "replayed"],
     "/schedules": ["done", "name"], "/workflows": ["run"], "/queues": ["queue", "done", "name"],
 }
 

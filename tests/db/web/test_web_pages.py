@@ -55,13 +55,6 @@ def test_overview_reports_the_oldest_due_job(db, client):
     assert re.search(r'id="oldest-due">\d+\.\d s<', page(client, "/"))
 
 
-def test_overview_reload_script_carries_the_policy_nonce(db, client):
-    response = client.get("/")
-    nonce = re.search(r"script-src 'nonce-([^']+)'", response.headers["Content-Security-Policy"]).group(1)
-    assert f'<script nonce="{nonce}">' in response.get_data(as_text=True)
-    assert "<script" not in page(client, "/?refresh=0")
-
-
 def test_jobs_list_filters_by_status_type_and_organization(db, client):
     done = succeeded(db, organization_id="org-a")
     dead = dead_lettered(db, REPORT, organization_id="org-b")

@@ -1,0 +1,67 @@
+"""The dashboard's sampler: once a minute closes, write it into the rollup the overview's charts read.
+
+It runs in the process that runs the reaper, on a thread of its own beside the
+loops, like the pruner. Each turn asks the store for the last closed minute
+(:func:`~runledger_sync.store.driver.sample_rollup`); the store writes it once,
+under a lock one sampler holds at a time across every worker, so the others
+find it written (or the lock taken) and wait for the next minute. Sampling is
+upkeep: a failure is logged, tried again next turn, and never stops the worker.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+from sqlalchemy.engine import Engine
+
+from runledger_sync.config import JobsConfig
+from runledger_sync.logging import get_logger
+from runledger_sync.runtime.periodic import run_periodically
+from runledger_sync.store.driver import sample_rollup
+
+log = get_logger(__name__)
+
+#: Wait between turns when a turn failed, and the most a turn waits for the next minute.
+INTERVAL_SECONDS = 60.0
+#: The least a turn waits: the database's clock and this process's may differ a little.
+MIN_WAIT_SECONDS = 1.0
+#: Wait before the first turn: a deploy that restarts every worker does not start with a burst of samples.
+FIRST_TURN_DELAY_SECONDS = 5.0
+
+
+class Sampler:
+    """Sample each closed minute on a thread of its own until shutdown.
+
+    Args:
+        bind: an Engine: each sample runs on its own pooled connection.
+        config: the worker's (its ``worker_id`` names the thread).
+        shutdown_event: the supervisor's.
+        first_delay_seconds: wait before the first turn (None: :data:`FIRST_TURN_DELAY_SECONDS`).
+    """
+
+    def __init__(self, bind: Engine, config: JobsConfig, shutdown_event: threading.Event, *,
+                 first_delay_seconds: Optional[float] = None) -> None:
+        self.bind = bind
+        self.shutdown_event = shutdown_event
+        self.first_delay_seconds = FIRST_TURN_DELAY_SECONDS if first_delay_seconds is None else first_delay_seconds
+        self.thread = threading.Thread(target=self._run, name=f"runledger-sampler-{config.worker_id}", daemon=True)
+
+    def start(self) -> "Sampler":
+        self.thread.start()
+        return self
+
+    def join(self, timeout: float) -> None:
+        self.thread.join(timeout)
+
+    def sample_once(self) -> float:
+        """One turn; returns how soon the next minute is due."""
+        sample = sample_rollup(self.bind)
+        if sample.rows:
+            log.debug("sampled the dashboard's minute", extra={"minute": sample.minute.isoformat(), "rows": sample.rows})
+        return min(max(sample.next_in_seconds, MIN_WAIT_SECONDS), INTERVAL_SECONDS)
+
+    def _run(self) -> None:
+        if self.shutdown_event.wait(self.first_delay_seconds):
+            return
+        run_periodically("sampler", lambda: None, self.sample_once, INTERVAL_SECONDS, self.shutdown_event)
