@@ -269,3 +269,28 @@ def test_cli_worker_direct_in_session_mode_runs_each_of_2000_jobs_once_and_liste
     assert worker.messages("listener lost; polling") == []
     assert scalar(engine, "SELECT count(*) FROM pg_stat_activity WHERE application_name = :name AND datname = current_database()",
                   name=notify.LISTENER_APPLICATION_NAME) == 0
+
+
+def test_wait_for_job_through_a_transaction_pooler_returns_within_its_poll_interval(pgbouncer, fresh_database, engine):
+    """Behind PgBouncer in transaction mode the waiter cannot LISTEN: it polls, at most 500 ms apart."""
+    through = rl.create_engine(pgbouncer.url(fresh_database), pool_mode="transaction")
+    try:
+        with engine.begin() as connection:
+            connection.execute(text("INSERT INTO job_definitions (job_type) VALUES (:t) ON CONFLICT DO NOTHING"),
+                               {"t": JOB_TYPE})
+        job = rl.enqueue(through, JOB_TYPE, {})
+        returned: list[Any] = []
+        waiter = threading.Thread(target=lambda: returned.append(
+            (rl.wait_for_job(through, job.id, timeout=20), time.monotonic())))
+        waiter.start()
+        # Let the waiter settle into its slowest polling pace before the job ends.
+        time.sleep(1.5)
+        rl.cancel_job(engine, job.id)
+        ended = time.monotonic()
+        waiter.join(20)
+        assert returned, "wait_for_job did not return"
+        record, at = returned[0]
+        assert record.status is rl.JobStatus.CANCELED
+        assert at - ended < 0.5 + 0.25, at - ended
+    finally:
+        through.dispose()
