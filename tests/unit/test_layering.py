@@ -23,6 +23,7 @@ LAYERS: dict[str, int] = {
     "core": 0,
     "config": 1,
     "config_env": 1,
+    "config_checks": 1,
     "registry": 1,
     "handlers": 1,
     # logging imports only the standard library and python-json-logger, and every
