@@ -91,32 +91,47 @@ class EmbeddedPostgres:
 
     def create_database(self, name: str, *, template: Optional[str] = None, drop_existing: bool = False) -> str:
         """Create a database (optionally cloned from ``template``) and return its URL."""
-        admin = sqlalchemy.create_engine(self.url(), isolation_level="AUTOCOMMIT", poolclass=sqlalchemy.pool.NullPool)
-        quote = admin.dialect.identifier_preparer.quote
-        try:
-            with admin.connect() as conn:
-                if drop_existing:
-                    conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {quote(name)} WITH (FORCE)")
-                clause = f" TEMPLATE {quote(template)}" if template else ""
-                conn.exec_driver_sql(f"CREATE DATABASE {quote(name)}{clause}")
-        finally:
-            admin.dispose()
+        create_database_on(self.url(), name, template=template, drop_existing=drop_existing)
         return self.url(name)
 
     def drop_database(self, name: str) -> None:
         """Drop a database, closing its connections first."""
-        admin = sqlalchemy.create_engine(self.url(), isolation_level="AUTOCOMMIT", poolclass=sqlalchemy.pool.NullPool)
-        try:
-            with admin.connect() as conn:
-                conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {admin.dialect.identifier_preparer.quote(name)} WITH (FORCE)")
-        finally:
-            admin.dispose()
+        drop_database_on(self.url(), name)
 
     def __enter__(self) -> "EmbeddedPostgres":
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def create_database_on(
+    admin_url: Any, name: str, *, template: Optional[str] = None, drop_existing: bool = False,
+) -> None:
+    """Create database ``name`` (a copy of ``template`` when given) on the server of ``admin_url``.
+
+    The names are quoted identifiers (CREATE DATABASE takes no bound parameters).
+    """
+    admin = sqlalchemy.create_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=sqlalchemy.pool.NullPool)
+    quote = admin.dialect.identifier_preparer.quote
+    try:
+        with admin.connect() as conn:
+            if drop_existing:
+                conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {quote(name)} WITH (FORCE)")
+            clause = f" TEMPLATE {quote(template)}" if template else ""
+            conn.exec_driver_sql(f"CREATE DATABASE {quote(name)}{clause}")
+    finally:
+        admin.dispose()
+
+
+def drop_database_on(admin_url: Any, name: str) -> None:
+    """Drop database ``name`` on the server of ``admin_url``, closing its connections first."""
+    admin = sqlalchemy.create_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=sqlalchemy.pool.NullPool)
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {admin.dialect.identifier_preparer.quote(name)} WITH (FORCE)")
+    finally:
+        admin.dispose()
 
 
 def _quit_and_wait(pid: int) -> None:

@@ -17,10 +17,9 @@ import tempfile
 from pathlib import Path
 from typing import Iterator, Optional, Protocol
 
-import sqlalchemy
 
 from runledger_sync.core.errors import ConfigError
-from runledger_sync.db.embedded import EmbeddedPostgres
+from runledger_sync.db.embedded import EmbeddedPostgres, create_database_on, drop_database_on
 from runledger_sync.db.engine import create_engine, normalize_url
 from runledger_sync.db.migrate import migrate
 
@@ -48,31 +47,14 @@ class ExternalServer:
         """The URL of ``database`` on this server (password included: the caller connects with it)."""
         return self._url.set(database=database).render_as_string(hide_password=False)
 
-    def _admin(self) -> sqlalchemy.Engine:
-        return sqlalchemy.create_engine(self._url, isolation_level="AUTOCOMMIT", poolclass=sqlalchemy.pool.NullPool)
-
     def create_database(self, name: str, *, template: Optional[str] = None, drop_existing: bool = False) -> str:
         """Create ``name`` (a copy of ``template`` when given) and return its URL."""
-        admin = self._admin()
-        quote = admin.dialect.identifier_preparer.quote
-        try:
-            with admin.connect() as conn:
-                if drop_existing:
-                    conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {quote(name)} WITH (FORCE)")
-                clause = f" TEMPLATE {quote(template)}" if template else ""
-                conn.exec_driver_sql(f"CREATE DATABASE {quote(name)}{clause}")
-        finally:
-            admin.dispose()
+        create_database_on(self._url, name, template=template, drop_existing=drop_existing)
         return self.url(name)
 
     def drop_database(self, name: str) -> None:
         """Drop ``name``, closing its connections first."""
-        admin = self._admin()
-        try:
-            with admin.connect() as conn:
-                conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {admin.dialect.identifier_preparer.quote(name)} WITH (FORCE)")
-        finally:
-            admin.dispose()
+        drop_database_on(self._url, name)
 
 
 class TemplateDatabases:
