@@ -27,6 +27,12 @@ from datetime import datetime
 from typing import Any, Iterable, Optional
 from uuid import UUID
 
+from runledger_sync.core.errors import MissingExtra
+
+try:
+    import greenlet  # noqa: F401 - SQLAlchemy's asyncio layer runs our sync calls in greenlets
+except ImportError:  # the aio extra; the rest of the library works without it
+    raise MissingExtra("aio", "greenlet") from None
 from runledger_sync.aio._binds import run_joined, run_read
 from runledger_sync.aio._wait import wait_for_job
 from runledger_sync.core import validation as check
