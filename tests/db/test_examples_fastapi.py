@@ -9,6 +9,9 @@ all; the (synchronous) worker runs the job, and the status endpoint's
 from __future__ import annotations
 
 import importlib
+import shlex
+import signal
+import subprocess
 import sys
 import threading
 from types import ModuleType
@@ -17,10 +20,10 @@ from typing import Any, Iterator
 import pytest
 
 import runledger_sync as rl
-from tests.db.test_docs import DOCS, REPO, page_blocks
-from tests.db.test_examples_web import refuse_at_commit
+from tests.db.test_docs import DOCS, REPO, marked, page_blocks, shell_lines
+from tests.db.test_examples_web import example_env, refuse_at_commit
 from tests.handlers import fast_config
-from tests.support import rows, run_worker_until, scalar
+from tests.support import rows, run_worker_until, scalar, wait_until
 
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx2")  # what starlette's test client runs on
@@ -33,22 +36,80 @@ MODULES = ("fastapi_app.app", "fastapi_app.jobs", "fastapi_app")
 SNIPPET_FILES = {"fastapi-jobs": "examples/fastapi_app/jobs.py", "fastapi-app": "examples/fastapi_app/app.py"}
 
 
-@pytest.fixture
-def example(fresh_database, monkeypatch) -> Iterator[ModuleType]:
-    """examples/fastapi_app/app.py imported as uvicorn imports it (from examples/), its definitions written."""
-    monkeypatch.setenv("RUNLEDGER_DATABASE_URL", fresh_database)
+def load(database_url: str, monkeypatch: Any) -> ModuleType:
+    """Import examples/fastapi_app/app.py as uvicorn does from examples/, with RUNLEDGER_DATABASE_URL set."""
+    monkeypatch.setenv("RUNLEDGER_DATABASE_URL", database_url)
     monkeypatch.syspath_prepend(str(EXAMPLES))
     for name in MODULES:
         sys.modules.pop(name, None)
-    module = importlib.import_module("fastapi_app.app")
+    return importlib.import_module("fastapi_app.app")
+
+
+def unload() -> None:
+    jobs = sys.modules.get("fastapi_app.jobs")
+    if jobs is not None:
+        jobs.engine().dispose()
+    for name in MODULES:
+        sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def example(fresh_database, monkeypatch) -> Iterator[ModuleType]:
+    """The example app on a migrated database, its job definitions written."""
+    module = load(fresh_database, monkeypatch)
     jobs = importlib.import_module("fastapi_app.jobs")
     jobs.registry.sync_definitions(jobs.engine())   # what `runledger-sync migrate --app ...` writes
     try:
         yield module
     finally:
-        jobs.engine().dispose()
-        for name in MODULES:
-            sys.modules.pop(name, None)
+        unload()
+
+
+def guide_command(words: str) -> list[str]:
+    """The one line of the guide's fastapi-shell block containing ``words``, as argv run by this interpreter."""
+    lines = [line for line in shell_lines(marked("fastapi-shell", "sh")) if words in line]
+    assert len(lines) == 1, lines
+    program, *arguments = shlex.split(lines[0])
+    assert program == "runledger-sync"
+    return [sys.executable, "-m", "runledger_sync.cli", *arguments]
+
+
+def test_the_guides_commands_migrate_and_run_the_worker_from_examples(empty_database, monkeypatch):
+    assert "cd examples" in shell_lines(marked("fastapi-shell", "sh"))  # the commands below run there
+    migrated = subprocess.run(guide_command("runledger-sync migrate"), cwd=EXAMPLES, env=example_env(empty_database),
+                              capture_output=True, text=True, timeout=60)
+    assert migrated.returncode == 0, migrated.stderr
+    assert "1 job definition(s) and 0 schedule(s) written" in migrated.stdout
+    engine = rl.create_engine(empty_database)
+    try:
+        run_the_signup_through_the_worker(engine, empty_database, monkeypatch)
+    finally:
+        engine.dispose()
+
+
+def run_the_signup_through_the_worker(engine: Any, database_url: str, monkeypatch: Any) -> None:
+    try:
+        with TestClient(load(database_url, monkeypatch).app) as client:
+            response = client.post("/signup", json={"email": "ada@example.com"})
+            assert response.status_code == 201, response.text
+    finally:
+        unload()
+    job_id = response.json()["job_id"]
+    worker = subprocess.Popen(guide_command("runledger-sync worker"), cwd=EXAMPLES, env=example_env(database_url),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: rl.get_job(engine, job_id).status is rl.JobStatus.SUCCEEDED or worker.poll() is not None,
+                   timeout=30)
+        assert worker.poll() is None, worker.communicate()
+        worker.send_signal(signal.SIGINT)
+        _out, err = worker.communicate(timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.communicate()
+    assert worker.returncode == 0, err
+    assert rl.get_job(engine, job_id).output == {"welcomed": "ada@example.com"}
+    assert scalar(engine, "SELECT welcomed_at IS NOT NULL FROM users") is True
 
 
 def test_every_python_block_of_the_guide_that_names_the_example_is_an_excerpt_of_it():
@@ -61,7 +122,7 @@ def test_every_python_block_of_the_guide_that_names_the_example_is_an_excerpt_of
 
 def test_signup_commits_user_and_job_together_then_the_worker_runs_it(example, engine):
     registry = sys.modules["fastapi_app.jobs"].registry
-    with TestClient(example.app) as client:
+    with TestClient(example.app) as client:  # runs the app's lifespan: its table, then disposing its engine
         response = client.post("/signup", json={"email": "ada@example.com"})
         assert response.status_code == 201, response.text
         body = response.json()
