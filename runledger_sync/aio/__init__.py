@@ -23,16 +23,17 @@ Example::
 
 from __future__ import annotations
 
+import importlib.util
 from datetime import datetime
 from typing import Any, Iterable, Optional
 from uuid import UUID
 
 from runledger_sync.core.errors import MissingExtra
 
-try:
-    import greenlet  # noqa: F401 - SQLAlchemy's asyncio layer runs our sync calls in greenlets
-except ImportError:  # the aio extra; the rest of the library works without it
-    raise MissingExtra("aio", "greenlet") from None
+# SQLAlchemy's asyncio layer runs our sync calls in greenlets; without greenlet it
+# would fail only at the first call. The aio extra brings it.
+if importlib.util.find_spec("greenlet") is None:
+    raise MissingExtra("aio", "greenlet")
 from runledger_sync.aio._binds import run_joined, run_read
 from runledger_sync.aio._wait import wait_for_job
 from runledger_sync.core import validation as check
@@ -64,17 +65,18 @@ async def enqueue(
 ) -> JobRecord:
     """Add one job in the caller's transaction, as :func:`runledger_sync.enqueue` does.
 
+    Every other argument is :func:`runledger_sync.enqueue`'s.
+
     Args:
         bind: a SQLAlchemy ``AsyncConnection`` or ``AsyncSession``, or a psycopg 3
             ``AsyncConnection``, whose open transaction the call joins (the caller commits).
-        The others: as for :func:`runledger_sync.enqueue`.
 
     Returns:
         The job row (the existing one for a repeated idempotent request).
 
     Raises:
-        The errors of :func:`runledger_sync.enqueue`, with the same codes; and
-        InvalidArgument (``job.invalid_argument``) for a ``bind`` of another kind.
+        RunledgerError: the errors of :func:`runledger_sync.enqueue`, with the same codes.
+        InvalidArgument: ``bind`` is of another kind (``job.invalid_argument``).
     """
     options: dict[str, Any] = dict(
         priority=priority, max_attempts=max_attempts, timeout_seconds=timeout_seconds, run_at=run_at,

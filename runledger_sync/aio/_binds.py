@@ -19,6 +19,7 @@ call itself, with the same validation, statements and error codes, run through
 from __future__ import annotations
 
 import sys
+import threading
 from contextvars import ContextVar
 from typing import Any, Callable, Optional, TypeVar
 
@@ -44,6 +45,7 @@ BIND_DESCRIPTION = "a SQLAlchemy AsyncConnection or AsyncSession, or a psycopg 3
 _DIALECT = "runledger_lent_psycopg_async"
 _lent: ContextVar[Optional[Any]] = ContextVar("runledger_lent_async_connection", default=None)
 _engine: Optional[AsyncEngine] = None
+_engine_lock = threading.Lock()
 
 
 class _LentAsyncCursor(AsyncAdapt_psycopg_cursor):
@@ -115,20 +117,21 @@ async def _borrowed() -> Any:
 
 
 def _lent_engine() -> AsyncEngine:
-    # One engine per process: its compiled-statement cache is what keeps the
-    # store's statements from being recompiled on every call. Built on first use
-    # by the event loop's one thread, so no lock is needed.
+    # One engine per process, whatever the event loops (it holds no connection
+    # between calls): its compiled-statement cache is what keeps the store's
+    # statements from being recompiled on every call.
     global _engine
-    if _engine is None:
-        _engine = create_async_engine(
-            f"postgresql+{_DIALECT}://",
-            async_creator=_borrowed,
-            poolclass=_LentPool,
-            pool_reset_on_return=None,
-            # Looking up hstore can roll back an idle connection.
-            use_native_hstore=False,
-        )
-    return _engine
+    with _engine_lock:
+        if _engine is None:
+            _engine = create_async_engine(
+                f"postgresql+{_DIALECT}://",
+                async_creator=_borrowed,
+                poolclass=_LentPool,
+                pool_reset_on_return=None,
+                # Looking up hstore can roll back an idle connection.
+                use_native_hstore=False,
+            )
+        return _engine
 
 
 def is_psycopg_async_connection(bind: Any) -> bool:

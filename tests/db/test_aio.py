@@ -27,6 +27,7 @@ from runledger_sync.core.records import JobSpec, LeaseIdentity
 from runledger_sync.core.states import JobStatus
 from runledger_sync.store import _notify as notify
 from runledger_sync.store import admin
+from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store._lifecycle_batch import complete_jobs_success
 from tests.db.test_transactional_enqueue import _connect_options
 from tests.support import JOB_TYPE, claim_one, define, rows, scalar, terminate_backend, wait_until
@@ -232,6 +233,56 @@ def test_enqueue_workflow_joins_the_transaction(caller, orders):
     assert scalar(orders, "SELECT count(*) FROM workflow_runs") == 1
     # Only the step that waits for nothing has a job yet.
     assert jobs_of(orders) == 1
+
+
+def test_concurrent_tasks_each_join_their_own_connections_transaction(orders, fresh_database):
+    async def one(ref: str, commit: bool) -> Any:
+        async with raw_psycopg(fresh_database, "psycopg") as transaction:
+            await transaction.write_own_row(ref)
+            job = await aio.enqueue(transaction.bind, JOB_TYPE, {"order": ref})
+            await asyncio.sleep(0)  # let the other task run between the enqueue and the decision
+            await (transaction.commit() if commit else transaction.rollback())
+            return job
+
+    async def scenario() -> list[Any]:
+        return await asyncio.gather(*(one(f"order-{n}", commit=n % 2 == 0) for n in range(6)))
+
+    jobs = asyncio.run(scenario())
+    kept = {job.payload["order"] for job in rl.list_jobs(orders)}
+    assert kept == {"order-0", "order-2", "order-4"}
+    assert {row.ref for row in rows(orders, "SELECT ref FROM orders")} == kept
+    assert len({job.id for job in jobs}) == 6
+
+
+def test_a_batch_of_several_chunks_on_an_autocommit_psycopg_connection_is_all_or_nothing(orders, fresh_database,
+                                                                                       monkeypatch):
+    monkeypatch.setattr(store_enqueue, "ENQUEUE_CHUNK_SIZE", 2)
+
+    async def scenario() -> Any:
+        conn = await psycopg.AsyncConnection.connect(**_connect_options(fresh_database), autocommit=True)
+        try:
+            with pytest.raises(rl.RunledgerError) as raised:
+                await aio.enqueue_many(conn, [JobSpec(JOB_TYPE, {"n": n}) for n in range(4)] + [JobSpec("no.such", {})])
+            assert raised.value.code == "job.definition_not_found_or_disabled"
+            written = await aio.enqueue_many(conn, [JobSpec(JOB_TYPE, {"n": n}) for n in range(5)])
+            assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE  # nothing left open
+            return written
+        finally:
+            await conn.close()
+
+    assert len(asyncio.run(scenario())) == 5
+    assert jobs_of(orders) == 5
+
+
+def test_a_closed_psycopg_connection_is_refused(orders, fresh_database):
+    async def scenario() -> None:
+        conn = await psycopg.AsyncConnection.connect(**_connect_options(fresh_database))
+        await conn.close()
+        await aio.enqueue(conn, JOB_TYPE, {})
+
+    with pytest.raises(rl.RunledgerError) as raised:
+        asyncio.run(scenario())
+    assert raised.value.code == "job.invalid_argument"
 
 
 def test_a_bind_of_another_kind_is_refused(orders, fresh_database):
