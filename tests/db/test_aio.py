@@ -141,14 +141,14 @@ def test_the_job_exists_exactly_when_the_caller_commits(caller, orders, outcome)
 
 
 def test_bad_input_gets_the_sync_codes(caller, orders):
-    async def code_of(call: Callable[[Any], Awaitable[Any]]) -> str:
+    async def code_of(call: Callable[[Any], Awaitable[Any]]) -> tuple[str, dict[str, Any]]:
         async with caller() as transaction:
             with pytest.raises(rl.RunledgerError) as raised:
                 await call(transaction.bind)
             await transaction.rollback()
-        return raised.value.code
+        return raised.value.code, raised.value.details
 
-    async def scenario() -> dict[str, str]:
+    async def scenario() -> dict[str, tuple[str, dict[str, Any]]]:
         async with caller() as transaction:
             await aio.enqueue(transaction.bind, JOB_TYPE, {"n": 1}, idempotency_key="k")
             await transaction.commit()
@@ -159,6 +159,7 @@ def test_bad_input_gets_the_sync_codes(caller, orders):
             "too large": await code_of(lambda bind: aio.enqueue(bind, JOB_TYPE, {"x": "y" * 100}, max_payload_bytes=16)),
             "bad priority": await code_of(lambda bind: aio.enqueue(bind, JOB_TYPE, {}, priority="high")),
             "key conflict": await code_of(lambda bind: aio.enqueue(bind, JOB_TYPE, {"n": 2}, idempotency_key="k")),
+            "unknown queue": await code_of(lambda bind: aio.enqueue(bind, JOB_TYPE, {}, queue="no-such-queue")),
         }
 
     codes = asyncio.run(scenario())
@@ -170,13 +171,15 @@ def test_bad_input_gets_the_sync_codes(caller, orders):
         "too large": lambda: rl.enqueue(orders, JOB_TYPE, {"x": "y" * 100}, max_payload_bytes=16),
         "bad priority": lambda: rl.enqueue(orders, JOB_TYPE, {}, priority="high"),
         "key conflict": lambda: rl.enqueue(orders, JOB_TYPE, {"n": 2}, idempotency_key="k"),
+        "unknown queue": lambda: rl.enqueue(orders, JOB_TYPE, {}, queue="no-such-queue"),
     }.items():
         with pytest.raises(rl.RunledgerError) as raised:
             call()
-        expected[name] = raised.value.code
-    assert codes == expected
-    assert expected["key conflict"] == "job.idempotency_conflict"
-    assert expected["unknown type"] == "job.definition_not_found_or_disabled"
+        expected[name] = raised.value.code, raised.value.details
+    assert codes == expected  # the same codes, and the same details (the queue's name, the conflicting job...)
+    assert expected["key conflict"][0] == "job.idempotency_conflict"
+    assert expected["unknown type"][0] == "job.definition_not_found_or_disabled"
+    assert expected["unknown queue"][0] == "queue.not_found" and expected["unknown queue"][1]["queue"] == "no-such-queue"
     assert jobs_of(orders) == 1
 
 
