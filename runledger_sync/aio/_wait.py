@@ -137,6 +137,7 @@ class _Listener:
                 raise RuntimeError("the pool's connection is inside a transaction")
             await connection.execute(f"SET application_name = '{notify.LISTENER_APPLICATION_NAME}'")
             await connection.add_listener(notify.ENDED_CHANNEL, self._on_asyncpg_notification)
+            connection.add_termination_listener(self._on_asyncpg_lost)
         else:
             raise RuntimeError(f"cannot listen on a {type(connection).__name__}")
 
@@ -151,6 +152,10 @@ class _Listener:
 
     def _on_asyncpg_notification(self, connection: Any, pid: int, channel: str, payload: str) -> None:
         self._payloads.put_nowait(payload)
+
+    def _on_asyncpg_lost(self, connection: Any) -> None:
+        self.alive = False
+        self._payloads.put_nowait("")  # as for psycopg: one more look, then poll
 
     async def heard(self, job_id: str, timeout: float) -> bool:
         """Wait up to ``timeout`` for a notification naming ``job_id``; False when the listener was lost."""

@@ -385,9 +385,11 @@ def test_a_lost_listener_falls_back_to_polling(orders, fresh_database, driver, n
     waiter = Waiter(fresh_database, driver, job.id)
     [pid] = wait_until(lambda: ended_listener_pids(orders), what="the waiter's LISTEN")
     terminate_backend(orders, pid)
-    rl.cancel_job(orders, job.id)
+    canceled = rl.cancel_job(orders, job.id)
     done = waiter.join()
     assert done.status is JobStatus.CANCELED
+    # Polling found it, not the periodic look (made long here) nor the deadline.
+    assert (waiter.returned_at - canceled.finished_at).total_seconds() < END_TO_RETURN_CEILING_SECONDS
 
 
 @pytest.mark.parametrize("driver", ENGINE_DRIVERS)
