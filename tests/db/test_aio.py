@@ -277,6 +277,24 @@ def test_a_batch_of_several_chunks_on_an_autocommit_psycopg_connection_is_all_or
     assert jobs_of(orders) == 5
 
 
+def test_a_psycopg_connection_is_left_as_the_caller_set_it(orders, fresh_database):
+    async def scenario() -> None:
+        conn = await psycopg.AsyncConnection.connect(**_connect_options(fresh_database), row_factory=psycopg.rows.dict_row)
+        conn.adapters.register_loader("jsonb", psycopg.types.string.TextLoader)   # as Django's connection does
+        try:
+            job = await aio.enqueue(conn, JOB_TYPE, {"n": 1})
+            assert job.payload == {"n": 1}   # read with our own cursor and loaders
+            cursor = await conn.execute("SELECT payload FROM job_queue WHERE id = %s", (job.id,))
+            assert await cursor.fetchone() == {"payload": '{"n": 1}'}   # the caller's: dict rows, jsonb as text
+            assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS   # nothing committed
+            await conn.rollback()
+        finally:
+            await conn.close()
+
+    asyncio.run(scenario())
+    assert jobs_of(orders) == 0
+
+
 def test_a_closed_psycopg_connection_is_refused(orders, fresh_database):
     async def scenario() -> None:
         conn = await psycopg.AsyncConnection.connect(**_connect_options(fresh_database))
