@@ -1,121 +1,39 @@
 """asyncio enqueue (``runledger_sync.aio``) in the caller's async transaction, on every async caller kind.
 
 A job written with the caller's own row (``orders``) exists exactly when the
-caller committed; bad input gets the sync API's codes; the batch, workflow,
-read and wait calls work the same way. Each test drives its own event loop with
-``asyncio.run``, which also disposes the async engines it made.
+caller committed; bad input gets the sync API's codes and details; batches and
+workflows join the transaction the same way. Each test drives its own event
+loop with ``asyncio.run``, which also disposes the async engines it made.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
-from contextlib import asynccontextmanager
-from datetime import datetime, timezone
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import psycopg
 import pytest
-from sqlalchemy import text
-from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 
 import runledger_sync as rl
 from runledger_sync import aio
-from runledger_sync.aio import _wait as aio_wait
-from runledger_sync.core.records import JobSpec, LeaseIdentity
+from runledger_sync.core.records import JobSpec
 from runledger_sync.core.states import JobStatus
-from runledger_sync.store import _notify as notify
 from runledger_sync.store import admin
 from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store._lifecycle_batch import complete_jobs_success
+from tests.db.aio_support import CALLERS, create_orders, jobs_of, raw_psycopg
 from tests.db.test_transactional_enqueue import _connect_options
-from tests.support import JOB_TYPE, claim_one, define, rows, scalar, terminate_backend, wait_until
-
-try:
-    import asyncpg  # noqa: F401
-except ImportError:  # pragma: no cover - asyncpg is in the dev extra
-    HAS_ASYNCPG = False
-else:
-    HAS_ASYNCPG = True
-
-needs_asyncpg = pytest.mark.skipif(not HAS_ASYNCPG, reason="asyncpg is not installed")
-
-
-def async_engine(url: str, driver: str) -> AsyncEngine:
-    return create_async_engine(make_url(url).set(drivername=f"postgresql+{driver}"))
-
-
-class Caller:
-    """One async transaction shape: its bind, its own row, commit and rollback."""
-
-    def __init__(self, bind: Any, write: Callable[[str], Awaitable[Any]], commit: Callable[[], Awaitable[Any]],
-                 rollback: Callable[[], Awaitable[Any]]) -> None:
-        self.bind, self.write_own_row, self.commit, self.rollback = bind, write, commit, rollback
-
-
-@asynccontextmanager
-async def sa_connection(url: str, driver: str) -> AsyncIterator[Caller]:
-    engine = async_engine(url, driver)
-    try:
-        async with engine.connect() as conn:
-            await conn.begin()
-            yield Caller(conn, lambda ref: conn.execute(text("INSERT INTO orders (ref) VALUES (:r)"), {"r": ref}),
-                         conn.commit, conn.rollback)
-    finally:
-        await engine.dispose()
-
-
-@asynccontextmanager
-async def sa_session(url: str, driver: str) -> AsyncIterator[Caller]:
-    engine = async_engine(url, driver)
-    try:
-        async with AsyncSession(engine) as session:
-            yield Caller(session, lambda ref: session.execute(text("INSERT INTO orders (ref) VALUES (:r)"), {"r": ref}),
-                         session.commit, session.rollback)
-    finally:
-        await engine.dispose()
-
-
-@asynccontextmanager
-async def raw_psycopg(url: str, driver: str) -> AsyncIterator[Caller]:
-    # A row factory of the app's own: the store reads its rows its own way.
-    conn = await psycopg.AsyncConnection.connect(**_connect_options(url), row_factory=psycopg.rows.dict_row)
-    try:
-        yield Caller(conn, lambda ref: conn.execute("INSERT INTO orders (ref) VALUES (%s)", (ref,)),
-                     conn.commit, conn.rollback)
-    finally:
-        await conn.close()
-
-
-CALLERS = [
-    pytest.param((raw_psycopg, "psycopg"), id="psycopg-AsyncConnection"),
-    pytest.param((sa_connection, "psycopg_async"), id="sqlalchemy-AsyncConnection-psycopg"),
-    pytest.param((sa_session, "psycopg_async"), id="sqlalchemy-AsyncSession-psycopg"),
-    pytest.param((sa_connection, "asyncpg"), id="sqlalchemy-AsyncConnection-asyncpg", marks=needs_asyncpg),
-    pytest.param((sa_session, "asyncpg"), id="sqlalchemy-AsyncSession-asyncpg", marks=needs_asyncpg),
-]
+from tests.support import JOB_TYPE, rows, scalar
 
 
 @pytest.fixture
 def orders(engine) -> Any:
-    define(engine)
-    with engine.begin() as conn:
-        conn.execute(text("CREATE TABLE orders (id serial PRIMARY KEY, ref text NOT NULL)"))
-    return engine
+    return create_orders(engine)
 
 
 @pytest.fixture(params=CALLERS)
 def caller(request, orders, fresh_database) -> Callable[[], Any]:
     kind, driver = request.param
     return lambda: kind(fresh_database, driver)
-
-
-UNKNOWN_ID = "018f0000-0000-7000-8000-000000000000"
-
-
-def jobs_of(engine: Any) -> int:
-    return scalar(engine, "SELECT count(*) FROM job_queue")
 
 
 @pytest.mark.parametrize("outcome", ["commit", "rollback"])
@@ -311,137 +229,3 @@ def test_a_bind_of_another_kind_is_refused(orders, fresh_database):
         asyncio.run(aio.enqueue(orders, JOB_TYPE, {}))
     assert raised.value.code == "job.invalid_argument"
     assert jobs_of(orders) == 0
-
-
-# --- reads and waits ----------------------------------------------------------------
-
-
-ENGINE_DRIVERS = ["psycopg_async", pytest.param("asyncpg", marks=needs_asyncpg)]
-#: A ceiling far above the notification's delivery, far below the periodic look made long here.
-END_TO_RETURN_CEILING_SECONDS = 5.0
-
-
-class Waiter:
-    """aio.wait_for_job on an event loop and thread of its own; keeps what it returned or raised, and when."""
-
-    def __init__(self, url: str, driver: str, job_id: Any, timeout: float = 30.0) -> None:
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.returned_at: datetime | None = None
-        self.thread = threading.Thread(target=self._run, args=(url, driver, job_id, timeout), daemon=True)
-        self.thread.start()
-
-    def _run(self, url: str, driver: str, job_id: Any, timeout: float) -> None:
-        async def wait() -> Any:
-            engine = async_engine(url, driver)
-            try:
-                return await aio.wait_for_job(engine, job_id, timeout=timeout)
-            finally:
-                await engine.dispose()
-
-        try:
-            self.result = asyncio.run(wait())
-        except BaseException as error:  # noqa: BLE001 - handed to the test
-            self.error = error
-        self.returned_at = datetime.now(timezone.utc)
-
-    def join(self) -> Any:
-        self.thread.join(30)
-        assert not self.thread.is_alive()
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
-def ended_listener_pids(engine: Any) -> list[int]:
-    return [row.pid for row in rows(
-        engine, "SELECT pid FROM pg_stat_activity WHERE application_name = :name AND query IN (:plain, :quoted)"
-                " AND datname = current_database()",
-        # asyncpg quotes the channel name.
-        name=notify.LISTENER_APPLICATION_NAME, plain=f"LISTEN {notify.ENDED_CHANNEL}",
-        quoted=f'LISTEN "{notify.ENDED_CHANNEL}"')]
-
-
-@pytest.fixture
-def no_periodic_look(monkeypatch):
-    # Only the notification can then wake the waiter within the ceiling.
-    monkeypatch.setattr(aio_wait, "LISTENING_POLL_SECONDS", 120.0)
-
-
-@pytest.mark.parametrize("driver", ENGINE_DRIVERS)
-def test_get_job_on_an_async_engine(orders, fresh_database, driver):
-    job = rl.enqueue(orders, JOB_TYPE, {"n": 1})
-
-    async def scenario() -> tuple[Any, Any]:
-        engine = async_engine(fresh_database, driver)
-        try:
-            return await aio.get_job(engine, job.id), await aio.get_job(engine, UNKNOWN_ID)
-        finally:
-            await engine.dispose()
-
-    found, unknown = asyncio.run(scenario())
-    assert (found.id, found.status, found.payload) == (job.id, JobStatus.PENDING, {"n": 1})
-    assert unknown is None
-
-
-@pytest.mark.parametrize("driver", ENGINE_DRIVERS)
-def test_the_waiter_returns_after_the_success_woken_by_its_notification(orders, fresh_database, driver, no_periodic_look):
-    job = rl.enqueue(orders, JOB_TYPE, {})
-    waiter = Waiter(fresh_database, driver, job.id)
-    wait_until(lambda: len(ended_listener_pids(orders)) == 1, what="the waiter's LISTEN")
-    claimed = claim_one(orders)
-    complete_jobs_success(orders, [(LeaseIdentity.of(claimed), rl.JobCompletion(output={"n": 1}))])
-    done = waiter.join()
-    assert (done.id, done.status, done.output) == (job.id, JobStatus.SUCCEEDED, {"n": 1})
-    assert (waiter.returned_at - done.finished_at).total_seconds() < END_TO_RETURN_CEILING_SECONDS
-    assert ended_listener_pids(orders) == []  # its LISTEN session is closed
-
-
-@pytest.mark.parametrize("driver", ENGINE_DRIVERS)
-def test_a_lost_listener_falls_back_to_polling(orders, fresh_database, driver, no_periodic_look):
-    job = rl.enqueue(orders, JOB_TYPE, {})
-    waiter = Waiter(fresh_database, driver, job.id)
-    [pid] = wait_until(lambda: ended_listener_pids(orders), what="the waiter's LISTEN")
-    terminate_backend(orders, pid)
-    canceled = rl.cancel_job(orders, job.id)
-    done = waiter.join()
-    assert done.status is JobStatus.CANCELED
-    # Polling found it, not the periodic look (made long here) nor the deadline.
-    assert (waiter.returned_at - canceled.finished_at).total_seconds() < END_TO_RETURN_CEILING_SECONDS
-
-
-@pytest.mark.parametrize("driver", ENGINE_DRIVERS)
-def test_wait_timeout_and_not_found_on_an_async_engine(orders, fresh_database, driver):
-    job = rl.enqueue(orders, JOB_TYPE, {})
-    with pytest.raises(rl.JobWaitTimeout) as raised:
-        Waiter(fresh_database, driver, job.id, timeout=0.2).join()
-    assert raised.value.code == "job.wait_timeout"
-    assert raised.value.details["status"] == "PENDING"
-    with pytest.raises(rl.RunledgerError) as raised:
-        Waiter(fresh_database, driver, UNKNOWN_ID, timeout=1).join()
-    assert raised.value.code == "job.not_found"
-    assert ended_listener_pids(orders) == []
-
-
-def test_wait_for_job_on_a_connection_and_its_errors(caller, orders):
-    async def scenario() -> None:
-        async with caller() as transaction:
-            job = await aio.enqueue(transaction.bind, JOB_TYPE, {})
-            await transaction.commit()
-            with pytest.raises(rl.RunledgerError) as raised:
-                await aio.wait_for_job(transaction.bind, job.id, timeout=0.1)
-            assert raised.value.code == "job.wait_timeout"
-            await transaction.rollback()
-            rl.cancel_job(orders, job.id)
-            done = await aio.wait_for_job(transaction.bind, job.id, timeout=5)
-            assert done.status is JobStatus.CANCELED
-            await transaction.rollback()
-            with pytest.raises(rl.RunledgerError) as raised:
-                await aio.wait_for_job(transaction.bind, UNKNOWN_ID, timeout=1)
-            assert raised.value.code == "job.not_found"
-            await transaction.rollback()
-            with pytest.raises(rl.RunledgerError) as raised:
-                await aio.wait_for_job(transaction.bind, job.id, timeout=-1)
-            assert raised.value.code == "job.invalid_argument"
-
-    asyncio.run(scenario())
