@@ -23,17 +23,19 @@ Example::
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 from datetime import datetime
 from typing import Any, Iterable, Optional
 from uuid import UUID
 
 from runledger_sync.core.errors import MissingExtra
 
-# SQLAlchemy's asyncio layer runs our sync calls in greenlets; without greenlet it
-# would fail only at the first call. The aio extra brings it.
-if importlib.util.find_spec("greenlet") is None:
-    raise MissingExtra("aio", "greenlet")
+try:
+    # SQLAlchemy's asyncio layer runs our sync calls in greenlets; without greenlet
+    # it would fail only at the first call. The aio extra brings it.
+    importlib.import_module("greenlet")
+except ImportError:
+    raise MissingExtra("aio", "greenlet") from None
 from runledger_sync.aio._binds import run_joined, run_read
 from runledger_sync.aio._wait import wait_for_job
 from runledger_sync.core import validation as check
