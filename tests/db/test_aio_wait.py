@@ -90,18 +90,27 @@ def no_periodic_look(monkeypatch):
 
 @pytest.mark.parametrize("driver", ENGINE_DRIVERS)
 def test_get_job_on_an_async_engine(orders, fresh_database, driver):
-    job = rl.enqueue(orders, JOB_TYPE, {"n": 1})
+    job = rl.enqueue(orders, JOB_TYPE, {"n": 1}, organization_id="acme")
 
-    async def scenario() -> tuple[Any, Any]:
+    async def scenario() -> list[Any]:
         engine = async_engine(fresh_database, driver)
         try:
-            return await aio.get_job(engine, job.id), await aio.get_job(engine, UNKNOWN_ID)
+            reads = [await aio.get_job(engine, job.id), await aio.get_job(engine, str(job.id), organization_id="acme"),
+                     await aio.get_job(engine, job.id, organization_id="other"), await aio.get_job(engine, UNKNOWN_ID)]
+            with pytest.raises(rl.RunledgerError) as raised:
+                await aio.wait_for_job(engine, job.id, timeout=1, organization_id="other")
+            assert raised.value.code == "job.not_found"  # another organization's job is not found
+            with pytest.raises(rl.RunledgerError) as raised:
+                await aio.get_job(engine, "not-a-uuid")
+            assert raised.value.code == "job.invalid_argument"
+            return reads
         finally:
             await engine.dispose()
 
-    found, unknown = asyncio.run(scenario())
+    found, scoped, other, unknown = asyncio.run(scenario())
     assert (found.id, found.status, found.payload) == (job.id, JobStatus.PENDING, {"n": 1})
-    assert unknown is None
+    assert scoped.id == job.id
+    assert other is None and unknown is None
 
 
 @pytest.mark.parametrize("driver", ENGINE_DRIVERS)
