@@ -31,11 +31,10 @@ from sqlalchemy.dialects.postgresql.psycopg import (
     PsycopgAdaptDBAPI,
 )
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
-from sqlalchemy.pool import NullPool
 from sqlalchemy.util.concurrency import await_
 
 from runledger_sync.core.errors import InvalidArgument
-from runledger_sync.store._binds import _LeavesTheConnectionToItsOwner, _own_psycopg_cursor
+from runledger_sync.store._binds import _LeavesTheConnectionToItsOwner, _LentPool, _own_psycopg_cursor
 
 T = TypeVar("T")
 
@@ -97,13 +96,6 @@ class LentAsyncPsycopgDialect(_LeavesTheConnectionToItsOwner, PGDialectAsync_psy
             return str(cursor.fetchone()[0]).upper()
         finally:
             cursor.close()
-
-
-class _LentPool(NullPool):
-    """Hands out the connection lent for the current call and forgets it on return."""
-
-    def _do_return_conn(self, record: Any) -> None:
-        pass
 
 
 dialect_registry.register(f"postgresql.{_DIALECT}", __name__, "LentAsyncPsycopgDialect")
