@@ -72,6 +72,9 @@ def _sqlstate(exc: sa_exc.DBAPIError) -> Optional[str]:
 
 def _constraint(exc: sa_exc.DBAPIError) -> Optional[str]:
     diag = getattr(exc.orig, "diag", None)
+    if diag is None:
+        # asyncpg (under SQLAlchemy's emulated DBAPI error, its .orig) names it on its own exception.
+        return getattr(getattr(exc.orig, "orig", None), "constraint_name", None)
     return getattr(diag, "constraint_name", None)
 
 
@@ -138,7 +141,8 @@ def translate(exc: sa_exc.DBAPIError, url: str | URL | None = None) -> errors.Ru
 
 def _queue_not_found(exc: sa_exc.DBAPIError, detail: str, state: Optional[str], constraint: Optional[str]) -> QueueNotFound:
     diag = getattr(exc.orig, "diag", None)
-    found = _MISSING_QUEUE.search(getattr(diag, "message_detail", None) or "")
+    # psycopg 2 and 3 give the DETAIL line as diag.message_detail, asyncpg's error as .detail.
+    found = _MISSING_QUEUE.search(getattr(diag, "message_detail", None) or getattr(exc.orig, "detail", None) or "")
     if found is None:
         return QueueNotFound(f"a job or job type names a queue that does not exist ({detail})", sqlstate=state,
                              constraint=constraint)

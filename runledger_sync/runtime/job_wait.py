@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import select
 import time
-from typing import Optional
+from typing import Iterable, Optional
 from uuid import UUID
 
 import psycopg2
@@ -74,8 +74,7 @@ def wait_for_job(
         if done.status is rl.JobStatus.SUCCEEDED:
             print(done.output)
     """
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout < 0:
-        raise InvalidArgument("timeout", timeout, "a finite number of seconds >= 0")
+    check_timeout(timeout)
     deadline = time.monotonic() + timeout
     listener = _listen(engine) if timeout > 0 else None
     try:
@@ -85,23 +84,43 @@ def wait_for_job(
             driver.close_listener(listener)
 
 
+def check_timeout(timeout: object) -> None:
+    """Raise InvalidArgument unless ``timeout`` is a finite number of seconds >= 0."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout < 0:
+        raise InvalidArgument("timeout", timeout, "a finite number of seconds >= 0")
+
+
+def found(job: Optional[JobRecord], job_id: UUID | str) -> JobRecord:
+    """``job``, read for ``job_id``; it has ended when its ``status.is_terminal``.
+
+    Raises:
+        JobNotFound: ``job`` is None: there is no such job (any more) in the scope.
+    """
+    if job is None:
+        raise JobNotFound(f"job {job_id} was not found", job_id=str(job_id))
+    return job
+
+
+def timed_out(job: JobRecord, timeout: float) -> JobWaitTimeout:
+    """The error of a wait of ``timeout`` seconds that last saw ``job`` not ended."""
+    return JobWaitTimeout(
+        f"job {job.id} had not ended after {timeout:g} s; it is {job.status.value}",
+        job_id=str(job.id), status=job.status.value, timeout_seconds=timeout,
+    )
+
+
 def _wait(
     engine: Engine, job_id: UUID | str, organization_id: Optional[str], deadline: float, timeout: float,
     listener: Optional[psycopg2.extensions.connection],
 ) -> JobRecord:
     pause = FIRST_POLL_SECONDS
     while True:
-        job = driver.get_job(engine, job_id, organization_id=organization_id)
-        if job is None:
-            raise JobNotFound(f"job {job_id} was not found", job_id=str(job_id))
+        job = found(driver.get_job(engine, job_id, organization_id=organization_id), job_id)
         if job.status.is_terminal:
             return job
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise JobWaitTimeout(
-                f"job {job.id} had not ended after {timeout:g} s; it is {job.status.value}",
-                job_id=str(job.id), status=job.status.value, timeout_seconds=timeout,
-            )
+            raise timed_out(job, timeout)
         if listener is not None and not listener.closed:
             if not _heard(listener, str(job.id), min(remaining, LISTENING_POLL_SECONDS)):
                 listener = None  # lost: poll from here on; the caller's finally closes it
@@ -139,8 +158,13 @@ def _heard(listener: psycopg2.extensions.connection, job_id: str, timeout: float
 
 
 def _named(payloads: dict[str, set[str]], job_id: str) -> bool:
-    ended = payloads.get(driver.ENDED_CHANNEL)
-    if not ended:
+    return names(payloads.get(driver.ENDED_CHANNEL, ()), job_id)
+
+
+def names(ended_payloads: Iterable[str], job_id: str) -> bool:
+    """True when notifications of :data:`driver.ENDED_CHANNEL` with these payloads may mean ``job_id`` ended."""
+    payloads = list(ended_payloads)
+    if not payloads:
         return False
-    ids = driver.ended_job_ids(ended)
+    ids = driver.ended_job_ids(payloads)
     return ids is None or job_id in ids

@@ -128,8 +128,11 @@ class LentConnectionDialect(_LeavesTheConnectionToItsOwner, PGDialect_psycopg2):
             return cast(IsolationLevel, str(cursor.fetchone()[0]).upper())
 
 
-def _own_psycopg_cursor(psycopg_module: Any, connection: Any) -> Any:
-    """A psycopg 3 cursor on ``connection`` that reads rows and types our way, and changes nothing else."""
+def _own_psycopg_cursor(psycopg_module: Any, connection: Any, cursor_class: Any = None) -> Any:
+    """A psycopg 3 cursor on ``connection`` that reads rows and types our way, and changes nothing else.
+
+    ``cursor_class`` is ``psycopg.Cursor`` unless given (``psycopg.AsyncCursor`` for an AsyncConnection).
+    """
     from psycopg.types.datetime import TimestamptzBinaryLoader, TimestamptzLoader
     from psycopg.types.json import set_json_dumps, set_json_loads
     from psycopg.types.uuid import UUIDBinaryLoader, UUIDLoader
@@ -137,7 +140,7 @@ def _own_psycopg_cursor(psycopg_module: Any, connection: Any) -> Any:
     # The cursor class is named, not taken from the connection's cursor_factory
     # (Django's is a client-side-binding cursor), and rows are tuples whatever
     # row_factory the caller set (dict_row...): SQLAlchemy reads rows as tuples.
-    cursor = psycopg_module.Cursor(connection, row_factory=psycopg_module.rows.tuple_row)
+    cursor = (cursor_class or psycopg_module.Cursor)(connection, row_factory=psycopg_module.rows.tuple_row)
     # A cursor copies the connection's adapters on write, so these loaders are
     # ours alone: Django loads jsonb as text and timestamptz in its own time zone
     # (naive with USE_TZ = False) on its connection, and that stays so for it.

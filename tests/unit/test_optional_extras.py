@@ -86,6 +86,17 @@ def test_the_dashboard_without_jinja2_is_the_missing_extra_error_every_other_ext
             "(in a clone of runledger-sync: pip install -e '.[dashboard]')") in result.stderr
 
 
+def test_the_asyncio_api_without_greenlet_is_the_missing_extra_error():
+    result = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.modules['greenlet'] = None; from runledger_sync import aio"],
+        capture_output=True, text=True, timeout=60,
+    )
+
+    assert result.returncode != 0
+    assert ("config.missing_extra: greenlet is not installed; install runledger-sync's aio extra "
+            "(in a clone of runledger-sync: pip install -e '.[aio]')") in result.stderr
+
+
 def test_embedded_postgres_without_its_extra_says_how_to_install_it_in_a_clone(monkeypatch):
     monkeypatch.setitem(sys.modules, "pgserver", None)
 
@@ -96,7 +107,7 @@ def test_embedded_postgres_without_its_extra_says_how_to_install_it_in_a_clone(m
                                     "(in a clone of runledger-sync: pip install -e '.[embedded]')")
 
 
-@pytest.mark.parametrize("extra", ["metrics", "tui", "dashboard", "embedded"])
+@pytest.mark.parametrize("extra", ["metrics", "tui", "dashboard", "embedded", "aio"])
 def test_every_install_hint_names_an_extra_the_clone_defines_and_no_package_index(extra):
     hint = rl.MissingExtra(extra, "module").message
 

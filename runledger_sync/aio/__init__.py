@@ -1,0 +1,124 @@
+"""Enqueue from asyncio apps (FastAPI, Starlette, aiohttp) in the app's own transaction.
+
+Each call is the synchronous API's call, run on the caller's async connection:
+the same validation, the same statements and the same error codes. The job
+joins the caller's transaction: it exists only if the caller commits, and
+nothing here commits or rolls back. The worker that runs the jobs stays
+synchronous.
+
+Accepted as ``bind``: a SQLAlchemy ``AsyncConnection`` or ``AsyncSession``
+(``postgresql+psycopg_async://`` or ``postgresql+asyncpg://``), or a psycopg 3
+``AsyncConnection``; :func:`get_job` and :func:`wait_for_job` also take an
+``AsyncEngine``. Needs SQLAlchemy's asyncio support (the ``aio`` extra).
+
+Example::
+
+    from runledger_sync import aio
+
+    async with engine.begin() as conn:          # an AsyncEngine
+        await conn.execute(orders.insert().values(...))
+        job = await aio.enqueue(conn, "email.send", {"to": "a@b.c"})
+    done = await aio.wait_for_job(engine, job.id, timeout=30)
+"""
+
+from __future__ import annotations
+
+import importlib
+from datetime import datetime
+from typing import Any, Iterable, Optional
+from uuid import UUID
+
+from runledger_sync.core.errors import MissingExtra
+
+try:
+    # SQLAlchemy's asyncio layer runs our sync calls in greenlets; without greenlet
+    # it would fail only at the first call. The aio extra brings it.
+    importlib.import_module("greenlet")
+except ImportError:
+    raise MissingExtra("aio", "greenlet") from None
+from runledger_sync.aio._binds import run_joined, run_read
+from runledger_sync.aio._wait import wait_for_job
+from runledger_sync.core import validation as check
+from runledger_sync.core.records import JobRecord, JobSpec
+from runledger_sync.core.states import JobStage
+from runledger_sync.core.workflow import Workflow, WorkflowRunRecord
+from runledger_sync.store import admin, workflows
+from runledger_sync.store import enqueue as store_enqueue
+
+__all__ = ["enqueue", "enqueue_many", "enqueue_workflow", "get_job", "wait_for_job"]
+
+
+async def enqueue(
+    bind: Any,
+    job_type: str,
+    payload: Any = None,
+    *,
+    priority: Optional[int] = None,
+    max_attempts: Optional[int] = None,
+    timeout_seconds: Optional[int] = None,
+    run_at: Optional[datetime] = None,
+    delay_seconds: Optional[float] = None,
+    organization_id: Optional[str] = None,
+    idempotency_key: Optional[str] = None,
+    stage: JobStage = JobStage.QUEUED,
+    max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
+    queue: Optional[str] = None,
+    concurrency_key: Optional[str] = None,
+) -> JobRecord:
+    """Add one job in the caller's transaction, as :func:`runledger_sync.enqueue` does.
+
+    Every other argument is :func:`runledger_sync.enqueue`'s.
+
+    Args:
+        bind: a SQLAlchemy ``AsyncConnection`` or ``AsyncSession``, or a psycopg 3
+            ``AsyncConnection``, whose open transaction the call joins (the caller commits).
+
+    Returns:
+        The job row (the existing one for a repeated idempotent request).
+
+    Raises:
+        RunledgerError: the errors of :func:`runledger_sync.enqueue`, with the same codes.
+        InvalidArgument: ``bind`` is of another kind (``job.invalid_argument``).
+    """
+    options: dict[str, Any] = dict(
+        priority=priority, max_attempts=max_attempts, timeout_seconds=timeout_seconds, run_at=run_at,
+        delay_seconds=delay_seconds, organization_id=organization_id, idempotency_key=idempotency_key, stage=stage,
+        max_payload_bytes=max_payload_bytes, queue=queue, concurrency_key=concurrency_key,
+    )
+    return await run_joined(bind, lambda connection: store_enqueue.enqueue(connection, job_type, payload, **options))
+
+
+async def enqueue_many(
+    bind: Any, specs: Iterable[JobSpec], *, max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
+) -> list[JobRecord]:
+    """Add a batch of jobs in the caller's transaction; all are written or none (see :func:`runledger_sync.enqueue_many`).
+
+    Returns:
+        One record per spec, in the order given.
+    """
+    return await run_joined(
+        bind, lambda connection: store_enqueue.enqueue_many(connection, specs, max_payload_bytes=max_payload_bytes)
+    )
+
+
+async def enqueue_workflow(
+    bind: Any, workflow: Workflow, *, max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
+) -> WorkflowRunRecord:
+    """Write a workflow run in the caller's transaction (see :func:`runledger_sync.enqueue_workflow`).
+
+    Returns:
+        The run with its steps.
+    """
+    return await run_joined(
+        bind, lambda connection: workflows.enqueue_workflow(connection, workflow, max_payload_bytes=max_payload_bytes)
+    )
+
+
+async def get_job(bind: Any, job_id: UUID | str, *, organization_id: Optional[str] = None) -> Optional[JobRecord]:
+    """Return the job, or None when it does not exist in the scope (see :func:`runledger_sync.get_job`).
+
+    Args:
+        bind: an ``AsyncEngine`` (a transaction of its own), or a connection or
+            session as for :func:`enqueue`, whose transaction the read joins.
+    """
+    return await run_read(bind, lambda connection: admin.get_job(connection, job_id, organization_id=organization_id))
