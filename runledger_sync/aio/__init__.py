@@ -36,7 +36,7 @@ try:
     importlib.import_module("greenlet")
 except ImportError:
     raise MissingExtra("aio", "greenlet") from None
-from runledger_sync.aio._binds import run_joined, run_read
+from runledger_sync.store.aio_binds import run_joined, run_read
 from runledger_sync.aio._wait import wait_for_job
 from runledger_sync.core import validation as check
 from runledger_sync.core.records import JobRecord, JobSpec

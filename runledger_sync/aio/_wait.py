@@ -2,7 +2,7 @@
 
 The rules are :func:`runledger_sync.wait_for_job`'s (:mod:`runledger_sync.runtime.job_wait`):
 ended means SUCCEEDED, DEAD_LETTERED or CANCELED; the waiter LISTENs on
-:data:`~runledger_sync.store._notify.ENDED_CHANNEL` before it first reads the job,
+:data:`~runledger_sync.store.driver.ENDED_CHANNEL` before it first reads the job,
 reads it again when a notification names it (or names none) and at least every
 :data:`~runledger_sync.runtime.job_wait.LISTENING_POLL_SECONDS`; it polls,
 backing off, when it cannot listen. The same errors: ``job.wait_timeout``,
@@ -26,7 +26,7 @@ from uuid import UUID
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from runledger_sync.aio._binds import engine_of, run_read
+from runledger_sync.store.aio_binds import ended_listener_names, engine_of, run_read
 from runledger_sync.core.records import JobRecord
 from runledger_sync.db.pool_mode import policy_of
 from runledger_sync.logging import get_logger
@@ -39,7 +39,6 @@ from runledger_sync.runtime.job_wait import (
     names,
     timed_out,
 )
-from runledger_sync.store import _notify as notify
 from runledger_sync.store import admin
 
 log = get_logger(__name__)
@@ -129,14 +128,16 @@ class _Listener:
             # ending whatever the pool's checkout left open.
             await connection.rollback()
             await connection.set_autocommit(True)
-            await connection.execute(f"SET application_name = '{notify.LISTENER_APPLICATION_NAME}'")
-            await connection.execute(f"LISTEN {notify.ENDED_CHANNEL}")
+            application_name, channel = ended_listener_names()
+            await connection.execute(f"SET application_name = '{application_name}'")
+            await connection.execute(f"LISTEN {channel}")
             self._reader = asyncio.ensure_future(self._read_psycopg())
         elif hasattr(connection, "add_listener"):  # asyncpg: autocommit outside a transaction block
             if connection.is_in_transaction():
                 raise RuntimeError("the pool's connection is inside a transaction")
-            await connection.execute(f"SET application_name = '{notify.LISTENER_APPLICATION_NAME}'")
-            await connection.add_listener(notify.ENDED_CHANNEL, self._on_asyncpg_notification)
+            application_name, channel = ended_listener_names()
+            await connection.execute(f"SET application_name = '{application_name}'")
+            await connection.add_listener(channel, self._on_asyncpg_notification)
             connection.add_termination_listener(self._on_asyncpg_lost)
         else:
             raise RuntimeError(f"cannot listen on a {type(connection).__name__}")

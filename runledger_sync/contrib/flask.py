@@ -54,18 +54,17 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
-import secrets
 import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Optional
-from urllib.parse import urlencode
 
 import click
-from flask import Flask, Response, current_app, has_app_context, request, session
+from flask import Flask, current_app, has_app_context
 from flask.cli import AppGroup
 
 import runledger_sync as rl
+from runledger_sync.contrib.flask_dashboard import as_bool, mount_dashboard
 from runledger_sync.logging import LOG_FORMATS
 
 EXTENSION_KEY = "runledger"
@@ -77,14 +76,7 @@ SCHEMA_KEY = "RUNLEDGER_SCHEMA"
 POOL_MODE_KEY = "RUNLEDGER_POOL_MODE"
 AUTOSTART_KEY = "RUNLEDGER_AUTOSTART_WORKER"
 OBSERVER_KEY = "RUNLEDGER_OBSERVER"
-DASHBOARD_READ_ONLY_KEY = "RUNLEDGER_DASHBOARD_READ_ONLY"
-DASHBOARD_AUTHORIZE_KEY = "RUNLEDGER_DASHBOARD_AUTHORIZE"
-DASHBOARD_ORGANIZATION_KEY = "RUNLEDGER_DASHBOARD_ORGANIZATION"
 DEFAULT_AUTOSTART_WORKER = False
-#: The Flask session key of the random value the dashboard's form tokens are bound to.
-DASHBOARD_SESSION_KEY = "runledger_csrf"
-SESSION_VALUE_BYTES = 32
-SESSION_VALUE_LENGTH = 43  # token_urlsafe(32)
 #: Set to "true" by Werkzeug's reloader in the child process that serves requests.
 RELOADER_CHILD_VARIABLE = "WERKZEUG_RUN_MAIN"
 
@@ -146,14 +138,14 @@ class Runledger:
             engine=rl.create_engine(url, schema=schema, pool_mode=app.config.get(POOL_MODE_KEY) or None),
             config=config_from_app(app.config),
             registry=in_app_context(self.registry, app),
-            autostart=_as_bool(app.config.get(AUTOSTART_KEY, DEFAULT_AUTOSTART_WORKER)),
+            autostart=as_bool(app.config.get(AUTOSTART_KEY, DEFAULT_AUTOSTART_WORKER)),
             observer=self.observer if app.config.get(OBSERVER_KEY) is None else app.config[OBSERVER_KEY],
         )
         self._states[app] = state
         app.extensions[EXTENSION_KEY] = self
         app.cli.add_command(_command_group())
         if self.dashboard is not None:
-            _mount_dashboard(app, self.dashboard, state.engine)
+            mount_dashboard(app, self.dashboard, state.engine)
         if state.autostart:
             if os.environ.get(RELOADER_CHILD_VARIABLE) == "true":
                 self.start_worker(app)
@@ -281,64 +273,6 @@ def _stop_at_exit(supervisor_ref: weakref.ref[rl.Supervisor]) -> None:
         supervisor.stop()
 
 
-# -- the dashboard ---------------------------------------------------------------------------
-
-
-def _mount_dashboard(app: Flask, prefix: str, engine: Any) -> None:
-    """Route ``prefix`` and everything below it to the dashboard, as views of this app.
-
-    Views rather than a WSGI middleware: each dashboard request, its hooks included,
-    runs inside this app's request context, so ``flask.request``, ``flask.g``,
-    ``flask.session`` and the app's login extension all work in them; the hooks are
-    given the Flask request itself.
-    """
-    from runledger_sync.web import Dashboard, Setup
-
-    secret = app.secret_key.encode() if isinstance(app.secret_key, str) else app.secret_key
-    setup = Setup(
-        authorize=(f"set app.config[{DASHBOARD_AUTHORIZE_KEY!r}] = hook, hook(request, action) returning True or "
-                   "the user's id (it runs in the request context: flask.request, flask.session, current_user); "
-                   "runledger_sync.web.allow_anyone lets in everyone who can reach the app"),
-        enable_actions=f"set app.config[{DASHBOARD_READ_ONLY_KEY!r}] = False to enable actions",
-        migrate="flask runledger migrate",
-    )
-    dashboard = Dashboard(
-        engine,
-        read_only=_as_bool(app.config.get(DASHBOARD_READ_ONLY_KEY, True)),
-        authorize=app.config.get(DASHBOARD_AUTHORIZE_KEY),
-        organization_id=app.config.get(DASHBOARD_ORGANIZATION_KEY),
-        secret=secret or None,
-        setup=setup,
-    )
-    prefix = "/" + prefix.strip("/")
-
-    def view(rest: str = "") -> Any:
-        # Flask has parsed the form, whichever its encoding; the dashboard reads it urlencoded.
-        form = urlencode(list(request.form.lists()), doseq=True).encode()
-        answer = dashboard.mounted(request.environ, request.script_root + prefix, rest, form,
-                                   request._get_current_object(),  # type: ignore[attr-defined]
-                                   session_value=_session_value())
-        return Response(answer.body, status=answer.status, headers=answer.all_headers())
-
-    methods = ["GET", "POST"]
-    app.add_url_rule(prefix + "/", "runledger_dashboard", view, methods=methods)
-    app.add_url_rule(prefix + "/<path:rest>", "runledger_dashboard_page", view, methods=methods)
-
-
-def _session_value() -> str | None:
-    """A random value kept in this user's Flask session, which the form tokens are bound to.
-
-    None without a secret key (Flask then has no session); the dashboard keeps the value
-    in a cookie of its own instead.
-    """
-    if not current_app.secret_key:
-        return None
-    value = session.get(DASHBOARD_SESSION_KEY)
-    if not isinstance(value, str) or len(value) != SESSION_VALUE_LENGTH:
-        value = session[DASHBOARD_SESSION_KEY] = secrets.token_urlsafe(SESSION_VALUE_BYTES)
-    return value
-
-
 # -- translating app.config ----------------------------------------------------------------
 
 
@@ -360,12 +294,6 @@ def config_from_app(app_config: Any) -> rl.JobsConfig:
             value = getattr(rl.JobsConfig.from_env({key: value}), config_field.name)
         overrides[config_field.name] = value
     return config.with_overrides(**overrides)
-
-
-def _as_bool(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return bool(value)
 
 
 # -- handlers in the app context -------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 The public modules are the ones the architecture names: ``enqueue``,
 ``lifecycle``, ``admin``, ``schedules`` and ``workflows`` for applications and
-operators, and ``driver``, the one list of what the runtime asks of the
-database. The ``_``-prefixed modules are how those are done; only this package
+operators, ``driver``, the one list of what the runtime asks of the
+database, and ``aio_binds``, which runs those calls on an asyncio caller's
+connection for :mod:`runledger_sync.aio`. The ``_``-prefixed modules are how those are done; only this package
 imports them.
 """

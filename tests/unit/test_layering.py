@@ -41,6 +41,7 @@ LAYERS: dict[str, int] = {
     "contrib": 5,
     "web": 5,
     "testing": 5,
+    "aio": 5,
     "demo": 5,
     "__main__": 5,
 }

@@ -35,6 +35,7 @@ from sqlalchemy.util.concurrency import await_
 
 from runledger_sync.core.errors import InvalidArgument
 from runledger_sync.store._binds import _LeavesTheConnectionToItsOwner, _LentPool, _own_psycopg_cursor
+from runledger_sync.store._notify import ENDED_CHANNEL, LISTENER_APPLICATION_NAME
 
 T = TypeVar("T")
 
@@ -171,3 +172,7 @@ def engine_of(bind: Any) -> Optional[AsyncEngine]:
             return engine_of(inner)
     return None
 
+
+def ended_listener_names() -> tuple[str, str]:
+    """The application name a LISTEN session of ours shows, and the channel of ended jobs it listens to."""
+    return LISTENER_APPLICATION_NAME, ENDED_CHANNEL
