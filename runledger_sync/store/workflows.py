@@ -112,7 +112,7 @@ def _enqueue(connection: Connection, workflow: Workflow, snapshot: str) -> Workf
     inserted = connection.execute(
         pg_insert(workflow_runs)
         .values(id=run_id, name=workflow.name, organization_id=workflow.organization_id,
-                idempotency_key=workflow.idempotency_key,
+                idempotency_key=workflow.idempotency_key, meta=cast(literal(workflow.meta_json, Text), JSONB),
                 enqueue_request=None if workflow.idempotency_key is None else cast(literal(snapshot, Text), JSONB))
         .on_conflict_do_nothing()
         .returning(_r.id)
