@@ -24,8 +24,7 @@ from runledger_sync.core.handler_checks import (
     checked_retry_on,
     default_job_type,
 )
-from runledger_sync.core.payload_models import is_model_instance, validated
-from runledger_sync.core.records import JobDefinition, JobRecord, ScheduleSpec
+from runledger_sync.core.records import JobDefinition, JobRecord, JobSpec, ScheduleSpec
 from runledger_sync.core.registry_errors import DuplicateJobType
 from runledger_sync.handlers import (
     DeadLetterHook,
@@ -37,6 +36,7 @@ from runledger_sync.handlers import (
     failure_hook_within,
 )
 from runledger_sync.logging import get_logger
+from runledger_sync.middleware import EnqueueHook, Middleware, RegistryHooks
 
 log = get_logger(__name__)
 
@@ -80,6 +80,7 @@ class JobRegistry:
         self._queues: dict[str, QueueSpec] = {}
         self._failure_hooks: list[FailureHook] = []
         self._payload_models: dict[str, Any] = {}
+        self._hooks = RegistryHooks()
 
     @overload
     def job(self, job_type: HandlerFunction, /) -> HandlerFunction: ...
@@ -201,21 +202,17 @@ class JobRegistry:
         return handler
 
     def enqueue(self, bind: Any, job_type: str, payload: Any = None, **options: Any) -> JobRecord:
-        """Enqueue as :func:`runledger_sync.enqueue` does, first checking the payload against the type's ``payload_model``.
+        """Enqueue as :func:`runledger_sync.enqueue` does, checking a typed payload and running the enqueue hooks first.
 
         For a type registered with ``payload_model=M``, ``payload`` may be an ``M``
         instance or a JSON value ``M`` accepts; the job stores
-        ``M.model_validate(payload).model_dump(mode="json")``. A payload ``M``
-        refuses raises before anything is written. Any other type is enqueued as
-        given (it may be one another service handles).
+        ``M.model_validate(payload).model_dump(mode="json")``. Then each
+        :meth:`on_enqueue` hook may add metadata. Any error raises before anything is written.
 
         Args:
             bind: What :func:`runledger_sync.enqueue` takes: an Engine, or a
                 connection or session whose transaction the job joins.
             options: :func:`runledger_sync.enqueue`'s keyword arguments.
-
-        Returns:
-            The job's record.
 
         Raises:
             InvalidPayload: ``job.invalid_payload``; the message names each field's
@@ -223,17 +220,54 @@ class JobRegistry:
             RunledgerError: whatever :func:`runledger_sync.enqueue` raises.
 
         Example:
-            ``registry.enqueue(engine, "orders.sync", {"order_id": 42})``
+            ``registry.enqueue(engine, "orders.sync", {"order_id": 42}, meta={"tenant": "acme"})``
         """
-        # Imported here: the registry sits below the store (see sync_definitions).
-        from runledger_sync.store.enqueue import enqueue
+        limit = {"max_payload_bytes": options.pop("max_payload_bytes")} if "max_payload_bytes" in options else {}
+        return self.enqueue_many(bind, [JobSpec(job_type, {} if payload is None else payload, **options)], **limit)[0]
 
-        model = self._payload_models.get(job_type)
-        if model is not None:
-            # An instance is checked as its dump, which is what the job row will hold.
-            given = payload.model_dump(mode="json", warnings=False) if is_model_instance(payload) else payload
-            payload = validated(model, {} if given is None else given).model_dump(mode="json")
-        return enqueue(bind, job_type, payload, **options)
+    def enqueue_many(self, bind: Any, specs: Any, **options: Any) -> list[JobRecord]:
+        """Enqueue as :func:`runledger_sync.enqueue_many` does, preparing each spec as :meth:`enqueue` does."""
+        # Imported here: the registry sits below the store (see sync_definitions).
+        from runledger_sync.store.enqueue import enqueue_many
+
+        if isinstance(specs, (list, tuple)):
+            # A list stays a list, which the store may send again after a lost connection.
+            return enqueue_many(bind, [self._hooks.prepared(spec, self._payload_models) for spec in specs], **options)
+        return enqueue_many(bind, (self._hooks.prepared(spec, self._payload_models) for spec in specs), **options)
+
+    def middleware(self, fn: Middleware) -> Middleware:
+        """Run ``fn(ctx, payload, call_next)`` around every attempt's handler (see :mod:`runledger_sync.middleware`).
+
+        Returns:
+            ``fn``, unchanged: it works as a decorator.
+
+        Raises:
+            RegistrationError: ``fn`` is not a plain callable of three arguments.
+
+        Example::
+
+            @registry.middleware
+            def with_tenant(ctx, payload, call_next):
+                with tenant(ctx.meta.get("tenant")):
+                    return call_next(ctx, payload)
+        """
+        return self._hooks.add_middleware(fn)
+
+    def on_enqueue(self, fn: EnqueueHook) -> EnqueueHook:
+        """Call ``fn(spec)`` before :meth:`enqueue` writes a job; the mapping it returns is added to the job's meta.
+
+        Returns:
+            ``fn``, unchanged: it works as a decorator.
+
+        Raises:
+            RegistrationError: ``fn`` is not a plain callable of one argument.
+        """
+        return self._hooks.add_enqueue_hook(fn)
+
+    @property
+    def hooks(self) -> RegistryHooks:
+        """The middleware and enqueue hooks (the worker runs every attempt through ``hooks.run``)."""
+        return self._hooks
 
     def on_failure(self, hook: FailureHook) -> FailureHook:
         """Call ``hook(ctx, payload, exception)`` for every failed attempt of any of the registry's job types.
@@ -437,6 +471,7 @@ class JobRegistry:
         for job_type, handler in self._handlers.items():
             wrapped.register(WrappedHandler(handler, around, self.retry_on(job_type)))
         wrapped._payload_models = dict(self._payload_models)
+        wrapped._hooks = self._hooks.copy(around)
         return wrapped
 
     def __contains__(self, job_type: object) -> bool:

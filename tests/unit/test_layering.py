@@ -25,6 +25,8 @@ LAYERS: dict[str, int] = {
     "config_env": 1,
     "registry": 1,
     "handlers": 1,
+    # The registry's middleware chain and enqueue hooks; imports core only.
+    "middleware": 1,
     # logging imports only the standard library and python-json-logger, and every
     # layer above core logs, so it sits with config.
     "logging": 1,
