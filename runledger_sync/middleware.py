@@ -26,6 +26,7 @@ from runledger_sync.core.meta import merged_meta
 from runledger_sync.core.payload_models import is_model_instance, validated
 from runledger_sync.core.records import JobSpec
 from runledger_sync.core.types import JobContext
+from runledger_sync.handlers import FailureHook
 
 #: ``call_next(ctx, payload)``: the rest of the chain, then the handler.
 CallNext = Callable[[JobContext, Any], Any]
@@ -96,6 +97,86 @@ class RegistryHooks:
         copied.enqueue_hooks = list(self.enqueue_hooks)
         copied.middleware = list(self.middleware) if around is None else [_within(fn, around) for fn in self.middleware]
         return copied
+
+
+class Hooked:
+    """What a registry runs around its jobs (the base of :class:`runledger_sync.JobRegistry`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._hooks = RegistryHooks()
+        self._failure_hooks: list[FailureHook] = []
+
+    def middleware(self, fn: Middleware) -> Middleware:
+        """Run ``fn(ctx, payload, call_next)`` around every attempt's handler (see :mod:`runledger_sync.middleware`).
+
+        Returns:
+            ``fn``, unchanged: it works as a decorator.
+
+        Raises:
+            RegistrationError: ``fn`` is not a plain callable of three arguments.
+
+        Example::
+
+            @registry.middleware
+            def with_tenant(ctx, payload, call_next):
+                with tenant(ctx.meta.get("tenant")):
+                    return call_next(ctx, payload)
+        """
+        return self._hooks.add_middleware(fn)
+
+    def on_enqueue(self, fn: EnqueueHook) -> EnqueueHook:
+        """Call ``fn(spec)`` before :meth:`enqueue` writes a job; the mapping it returns is added to the job's meta.
+
+        Returns:
+            ``fn``, unchanged: it works as a decorator.
+
+        Raises:
+            RegistrationError: ``fn`` is not a plain callable of one argument.
+        """
+        return self._hooks.add_enqueue_hook(fn)
+
+    @property
+    def hooks(self) -> RegistryHooks:
+        """The middleware and enqueue hooks (the worker runs every attempt through ``hooks.run``)."""
+        return self._hooks
+
+    def on_failure(self, hook: FailureHook) -> FailureHook:
+        """Call ``hook(ctx, payload, exception)`` for every failed attempt of any of the registry's job types.
+
+        ``exception`` is what the handler raised (its ``__traceback__`` intact);
+        for a failure it raised nothing for (a timeout, an invalid result) it is
+        the :class:`~runledger_sync.JobFailure` recorded, whose kind, code and
+        message say what happened. The hook runs once the failure (a retry or a
+        dead letter) is durable, on a thread of its own, before the job's
+        dead-letter hook, bounded by ``JobsConfig.dead_letter_hook_timeout_seconds``
+        as that one is; what it raises is logged and swallowed. An attempt whose
+        lease was lost is recorded by the reaper instead, and not told.
+
+        Args:
+            hook: Called with the attempt's context, the job's payload and the exception.
+
+        Returns:
+            ``hook``, unchanged: it works as a decorator.
+
+        Raises:
+            RegistrationError: ``hook`` is not callable.
+
+        Example::
+
+            @registry.on_failure
+            def report(ctx, payload, exception):
+                sentry_sdk.capture_exception(exception)
+        """
+        if not callable(hook):
+            raise RegistrationError(f"on_failure takes a callable hook(ctx, payload, exception), got {hook!r}")
+        self._failure_hooks.append(hook)
+        return hook
+
+    @property
+    def failure_hooks(self) -> tuple[FailureHook, ...]:
+        """The hooks given to :meth:`on_failure`, in the order they were given."""
+        return tuple(self._failure_hooks)
 
 
 def _within(fn: Middleware, around: Callable[[], ContextManager[Any]]) -> Middleware:

@@ -62,7 +62,7 @@ def merged_meta(given: Optional[Mapping[str, str]], added: Optional[Mapping[str,
         return None if given is None else dict(given)
     if given is not None and not isinstance(given, Mapping):
         # Left for meta_json to refuse with its coded error.
-        return given  # type: ignore[return-value]
+        return given
     return {**added, **(given or {})}
 
 
