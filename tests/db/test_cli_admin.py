@@ -181,6 +181,17 @@ def test_jobs_show_json_holds_the_job_its_attempts_and_events(db, run):
     assert [e["event_type"] for e in shown["events"]] == event_types(db, job.id)
 
 
+def test_jobs_show_prints_the_jobs_metadata(db, run):
+    job = rl.enqueue(db, EMAIL, {}, meta={"tenant": "acme"})
+
+    code, out, _ = run("jobs", "show", str(job.id))
+    _, shown, _ = run("jobs", "show", str(job.id), "--json")
+
+    assert code == 0
+    assert 'meta:                {"tenant": "acme"}' in out
+    assert json.loads(shown)["job"]["meta"] == {"tenant": "acme"}
+
+
 def test_jobs_show_unknown_id_is_not_found(db, run):
     code, out, err = run("jobs", "show", UNKNOWN_ID)
 
