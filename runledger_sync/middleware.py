@@ -21,6 +21,7 @@ import dataclasses
 import inspect
 from typing import Any, Callable, ContextManager, Mapping, Optional
 
+from runledger_sync.core import instrumentation
 from runledger_sync.core.errors import InvalidArgument, InvalidMeta, RegistrationError
 from runledger_sync.core.meta import merged_meta
 from runledger_sync.core.payload_models import is_model_instance, validated
@@ -54,9 +55,10 @@ class RegistryHooks:
 
     def run(self, execute: Callable[[JobContext, Any], Any], ctx: JobContext, payload: Any) -> Any:
         """Call ``execute(ctx, payload)`` inside every middleware, the first registered outermost."""
-        chain = self.middleware
-        if not chain:
+        if not self.middleware and not instrumentation.process_middleware:
             return execute(ctx, payload)
+        # The process's instrumentation (runledger_sync.core.instrumentation) runs outside the registry's own.
+        chain = [*instrumentation.process_middleware, *self.middleware]
 
         def step(index: int) -> CallNext:
             def call_next(given_ctx: JobContext, given_payload: Any) -> Any:

@@ -117,8 +117,9 @@ class Workflow:
         self.name = check.check_text("name", name, max_length=WORKFLOW_NAME_MAX_LENGTH)
         self.idempotency_key = check.check_optional_idempotency_key(idempotency_key)
         self.organization_id = check.check_optional_organization_id(organization_id)
-        #: The metadata of every step's job, as JSON text (see :mod:`runledger_sync.core.meta`).
-        self.meta_json = meta_json(meta)
+        meta_json(meta)  # checked here, so a bad one fails where it is given
+        #: The metadata of every step's job (see :mod:`runledger_sync.core.meta`).
+        self.meta: Optional[Mapping[str, str]] = None if meta is None else dict(meta)
         self._steps: list[WorkflowStep] = []
         self._keys: set[str] = set()
 

@@ -45,6 +45,7 @@ from runledger_sync.core.errors import (
     LegacyIdempotencySnapshotMissing,
 )
 from runledger_sync.core.flow import check_optional_concurrency_key, check_optional_queue_name
+from runledger_sync.core import instrumentation
 from runledger_sync.core.ids import uuid7_strings
 from runledger_sync.core.meta import meta_json
 from runledger_sync.core.records import JobRecord, JobSpec
@@ -209,6 +210,12 @@ def _batch_parameters(specs: Sequence[JobSpec], max_payload_bytes: int) -> tuple
         columns["snapshots"].append(
             None if key is None else request_snapshot(spec, payload_json=payload_json)
         )
+    if instrumentation.enqueue_observers:
+        # Once every spec of the chunk is valid, so no observer (a tracer) hears of a job never sent.
+        columns["metas"] = [
+            meta_json(instrumentation.observed_meta(spec.job_type, id_string, spec.meta))
+            for spec, id_string in zip(specs, id_strings, strict=True)
+        ]
     return columns, [UUID(id_string) for id_string in id_strings]
 
 
