@@ -174,6 +174,7 @@ class ReapedDeadLetter:
     run_number: int
     attempt: int
     payload: Any
+    meta: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
