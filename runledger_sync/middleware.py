@@ -13,6 +13,11 @@ Hooks run in registration order, only on the registry's own enqueue paths
 (:meth:`JobRegistry.enqueue`, :meth:`JobRegistry.enqueue_many`): a plain
 ``rl.enqueue`` knows no registry. A key the caller gave, or an earlier hook
 added, keeps its value.
+
+Instrumentation that must see every job of the process, whichever registry (or
+none) is involved, installs process-wide hooks instead
+(:mod:`runledger_sync.core.instrumentation`); their middleware runs outside
+every registry's own.
 """
 
 from __future__ import annotations
@@ -93,11 +98,11 @@ class RegistryHooks:
             spec = dataclasses.replace(spec, meta=merged_meta(spec.meta, added))
         return spec
 
-    def copy(self, around: Optional[Callable[[], ContextManager[Any]]] = None) -> "RegistryHooks":
-        """The same hooks; with ``around``, each middleware runs inside ``around()`` as the handlers do."""
+    def within(self, around: Callable[[], ContextManager[Any]]) -> "RegistryHooks":
+        """The same hooks, each middleware run inside ``around()`` as a wrapped registry's handlers are."""
         copied = RegistryHooks()
         copied.enqueue_hooks = list(self.enqueue_hooks)
-        copied.middleware = list(self.middleware) if around is None else [_within(fn, around) for fn in self.middleware]
+        copied.middleware = [_within(fn, around) for fn in self.middleware]
         return copied
 
 

@@ -330,7 +330,7 @@ class JobRegistry(Declarations, Hooked):
         for job_type, handler in self._handlers.items():
             wrapped.register(WrappedHandler(handler, around, self.retry_on(job_type)))
         wrapped._payload_models = dict(self._payload_models)
-        wrapped._hooks = self._hooks.copy(around)
+        wrapped._hooks = self._hooks.within(around)
         return wrapped
 
     def __contains__(self, job_type: object) -> bool:
