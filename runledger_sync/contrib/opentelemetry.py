@@ -13,7 +13,7 @@ another span of the same trace.
 
 Attributes follow the messaging semantic conventions: ``messaging.system``
 (``runledger``), ``messaging.operation.type`` (``create`` or ``process``),
-``messaging.operation.name``, ``messaging.destination.name`` (the job type, or
+``messaging.destination.name`` (the job type, or
 the workflow's name) and ``messaging.message.id`` (the job id, or the run id),
 plus ``runledger.job.run_number``, ``runledger.job.attempt`` and
 ``runledger.job.outcome`` (``succeeded``, ``continued`` or ``failed``; the
@@ -77,7 +77,6 @@ def _producer(tracer: Any) -> instrumentation.EnqueueObserver:
         attributes = {
             "messaging.system": MESSAGING_SYSTEM,
             "messaging.operation.type": "create",
-            "messaging.operation.name": "enqueue",
             "messaging.destination.name": name,
             "messaging.message.id": id_text,
         }
@@ -92,12 +91,11 @@ def _producer(tracer: Any) -> instrumentation.EnqueueObserver:
 
 def _consumer(tracer: Any) -> instrumentation.ProcessMiddleware:
     def around_attempt(ctx: JobContext, payload: Any, call_next: Callable[[Any, Any], Any]) -> Any:
-        parent = _PROPAGATOR.extract(dict(ctx.meta))
+        parent = _PROPAGATOR.extract(ctx.meta)
         created = trace.get_current_span(parent).get_span_context()
         attributes = {
             "messaging.system": MESSAGING_SYSTEM,
             "messaging.operation.type": "process",
-            "messaging.operation.name": "process",
             "messaging.destination.name": ctx.job_type,
             "messaging.message.id": str(ctx.job_id),
             "runledger.job.run_number": ctx.run_number,
