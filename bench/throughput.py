@@ -5,6 +5,7 @@ Usage: python bench/throughput.py [--jobs 10000] [--concurrency 32] [--batch 16]
        python bench/throughput.py --job-ms 100  # jobs that sleep 100 ms: compared with concurrency / duration
        python bench/throughput.py --processes 2 --job-cpu-ms 5 --concurrency 4 --jobs 3000
        python bench/throughput.py --metrics     # with the Prometheus observer (runledger_sync.metrics)
+       python bench/throughput.py --otel        # traced (runledger_sync.contrib.opentelemetry, SDK, spans dropped)
 The worker runs in this process (a thread, as an embedding application runs it);
 its CPU is this process's minus the main thread's. With no URL an embedded
 PostgreSQL is started in a temporary directory.
@@ -50,6 +51,9 @@ def parse_args() -> argparse.Namespace:
                         help="JobsConfig.event_log: transitions writes no LEASED, running or HEARTBEAT event rows")
     parser.add_argument("--metrics", action="store_true",
                         help="give the worker a runledger_sync.metrics.WorkerMetrics observer (prometheus_client)")
+    parser.add_argument("--otel", action="store_true",
+                        help="instrument with runledger_sync.contrib.opentelemetry: an SDK tracer provider whose "
+                             "batch processor hands every span to an exporter that drops it (opentelemetry-sdk)")
     bench.add_database_option(parser)
     args = parser.parse_args()
     if args.jobs is None:
@@ -140,7 +144,7 @@ def report_supervised(args: argparse.Namespace, jobs: int, elapsed: float, windo
 def report(args: argparse.Namespace, enqueue_seconds: float, elapsed: float, window: bench.CpuWindow, progress: Progress) -> None:
     worker_ms, postgres_ms = window.per_job_ms(args.jobs)
     print(f"jobs={args.jobs} concurrency={args.concurrency} batch={args.batch} job_ms={args.job_ms:g}"
-          f"{' metrics=on' if args.metrics else ''}")
+          f"{' metrics=on' if args.metrics else ''}{' otel=on' if args.otel else ''}")
     print(f"enqueue_many: {args.jobs / enqueue_seconds:,.0f} jobs/s")
     print(f"processed:    {args.jobs / elapsed:,.0f} jobs/s ({elapsed:.2f} s)")
     if args.job_ms:
@@ -153,6 +157,25 @@ def report(args: argparse.Namespace, enqueue_seconds: float, elapsed: float, win
         early, late = progress.rss_at[MEMORY_EARLY], progress.rss_at[args.jobs]
         print(f"worker RSS: {early:.1f} MiB after {MEMORY_EARLY:,} jobs, {late:.1f} MiB after {args.jobs:,} "
               f"(growth {100 * (late - early) / early:+.1f}%, target < 10%)")
+
+
+def _instrument(args: argparse.Namespace) -> None:
+    if not args.otel:
+        return
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    from runledger_sync.contrib.opentelemetry import instrument
+
+    class Dropped(SpanExporter):
+        """Exports nothing: the run measures making the spans, not sending them."""
+
+        def export(self, spans: object) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Dropped()))
+    instrument(tracer_provider=provider)
 
 
 def _observer(args: argparse.Namespace) -> object:
@@ -171,6 +194,8 @@ def main() -> int:
         engine = bench.migrated_engine(url, pool_size=args.concurrency + 4)
         try:
             registry.sync_definitions(engine)
+            # Before the enqueue, so the jobs carry a trace context as an instrumented application's do.
+            _instrument(args)
             enqueue_seconds = bench.enqueue_noops(engine, args.jobs)
             window = bench.CpuWindow(
                 lambda: bench.process_cpu_seconds(os.getpid()) - time.thread_time(), bench.PostgresCpu(url)

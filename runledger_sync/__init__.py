@@ -20,6 +20,7 @@ from runledger_sync.core.errors import (
     IdempotencyConflict,
     InvalidArgument,
     InvalidCron,
+    InvalidMeta,
     InvalidPayload,
     InvalidStateTransition,
     JobCancelled,
@@ -86,7 +87,8 @@ from runledger_sync.db.pool_mode import PoolMode
 from runledger_sync import errors  # noqa: F401 - rl.errors: every error class, the rare leaves too
 from runledger_sync.handlers import JobHandler
 from runledger_sync.logging import configure_logging, configure_logging_unless_configured
-from runledger_sync.registry import JobRegistry, load_registry
+from runledger_sync.loading import load_registry
+from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.health import LoopHealth, SupervisorHealth
 from runledger_sync.runtime.job_wait import wait_for_job
 from runledger_sync.runtime.supervisor import Supervisor
@@ -149,6 +151,7 @@ __all__ = [
     "IdempotencyConflict",
     "InvalidArgument",
     "InvalidCron",
+    "InvalidMeta",
     "InvalidPayload",
     "InvalidQueueSetting",
     "InvalidStateTransition",

@@ -1,7 +1,9 @@
 """JobRegistry: which code runs for which job type, with its retry rules and declared schedules.
 
 The handler classes (:class:`JobHandler` and the adapters the registry wraps
-functions and handlers in) are in :mod:`runledger_sync.handlers`.
+functions and handlers in) are in :mod:`runledger_sync.handlers`; its hooks
+(middleware, enqueue and failure hooks) in :mod:`runledger_sync.middleware`, its
+declared queues and schedules in :mod:`runledger_sync.declarations`.
 
 Register handlers once at startup, before the worker starts; the worker only
 reads the registry afterwards, so it needs no lock.
@@ -9,11 +11,10 @@ reads the registry afterwards, so it needs no lock.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable, ContextManager, Mapping, Optional, overload
 
-from runledger_sync.core.errors import ConfigError, InvalidArgument, RegistrationError
-from runledger_sync.core.flow import DEFAULT_KEY_LIMIT, DEFAULT_QUEUE, QueueSpec, RateLimit, check_queue_name
+from runledger_sync.core.errors import InvalidArgument, RegistrationError
+from runledger_sync.core.flow import DEFAULT_QUEUE, check_queue_name
 from runledger_sync.core.handler_checks import (
     check_handler,
     check_optional_positive_int,
@@ -24,12 +25,11 @@ from runledger_sync.core.handler_checks import (
     checked_retry_on,
     default_job_type,
 )
-from runledger_sync.core.payload_models import is_model_instance, validated
-from runledger_sync.core.records import JobDefinition, JobRecord, ScheduleSpec
+from runledger_sync.core.records import JobDefinition, JobRecord, JobSpec
 from runledger_sync.core.registry_errors import DuplicateJobType
+from runledger_sync.declarations import Declarations
 from runledger_sync.handlers import (
     DeadLetterHook,
-    FailureHook,
     FunctionHandler,
     HandlerFunction,
     JobHandler,
@@ -37,10 +37,11 @@ from runledger_sync.handlers import (
     failure_hook_within,
 )
 from runledger_sync.logging import get_logger
+from runledger_sync.middleware import Hooked
 
 log = get_logger(__name__)
 
-class JobRegistry:
+class JobRegistry(Declarations, Hooked):
     """Map job types to handlers, with their retry rules.
 
     A handler's exception retries (kind RETRYABLE) when its class is in the job's
@@ -73,12 +74,10 @@ class JobRegistry:
         self.transient_errors: tuple[type[BaseException], ...] = checked_exception_classes(
             "transient_errors", transient_errors
         )
+        super().__init__()
         self._handlers: dict[str, JobHandler] = {}
-        self._schedules: dict[str, ScheduleSpec] = {}
         self._retry_on: dict[str, tuple[type[BaseException], ...]] = {}
         self._overrides: dict[str, dict[str, int]] = {}
-        self._queues: dict[str, QueueSpec] = {}
-        self._failure_hooks: list[FailureHook] = []
         self._payload_models: dict[str, Any] = {}
 
     @overload
@@ -201,21 +200,17 @@ class JobRegistry:
         return handler
 
     def enqueue(self, bind: Any, job_type: str, payload: Any = None, **options: Any) -> JobRecord:
-        """Enqueue as :func:`runledger_sync.enqueue` does, first checking the payload against the type's ``payload_model``.
+        """Enqueue as :func:`runledger_sync.enqueue` does, checking a typed payload and running the enqueue hooks first.
 
         For a type registered with ``payload_model=M``, ``payload`` may be an ``M``
         instance or a JSON value ``M`` accepts; the job stores
-        ``M.model_validate(payload).model_dump(mode="json")``. A payload ``M``
-        refuses raises before anything is written. Any other type is enqueued as
-        given (it may be one another service handles).
+        ``M.model_validate(payload).model_dump(mode="json")``. Then each
+        :meth:`on_enqueue` hook may add metadata. Any error raises before anything is written.
 
         Args:
             bind: What :func:`runledger_sync.enqueue` takes: an Engine, or a
                 connection or session whose transaction the job joins.
             options: :func:`runledger_sync.enqueue`'s keyword arguments.
-
-        Returns:
-            The job's record.
 
         Raises:
             InvalidPayload: ``job.invalid_payload``; the message names each field's
@@ -223,54 +218,20 @@ class JobRegistry:
             RunledgerError: whatever :func:`runledger_sync.enqueue` raises.
 
         Example:
-            ``registry.enqueue(engine, "orders.sync", {"order_id": 42})``
+            ``registry.enqueue(engine, "orders.sync", {"order_id": 42}, meta={"tenant": "acme"})``
         """
+        limit = {"max_payload_bytes": options.pop("max_payload_bytes")} if "max_payload_bytes" in options else {}
+        return self.enqueue_many(bind, [JobSpec(job_type, {} if payload is None else payload, **options)], **limit)[0]
+
+    def enqueue_many(self, bind: Any, specs: Any, **options: Any) -> list[JobRecord]:
+        """Enqueue as :func:`runledger_sync.enqueue_many` does, preparing each spec as :meth:`enqueue` does."""
         # Imported here: the registry sits below the store (see sync_definitions).
-        from runledger_sync.store.enqueue import enqueue
+        from runledger_sync.store.enqueue import enqueue_many
 
-        model = self._payload_models.get(job_type)
-        if model is not None:
-            # An instance is checked as its dump, which is what the job row will hold.
-            given = payload.model_dump(mode="json", warnings=False) if is_model_instance(payload) else payload
-            payload = validated(model, {} if given is None else given).model_dump(mode="json")
-        return enqueue(bind, job_type, payload, **options)
-
-    def on_failure(self, hook: FailureHook) -> FailureHook:
-        """Call ``hook(ctx, payload, exception)`` for every failed attempt of any of the registry's job types.
-
-        ``exception`` is what the handler raised (its ``__traceback__`` intact);
-        for a failure it raised nothing for (a timeout, an invalid result) it is
-        the :class:`~runledger_sync.JobFailure` recorded, whose kind, code and
-        message say what happened. The hook runs once the failure (a retry or a
-        dead letter) is durable, on a thread of its own, before the job's
-        dead-letter hook, bounded by ``JobsConfig.dead_letter_hook_timeout_seconds``
-        as that one is; what it raises is logged and swallowed. An attempt whose
-        lease was lost is recorded by the reaper instead, and not told.
-
-        Args:
-            hook: Called with the attempt's context, the job's payload and the exception.
-
-        Returns:
-            ``hook``, unchanged: it works as a decorator.
-
-        Raises:
-            RegistrationError: ``hook`` is not callable.
-
-        Example::
-
-            @registry.on_failure
-            def report(ctx, payload, exception):
-                sentry_sdk.capture_exception(exception)
-        """
-        if not callable(hook):
-            raise RegistrationError(f"on_failure takes a callable hook(ctx, payload, exception), got {hook!r}")
-        self._failure_hooks.append(hook)
-        return hook
-
-    @property
-    def failure_hooks(self) -> tuple[FailureHook, ...]:
-        """The hooks given to :meth:`on_failure`, in the order they were given."""
-        return tuple(self._failure_hooks)
+        if isinstance(specs, (list, tuple)):
+            # A list stays a list, which the store may send again after a lost connection.
+            return enqueue_many(bind, [self._hooks.prepared(spec, self._payload_models) for spec in specs], **options)
+        return enqueue_many(bind, (self._hooks.prepared(spec, self._payload_models) for spec in specs), **options)
 
     def get(self, job_type: str) -> Optional[JobHandler]:
         """Return the handler of ``job_type``, or None if none is registered."""
@@ -309,74 +270,6 @@ class JobRegistry:
             given["queue"] = handler.queue
             result.append(JobDefinition(job_type, **{k: v for k, v in given.items() if v is not None}))
         return result
-
-    def schedule(
-        self,
-        name: str,
-        *,
-        cron: str,
-        job_type: str,
-        payload: Any = None,
-        max_jitter_seconds: int = 0,
-        organization_id: Optional[str] = None,
-        timezone: str = "UTC",
-    ) -> ScheduleSpec:
-        """Declare a cron schedule in code; :meth:`sync_definitions` writes it.
-
-        Args:
-            name: Unique name, how operators pause, resume and trigger it.
-            cron: 5 fields (crontab), 6-7 seconds first (Runledger), or an @-nickname.
-            job_type: The type of the job each fire enqueues.
-            payload: Each job's payload; a ``_schedule`` key is added.
-            timezone: The IANA zone the cron's wall-clock times are in.
-
-        Raises:
-            InvalidCron, InvalidTimezone, InvalidArgument: a value is invalid.
-            RegistrationError: the name is taken.
-
-        Example:
-            ``registry.schedule("nightly-report", cron="0 0 3 * * *", job_type="reports.export")``
-        """
-        spec = ScheduleSpec(name, cron, job_type, payload, organization_id, max_jitter_seconds, timezone).checked()
-        if name in self._schedules:
-            raise RegistrationError(f"a schedule named {name!r} is already declared")
-        self._schedules[name] = spec
-        return spec
-
-    def queue(
-        self, name: str, *, global_limit: Optional[int] = None, key_limit: Optional[int] = DEFAULT_KEY_LIMIT,
-        rate_limit: Optional[RateLimit] = None,
-    ) -> QueueSpec:
-        """Declare a queue's limits in code; :meth:`sync_definitions` writes them (an operator's pause is kept).
-
-        Args:
-            name: The queue (job types join it with ``@registry.job(..., queue=name)``).
-            global_limit: At most this many of its jobs running at once, across every worker.
-            key_limit: At most this many running (or next in line) per concurrency key; None: no limit.
-            rate_limit: At most ``count`` claims per ``per_seconds``, across every worker.
-
-        Raises:
-            InvalidQueueName, InvalidQueueSetting: a bad name or setting.
-            RegistrationError: the queue is already declared.
-
-        Example:
-            ``registry.queue("payments", global_limit=4, rate_limit=rl.RateLimit(100, per_seconds=60))``
-        """
-        spec = QueueSpec(name, global_limit, key_limit, rate_limit).checked()
-        if name in self._queues:
-            raise RegistrationError(f"a queue named {name!r} is already declared")
-        self._queues[name] = spec
-        return spec
-
-    @property
-    def queues(self) -> list[QueueSpec]:
-        """The queues declared with :meth:`queue`, by name."""
-        return [self._queues[name] for name in sorted(self._queues)]
-
-    @property
-    def schedules(self) -> list[ScheduleSpec]:
-        """The schedules declared with :meth:`schedule`, by name."""
-        return [self._schedules[name] for name in sorted(self._schedules)]
 
     def sync_definitions(
         self, engine_or_connection: Any, *, overwrite: bool = True, deactivate_undeclared_schedules: bool = False,
@@ -437,6 +330,7 @@ class JobRegistry:
         for job_type, handler in self._handlers.items():
             wrapped.register(WrappedHandler(handler, around, self.retry_on(job_type)))
         wrapped._payload_models = dict(self._payload_models)
+        wrapped._hooks = self._hooks.within(around)
         return wrapped
 
     def __contains__(self, job_type: object) -> bool:
@@ -447,34 +341,3 @@ class JobRegistry:
 
     def __repr__(self) -> str:
         return f"<JobRegistry {self.registered_types()!r}>"
-
-
-def load_registry(spec: str, *, option: str = "app") -> JobRegistry:
-    """Import ``module:attribute`` and return the JobRegistry it names (calling it if it is a factory).
-
-    The one way a registry is named outside the code that builds it: the CLI's
-    ``--app`` and ``Supervisor(processes=N, app=...)``, whose worker processes
-    import it again.
-
-    Args:
-        option: how the spec was given, for the messages (``--app`` on the command line).
-
-    Raises:
-        ConfigError: the spec is malformed, does not import, or names no JobRegistry.
-    """
-    module_name, _, attribute = spec.partition(":") if isinstance(spec, str) else ("", "", "")
-    if not module_name or not attribute:
-        raise ConfigError([f"{option} must look like 'module:attribute', got {spec!r}"])
-    try:
-        target: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError([f"{option} module {module_name!r} could not be imported: {exc}"]) from exc
-    for part in attribute.split("."):
-        if not hasattr(target, part):
-            raise ConfigError([f"{option} {spec!r}: {module_name!r} has no attribute {attribute!r}"])
-        target = getattr(target, part)
-    if callable(target) and not isinstance(target, JobRegistry):
-        target = target()
-    if not isinstance(target, JobRegistry):
-        raise ConfigError([f"{option} {spec!r} must name a JobRegistry, got {type(target).__name__}"])
-    return target

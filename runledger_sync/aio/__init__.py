@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import importlib
 from datetime import datetime
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Mapping, Optional
 from uuid import UUID
 
 from runledger_sync.core.errors import MissingExtra
@@ -64,6 +64,7 @@ async def enqueue(
     max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
     queue: Optional[str] = None,
     concurrency_key: Optional[str] = None,
+    meta: Optional[Mapping[str, str]] = None,
 ) -> JobRecord:
     """Add one job in the caller's transaction, as :func:`runledger_sync.enqueue` does.
 
@@ -83,7 +84,7 @@ async def enqueue(
     options: dict[str, Any] = dict(
         priority=priority, max_attempts=max_attempts, timeout_seconds=timeout_seconds, run_at=run_at,
         delay_seconds=delay_seconds, organization_id=organization_id, idempotency_key=idempotency_key, stage=stage,
-        max_payload_bytes=max_payload_bytes, queue=queue, concurrency_key=concurrency_key,
+        max_payload_bytes=max_payload_bytes, queue=queue, concurrency_key=concurrency_key, meta=meta,
     )
     return await run_joined(bind, lambda connection: store_enqueue.enqueue(connection, job_type, payload, **options))
 

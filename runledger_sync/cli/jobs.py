@@ -7,7 +7,7 @@ import dataclasses
 import json
 import sys
 from datetime import datetime
-from typing import Any
+from typing import Any, Optional
 from uuid import UUID
 
 import runledger_sync as rl
@@ -112,6 +112,20 @@ def _enqueue_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--idempotency-key", metavar="KEY",
                         help="repeating the same request with this key returns the existing job")
     parser.add_argument("--max-attempts", type=int, metavar="N", help="attempts before dead-lettering")
+    parser.add_argument("--meta", action="append", metavar="KEY=VALUE", default=[],
+                        help="metadata kept with the job (ctx.meta in the handler); repeat for more keys")
+
+
+def _meta(pairs: list[str]) -> Optional[dict[str, str]]:
+    meta: dict[str, str] = {}
+    for pair in pairs:
+        key, equals, value = pair.partition("=")
+        if not equals:
+            raise rl.InvalidMeta("--meta", None, "KEY=VALUE", got="an argument without '='")
+        if key in meta:
+            raise rl.InvalidMeta("--meta", None, "each key once", got=f"{key!r} twice")
+        meta[key] = value
+    return meta or None
 
 
 @command("enqueue", help="add one job to the queue and print its id", arguments=_enqueue_arguments)
@@ -122,7 +136,7 @@ def _enqueue(args: argparse.Namespace) -> int:
     with open_engine(args) as engine:
         job = rl.enqueue(engine, args.job_type, payload, priority=args.priority, delay_seconds=args.delay_seconds,
                          organization_id=args.organization_id, idempotency_key=args.idempotency_key,
-                         max_attempts=args.max_attempts, max_payload_bytes=max_payload_bytes)
+                         max_attempts=args.max_attempts, max_payload_bytes=max_payload_bytes, meta=_meta(args.meta))
     print(job.id)
     return EXIT_OK
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any, Iterator
 from uuid import UUID
 
@@ -69,7 +70,8 @@ def _workflows_show(args: argparse.Namespace) -> int:
     for label, value in (("id", run.id), ("name", run.name), ("status", run.status.value),
                          ("organization_id", run.organization_id), ("idempotency_key", run.idempotency_key),
                          ("reason", run.status_reason), ("created", when(run.created_at)),
-                         ("finished", when(run.finished_at))):
+                         ("finished", when(run.finished_at)),
+                         ("meta", json.dumps(run.meta, sort_keys=True) if run.meta else None)):
         print(f"{label + ':':<17} {printable(value)}")
     print(f"\nsteps ({len(run.steps)}):")
     print_table(STEP_TABLE_COLUMNS, step_tree_rows(run.steps))

@@ -17,6 +17,7 @@ Branch on ``.code`` or on the class, never on the message text::
     │   ├── InvalidJobType                      job.invalid_job_type
     │   ├── InvalidPayload                      job.invalid_payload
     │   │   └── OutputTooLarge                  job.output_too_large
+    │   ├── InvalidMeta                         job.invalid_meta
     │   ├── InvalidCompletionProgress           job.invalid_completion_progress
     │   ├── InvalidProgress                     job.invalid_progress
     │   ├── InvalidLeaseDuration                job.invalid_lease_duration
@@ -218,6 +219,20 @@ class OutputTooLarge(InvalidPayload):
     """An output (a job's, or an external step's answer) is larger than the output limit."""
 
     code = "job.output_too_large"
+
+
+class InvalidMeta(InvalidArgument):
+    """Job metadata is not a small object of text keys and text values."""
+
+    code = "job.invalid_meta"
+
+    def __init__(self, argument: str, value: Any, expectation: str, *, got: Optional[str] = None) -> None:
+        # Metadata may carry tokens (a trace context, a tenant): the message names a
+        # key or the value's type and size, never a value.
+        shape = got if got is not None else type_phrase(value)
+        self.argument = argument
+        self.value = shape
+        ValidationError.__init__(self, f"{argument} must be {expectation}, got {shape}", argument=argument)
 
 
 class InvalidCompletionProgress(ValidationError):

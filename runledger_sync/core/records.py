@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 from uuid import UUID
 
 from runledger_sync.core import validation as check
@@ -48,6 +48,8 @@ class JobSpec:
     queue: Optional[str] = None
     #: Jobs of one key run at most ``key_limit`` at a time (their queue's), head first.
     concurrency_key: Optional[str] = None
+    #: Text keys to text values stored with the job, read as ``ctx.meta`` (:mod:`runledger_sync.core.meta`).
+    meta: Optional[Mapping[str, str]] = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,8 @@ class JobRecord:
     execution_resource_key: Optional[str] = None
     #: How many times the job continued (spec T14) since it was enqueued or requeued.
     continuations: int = 0
+    #: The metadata it was enqueued with (text keys to text values; empty when none).
+    meta: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def concurrency_key(self) -> Optional[str]:
@@ -170,6 +174,7 @@ class ReapedDeadLetter:
     run_number: int
     attempt: int
     payload: Any
+    meta: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

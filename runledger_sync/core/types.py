@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union
 from uuid import UUID
 
 from runledger_sync.core.errors import JobCancelled
@@ -239,6 +239,8 @@ class JobContext:
     checkpoint: Any = None
     #: The workflow step this job runs (``.run_id``, ``.step_key``, ``.output_of(key)``); None for a plain job.
     workflow: Optional["WorkflowContext"] = None
+    #: The metadata the job was enqueued with (text keys to text values; empty when none).
+    meta: Mapping[str, str] = field(default_factory=dict)
     _cancel_flag: Flag = field(default_factory=Flag, repr=False, compare=False)
     _cancel_reason: Optional[str] = field(default=None, repr=False)
     _progress_reporter: Optional[ProgressReporter] = field(default=None, repr=False, compare=False)

@@ -11,11 +11,12 @@ import enum
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 from uuid import UUID
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidArgument
+from runledger_sync.core.meta import meta_json
 from runledger_sync.core.workflow_errors import DependencyCycle, DuplicateStepKey, UnknownDependency, WorkflowEmpty
 
 STEP_KEY_MAX_LENGTH = 200
@@ -97,6 +98,10 @@ class WorkflowStep:
 class Workflow:
     """A workflow definition to enqueue with :func:`runledger_sync.enqueue_workflow`.
 
+    ``meta`` (text keys to text values, as :func:`runledger_sync.enqueue` takes) is
+    stored with the run and given to the job of each step; it is not compared
+    on an idempotent repeat.
+
     Example:
         >>> wf = Workflow("order.fulfil", idempotency_key="order-42")
         >>> charge = wf.job("charge", "payments.charge", {"order": 42})
@@ -107,10 +112,14 @@ class Workflow:
         ['charge', 'ship', 'approval', 'notify']
     """
 
-    def __init__(self, name: str, *, idempotency_key: Optional[str] = None, organization_id: Optional[str] = None):
+    def __init__(self, name: str, *, idempotency_key: Optional[str] = None, organization_id: Optional[str] = None,
+                 meta: Optional[Mapping[str, str]] = None):
         self.name = check.check_text("name", name, max_length=WORKFLOW_NAME_MAX_LENGTH)
         self.idempotency_key = check.check_optional_idempotency_key(idempotency_key)
         self.organization_id = check.check_optional_organization_id(organization_id)
+        meta_json(meta)  # checked here, so a bad one fails where it is given
+        #: The metadata of every step's job (see :mod:`runledger_sync.core.meta`).
+        self.meta: Optional[Mapping[str, str]] = None if meta is None else dict(meta)
         self._steps: list[WorkflowStep] = []
         self._keys: set[str] = set()
 
@@ -332,6 +341,8 @@ class WorkflowRunRecord:
     updated_at: datetime
     finished_at: Optional[datetime]
     steps: tuple[WorkflowStepRecord, ...] = ()
+    #: The metadata every step's job is enqueued with.
+    meta: Mapping[str, str] = field(default_factory=dict)
 
     def step(self, key: str) -> WorkflowStepRecord:
         """The step with this key (KeyError if there is none)."""

@@ -63,6 +63,8 @@ NOW = text("now()")
 ERROR_TYPE_CHECK = f"error_type IS NULL OR char_length(error_type) <= {MAX_ERROR_TYPE_CHARS}"
 TRACEBACK_CHECK = f"traceback IS NULL OR char_length(traceback) <= {MAX_TRACEBACK_CHARS}"
 EMPTY_JSON = text("'{}'::jsonb")
+#: Metadata is a JSON object (its keys and values are checked in Python: runledger_sync.core.meta).
+META_IS_OBJECT = "jsonb_typeof(meta) = 'object'"
 
 
 def one_of(column: str, enum_cls: type[Enum]) -> str:
@@ -201,6 +203,8 @@ job_queue = Table(
     Column("blocked_by_key", Boolean, nullable=False, server_default=text("false")),
     # Revision 0008: the job's continuations since it was enqueued or requeued (spec T14).
     Column("continuations", Integer, nullable=False, server_default=text("0")),
+    # Revision 0010: the job's metadata (runledger_sync.core.meta), kept by retries, continuations and requeues.
+    Column("meta", JSONB, nullable=False, server_default=EMPTY_JSON),
     CheckConstraint(one_of("status", JobStatus), name="ck_job_queue_status"),
     CheckConstraint(one_of("stage", JobStage), name="ck_job_queue_stage"),
     CheckConstraint("run_number > 0", name="ck_job_queue_run_number_positive"),
@@ -227,6 +231,7 @@ job_queue = Table(
         name="ck_job_queue_execution_resource_key",
     ),
     CheckConstraint("continuations >= 0", name="ck_job_queue_continuations_non_negative"),
+    CheckConstraint(META_IS_OBJECT, name="ck_job_queue_meta_object"),
 )
 
 # The claim index covers exactly the rows a claim can pick, queue by queue in claim

@@ -12,7 +12,7 @@ from sqlalchemy import Boolean, CheckConstraint, Column, DateTime, ForeignKey, I
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
 from runledger_sync.core.workflow import WorkflowReleaseMode, WorkflowRunStatus, WorkflowStepKind, WorkflowStepStatus
-from runledger_sync.db.schema import metadata, one_of, timestamp_columns
+from runledger_sync.db.schema import EMPTY_JSON, META_IS_OBJECT, metadata, one_of, timestamp_columns
 
 workflow_runs = Table(
     "workflow_runs",
@@ -26,11 +26,14 @@ workflow_runs = Table(
     Column("status_reason", Text),
     Column("finished_at", DateTime(timezone=True)),
     *timestamp_columns(stamped_by_statements=True),
+    # Revision 0010: metadata every step's job is enqueued with (runledger_sync.core.meta).
+    Column("meta", JSONB, nullable=False, server_default=EMPTY_JSON),
     CheckConstraint(one_of("status", WorkflowRunStatus), name="ck_workflow_runs_status"),
     CheckConstraint("btrim(name) <> ''", name="ck_workflow_runs_name_not_blank"),
     CheckConstraint(
         "idempotency_key IS NULL OR enqueue_request IS NOT NULL", name="ck_workflow_runs_idempotency_enqueue_request"
     ),
+    CheckConstraint(META_IS_OBJECT, name="ck_workflow_runs_meta_object"),
 )
 # Listing reads these newest first and pages on (created_at, id).
 Index("idx_workflow_runs_created", workflow_runs.c.created_at.desc(), workflow_runs.c.id.desc())

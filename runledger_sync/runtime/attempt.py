@@ -110,6 +110,7 @@ class JobExecution:
             job_type=job.job_type,
             checkpoint=job.checkpoint,
             workflow=None if job.workflow_step_id is None else self._workflow_context(job.workflow_step_id),
+            meta=job.meta,
             _progress_reporter=self._report_progress,
             _completer=self._complete_in,
         )

@@ -249,7 +249,7 @@ def _run_handler(execution: JobExecution) -> tuple[Outcome, FailureEvidence]:
     if handler is None:
         return JobFailure.terminal(HANDLER_NOT_REGISTERED_CODE, "No handler is registered for this job type."), NO_EVIDENCE
     try:
-        result = handler.execute(execution.context, execution.job.payload)
+        result = execution.registry.hooks.run(handler.execute, execution.context, execution.job.payload)
     except Snooze as snooze:
         # A snooze is a continuation that keeps the stored checkpoint (checkpoint None).
         result = JobCompletion(continue_after=snooze.seconds)

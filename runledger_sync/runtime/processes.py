@@ -50,7 +50,8 @@ from runledger_sync.config import JobsConfig
 from runledger_sync.core.errors import ConfigError
 from runledger_sync.db.engine import create_engine
 from runledger_sync.logging import configured_setup, get_logger
-from runledger_sync.registry import JobRegistry, load_registry
+from runledger_sync.loading import load_registry
+from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.observer import ProcessesObserver, WorkerObserver
 
 log = get_logger(__name__)

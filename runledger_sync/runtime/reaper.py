@@ -68,7 +68,7 @@ def _notify_dead_letters(
         for handler, record in calls[start:start + MAX_CONCURRENT_HOOKS]:
             context = JobContext(job_id=record.job_id, run_number=record.run_number, attempt=record.attempt,
                                  organization_id=record.organization_id, worker_id=REAPER_WORKER_ID,
-                                 job_type=record.job_type)
+                                 job_type=record.job_type, meta=record.meta)
             fields = job_log_fields(job_id=record.job_id, job_type=record.job_type, run_number=record.run_number,
                                     attempt=record.attempt, organization_id=record.organization_id,
                                     worker_id=REAPER_WORKER_ID)

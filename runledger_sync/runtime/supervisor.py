@@ -29,7 +29,8 @@ from runledger_sync.core.errors import ConfigError
 from runledger_sync.core.queue_errors import QueueNotFound
 from runledger_sync.core.types import RuntimeLoopExit
 from runledger_sync.logging import configure_logging, get_logger
-from runledger_sync.registry import JobRegistry, load_registry
+from runledger_sync.loading import load_registry
+from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.health import (
     CLAIM,
     STALL_ALLOWANCE_SECONDS,

@@ -45,7 +45,9 @@ from runledger_sync.core.errors import (
     LegacyIdempotencySnapshotMissing,
 )
 from runledger_sync.core.flow import check_optional_concurrency_key, check_optional_queue_name
+from runledger_sync.core import instrumentation
 from runledger_sync.core.ids import uuid7_strings
+from runledger_sync.core.meta import meta_json
 from runledger_sync.core.records import JobRecord, JobSpec
 from runledger_sync.core.types import JobEventType
 from runledger_sync.core.states import JobStage
@@ -71,10 +73,11 @@ _INPUT = func.unnest(
     cast(bindparam("snapshots", type_=ARRAY(Text)), ARRAY(JSONB)),
     bindparam("queues", type_=ARRAY(Text)),
     bindparam("concurrency_keys", type_=ARRAY(Text)),
+    cast(bindparam("metas", type_=ARRAY(Text)), ARRAY(JSONB)),
 ).table_valued(
     "id", "job_type", "organization_id", "payload", "priority", "max_attempts", "timeout_seconds",
     "run_at", "delay_seconds", "stage", "idempotency_key", "enqueue_request", "queue", "execution_resource_key",
-    with_ordinality="ord",
+    "meta", with_ordinality="ord",
 ).render_derived(name="input")
 
 
@@ -100,6 +103,7 @@ def _build_enqueue_statement(ids_only: bool = False) -> Any:
             _INPUT.c.enqueue_request,
             func.coalesce(_INPUT.c.queue, definition.c.queue),
             _INPUT.c.execution_resource_key,
+            _INPUT.c.meta,
         )
         .select_from(_INPUT.join(definition, enabled))
         # All or nothing: one unknown or disabled type rejects the whole batch.
@@ -113,7 +117,7 @@ def _build_enqueue_statement(ids_only: bool = False) -> Any:
         pg_insert(job_queue)
         .from_select(
             ["id", "job_type", "organization_id", "payload", "priority", "max_attempts", "timeout_seconds",
-             "next_run_at", "stage", "idempotency_key", "enqueue_request", "queue", "execution_resource_key"],
+             "next_run_at", "stage", "idempotency_key", "enqueue_request", "queue", "execution_resource_key", "meta"],
             rows,
         )
         # Only the idempotency indexes can conflict (ids are fresh UUIDv7s); the
@@ -170,7 +174,8 @@ def _batch_parameters(specs: Sequence[JobSpec], max_payload_bytes: int) -> tuple
     columns: dict[str, list[Any]] = {
         name: []
         for name in ("ids", "job_types", "organization_ids", "payloads", "priorities", "max_attempts",
-                     "timeouts", "run_ats", "delays", "stages", "keys", "snapshots", "queues", "concurrency_keys")
+                     "timeouts", "run_ats", "delays", "stages", "keys", "snapshots", "queues", "concurrency_keys",
+                     "metas")
     }
     # One lock and one read of the random source for the whole chunk.
     id_strings = uuid7_strings(len(specs))
@@ -187,6 +192,7 @@ def _batch_parameters(specs: Sequence[JobSpec], max_payload_bytes: int) -> tuple
         stage = _check_stage(spec.stage)
         queue = check_optional_queue_name(spec.queue)
         concurrency_key = check_optional_concurrency_key(spec.concurrency_key)
+        meta = meta_json(spec.meta)
         columns["ids"].append(id_string)
         columns["job_types"].append(check.check_job_type(spec.job_type))
         columns["organization_ids"].append(check.check_optional_organization_id(spec.organization_id))
@@ -200,9 +206,16 @@ def _batch_parameters(specs: Sequence[JobSpec], max_payload_bytes: int) -> tuple
         columns["keys"].append(key)
         columns["queues"].append(queue)
         columns["concurrency_keys"].append(concurrency_key)
+        columns["metas"].append(meta)
         columns["snapshots"].append(
             None if key is None else request_snapshot(spec, payload_json=payload_json)
         )
+    if instrumentation.enqueue_observers:
+        # Once every spec of the chunk is valid, so no observer (a tracer) hears of a job never sent.
+        columns["metas"] = [
+            meta_json(instrumentation.observed_meta(spec.job_type, id_string, spec.meta))
+            for spec, id_string in zip(specs, id_strings, strict=True)
+        ]
     return columns, [UUID(id_string) for id_string in id_strings]
 
 
@@ -210,7 +223,8 @@ def request_snapshot(spec: JobSpec, *, payload_json: str) -> str:
     """Return the canonical JSON of an enqueue request, compared on idempotent repeats.
 
     It holds what the caller asked for, not the defaults it resolved to, so a
-    repeated request matches even after a definition's defaults change.
+    repeated request matches even after a definition's defaults change. The
+    metadata is left out: a trace context or request id differs on every repeat.
     """
     run_at = None
     if spec.run_at is not None:

@@ -112,7 +112,7 @@ def _reap(connection: Connection, limit: int, delay_ms: int) -> ReapResult:
         elif outcome.status == JobStatus.DEAD_LETTERED:
             dead.append(
                 ReapedDeadLetter(outcome.id, outcome.job_type, outcome.organization_id, outcome.run_number,
-                                 outcome.attempt, outcome.payload)
+                                 outcome.attempt, outcome.payload, outcome.meta)
             )
         else:
             retried += 1

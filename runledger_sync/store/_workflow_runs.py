@@ -29,7 +29,7 @@ _s = workflow_steps.c
 _r = workflow_runs.c
 _d = workflow_step_dependencies.c
 RUN_COLUMNS = (_r.id, _r.name, _r.status, _r.organization_id, _r.idempotency_key, _r.status_reason,
-               _r.created_at, _r.updated_at, _r.finished_at)
+               _r.created_at, _r.updated_at, _r.finished_at, _r.meta)
 
 _STEP_ROWS = (
     select(
@@ -54,7 +54,7 @@ def run_record(row: Any, steps: tuple[WorkflowStepRecord, ...] = ()) -> Workflow
     return WorkflowRunRecord(
         id=row.id, name=row.name, status=WorkflowRunStatus(row.status), organization_id=row.organization_id,
         idempotency_key=row.idempotency_key, status_reason=row.status_reason, created_at=row.created_at,
-        updated_at=row.updated_at, finished_at=row.finished_at, steps=steps,
+        updated_at=row.updated_at, finished_at=row.finished_at, steps=steps, meta=row.meta,
     )
 
 

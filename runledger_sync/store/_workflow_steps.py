@@ -246,6 +246,7 @@ def _build_release_jobs() -> Any:
             func.coalesce(_s.timeout_seconds, definition.c.default_timeout_seconds),
             _s.id,
             definition.c.queue,
+            _r.meta,
         )
         .select_from(
             wanted.join(workflow_steps, _s.id == wanted.c.step_id)
@@ -256,7 +257,7 @@ def _build_release_jobs() -> Any:
     inserted = (
         job_queue.insert()
         .from_select(["id", "job_type", "organization_id", "payload", "priority", "max_attempts", "timeout_seconds",
-                      "workflow_step_id", "queue"], rows)
+                      "workflow_step_id", "queue", "meta"], rows)
         .returning(job_queue.c.id, job_queue.c.job_type, job_queue.c.run_number, job_queue.c.stage,
                    job_queue.c.next_run_at, job_queue.c.workflow_step_id)
         .cte("inserted")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 from uuid import UUID
 
 from sqlalchemy import func, select
@@ -54,6 +54,7 @@ def enqueue(
     max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
     queue: Optional[str] = None,
     concurrency_key: Optional[str] = None,
+    meta: Optional[Mapping[str, str]] = None,
 ) -> JobRecord:
     """Add one job to the queue.
 
@@ -76,12 +77,14 @@ def enqueue(
         queue: the queue to join instead of the job type's own (see ``registry.job(queue=)``).
         concurrency_key: jobs of one key run at most their queue's ``key_limit`` at a
             time (default 1: one after another, in claim order), across every worker.
+        meta: text keys to text values kept with the job and read as ``ctx.meta`` (at
+            most 32 keys, 4 KiB of JSON); not compared on an idempotent repeat.
 
     Returns:
         The job row (the existing one for a repeated idempotent request).
 
     Raises:
-        InvalidArgument, InvalidJobType, InvalidPayload: bad arguments; nothing written.
+        InvalidArgument, InvalidJobType, InvalidPayload, InvalidMeta: bad arguments; nothing written.
         DefinitionNotFoundOrDisabled: the type is unknown or disabled.
         QueueNotFound: ``queue`` names no queue (``queue.not_found``).
         IdempotencyConflict: the key exists with a different request.
@@ -106,6 +109,7 @@ def enqueue(
         stage=stage,
         queue=queue,
         concurrency_key=concurrency_key,
+        meta=meta,
     )
     return enqueue_many(bind, [spec], max_payload_bytes=max_payload_bytes)[0]
 

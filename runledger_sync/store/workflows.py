@@ -17,9 +17,11 @@ from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
+from runledger_sync.core import instrumentation
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidArgument
 from runledger_sync.core.ids import uuid7
+from runledger_sync.core.meta import meta_json
 from runledger_sync.core.workflow import (
     STEP_KEY_MAX_LENGTH,
     Workflow,
@@ -89,7 +91,12 @@ def enqueue_workflow(
         if step.kind is WorkflowStepKind.JOB:
             check.serialize_json(f"the payload of step {step.key!r}", step.payload, max_bytes=max_payload_bytes)
     snapshot = _request_snapshot(workflow)
-    return run_in_transaction(bind, lambda connection: _enqueue(connection, workflow, snapshot))
+    # Drawn before the first try: a try repeated after a lost connection (its transaction
+    # rolled back) writes the same run, and the enqueue observers hear of it once.
+    run_id = uuid7()
+    meta = meta_json(instrumentation.observed_meta(workflow.name, str(run_id), workflow.meta)
+                     if instrumentation.enqueue_observers else workflow.meta)
+    return run_in_transaction(bind, lambda connection: _enqueue(connection, workflow, snapshot, run_id, meta))
 
 
 def _request_snapshot(workflow: Workflow) -> str:
@@ -104,15 +111,14 @@ def _request_snapshot(workflow: Workflow) -> str:
     return check.serialize_json("workflow", {"name": workflow.name, "steps": steps})
 
 
-def _enqueue(connection: Connection, workflow: Workflow, snapshot: str) -> WorkflowRunRecord:
+def _enqueue(connection: Connection, workflow: Workflow, snapshot: str, run_id: UUID, meta: str) -> WorkflowRunRecord:
     if workflow.idempotency_key is not None:
         require_read_committed(connection)
     _check_definitions(connection, {step.job_type for step in workflow.steps if step.job_type is not None})
-    run_id = uuid7()
     inserted = connection.execute(
         pg_insert(workflow_runs)
         .values(id=run_id, name=workflow.name, organization_id=workflow.organization_id,
-                idempotency_key=workflow.idempotency_key,
+                idempotency_key=workflow.idempotency_key, meta=cast(literal(meta, Text), JSONB),
                 enqueue_request=None if workflow.idempotency_key is None else cast(literal(snapshot, Text), JSONB))
         .on_conflict_do_nothing()
         .returning(_r.id)

@@ -41,7 +41,8 @@ def test_the_job_exists_exactly_when_the_caller_commits(caller, orders, outcome)
     async def scenario() -> Any:
         async with caller() as transaction:
             await transaction.write_own_row("order-1")
-            job = await aio.enqueue(transaction.bind, JOB_TYPE, {"order": "order-1"}, idempotency_key="order-1")
+            job = await aio.enqueue(transaction.bind, JOB_TYPE, {"order": "order-1"}, idempotency_key="order-1",
+                                    meta={"tenant": "acme"})
             # Visible inside the caller's transaction, to the caller's own reads.
             seen = await aio.get_job(transaction.bind, job.id)
             assert seen is not None and seen.payload == {"order": "order-1"}
@@ -51,7 +52,7 @@ def test_the_job_exists_exactly_when_the_caller_commits(caller, orders, outcome)
             return job
 
     job = asyncio.run(scenario())
-    assert job.status is JobStatus.PENDING and job.job_type == JOB_TYPE
+    assert job.status is JobStatus.PENDING and job.job_type == JOB_TYPE and job.meta == {"tenant": "acme"}
     committed = outcome == "commit"
     assert (admin.get_job(orders, job.id) is not None) is committed
     assert jobs_of(orders) == (1 if committed else 0)

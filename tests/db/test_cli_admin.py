@@ -75,6 +75,27 @@ def test_enqueue_prints_the_new_jobs_id_and_stores_every_option(db, run):
     assert job.next_run_at > datetime.now(timezone.utc) + timedelta(seconds=30)
 
 
+def test_enqueue_stores_meta_given_as_key_value_pairs(db, run):
+    code, out, err = run("enqueue", EMAIL, "{}", "--meta", "tenant=acme", "--meta", "query=a=b")
+
+    assert code == 0, err
+    assert rl.get_job(db, out.strip()).meta == {"tenant": "acme", "query": "a=b"}
+
+
+@pytest.mark.parametrize(("argv", "problem"), [
+    (("--meta", "s3cret"), "--meta must be KEY=VALUE, got an argument without '='"),
+    (("--meta", "k=s3cret", "--meta", "k=other"), "--meta must be each key once, got 'k' twice"),
+    (("--meta", "=s3cret"), "meta keys must be non-blank, got a blank key"),
+])
+def test_enqueue_bad_meta_is_usage_error_and_writes_nothing(db, run, argv, problem):
+    code, out, err = run("enqueue", EMAIL, "{}", *argv)
+
+    assert code == 2 and out == ""
+    assert err.splitlines()[0] == f"error: job.invalid_meta: {problem}"
+    assert "s3cret" not in err
+    assert rl.count_jobs(db) == 0
+
+
 def test_enqueue_with_the_same_idempotency_key_prints_the_same_id(db, run):
     first = run("enqueue", EMAIL, '{"n": 1}', "--idempotency-key", "once")
     second = run("enqueue", EMAIL, '{"n": 1}', "--idempotency-key", "once")
@@ -179,6 +200,17 @@ def test_jobs_show_json_holds_the_job_its_attempts_and_events(db, run):
     assert shown["job"]["id"] == str(job.id) and shown["job"]["status"] == "DEAD_LETTERED"
     assert [a["outcome"] for a in shown["attempts"]] == ["TERMINAL"]
     assert [e["event_type"] for e in shown["events"]] == event_types(db, job.id)
+
+
+def test_jobs_show_prints_the_jobs_metadata(db, run):
+    job = rl.enqueue(db, EMAIL, {}, meta={"tenant": "acme"})
+
+    code, out, _ = run("jobs", "show", str(job.id))
+    _, shown, _ = run("jobs", "show", str(job.id), "--json")
+
+    assert code == 0
+    assert 'meta:                {"tenant": "acme"}' in out
+    assert json.loads(shown)["job"]["meta"] == {"tenant": "acme"}
 
 
 def test_jobs_show_unknown_id_is_not_found(db, run):

@@ -159,6 +159,19 @@ def test_show_draws_a_fan_in_step_once_under_its_last_prerequisite(db, run):
     ]
 
 
+def test_show_prints_the_runs_metadata(db, run):
+    workflow = rl.Workflow("order.meta", meta={"tenant": "acme"})
+    workflow.external("approval")
+    run_record = rl.enqueue_workflow(db, workflow)
+
+    code, out, _ = run("workflows", "show", str(run_record.id))
+    _, shown, _ = run("workflows", "show", str(run_record.id), "--json")
+
+    assert code == 0
+    assert 'meta:             {"tenant": "acme"}' in out
+    assert json.loads(shown)["meta"] == {"tenant": "acme"}
+
+
 def test_show_json_gives_the_run_with_every_step_and_its_deps(db, run):
     run_record = waiting_for_approval(db)
     code, out, _ = run("workflows", "show", str(run_record.id), "--json")

@@ -26,6 +26,12 @@ LAYERS: dict[str, int] = {
     "config_checks": 1,
     "registry": 1,
     "handlers": 1,
+    # The registry's middleware chain, enqueue and failure hooks, and its declared
+    # queues and schedules (the registry's bases); they import core and handlers only.
+    "middleware": 1,
+    "declarations": 1,
+    # Names a registry in text for the CLI and worker processes; imports the registry.
+    "loading": 1,
     # logging imports only the standard library and python-json-logger, and every
     # layer above core logs, so it sits with config.
     "logging": 1,

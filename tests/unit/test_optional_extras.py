@@ -130,3 +130,19 @@ def test_top_refuses_an_interval_of_zero(capsys):
 
     assert code == 2
     assert "--interval must be a number of seconds above 0, got 0.0" in capsys.readouterr().err
+
+
+def test_without_opentelemetry_nothing_imports_it_and_the_integration_says_what_to_install():
+    script = (
+        "import sys; sys.modules['opentelemetry'] = None\n"
+        "import runledger_sync, runledger_sync.middleware, runledger_sync.store.enqueue, runledger_sync.runtime.worker\n"
+        "try:\n"
+        "    import runledger_sync.contrib.opentelemetry\n"
+        "except runledger_sync.MissingExtra as error:\n"
+        "    print(error.code, error.message)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("config.missing_extra opentelemetry-api is not installed; install runledger-sync's "
+                                    "otel extra")

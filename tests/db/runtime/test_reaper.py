@@ -75,11 +75,12 @@ def test_reaper_loop_dead_letters_an_expired_last_attempt_and_tells_the_hook(eng
     registry = h.registry_with(JOB_TYPE, h.ok(probe), max_attempts=1, on_dead_letter=h.recording_hook(probe, engine))
     registry.job("test.marker", max_attempts=3)(h.ok(probe))
     registry.sync_definitions(engine)
-    job = expired_started_claim(engine, JOB_TYPE, organization_id="org-3")
+    job = expired_started_claim(engine, JOB_TYPE, organization_id="org-3", meta={"tenant": "acme"})
     start_loop("reaper", registry)
     [(ctx, payload, info, status_seen)] = probe.wait_dead_letters(1)
     assert status_seen == "DEAD_LETTERED"
     assert (ctx.job_id, ctx.attempt, ctx.worker_id, ctx.organization_id) == (job.id, 1, "reaper", "org-3")
+    assert ctx.meta == {"tenant": "acme"}
     assert payload == PAYLOAD
     assert info.failure == JobFailure(JobFailureKind.LEASE_EXPIRED, "job.lease_expired",
                                       "Job lease expired before completion.")

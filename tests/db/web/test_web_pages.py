@@ -217,3 +217,25 @@ def test_workflow_names_and_step_keys_are_escaped(db, client):
     for html in (page(client, "/workflows"), page(client, f"/workflows?run={run.id}")):
         assert "<script>alert" not in html and "<img src=x" not in html
     assert "&lt;img src=x onerror=alert(1)&gt;" in page(client, f"/workflows?run={run.id}")
+
+
+def test_the_job_page_shows_its_metadata_escaped(db, client):
+    job = rl.enqueue(db, EMAIL, {}, meta={"<b>tenant</b>": "<script>alert('meta')</script>", "request_id": "r-1"})
+
+    html = page(client, f"/jobs/{job.id}")
+
+    assert 'id="job-meta"' in html and "r-1" in html
+    assert "<script>alert" not in html and "<b>tenant</b>" not in html
+    assert "&lt;script&gt;alert(&#39;meta&#39;)&lt;/script&gt;" in html
+    assert 'id="job-meta"' not in page(client, f"/jobs/{rl.enqueue(db, EMAIL, {}).id}")
+
+
+def test_the_workflow_page_shows_the_runs_metadata_escaped(db, client):
+    wf = rl.Workflow("order.meta", meta={"tenant": "<img src=x onerror=alert(1)>"})
+    wf.job("charge", EMAIL, {})
+    run = rl.enqueue_workflow(db, wf)
+
+    html = page(client, f"/workflows?run={run.id}")
+
+    assert 'id="run-meta"' in html and "<code>tenant</code>" in html
+    assert "<img src=x" not in html and "&lt;img src=x onerror=alert(1)&gt;" in html
