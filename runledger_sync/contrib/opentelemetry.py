@@ -35,7 +35,7 @@ from runledger_sync.core.types import JobCompletion, JobContext, JobFailure, Sno
 
 try:
     from opentelemetry import trace
-    from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+    from opentelemetry.trace import Link, NoOpTracerProvider, ProxyTracerProvider, SpanKind, Status, StatusCode
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError:  # pragma: no cover - exercised by the extras test in a subprocess
     raise MissingExtra("otel", "opentelemetry-api") from None
@@ -59,7 +59,9 @@ def instrument(tracer_provider: Any = None) -> None:
     if _uninstall is not None:
         return
     tracer = trace.get_tracer("runledger_sync", tracer_provider=tracer_provider)
-    _uninstall = instrumentation.install(on_enqueue=_producer(tracer), middleware=_consumer(tracer))
+    can_record = _can_record(tracer_provider)
+    _uninstall = instrumentation.install(on_enqueue=_producer(tracer, can_record),
+                                         middleware=_consumer(tracer, can_record))
 
 
 def uninstrument() -> None:
@@ -70,9 +72,22 @@ def uninstrument() -> None:
         _uninstall = None
 
 
-def _producer(tracer: Any) -> instrumentation.EnqueueObserver:
+def _can_record(tracer_provider: Any) -> Callable[[], bool]:
+    """Whether spans can be recorded at all: not before an SDK's provider is set (the API's placeholder).
+
+    Asked on every enqueue and attempt, so that a process instrumented before its
+    SDK is set up (or without one) pays a type check, not a span's making.
+    """
+    placeholders = (ProxyTracerProvider, NoOpTracerProvider)
+    if tracer_provider is not None:
+        recording = not isinstance(tracer_provider, placeholders)
+        return lambda: recording
+    return lambda: not isinstance(trace.get_tracer_provider(), placeholders)
+
+
+def _producer(tracer: Any, can_record: Callable[[], bool]) -> instrumentation.EnqueueObserver:
     def on_enqueue(name: str, id_text: str, meta: Optional[Mapping[str, str]]) -> Optional[Mapping[str, str]]:
-        if meta and "traceparent" in meta:
+        if (meta and "traceparent" in meta) or not can_record():
             return None
         attributes = {
             "messaging.system": MESSAGING_SYSTEM,
@@ -89,8 +104,10 @@ def _producer(tracer: Any) -> instrumentation.EnqueueObserver:
     return on_enqueue
 
 
-def _consumer(tracer: Any) -> instrumentation.ProcessMiddleware:
+def _consumer(tracer: Any, can_record: Callable[[], bool]) -> instrumentation.ProcessMiddleware:
     def around_attempt(ctx: JobContext, payload: Any, call_next: Callable[[Any, Any], Any]) -> Any:
+        if not can_record():
+            return call_next(ctx, payload)
         parent = _PROPAGATOR.extract(ctx.meta)
         created = trace.get_current_span(parent).get_span_context()
         attributes = {

@@ -163,3 +163,26 @@ def test_uninstrument_stops_tracing(engine, registry, exporter):
     testing.drain(engine, registry)
 
     assert job.meta == {} and exporter.get_finished_spans() == ()
+
+
+class Untouchable:
+    def __getattr__(self, name):
+        raise AssertionError(f"the trace context was {name}ed with no SDK to record it")
+
+
+def test_before_an_sdk_is_set_up_no_span_is_made_and_jobs_run_as_before(engine, registry, monkeypatch):
+    from opentelemetry import trace
+
+    # The global provider is the API's placeholder until an application sets one:
+    # neither enqueue nor the attempt may then spend time on spans or trace context.
+    assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    monkeypatch.setattr(otel, "_PROPAGATOR", Untouchable())
+    otel.instrument()
+    try:
+        job = rl.enqueue(engine, "otel.ok", {})
+        result = testing.drain(engine, registry)
+    finally:
+        otel.uninstrument()
+
+    assert job.meta == {}
+    assert result.succeeded == 1
