@@ -146,3 +146,18 @@ def test_without_opentelemetry_nothing_imports_it_and_the_integration_says_what_
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("config.missing_extra opentelemetry-api is not installed; install runledger-sync's "
                                     "otel extra")
+
+
+def test_aio_enqueue_takes_every_keyword_of_the_sync_enqueue():
+    import inspect
+
+    pytest.importorskip("greenlet")
+    from runledger_sync import aio
+    from runledger_sync.store import enqueue as store_enqueue
+
+    def keywords(fn):
+        return {name: parameter.default for name, parameter in inspect.signature(fn).parameters.items()
+                if parameter.kind is inspect.Parameter.KEYWORD_ONLY}
+
+    # Spelled out for the reader of the async API, so a keyword added to one must be added to the other.
+    assert keywords(aio.enqueue) == keywords(store_enqueue.enqueue)
