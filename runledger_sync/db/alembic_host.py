@@ -39,7 +39,7 @@ from alembic.script.revision import RevisionError
 from alembic.util import coerce_resource_to_filename
 
 from runledger_sync.core.errors import ConfigError
-from runledger_sync.db import schema_queues, schema_rollup, schema_workflows  # noqa: F401  its tables join metadata, read whole below
+from runledger_sync.db import schema_queues, schema_rollup, schema_schedules, schema_workflows  # noqa: F401  its tables join metadata, read whole below
 from runledger_sync.db.migrate import VERSION_TABLE, migrations_directory
 from runledger_sync.db.schema import metadata
 

@@ -26,7 +26,8 @@ from sqlalchemy import Float, Integer, Interval, Text, func, literal, null, sele
 from sqlalchemy.engine import Connection
 
 from runledger_sync.core.states import JobStatus
-from runledger_sync.db.schema import job_dead_letters, job_definitions, job_queue, job_schedules
+from runledger_sync.db.schema import job_dead_letters, job_definitions, job_queue
+from runledger_sync.db.schema_schedules import job_schedules
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store._scope import status_is

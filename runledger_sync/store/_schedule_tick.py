@@ -26,7 +26,7 @@ from runledger_sync.core import validation as check
 from runledger_sync.core.errors import RunledgerError
 from runledger_sync.core.records import JobSpec, ScheduleFailure, ScheduleTick
 from runledger_sync.db.errors import translate
-from runledger_sync.db.schema import job_schedules
+from runledger_sync.db.schema_schedules import job_schedules
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store.enqueue import enqueue_many

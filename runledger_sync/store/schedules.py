@@ -29,7 +29,8 @@ from runledger_sync.core.records import (
 )
 from runledger_sync.core.store_errors import DefinitionNotFound
 from runledger_sync.core.states import JobStage
-from runledger_sync.db.schema import job_definitions, job_schedules
+from runledger_sync.db.schema import job_definitions
+from runledger_sync.db.schema_schedules import job_schedules
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store.enqueue import enqueue_many
