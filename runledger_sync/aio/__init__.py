@@ -119,7 +119,8 @@ async def get_job(bind: Any, job_id: UUID | str, *, organization_id: Optional[st
     """Return the job, or None when it does not exist in the scope (see :func:`runledger_sync.get_job`).
 
     Args:
-        bind: an ``AsyncEngine`` (a transaction of its own), or a connection or
-            session as for :func:`enqueue`, whose transaction the read joins.
+        bind: an ``AsyncEngine`` (a transaction of its own, retried on a lost connection as
+            :func:`runledger_sync.get_job` retries on an Engine), or a connection or
+            session as for :func:`enqueue`, whose transaction the read joins (never retried).
     """
     return await run_read(bind, lambda connection: admin.get_job(connection, job_id, organization_id=organization_id))

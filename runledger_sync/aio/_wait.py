@@ -14,7 +14,8 @@ AsyncEngine (an ``AsyncEngine``, or the engine of an ``AsyncConnection`` or
 is closed. A psycopg 3 ``AsyncConnection`` has no engine to open another
 session from, so that wait polls. The job is read through the bind, as
 :func:`runledger_sync.aio.get_job` reads it: inside the caller's transaction,
-where one is joined, which must be READ COMMITTED to see the end.
+where one is joined, which must be READ COMMITTED to see the end. On an
+``AsyncEngine`` each read is retried on a lost connection, as ``aio.get_job`` is.
 """
 
 from __future__ import annotations

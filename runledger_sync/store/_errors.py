@@ -39,6 +39,20 @@ TRANSIENT_RETRY_BUDGET_SECONDS = 2.0
 TRANSIENT_RETRY_ATTEMPTS = 4
 
 
+def retry_policy() -> dict[str, Any]:
+    """tenacity's arguments for the tries after a first one failed with :func:`worth_retrying`.
+
+    One policy for the sync store (``Retrying``) and its asyncio reads (``AsyncRetrying``,
+    which sleeps without blocking the event loop).
+    """
+    return dict(
+        retry=retry_if_exception(worth_retrying),
+        stop=stop_after_delay(TRANSIENT_RETRY_BUDGET_SECONDS) | stop_after_attempt(TRANSIENT_RETRY_ATTEMPTS - 1),
+        wait=wait_exponential(multiplier=0.05, max=0.5),
+        reraise=True,
+    )
+
+
 def run_in_transaction(
     bind: Bind,
     work: Callable[[Connection], T],
@@ -88,15 +102,9 @@ def run_in_transaction(
         # paid on every store call although nearly all of them succeed at once.
         return _once(bind, work, one_repeatable_write, one_query)
     except ConnectionFailed as exc:
-        if not retry or not _worth_retrying(exc):
+        if not retry or not worth_retrying(exc):
             raise
-    retrying = Retrying(
-        retry=retry_if_exception(_worth_retrying),
-        stop=stop_after_delay(TRANSIENT_RETRY_BUDGET_SECONDS) | stop_after_attempt(TRANSIENT_RETRY_ATTEMPTS - 1),
-        wait=wait_exponential(multiplier=0.05, max=0.5),
-        reraise=True,
-    )
-    for attempt in retrying:
+    for attempt in Retrying(**retry_policy()):
         with attempt:
             return _once(bind, work, one_repeatable_write, one_query)
     raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
@@ -112,8 +120,11 @@ def _url_of(connection: Connection) -> Any:
     return None if is_lent(connection) else connection.engine.url
 
 
-def _worth_retrying(exc: BaseException) -> bool:
-    # An unknown commit outcome is never retried blindly: that could write twice.
+def worth_retrying(exc: BaseException) -> bool:
+    """True for a lost or refused connection, whose work a fresh connection may run again.
+
+    An unknown commit outcome is never retried blindly: that could write twice.
+    """
     return isinstance(exc, ConnectionFailed) and not isinstance(exc, CommitOutcomeUnknown)
 
 

@@ -13,7 +13,11 @@ call itself, with the same validation, statements and error codes, run through
   process, whose dialect never begins, commits, rolls back or closes it, as
   :mod:`runledger_sync.store._binds` lends a sync one; our statements run on a
   cursor of our own with tuple rows and our own type loaders;
-- an ``AsyncEngine`` (reads only): a transaction of the store's own, committed here.
+- an ``AsyncEngine`` (reads only): a transaction of the store's own, committed here,
+  and retried on a lost connection as the sync store retries its own
+  (:mod:`runledger_sync.store._errors`: the same errors, attempts and budget), sleeping
+  with asyncio between tries. A caller's connection or session is never retried: its
+  transaction is the caller's.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import threading
 from contextvars import ContextVar
 from typing import Any, Callable, Optional, TypeVar
 
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import registry as dialect_registry
 from sqlalchemy.dialects.postgresql.psycopg import (
     AsyncAdapt_psycopg_connection,
@@ -32,9 +37,13 @@ from sqlalchemy.dialects.postgresql.psycopg import (
 )
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.util.concurrency import await_
+from tenacity import AsyncRetrying
 
 from runledger_sync.core.errors import InvalidArgument
+from runledger_sync.core.store_errors import ConnectionFailed
+from runledger_sync.db.errors import translate
 from runledger_sync.store._binds import _LeavesTheConnectionToItsOwner, _LentPool, _own_psycopg_cursor
+from runledger_sync.store._errors import retry_policy, worth_retrying
 from runledger_sync.store._notify import ENDED_CHANNEL, LISTENER_APPLICATION_NAME
 
 T = TypeVar("T")
@@ -153,11 +162,33 @@ async def run_joined(bind: Any, work: Callable[[Any], T]) -> T:
 
 
 async def run_read(bind: Any, work: Callable[[Any], T]) -> T:
-    """Like :func:`run_joined`, and an ``AsyncEngine`` too: then the read is a transaction of its own."""
-    if isinstance(bind, AsyncEngine):
-        async with bind.begin() as connection:
+    """Like :func:`run_joined`, and an ``AsyncEngine`` too: then the read is a transaction of its own,
+    retried on a lost connection within the sync store's budget (``work`` must only read).
+
+    Raises:
+        ConnectionFailed: the connection was still lost when the budget was spent (``db.connection_failed``).
+    """
+    if not isinstance(bind, AsyncEngine):
+        return await run_joined(bind, work)
+    try:
+        # The first try outside tenacity, as the sync store does: nearly every read succeeds at once.
+        return await _read_once(bind, work)
+    except ConnectionFailed as exc:
+        if not worth_retrying(exc):
+            raise
+    async for attempt in AsyncRetrying(**retry_policy()):
+        with attempt:
+            return await _read_once(bind, work)
+    raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+
+async def _read_once(engine: AsyncEngine, work: Callable[[Any], T]) -> T:
+    try:
+        async with engine.begin() as connection:
             return await connection.run_sync(work)
-    return await run_joined(bind, work)
+    except sa_exc.DBAPIError as exc:
+        # Connecting, or the commit: ``work`` translates its own statements' errors.
+        raise translate(exc, engine.url) from exc
 
 
 def engine_of(bind: Any) -> Optional[AsyncEngine]:

@@ -27,8 +27,8 @@ else:
 needs_asyncpg = pytest.mark.skipif(not HAS_ASYNCPG, reason="asyncpg is not installed")
 
 
-def async_engine(url: str, driver: str) -> AsyncEngine:
-    return create_async_engine(make_url(url).set(drivername=f"postgresql+{driver}"))
+def async_engine(url: str, driver: str, **options: Any) -> AsyncEngine:
+    return create_async_engine(make_url(url).set(drivername=f"postgresql+{driver}"), **options)
 
 
 class Caller:

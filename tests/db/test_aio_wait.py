@@ -44,16 +44,17 @@ END_TO_RETURN_CEILING_SECONDS = 5.0
 class Waiter:
     """aio.wait_for_job on an event loop and thread of its own; keeps what it returned or raised, and when."""
 
-    def __init__(self, url: str, driver: str, job_id: Any, timeout: float = 30.0) -> None:
+    def __init__(self, url: str, driver: str, job_id: Any, timeout: float = 30.0, **engine_options: Any) -> None:
         self.result: Any = None
         self.error: BaseException | None = None
         self.returned_at: datetime | None = None
-        self.thread = threading.Thread(target=self._run, args=(url, driver, job_id, timeout), daemon=True)
+        self.thread = threading.Thread(target=self._run, args=(url, driver, job_id, timeout, engine_options),
+                                       daemon=True)
         self.thread.start()
 
-    def _run(self, url: str, driver: str, job_id: Any, timeout: float) -> None:
+    def _run(self, url: str, driver: str, job_id: Any, timeout: float, engine_options: dict[str, Any]) -> None:
         async def wait() -> Any:
-            engine = async_engine(url, driver)
+            engine = async_engine(url, driver, **engine_options)
             try:
                 return await aio.wait_for_job(engine, job_id, timeout=timeout)
             finally:
