@@ -169,6 +169,8 @@ class Hooked:
     def on_enqueue(self, fn: EnqueueHook) -> EnqueueHook:
         """Call ``fn(spec)`` before :meth:`enqueue` writes a job; the mapping it returns is added to the job's meta.
 
+        For :meth:`enqueue_workflow` it is called for each job step, and adds to the run's meta.
+
         Returns:
             ``fn``, unchanged: it works as a decorator.
 
