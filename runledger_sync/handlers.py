@@ -41,6 +41,9 @@ class JobHandler:
         retry_on: Exception classes that become retryable failures instead of panics.
         retry_delay_overrides: Failure code -> retry delay in ms, replacing the backoff.
         max_continuations: How many times one job may continue (snooze); None means 100.
+        payload_model: A pydantic model class (the extra ``pydantic``), or None:
+            ``execute`` then gets ``payload_model.model_validate(payload)``, and
+            ``JobRegistry.enqueue`` refuses a payload the model does not accept.
     """
 
     job_type: str
@@ -52,6 +55,7 @@ class JobHandler:
     # Read-only, so a subclass cannot mutate the default shared by every handler.
     retry_delay_overrides: Mapping[str, int] = types.MappingProxyType({})
     max_continuations: Optional[int] = None
+    payload_model: Any = None
 
     def execute(self, ctx: JobContext, payload: Any) -> Optional[JobCompletion]:
         """Run one attempt of the job.
@@ -79,9 +83,6 @@ class JobHandler:
 class FunctionHandler(JobHandler):
     """Adapt a ``fn(ctx, payload)`` registered with ``@registry.job`` to the class form."""
 
-    #: The pydantic model the function's payload is given as (``@registry.job(payload_model=M)``), or None.
-    payload_model: Any = None
-
     def __init__(
         self,
         job_type: str,
@@ -96,12 +97,6 @@ class FunctionHandler(JobHandler):
             setattr(self, name, value)
 
     def execute(self, ctx: JobContext, payload: Any) -> Optional[JobCompletion]:
-        if self.payload_model is not None:
-            try:
-                payload = validated(self.payload_model, payload)
-            except InvalidPayload as error:
-                # Terminal: the same stored payload is refused again on every attempt.
-                raise JobFailure.terminal(error.code, error.message) from None
         return self._fn(ctx, payload)
 
     def on_dead_letter(self, ctx: JobContext, payload: Any, info: JobDeadLetterInfo) -> None:
@@ -128,6 +123,7 @@ class WrappedHandler(JobHandler):
         self.retry_on = retry_on
         self.retry_delay_overrides = inner.retry_delay_overrides
         self.max_continuations = inner.max_continuations
+        self.payload_model = inner.payload_model
 
     def execute(self, ctx: JobContext, payload: Any) -> Optional[JobCompletion]:
         with self.around():
@@ -139,6 +135,21 @@ class WrappedHandler(JobHandler):
 
     def __repr__(self) -> str:
         return f"<{self.inner!r} inside {self.around!r}>"
+
+
+def run_execute(handler: JobHandler, ctx: JobContext, payload: Any) -> Optional[JobCompletion]:
+    """``handler.execute(ctx, payload)``, the payload given as an instance of the handler's ``payload_model`` if it has one.
+
+    Raises:
+        JobFailure: terminal ``job.invalid_payload`` when the model refuses the
+            stored payload (the same payload is refused again on every attempt).
+    """
+    if handler.payload_model is not None:
+        try:
+            payload = validated(handler.payload_model, payload)
+        except InvalidPayload as error:
+            raise JobFailure.terminal(error.code, error.message) from None
+    return handler.execute(ctx, payload)
 
 
 def failure_hook_within(hook: FailureHook, around: Callable[[], ContextManager[Any]]) -> FailureHook:

@@ -10,9 +10,15 @@ Each attempt runs its own chain with its own context, on its own thread.
 
 An enqueue hook is ``fn(spec)`` returning metadata to add to the job (or None).
 Hooks run in registration order, only on the registry's own enqueue paths
-(:meth:`JobRegistry.enqueue`, :meth:`JobRegistry.enqueue_many`): a plain
-``rl.enqueue`` knows no registry. A key the caller gave, or an earlier hook
-added, keeps its value.
+(:meth:`JobRegistry.enqueue`, :meth:`JobRegistry.enqueue_many`,
+:meth:`JobRegistry.enqueue_workflow`): a plain ``rl.enqueue`` knows no
+registry. A key the caller gave, or an earlier hook added, keeps its value.
+
+A workflow's meta belongs to its run, and every step's job carries it. So for
+a workflow the hooks see each job step in turn, in the order the steps were
+added, as a :class:`~runledger_sync.JobSpec` of the step's type, payload and
+options with the run's meta so far; what they add goes to the run's meta, under
+the same rule (the first value a key gets stays). External steps run no hook.
 
 Instrumentation that must see every job of the process, whichever registry (or
 none) is involved, installs process-wide hooks instead
@@ -22,6 +28,7 @@ every registry's own.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 from typing import Any, Callable, ContextManager, Mapping, Optional
@@ -32,6 +39,7 @@ from runledger_sync.core.meta import merged_meta
 from runledger_sync.core.payload_models import is_model_instance, validated
 from runledger_sync.core.records import JobSpec
 from runledger_sync.core.types import JobContext
+from runledger_sync.core.workflow import Workflow, WorkflowStepKind
 from runledger_sync.handlers import FailureHook
 
 #: ``call_next(ctx, payload)``: the rest of the chain, then the handler.
@@ -88,9 +96,35 @@ class RegistryHooks:
             return spec
         model = payload_models.get(spec.job_type)
         if model is not None:
-            # An instance is checked as its dump, which is what the job row will hold.
-            given = spec.payload.model_dump(mode="json", warnings=False) if is_model_instance(spec.payload) else spec.payload
-            spec = dataclasses.replace(spec, payload=validated(model, {} if given is None else given).model_dump(mode="json"))
+            spec = dataclasses.replace(spec, payload=_typed(model, spec.payload, "payload"))
+        return self._with_hooks_meta(spec)
+
+    def prepared_workflow(self, workflow: Workflow, payload_models: Mapping[str, Any]) -> Workflow:
+        """A copy of ``workflow``: each job step's payload checked against its type's model, the hooks' metadata in the run's meta.
+
+        Anything but a Workflow is passed on as given, for the store to refuse.
+        """
+        if not isinstance(workflow, Workflow):
+            return workflow
+        steps, meta = [], workflow.meta
+        for step in workflow.steps:
+            job_type = step.job_type
+            if step.kind is WorkflowStepKind.JOB and job_type is not None:
+                model = payload_models.get(job_type)
+                if model is not None:
+                    step = dataclasses.replace(step, payload=_typed(model, step.payload, f"the payload of step {step.key!r}"))
+                meta = self._with_hooks_meta(JobSpec(
+                    job_type, step.payload, priority=step.priority, max_attempts=step.max_attempts,
+                    timeout_seconds=step.timeout_seconds, organization_id=workflow.organization_id, meta=meta,
+                )).meta
+            steps.append(step)
+        # A copy, so the caller's workflow is left as built and may be enqueued again.
+        prepared = copy.copy(workflow)
+        prepared._steps = steps
+        prepared.meta = meta
+        return prepared
+
+    def _with_hooks_meta(self, spec: JobSpec) -> JobSpec:
         for hook in self.enqueue_hooks:
             added = hook(spec)
             if added is not None and not isinstance(added, Mapping):
@@ -134,6 +168,8 @@ class Hooked:
 
     def on_enqueue(self, fn: EnqueueHook) -> EnqueueHook:
         """Call ``fn(spec)`` before :meth:`enqueue` writes a job; the mapping it returns is added to the job's meta.
+
+        For :meth:`enqueue_workflow` it is called for each job step, and adds to the run's meta.
 
         Returns:
             ``fn``, unchanged: it works as a decorator.
@@ -184,6 +220,13 @@ class Hooked:
     def failure_hooks(self) -> tuple[FailureHook, ...]:
         """The hooks given to :meth:`on_failure`, in the order they were given."""
         return tuple(self._failure_hooks)
+
+
+def _typed(model: Any, payload: Any, argument: str) -> Any:
+    """The JSON dump of ``model.model_validate(payload)``: what the job row will hold."""
+    # An instance is checked as its dump, which is what the job row would otherwise hold.
+    given = payload.model_dump(mode="json", warnings=False) if is_model_instance(payload) else payload
+    return validated(model, {} if given is None else given, argument).model_dump(mode="json")
 
 
 def _within(fn: Middleware, around: Callable[[], ContextManager[Any]]) -> Middleware:

@@ -138,7 +138,6 @@ class JobRegistry(Declarations, Hooked):
                 raise RegistrationError(
                     f"on_dead_letter for job type {name!r} must be callable, got {on_dead_letter!r}"
                 )
-            check_payload_model(str(name), payload_model)
             handler = FunctionHandler(
                 name,
                 fn,
@@ -191,9 +190,10 @@ class JobRegistry(Declarations, Hooked):
             raise RegistrationError(f"queue for job type {job_type!r}: {error.message}") from None
         retry_on = checked_retry_on(job_type, handler.retry_on)
         overrides = checked_overrides(job_type, handler.retry_delay_overrides)
+        check_payload_model(job_type, handler.payload_model)
         # Every check passed: only now mutate, so a rejected handler leaves no trace.
         self._handlers[job_type] = handler
-        if isinstance(handler, FunctionHandler) and handler.payload_model is not None:
+        if handler.payload_model is not None:
             self._payload_models[job_type] = handler.payload_model
         self._retry_on[job_type] = retry_on
         self._overrides[job_type] = overrides
@@ -232,6 +232,32 @@ class JobRegistry(Declarations, Hooked):
             # A list stays a list, which the store may send again after a lost connection.
             return enqueue_many(bind, [self._hooks.prepared(spec, self._payload_models) for spec in specs], **options)
         return enqueue_many(bind, (self._hooks.prepared(spec, self._payload_models) for spec in specs), **options)
+
+    def enqueue_workflow(self, bind: Any, workflow: Any, **options: Any) -> Any:
+        """Enqueue as :func:`runledger_sync.enqueue_workflow` does, checking typed step payloads and running the enqueue hooks first.
+
+        Each job step of a type with a ``payload_model`` has its payload checked
+        and stored as :meth:`enqueue` does; the :meth:`on_enqueue` hooks see each
+        job step and add to the run's meta, which every step's job carries (see
+        :mod:`runledger_sync.middleware`). The workflow given is left unchanged.
+        Any error raises before anything is written.
+
+        Args:
+            bind: What :func:`runledger_sync.enqueue_workflow` takes.
+            options: Its keyword arguments.
+
+        Returns:
+            The run with its steps (a :class:`~runledger_sync.WorkflowRunRecord`).
+
+        Raises:
+            InvalidPayload: ``job.invalid_payload``; the message names the step
+                and each field's path, never the value.
+            RunledgerError: whatever :func:`runledger_sync.enqueue_workflow` raises.
+        """
+        # Imported here: the registry sits below the store (see sync_definitions).
+        from runledger_sync.store.workflows import enqueue_workflow
+
+        return enqueue_workflow(bind, self._hooks.prepared_workflow(workflow, self._payload_models), **options)
 
     def get(self, job_type: str) -> Optional[JobHandler]:
         """Return the handler of ``job_type``, or None if none is registered."""
@@ -329,7 +355,6 @@ class JobRegistry(Declarations, Hooked):
         wrapped._failure_hooks = [failure_hook_within(hook, around) for hook in self._failure_hooks]
         for job_type, handler in self._handlers.items():
             wrapped.register(WrappedHandler(handler, around, self.retry_on(job_type)))
-        wrapped._payload_models = dict(self._payload_models)
         wrapped._hooks = self._hooks.within(around)
         return wrapped
 

@@ -19,6 +19,7 @@ still LEASED means it did not, and the handler's outcome is written as usual.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Any, Callable, Optional
@@ -69,6 +70,7 @@ from runledger_sync.core.validation import (
     serialize_output,
 )
 from runledger_sync.db.errors import is_transient_error
+from runledger_sync.handlers import run_execute
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.attempt import JobExecution
@@ -249,7 +251,8 @@ def _run_handler(execution: JobExecution) -> tuple[Outcome, FailureEvidence]:
     if handler is None:
         return JobFailure.terminal(HANDLER_NOT_REGISTERED_CODE, "No handler is registered for this job type."), NO_EVIDENCE
     try:
-        result = execution.registry.hooks.run(handler.execute, execution.context, execution.job.payload)
+        result = execution.registry.hooks.run(
+            functools.partial(run_execute, handler), execution.context, execution.job.payload)
     except Snooze as snooze:
         # A snooze is a continuation that keeps the stored checkpoint (checkpoint None).
         result = JobCompletion(continue_after=snooze.seconds)

@@ -73,6 +73,10 @@ ALLOWED_UPWARD_IMPORTS: dict[tuple[str, str], str] = {
         "runledger_sync.registry",
         "runledger_sync.store.queues",
     ): "registry.sync_definitions writes the declared queues through the store",
+    (
+        "runledger_sync.registry",
+        "runledger_sync.store.workflows",
+    ): "registry.enqueue_workflow (which checks typed step payloads first) delegates to the store",
 }
 
 IO_LIBRARIES = {"sqlalchemy", "psycopg2", "psycopg", "alembic", "tenacity", "pythonjsonlogger", "pgserver"}
