@@ -20,7 +20,7 @@ reply was lost is logged at INFO once the row shows it landed.
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Callable, Optional, TypeVar
 
 from runledger_sync.core.errors import InvalidCompletionProgress
 from runledger_sync.core.evidence import NO_EVIDENCE, FailureEvidence
@@ -58,6 +58,7 @@ MIN_OUTCOME_WRITE_SECONDS = 1.0
 SUCCESS_REPLY_LOST = "job success landed; its reply was lost"
 
 Written = Succeed | Continue | Retry | DeadLetter
+T = TypeVar("T")
 
 
 def finish(
@@ -100,13 +101,11 @@ def _decide(execution: JobExecution, outcome: JobCompletion | JobFailure, eviden
     job = execution.job
     earlier = EarlierAttempts()
     if outcome.kind.is_retryable:
-        try:
-            earlier = with_retries(lambda: driver.read_earlier_attempts(execution.engine, execution.identity),
-                                   give_up_at=_give_up_at(execution))
-        except ConnectionFailed as error:
-            log.warning("job failure could not be decided: the database stayed out of reach; "
-                        "the reaper retries the job", extra=execution.log_fields | {"error": str(error)})
+        read = _read_for_decision(
+            execution, "failure", lambda: driver.read_earlier_attempts(execution.engine, execution.identity))
+        if read is None:
             return None
+        earlier = read
     override = execution.registry.retry_delay_override(job.job_type, outcome.code) if outcome.kind.is_retryable else None
     return decide_failure(job, outcome, earlier, retry_delay_override=override, evidence=evidence)
 
@@ -121,14 +120,25 @@ def _decide_continuation(execution: JobExecution, completion: JobCompletion) -> 
     step_allows = True
     if job.workflow_step_id is not None:
         step_id = job.workflow_step_id
-        try:
-            step_allows = with_retries(lambda: driver.step_allows_continuation(execution.engine, step_id),
-                                       give_up_at=_give_up_at(execution))
-        except ConnectionFailed as error:
-            log.warning("job continuation could not be decided: the database stayed out of reach; "
-                        "the reaper retries the job", extra=execution.log_fields | {"error": str(error)})
+        read = _read_for_decision(
+            execution, "continuation", lambda: driver.step_allows_continuation(execution.engine, step_id))
+        if read is None:
             return None
+        step_allows = read
     return decide_continuation(job, completion, max_continuations=cap, step_allows=step_allows)
+
+
+def _read_for_decision(execution: JobExecution, what: str, read: Callable[[], T]) -> Optional[T]:
+    """What the decision reads, retried while the lease lasts; None (logged) when the database stayed out of reach.
+
+    Nothing is written then: the job stays LEASED, and the reaper retries it once its lease runs out.
+    """
+    try:
+        return with_retries(read, give_up_at=_give_up_at(execution))
+    except ConnectionFailed as error:
+        log.warning(f"job {what} could not be decided: the database stayed out of reach; "
+                    "the reaper retries the job", extra=execution.log_fields | {"error": str(error)})
+        return None
 
 
 def _write(execution: JobExecution, transition: Written, *, hand_off: bool) -> bool:
