@@ -198,6 +198,16 @@ def _borrowed() -> Any:
     return connection
 
 
+#: How an engine that runs our statements on a caller's connection is built (sync or async):
+#: a pool that never resets, closes or keeps the lent connection.
+LENT_ENGINE_OPTIONS: dict[str, Any] = {
+    "poolclass": _LentPool,
+    "pool_reset_on_return": None,
+    # Looking up hstore can roll back an idle connection.
+    "use_native_hstore": False,
+}
+
+
 def _engine_for_lent_connections(dialect_name: str = _PSYCOPG2_DIALECT) -> Engine:
     # One engine per driver and process: its compiled-statement cache is what
     # keeps the store's statements from being recompiled on every call.
@@ -205,13 +215,7 @@ def _engine_for_lent_connections(dialect_name: str = _PSYCOPG2_DIALECT) -> Engin
         engine = _lent_engines.get(dialect_name)
         if engine is None:
             engine = _lent_engines[dialect_name] = sqlalchemy.create_engine(
-                f"postgresql+{dialect_name}://",
-                creator=_borrowed,
-                poolclass=_LentPool,
-                pool_reset_on_return=None,
-                # Looking up hstore can roll back an idle connection.
-                use_native_hstore=False,
-            )
+                f"postgresql+{dialect_name}://", creator=_borrowed, **LENT_ENGINE_OPTIONS)
         return engine
 
 

@@ -42,7 +42,7 @@ from tenacity import AsyncRetrying
 from runledger_sync.core.errors import InvalidArgument
 from runledger_sync.core.store_errors import ConnectionFailed
 from runledger_sync.db.errors import translate
-from runledger_sync.store._binds import _LeavesTheConnectionToItsOwner, _LentPool, _own_psycopg_cursor
+from runledger_sync.store._binds import LENT_ENGINE_OPTIONS, _LeavesTheConnectionToItsOwner, _own_psycopg_cursor
 from runledger_sync.store._errors import retry_policy, worth_retrying
 from runledger_sync.store._notify import ENDED_CHANNEL, LISTENER_APPLICATION_NAME
 
@@ -125,14 +125,7 @@ def _lent_engine() -> AsyncEngine:
     global _engine
     with _engine_lock:
         if _engine is None:
-            _engine = create_async_engine(
-                f"postgresql+{_DIALECT}://",
-                async_creator=_borrowed,
-                poolclass=_LentPool,
-                pool_reset_on_return=None,
-                # Looking up hstore can roll back an idle connection.
-                use_native_hstore=False,
-            )
+            _engine = create_async_engine(f"postgresql+{_DIALECT}://", async_creator=_borrowed, **LENT_ENGINE_OPTIONS)
         return _engine
 
 
