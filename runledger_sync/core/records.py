@@ -9,6 +9,7 @@ from typing import Any, Mapping, Optional
 from uuid import UUID
 
 from runledger_sync.core import validation as check
+from runledger_sync.core.continuation import DEFAULT_MAX_CONTINUATIONS
 from runledger_sync.core.cron import check_timezone, parse_cron
 from runledger_sync.core.errors import LeaseOwnerMismatch
 from runledger_sync.core.states import JobStage, JobStatus
@@ -27,7 +28,7 @@ class JobDefinition:
     #: The queue its jobs join unless their enqueue names another.
     queue: str = "default"
     #: How many times one job of the type may continue (``JobCompletion(continue_after=...)``, ``Snooze``).
-    max_continuations: int = 100
+    max_continuations: int = DEFAULT_MAX_CONTINUATIONS
 
 
 @dataclass(frozen=True)

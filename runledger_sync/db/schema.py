@@ -44,7 +44,7 @@ from sqlalchemy import (
 from sqlalchemy.schema import DDL
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
-from runledger_sync.core.continuation import CONTINUED_OUTCOME
+from runledger_sync.core.continuation import CONTINUED_OUTCOME, DEFAULT_MAX_CONTINUATIONS
 from runledger_sync.core.evidence import MAX_ERROR_TYPE_CHARS, MAX_TRACEBACK_CHARS
 from runledger_sync.core.types import ClaimOrigin, JobEventType, JobFailureKind
 from runledger_sync.core.states import JobStage, JobStatus
@@ -136,7 +136,7 @@ job_definitions = Table(
         nullable=False, server_default=text("'default'"),
     ),
     # Revision 0008: the cap on one job's continuations (runledger_sync.core.continuation).
-    Column("max_continuations", Integer, nullable=False, server_default=text("100")),
+    Column("max_continuations", Integer, nullable=False, server_default=text(str(DEFAULT_MAX_CONTINUATIONS))),
     CheckConstraint("btrim(job_type) <> ''", name="ck_job_definitions_job_type_not_blank"),
     CheckConstraint("version > 0", name="ck_job_definitions_version_positive"),
     CheckConstraint("max_attempts > 0", name="ck_job_definitions_max_attempts_positive"),
