@@ -12,8 +12,14 @@ from runledger_sync.core.records import JobDefinition, LeaseIdentity
 from runledger_sync.runtime.worker import run_worker_loop
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store._claim import claim_jobs, claim_prestart_jobs_for_types
+from runledger_sync.store._prepared import PLAN_ONCE_SQL
 
 JOB_TYPE = "test.job"
+
+
+def without_plan_settings(sql: str) -> str:
+    """A prepared statement's text as sent, without the planner settings the store sends ahead of it."""
+    return sql.removeprefix(PLAN_ONCE_SQL + "; ")
 
 
 def define(engine: Any, job_type: str = JOB_TYPE, **overrides: Any) -> JobDefinition:

@@ -26,19 +26,18 @@ MAX_CLAIM_LIMIT = 1_000
 
 # Planned once per connection (planning cost about as much as the claim): the pick
 # reads the claim index and the update looks the picked ids up, at any queue size.
-_CLAIM_ANY_TYPE = PreparedStatement("claim", build_claim(with_type_filter=False), index_plan=True)
-_CLAIM_FOR_TYPES = PreparedStatement("claim_for_types", build_claim(with_type_filter=True), index_plan=True)
+_CLAIM_ANY_TYPE = PreparedStatement("claim", build_claim(with_type_filter=False))
+_CLAIM_FOR_TYPES = PreparedStatement("claim_for_types", build_claim(with_type_filter=True))
 #: The worker's claim, when the jobs' rows come back from the running write that follows it.
 CLAIM_FOR_TYPES_UNREAD = PreparedStatement(
-    "claim_for_types_unread", build_claim(with_type_filter=True, returning_rows=False), index_plan=True)
+    "claim_for_types_unread", build_claim(with_type_filter=True, returning_rows=False))
 #: The claim of named jobs only: rare (a test's run_job), so planned by PostgreSQL's own rule.
 _CLAIM_NAMED = PreparedStatement("claim_named", build_claim(with_type_filter=True, with_id_filter=True))
 #: The same two, for a caller that knows no queue it serves has a global or rate limit.
 _CLAIM_FOR_TYPES_UNLIMITED = PreparedStatement(
-    "claim_for_types_unlimited", build_claim(with_type_filter=True, limited=False), index_plan=True)
+    "claim_for_types_unlimited", build_claim(with_type_filter=True, limited=False))
 CLAIM_FOR_TYPES_UNREAD_UNLIMITED = PreparedStatement(
-    "claim_for_types_unread_unlimited", build_claim(with_type_filter=True, returning_rows=False, limited=False),
-    index_plan=True)
+    "claim_for_types_unread_unlimited", build_claim(with_type_filter=True, returning_rows=False, limited=False))
 
 
 def claim_params(

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-from sqlalchemy import Text, any_, bindparam, cast, select
+from sqlalchemy import Text, and_, any_, bindparam, cast, select
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.engine import Connection
@@ -34,6 +34,7 @@ from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store._fence import held_under, live_lease
 from runledger_sync.store._prepared import PreparedStatement, execute_transactions
 from runledger_sync.store._rows import JOB_COLUMNS, to_jobs
+from runledger_sync.store._sql import ids_of
 from runledger_sync.store._transitions import build_running
 from runledger_sync.store._claim import (
     CLAIM_FOR_TYPES_UNREAD,
@@ -69,8 +70,15 @@ class StartedClaim:
 def _claimed(worker_id: Any) -> Any:
     """The leases the claim just made: by the attempt ids it inserted, still held by ``worker_id``."""
     attempt_ids = cast(bindparam("attempt_ids", type_=ARRAY(Text)), ARRAY(PG_UUID(as_uuid=True)))
-    return select(_a.job_id, _a.run_number, _a.attempt, worker_id.label("worker_id")).where(
+    return select(_a.job_id.label("id"), _a.run_number, _a.attempt, worker_id.label("worker_id")).where(
         _a.id == any_(attempt_ids)).cte("claimed")
+
+
+def _held_as_claimed(claimed: Any) -> Any:
+    # The claimed ids once more as an array: job_queue is then reached by its primary
+    # key whichever way a plan made once on empty tables joins the two.
+    return and_(held_under(claimed.c.id, claimed.c.run_number, claimed.c.attempt, claimed.c.worker_id),
+                _q.id == any_(ids_of(claimed)))
 
 
 def _in_claim_order(columns: Any) -> tuple[Any, ...]:
@@ -82,8 +90,7 @@ def _build_lock() -> Any:
     claimed = _claimed(bindparam("lease_worker_id", type_=Text))
     return (
         select(_q.id)
-        .select_from(job_queue.join(claimed, held_under(
-            claimed.c.job_id, claimed.c.run_number, claimed.c.attempt, claimed.c.worker_id)))
+        .select_from(job_queue.join(claimed, _held_as_claimed(claimed)))
         .order_by(_q.id)
         .with_for_update(of=job_queue)
     )
@@ -91,21 +98,21 @@ def _build_lock() -> Any:
 
 def _build_running() -> Any:
     claimed = _claimed(bindparam("lease_worker_id", type_=Text))
-    statement = build_running(live_lease(claimed.c.job_id, claimed.c.run_number, claimed.c.attempt, claimed.c.worker_id),
-                              returning=JOB_COLUMNS)
+    guard = and_(live_lease(claimed.c.id, claimed.c.run_number, claimed.c.attempt, claimed.c.worker_id),
+                 _q.id == any_(ids_of(claimed)))
+    statement = build_running(guard, returning=JOB_COLUMNS)
     return statement.order_by(*_in_claim_order(statement.selected_columns))
 
 
-_LOCK_CLAIMED = PreparedStatement("lock_claimed", _build_lock(), index_plan=True)
-_MARK_CLAIMED_RUNNING = PreparedStatement("mark_claimed_running", _build_running(), index_plan=True)
+_LOCK_CLAIMED = PreparedStatement("lock_claimed", _build_lock())
+_MARK_CLAIMED_RUNNING = PreparedStatement("mark_claimed_running", _build_running())
 
 
 def _build_still_leased() -> Any:
     claimed = _claimed(bindparam("lease_worker_id", type_=Text))
     return (
         select(*JOB_COLUMNS)
-        .select_from(job_queue.join(claimed, held_under(
-            claimed.c.job_id, claimed.c.run_number, claimed.c.attempt, claimed.c.worker_id)))
+        .select_from(job_queue.join(claimed, _held_as_claimed(claimed)))
         .order_by(*_in_claim_order(job_queue.c))
     )
 

@@ -103,7 +103,7 @@ def _build_lock() -> Any:
 
 
 # Every table is reached by an indexed id, so one plan serves at any size.
-LOCK_LEASES = PreparedStatement("lock_leases", _build_lock(), index_plan=True)
+LOCK_LEASES = PreparedStatement("lock_leases", _build_lock())
 
 
 def lease_params(identities: Sequence[LeaseIdentity]) -> dict[str, list[Any]]:

@@ -103,19 +103,19 @@ def _build_group_continuation() -> Any:
     return build_continuation(_live_leases(values), values)
 
 
-_RUNNING = PreparedStatement("mark_running", build_running(_live_leases(unnested()), returning=_WRITTEN), index_plan=True)
+_RUNNING = PreparedStatement("mark_running", build_running(_live_leases(unnested()), returning=_WRITTEN))
 # Per outcome, the plain jobs' write, which needs no workflow hook, so its one
 # query is the whole transaction; and the write of any job, whose steps end after it.
 _SUCCESS_STATEMENTS = (
-    PreparedStatement("complete_success_plain", _build_group_success(plain_jobs_only=True), index_plan=True),
-    PreparedStatement("complete_success", _build_group_success(plain_jobs_only=False), index_plan=True),
+    PreparedStatement("complete_success_plain", _build_group_success(plain_jobs_only=True)),
+    PreparedStatement("complete_success", _build_group_success(plain_jobs_only=False)),
 )
 _FAILURE_STATEMENTS = (
-    PreparedStatement("complete_failure_plain", _build_group_failure(plain_jobs_only=True), index_plan=True),
-    PreparedStatement("complete_failure", _build_group_failure(plain_jobs_only=False), index_plan=True),
+    PreparedStatement("complete_failure_plain", _build_group_failure(plain_jobs_only=True)),
+    PreparedStatement("complete_failure", _build_group_failure(plain_jobs_only=False)),
 )
 # A continuation leaves a workflow job's step RUNNING, so one statement serves every job.
-_CONTINUATION = PreparedStatement("complete_continuation", _build_group_continuation(), index_plan=True)
+_CONTINUATION = PreparedStatement("complete_continuation", _build_group_continuation())
 
 
 def mark_jobs_running(

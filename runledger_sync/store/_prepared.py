@@ -5,10 +5,9 @@ enqueue and lifecycle statements (several kilobytes of CTEs each) on every
 call; on a small batch that costs more than running them. On the store's own
 psycopg2 connections (an Engine's or a HeldConnection's, never a caller's) a
 :class:`PreparedStatement` is PREPAREd once per database connection and then
-run with ``EXECUTE``, which skips the parsing, and the planning too where
-PostgreSQL keeps one generic plan: its own choice after five runs, or forced for
-statements marked ``index_plan``, whose shape makes one plan right at any size.
-Values are still bound parameters. (psycopg 3 binds values on the server and
+run with ``EXECUTE``, which skips the parsing and the planning: each statement
+is planned once per connection (see :data:`PLAN_ONCE_SQL`). Values are still
+bound parameters. (psycopg 3 binds values on the server and
 prepares frequent statements itself.)
 
 A caller's connection gets the plain statement: its session is not ours to
@@ -177,14 +176,19 @@ class _Rendered:
         self.columns = [column(c.key, c.type) for c in statement.exported_columns]
 
 
-#: Sent ahead of statements planned once (SET LOCAL: gone when our transaction ends).
-#: A plan kept for a connection's life must not depend on the statistics of the
-#: moment it was made: on a near-empty table PostgreSQL would read the table whole
-#: rather than look rows up, and keep doing so as the table grows. Without
-#: sequential scans, and with every table reached by an indexed key, the plan costs
-#: the rows it touches at any size. A disabled plan node counts as a huge cost,
-#: which would make the statement look worth compiling with JIT: JIT is off.
-_INDEX_PLAN_SQL = (
+#: Sent ahead of every prepared statement (SET LOCAL: gone when our transaction ends).
+#: One generic plan per connection, kept for the connection's life, so it must not
+#: depend on the statistics of the moment it was made: a worker's first calls run
+#: on a new database whose tables were analyzed empty, where any read looks free.
+#: Without sequential scans, and with every statement reaching the growing tables
+#: through the leading column of an index by a bound value or array (a join alone
+#: may be planned as a walk over two whole indexes, which on empty tables looks as
+#: cheap; tests/db/store/test_plans_as_tables_grow.py holds each statement to
+#: that), the one plan costs the rows it touches at any size. Left
+#: to choose, PostgreSQL switches to a generic plan after five runs, made with the
+#: statistics of that moment. A disabled plan node counts as a huge cost, which
+#: would make the statement look worth compiling with JIT: JIT is off.
+PLAN_ONCE_SQL = (
     "SELECT set_config('plan_cache_mode', 'force_generic_plan', true), "
     "set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)"
 )
@@ -193,20 +197,14 @@ _INDEX_PLAN_SQL = (
 class PreparedStatement:
     """A Core statement that runs prepared on the store's own connections and as itself elsewhere.
 
-    Its result rows are those of the statement itself, typed by its columns.
-
-    Args:
-        index_plan: plan it once per connection, without sequential scans. For
-            statements that reach every table they read through an indexed key
-            (``id = ANY(...)``, no condition any other index could serve), whose
-            best plan then depends neither on their values nor on the tables' size,
-            and which PostgreSQL's own choice can leave planning afresh on every call.
+    Its result rows are those of the statement itself, typed by its columns. It
+    must reach the growing tables by the leading column of an index: it is
+    planned once per connection, on whatever the tables hold then.
     """
 
-    def __init__(self, label: str, statement: Any, *, index_plan: bool = False) -> None:
+    def __init__(self, label: str, statement: Any) -> None:
         self.label = label
         self.statement = statement
-        self.index_plan = index_plan
         #: By schema translation: only psycopg2 connections get here, so nothing else varies.
         self._rendered: dict[tuple[Any, ...], _Rendered] = {}
         self._lock = threading.Lock()
@@ -290,8 +288,7 @@ def execute_transactions(
                 result = connection.execute(statement.statement, statement.own_parameters(connection, parameters))
         return result
     rendered = [[statement._prepared_on(connection) for statement in group] for group in transactions]
-    key = tuple((any(s.index_plan for s in group), *(r.name for r in names))
-                for group, names in zip(transactions, rendered, strict=True))
+    key = tuple(tuple(r.name for r in names) for names in rendered)
     combined = _combined.get(key)
     if combined is None:
         parameters_by_name: dict[str, Any] = {}
@@ -300,9 +297,9 @@ def execute_transactions(
             if same.value != parameter.value or type(same.type) is not type(parameter.type):
                 raise TypeError(f"{key}: parameter {parameter.key} means different things in different statements")
         sent: list[str] = []
-        for index, ((index_plan, *_), names) in enumerate(zip(key, rendered, strict=True)):
+        for index, names in enumerate(rendered):
             last = index == len(rendered) - 1
-            sent += ([] if last else ["BEGIN"]) + ([_INDEX_PLAN_SQL] if index_plan else [])
+            sent += ([] if last else ["BEGIN"]) + [PLAN_ONCE_SQL]
             sent += [r.execute_sql for r in names] + ([] if last else ["COMMIT"])
         combined = _combined.setdefault(key, (
             text("; ".join(sent))

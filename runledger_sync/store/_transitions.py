@@ -371,10 +371,13 @@ def build_release() -> Any:
     )
     removed = (
         job_attempts.delete()
+        # Keyed by the bound lease, not joined to the released row: a join could be
+        # planned, once, as a walk over the whole attempts index.
         .where(
-            _a.job_id == released.c.id,
-            _a.run_number == released.c.run_number,
+            _a.job_id == job_id,
+            _a.run_number == run_number,
             _a.attempt == attempt,
+            select(released.c.id).scalar_subquery().is_not(None),
         )
         .cte("removed_attempt")
     )

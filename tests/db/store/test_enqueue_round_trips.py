@@ -23,7 +23,7 @@ from runledger_sync.core.records import JobSpec
 from runledger_sync.db.engine import create_engine
 from runledger_sync.store import enqueue as store
 from runledger_sync.store import _notify as notify
-from tests.support import JOB_TYPE, define, scalar
+from tests.support import JOB_TYPE, define, scalar, without_plan_settings
 
 PING = "select 1"
 
@@ -35,7 +35,7 @@ class _Sent:
         self.log: list[str] = []
 
     def statements(self) -> list[str]:
-        return [entry for entry in self.log if entry.lower() != PING]
+        return [without_plan_settings(entry) for entry in self.log if entry.lower() != PING]
 
 
 SENT = _Sent()

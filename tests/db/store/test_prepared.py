@@ -14,7 +14,7 @@ from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store._prepared import OPTION, PreparedStatement, execute_in_turn
 from runledger_sync.store._claim import claim_prestart_jobs_for_types
 from runledger_sync.store._held import HeldConnection
-from tests.support import JOB_TYPE, define, scalar
+from tests.support import JOB_TYPE, define, scalar, without_plan_settings
 
 
 def prepared_names(held: HeldConnection) -> list[str]:
@@ -26,7 +26,7 @@ def prepared_names(held: HeldConnection) -> list[str]:
 
 def test_the_store_prepares_once_per_connection_and_then_only_executes(engine, held):
     statements: list[str] = []
-    event.listen(engine, "before_cursor_execute", lambda *args: statements.append(args[2].split()[0]))
+    event.listen(engine, "before_cursor_execute", lambda *args: statements.append(without_plan_settings(args[2]).split()[0]))
     for n in range(3):
         store_enqueue.enqueue(held, JOB_TYPE, {"n": n})
     assert statements == ["PREPARE", "EXECUTE", "EXECUTE", "EXECUTE"]
@@ -46,7 +46,7 @@ def test_the_execution_option_turns_them_off(engine):
     define(engine)
     plain = engine.execution_options(**{OPTION: False})
     statements: list[str] = []
-    event.listen(engine, "before_cursor_execute", lambda *args: statements.append(args[2].split()[0]))
+    event.listen(engine, "before_cursor_execute", lambda *args: statements.append(without_plan_settings(args[2]).split()[0]))
     store_enqueue.enqueue(plain, JOB_TYPE, {})
     assert statements == ["WITH"]
     assert scalar(engine, "SELECT count(*) FROM job_queue") == 1
@@ -118,7 +118,7 @@ def test_statements_that_vanish_again_on_the_rerun_switch_the_engine_to_plain_st
     # Gone again on the rerun: the next transaction ran in another session, as behind a
     # transaction pooler. Nothing was written by the failed runs; the plain run writes once.
     def drop_them_first(_conn, cursor, statement, *_):
-        if statement.startswith("EXECUTE"):
+        if without_plan_settings(statement).startswith("EXECUTE"):
             cursor.execute("DEALLOCATE ALL")
 
     event.listen(engine, "before_cursor_execute", drop_them_first)
@@ -136,7 +136,7 @@ def test_a_statement_another_client_prepared_in_the_session_switches_the_engine_
         # prepared here (it knows of no statement), and its PREPARE finds one (42P05).
         connection.info.pop("runledger_prepared")
     statements: list[str] = []
-    event.listen(engine, "before_cursor_execute", lambda *args: statements.append(args[2].split()[0]))
+    event.listen(engine, "before_cursor_execute", lambda *args: statements.append(without_plan_settings(args[2]).split()[0]))
     for n in (2, 3):
         store_enqueue.enqueue(held, JOB_TYPE, {"n": n})
     assert statements == ["PREPARE", "DO", "WITH", "WITH"]
@@ -174,7 +174,7 @@ def test_an_engine_in_transaction_pool_mode_prepares_nothing(fresh_database, mon
     try:
         define(engine)
         statements: list[str] = []
-        event.listen(engine, "before_cursor_execute", lambda *args: statements.append(args[2].split()[0]))
+        event.listen(engine, "before_cursor_execute", lambda *args: statements.append(without_plan_settings(args[2]).split()[0]))
         held = HeldConnection(engine)
         store_enqueue.enqueue(held, JOB_TYPE, {})
         claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=1, job_types=[JOB_TYPE])
