@@ -32,7 +32,8 @@ def _dead_letter_filters(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--org", dest="organization_id", metavar="ORG", help="only this organization's jobs")
     parser.add_argument("--code", dest="error_code", metavar="CODE", help="only this error code (e.g. http.timeout)")
     parser.add_argument("--error-type", metavar="TYPE",
-                        help="only failures that raised this exception type (its qualified name, e.g. builtins.TimeoutError)")
+                        help="only failures that raised this exception type, as error_type shows it "
+                             "(TimeoutError, myapp.errors.Declined)")
     parser.add_argument("--since", metavar="ISO8601", help="only jobs that failed at or after this time (UTC if no offset)")
 
 

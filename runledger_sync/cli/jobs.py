@@ -90,8 +90,13 @@ def _parse_job_id(text: str) -> UUID:
 
 
 def _job_row(job: Any) -> tuple[Any, ...]:
-    return (job.id, job.job_type, job.status.value, f"{job.attempt}/{job.max_attempts}", job.stage.value,
+    return (job.id, job.job_type, job.status.value, f"{job.attempt}/{job.max_attempts}", job.stage_shown.value,
             when(job.next_run_at), job.last_error_code)
+
+
+def _job_data(job: rl.JobRecord) -> dict[str, Any]:
+    """The job as ``--json`` prints it: its fields, and the stage a finished job shows (``stage_shown``)."""
+    return {**plain(job), "stage_shown": job.stage_shown.value}
 
 
 def _add_job_id(parser: argparse.ArgumentParser) -> None:
@@ -156,7 +161,7 @@ def _jobs_list(args: argparse.Namespace) -> int:
                             organization_id=args.organization_id, limit=args.limit)
     if args.json:
         for job in jobs:
-            print_json(job)
+            print_json(_job_data(job))
     else:
         print_table(JOB_TABLE_COLUMNS, [_job_row(job) for job in jobs])
     return EXIT_OK
@@ -183,10 +188,11 @@ def _jobs_show(args: argparse.Namespace) -> int:
         # Read after the job: one that has started meanwhile has no wait (None).
         wait = rl.explain_wait(engine, job_id) if job.status is rl.JobStatus.PENDING else None
     if args.json:
-        print_json({"job": job, "attempts": attempts, "events": events, "wait": wait})
+        print_json({"job": _job_data(job), "attempts": attempts, "events": events, "wait": wait})
         return EXIT_OK
     for field in dataclasses.fields(job):
-        value = getattr(job, field.name)
+        # The column keeps where a finished job stopped; --json prints both.
+        value = job.stage_shown if field.name == "stage" else getattr(job, field.name)
         shown = when(value) if isinstance(value, datetime) else plain(value)
         if isinstance(shown, (dict, list)):
             shown = json.dumps(shown, sort_keys=True)
@@ -280,7 +286,7 @@ def _jobs_wait(args: argparse.Namespace) -> int:
             error.exit_code = EXIT_WAIT_TIMEOUT  # type: ignore[attr-defined]
             raise
     if args.json:
-        print_json(job)
+        print_json(_job_data(job))
     else:
         why = f", {job.last_error_code}: {printable(clipped(job.last_error_message or ''))}" \
             if job.status is rl.JobStatus.DEAD_LETTERED else ""

@@ -17,10 +17,15 @@ What is kept:
   ``runledger_sync.core.types.JobFailure``.
 - ``traceback``: what Python prints for the exception and the exceptions it was
   raised from or while handling: each frame's file, line, function and source
-  line, then the exception's message. Never a frame's local values. Above
+  line, then the exception's message. Never a frame's local values. The frames
+  of runledger_sync that called the handler (the worker's, the middleware's)
+  come after the exception's message, under :data:`CALLED_BY_HEADING`: the
+  first frame a reader sees is the handler's own, where the dashboard shows it
+  above the fold (:func:`traceback_parts` reads the two apart again). Above
   :data:`MAX_TRACEBACK_CHARS` it is cut in the middle: the first frames (where
-  the job came in) and the last ones (where it failed, and the message) stay,
-  with a line saying how many characters went.
+  the handler started) and the last ones (where it failed, the message, and the
+  few frames that called the handler) stay, with a line saying how many
+  characters went.
 
 Payload values stay out as they always have: a message is the handler's own
 text, kept as the job's ``last_error_message`` keeps it, except a database
@@ -35,9 +40,10 @@ an invalid result) come from no exception: both are None.
 from __future__ import annotations
 
 import builtins
+import os
 import traceback
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from runledger_sync.core.types import JobFailure
 from runledger_sync.core.validation import storable_text
@@ -54,6 +60,11 @@ _DATABASE_MODULES = ("sqlalchemy", "psycopg2", "psycopg", "django.db")
 _MAX_GROUP_MEMBERS = 15
 #: Exception groups, from Python 3.11 on (None before).
 _EXCEPTION_GROUP: Optional[type] = getattr(builtins, "BaseExceptionGroup", None)
+#: The line above the runledger_sync frames that called the handler, moved below its exception's message.
+CALLED_BY_HEADING = "Called by runledger_sync (most recent call last):\n"
+#: Frames from files under this directory are runledger_sync's own.
+_LIBRARY_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_BUILTINS_PREFIX = "builtins."
 _CAUSE = "\nThe above exception was the direct cause of the following exception:\n\n"
 _CONTEXT = "\nDuring handling of the above exception, another exception occurred:\n\n"
 
@@ -94,6 +105,18 @@ def type_name(cls: type) -> str:
     return f"{module}.{qualname}"
 
 
+def stored_type_name(name: str) -> str:
+    """``name`` spelled as :func:`type_name` stores it: ``builtins.KeyError`` is ``KeyError``.
+
+    Every filter on the error type goes through it: ``builtins.KeyError``, spelled
+    as ``module.QualName`` reads for any other class, finds the failures stored
+    as ``KeyError``.
+    """
+    if name.startswith(_BUILTINS_PREFIX) and len(name) > len(_BUILTINS_PREFIX):
+        return name[len(_BUILTINS_PREFIX):]
+    return name
+
+
 def cause_of(exc: BaseException) -> Optional[BaseException]:
     """The exception ``exc`` was raised from or while handling, as Python's traceback follows it."""
     if exc.__cause__ is not None:
@@ -113,7 +136,13 @@ def message_of(exc: BaseException) -> str:
 
 
 def format_traceback(exc: BaseException) -> str:
-    """What Python prints for ``exc``, its cause and context, without locals, messages as :func:`message_of` gives them."""
+    """What Python prints for ``exc``, its cause and context, without locals, messages as :func:`message_of` gives them.
+
+    Each exception's leading runledger_sync frames (the worker's, that called
+    the handler) follow its message under :data:`CALLED_BY_HEADING`, so its
+    first frame is the user's. The worker's record of a failure, the log
+    formatter and the dashboard (through :func:`traceback_parts`) all read this text.
+    """
     chain: list[BaseException] = []
     seen: set[int] = set()
     current: Optional[BaseException] = exc
@@ -131,9 +160,12 @@ def format_traceback(exc: BaseException) -> str:
 
 def _format_one(exc: BaseException, seen: set[int]) -> str:
     lines = []
+    called_by: list[traceback.FrameSummary] = []
     if exc.__traceback__ is not None:
+        frames = traceback.extract_tb(exc.__traceback__)
+        called_by, own = _split_callers(frames)
         lines.append("Traceback (most recent call last):\n")
-        lines.extend(traceback.format_tb(exc.__traceback__))
+        lines.extend(traceback.StackSummary.from_list(own).format())
     message = message_of(exc)
     lines.append(f"{type_name(type(exc))}: {message}\n" if message else f"{type_name(type(exc))}\n")
     if not _from_a_database(type(exc)):
@@ -149,7 +181,56 @@ def _format_one(exc: BaseException, seen: set[int]) -> str:
         if len(members) > _MAX_GROUP_MEMBERS:
             lines.append(f"+---------------- ... ----------------\nand {len(members) - _MAX_GROUP_MEMBERS} "
                          "more exceptions\n")
+    if called_by:
+        lines.append(f"\n{CALLED_BY_HEADING}")
+        lines.extend(traceback.StackSummary.from_list(called_by).format())
     return "".join(lines)
+
+
+def _split_callers(frames: traceback.StackSummary) -> tuple[list[traceback.FrameSummary], list[traceback.FrameSummary]]:
+    """The leading runledger_sync frames and the rest, from the first frame of the user's code on.
+
+    A traceback with no frame of the user's keeps its order: nothing would come first instead.
+    """
+    first_own = next((index for index, frame in enumerate(frames) if not _in_the_library(frame.filename)), 0)
+    return list(frames[:first_own]), list(frames[first_own:])
+
+
+def _in_the_library(filename: str) -> bool:
+    return os.path.abspath(filename).startswith(_LIBRARY_ROOT)
+
+
+class TracebackPart(NamedTuple):
+    """A stretch of a stored traceback: the exception's own frames and message, or the frames that called the handler."""
+
+    text: str
+    #: True for frames listed under :data:`CALLED_BY_HEADING` (the heading itself left out).
+    called_by: bool
+
+
+def traceback_parts(text: str) -> list[TracebackPart]:
+    """``text``, a stored traceback, cut into the parts :func:`format_traceback` wrote, in order.
+
+    The page shows the handler's parts and folds the ``called_by`` ones. A
+    traceback stored before these were moved, or cut through the heading, is one
+    part, or a part without the frames that were cut.
+    """
+    parts: list[TracebackPart] = []
+    current: list[str] = []
+    called_by = False
+    for line in text.splitlines(keepends=True):
+        heading = line == CALLED_BY_HEADING
+        if heading or (called_by and not line.startswith(" ")):
+            if heading and current and current[-1] == "\n":
+                current.pop()  # the blank line only separates the two in plain text
+            if current:
+                parts.append(TracebackPart("".join(current), called_by))
+            current, called_by = [], heading
+        if not heading:
+            current.append(line)
+    if current:
+        parts.append(TracebackPart("".join(current), called_by))
+    return parts
 
 
 def _from_a_database(cls: type) -> bool:

@@ -101,6 +101,17 @@ class JobRecord:
         """The key given at enqueue: jobs of one key run at most ``key_limit`` at a time."""
         return self.execution_resource_key
 
+    @property
+    def stage_shown(self) -> JobStage:
+        """The stage to show: ``completed`` once the job is finished, whatever its status, else :attr:`stage`.
+
+        The column keeps the stage the job stopped at (spec section 1): a job
+        dead-lettered or canceled while running keeps ``running``, one canceled
+        before it ran keeps ``queued``. Shown as it is, that reads as a job still
+        at work; ``jobs show``, ``jobs list`` and the job page show this instead.
+        """
+        return JobStage.COMPLETED if self.status.is_terminal else self.stage
+
 
 @dataclass(frozen=True)
 class JobAttemptRecord:

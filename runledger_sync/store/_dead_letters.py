@@ -3,7 +3,8 @@
 One filter serves all three (job type, organization, error code, the failing
 exception's type, failed since), so what the dashboard and the CLI count is what
 they replay. Every value is bound; the error type is matched on the failing
-attempt's ``job_attempts.error_type`` (revision 0006).
+attempt's ``job_attempts.error_type`` (revision 0006), a builtin's given either
+way (``builtins.KeyError`` or ``KeyError``, as it is stored).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
-from runledger_sync.core.evidence import MAX_ERROR_TYPE_CHARS
+from runledger_sync.core.evidence import MAX_ERROR_TYPE_CHARS, stored_type_name
 from runledger_sync.core.records import DeadLetterRecord
 from runledger_sync.core.states import JobStatus
 from runledger_sync.db.schema import job_attempts, job_dead_letters, job_queue
@@ -57,8 +58,8 @@ class _Filter:
             conditions.append(_dl.error_code == check.check_text(
                 "error_code", self.error_code, max_length=check.FAILURE_CODE_MAX_LENGTH))
         if self.error_type is not None:
-            conditions.append(job_attempts.c.error_type == check.check_text(
-                "error_type", self.error_type, max_length=MAX_ERROR_TYPE_CHARS))
+            conditions.append(job_attempts.c.error_type == stored_type_name(check.check_text(
+                "error_type", self.error_type, max_length=MAX_ERROR_TYPE_CHARS)))
         if self.since is not None:
             conditions.append(_dl.failed_at >= check.check_run_at(self.since, "since"))
         return conditions
@@ -85,7 +86,8 @@ def list_dead_letters(
             connection whose open transaction the call joins (the caller commits).
         error_code: only dead letters with this error code.
         error_type: only those whose failing attempt raised this exception type (its
-            qualified name, as ``error_type`` shows it, e.g. ``builtins.ValueError``).
+            qualified name, as ``error_type`` shows it: ``myapp.billing.Declined``, a
+            builtin's alone, ``ValueError``, or as ``builtins.ValueError``).
         since: only those that failed at or after this time.
 
     Raises:
@@ -162,7 +164,7 @@ def replay_dead_letters(
         InvalidArgument: a filter, ``batch_size``, ``limit`` or ``reason`` is malformed.
 
     Example:
-        ``rl.replay_dead_letters(engine, error_code="http.timeout", error_type="builtins.TimeoutError")``
+        ``rl.replay_dead_letters(engine, error_code="http.timeout", error_type="TimeoutError")``
     """
     chosen = _Filter(job_type, organization_id, error_code, error_type, since)
     conditions = chosen.replayable()

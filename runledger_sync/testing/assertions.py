@@ -70,6 +70,8 @@ def assert_enqueued(engine: Engine, job_type: str, payload: Any = None, **filter
     Example:
         ``testing.assert_enqueued(engine, "email.send", {"to": "a@b.c"}, queue="mail")``
     """
+    # pytest shows a failure at the test's own line, not at this function's source.
+    __tracebackhide__ = True
     status, wanted = _split(_with_payload(payload, filters))
     candidates = _jobs(engine, job_type, status)
     matching = [job for job in candidates if not _mismatches(job, wanted)]
@@ -97,6 +99,7 @@ def refute_enqueued(engine: Engine, job_type: str, payload: Any = None, **filter
     Example:
         ``testing.refute_enqueued(engine, "email.send", {"to": "blocked@b.c"})``
     """
+    __tracebackhide__ = True  # as in assert_enqueued
     status, wanted = _split(_with_payload(payload, filters))
     matching = [job for job in _jobs(engine, job_type, status) if not _mismatches(job, wanted)]
     if not matching:

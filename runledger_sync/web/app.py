@@ -31,6 +31,7 @@ from runledger_sync.core.dashboard_errors import (
     DashboardRefusal,
 )
 from runledger_sync.core.errors import MissingExtra
+from runledger_sync.core.evidence import CALLED_BY_HEADING, traceback_parts
 
 try:
     import jinja2
@@ -177,6 +178,8 @@ class Dashboard:
         self.templates.filters["when"] = _when
         self.templates.filters["when_in"] = _when_in
         self.templates.filters["duration"] = _duration
+        self.templates.filters["traceback_parts"] = traceback_parts
+        self.templates.globals["called_by_heading"] = CALLED_BY_HEADING.strip()
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         return self.respond(Request(environ)).wsgi(start_response)

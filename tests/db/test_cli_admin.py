@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import runledger_sync as rl
-from runledger_sync import cli
+from runledger_sync import cli, testing
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.store._claim import claim_jobs
 from runledger_sync.store.lifecycle import complete_job_failure, complete_job_success
@@ -190,6 +190,35 @@ def test_jobs_show_prints_the_row_attempts_and_events(db, run):
         assert event in out
 
 
+def dead_lettered_by_its_handler(db) -> rl.JobRecord:
+    """A job whose handler raised on its one attempt, run the worker's way: it stopped at stage running."""
+    registry = rl.JobRegistry()
+
+    @registry.job("cli.crash", max_attempts=1)
+    def crash(ctx: rl.JobContext, payload: dict) -> None:
+        raise KeyError("to")
+
+    registry.sync_definitions(db)
+    return testing.run_job(db, registry, "cli.crash", {})
+
+
+def test_jobs_show_and_list_say_a_dead_lettered_jobs_final_stage(db, run):
+    job = dead_lettered_by_its_handler(db)
+    assert rl.get_job(db, job.id).stage is rl.JobStage.RUNNING  # the column keeps where it stopped
+
+    _, shown, _ = run("jobs", "show", str(job.id))
+    _, shown_json, _ = run("jobs", "show", str(job.id), "--json")
+    _, listed, _ = run("jobs", "list", "--status", "DEAD_LETTERED")
+    _, listed_json, _ = run("jobs", "list", "--status", "DEAD_LETTERED", "--json")
+
+    assert "stage:               completed" in shown.splitlines()
+    assert "running" not in shown.split("\nattempts (", 1)[0]
+    assert (json.loads(shown_json)["job"]["stage"], json.loads(shown_json)["job"]["stage_shown"]) == (
+        "running", "completed")
+    assert listed.splitlines()[1].split()[4] == "completed"
+    assert [(j["stage"], j["stage_shown"]) for j in json_lines(listed_json)] == [("running", "completed")]
+
+
 def test_jobs_show_json_holds_the_job_its_attempts_and_events(db, run):
     job = dead_lettered(db)
 
@@ -348,15 +377,16 @@ def failed_with(db, code: str, error_type: str) -> rl.JobRecord:
 
 
 def test_dead_letters_list_and_replay_by_error_code_and_exception_type(db, run):
-    timeout = failed_with(db, "http.timeout", "builtins.TimeoutError")
-    refused = failed_with(db, "http.timeout", "builtins.ConnectionRefusedError")
-    declined = failed_with(db, "card.declined", "builtins.TimeoutError")
+    timeout = failed_with(db, "http.timeout", "TimeoutError")
+    refused = failed_with(db, "http.timeout", "ConnectionRefusedError")
+    declined = failed_with(db, "card.declined", "TimeoutError")
 
     _, out, _ = run("dead-letters", "list", "--code", "http.timeout", "--json")
     assert [r["job_id"] for r in json_lines(out)] == [str(refused.id), str(timeout.id)]
-    _, out, _ = run("dead-letters", "replay", "--code", "http.timeout", "--error-type", "builtins.TimeoutError", "--dry-run")
+    _, out, _ = run("dead-letters", "replay", "--code", "http.timeout", "--error-type", "TimeoutError", "--dry-run")
     assert out.splitlines() == [f"would requeue {timeout.id}", "1 dead-lettered job(s) would be requeued (dry run)"]
 
+    # The module-qualified spelling of a builtin finds the same failures.
     code, out, _ = run("dead-letters", "replay", "--code", "http.timeout", "--error-type", "builtins.TimeoutError")
 
     assert (code, out.strip()) == (0, "requeued 1 dead-lettered job(s)")

@@ -11,6 +11,25 @@ from runledger_sync import testing
 from runledger_sync.core.errors import InvalidArgument
 from tests.db.test_docs import marked
 
+pytest_plugins = ["pytester"]
+
+#: An application's tests whose assertions fail, run by an inner pytest session (pytester).
+FAILING_ASSERTIONS = '''
+import os
+
+import runledger_sync as rl
+from runledger_sync import testing
+
+engine = rl.create_engine(os.environ["ASSERTIONS_TEST_URL"])
+
+def test_nothing_was_enqueued():
+    testing.assert_enqueued(engine, "email.send", {"to": "a@b.c"})
+
+def test_something_was_enqueued():
+    rl.enqueue(engine, "email.send", {"to": "a@b.c"})
+    testing.refute_enqueued(engine, "email.send")
+'''
+
 
 @pytest.fixture
 def registry(engine):
@@ -86,6 +105,22 @@ def test_a_failed_assert_enqueued_says_when_nothing_at_all_is_enqueued(engine, r
         "No pending job of type 'email.send' is enqueued.",
         "No other pending jobs are enqueued.",
     ]
+
+
+def test_a_failed_assertion_in_a_users_test_shows_the_users_line_and_not_the_helpers_source(
+        engine, registry, pytester, monkeypatch):
+    monkeypatch.setenv("ASSERTIONS_TEST_URL", engine.url.render_as_string(hide_password=False))
+    pytester.makepyfile(test_app=FAILING_ASSERTIONS)
+
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:runledger_sync.testing.pytest_plugin")
+
+    result.assert_outcomes(failed=2)
+    output = result.stdout.str()
+    assert 'testing.assert_enqueued(engine, "email.send", {"to": "a@b.c"})' in output
+    assert 'testing.refute_enqueued(engine, "email.send")' in output
+    assert "E       AssertionError: Expected a pending job of type 'email.send'" in output
+    assert "E       AssertionError: Expected no pending job of type 'email.send'" in output
+    assert "testing/assertions.py" not in output and "raise AssertionError" not in output
 
 
 def test_a_failed_assertion_cuts_long_payloads(engine, registry):

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import sys
+import types
 
 import pytest
 
 from runledger_sync.core.evidence import (
+    CALLED_BY_HEADING,
     MAX_ERROR_TYPE_CHARS,
     MAX_TRACEBACK_CHARS,
     bounded_error_type,
@@ -15,8 +17,11 @@ from runledger_sync.core.evidence import (
     evidence_of,
     format_traceback,
     message_of,
+    stored_type_name,
+    traceback_parts,
 )
 from runledger_sync.core.types import JobFailure
+from runledger_sync.handlers import FunctionHandler, run_execute
 
 SECRET = "payload-secret-5f1e9c"
 
@@ -39,6 +44,29 @@ def read_field(payload):
 
 class Declined(Exception):
     pass
+
+
+def called_by_the_library(fn):
+    """What ``fn()`` raises when runledger_sync calls it as it calls a handler.
+
+    The traceback starts in runledger_sync, as the worker's does: the frame of
+    :func:`raised`, which caught it here, is dropped.
+    """
+    handler = FunctionHandler("evidence.job", lambda ctx, payload: fn(), None)
+    exc = raised(run_execute, handler, None, {})
+    return exc.with_traceback(exc.__traceback__.tb_next)
+
+
+def first_frames(tb, count):
+    """A traceback of the first ``count`` entries of ``tb`` only."""
+    entries = []
+    while tb is not None and len(entries) < count:
+        entries.append(tb)
+        tb = tb.tb_next
+    rebuilt = None
+    for entry in reversed(entries):
+        rebuilt = types.TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return rebuilt
 
 
 def test_a_builtin_is_named_alone_and_any_other_type_with_its_module():
@@ -177,3 +205,65 @@ def test_an_exception_groups_members_are_shown():
     group = raised(lambda: (_ for _ in ()).throw(ExceptionGroup("two failed", [Declined("one"), KeyError("k")])))  # noqa: F821
     text = evidence_of(group).traceback
     assert f"| {__name__}.Declined: one" in text and "| KeyError: 'k'" in text
+
+
+def test_the_handlers_frames_come_first_and_the_library_frames_that_called_it_below_the_exception_line():
+    text = evidence_of(called_by_the_library(lambda: read_field({"token": SECRET}))).traceback
+
+    own, heading, below = text.partition(CALLED_BY_HEADING)
+    assert heading
+    assert own.splitlines()[:2] == ["Traceback (most recent call last):", own.splitlines()[1]]
+    assert own.splitlines()[1].startswith(f'  File "{__file__}", line ')
+    assert "in read_field" in own and "in lookup_field" in own and "handlers.py" not in own
+    assert own.endswith("KeyError: 'missing_field'\n\n")
+    assert '/runledger_sync/handlers.py", line ' in below and "in run_execute" in below and "in execute" in below
+    assert __file__ not in below and SECRET not in text
+
+
+def test_a_traceback_of_library_frames_only_keeps_its_order():
+    exc = called_by_the_library(lambda: read_field({}))
+    exc.with_traceback(first_frames(exc.__traceback__, 2))
+
+    text = format_traceback(exc)
+
+    assert CALLED_BY_HEADING not in text
+    assert text.splitlines()[1].endswith("in run_execute") and text.endswith("KeyError: 'token'\n")
+
+
+def test_a_cause_raised_in_the_handler_keeps_its_frames_and_only_the_last_exception_has_library_frames_below():
+    def fail():
+        try:
+            read_field({"token": SECRET})
+        except KeyError as error:
+            raise JobFailure.terminal("order.incomplete", "the order has no field") from error
+
+    text = format_traceback(called_by_the_library(fail))
+
+    cause, _, failure = text.partition("The above exception was the direct cause of the following exception")
+    assert CALLED_BY_HEADING not in cause and "in lookup_field" in cause
+    own, _, below = failure.partition(CALLED_BY_HEADING)
+    assert "in fail" in own and own.endswith("the order has no field\n\n")
+    assert "in run_execute" in below
+
+
+def test_the_page_reads_a_stored_traceback_back_as_the_handlers_part_and_the_library_part():
+    text = format_traceback(called_by_the_library(lambda: read_field({"token": SECRET})))
+
+    parts = traceback_parts(text)
+
+    assert [part.called_by for part in parts] == [False, True]
+    assert parts[0].text.startswith("Traceback (most recent call last):\n") and parts[0].text.endswith("'missing_field'\n")
+    assert parts[1].text.startswith("  File ") and "in run_execute" in parts[1].text
+    assert traceback_parts("Traceback (most recent call last):\nKeyError: 'x'\n") == [
+        (("Traceback (most recent call last):\nKeyError: 'x'\n"), False)]
+
+
+@pytest.mark.parametrize(("given", "stored"), [
+    ("builtins.KeyError", "KeyError"),
+    ("KeyError", "KeyError"),
+    ("myapp.billing.Declined", "myapp.billing.Declined"),
+    ("builtins", "builtins"),
+    ("mybuiltins.KeyError", "mybuiltins.KeyError"),
+])
+def test_a_builtins_type_name_is_spelled_as_it_is_stored(given, stored):
+    assert stored_type_name(given) == stored

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
+import re
 import threading
 from typing import Any, Iterator
 
@@ -19,7 +21,7 @@ from sqlalchemy import text
 from werkzeug.test import Client
 
 import runledger_sync as rl
-from runledger_sync.core.evidence import MAX_TRACEBACK_CHARS
+from runledger_sync.core.evidence import CALLED_BY_HEADING, MAX_TRACEBACK_CHARS
 from runledger_sync.runtime.execution import process_claimed_job
 from runledger_sync.web import allow_anyone, create_app
 from tests import handlers as h
@@ -135,7 +137,7 @@ def test_a_key_error_in_a_nested_function_is_kept_shown_logged_and_handed_to_the
     [attempt] = rl.list_attempts(engine, job.id)
     assert (attempt.outcome, attempt.error_code, attempt.error_type) == ("PANICKED", "job.handler_panic", "KeyError")
     assert "in lookup_field" in attempt.traceback and "in import_order" in attempt.traceback
-    assert attempt.traceback.endswith("KeyError: 'missing_field'\n")
+    assert "KeyError: 'missing_field'\n" in attempt.traceback
     assert rl.get_dead_letter(engine, job.id).error_type == "KeyError"
 
     # The hooks: the live exception, once per failed attempt, and in the dead letter's info.
@@ -172,6 +174,46 @@ def test_a_key_error_in_a_nested_function_is_kept_shown_logged_and_handed_to_the
         logging.Formatter().format(record) + str(record.__dict__) for record in records.records)
     for seen in (shown_attempts, listed, job_page, dead_letters_page, logged, attempt.traceback):
         assert SECRET not in seen
+
+
+def test_the_handlers_frame_comes_first_and_the_library_frames_that_called_it_below_folded_on_the_page(engine, run):
+    recorded = Recorded()
+    registry = failing_registry(recorded)
+    registry.sync_definitions(engine)
+    job = rl.enqueue(engine, JOB_TYPE, PAYLOAD)
+
+    with captured_logs() as (_, json_lines):
+        run_worker_until(engine, registry, lambda: recorded.wait(failures=1, dead_letters=1))
+
+    first_frame = f'  File "{__file__}", line '
+    # The attempt row: the handler's frame first, its message, then the worker's frames.
+    [attempt] = rl.list_attempts(engine, job.id)
+    lines = attempt.traceback.splitlines()
+    assert lines[0] == "Traceback (most recent call last):"
+    assert lines[1].startswith(first_frame) and lines[1].endswith("in import_order")
+    own, heading, called_by = attempt.traceback.partition(CALLED_BY_HEADING)
+    assert heading and own.endswith("KeyError: 'missing_field'\n\n") and "/runledger_sync/" not in own
+    assert "/runledger_sync/runtime/execution.py" in called_by and __file__ not in called_by
+
+    # The log's traceback, as configure_logging formats it.
+    [panic] = [line for line in map(json.loads, json_lines.getvalue().splitlines())
+               if line["message"] == "job handler panicked"]
+    assert panic["exc_info"].splitlines()[1].startswith(first_frame)
+
+    # jobs show.
+    _, out, _ = run("jobs", "show", str(job.id))
+    shown = out.split("\ntraceback of run 1 attempt 1 (KeyError):\n", 1)[1].splitlines()
+    assert shown[0] == "  Traceback (most recent call last):" and shown[1].startswith(f"  {first_frame}")
+
+    # The job page: the handler's frames in the traceback's first block, the library's folded below.
+    page = Client(create_app(engine, authorize=allow_anyone)).get(f"/jobs/{job.id}").get_data(as_text=True)
+    evidence = re.search(r'<details class="traceback"><summary>Traceback</summary><pre>(.*?)</pre>'
+                         r'<details class="called-by"><summary>(.*?)</summary><pre>(.*?)</pre></details>', page, re.S)
+    assert evidence is not None, page
+    handlers_part, summary, library_part = evidence.groups()
+    assert handlers_part.splitlines()[1].startswith(first_frame.replace('"', "&#34;"))
+    assert handlers_part.endswith("KeyError: &#39;missing_field&#39;\n") and "/runledger_sync/" not in handlers_part
+    assert summary == CALLED_BY_HEADING.strip() and "/runledger_sync/runtime/execution.py" in library_part
 
 
 def test_each_failed_attempt_is_told_to_the_failure_hooks_and_kept_on_its_own_row(engine):
@@ -366,4 +408,5 @@ def test_a_huge_traceback_is_stored_cut_to_the_cap(engine):
     assert attempt.error_type == "RecursionError"
     assert MAX_TRACEBACK_CHARS - 200 < len(attempt.traceback) <= MAX_TRACEBACK_CHARS
     assert "characters cut ...]" in attempt.traceback and "in recurse" in attempt.traceback
-    assert attempt.traceback.endswith("RecursionError: maximum recursion depth exceeded\n")
+    # The cut keeps the end: the message, and the library frames that called the handler below it.
+    assert f"RecursionError: maximum recursion depth exceeded\n\n{CALLED_BY_HEADING}" in attempt.traceback

@@ -124,6 +124,21 @@ def test_get_job_returns_the_stored_row(db):
     assert admin.get_job(db, str(job.id)) == job
 
 
+def test_a_finished_job_shows_the_completed_stage_and_keeps_the_stage_it_stopped_at(db):
+    jobs = {"pending": pending(db), "leased": leased(db), "succeeded": succeeded(db),
+            "dead_lettered": dead_lettered(db), "canceled": canceled(db)}
+
+    read = {name: admin.get_job(db, job.id) for name, job in jobs.items()}
+
+    assert {name: (job.stage, job.stage_shown) for name, job in read.items()} == {
+        "pending": (JobStage.QUEUED, JobStage.QUEUED),
+        "leased": (JobStage.RUNNING, JobStage.RUNNING),
+        "succeeded": (JobStage.COMPLETED, JobStage.COMPLETED),
+        "dead_lettered": (JobStage.RUNNING, JobStage.COMPLETED),
+        "canceled": (JobStage.QUEUED, JobStage.COMPLETED),
+    }
+
+
 def test_get_job_is_none_for_an_unknown_id_or_another_organization(db):
     job = pending(db, organization_id="org-1")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import runledger_sync as rl
+from runledger_sync.core.evidence import CALLED_BY_HEADING
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.store._claim import claim_jobs
 from runledger_sync.store.lifecycle import complete_job_failure
@@ -39,3 +40,16 @@ def test_a_hostile_type_and_traceback_are_escaped(db, client):
         html = page(client, url)
         assert "<script>alert" not in html and "<img src=x" not in html, url
         assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in html.split('class="traceback"', 1)[1]
+
+
+def test_both_pages_show_the_handlers_frames_first_and_fold_the_frames_that_called_it(db, client):
+    job = dead_lettered_with_evidence(db, "KeyError", (
+        'Traceback (most recent call last):\n  File "app.py", line 9, in charge\nKeyError: \'card\'\n\n'
+        f'{CALLED_BY_HEADING}  File "runledger_sync/runtime/execution.py", line 254, in _run_handler\n'))
+
+    for url in (f"/jobs/{job.id}", "/dead-letters"):
+        assert ('<details class="traceback"><summary>Traceback</summary><pre>Traceback (most recent call last):\n'
+                '  File &#34;app.py&#34;, line 9, in charge\nKeyError: &#39;card&#39;\n</pre>'
+                f'<details class="called-by"><summary>{CALLED_BY_HEADING.strip()}</summary>'
+                '<pre>  File &#34;runledger_sync/runtime/execution.py&#34;, line 254, in _run_handler\n</pre></details>'
+                '</details>') in page(client, url), url

@@ -9,6 +9,7 @@ import pytest
 from werkzeug.test import Client
 
 import runledger_sync as rl
+from runledger_sync import testing
 from runledger_sync.web import allow_anyone, create_app
 from tests.db.web.conftest import EMAIL, REPORT, TOP, dead_lettered, page, succeeded
 from tests.support import claim_one
@@ -105,6 +106,22 @@ def test_job_page_shows_fields_attempts_timeline_and_output(db, client):
     timeline = html.split('id="timeline"', 1)[1]
     assert [t for t in ("ENQUEUED", "SUCCEEDED") if f"<strong>{t}</strong>" in timeline] == ["ENQUEUED", "SUCCEEDED"]
     assert "&#34;sent&#34;: true" in html.split('id="output"', 1)[1]
+
+
+def test_job_page_shows_a_dead_lettered_jobs_final_stage(db, client):
+    registry = rl.JobRegistry()
+
+    @registry.job("web.crash", max_attempts=1)
+    def crash(ctx: rl.JobContext, payload: dict) -> None:
+        raise KeyError("to")
+
+    registry.sync_definitions(db)
+    job = testing.run_job(db, registry, "web.crash", {})
+    assert rl.get_job(db, job.id).stage is rl.JobStage.RUNNING
+
+    html = page(client, f"/jobs/{job.id}")
+
+    assert "<dt>Stage</dt><dd>completed</dd>" in html
 
 
 def test_job_page_sends_the_payload_only_when_asked(db, client):
