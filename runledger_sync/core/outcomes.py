@@ -1,8 +1,8 @@
 """How an attempt ends, decided as a value before anything is written (spec sections 5, 6 and 12).
 
 A handler's result (a completion, a failure) or the watch's verdict (the lease
-was lost) becomes one :data:`Transition`: succeed, retry after a delay,
-dead-letter for a reason, or write nothing. :func:`decide_failure` is the one
+was lost, an operator canceled the job) becomes one :data:`Transition`: succeed,
+retry after a delay, dead-letter for a reason, or write nothing. :func:`decide_failure` is the one
 place the retry delay and the dead-letter rule are applied to a failure; the
 store's failure write and the reaper ask :func:`dead_letter_reason` the same
 question of the locked row.
@@ -72,6 +72,17 @@ class LeaseLost:
 
 
 @dataclass(frozen=True)
+class Canceled:
+    """An operator canceled the job while it ran: the cancel wrote its end, so the attempt writes nothing.
+
+    Not a lost lease: nobody needs to recover the job, and nothing went wrong.
+    """
+
+    #: The operator's reason, as the job row keeps it (``CANCELED`` when none was given).
+    reason: str
+
+
+@dataclass(frozen=True)
 class Succeed:
     completion: JobCompletion
 
@@ -102,8 +113,8 @@ class DeadLetter:
     evidence: FailureEvidence = field(default=NO_EVIDENCE, compare=False)
 
 
-Outcome = Union[JobCompletion, JobFailure, LeaseLost]
-Transition = Union[Succeed, Continue, Retry, DeadLetter, LeaseLost]
+Outcome = Union[JobCompletion, JobFailure, LeaseLost, Canceled]
+Transition = Union[Succeed, Continue, Retry, DeadLetter, LeaseLost, Canceled]
 
 #: A handler still running when the worker's shutdown grace ran out: nothing is
 #: written for it, and the reaper recovers the job once its lease runs out.

@@ -253,6 +253,10 @@ class JobContext:
 
     @property
     def cancel_reason(self) -> Optional[str]:
+        """Why the attempt was told to stop: ``timeout``, ``lease_lost``, ``shutdown``, or an operator's cancel reason.
+
+        An operator's cancel gives the reason it was made with (``CANCELED`` when none was given).
+        """
         return self._cancel_reason
 
     def check_cancelled(self) -> None:

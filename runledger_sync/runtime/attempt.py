@@ -15,6 +15,7 @@ from runledger_sync.config import JobsConfig
 from runledger_sync.core.errors import InvalidArgument, LeaseOwnerMismatch
 from runledger_sync.core.outcomes import (
     LEASE_OWNER_MISMATCH_CODE,
+    Canceled,
     Continue,
     LeaseLost,
     Retry,
@@ -63,6 +64,8 @@ def outcome_fields(transition: Optional[Transition]) -> dict[str, Any]:
         return {"outcome": "undecided"}
     if isinstance(transition, LeaseLost):
         return {"outcome": "lease_lost", "failure_code": transition.code}
+    if isinstance(transition, Canceled):
+        return {"outcome": "canceled"}
     if isinstance(transition, Succeed):
         return {"outcome": "succeeded"}
     if isinstance(transition, Continue):
@@ -118,6 +121,8 @@ class JobExecution:
         self.stop_watchdog = Flag()
         self.deadline_passed = Flag()
         self.lease_lost: Optional[LeaseLost] = None
+        #: Set when an operator canceled the job while it ran (see runtime.cancels).
+        self.canceled: Optional[Canceled] = None
         #: Set when the worker's shutdown told the handler to stop (its lease still holds).
         self.interrupted = False
         #: Set when the lease ran out by the local clock with a renewal still unanswered.
@@ -198,9 +203,10 @@ class JobExecution:
         )
 
     def _complete_in(self, context: JobContext, bind: Any, completion: Optional[JobCompletion]) -> JobRecord:
-        if self.lease_lost is not None:
+        if self.lease_lost is not None or self.canceled is not None:
             raise LeaseOwnerMismatch(
-                f"job {self.job.id} lost its lease before the handler completed it", job_id=str(self.job.id)
+                f"job {self.job.id} was canceled or lost its lease before the handler completed it",
+                job_id=str(self.job.id),
             )
         # Past the deadline the attempt is a timeout; a success now would contradict it.
         context.check_cancelled()

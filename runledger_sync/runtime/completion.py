@@ -28,6 +28,7 @@ from runledger_sync.core.continuation import DEFAULT_MAX_CONTINUATIONS
 from runledger_sync.core.outcomes import (
     HANDLER_TRANSIENT_ERROR_CODE,
     INVALID_COMPLETION_PROGRESS_CODE,
+    Canceled,
     Continue,
     DeadLetter,
     EarlierAttempts,
@@ -56,6 +57,8 @@ log = get_logger(__name__)
 MIN_OUTCOME_WRITE_SECONDS = 1.0
 
 SUCCESS_REPLY_LOST = "job success landed; its reply was lost"
+#: Logged at INFO, once, for an attempt whose job an operator canceled (with the operator's ``reason``).
+CANCELED_BY_OPERATOR = "job canceled by operator"
 
 Written = Succeed | Continue | Retry | DeadLetter
 T = TypeVar("T")
@@ -76,8 +79,12 @@ def finish(
     Returns:
         True when the completer took the attempt and will end it.
     """
-    if execution.completed_in_transaction and not isinstance(outcome, LeaseLost) and _committed_by_handler(
+    if execution.completed_in_transaction and not isinstance(outcome, (LeaseLost, Canceled)) and _committed_by_handler(
             execution, outcome):
+        return False
+    if isinstance(outcome, Canceled):
+        execution.decided = outcome
+        log.info(CANCELED_BY_OPERATOR, extra=execution.log_fields | {"reason": outcome.reason})
         return False
     if isinstance(outcome, LeaseLost):
         execution.decided = outcome

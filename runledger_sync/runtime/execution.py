@@ -5,8 +5,10 @@ back), run the handler and narrow whatever it does to one outcome, then take
 the attempt's gate and write that outcome (:mod:`~runledger_sync.runtime.completion`).
 Beside it the pool thread's timer thread runs the watch
 (:mod:`~runledger_sync.runtime.watch`): lease renewal, the deadline, an
-operator's cancel. Whichever decides first takes the attempt's one outcome; the
-other's is discarded. Threads cannot be killed: a handler that ignores its
+operator's cancel missed by the listener. An operator's cancel, told by the
+worker's listener, ends the attempt from the polling thread
+(:mod:`~runledger_sync.runtime.cancels`). Whichever decides first takes the
+attempt's one outcome; the others' are discarded. Threads cannot be killed: a handler that ignores its
 cancellation flag keeps its pool thread (and so its concurrency slot) until it
 returns, but its late result is never written.
 
@@ -51,6 +53,7 @@ from runledger_sync.core.outcomes import (
     HANDLER_PANIC_CODE,
     HANDLER_TRANSIENT_ERROR_CODE,
     INVALID_COMPLETION_PROGRESS_CODE,
+    Canceled,
     LeaseLost,
     Outcome,
     timeout_failure,
@@ -74,6 +77,7 @@ from runledger_sync.handlers import run_execute
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.attempt import JobExecution
+from runledger_sync.runtime.cancels import RunningHandlers
 from runledger_sync.runtime.completion import finish
 from runledger_sync.runtime.completer import Completer
 from runledger_sync.runtime.tally import OutcomeTally
@@ -97,7 +101,7 @@ def process_claimed_job(
     completer: Optional[Completer] = None, running: object = WRITE_RUNNING,
     timer: Optional[TimerThread] = None, tally: Optional[OutcomeTally] = None,
     *, on_ended: Optional[Callable[[], None]] = None, hand_back: Optional[Callable[[Callable[[], None]], None]] = None,
-    handlers_running: Optional[set[JobExecution]] = None,
+    handlers_running: Optional[RunningHandlers] = None,
 ) -> None:
     """Run one claimed job and write its single outcome (or none when the lease was lost).
 
@@ -118,7 +122,8 @@ def process_claimed_job(
             success's progress: the terminal failure's write and its dead-letter
             hook); None runs it on a thread of its own.
         handlers_running: holds the attempt while its handler runs, so a worker
-            shutting down past its drain deadline can tell it to stop.
+            shutting down past its drain deadline can tell it to stop, and an
+            operator's cancel reaches it at once.
     """
     try:
         execution = JobExecution(engine, registry, job, config, completer, tally=tally, on_ended=on_ended,
@@ -138,7 +143,7 @@ def process_claimed_job(
 
 
 def _process_with_timer(
-    execution: JobExecution, running: object, timer: TimerThread, handlers_running: Optional[set[JobExecution]],
+    execution: JobExecution, running: object, timer: TimerThread, handlers_running: Optional[RunningHandlers],
 ) -> None:
     job, config = execution.job, execution.config
     finishing = execution.completer.finishing
@@ -175,7 +180,7 @@ def _process_with_timer(
             execution.stop_watchdog.set()
             timer.withdraw()
             handed_off = finish(execution, outcome, hand_off=True, evidence=evidence)
-        elif not isinstance(outcome, LeaseLost):
+        elif not isinstance(outcome, (LeaseLost, Canceled)):
             log.warning(
                 "handler finished after its attempt was already decided; result discarded",
                 extra=execution.log_fields | {"late_result": type(outcome).__name__},
@@ -259,7 +264,7 @@ def _run_handler(execution: JobExecution) -> tuple[Outcome, FailureEvidence]:
     except BaseException as exc:  # noqa: BLE001 - a handler may raise anything, even SystemExit
         abandoned = _abandoned_outcome(execution)
         if abandoned is not None:
-            # A timeout or a lost lease: what the handler raised once told to stop is not the cause.
+            # A cancel, a timeout or a lost lease: what the handler raised once told to stop is not the cause.
             return abandoned, NO_EVIDENCE
         return _failure_of(execution, exc)
     return _unless_abandoned(execution, _completion_outcome(result, execution.config.max_output_bytes)), NO_EVIDENCE
@@ -367,7 +372,9 @@ def _continuation_problem(result: JobCompletion) -> Optional[JobFailure]:
 
 
 def _abandoned_outcome(execution: JobExecution) -> Optional[Outcome]:
-    """The outcome forced by the watchdog (deadline or lease loss), if it fired."""
+    """The outcome forced on the attempt (an operator's cancel, a lost lease, the deadline), if any was."""
+    if execution.canceled is not None:
+        return execution.canceled
     if execution.lease_lost is not None:
         return execution.lease_lost
     if execution.deadline_passed.is_set():

@@ -1,5 +1,11 @@
 """The worker's LISTEN connection: wake an idle polling thread when its job types are enqueued.
 
+The same connection hears operators' cancels (``on_canceled``): each read of
+it hands the ids of canceled jobs on, whether the worker is idle or busy (a
+busy worker reads it between waits for a free slot, and once per claim while
+backed up), so a running handler is told at once
+(:mod:`runledger_sync.runtime.cancels`).
+
 The scheduler loop keeps one of its own on the schedules channel, woken when a
 schedule is written or resumed. Each runs on the polling thread itself
 (``WorkerLoop.pause`` calls :meth:`JobListener.wait`), so it adds no thread. When the connection is lost the worker falls back to plain
@@ -21,7 +27,7 @@ from __future__ import annotations
 import secrets
 import select
 import time
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import psycopg2.extensions
 from sqlalchemy.engine import Engine
@@ -56,14 +62,18 @@ class JobListener:
         probe_interval_seconds: the least time between two probes of a connected listener.
         channel: :data:`driver.CHANNEL` (enqueued job types) or :data:`driver.SCHEDULES_CHANNEL`.
         name: how its log lines call it (``listener connected``, ``listener lost; polling``).
+        on_canceled: called, on the thread reading the listener, with the ids of
+            jobs operators canceled; None: it does not listen for cancels.
     """
 
     def __init__(
         self, engine: Engine, job_types: Optional[Iterable[str]], *, worker_id: str,
         probe_bind: Engine | HeldConnection | None = None, probe_interval_seconds: float = 1.0,
         channel: str = driver.CHANNEL, name: str = "listener",
+        on_canceled: Optional[Callable[[set[str]], None]] = None,
     ) -> None:
         self.name = name
+        self.on_canceled = on_canceled
         self.engine = engine
         self.job_types = None if job_types is None else frozenset(job_types)
         self.channel = channel
@@ -102,6 +112,8 @@ class JobListener:
             connection = self._connection = driver.open_listener(self.engine, (self.probe_channel,))
             self._send_probe()
             self._await_echo(connection, PROBE_TIMEOUT_SECONDS)
+            if self.on_canceled is not None:
+                driver.listen(connection, driver.CANCELED_CHANNEL)
             driver.listen(connection, self.channel)
         except Exception as error:  # noqa: BLE001 - any failure means: poll, try again later
             self._lost(error)
@@ -161,8 +173,11 @@ class JobListener:
             self._lost(error)
             return False
 
-    def discard_pending(self) -> None:
-        """Read and drop what has arrived, so a busy worker's listener does not back up the server's queue."""
+    def read_while_busy(self) -> None:
+        """Read what has arrived: hand cancels on, drop wake-ups (a busy worker has no slot for new jobs).
+
+        Reading also keeps a busy worker's listener from backing up the server's queue.
+        """
         self._notified = False
         if self._connection is None:
             return
@@ -209,10 +224,13 @@ class JobListener:
             select.select([connection], [], [], remaining)
 
     def _read(self, connection: psycopg2.extensions.connection) -> set[str]:
-        """Read what has arrived: note a probe's echo, return the job types notified."""
+        """Read what has arrived: note a probe's echo, hand cancels on, return the job types notified."""
         payloads = driver.read_notifications(connection)
         if self._probe is not None and self._probe[0] in payloads.get(self.probe_channel, ()):
             self._probe = None
+        canceled = payloads.get(driver.CANCELED_CHANNEL)
+        if canceled and self.on_canceled is not None:
+            self.on_canceled(canceled)
         return payloads.get(self.channel, set())
 
     def _relevant(self, types: set[str]) -> bool:

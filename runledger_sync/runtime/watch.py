@@ -20,11 +20,10 @@ from runledger_sync.core.outcomes import (
     timeout_failure,
 )
 from runledger_sync.core.store_errors import ConnectionFailed
-from runledger_sync.core.states import JobStatus
 from runledger_sync.logging import get_logger
 from runledger_sync.runtime.attempt import JobExecution
+from runledger_sync.runtime.cancels import canceled_reason, stop_canceled
 from runledger_sync.runtime.completion import finish
-from runledger_sync.store import driver
 from runledger_sync.store.driver import heartbeat_job
 
 log = get_logger(__name__)
@@ -163,15 +162,19 @@ def _heartbeat(execution: JobExecution) -> bool:
             log.debug("heartbeat skipped: the handler owns the completion",
                       extra=execution.log_fields | {"error": str(error)})
             return True
+        if isinstance(error, LeaseOwnerMismatch):
+            # The fence also refuses a job an operator canceled: when the cancel's
+            # notification did not reach the worker, this is where the handler learns of it.
+            reason = canceled_reason(execution)
+            if reason is not None:
+                stop_canceled(execution, reason)
+                return False
         _count_heartbeat_failure(execution)
         if isinstance(error, LeaseOwnerMismatch):
             lost = LeaseLost(LEASE_OWNER_MISMATCH_CODE, "Job lease ownership was lost during processing.")
-            reason = "canceled" if _was_canceled(execution) else "lease_lost"
-            log.warning("job heartbeat lost lease ownership",
-                        extra=execution.log_fields | {"error": str(error), "reason": reason})
+            log.warning("job heartbeat lost lease ownership", extra=execution.log_fields | {"error": str(error)})
         else:
             lost = MAINTENANCE_LOST
-            reason = "lease_lost"
             log.warning(
                 "aborting job because lease heartbeat could not be persisted",
                 extra=execution.log_fields | {"error": str(error)},
@@ -179,7 +182,7 @@ def _heartbeat(execution: JobExecution) -> bool:
     # Lease loss is recorded by where it came from (here), never inferred from a
     # failure code, so a handler's own failure with the same code is persisted.
     execution.lease_lost = lost
-    execution.context.request_cancel(reason)
+    execution.context.request_cancel("lease_lost")
     if execution.gate.take():
         finish(execution, lost)  # writes nothing; logs which kind of lease loss ended the attempt
     return False
@@ -189,10 +192,3 @@ def _count_heartbeat_failure(execution: JobExecution) -> None:
     if execution.observer is not None:
         execution.observer.heartbeat_failed(execution.job.job_type)
 
-
-def _was_canceled(execution: JobExecution) -> bool:
-    try:
-        current = driver.get_job(execution.engine, execution.job.id)
-    except RunledgerError:
-        return False
-    return current is not None and current.status is JobStatus.CANCELED

@@ -20,7 +20,10 @@ claim takes what is free at once.
 
 An idle worker also LISTENs (:mod:`runledger_sync.runtime.listener`), so a job
 enqueued for one of its types ends the pause at once instead of at the next
-poll; without the listener (lost, or turned off) it simply polls.
+poll; without the listener (lost, or turned off) it simply polls. The listener
+also hears operators' cancels, and the polling thread stops the canceled jobs'
+handlers at once (:mod:`runledger_sync.runtime.cancels`); without it each
+handler learns of its cancel at its next lease renewal.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from runledger_sync.core.types import RuntimeLoopExit
 from runledger_sync.db.pool_mode import policy_of
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime.attempt import JobExecution
+from runledger_sync.runtime.cancels import RunningHandlers
 from runledger_sync.runtime.execution import WRITE_RUNNING, process_claimed_job
 from runledger_sync.runtime.health import CLAIM, LoopMarks
 from runledger_sync.runtime.completer import Completer
@@ -97,8 +100,8 @@ class WorkerLoop:
         self._slot_freed = threading.Event()
         #: Set when the drain deadline has come: running handlers are told to stop.
         self.stop_jobs = stop_jobs
-        #: Attempts whose handler is running now.
-        self.handlers_running: set[JobExecution] = set()
+        #: Attempts whose handler is running now, by job id.
+        self.handlers_running = RunningHandlers()
         #: The runner threads. Daemons: a handler that ignores its cancellation
         #: must not hold the process past its shutdown.
         self._runner_threads: list[threading.Thread] = []
@@ -121,7 +124,8 @@ class WorkerLoop:
         self.listen_allowed = policy_of(engine).listens
         self.listener = (
             JobListener(engine, types, worker_id=config.worker_id, probe_bind=self.claim_bind,
-                        probe_interval_seconds=max(PROBE_INTERVAL_SECONDS, config.poll_interval_ms / 1000.0))
+                        probe_interval_seconds=max(PROBE_INTERVAL_SECONDS, config.poll_interval_ms / 1000.0),
+                        on_canceled=self.handlers_running.cancel)
             if listen and types and owns_connections and self.listen_allowed else None
         )
         #: Told of each claimed batch, job end and group write; None when metrics are off.
@@ -158,6 +162,9 @@ class WorkerLoop:
         self._slot_freed.clear()
         self.tally.report_if_due()
         if self.backlogged:
+            # A backed-up worker never pauses, where the listener is otherwise read.
+            if self.listener is not None:
+                self.listener.read_while_busy()
             self._gather_free_slots()
         limit = min(self.free_slots, self.config.claim_batch_size)
         if not self.job_types or limit <= 0:
@@ -313,7 +320,7 @@ class WorkerLoop:
                 if self._slot_freed.wait(step):
                     return
                 if listener is not None:
-                    listener.discard_pending()
+                    listener.read_while_busy()
 
     def drain(self) -> None:
         """Wait for every in-flight job to finish, or until ``stop_jobs`` is set; then stop the loop's threads.
@@ -329,12 +336,14 @@ class WorkerLoop:
         if self.in_flight:
             log.info("worker shutdown requested; draining in-flight jobs",
                      extra={"worker_id": self.config.worker_id, "in_flight": self.in_flight})
-        if self.listener is not None:
-            self.listener.close()
         stop_jobs = self.stop_jobs
         while self.in_flight > 0 and not (stop_jobs is not None and stop_jobs.is_set()):
             self._slot_freed.wait(SHUTDOWN_CHECK_SECONDS)
             self._slot_freed.clear()
+            if self.listener is not None:
+                self.listener.read_while_busy()  # an operator may cancel a job the drain waits for
+        if self.listener is not None:
+            self.listener.close()
         if self.in_flight > 0:
             self._stop_running_handlers()
         left_behind = self.in_flight > 0

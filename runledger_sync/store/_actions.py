@@ -23,7 +23,7 @@ from runledger_sync.core.states import JobStage, JobStatus
 from runledger_sync.db.schema import job_attempts, job_events, job_queue
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
-from runledger_sync.store._notify import notify_ended
+from runledger_sync.store._notify import notify_canceled, notify_ended
 from runledger_sync.store._rows import JOB_COLUMNS, to_job
 from runledger_sync.store._scope import check_job_id, scoped
 from runledger_sync.store._workflow_steps import job_ends, jobs_ended
@@ -81,7 +81,7 @@ def _cancel_statement(organization_id: Optional[str]) -> Any:
         .cte("closed_attempt")
     )
     event = _reason_event(canceled, JobEventType.CANCELED, canceled.c.run_number, canceled.c.attempt)
-    return select(*canceled.c).add_cte(closed, event).where(notify_ended(canceled))
+    return select(*canceled.c).add_cte(closed, event).where(notify_ended(canceled), notify_canceled(canceled))
 
 
 def cancel_job(
@@ -93,8 +93,10 @@ def cancel_job(
 ) -> JobRecord:
     """Cancel a PENDING or LEASED job.
 
-    A running handler is not interrupted here: its next heartbeat finds the lease
-    gone and sets its cancellation flag, and any write it attempts is refused.
+    The worker running the job is notified when this commits, and sets its
+    handler's cancellation flag at once, with ``reason`` as ``ctx.cancel_reason``
+    (``CANCELED`` when none is given); without the notification its next
+    heartbeat finds the job canceled. Any write the handler attempts is refused.
 
     Args:
         bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)

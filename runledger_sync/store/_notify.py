@@ -18,6 +18,14 @@ cancel, a workflow run's cancel) sends one notification listing their ids, insid
 (:func:`notify_ended`). One per statement, not one per job: the worker's group
 writes stay one pg_notify dearer, whoever listens.
 
+The ``runledger_canceled`` channel tells workers that an operator canceled
+jobs: :func:`runledger_sync.cancel_job` (and so the CLI's ``jobs cancel`` and
+the dashboard's action) sends one notification per job it cancels, its id,
+inside its one statement (:func:`notify_canceled`). The worker running one of
+them tells its handler at once instead of at its next heartbeat, which stays
+the fallback: a notification is lost whenever no LISTEN hears it. A workflow
+run's cancel sends none: it cancels only jobs no worker holds.
+
 The listener side is one psycopg2 connection per worker, in autocommit mode,
 detached from the engine's pool (a listening session must never be handed to
 someone else, and must not use up a pool slot for the life of the worker). It
@@ -56,6 +64,8 @@ CHANNEL = "runledger_jobs"
 SCHEDULES_CHANNEL = "runledger_schedules"
 #: The channel told of ended jobs; the payload is their ids, comma-separated, or empty (see :func:`notify_ended`).
 ENDED_CHANNEL = "runledger_ended"
+#: The channel told of jobs an operator canceled; the payload is one job's id.
+CANCELED_CHANNEL = "runledger_canceled"
 #: ``application_name`` of listener sessions, so operators (and tests) can find them in pg_stat_activity.
 LISTENER_APPLICATION_NAME = "runledger-listener"
 #: Probe channels are this prefix and random hex: ours, never user input (LISTEN takes an identifier).
@@ -104,6 +114,22 @@ def notify_ended(written: Any) -> Any:
     sent = (
         select(func.count(func.pg_notify(literal(ENDED_CHANNEL), payload)))
         .where(ended.c.ids.is_not(None))
+        .correlate(None)
+        .scalar_subquery()
+    )
+    return sent >= 0
+
+
+def notify_canceled(canceled: Any) -> Any:
+    """Return a WHERE clause, always true, that notifies :data:`CANCELED_CHANNEL` of each row of ``canceled``.
+
+    ``canceled`` is a data-modifying CTE returning ``id``; the caller selects
+    from it with this clause. A job still PENDING is named too: whether a worker
+    held it is gone from the row once canceled, and a worker ignores ids it does
+    not run.
+    """
+    sent = (
+        select(func.count(func.pg_notify(literal(CANCELED_CHANNEL), cast(canceled.c.id, Text))))
         .correlate(None)
         .scalar_subquery()
     )

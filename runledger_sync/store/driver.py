@@ -48,8 +48,9 @@ Workflow steps (``ctx.workflow``)
     output).
 
 Notify and listen
-    ``CHANNEL`` (due jobs), ``SCHEDULES_CHANNEL`` (schedule changes) and
-    ``ENDED_CHANNEL`` (jobs that ended, named by ``ended_job_ids``);
+    ``CHANNEL`` (due jobs), ``SCHEDULES_CHANNEL`` (schedule changes),
+    ``ENDED_CHANNEL`` (jobs that ended, named by ``ended_job_ids``) and
+    ``CANCELED_CHANNEL`` (jobs an operator canceled);
     ``open_listener``, ``listen``, ``read_notifications`` and
     ``close_listener`` for the listening connection; ``new_probe_channel`` and
     ``send_probe`` to prove it still hears.
@@ -82,6 +83,7 @@ from runledger_sync.store._lifecycle_batch import (
     read_earlier_attempts,
 )
 from runledger_sync.store._notify import (
+    CANCELED_CHANNEL,
     CHANNEL,
     ENDED_CHANNEL,
     SCHEDULES_CHANNEL,
@@ -136,6 +138,7 @@ __all__ = [
     "CHANNEL",
     "SCHEDULES_CHANNEL",
     "ENDED_CHANNEL",
+    "CANCELED_CHANNEL",
     "ended_job_ids",
     "open_listener",
     "listen",

@@ -44,7 +44,7 @@ class DrainedJob:
 
     id: UUID
     job_type: str
-    #: ``succeeded``, ``retried``, ``dead_lettered``; or, rarely, ``lease_lost``,
+    #: ``succeeded``, ``retried``, ``dead_lettered``; or, rarely, ``canceled``, ``lease_lost``,
     #: ``not_started`` or ``undecided`` (the worker's own outcome names).
     outcome: str
 

@@ -628,7 +628,10 @@ def test_cooperative_handler_past_its_deadline_fails_with_a_retryable_timeout(en
     assert event_types(engine, job.id)[-2:] == ["FAILED", "RETRY_SCHEDULED"]
 
 
-def test_operator_cancel_raises_the_flag_within_a_heartbeat_and_nothing_is_written_after(engine, probe, logs):
+@pytest.mark.parametrize(("reason", "told"), [("operator said stop", "operator said stop"), (None, "CANCELED")])
+def test_operator_cancel_missed_by_the_listener_reaches_the_handler_at_its_next_heartbeat(
+        engine, probe, logs, reason, told):
+    # No worker loop here, so no listener: the heartbeat is the fallback for a lost notification.
     def body(ctx, payload, call):
         if ctx.wait_cancelled(20):
             call.cancelled_at = time.monotonic()
@@ -640,15 +643,19 @@ def test_operator_cancel_raises_the_flag_within_a_heartbeat_and_nothing_is_writt
     worker = in_thread(process_claimed_job, engine, registry, job, config)
     probe.wait_calls(1)
     canceled_at = time.monotonic()
-    cancel_job(engine, job.id, reason="operator said stop")
+    cancel_job(engine, job.id, reason=reason)
     worker.join(10)
     [call] = probe.calls
-    assert call.cancel_reason == "canceled"
+    assert call.cancel_reason == told
     assert call.cancelled_at - canceled_at < 0.3 + 1.0  # one heartbeat interval, plus a loaded machine
     row = job_row(engine, job.id)
-    assert (row.status, row.status_reason, row.output) == ("CANCELED", "operator said stop", None)
+    assert (row.status, row.status_reason, row.output) == ("CANCELED", told, None)
     assert event_types(engine, job.id)[-1] == "CANCELED"
     assert attempts(engine, job.id)[0].outcome is None
+    # A cancel is not a lost lease: one INFO line with the reason, no lease warning, no discarded-result warning.
+    [line] = records(logs, "job canceled by operator")
+    assert (line.levelno, line.reason, line.job_id) == (logging.INFO, told, str(job.id))
+    assert [r.getMessage() for r in logs.records if r.levelno >= logging.WARNING] == []
 
 
 @pytest.mark.parametrize(("handler", "expected"), [
