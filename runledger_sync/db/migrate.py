@@ -73,8 +73,9 @@ def alembic_config(connection: Optional[Connection] = None, *, output_buffer: Op
 
 
 def _run(bind: Engine | Connection, action: str, revision: str) -> None:
-    _check_bind(bind)
+    # First: offline, your env.py's connection is Alembic's stand-in that writes SQL, no bind.
     _refuse_inside_offline_alembic(action)
+    _check_bind(bind)
     try:
         if isinstance(bind, Connection):
             _run_on(bind, action, revision)
