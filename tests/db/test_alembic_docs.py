@@ -29,7 +29,10 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 #: Every table runledger's history creates (its version table aside).
 QUEUE_TABLES = RUNLEDGER_TABLES - {VERSION_TABLE}
-MODELS = 'import sqlalchemy as sa\n\nmetadata = sa.MetaData()\nsa.Table("users", metadata, sa.Column("id", sa.BigInteger(), primary_key=True))\n'
+MODELS = (
+    'import sqlalchemy as sa\n\nmetadata = sa.MetaData()\n'
+    'sa.Table("users", metadata, sa.Column("id", sa.BigInteger(), primary_key=True))\n'
+)
 NOT_EXCLUDED = "pass include_object=include_object"
 
 
@@ -159,6 +162,21 @@ def test_autogenerate_without_include_object_warns_naming_the_fix(initialised, t
     assert f"runledger's tables ({len(RUNLEDGER_TABLES)} of them" in result.stderr
     # What the warning is about: the revision drops them.
     assert "op.drop_table('job_queue')" in upgrade_body(written_revision(root))
+
+
+def test_autogenerate_with_your_own_filter_that_calls_include_object_does_not_warn(
+    initialised, tmp_path, empty_database, engine
+):
+    env_py = marked("alembic-env", "python")
+    combined = env_py.replace("include_object=include_object)",
+                              "include_object=lambda *item: include_object(*item) and item[1] != 'legacy')")
+    assert combined != env_py
+    root = project(initialised, tmp_path, empty_database, combined)
+
+    # The warning asks the configured filters, so it needs none of our tables in the database.
+    result = ok(run(root, 'alembic revision --autogenerate -m "probe"'))
+
+    assert NOT_EXCLUDED not in result.stderr
 
 
 # -- one history -------------------------------------------------------------------------------------------
