@@ -5,8 +5,9 @@ so one ``alembic_version`` table tracks both histories, and the application's
 first revision builds on runledger's head: ``alembic upgrade head`` runs ours
 first, then the application's. ``process_revision_directives`` writes every new
 revision into this project's versions directory (Alembic would put the first
-one next to runledger's head, inside the installed package). ``upgrade --sql``
-writes runledger's DDL too.
+one next to runledger's head, inside the installed package). ``check_runledger``
+refuses a history that lacks runledger's versions rather than upgrade quietly
+without them. ``upgrade --sql`` writes runledger's DDL too.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sqlalchemy as sa
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from runledger_sync.db.alembic_host import include_object, process_revision_directives
+from runledger_sync.db.alembic_host import check_runledger, include_object, process_revision_directives
 
 config = context.config
 
@@ -54,6 +55,7 @@ def run_migrations_offline() -> None:
                       process_revision_directives=process_revision_directives)
     with context.begin_transaction():
         context.run_migrations()
+        check_runledger(context)  # refuses a history without runledger's (rolled back)
 
 
 def run_migrations_online() -> None:
@@ -65,6 +67,7 @@ def run_migrations_online() -> None:
                           process_revision_directives=process_revision_directives)
         with context.begin_transaction():
             context.run_migrations()
+            check_runledger(context)  # refuses a history without runledger's (rolled back)
     connectable.dispose()
 
 

@@ -28,23 +28,42 @@ runledger-sync package::
 
 Alembic runs env.py, and so the hook, for ``revision --autogenerate``; set
 ``revision_environment = true`` in alembic.ini for a plain ``revision`` too.
+
+Two calls go inside ``context.begin_transaction()``, after ``context.run_migrations()``,
+so a refusal rolls your command back with ours:
+
+- :func:`check_runledger` (one history): Alembic finds nothing wrong in a history that
+  lacks runledger's versions (``alembic upgrade head`` then only creates
+  ``alembic_version``); this raises instead.
+- :func:`migrate_runledger` (runledger's own version table): ``rl.migrate`` when your
+  command moves the database, and nothing while you autogenerate.
+
+Both log a warning when ``revision --autogenerate`` or ``check`` runs without a filter
+that hides runledger's tables, since the revision would then drop them.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
-from alembic.script.revision import RevisionError
+from alembic.autogenerate.api import AutogenContext
+from alembic.script.revision import ResolutionError, RevisionError
 from alembic.util import coerce_resource_to_filename
+from sqlalchemy import MetaData, Table
 
 from runledger_sync.core.errors import ConfigError
 from runledger_sync.db import schema_queues, schema_rollup, schema_schedules, schema_workflows  # noqa: F401  its tables join metadata, read whole below
-from runledger_sync.db.migrate import VERSION_TABLE, migrations_directory
+from runledger_sync.db.migrate import VERSION_TABLE, check_schema, current_revision, head_revision, migrate, migrations_directory
 from runledger_sync.db.schema import metadata
 
 #: The tables runledger-sync's history creates, plus its own version table.
 RUNLEDGER_TABLES = frozenset({table.name for table in metadata.tables.values()} | {VERSION_TABLE})
+#: The resource naming runledger's versions, for ``version_locations`` (one history).
+VERSIONS_RESOURCE = "runledger_sync:_alembic/versions"
+
+_log = logging.getLogger(__name__)
 
 
 def include_name(name: Any, type_: str, parent_names: Any) -> bool:
@@ -92,24 +111,11 @@ def process_revision_directives(context: Any, revision: Any, directives: list[An
             ScriptDirectory).
         revision: the revision range the command was given (unused).
         directives: the MigrationScript directives about to be written; changed in place.
-
-    Raises:
-        ConfigError: ``config.invalid`` when ``version_locations`` names a
-            ``runledger_sync`` resource that is no directory here (an editable
-            install), saying which directory to list instead.
     """
     script = getattr(context, "script", None)
     if script is None:
         return
     ours = (migrations_directory() / "versions").resolve()
-    for location in script.version_locations:
-        if not _names_our_package_but_no_directory(location):
-            continue
-        # Alembic would go on as if our history were not listed: a new base, or
-        # "Multiple version locations present", neither naming the cause.
-        raise ConfigError([f"version_locations lists {location!r}, which names no directory in this install "
-                           "of runledger-sync (an editable install, as from a clone, has no such resource); "
-                           f"list {str(ours)!r} there instead"])
     locations = [Path(coerce_resource_to_filename(location)).resolve() for location in script.version_locations]
     yours = [location for location in locations if location != ours]
     if not yours or len(yours) == len(locations):  # our versions are not part of this history
@@ -117,17 +123,6 @@ def process_revision_directives(context: Any, revision: Any, directives: list[An
     for directive in directives:
         if directive.version_path is None and _builds_on_ours(script, directive.head, ours):
             directive.version_path = str(yours[0])
-
-
-def _names_our_package_but_no_directory(location: str) -> bool:
-    """True for a ``runledger_sync...:path`` resource that does not resolve to a directory."""
-    package, colon, _ = str(location).partition(":")
-    if not colon or package.split(".")[0] != "runledger_sync":
-        return False
-    try:
-        return not Path(coerce_resource_to_filename(location)).is_dir()
-    except ImportError:  # runledger_sync._alembic is not importable from an editable install
-        return True
 
 
 def _builds_on_ours(script: Any, head: Any, ours: Path) -> bool:
@@ -138,3 +133,114 @@ def _builds_on_ours(script: Any, head: Any, ours: Path) -> bool:
         return False  # several heads, or an unknown one: Alembic refuses with its own message
     # Alembic takes the first parent's directory; with none (a new base) it refuses to guess.
     return not parents or Path(parents[0].path).resolve().parent == ours
+
+
+def check_runledger(context: Any) -> None:
+    """Raise unless your Alembic history holds runledger's, and runledger's tables are at its head.
+
+    For one history (runledger's versions in your ``version_locations``). Call it in
+    env.py inside ``context.begin_transaction()``, after ``context.run_migrations()``,
+    online and offline::
+
+        with context.begin_transaction():
+            context.run_migrations()
+            check_runledger(context)
+
+    Runledger's tables are compared with this version's only when your database
+    is at your history's head (after ``alembic upgrade head``, say): below it
+    (after a ``downgrade``) they may rightly be behind or absent.
+
+    Args:
+        context: ``alembic.context``, configured.
+
+    Raises:
+        ConfigError: ``config.invalid`` when your history lacks runledger's
+            revisions (``version_locations`` does not list them); nothing is kept.
+        SchemaMismatch: ``db.schema_mismatch`` when your database is at your head
+            and runledger's tables are not at this version's; nothing is kept.
+    """
+    _warn_if_autogenerate_keeps_ours(context)
+    script = context.script
+    ours = head_revision()
+    try:
+        found = script.revision_map.get_revision(ours)
+    except ResolutionError:
+        found = None
+    if found is None:
+        raise ConfigError([
+            f"your Alembic history does not hold runledger-sync's migrations (revision {ours} is in none of "
+            f"version_locations: {', '.join(map(str, script.version_locations))}), so `alembic upgrade` would "
+            f"never create its tables; list {VERSIONS_RESOURCE} in version_locations (with path_separator = newline)"
+        ])
+    migration_context = context.get_context()
+    if context.is_offline_mode():
+        return
+    if set(migration_context.get_current_heads()) != set(script.get_heads()):
+        return
+    check_schema(migration_context.connection, version_table=migration_context.version_table)
+
+
+def migrate_runledger(context: Any) -> None:
+    """Upgrade runledger's tables, in their own version table, when your Alembic command moves the database.
+
+    For runledger's own version table (its history apart from yours). Call it in
+    env.py inside ``context.begin_transaction()``, after ``context.run_migrations()``::
+
+        with context.begin_transaction():
+            context.run_migrations()
+            migrate_runledger(context)
+
+    ``upgrade``, ``downgrade`` and ``stamp`` run :func:`rl.migrate
+    <runledger_sync.db.migrate.migrate>` on your connection, in your transaction
+    (your downgrade leaves our tables at head). Any other command, ``revision
+    --autogenerate`` and ``check`` above all, creates nothing: if our tables are
+    not at head it logs a warning that ``alembic upgrade head`` will migrate them.
+
+    Args:
+        context: ``alembic.context``, configured with a connection.
+
+    Raises:
+        OfflineMigrationUnsupported: ``alembic upgrade --sql``: the script
+            would lack the queue's DDL (``runledger-sync migrate --sql`` writes it).
+        MigrationFailed: a migration step failed (as ``rl.migrate``).
+    """
+    _warn_if_autogenerate_keeps_ours(context)
+    migration_context = context.get_context()
+    if "destination_rev" in migration_context.opts:  # set by upgrade, downgrade and stamp only
+        migrate(migration_context.connection)
+        return
+    if context.is_offline_mode():
+        return
+    revision, head = current_revision(migration_context.connection, version_table=VERSION_TABLE), head_revision()
+    if revision != head:
+        _log.warning(
+            "runledger's tables are %s; this command leaves them alone, and `alembic upgrade head` migrates them",
+            "absent" if revision is None else f"at {revision}, not at this version's {head}",
+            extra={"action": "alembic.runledger_not_at_head", "revision": revision},
+        )
+
+
+def _warn_if_autogenerate_keeps_ours(context: Any) -> None:
+    """Log a warning when autogenerate compares runledger's tables: the revision would drop them.
+
+    The configured filters are asked about each of our tables, as Alembic asks
+    them, so a filter of your own that calls :func:`include_object` counts.
+    """
+    migration_context = context.get_context()
+    revision_context = migration_context.opts.get("revision_context")
+    if revision_context is None or not revision_context.command_args.get("autogenerate"):
+        return
+    filters = AutogenContext(migration_context, autogenerate=False)
+    kept = sorted(
+        name for name in RUNLEDGER_TABLES
+        if filters.run_name_filters(name, "table", {"schema_name": None})
+        and filters.run_object_filters(Table(name, MetaData()), name, "table", True, None)
+    )
+    if kept:
+        _log.warning(
+            "autogenerate compares runledger's tables (%d of them: %s) with your metadata, which lacks them, "
+            "so the revision drops every one that exists; pass include_object=include_object "
+            "(from runledger_sync.db.alembic_host import include_object) to context.configure() in env.py",
+            len(kept), ", ".join(kept),
+            extra={"action": "alembic.runledger_tables_not_excluded", "tables": kept},
+        )

@@ -51,11 +51,15 @@ _ALEMBIC_LOCK = threading.Lock()
 
 
 def migrations_directory() -> Path:
-    """Return the Alembic script directory: bundled in the wheel, or the source tree's."""
-    bundled = _PACKAGE_DIR / "_alembic"
-    if (bundled / "env.py").is_file():
-        return bundled
-    return _PACKAGE_DIR.parent / "alembic"
+    """Return the Alembic script directory, ``runledger_sync/_alembic``.
+
+    The wheel holds a copy of the repository's ``alembic/`` there (setup.cfg's
+    ``package_dir``); a clone, and so an editable install, holds a symlink to it.
+    One path in both means the package resource ``runledger_sync:_alembic/versions``
+    that a host's ``version_locations`` lists resolves in both.
+    """
+    # Resolved, so the scripts' paths are the same however the package was reached.
+    return (_PACKAGE_DIR / "_alembic").resolve()
 
 
 def alembic_config(connection: Optional[Connection] = None, *, output_buffer: Optional[io.StringIO] = None) -> Config:
@@ -69,8 +73,9 @@ def alembic_config(connection: Optional[Connection] = None, *, output_buffer: Op
 
 
 def _run(bind: Engine | Connection, action: str, revision: str) -> None:
-    _check_bind(bind)
+    # First: offline, your env.py's connection is Alembic's stand-in that writes SQL, no bind.
     _refuse_inside_offline_alembic(action)
+    _check_bind(bind)
     try:
         if isinstance(bind, Connection):
             _run_on(bind, action, revision)

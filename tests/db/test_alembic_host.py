@@ -5,10 +5,8 @@ calls ``rl.migrate(connection)``; option 2 is ``examples/alembic_host``, whose
 alembic.ini lists our versions as the installed package's resource. Each test
 starts from an empty database. Most subprocesses import runledger_sync from a
 copy laid out as the wheel installs it (setup.cfg maps ``alembic/`` to
-``runledger_sync/_alembic``), because this editable checkout has no
-``runledger_sync/_alembic`` directory for that resource to name; the editable
-case, where the docs list the printed directory instead, runs against this
-environment's own install.
+``runledger_sync/_alembic``); the clone's own layout, where
+``runledger_sync/_alembic`` is a symlink to ``alembic/``, runs too.
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ import pytest
 import sqlalchemy
 
 import runledger_sync as rl
-from runledger_sync.db.migrate import VERSION_TABLE
+from runledger_sync.db.migrate import VERSION_TABLE, migrations_directory
 from tests.db.test_readme import readme_snippet
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,9 +46,23 @@ def installed_site(tmp_path_factory) -> Path:
     )
     site = tmp_path_factory.mktemp("site")
     ignore = shutil.ignore_patterns("__pycache__")
-    shutil.copytree(REPO / "runledger_sync", site / "runledger_sync", ignore=ignore)
+    # Without the clone's symlink: the wheel's copy comes from package_dir, as setuptools builds it.
+    shutil.copytree(REPO / "runledger_sync", site / "runledger_sync", ignore=shutil.ignore_patterns("__pycache__", "_alembic"))
     shutil.copytree(REPO / package_dir["runledger_sync._alembic"], site / "runledger_sync" / "_alembic", ignore=ignore)
     return site
+
+
+def test_the_clones_migrations_link_is_the_directory_the_wheel_bundles():
+    setup = configparser.ConfigParser()
+    setup.read(REPO / "setup.cfg")
+    bundled = dict(
+        (part.strip() for part in line.split("=", 1))
+        for line in setup["options"]["package_dir"].strip().splitlines()
+    )["runledger_sync._alembic"]
+
+    link = REPO / "runledger_sync" / "_alembic"
+    assert link.is_symlink() and link.resolve() == (REPO / bundled).resolve()
+    assert migrations_directory() == (REPO / bundled).resolve()
 
 
 def run(tool: str, host: Path, site: Path | None, database_url: str, *argv: str) -> subprocess.CompletedProcess:
@@ -439,37 +451,18 @@ def test_migrate_refuses_tables_that_no_version_table_records(empty_database, en
         rl_engine.dispose()
 
 
-# -- option 2 with an editable install: the directory, not the resource -------------------------------------
+# -- option 2 in a clone (an editable install): the resource names the symlink --------------------------------
 
 RESOURCE_LINE = "\n    runledger_sync:_alembic/versions\n"
 
 
-@pytest.fixture
-def editable_versions(tmp_path) -> Path:
-    """What the docs' snippet prints here, where runledger_sync is installed editable from this clone."""
-    script = tmp_path / "where.py"
-    script.write_text(readme_snippet("alembic-versions-path"), encoding="utf-8")
-    printed = Path(ok(run("python", tmp_path, None, "", str(script))).strip())
-    if printed != REPO / "alembic" / "versions":
-        pytest.skip(f"runledger_sync is not installed editable from this clone here ({printed})")
-    return printed
-
-
-def test_option_2_with_an_editable_install_lists_the_printed_directory(
-    option_2_host, editable_versions, empty_database, engine
-):
+def test_option_2_in_a_clone_the_resource_resolves_through_the_migrations_link(option_2_host, empty_database, engine):
     def alembic(*argv: str) -> subprocess.CompletedProcess:
-        return run("alembic", option_2_host, None, empty_database, *argv)
+        return run("alembic", option_2_host, REPO, empty_database, *argv)
 
-    ini = option_2_host / "alembic.ini"
-    written = ini.read_text(encoding="utf-8")
-    assert RESOURCE_LINE in written
-    # As the docs say: under an editable install neither resource spelling resolves.
-    for resource in ("runledger_sync:_alembic/versions", "runledger_sync._alembic:versions"):
-        ini.write_text(written.replace(RESOURCE_LINE, f"\n    {resource}\n"), encoding="utf-8")
-        assert alembic("heads").returncode != 0, resource
-    ini.write_text(written.replace(RESOURCE_LINE, f"\n    {editable_versions}\n"), encoding="utf-8")
-    shipped = sorted(path.name for path in editable_versions.glob("*.py"))
+    assert RESOURCE_LINE in (option_2_host / "alembic.ini").read_text(encoding="utf-8")
+    clones_versions = REPO / "alembic" / "versions"
+    shipped = sorted(path.name for path in clones_versions.glob("*.py"))
 
     heads = ok(alembic("heads")).strip().splitlines()
     assert len(heads) == 1 and heads[0].startswith(f"{HOST_HEAD} ")
@@ -482,20 +475,7 @@ def test_option_2_with_an_editable_install_lists_the_printed_directory(
     ok(alembic("revision", "--autogenerate", "-m", "probe"))
     assert "op." not in upgrade_body(take_revision_file(option_2_host, before))
     # The clone's own history is untouched: new revisions land in the project's directory.
-    assert sorted(path.name for path in editable_versions.glob("*.py")) == shipped
+    assert sorted(path.name for path in clones_versions.glob("*.py")) == shipped
 
     ok(alembic("downgrade", "base"))
     assert not tables(engine) & ({"app_orders"} | QUEUE_TABLES)
-
-
-def test_option_2_a_resource_spelling_that_resolves_nowhere_is_named_with_the_directory_to_list(
-    new_host, editable_versions, empty_database, engine
-):
-    # A new project copied from the example, under the editable install a clone gets: the
-    # resource names no directory, so Alembic sees no revision of ours at all.
-    assert RESOURCE_LINE in (new_host / "alembic.ini").read_text(encoding="utf-8")
-    result = run("alembic", new_host, None, empty_database, "revision", "--autogenerate", "-m", "orders")
-    assert result.returncode != 0
-    assert "config.invalid: " in result.stderr and "runledger_sync:_alembic/versions" in result.stderr
-    assert str(editable_versions) in result.stderr  # the line to write instead
-    assert not list((new_host / "versions").glob("*.py"))

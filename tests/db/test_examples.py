@@ -17,7 +17,7 @@ from alembic.script import ScriptDirectory
 
 import runledger_sync as rl
 from runledger_sync import cli
-from runledger_sync.db.migrate import HOST_VERSION_TABLE_ENV, VERSION_TABLE, migrations_directory
+from runledger_sync.db.migrate import HOST_VERSION_TABLE_ENV, VERSION_TABLE
 from tests.support import rows, scalar, wait_until
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -83,16 +83,6 @@ def _full_history(config: Config) -> ScriptDirectory:
     return ScriptDirectory.from_config(config)
 
 
-def _source_tree_locations(config: Config) -> None:
-    # alembic.ini names runledger's versions as the installed package's resource
-    # (runledger_sync/_alembic/versions); this editable checkout keeps them in
-    # alembic/versions instead. tests/db/test_alembic_host.py runs the ini as written.
-    config.set_main_option(
-        "version_locations",
-        "\n".join([str(ALEMBIC_HOST_INI.parent / "versions"), str(migrations_directory() / "versions")]),
-    )
-
-
 def _applied_revisions(engine: sqlalchemy.Engine, script: ScriptDirectory) -> set[str]:
     with engine.connect() as conn:
         heads = MigrationContext.configure(conn).get_current_heads()
@@ -143,7 +133,6 @@ def _host_config(database_url: str) -> Config:
     config = Config(str(ALEMBIC_HOST_INI))
     config.set_main_option("sqlalchemy.url", database_url)
     config.attributes["configure_logger"] = False  # keep the test process's logging as it is
-    _source_tree_locations(config)
     return config
 
 
