@@ -6,11 +6,13 @@ definitions; declaring only checks each one and keeps it by name.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import difflib
+from typing import Any, Iterable, Mapping, Optional
 
 from runledger_sync.core.errors import RegistrationError
-from runledger_sync.core.flow import DEFAULT_KEY_LIMIT, QueueSpec, RateLimit
+from runledger_sync.core.flow import DEFAULT_KEY_LIMIT, DEFAULT_QUEUE, QueueSpec, RateLimit
 from runledger_sync.core.records import ScheduleSpec
+from runledger_sync.core.registry_errors import UndeclaredQueue
 
 
 class Declarations:
@@ -78,6 +80,28 @@ class Declarations:
             raise RegistrationError(f"a queue named {name!r} is already declared")
         self._queues[name] = spec
         return spec
+
+    def check_queues_named(self, queue_of_type: Mapping[str, str], existing: Iterable[str]) -> None:
+        """Refuse a job type whose queue is neither the default, declared here, nor in ``existing`` (the database's).
+
+        Checked when the definitions are synced, not when a handler is registered:
+        the module declaring a queue may be imported after the one naming it.
+
+        Raises:
+            UndeclaredQueue: the first such type, by name; the message guesses a near name.
+        """
+        known = sorted({DEFAULT_QUEUE, *self._queues, *existing})
+        for job_type, queue in sorted(queue_of_type.items()):
+            if queue in known:
+                continue
+            guesses = difflib.get_close_matches(queue, known, n=1)
+            guess = f"did you mean {guesses[0]!r}? " if guesses else ""
+            raise UndeclaredQueue(
+                f"job type {job_type!r} names queue {queue!r}, which is neither declared nor created; {guess}"
+                f"declare it with registry.queue({queue!r}) (with its limits), or create it with "
+                "rl.configure_queue before syncing",
+                job_type=job_type, queue=queue,
+            )
 
     @property
     def queues(self) -> list[QueueSpec]:

@@ -88,7 +88,13 @@ from runledger_sync.core.workflow_errors import (
     WorkflowRunNotFound,
     WorkflowStepNotFound,
 )
-from runledger_sync.core.registry_errors import AsyncHandler, DuplicateJobType, HandlerSignature, InvalidPayloadModel
+from runledger_sync.core.registry_errors import (
+    AsyncHandler,
+    DuplicateJobType,
+    HandlerSignature,
+    InvalidPayloadModel,
+    UndeclaredQueue,
+)
 from runledger_sync.core.dashboard_errors import (
     ActionForbidden,
     AuthorizeHookMissing,
@@ -170,6 +176,7 @@ __all__ = [
     "SchemaMismatch",
     "Snooze",
     "StoreError",
+    "UndeclaredQueue",
     "UniqueViolation",
     "UnknownDependency",
     "UnstartedClaimReleaseNotApplicable",

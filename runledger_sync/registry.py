@@ -111,7 +111,8 @@ class JobRegistry(Declarations, Hooked):
             retry_on: Exception classes (or one class) that mean "retry".
             retry_delay_overrides: Failure code -> delay in ms for this type only.
             on_dead_letter: ``hook(ctx, payload, info)`` called after a dead letter.
-            queue: The queue its jobs join (declare its limits with :meth:`queue`).
+            queue: The queue its jobs join: the default, one declared with :meth:`queue`,
+                or one an operator created (:meth:`sync_definitions` refuses any other).
             payload_model: A pydantic model class (the extra ``pydantic``): the
                 handler gets ``payload_model.model_validate(payload)``, and
                 :meth:`enqueue` refuses a payload it does not accept.
@@ -314,15 +315,20 @@ class JobRegistry(Declarations, Hooked):
             What :func:`runledger_sync.store.enqueue.sync_job_definitions` returns.
 
         Raises:
+            UndeclaredQueue: a handler names a queue that is not the default, not
+                declared with :meth:`queue` and not in the database (a typo would
+                otherwise create a queue without limits); nothing is written.
             DefinitionNotFound: a declared schedule names a job type with no definition;
                 the message names the schedule and the type, and no schedule is written.
         """
         # Imported here, not at module level: the registry sits below the store in
         # the layering, and the store must stay importable without the registry.
         from runledger_sync.store.enqueue import sync_job_definitions
-        from runledger_sync.store.queues import sync_queues
+        from runledger_sync.store.queues import list_queues, sync_queues
         from runledger_sync.store.schedules import sync_declared_schedules
 
+        self.check_queues_named({job_type: handler.queue for job_type, handler in self._handlers.items()},
+                                (queue.name for queue in list_queues(engine_or_connection)))
         # Queues first: a definition names its queue.
         sync_queues(engine_or_connection, self.queues)
         definitions = sync_job_definitions(engine_or_connection, self.definitions(), overwrite=overwrite)

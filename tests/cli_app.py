@@ -22,6 +22,11 @@ unknown_type = rl.JobRegistry()
 unknown_type.job("cli.echo")(echo)
 unknown_type.schedule("cli.orphan", cron="@hourly", job_type="cli.no_such_type")
 
+#: A handler whose queue is a typo of the declared one: ``--app tests.cli_app:queue_typo``.
+queue_typo = rl.JobRegistry()
+queue_typo.queue("mail")
+queue_typo.job("cli.mail", queue="mial")(echo)
+
 #: Handlers for the shutdown tests: ``--app tests.cli_app:stopping``. One waits
 #: for its cancellation as a well-behaved long job does; one never looks at it.
 stopping = rl.JobRegistry()

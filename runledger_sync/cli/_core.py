@@ -63,6 +63,10 @@ HINTS: dict[str, str] = {
     "registry.async_handler": "write the handler as a plain def; run async code inside it with asyncio.run(...)",
     "registry.handler_signature": "a handler takes two positional arguments: def handler(ctx, payload)",
     "registry.duplicate_job_type": "register each job type once: rename one of the two, or register it in one place",
+    "registry.undeclared_queue": (
+        "fix the queue's name in @registry.job(..., queue=...), declare the queue next to the handlers with "
+        f"registry.queue(NAME), or create it with `{PROG} queues set NAME --create`"
+    ),
     "job.wait_timeout": (
         f"the job is still queued or running: wait longer with --timeout, or see why with `{PROG} jobs show ID`"
     ),

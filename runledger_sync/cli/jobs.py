@@ -117,6 +117,10 @@ def _enqueue_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--idempotency-key", metavar="KEY",
                         help="repeating the same request with this key returns the existing job")
     parser.add_argument("--max-attempts", type=int, metavar="N", help="attempts before dead-lettering")
+    parser.add_argument("--queue", metavar="NAME",
+                        help="the queue to join instead of the type's own; it must exist (see `queues list`)")
+    parser.add_argument("--concurrency-key", metavar="KEY",
+                        help="jobs of one key run at most their queue's key_limit at a time, e.g. customer:42")
     parser.add_argument("--meta", action="append", metavar="KEY=VALUE", default=[],
                         help="metadata kept with the job (ctx.meta in the handler); repeat for more keys")
 
@@ -141,7 +145,8 @@ def _enqueue(args: argparse.Namespace) -> int:
     with open_engine(args) as engine:
         job = rl.enqueue(engine, args.job_type, payload, priority=args.priority, delay_seconds=args.delay_seconds,
                          organization_id=args.organization_id, idempotency_key=args.idempotency_key,
-                         max_attempts=args.max_attempts, max_payload_bytes=max_payload_bytes, meta=_meta(args.meta))
+                         max_attempts=args.max_attempts, queue=args.queue, concurrency_key=args.concurrency_key,
+                         max_payload_bytes=max_payload_bytes, meta=_meta(args.meta))
     print(job.id)
     return EXIT_OK
 
@@ -172,9 +177,6 @@ def _jobs_show_arguments(parser: argparse.ArgumentParser) -> None:
     add_json_option(parser, "the job, its attempts and its events")
 
 
-#: Fields shown under the name operators use (the column keeps the spec's name; ``--json`` too).
-_SHOWN_AS = {"execution_resource_key": "concurrency_key"}
-
 
 @command("jobs show", help="print one job with its attempts and events, and why it waits if it is PENDING",
          arguments=_jobs_show_arguments)
@@ -198,7 +200,7 @@ def _jobs_show(args: argparse.Namespace) -> int:
             shown = json.dumps(shown, sort_keys=True)
         if isinstance(shown, str):
             shown = clipped(shown)
-        print(f"{_SHOWN_AS.get(field.name, field.name) + ':':<20} {printable(shown)}")
+        print(f"{field.name + ':':<20} {printable(shown)}")
         if field.name == "status" and wait is not None:
             print(f"{'waits:':<20} {wait.reason.value}: {printable(wait.message)}")
     print(f"\nattempts ({len(attempts)}):")

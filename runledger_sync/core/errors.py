@@ -11,6 +11,7 @@ Branch on ``.code`` or on the class, never on the message text::
     │   ├── DuplicateJobType                    registry.duplicate_job_type
     │   ├── AsyncHandler                        registry.async_handler
     │   ├── HandlerSignature                    registry.handler_signature
+    │   ├── UndeclaredQueue                     registry.undeclared_queue
     │   └── InvalidPayloadModel                 registry.invalid_payload_model
     ├── ValidationError                         runledger.validation_failed
     │   ├── InvalidArgument                     job.invalid_argument

@@ -89,17 +89,13 @@ class JobRecord:
     #: The workflow step this job runs, or None for a plain job.
     workflow_step_id: Optional[UUID] = None
     queue: str = "default"
-    #: The concurrency key (column ``execution_resource_key``, the spec's name); see :attr:`concurrency_key`.
-    execution_resource_key: Optional[str] = None
+    #: The key given at enqueue: jobs of one key run at most ``key_limit`` at a time (their queue's).
+    #: Stored in column ``execution_resource_key``, the spec's name.
+    concurrency_key: Optional[str] = None
     #: How many times the job continued (spec T14) since it was enqueued or requeued.
     continuations: int = 0
     #: The metadata it was enqueued with (text keys to text values; empty when none).
     meta: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def concurrency_key(self) -> Optional[str]:
-        """The key given at enqueue: jobs of one key run at most ``key_limit`` at a time."""
-        return self.execution_resource_key
 
     @property
     def stage_shown(self) -> JobStage:

@@ -23,6 +23,12 @@ class HandlerSignature(RegistrationError):
     code = "registry.handler_signature"
 
 
+class UndeclaredQueue(RegistrationError):
+    """A job type names a queue that is neither the default, declared with ``registry.queue``, nor created."""
+
+    code = "registry.undeclared_queue"
+
+
 class InvalidPayloadModel(RegistrationError):
     """``payload_model`` is not a pydantic model class."""
 

@@ -28,9 +28,9 @@ CYCLE_KEYS_SHOWN = 20
 class WorkflowRunStatus(str, enum.Enum):
     """Where a run is (column ``workflow_runs.status``), recomputed from its steps after each step change."""
 
-    #: Some step is BLOCKED, ENQUEUED or RUNNING.
+    #: Some step is ENQUEUED or RUNNING.
     RUNNING = "RUNNING"
-    #: Nothing can move until an external step is answered.
+    #: Nothing can move until an external step is answered (BLOCKED steps behind it wait too).
     WAITING_FOR_EXTERNAL = "WAITING_FOR_EXTERNAL"
     #: Every step succeeded.
     SUCCEEDED = "SUCCEEDED"

@@ -131,7 +131,7 @@ def build_rate_log(leased: Any, served: Any, clock: Any) -> tuple[Any, Any]:
     """The rate log's two writes: one row per job claimed from a rate-limited queue; rows out of every window go."""
     logged = job_queue_rate_claims.insert().from_select(
         ["queue", "concurrency_key", "claimed_at"],
-        select(leased.c.queue, case((served.c.rate_limit_per_key, leased.c.execution_resource_key)), clock.c.t)
+        select(leased.c.queue, case((served.c.rate_limit_per_key, leased.c.concurrency_key)), clock.c.t)
         .select_from(leased.join(served, served.c.name == leased.c.queue).join(clock, true()))
         .where(served.c.rate_limit_count.is_not(None)),
     ).cte("rate_logged")

@@ -20,7 +20,12 @@ from runledger_sync.db.schema import job_attempts, job_dead_letters, job_definit
 
 R = TypeVar("R")
 
-JOB_COLUMNS = tuple(job_queue.c[f.name] for f in fields(JobRecord))
+#: JobRecord's fields whose column has another name: the spec's names stay in the schema.
+_JOB_FIELD_COLUMNS = {"concurrency_key": "execution_resource_key"}
+JOB_COLUMNS = tuple(
+    job_queue.c[_JOB_FIELD_COLUMNS[f.name]].label(f.name) if f.name in _JOB_FIELD_COLUMNS else job_queue.c[f.name]
+    for f in fields(JobRecord)
+)
 ATTEMPT_COLUMNS = tuple(job_attempts.c[f.name] for f in fields(JobAttemptRecord))
 EVENT_COLUMNS = tuple(job_events.c[f.name] for f in fields(JobEventRecord))
 #: The dead letter's failing attempt: the row its evidence (error type, traceback) is read from.

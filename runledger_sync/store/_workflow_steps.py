@@ -307,13 +307,22 @@ def release_steps(connection: Connection, steps: Sequence[tuple[UUID, str]]) -> 
 
 
 def _build_refresh_runs() -> Any:
-    active = (WorkflowStepStatus.BLOCKED.value, WorkflowStepStatus.ENQUEUED.value, WorkflowStepStatus.RUNNING.value)
+    """The run status rule (spec section 11, with its [EXT] note on gates).
+
+    Any ENQUEUED or RUNNING step makes the run RUNNING. Otherwise a run with a
+    step waiting for its answer is WAITING_FOR_EXTERNAL, even with BLOCKED steps:
+    once propagation is done, every BLOCKED step waits (perhaps through other
+    BLOCKED steps) on one that has not ended, so with nothing running it waits on
+    a gate. A run whose steps all ended is SUCCEEDED or COMPLETED_WITH_ERRORS.
+    """
+    running = (WorkflowStepStatus.ENQUEUED.value, WorkflowStepStatus.RUNNING.value)
     errors = (WorkflowStepStatus.FAILED.value, WorkflowStepStatus.CANCELED.value)
     summary = (
         select(
             _s.run_id,
-            func.bool_or(_s.status.in_(active)).label("active"),
+            func.bool_or(_s.status.in_(running)).label("running"),
             func.bool_or(_s.status == WorkflowStepStatus.WAITING_FOR_EXTERNAL.value).label("waiting"),
+            func.bool_or(_s.status.not_in(_TERMINAL_STEP)).label("open"),
             func.bool_or(_s.status.in_(errors)).label("errors"),
         )
         .where(_s.run_id == any_(bindparam("run_ids", type_=UUIDS)))
@@ -321,12 +330,15 @@ def _build_refresh_runs() -> Any:
         .subquery("summary")
     )
     status = case(
-        (summary.c.active, WorkflowRunStatus.RUNNING.value),
+        (summary.c.running, WorkflowRunStatus.RUNNING.value),
         (summary.c.waiting, WorkflowRunStatus.WAITING_FOR_EXTERNAL.value),
+        # BLOCKED steps with nothing running or waiting cannot stay so after propagation;
+        # should one, the run is not called finished.
+        (summary.c.open, WorkflowRunStatus.RUNNING.value),
         (summary.c.errors, WorkflowRunStatus.COMPLETED_WITH_ERRORS.value),
         else_=WorkflowRunStatus.SUCCEEDED.value,
     )
-    finished = ~summary.c.active & ~summary.c.waiting
+    finished = ~summary.c.open
     return (
         workflow_runs.update()
         # A cancelled run stays so, whatever its running steps end with.

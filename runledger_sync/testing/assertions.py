@@ -32,8 +32,8 @@ from runledger_sync.store.admin import list_jobs
 SHOWN_PAYLOAD_CHARS = 200
 #: How many jobs of the asked type a failure message lists, at most.
 SHOWN_JOBS = 10
-#: The field names a filter may use: every JobRecord field, and the concurrency key by its API name.
-FILTERS = frozenset({f.name for f in fields(JobRecord)} | {"concurrency_key"}) - {"id", "job_type"}
+#: The field names a filter may use: every JobRecord field.
+FILTERS = frozenset(f.name for f in fields(JobRecord)) - {"id", "job_type"}
 _PAGE = check.LIMIT_RANGE[1]
 _ANY = object()
 

@@ -96,6 +96,34 @@ def test_enqueue_bad_meta_is_usage_error_and_writes_nothing(db, run, argv, probl
     assert rl.count_jobs(db) == 0
 
 
+def test_enqueue_puts_the_job_in_the_queue_and_under_the_concurrency_key_given(db, run):
+    rl.configure_queue(db, "bulk")
+
+    code, out, err = run("enqueue", EMAIL, "{}", "--queue", "bulk", "--concurrency-key", "customer:42")
+
+    assert code == 0, err
+    job = rl.get_job(db, out.strip())
+    assert (job.queue, job.concurrency_key) == ("bulk", "customer:42")
+    assert rows(db, "SELECT queue, execution_resource_key FROM job_queue")[0] == ("bulk", "customer:42")
+
+
+@pytest.mark.parametrize(("argv", "exit_code", "code"), [
+    (("--queue", "nowhere"), 1, "queue.not_found"),
+    (("--queue", "   "), 2, "queue.invalid_name"),
+    (("--queue", "q" * 129), 2, "queue.invalid_name"),
+    (("--concurrency-key", ""), 2, "job.invalid_execution_resource_key"),
+    (("--concurrency-key", "k" * 513), 2, "job.invalid_execution_resource_key"),
+])
+def test_enqueue_refuses_a_bad_queue_or_concurrency_key_with_its_code_and_writes_nothing(db, run, argv, exit_code,
+                                                                                         code):
+    got, out, err = run("enqueue", EMAIL, '{"secret": "s3cret"}', *argv)
+
+    lines = err.splitlines()
+    assert (got, out) == (exit_code, "") and lines[0].startswith(f"error: {code}: "), err
+    assert lines[1].startswith("hint: ") and "s3cret" not in err
+    assert rl.count_jobs(db) == 0
+
+
 def test_enqueue_with_the_same_idempotency_key_prints_the_same_id(db, run):
     first = run("enqueue", EMAIL, '{"n": 1}', "--idempotency-key", "once")
     second = run("enqueue", EMAIL, '{"n": 1}', "--idempotency-key", "once")
@@ -167,6 +195,17 @@ def test_jobs_list_json_prints_one_object_per_line_newest_first(db, run):
     assert [r["id"] for r in records] == [str(newer.id), str(older.id)]
     assert records[0]["status"] == "PENDING" and records[0]["payload"] == {"n": 2}
     assert datetime.fromisoformat(records[0]["next_run_at"]).tzinfo is not None
+
+
+def test_jobs_list_and_show_json_name_the_concurrency_key_as_the_api_does(db, run):
+    job = rl.enqueue(db, EMAIL, {}, concurrency_key="customer:42")
+
+    [listed] = json_lines(run("jobs", "list", "--json")[1])
+    shown = json.loads(run("jobs", "show", str(job.id), "--json")[1])["job"]
+
+    for record in (listed, shown):
+        assert record["concurrency_key"] == "customer:42" and "execution_resource_key" not in record
+    assert "concurrency_key:     customer:42" in run("jobs", "show", str(job.id))[1]
 
 
 def test_jobs_list_on_an_empty_queue_prints_only_the_header(db, run):

@@ -205,3 +205,13 @@ def test_top_once_shows_the_queues_with_their_state(db, run):
                              "scheduled", "leased"]
     assert rows["mail"] == ["mail", "paused", "4", "1", "100/60s", "2", "1", "1", "1"]
     assert rows["default"][:2] == ["default", "active"]
+
+
+def test_migrate_refuses_an_app_whose_handler_names_an_undeclared_queue_and_guesses_the_name(engine, run):
+    code, out, err = run("migrate", "--app", "tests.cli_app:queue_typo")
+
+    first, hint = err.splitlines()[:2]
+    assert (code, out) == (1, "")
+    assert first.startswith("error: registry.undeclared_queue: job type 'cli.mail' names queue 'mial'")
+    assert "did you mean 'mail'?" in first and hint.startswith("hint: fix the queue's name")
+    assert [queue.name for queue in rl.list_queues(engine)] == ["default"]

@@ -103,6 +103,21 @@ def test_list_prints_runs_newest_first_and_filters_by_status(db, run):
     assert code == 0 and [json.loads(line)["id"] for line in out.splitlines()] == [str(newer.id)]
 
 
+def test_list_finds_a_run_that_waits_for_an_answer_by_its_status(db, run):
+    wf = rl.Workflow("order.approve")
+    approval = wf.external("approval", after=[wf.job("charge", CHARGE, {"order": 42})])
+    wf.job("ship", SHIP, after=[approval], release="on_success")
+    gated = rl.enqueue_workflow(db, wf)
+    succeed(db, CHARGE)
+    rl.enqueue_workflow(db, order())  # its charge is ENQUEUED: RUNNING
+
+    code, out, _ = run("workflows", "list", "--status", "WAITING_FOR_EXTERNAL", "--json")
+
+    assert code == 0
+    assert [(r["id"], r["status"]) for r in map(json.loads, out.splitlines())] == [
+        (str(gated.id), "WAITING_FOR_EXTERNAL")]
+
+
 def test_list_keeps_to_an_organization(db, run):
     wf = rl.Workflow("order.fulfil", idempotency_key="a", organization_id="org-a")
     wf.job("charge", CHARGE, {"order": 1})
@@ -131,7 +146,8 @@ def test_show_draws_each_step_under_its_prerequisite_with_kind_status_job_and_er
     code, out, _ = run("workflows", "show", str(run_record.id))
     assert code == 0
     fields = dict(line.split(":", 1) for line in out.split("\n\n")[0].splitlines())
-    assert (fields["status"].strip(), fields["name"].strip()) == ("RUNNING", "order.fulfil")
+    # Only the approval can move it now.
+    assert (fields["status"].strip(), fields["name"].strip()) == ("WAITING_FOR_EXTERNAL", "order.fulfil")
     assert "steps (5):" in out
     drawn = [(r["step"], r["kind"], r["status"], r["job"], r["error"], r["note"]) for r in table(out)]
     assert drawn == [

@@ -138,6 +138,7 @@ def test_every_example_command_line_runs_as_written(fresh_database, capsys, tmp_
     engine = rl.create_engine(fresh_database)
     try:
         define(engine, "email.send", max_attempts=1)
+        rl.configure_queue(engine, "mail")  # enqueue --queue mail
         finished = rl.enqueue(engine, "email.send", {"to": "x@y.z"})
         [claimed] = claim_jobs(engine, worker_id="readme", lease_ttl_seconds=30, limit=1,
                                          job_types=["email.send"])

@@ -118,6 +118,48 @@ def test_an_operators_pause_survives_sync_definitions_which_rewrites_the_limits(
     assert [queue.name for queue in list_queues(engine)] == ["default", "mail"]
 
 
+def test_a_job_type_naming_an_undeclared_queue_is_refused_at_sync_with_a_hint_and_nothing_is_written(engine):
+    registry = JobRegistry()
+    registry.queue("mail", global_limit=2)
+    registry.job("mail.send", queue="mial")(lambda ctx, payload: None)
+
+    with pytest.raises(rl.errors.UndeclaredQueue) as caught:
+        registry.sync_definitions(engine)
+
+    error = caught.value
+    assert error.code == "registry.undeclared_queue" and isinstance(error, rl.errors.RegistrationError)
+    assert "'mail.send'" in error.message and "'mial'" in error.message and "did you mean 'mail'?" in error.message
+    assert (error.details["job_type"], error.details["queue"]) == ("mail.send", "mial")
+    assert [queue.name for queue in list_queues(engine)] == ["default"]
+    assert scalar(engine, "SELECT count(*) FROM job_definitions WHERE job_type = 'mail.send'") == 0
+
+
+def test_an_undeclared_queue_with_no_near_name_is_refused_without_a_guess(engine):
+    registry = JobRegistry()
+    registry.job("reports.export", queue="reports")(lambda ctx, payload: None)
+
+    error = assert_code("registry.undeclared_queue", lambda: registry.sync_definitions(engine))
+
+    assert "did you mean" not in error.message and "registry.queue('reports')" in error.message
+
+
+def test_the_default_queue_and_a_queue_an_operator_created_need_no_declaration(engine):
+    configure_queue(engine, "bulk", global_limit=3)
+    registry = JobRegistry()
+    registry.job("plain")(lambda ctx, payload: None)
+    registry.job("bulk.import", queue="bulk")(lambda ctx, payload: None)
+    # Declared after the handler that names it: the order does not matter.
+    registry.job("mail.send", queue="mail")(lambda ctx, payload: None)
+    registry.queue("mail")
+
+    registry.sync_definitions(engine)
+
+    assert [queue.name for queue in list_queues(engine)] == ["bulk", "default", "mail"]
+    assert [(r.job_type, r.queue) for r in rows(
+        engine, "SELECT job_type, queue FROM job_definitions WHERE job_type IN ('plain', 'bulk.import', 'mail.send') "
+                "ORDER BY job_type")] == [("bulk.import", "bulk"), ("mail.send", "mail"), ("plain", "default")]
+
+
 # -- the claim's queues and rooms ------------------------------------------------------------
 
 

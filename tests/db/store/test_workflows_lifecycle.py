@@ -194,8 +194,7 @@ def test_an_external_step_waits_then_its_answer_releases_its_dependent(typed):
         rl.complete_external_step(typed, run.id, "approval")
     succeed(typed, A)
     waiting = rl.get_workflow_run(typed, run.id)
-    # The spec's rule: a BLOCKED step (the gate's dependent) keeps the run RUNNING.
-    assert (waiting.step("approval").status, waiting.status) == (Step.WAITING_FOR_EXTERNAL, Run.RUNNING)
+    assert waiting.step("approval").status is Step.WAITING_FOR_EXTERNAL
 
     answered = rl.complete_external_step(typed, run.id, "approval", succeeded=True, output={"by": "ada"})
 
@@ -204,6 +203,44 @@ def test_an_external_step_waits_then_its_answer_releases_its_dependent(typed):
     assert answered.step("after").status is Step.ENQUEUED
     again = rl.complete_external_step(typed, run.id, "approval", succeeded=True, output={"by": "ada"})
     assert again.step("after").job_id == answered.step("after").job_id
+
+
+def test_a_run_that_only_an_answer_can_move_waits_for_external_and_runs_again_once_answered(typed):
+    run = rl.enqueue_workflow(typed, gated())
+    succeed(typed, A)
+
+    waiting = rl.get_workflow_run(typed, run.id)
+    # The gate's dependent is BLOCKED behind it: that is waiting too, not running.
+    assert (waiting.status, waiting.step("after").status) == (Run.WAITING_FOR_EXTERNAL, Step.BLOCKED)
+    assert waiting.finished_at is None
+    assert [r.id for r in rl.list_workflow_runs(typed, status="WAITING_FOR_EXTERNAL")] == [run.id]
+    assert rl.list_workflow_runs(typed, status=Run.RUNNING) == []
+
+    assert rl.complete_external_step(typed, run.id, "approval", succeeded=True).status is Run.RUNNING
+    succeed(typed, B)
+
+    final = rl.get_workflow_run(typed, run.id)
+    assert (final.status, final.finished_at is not None) == (Run.SUCCEEDED, True)
+
+
+def test_a_running_job_step_keeps_a_run_with_a_waiting_gate_running(typed):
+    wf = rl.Workflow("gate-and-work")
+    a = wf.job("a", A)
+    wf.external("approval")
+    wf.job("b", B, after=[a])
+    run = rl.enqueue_workflow(typed, wf)
+    assert run.status is Run.RUNNING  # a is ENQUEUED
+
+    job = claim(typed, A)
+    mark_job_running(typed, LeaseIdentity.of(job))
+    assert statuses(typed, run.id) == {"a": Step.RUNNING, "approval": Step.WAITING_FOR_EXTERNAL, "b": Step.BLOCKED}
+    assert rl.get_workflow_run(typed, run.id).status is Run.RUNNING
+
+    lifecycle.complete_job_success(typed, **LeaseIdentity.of(job).keywords(), completion=rl.JobCompletion())
+    assert (statuses(typed, run.id)["b"], rl.get_workflow_run(typed, run.id).status) == (Step.ENQUEUED, Run.RUNNING)
+    succeed(typed, B)
+    # Only the gate is left.
+    assert rl.get_workflow_run(typed, run.id).status is Run.WAITING_FOR_EXTERNAL
 
 
 def test_a_failed_answer_cancels_an_on_success_dependent(typed):

@@ -89,7 +89,7 @@ def test_a_bad_answer_is_refused_with_its_code_and_changes_nothing(db, admin, ru
 
     assert response.status_code == status, response.get_data(as_text=True)
     assert f'id="error-code">{code}<' in response.get_data(as_text=True)
-    assert statuses(db, run) == {"run": "RUNNING", "approve": "WAITING_FOR_EXTERNAL", "charge": "BLOCKED",
+    assert statuses(db, run) == {"run": "WAITING_FOR_EXTERNAL", "approve": "WAITING_FOR_EXTERNAL", "charge": "BLOCKED",
                                  "notify": "BLOCKED"}
 
 
