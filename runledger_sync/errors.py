@@ -96,7 +96,9 @@ from runledger_sync.core.dashboard_errors import (
     CsrfRejected,
     DashboardReadOnly,
     DashboardRefusal,
+    HostNotAllowed,
     IncompleteRequestBody,
+    OriginMissing,
 )
 
 __all__ = [
@@ -127,6 +129,7 @@ __all__ = [
     "ExternalStepNotWaiting",
     "ExternalStepOutputInvalidStatus",
     "HandlerSignature",
+    "HostNotAllowed",
     "IdempotencyConflict",
     "IdempotencyConflictMissingExisting",
     "IncompleteRequestBody",
@@ -156,6 +159,7 @@ __all__ = [
     "MigrationFailed",
     "MissingExtra",
     "OfflineMigrationUnsupported",
+    "OriginMissing",
     "OutputTooLarge",
     "PermissionDenied",
     "QueueNotFound",
