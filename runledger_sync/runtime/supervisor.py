@@ -205,8 +205,13 @@ class Supervisor:
         """
         check_queues_exist(self.engine, self.registry, self.config, sources=sources)
 
-    def start(self) -> "Supervisor":
+    def start(self, *, drain_timeout: float = DEFAULT_DRAIN_TIMEOUT_SECONDS) -> "Supervisor":
         """Start the loops in background threads; return at once.
+
+        Args:
+            drain_timeout: With ``processes > 1``, how long a worker process that finds
+                this one gone (killed) lets its jobs finish before it tells them to stop,
+                as :meth:`stop` would; :meth:`run_until_shutdown` passes its own.
 
         Raises:
             ConfigError: the config does not validate.
@@ -221,7 +226,7 @@ class Supervisor:
             # The parent logs the environment's adjustments once; its children do not.
             for adjustment in self.config.env_adjustments:
                 log.warning(adjustment.describe(), extra=adjustment.log_fields())
-            self._group.start()
+            self._group.start(drain_timeout_seconds=drain_timeout)
             log.info("supervisor started", extra={"worker_id": self.config.worker_id, "processes": self.processes})
             return self
         for name, loop in self._loops.items():
@@ -324,7 +329,7 @@ class Supervisor:
 
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            self.start()
+            self.start(drain_timeout=drain_timeout)
             while not self.shutdown_event.wait(0.2):
                 pass
             stopped = self.stop(drain_timeout)
@@ -386,12 +391,15 @@ def child_main(spec: ChildSpec) -> None:
         sys.exit(EXIT_REFUSED)
     process_log.info("worker process started",
                      extra={"worker_id": spec.config.worker_id, "pid": os.getpid(), "index": spec.index})
+    orphaned = False
     while not supervisor.shutdown_event.wait(CHECK_SECONDS):
         if os.getppid() != spec.parent_pid:
+            orphaned = True
             process_log.warning("parent process is gone; draining", extra={"worker_id": spec.config.worker_id})
             supervisor.shutdown_event.set()
-    # No deadline here: the parent keeps it, sends SIGUSR1 when it passes and kills a child that outlives the grace.
-    supervisor.stop(timeout=threading.TIMEOUT_MAX)
+    # With a parent, no deadline here: it keeps it, sends SIGUSR1 when it passes and kills a child
+    # that outlives the grace. Without one, nobody else would end the drain.
+    supervisor.stop(timeout=spec.drain_timeout_seconds if orphaned else threading.TIMEOUT_MAX)
     engine.dispose()
     sys.exit(0 if supervisor.failure is None else 1)
 
