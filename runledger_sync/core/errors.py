@@ -77,6 +77,7 @@ Branch on ``.code`` or on the class, never on the message text::
     │   └── ActionForbidden                     web.action_forbidden
     └── StoreError                              db.query_failed
         ├── ConnectionFailed                    db.connection_failed
+        │   ├── DatabaseWaitTimeout             db.wait_timeout
         │   └── CommitOutcomeUnknown            db.commit_outcome_unknown
         ├── UniqueViolation                     db.unique_violation
         ├── RelatedResourceMissing              db.related_resource_missing

@@ -31,6 +31,7 @@ from runledger_sync.core.types import RuntimeLoopExit
 from runledger_sync.logging import configure_logging, get_logger
 from runledger_sync.loading import load_registry
 from runledger_sync.registry import JobRegistry
+from runledger_sync.runtime.database_wait import check_wait_seconds, wait_for_database
 from runledger_sync.runtime.health import (
     CLAIM,
     STALL_ALLOWANCE_SECONDS,
@@ -197,6 +198,23 @@ class Supervisor:
         threads = dict(zip(self._loops, self._threads, strict=False))  # no threads before start()
         return thread_health(self._loops, threads, self._exits, self._marks, self.config, STALL_ALLOWANCE_SECONDS)
 
+    def wait_for_database(self, timeout_seconds: Optional[float] = None) -> bool:
+        """Wait until the database answers: return True then, False if shutdown was asked for first.
+
+        A database (or PgBouncer) that refuses connections is tried again with a backoff
+        capped at 2 s, logging "waiting for the database" every 5 s (the URL without its
+        password, the driver's error).
+
+        Args:
+            timeout_seconds: How long to wait; None (the default) for ever, 0 for one try.
+
+        Raises:
+            DatabaseWaitTimeout: It did not answer in time (``db.wait_timeout``).
+            ConfigError: ``timeout_seconds`` is not a number of seconds >= 0.
+        """
+        return wait_for_database(self.engine, timeout_seconds=check_wait_seconds(timeout_seconds),
+                                 stop=self.shutdown_event)
+
     def check_queues(self, *, sources: Optional[Mapping[str, str]] = None) -> None:
         """Raise QueueNotFound if ``config.queues`` or ``queue_concurrency`` names a queue that does not exist.
 
@@ -299,8 +317,12 @@ class Supervisor:
             thread.join(max(0.0, deadline - time.monotonic()))
         return not self.running
 
-    def run_until_shutdown(self, drain_timeout: float = DEFAULT_DRAIN_TIMEOUT_SECONDS) -> int:
+    def run_until_shutdown(self, drain_timeout: float = DEFAULT_DRAIN_TIMEOUT_SECONDS, *,
+                           wait_for_database_seconds: Optional[float] = None) -> int:
         """Run in the foreground until SIGINT/SIGTERM; return a process exit status.
+
+        First it waits for the database as :meth:`wait_for_database` does, for
+        ``wait_for_database_seconds`` (None: for ever; a signal ends the wait, and the run).
 
         The first signal stops claiming and drains in-flight jobs for up to
         ``drain_timeout`` seconds; then running jobs are told to stop, as
@@ -313,6 +335,9 @@ class Supervisor:
 
         Returns:
             0 after a clean stop, 1 when a loop failed or the drain timed out.
+
+        Raises:
+            DatabaseWaitTimeout: The database did not answer within ``wait_for_database_seconds``.
         """
         signals = {"count": 0}
 
@@ -329,6 +354,8 @@ class Supervisor:
 
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
+            if not self.wait_for_database(wait_for_database_seconds):
+                return 0
             self.start(drain_timeout=drain_timeout)
             while not self.shutdown_event.wait(0.2):
                 pass
