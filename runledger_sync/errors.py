@@ -50,6 +50,7 @@ from runledger_sync.core.store_errors import (
     BusinessRuleViolation,
     CommitOutcomeUnknown,
     ConnectionFailed,
+    DatabaseWaitTimeout,
     DefinitionNotFound,
     MigrationFailed,
     OfflineMigrationUnsupported,
@@ -102,7 +103,9 @@ from runledger_sync.core.dashboard_errors import (
     CsrfRejected,
     DashboardReadOnly,
     DashboardRefusal,
+    HostNotAllowed,
     IncompleteRequestBody,
+    OriginMissing,
 )
 
 __all__ = [
@@ -119,6 +122,7 @@ __all__ = [
     "CsrfRejected",
     "DashboardReadOnly",
     "DashboardRefusal",
+    "DatabaseWaitTimeout",
     "DefinitionNotFound",
     "DefinitionNotFoundOrDisabled",
     "DependencyCycle",
@@ -133,6 +137,7 @@ __all__ = [
     "ExternalStepNotWaiting",
     "ExternalStepOutputInvalidStatus",
     "HandlerSignature",
+    "HostNotAllowed",
     "IdempotencyConflict",
     "IdempotencyConflictMissingExisting",
     "IncompleteRequestBody",
@@ -162,6 +167,7 @@ __all__ = [
     "MigrationFailed",
     "MissingExtra",
     "OfflineMigrationUnsupported",
+    "OriginMissing",
     "OutputTooLarge",
     "PermissionDenied",
     "QueueNotFound",

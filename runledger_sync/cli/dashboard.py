@@ -2,15 +2,15 @@
 
 The command has no login of its own: whoever can reach its address is let in (read-only
 unless ``--allow-actions``). Running it is that choice, made by someone who holds the
-database URL; the address is 127.0.0.1 unless ``--host`` says otherwise. On a loopback
-address it answers only to loopback host names, so a web page whose domain an attacker
-re-points at 127.0.0.1 (DNS rebinding) cannot read it through the browser.
+database URL; the address is 127.0.0.1 unless ``--host`` says otherwise. It answers only
+to the loopback names, the ``--host`` it listens on and each ``--allowed-host``, so a web
+page whose domain an attacker re-points at its address (DNS rebinding) cannot read it
+through the browser.
 """
 
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import signal
 import threading
 from socketserver import ThreadingMixIn
@@ -31,7 +31,6 @@ SERVER_NAME = "runledger-sync"
 #: How long a connection may sit without sending what it announced (a request line,
 #: a body shorter than its Content-Length) before its thread gives up on it.
 READ_TIMEOUT_SECONDS = 30.0
-LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
@@ -71,30 +70,30 @@ def _dashboard_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-actions", action="store_true",
                         help="enable cancel, retry, replay and the schedule actions for everyone who can reach "
                              "the address (read-only without it)")
+    parser.add_argument("--allowed-host", dest="allowed_hosts", action="append", default=[], metavar="NAME",
+                        help="a host name the dashboard answers to (the Host header, any port), besides localhost, "
+                             "127.0.0.1, ::1 and --host; repeat for more; '*' answers to any (behind a proxy that "
+                             "checks the host itself); other hosts get 400 web.host_not_allowed")
 
 
 def _create_app(engine: Any, args: argparse.Namespace) -> Any:
     try:
-        from runledger_sync.web import Dashboard, Setup, allow_anyone
+        from runledger_sync.web import AllowedHosts, Dashboard, Setup, allow_anyone
     except ImportError as exc:
         error = rl.ConfigError([f"the dashboard cannot start: {exc}"])
         error.hint = EXTRA_HINT  # type: ignore[attr-defined]
         raise error from exc
     setup = Setup(authorize="`runledger-sync dashboard` lets in everyone who can reach its address",
                   enable_actions="start `runledger-sync dashboard` with --allow-actions to enable actions",
-                  migrate="runledger-sync migrate")
-    return Dashboard(engine, read_only=not args.allow_actions, authorize=allow_anyone,
-                     organization_id=args.organization_id, secret=None, setup=setup,
-                     allowed_hosts=_loopback_names(args.host))
-
-
-def _loopback_names(host: str) -> frozenset[str] | None:
-    """The host names a loopback-bound dashboard answers to; None (any) for another address."""
+                  migrate="runledger-sync migrate",
+                  allow_host="start `runledger-sync dashboard` with --allowed-host NAME for each name it is reached by")
     try:
-        loopback = host.lower() == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return None  # a host name: the operator chose the names it is reached by
-    return LOOPBACK_NAMES | {host.lower()} if loopback else None
+        allowed_hosts = AllowedHosts.of(args.allowed_hosts, bound_to=args.host)
+    except rl.ConfigError as error:
+        error.hint = "give --allowed-host a host name such as ops.example.com, once per name"  # type: ignore[attr-defined]
+        raise
+    return Dashboard(engine, read_only=not args.allow_actions, authorize=allow_anyone,
+                     organization_id=args.organization_id, secret=None, setup=setup, allowed_hosts=allowed_hosts)
 
 
 def _listen(args: argparse.Namespace, app: Any) -> Any:

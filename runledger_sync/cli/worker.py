@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 from typing import Any
 
 import runledger_sync as rl
-from runledger_sync.cli._core import PROG, command, load_app_registry, open_engine, refused_input
+from runledger_sync.cli._core import EXIT_OK, PROG, command, load_app_registry, open_engine, refused_input
 from runledger_sync.demo import run_demo
 from runledger_sync.logging import LOG_FORMAT_VARIABLE, LOG_FORMATS, resolve_log_format
 
@@ -29,6 +30,10 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
                              "mail=2,default=8 (default: $RUNLEDGER_QUEUE_CONCURRENCY, else no cap)")
     parser.add_argument("--drain-timeout", type=float, default=30.0,
                         help="seconds in-flight jobs get to finish after SIGINT/SIGTERM (default 30)")
+    parser.add_argument("--wait-for-database", dest="wait_for_database", type=_seconds, default=None,
+                        metavar="SECONDS",
+                        help="at start, wait this long for the database to answer, trying again every 2 s at most "
+                             "and logging every 5 s (default: for ever; 0: exit at once, db.wait_timeout)")
     parser.add_argument("--processes", type=int, default=1, metavar="N",
                         help="worker processes, each with its own --concurrency threads, for CPU-bound handlers; "
                              "a parent restarts one that dies and drains all on SIGINT/SIGTERM (default 1)")
@@ -57,6 +62,14 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 MAX_PORT = 65535
+
+
+def _seconds(text: str) -> float:
+    """A number of seconds >= 0, for argparse (which reports the ValueError as a usage error)."""
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(text)
+    return value
 CONFIG_HINT = ("fix each value listed: worker options win over RUNLEDGER_*/JOBS_* variables; "
                "see `runledger-sync worker --help` and docs/reference/configuration.md")
 
@@ -188,12 +201,15 @@ def _run_worker(args: argparse.Namespace, registry: Any, config: Any, worker_met
         # Built first: a bad --processes is refused before the database is touched.
         supervisor = rl.Supervisor(engine, registry, config, run_scheduler=args.run_scheduler,
                                    processes=args.processes, app=args.app, observer=worker_metrics)
+        if not supervisor.wait_for_database(args.wait_for_database):
+            return EXIT_OK  # a signal came while the database was still away
         rl.check_schema(engine)
         _check_queues(args, supervisor)
         registry.sync_definitions(engine)
         server = _serve_metrics(args, engine, worker_metrics, supervisor) if worker_metrics is not None else None
         try:
-            return supervisor.run_until_shutdown(drain_timeout=args.drain_timeout)
+            return supervisor.run_until_shutdown(drain_timeout=args.drain_timeout,
+                                                 wait_for_database_seconds=args.wait_for_database)
         finally:
             if server is not None:
                 server.close()

@@ -35,6 +35,9 @@ Configuration (read by :meth:`Runledger.init_app`, never at import):
   ``RUNLEDGER_DASHBOARD_ORGANIZATION``: the dashboard's options when
   ``Runledger(app, dashboard="/jobs")`` mounts it (see :func:`runledger_sync.web.create_app`);
   its CSRF key is ``app.secret_key`` when set, and its forms are bound to the Flask session.
+- ``RUNLEDGER_DASHBOARD_ALLOWED_HOSTS``: the host names the dashboard answers to besides
+  the loopback names and the host of ``SERVER_NAME`` (a list; ``"*"`` for any); other
+  hosts get 400 ``web.host_not_allowed``.
 - ``RUNLEDGER_OBSERVER``: the observer the app's worker reports to, e.g. a
   :class:`runledger_sync.metrics.WorkerMetrics` whose counters you serve; it wins over
   ``Runledger(observer=...)``, which applies to every app of the extension.

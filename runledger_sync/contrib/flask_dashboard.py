@@ -14,6 +14,7 @@ from flask import Flask, Response, current_app, request, session
 DASHBOARD_READ_ONLY_KEY = "RUNLEDGER_DASHBOARD_READ_ONLY"
 DASHBOARD_AUTHORIZE_KEY = "RUNLEDGER_DASHBOARD_AUTHORIZE"
 DASHBOARD_ORGANIZATION_KEY = "RUNLEDGER_DASHBOARD_ORGANIZATION"
+DASHBOARD_ALLOWED_HOSTS_KEY = "RUNLEDGER_DASHBOARD_ALLOWED_HOSTS"
 
 #: The Flask session key of the random value the dashboard's form tokens are bound to.
 DASHBOARD_SESSION_KEY = "runledger_csrf"
@@ -29,7 +30,7 @@ def mount_dashboard(app: Flask, prefix: str, engine: Any) -> None:
     ``flask.session`` and the app's login extension all work in them; the hooks are
     given the Flask request itself.
     """
-    from runledger_sync.web import Dashboard, Setup
+    from runledger_sync.web import AllowedHosts, Dashboard, Setup
 
     secret = app.secret_key.encode() if isinstance(app.secret_key, str) else app.secret_key
     setup = Setup(
@@ -38,7 +39,10 @@ def mount_dashboard(app: Flask, prefix: str, engine: Any) -> None:
                    "runledger_sync.web.allow_anyone lets in everyone who can reach the app"),
         enable_actions=f"set app.config[{DASHBOARD_READ_ONLY_KEY!r}] = False to enable actions",
         migrate="flask runledger migrate",
+        allow_host=f"set app.config[{DASHBOARD_ALLOWED_HOSTS_KEY!r}] = [...] to the host names the app is reached by",
     )
+    # SERVER_NAME, when set, is the name the app says it is reached by: the dashboard answers to it too.
+    allowed_hosts = AllowedHosts.of(app.config.get(DASHBOARD_ALLOWED_HOSTS_KEY), bound_to=app.config.get("SERVER_NAME"))
     dashboard = Dashboard(
         engine,
         read_only=as_bool(app.config.get(DASHBOARD_READ_ONLY_KEY, True)),
@@ -46,6 +50,7 @@ def mount_dashboard(app: Flask, prefix: str, engine: Any) -> None:
         organization_id=app.config.get(DASHBOARD_ORGANIZATION_KEY),
         secret=secret or None,
         setup=setup,
+        allowed_hosts=allowed_hosts,
     )
     prefix = "/" + prefix.strip("/")
 

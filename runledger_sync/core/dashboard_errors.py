@@ -1,4 +1,5 @@
-"""The dashboard's refusals: no authorize hook, a read-only dashboard, a forged or cross-origin form, a denied action.
+"""The dashboard's refusals: no authorize hook, a read-only dashboard, a forged or cross-origin form, a denied action,
+a host name not its own.
 
 Drawn in the tree of :mod:`runledger_sync.core.errors`; import them from here.
 """
@@ -39,6 +40,12 @@ class CrossOriginRejected(CsrfRejected):
     code = "web.cross_origin_rejected"
 
 
+class OriginMissing(CsrfRejected):
+    """The form was posted without an Origin or Sec-Fetch-Site header, which every current browser sends; send Origin."""
+
+    code = "web.origin_missing"
+
+
 class ActionForbidden(DashboardRefusal):
     """The authorize hook refused this action."""
 
@@ -49,3 +56,9 @@ class IncompleteRequestBody(ValidationError):
     """The request body ended before its Content-Length, or did not arrive in time."""
 
     code = "web.incomplete_body"
+
+
+class HostNotAllowed(ValidationError):
+    """The request names a host the dashboard does not answer to (a page whose domain was re-pointed at it)."""
+
+    code = "web.host_not_allowed"

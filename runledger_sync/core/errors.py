@@ -37,7 +37,8 @@ Branch on ``.code`` or on the class, never on the message text::
     │   │   └── DependencyCycle                 workflow.dependency_cycle
     │   ├── ExternalStepInvalidTerminalStatus   workflow.external_step_invalid_terminal_status
     │   ├── ExternalStepOutputInvalidStatus     workflow.external_step_output_invalid_status
-    │   └── IncompleteRequestBody               web.incomplete_body
+    │   ├── IncompleteRequestBody               web.incomplete_body
+    │   └── HostNotAllowed                      web.host_not_allowed
     ├── JobStateError                           runledger.job_state_rejected
     │   ├── LeaseOwnerMismatch                  job.lease_owner_mismatch
     │   ├── UnstartedClaimReleaseNotApplicable  job.unstarted_claim_release_not_applicable
@@ -72,10 +73,12 @@ Branch on ``.code`` or on the class, never on the message text::
     │   ├── AuthorizeHookMissing                web.authorize_missing
     │   ├── DashboardReadOnly                   web.read_only
     │   ├── CsrfRejected                        web.csrf_rejected
-    │   │   └── CrossOriginRejected             web.cross_origin_rejected
+    │   │   ├── CrossOriginRejected             web.cross_origin_rejected
+    │   │   └── OriginMissing                   web.origin_missing
     │   └── ActionForbidden                     web.action_forbidden
     └── StoreError                              db.query_failed
         ├── ConnectionFailed                    db.connection_failed
+        │   ├── DatabaseWaitTimeout             db.wait_timeout
         │   └── CommitOutcomeUnknown            db.commit_outcome_unknown
         ├── UniqueViolation                     db.unique_violation
         ├── RelatedResourceMissing              db.related_resource_missing

@@ -22,6 +22,12 @@ class ConnectionFailed(StoreError):
     code = "db.connection_failed"
 
 
+class DatabaseWaitTimeout(ConnectionFailed):
+    """The database did not answer within the time a worker was given to wait for it at start."""
+
+    code = "db.wait_timeout"
+
+
 class CommitOutcomeUnknown(ConnectionFailed):
     """The connection was lost while committing; the write may or may not have landed."""
 

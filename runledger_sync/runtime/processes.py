@@ -21,7 +21,8 @@ turns its first SIGINT/SIGTERM into one SIGTERM per child, and a second into
 SIGKILL: exit now, the reaper recovers the leases. When the drain deadline
 passes, the parent sends SIGUSR1: the child tells its running jobs to stop and
 ends after their grace; one still running after that is killed. A child also drains when
-its parent is gone. The URL, password included, reaches a child through
+its parent is gone (killed, say), keeping the parent's drain deadline itself: at it, it
+tells its jobs to stop and ends after their grace. The URL, password included, reaches a child through
 multiprocessing's pipe, never its command line or environment.
 
 An observer (metrics) given to the group is asked for a picklable factory that
@@ -139,6 +140,8 @@ class ChildSpec:
     run_scheduler: bool
     parent_pid: int
     logging: Optional[dict[str, Any]]
+    #: How long the child drains when it finds its parent gone (the parent, which keeps the deadline otherwise, cannot).
+    drain_timeout_seconds: float
     #: Called first thing in the child for the observer its worker reports to (None: no observer).
     observer: Optional[Callable[[], WorkerObserver]] = None
 
@@ -188,6 +191,7 @@ class ProcessGroup:
         self._context = multiprocessing.get_context("spawn")
         self._monitor: Optional[threading.Thread] = None
         self._failure: Optional[str] = None
+        self._drain_timeout_seconds = 0.0
 
     @property
     def failure(self) -> Optional[str]:
@@ -212,7 +216,9 @@ class ProcessGroup:
         # adjustments once, rather than each child again.
         return replace(self.config, worker_id=f"{self.config.worker_id}{suffix}")
 
-    def start(self) -> None:
+    def start(self, *, drain_timeout_seconds: float) -> None:
+        """Start the children; each drains for ``drain_timeout_seconds`` should it outlive this process."""
+        self._drain_timeout_seconds = drain_timeout_seconds
         # A worker id the suffix makes too long is refused here, not in a child
         # (checked with a restart count a long-lived group will not reach).
         self.child_config(len(self.slots) - 1, 99_999).validate()
@@ -327,7 +333,8 @@ class ProcessGroup:
         spec = ChildSpec(
             app=self.app, engine=self.engine_spec, config=config, index=slot.index,
             run_reaper=self.run_reaper and first, run_scheduler=self.run_scheduler and first,
-            parent_pid=os.getpid(), logging=configured_setup(), observer=self._child_observer,
+            parent_pid=os.getpid(), logging=configured_setup(), drain_timeout_seconds=self._drain_timeout_seconds,
+            observer=self._child_observer,
         )
         process = self._context.Process(target=self.child_main, args=(spec,), name=f"runledger-{config.worker_id}",
                                         # Daemonic: should the parent's interpreter exit first, it

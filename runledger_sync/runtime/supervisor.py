@@ -31,6 +31,7 @@ from runledger_sync.core.types import RuntimeLoopExit
 from runledger_sync.logging import configure_logging, get_logger
 from runledger_sync.loading import load_registry
 from runledger_sync.registry import JobRegistry
+from runledger_sync.runtime.database_wait import check_wait_seconds, wait_for_database
 from runledger_sync.runtime.health import (
     CLAIM,
     STALL_ALLOWANCE_SECONDS,
@@ -197,6 +198,23 @@ class Supervisor:
         threads = dict(zip(self._loops, self._threads, strict=False))  # no threads before start()
         return thread_health(self._loops, threads, self._exits, self._marks, self.config, STALL_ALLOWANCE_SECONDS)
 
+    def wait_for_database(self, timeout_seconds: Optional[float] = None) -> bool:
+        """Wait until the database answers: return True then, False if shutdown was asked for first.
+
+        A database (or PgBouncer) that refuses connections is tried again with a backoff
+        capped at 2 s, logging "waiting for the database" every 5 s (the URL without its
+        password, the driver's error).
+
+        Args:
+            timeout_seconds: How long to wait; None (the default) for ever, 0 for one try.
+
+        Raises:
+            DatabaseWaitTimeout: It did not answer in time (``db.wait_timeout``).
+            ConfigError: ``timeout_seconds`` is not a number of seconds >= 0.
+        """
+        return wait_for_database(self.engine, timeout_seconds=check_wait_seconds(timeout_seconds),
+                                 stop=self.shutdown_event)
+
     def check_queues(self, *, sources: Optional[Mapping[str, str]] = None) -> None:
         """Raise QueueNotFound if ``config.queues`` or ``queue_concurrency`` names a queue that does not exist.
 
@@ -205,8 +223,13 @@ class Supervisor:
         """
         check_queues_exist(self.engine, self.registry, self.config, sources=sources)
 
-    def start(self) -> "Supervisor":
+    def start(self, *, drain_timeout: float = DEFAULT_DRAIN_TIMEOUT_SECONDS) -> "Supervisor":
         """Start the loops in background threads; return at once.
+
+        Args:
+            drain_timeout: With ``processes > 1``, how long a worker process that finds
+                this one gone (killed) lets its jobs finish before it tells them to stop,
+                as :meth:`stop` would; :meth:`run_until_shutdown` passes its own.
 
         Raises:
             ConfigError: the config does not validate.
@@ -221,7 +244,7 @@ class Supervisor:
             # The parent logs the environment's adjustments once; its children do not.
             for adjustment in self.config.env_adjustments:
                 log.warning(adjustment.describe(), extra=adjustment.log_fields())
-            self._group.start()
+            self._group.start(drain_timeout_seconds=drain_timeout)
             log.info("supervisor started", extra={"worker_id": self.config.worker_id, "processes": self.processes})
             return self
         for name, loop in self._loops.items():
@@ -294,8 +317,12 @@ class Supervisor:
             thread.join(max(0.0, deadline - time.monotonic()))
         return not self.running
 
-    def run_until_shutdown(self, drain_timeout: float = DEFAULT_DRAIN_TIMEOUT_SECONDS) -> int:
+    def run_until_shutdown(self, drain_timeout: float = DEFAULT_DRAIN_TIMEOUT_SECONDS, *,
+                           wait_for_database_seconds: Optional[float] = None) -> int:
         """Run in the foreground until SIGINT/SIGTERM; return a process exit status.
+
+        First it waits for the database as :meth:`wait_for_database` does, for
+        ``wait_for_database_seconds`` (None: for ever; a signal ends the wait, and the run).
 
         The first signal stops claiming and drains in-flight jobs for up to
         ``drain_timeout`` seconds; then running jobs are told to stop, as
@@ -308,6 +335,9 @@ class Supervisor:
 
         Returns:
             0 after a clean stop, 1 when a loop failed or the drain timed out.
+
+        Raises:
+            DatabaseWaitTimeout: The database did not answer within ``wait_for_database_seconds``.
         """
         signals = {"count": 0}
 
@@ -324,7 +354,9 @@ class Supervisor:
 
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            self.start()
+            if not self.wait_for_database(wait_for_database_seconds):
+                return 0
+            self.start(drain_timeout=drain_timeout)
             while not self.shutdown_event.wait(0.2):
                 pass
             stopped = self.stop(drain_timeout)
@@ -386,12 +418,15 @@ def child_main(spec: ChildSpec) -> None:
         sys.exit(EXIT_REFUSED)
     process_log.info("worker process started",
                      extra={"worker_id": spec.config.worker_id, "pid": os.getpid(), "index": spec.index})
+    orphaned = False
     while not supervisor.shutdown_event.wait(CHECK_SECONDS):
         if os.getppid() != spec.parent_pid:
+            orphaned = True
             process_log.warning("parent process is gone; draining", extra={"worker_id": spec.config.worker_id})
             supervisor.shutdown_event.set()
-    # No deadline here: the parent keeps it, sends SIGUSR1 when it passes and kills a child that outlives the grace.
-    supervisor.stop(timeout=threading.TIMEOUT_MAX)
+    # With a parent, no deadline here: it keeps it, sends SIGUSR1 when it passes and kills a child
+    # that outlives the grace. Without one, nobody else would end the drain.
+    supervisor.stop(timeout=spec.drain_timeout_seconds if orphaned else threading.TIMEOUT_MAX)
     engine.dispose()
     sys.exit(0 if supervisor.failure is None else 1)
 

@@ -8,6 +8,7 @@ authorize hook (:func:`allow_anyone` is the explicit "everyone who can reach it"
 """
 
 from runledger_sync.web.app import Dashboard, Setup, allow_anyone, create_app
+from runledger_sync.web.hosts import AllowedHosts
 from runledger_sync.web.http import HostForm
 
-__all__ = ["Dashboard", "HostForm", "Setup", "allow_anyone", "create_app"]
+__all__ = ["AllowedHosts", "Dashboard", "HostForm", "Setup", "allow_anyone", "create_app"]

@@ -29,6 +29,7 @@ from runledger_sync.core.dashboard_errors import (
     AuthorizeHookMissing,
     DashboardReadOnly,
     DashboardRefusal,
+    HostNotAllowed,
 )
 from runledger_sync.core.errors import MissingExtra
 from runledger_sync.core.evidence import CALLED_BY_HEADING, traceback_parts
@@ -40,6 +41,7 @@ except ImportError:  # the dashboard extra; the rest of the library works withou
 from runledger_sync.logging import get_logger
 from runledger_sync.web import views_jobs, views_operations, views_overview, views_queues, views_workflows
 from runledger_sync.web.csrf import FIELD_NAME, CsrfGuard, check_origin
+from runledger_sync.web.hosts import AllowedHosts
 from runledger_sync.web.http import HostForm, Request, Response
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -113,11 +115,13 @@ class Setup:
         authorize: How to give an authorize hook.
         enable_actions: How to turn read-only off.
         migrate: The command that creates or upgrades the job tables.
+        allow_host: How to add a host name the dashboard answers to.
     """
 
     authorize: str
     enable_actions: str
     migrate: str
+    allow_host: str = "create_app(engine, allowed_hosts=[...]) names the host names it answers to besides loopback"
 
 
 #: The words of :func:`create_app`, the dashboard used as a plain WSGI app.
@@ -160,13 +164,11 @@ class Dashboard:
 
     def __init__(self, engine: Any, *, read_only: bool, authorize: Optional[Authorize],
                  organization_id: OrganizationScope, secret: Optional[bytes], setup: Setup = STANDALONE,
-                 allowed_hosts: Optional[frozenset[str]] = None) -> None:
+                 allowed_hosts: Optional[AllowedHosts] = None) -> None:
         self.engine = engine
         self.read_only = read_only
         self.setup = setup
-        # Host names this app answers to (None: any). A page another site's domain was
-        # re-pointed at (DNS rebinding) arrives with that domain as its Host and is refused.
-        self.allowed_hosts = allowed_hosts
+        self.allowed_hosts = allowed_hosts if allowed_hosts is not None else AllowedHosts.of()
         self._authorize = authorize
         self._organization = organization_id
         self.csrf = CsrfGuard(secret)
@@ -209,10 +211,13 @@ class Dashboard:
                                    "the dashboard failed to answer this request; the server log has the details")
 
     def _respond(self, request: Request) -> Response:
-        host = request.host_name()
-        if self.allowed_hosts is not None and host is not None and host not in self.allowed_hosts:
-            return self.error_page(request, HTTPStatus.BAD_REQUEST, "web.host_not_allowed",
-                                   f"this dashboard answers only to {', '.join(sorted(self.allowed_hosts))}")
+        # First of all, static files too: a rebinding page must learn nothing, not even that this is a dashboard.
+        try:
+            self.allowed_hosts.check(request.host_name())
+        except HostNotAllowed as refused:
+            log.info("dashboard request refused", extra={"path": request.path, "error_code": refused.code})
+            return self.error_page(request, HTTPStatus.BAD_REQUEST, refused.code, refused.message,
+                                   refused=True, hint=self.setup.allow_host)
         if request.method == "GET" and request.path in STATIC_FILES:
             name, content_type = STATIC_FILES[request.path]
             return Response((PACKAGE_DIR / "static" / name).read_bytes(), content_type=content_type)
@@ -334,6 +339,7 @@ def create_app(
     authorize: Optional[Authorize] = None,
     organization_id: OrganizationScope = None,
     secret: Optional[bytes] = None,
+    allowed_hosts: Optional[Iterable[str]] = None,
 ) -> Dashboard:
     """Build the operator dashboard as a WSGI application.
 
@@ -358,13 +364,22 @@ def create_app(
             given the same request as ``authorize``.
         secret: The CSRF key, the same in every process serving the dashboard; a
             random one per process when None.
+        allowed_hosts: The host names (``Host`` header, any port) the app answers to
+            besides ``localhost``, ``127.0.0.1`` and ``::1``, e.g. ``["ops.example.com"]``;
+            ``"*"`` answers to any (behind a proxy that checks the host itself). Any
+            other host is refused with 400 ``web.host_not_allowed``, which is what stops
+            a page whose domain was re-pointed at the dashboard (DNS rebinding).
 
     Returns:
         The WSGI app.
+
+    Raises:
+        ConfigError: ``allowed_hosts`` is a bare string or holds something not a host name.
 
     Example:
         >>> app = create_app(engine, read_only=False,                          # doctest: +SKIP
         ...                  authorize=lambda request, action: user_of(request.environ))
         >>> wsgiref.simple_server.make_server("127.0.0.1", 8080, app).serve_forever()  # doctest: +SKIP
     """
-    return Dashboard(engine, read_only=read_only, authorize=authorize, organization_id=organization_id, secret=secret)
+    return Dashboard(engine, read_only=read_only, authorize=authorize, organization_id=organization_id, secret=secret,
+                     allowed_hosts=AllowedHosts.of(allowed_hosts))

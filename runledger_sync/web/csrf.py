@@ -4,7 +4,7 @@ Two checks on every POST:
 
 - **Origin.** A browser names the page a form was posted from (``Origin``, and
   ``Sec-Fetch-Site`` in current browsers); it must be the dashboard's own scheme,
-  host and port. Another port of the same host is another origin, though it is the
+  host and port, and a POST that names neither is refused. Another port of the same host is another origin, though it is the
   same *site* for cookies, so a cookie planted from there does not help it.
 - **Token.** Every form carries ``HMAC(key, session value, user)``: the session
   value is a random secret kept in the host framework's session (Flask's
@@ -23,7 +23,7 @@ import secrets
 from typing import Optional
 from urllib.parse import urlsplit
 
-from runledger_sync.core.dashboard_errors import CrossOriginRejected, CsrfRejected
+from runledger_sync.core.dashboard_errors import CrossOriginRejected, CsrfRejected, OriginMissing
 from runledger_sync.web.http import Request
 
 COOKIE_NAME = "runledger_csrf"
@@ -60,16 +60,19 @@ def own_origin(request: Request) -> Optional[tuple[str, str, str]]:
 
 
 def check_origin(request: Request) -> None:
-    """Raise CrossOriginRejected when the browser says the form came from another origin.
+    """Raise CrossOriginRejected when the browser says the form came from another origin, OriginMissing when it says nothing.
 
-    A client that sends neither ``Origin`` nor ``Sec-Fetch-Site`` is not a browser
-    posting another site's form (every current browser sends ``Origin`` with a POST);
-    the token alone guards it.
+    Every current browser sends ``Origin`` with a POST; a request with neither header
+    cannot show that it was posted from this dashboard, so it is refused (a script
+    that posts an action sends the dashboard's own ``Origin``).
     """
     fetch_site = request.header("Sec-Fetch-Site")
+    origin = request.header("Origin")
+    if fetch_site is None and origin is None:
+        raise OriginMissing("the form was posted without an Origin header; browsers send it, a script must "
+                            "send the dashboard's own origin (e.g. Origin: http://localhost:8080)")
     if fetch_site is not None and fetch_site.lower() != "same-origin":
         raise CrossOriginRejected(f"the form was posted from a {fetch_site} page, not from this dashboard")
-    origin = request.header("Origin")
     if origin is None:
         return
     parts = urlsplit(origin)

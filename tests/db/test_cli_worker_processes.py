@@ -174,6 +174,30 @@ def test_children_drain_and_exit_when_their_parent_is_killed(engine, fresh_datab
         parent.close()
 
 
+def test_children_orphaned_by_a_killed_parent_stop_their_jobs_at_the_drain_timeout_and_exit(engine, fresh_database):
+    with engine.begin() as conn:
+        for ddl in process_app.TABLES_DDL:
+            conn.execute(text(ddl))
+    drain, grace, margin = 3.0, 1.0, 4.0
+    parent = ParentProcess(fresh_database, "--drain-timeout", str(drain), "--timeout-grace-seconds", str(grace))
+    try:
+        wait_until(lambda: len(parent.records("worker process started")) == 2 or parent.process.poll() is not None,
+                   timeout=START_TIMEOUT)
+        children = [record["pid"] for record in parent.records("worker process started")]
+        # Each child holds a job that runs until it is told to stop (one never looks): only the deadline ends them.
+        jobs = [rl.enqueue(engine, "proc.block", {}), rl.enqueue(engine, "proc.wait_cancel", {})]
+        wait_until(lambda: len(rows(engine, "SELECT 1 FROM process_runs")) == 2, timeout=START_TIMEOUT)
+        parent.process.kill()
+        killed = time.monotonic()
+        wait_until(lambda: not any(alive(pid) for pid in children), timeout=drain + grace + 30)
+        took = time.monotonic() - killed
+    finally:
+        parent.close()
+    assert drain <= took < drain + grace + margin, took
+    waiter = rl.get_job(engine, jobs[1].id)
+    assert (waiter.status, waiter.last_error_code) == (rl.JobStatus.PENDING, "job.worker_shutdown")
+
+
 def alive(pid: int) -> bool:
     """True while ``pid`` runs (an exited child that nobody has reaped yet is a zombie, not alive)."""
     try:

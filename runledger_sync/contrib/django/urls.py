@@ -8,6 +8,7 @@ middleware) may see the dashboard or act, and without that middleware every page
 page is sent to ``settings.LOGIN_URL`` with ``?next=``. Forms are checked by Django's own CSRF
 protection (the views are ``csrf_protect``-ed and draw Django's token), so
 ``CSRF_TRUSTED_ORIGINS`` and the proxy settings apply as everywhere else in the project.
+The host names it answers to are Django's ``ALLOWED_HOSTS``, checked on every request.
 The queue's engine is the app's (``DATABASES``).
 """
 
@@ -95,6 +96,9 @@ def _check_default_hook(request: HttpRequest) -> None:
 def dashboard(request: HttpRequest, rest: str = "") -> HttpResponse:
     from runledger_sync.web import HostForm
 
+    # Django's own host check (ALLOWED_HOSTS), which only some middleware makes: a page whose domain
+    # was re-pointed at this server (DNS rebinding) gets Django's 400 (DisallowedHost) and no data.
+    request.get_host()
     _check_default_hook(request)
     prefix = request.path[: len(request.path) - len(rest)] if rest else request.path
     # Django has parsed the form, whichever its encoding; the dashboard reads it urlencoded.

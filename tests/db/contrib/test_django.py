@@ -440,6 +440,25 @@ def test_dashboard_forms_are_checked_by_djangos_csrf_protection(runledger):
     assert rl.get_job(engine, job.id).status is rl.JobStatus.DEAD_LETTERED
 
 
+def test_dashboard_answers_only_to_djangos_allowed_hosts(runledger):
+    from django.test import Client
+
+    engine = runledger.get_engine()
+    job = dead_lettered_job(engine)
+    client = Client(enforce_csrf_checks=True)
+    token = django_csrf_token(client.get("/ops/dead-letters", HTTP_X_OPERATOR="ada").content.decode())
+    # A page whose domain was re-pointed at this server (DNS rebinding): every request names that domain.
+    read = client.get(f"/ops/jobs/{job.id}", HTTP_X_OPERATOR="ada", HTTP_HOST="evil.example")
+    form = {"job_id": str(job.id), "csrfmiddlewaretoken": token}
+    replay = client.post("/ops/dead-letters/replay", form, HTTP_X_OPERATOR="ada", HTTP_HOST="evil.example")
+    # With the rebound Origin, Django's CSRF check refuses the form before the view is reached.
+    with_origin = client.post("/ops/dead-letters/replay", form, HTTP_X_OPERATOR="ada", HTTP_HOST="evil.example",
+                              HTTP_ORIGIN="http://evil.example")
+    assert (read.status_code, replay.status_code, with_origin.status_code) == (400, 400, 403)
+    assert str(job.id).encode() not in read.content
+    assert rl.get_job(engine, job.id).status is rl.JobStatus.DEAD_LETTERED
+
+
 def test_dashboard_default_hook_admits_staff_and_sends_anonymous_visitors_to_login(runledger):
     from django.test import Client
 

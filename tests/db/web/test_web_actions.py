@@ -8,6 +8,7 @@ from werkzeug.test import Client
 import runledger_sync as rl
 from runledger_sync.web import allow_anyone, create_app
 from tests.db.web.conftest import (
+    Browser,
     CSRF_FIELD,
     EMAIL,
     HOSTILE,
@@ -93,7 +94,7 @@ def test_an_unknown_schedule_is_not_found(db, admin):
 
 def test_read_only_mode_refuses_every_post_and_draws_no_buttons(db):
     job = dead_lettered(db)
-    read_only = Client(create_app(db, authorize=allow_all))
+    read_only = Browser(create_app(db, authorize=allow_all))
     html = page(read_only, "/dead-letters")
     assert "Replay" not in html and "csrf_token" not in html
     assert "Run again" not in page(read_only, f"/jobs/{job.id}")
@@ -113,7 +114,7 @@ def test_a_post_without_the_csrf_token_is_refused(db, admin):
 def test_a_token_from_another_browser_is_refused(db):
     job = dead_lettered(db)
     app = create_app(db, read_only=False, authorize=allow_all)
-    victim, attacker = Client(app), Client(app)
+    victim, attacker = Browser(app), Browser(app)
     attackers_token = post_form_token(attacker)
     page(victim, "/dead-letters")
     response = victim.post("/dead-letters/replay", data={"job_id": str(job.id), "csrf_token": attackers_token})
@@ -128,12 +129,12 @@ def post_form_token(client: Client) -> str:
 
 def test_a_token_signed_by_another_apps_secret_is_refused(db):
     job = dead_lettered(db)
-    first = Client(create_app(db, read_only=False, authorize=allow_all, secret=b"first secret"))
+    first = Browser(create_app(db, read_only=False, authorize=allow_all, secret=b"first secret"))
     token = post_form_token(first)
     # The same browser (cookie) against an app with another secret: the signature does not match.
     second_app = create_app(db, read_only=False, authorize=allow_all, secret=b"second secret")
     cookie = first.get_cookie("runledger_csrf")
-    second = Client(second_app)
+    second = Browser(second_app)
     second.set_cookie("runledger_csrf", cookie.value)
     response = second.post("/dead-letters/replay", data={"job_id": str(job.id), "csrf_token": token})
     assert response.status_code == 403 and "web.csrf_rejected" in response.get_data(as_text=True)
@@ -148,9 +149,9 @@ def test_the_authorize_hook_is_asked_with_the_action_and_can_refuse(db):
         asked.append(action)
         return action == "view"
 
-    refusing = Client(create_app(db, read_only=False, authorize=only_views, secret=b"shared"))
+    refusing = Browser(create_app(db, read_only=False, authorize=only_views, secret=b"shared"))
     assert "Replay" not in page(refusing, "/dead-letters")
-    twin = Client(create_app(db, read_only=False, authorize=allow_all, secret=b"shared"))
+    twin = Browser(create_app(db, read_only=False, authorize=allow_all, secret=b"shared"))
     token = post_form_token(twin)
     refusing.set_cookie("runledger_csrf", twin.get_cookie("runledger_csrf").value)
     response = refusing.post("/dead-letters/replay", data={"job_id": str(job.id), "csrf_token": token})
@@ -163,7 +164,7 @@ def test_without_an_authorize_hook_nothing_is_served_and_the_page_says_how_to_pa
     job = rl.enqueue(db, EMAIL, {"secret_marker": "ssn-123-45"})
     dead_lettered(db)
     for read_only in (True, False):
-        unguarded = Client(create_app(db, read_only=read_only, secret=b"shared"))
+        unguarded = Browser(create_app(db, read_only=read_only, secret=b"shared"))
         for url in ("/", "/jobs", f"/jobs/{job.id}", f"/jobs/{job.id}?payload=1", "/dead-letters", "/schedules",
                     "/workflows"):
             html = page(unguarded, url, status=403)
@@ -171,7 +172,7 @@ def test_without_an_authorize_hook_nothing_is_served_and_the_page_says_how_to_pa
             assert "create_app(engine, authorize=hook)" in html and "runledger_sync.web.allow_anyone" in html
         assert unguarded.get("/static/style.css").status_code == 200
     # A valid token, drawn by a twin app that lets anyone in, for the same browser.
-    twin = Client(create_app(db, read_only=False, authorize=allow_all, secret=b"shared"))
+    twin = Browser(create_app(db, read_only=False, authorize=allow_all, secret=b"shared"))
     token = post_form_token(twin)
     unguarded.set_cookie("runledger_csrf", twin.get_cookie("runledger_csrf").value)
     response = unguarded.post(f"/jobs/{job.id}/cancel", data={"csrf_token": token})
@@ -181,23 +182,23 @@ def test_without_an_authorize_hook_nothing_is_served_and_the_page_says_how_to_pa
 
 def test_allow_anyone_is_the_explicit_choice_to_serve_everyone(db):
     job = rl.enqueue(db, EMAIL, {"n": 1})
-    readers = Client(create_app(db, authorize=allow_anyone))
+    readers = Browser(create_app(db, authorize=allow_anyone))
     assert 'id="job-status">PENDING<' in page(readers, f"/jobs/{job.id}")
     assert "Cancel" not in page(readers, f"/jobs/{job.id}")  # read-only unless asked otherwise
-    operators = Client(create_app(db, read_only=False, authorize=allow_anyone))
+    operators = Browser(create_app(db, read_only=False, authorize=allow_anyone))
     response = post_form(operators, f"/jobs/{job.id}", f"/jobs/{job.id}/cancel", {})
     assert response.status_code == 303 and status_of(db, job) == ("CANCELED", 1)
 
 
 def test_a_hook_refusing_views_hides_every_page(db):
-    hidden = Client(create_app(db, authorize=lambda request, action: False))
+    hidden = Browser(create_app(db, authorize=lambda request, action: False))
     for url in ("/", "/jobs", "/dead-letters", "/schedules", "/workflows"):
         assert "web.action_forbidden" in page(hidden, url, status=403)
 
 
 def test_a_scoped_dashboard_cannot_act_on_another_organizations_job(db):
     theirs = dead_lettered(db, organization_id="org-b")
-    scoped = Client(create_app(db, read_only=False, authorize=allow_all, organization_id="org-a"))
+    scoped = Browser(create_app(db, read_only=False, authorize=allow_all, organization_id="org-a"))
     response = post_form(scoped, "/dead-letters", "/dead-letters/replay", {"job_id": str(theirs.id)})
     assert response.headers["Location"] == "/dead-letters?replayed=0"
     response = post_form(scoped, "/dead-letters", f"/jobs/{theirs.id}/retry", {})
@@ -245,4 +246,4 @@ def test_each_action_and_refusal_is_logged_without_the_payload(db, admin, caplog
 def test_the_csrf_cookie_is_http_only_strict_and_secure_over_https(db, client):
     plain = client.get("/").headers["Set-Cookie"]
     assert "HttpOnly" in plain and "SameSite=Strict" in plain and "Secure" not in plain
-    assert "; Secure" in Client(create_app(db, authorize=allow_all)).get("/", base_url="https://localhost/").headers["Set-Cookie"]
+    assert "; Secure" in Browser(create_app(db, authorize=allow_all)).get("/", base_url="https://localhost/").headers["Set-Cookie"]

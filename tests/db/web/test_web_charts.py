@@ -5,11 +5,10 @@ from __future__ import annotations
 import re
 
 from sqlalchemy import text
-from werkzeug.test import Client
 
 import runledger_sync as rl
 from runledger_sync.web import create_app
-from tests.db.web.conftest import EMAIL, dead_lettered, page
+from tests.db.web.conftest import Browser, EMAIL, dead_lettered, page
 
 LIVE_PAGES = ["/jobs", "/queues", "/dead-letters", "/workflows", "/schedules"]
 
@@ -79,7 +78,7 @@ def test_a_chart_with_no_sample_says_so_and_still_has_its_axes(db, client):
 
 def test_a_scoped_overview_shows_no_chart_of_every_organizations_jobs(db):
     sample_minutes(db)
-    html = page(Client(create_app(db, authorize=lambda request, action: True, organization_id="org-a")), "/")
+    html = page(Browser(create_app(db, authorize=lambda request, action: True, organization_id="org-a")), "/")
     assert 'id="charts-scoped"' in html and 'id="chart-throughput"' not in html
 
 
@@ -103,7 +102,7 @@ def test_every_page_policy_allows_scripts_and_fetches_from_this_origin_only(db, 
 
 
 def test_the_script_is_served_to_anyone_like_the_stylesheet_with_its_type(db):
-    anonymous = Client(create_app(db))  # no hook: no page, but the static files
+    anonymous = Browser(create_app(db))  # no hook: no page, but the static files
     response = anonymous.get("/static/live.js")
     assert response.status_code == 200
     assert response.headers["Content-Type"] == "text/javascript; charset=utf-8"

@@ -15,7 +15,7 @@ from werkzeug.test import Client
 
 import runledger_sync as rl
 from runledger_sync.web import create_app
-from tests.db.web.conftest import CSRF_FIELD, EMAIL, allow_all, page
+from tests.db.web.conftest import Browser, CSRF_FIELD, EMAIL, allow_all, page
 
 #: The origin werkzeug's test client addresses (base_url http://localhost/).
 OWN_ORIGIN = "http://localhost"
@@ -33,7 +33,7 @@ def app(db) -> Any:
 
 
 def browser(app: Any, session: str) -> Client:
-    client = Client(app)
+    client = Browser(app)
     client.set_cookie("app_session", session)
     return client
 
@@ -95,8 +95,8 @@ def test_a_cross_origin_post_is_refused_with_its_code_even_with_a_valid_token(db
 @pytest.mark.parametrize("headers", [
     {"Origin": OWN_ORIGIN, "Sec-Fetch-Site": "same-origin"},
     {"Origin": "http://LOCALHOST:80"},                    # the same origin, spelt out
-    {},                                                   # not a browser: the token alone decides
-], ids=["browser", "default-port", "no-origin"])
+    {"Sec-Fetch-Site": "same-origin"},                    # a browser that strips Origin
+], ids=["browser", "default-port", "fetch-site-only"])
 def test_a_same_origin_post_by_the_right_user_works(db, app, headers):
     job = rl.enqueue(db, EMAIL, {"n": 1})
     ada = browser(app, "ada-session")
@@ -108,7 +108,7 @@ def test_a_same_origin_post_by_the_right_user_works(db, app, headers):
 
 def test_the_origin_is_compared_with_the_host_the_request_was_addressed_to(db):
     job = rl.enqueue(db, EMAIL, {"n": 1})
-    admin = Client(create_app(db, read_only=False, authorize=allow_all))
+    admin = Browser(create_app(db, read_only=False, authorize=allow_all, allowed_hosts=["ops.example"]))
     base = "http://ops.example:8443/"
     token = CSRF_FIELD.search(admin.get(f"/jobs/{job.id}", base_url=base).get_data(as_text=True)).group(1)
     elsewhere = admin.post(f"/jobs/{job.id}/cancel", data={"csrf_token": token}, base_url=base,

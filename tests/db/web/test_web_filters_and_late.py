@@ -6,11 +6,10 @@ import re
 from typing import Any
 
 from sqlalchemy import text
-from werkzeug.test import Client
 
 import runledger_sync as rl
 from runledger_sync.web import create_app, views_operations
-from tests.db.web.conftest import CSRF_FIELD, HOSTILE, REPORT, allow_all, dead_lettered, page, post_form
+from tests.db.web.conftest import Browser, CSRF_FIELD, HOSTILE, REPORT, allow_all, dead_lettered, page, post_form
 
 TIMEOUT = "TimeoutError"
 
@@ -77,7 +76,7 @@ def test_one_click_replays_at_most_its_cap_most_recent_first_and_says_so(db, adm
 def test_a_scoped_dashboard_replays_its_own_organization_whatever_the_form_says(db):
     ours = dead_lettered(db, code="http.timeout", organization_id="org-a")
     theirs = dead_lettered(db, code="http.timeout", organization_id="org-b")
-    scoped = Client(create_app(db, read_only=False, authorize=allow_all, organization_id="org-a"))
+    scoped = Browser(create_app(db, read_only=False, authorize=allow_all, organization_id="org-a"))
 
     response = post_form(scoped, "/dead-letters", "/dead-letters/replay_dead_letters", {"org": "org-b"})
 
@@ -87,14 +86,14 @@ def test_a_scoped_dashboard_replays_its_own_organization_whatever_the_form_says(
 
 def test_replaying_a_filter_is_refused_read_only_without_a_token_from_elsewhere_or_by_the_hook(db, admin):
     job = dead_lettered(db, code="http.timeout")
-    read_only = Client(create_app(db, authorize=allow_all))
+    read_only = Browser(create_app(db, authorize=allow_all))
     assert 'id="replay-matching"' not in page(read_only, "/dead-letters")
     refusals = [(read_only.post("/dead-letters/replay_dead_letters", data={"csrf_token": "0" * 64}), "web.read_only")]
     token = CSRF_FIELD.search(page(admin, "/dead-letters")).group(1)
     refusals.append((admin.post("/dead-letters/replay_dead_letters", data={"code": "http.timeout"}), "web.csrf_rejected"))
     refusals.append((admin.post("/dead-letters/replay_dead_letters", data={"csrf_token": token},
                                 headers={"Origin": "https://evil.example"}), "web.cross_origin_rejected"))
-    ticks_only = Client(create_app(db, read_only=False, authorize=lambda request, action: action in ("view", "replay")))
+    ticks_only = Browser(create_app(db, read_only=False, authorize=lambda request, action: action in ("view", "replay")))
     assert 'id="replay-matching"' not in page(ticks_only, "/dead-letters")
     refusals.append((post_form(ticks_only, "/dead-letters", "/dead-letters/replay_dead_letters", {}), "web.action_forbidden"))
 

@@ -13,6 +13,8 @@ from runledger_sync.contrib.flask import Runledger
 from runledger_sync.web import allow_anyone
 from tests.db.web.conftest import CSRF_FIELD, dead_lettered, page
 
+#: What a browser's POST from the dashboard's own page names (the test client's base URL is http://localhost/).
+SAME_ORIGIN = {"Origin": "http://localhost"}
 #: The actions the hook saw, with the Flask request's header it decided on.
 asked: list[tuple[str, Any]] = []
 
@@ -55,10 +57,10 @@ def test_flask_mount_replays_through_the_hook_which_sees_the_flask_request(db, f
     html = client.get("/ops/dead-letters", headers={"X-Operator": "ada"}).get_data(as_text=True)
     token = CSRF_FIELD.search(html).group(1)
     refused = client.post("/ops/dead-letters/replay", data={"job_id": str(job.id), "csrf_token": token},
-                          headers={"X-Operator": "mallory"})
+                          headers={"X-Operator": "mallory", **SAME_ORIGIN})
     assert refused.status_code == 403 and rl.get_job(db, job.id).status is rl.JobStatus.DEAD_LETTERED
     allowed = client.post("/ops/dead-letters/replay", data={"job_id": str(job.id), "csrf_token": token},
-                          headers={"X-Operator": "ada"})
+                          headers={"X-Operator": "ada", **SAME_ORIGIN})
     assert allowed.status_code == 303 and allowed.headers["Location"] == "/ops/dead-letters?replayed=1"
     assert rl.get_job(db, job.id).status is rl.JobStatus.PENDING
     assert ("replay", "mallory") in asked and ("replay", "ada") in asked
@@ -133,13 +135,13 @@ def test_flask_forms_are_bound_to_the_flask_session(db, fresh_database, make_app
     first, second = app.test_client(), app.test_client()
     token = CSRF_FIELD.search(page(first, f"/ops/jobs/{job.id}")).group(1)
     page(second, f"/ops/jobs/{job.id}")  # a session of its own
-    refused = second.post(f"/ops/jobs/{job.id}/cancel", data={"csrf_token": token})
+    refused = second.post(f"/ops/jobs/{job.id}/cancel", data={"csrf_token": token}, headers=SAME_ORIGIN)
     assert refused.status_code == 403 and "web.csrf_rejected" in refused.get_data(as_text=True)
     cross = first.post(f"/ops/jobs/{job.id}/cancel", data={"csrf_token": token},
                        headers={"Origin": "http://localhost:5001"})
     assert cross.status_code == 403 and "web.cross_origin_rejected" in cross.get_data(as_text=True)
     assert rl.get_job(db, job.id).status is rl.JobStatus.PENDING
-    assert first.post(f"/ops/jobs/{job.id}/cancel", data={"csrf_token": token}).status_code == 303
+    assert first.post(f"/ops/jobs/{job.id}/cancel", data={"csrf_token": token}, headers=SAME_ORIGIN).status_code == 303
 
 
 def test_flask_read_only_refusal_names_the_config_key(db, fresh_database, make_app):

@@ -12,12 +12,11 @@ import urllib.error
 import urllib.request
 
 import pytest
-from werkzeug.test import Client
 
 import runledger_sync as rl
 from runledger_sync.cli import dashboard as dashboard_cli
 from runledger_sync.web import allow_anyone, create_app
-from tests.db.web.conftest import EMAIL, REPO, allow_all, dashboard_process, dead_lettered, serving
+from tests.db.web.conftest import Browser, EMAIL, REPO, allow_all, dashboard_process, dead_lettered, serving
 
 #: Query values a hostile or careless client sends: a superscript digit (str.isdigit() says yes, int() says no),
 #: more digits than int() parses, NUL, bytes that are not UTF-8, a long text, a number in another script.
@@ -58,7 +57,7 @@ def test_no_query_value_makes_a_page_fail(db, client):
 
 def test_every_kind_of_response_carries_the_security_headers(db):
     job = rl.enqueue(db, EMAIL, {"n": 1})
-    admin = Client(create_app(db, read_only=False, authorize=allow_all))
+    admin = Browser(create_app(db, read_only=False, authorize=allow_all))
     token = re.search(r'name="csrf_token" value="([0-9a-f]{64})"', admin.get(f"/jobs/{job.id}").get_data(as_text=True))
     responses = {
         "page": admin.get("/"),
@@ -66,8 +65,8 @@ def test_every_kind_of_response_carries_the_security_headers(db):
         "not found": admin.get("/nowhere"),
         "method not allowed": admin.post("/jobs"),
         "redirect": admin.post(f"/jobs/{job.id}/cancel", data={"csrf_token": token.group(1)}),
-        "refused": Client(create_app(db)).get("/"),
-        "hook failure": Client(create_app(db, authorize=lambda request, action: 1 / 0)).get("/"),
+        "refused": Browser(create_app(db)).get("/"),
+        "hook failure": Browser(create_app(db, authorize=lambda request, action: 1 / 0)).get("/"),
     }
     assert [r.status_code for r in responses.values()] == [200, 200, 404, 405, 303, 403, 500]
     for kind, response in responses.items():
@@ -78,7 +77,7 @@ def test_every_kind_of_response_carries_the_security_headers(db):
 def test_an_unmigrated_database_is_a_503_page_naming_the_migrate_command(empty_database):
     engine = rl.create_engine(empty_database)
     try:
-        dashboard = Client(create_app(engine, authorize=allow_anyone))
+        dashboard = Browser(create_app(engine, authorize=allow_anyone))
         for url in ("/", "/jobs", "/dead-letters", "/schedules", "/workflows", "/queues"):
             response = dashboard.get(url)
             html = response.get_data(as_text=True)
@@ -96,7 +95,7 @@ def test_a_body_shorter_than_its_content_length_is_answered_within_the_read_time
         port = int(base.rsplit(":", 1)[1])
         started = time.monotonic()
         with socket.create_connection(("127.0.0.1", port), timeout=15) as connection:
-            connection.sendall(b"POST /dead-letters/replay HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            connection.sendall(b"POST /dead-letters/replay HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: http://127.0.0.1\r\n"
                                b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\n"
                                b"job_id=" + str(job.id).encode())
             answer = b""

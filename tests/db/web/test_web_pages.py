@@ -6,12 +6,11 @@ from html import unescape
 import re
 
 import pytest
-from werkzeug.test import Client
 
 import runledger_sync as rl
 from runledger_sync import testing
 from runledger_sync.web import allow_anyone, create_app
-from tests.db.web.conftest import EMAIL, REPORT, TOP, dead_lettered, page, succeeded
+from tests.db.web.conftest import Browser, EMAIL, REPORT, TOP, dead_lettered, page, succeeded
 from tests.support import claim_one
 
 JOB_LINK = re.compile(r'href="/jobs/([0-9a-f-]{36})"')
@@ -179,7 +178,7 @@ def test_stylesheet_is_served_and_unknown_paths_are_not_found(db, client):
 def test_an_organization_scoped_dashboard_sees_only_its_organization(db):
     mine = dead_lettered(db, organization_id="org-a")
     theirs = dead_lettered(db, organization_id="org-b")
-    scoped = Client(create_app(db, authorize=allow_anyone, organization_id="org-a"))
+    scoped = Browser(create_app(db, authorize=allow_anyone, organization_id="org-a"))
     assert listed(page(scoped, "/jobs?org=org-b")) == [str(mine.id)]
     assert str(theirs.id) not in page(scoped, "/dead-letters")
     page(scoped, f"/jobs/{theirs.id}", status=404)
@@ -190,7 +189,7 @@ def test_an_organization_scoped_dashboard_sees_only_its_organization(db):
 def test_the_scope_can_be_read_from_each_request(db, scope):
     mine = succeeded(db, organization_id="org-a")
     succeeded(db, organization_id="org-b")
-    scoped = Client(create_app(db, authorize=allow_anyone, organization_id=scope))
+    scoped = Browser(create_app(db, authorize=allow_anyone, organization_id=scope))
     response = scoped.get("/jobs", headers={"X-Org": "org-a"})
     assert listed(response.get_data(as_text=True)) == [str(mine.id)]
 
@@ -219,7 +218,7 @@ def test_workflows_page_lists_runs_and_draws_a_runs_steps_in_dependency_layers(d
 def test_workflows_pages_keep_to_the_organization_and_answer_unknown_runs(db):
     mine = rl.enqueue_workflow(db, order_workflow("org-a", key="a"))
     theirs = rl.enqueue_workflow(db, order_workflow("org-b", key="b"))
-    scoped = Client(create_app(db, authorize=allow_anyone, organization_id="org-a"))
+    scoped = Browser(create_app(db, authorize=allow_anyone, organization_id="org-a"))
     listing = page(scoped, "/workflows")
     assert str(mine.id) in listing and str(theirs.id) not in listing
     assert "workflow.run_not_found" in page(scoped, f"/workflows?run={theirs.id}", status=404)

@@ -6,13 +6,12 @@ import re
 from typing import Any
 
 import pytest
-from werkzeug.test import Client
 
 import runledger_sync as rl
 from runledger_sync.store._claim import claim_jobs
 from runledger_sync.store.driver import record_worker
 from runledger_sync.web import allow_anyone, create_app
-from tests.db.web.conftest import CSRF_FIELD, EMAIL, HOSTILE, TOP, allow_all, page, post_form
+from tests.db.web.conftest import Browser, CSRF_FIELD, EMAIL, HOSTILE, TOP, allow_all, page, post_form
 from tests.support import define
 
 MAIL = "web.mail"
@@ -122,7 +121,7 @@ def test_a_bad_limit_is_a_coded_400_naming_the_field_and_changes_nothing(db, adm
 
 
 def test_a_read_only_dashboard_draws_no_queue_buttons_and_refuses_the_actions(db, mail):
-    read_only = Client(create_app(db, authorize=allow_all))
+    read_only = Browser(create_app(db, authorize=allow_all))
     html = page(read_only, "/queues?queue=mail")
     assert "pause-queue" not in html and "csrf_token" not in html and 'id="configure"' not in html
     for action in ("pause_queue", "configure_queue"):
@@ -151,10 +150,10 @@ def test_the_hook_is_asked_for_the_queue_actions_by_name_and_can_refuse_them(db,
         asked.append(action)
         return action in ("view", "pause", "resume")  # a schedule operator: not a queue operator
 
-    refusing = Client(create_app(db, read_only=False, authorize=schedules_only, secret=b"shared"))
+    refusing = Browser(create_app(db, read_only=False, authorize=schedules_only, secret=b"shared"))
     html = page(refusing, "/queues?queue=mail")
     assert "pause-queue" not in html and 'id="configure"' not in html
-    twin = Client(create_app(db, read_only=False, authorize=allow_all, secret=b"shared"))
+    twin = Browser(create_app(db, read_only=False, authorize=allow_all, secret=b"shared"))
     token = CSRF_FIELD.search(page(twin, "/queues")).group(1)
     refusing.set_cookie("runledger_csrf", twin.get_cookie("runledger_csrf").value)
     for action in ("pause_queue", "configure_queue"):
@@ -165,18 +164,18 @@ def test_the_hook_is_asked_for_the_queue_actions_by_name_and_can_refuse_them(db,
 
 
 def test_without_an_authorize_hook_the_queues_page_is_not_served(db, mail):
-    assert 'id="error-code">web.authorize_missing<' in page(Client(create_app(db)), "/queues", status=403)
+    assert 'id="error-code">web.authorize_missing<' in page(Browser(create_app(db)), "/queues", status=403)
 
 
 def test_a_scoped_dashboard_shows_queue_settings_without_counts_and_cannot_change_a_queue(db, mail):
     rl.enqueue(db, MAIL, {"n": 1}, organization_id="org-b")
-    scoped = Client(create_app(db, read_only=False, authorize=allow_all, organization_id="org-a"))
+    scoped = Browser(create_app(db, read_only=False, authorize=allow_all, organization_id="org-a"))
     html = page(scoped, "/queues")
     assert cells(row_of(html, "mail")) == ["mail", "active", "2", "1", "20 per 60 s", ""]
     assert "Held by a key" not in html and "pause-queue" not in html
     assert "Ready" not in page(scoped, "/").split('id="overview-queues"', 1)[1].split("</table>", 1)[0]
-    twin = Client(create_app(db, read_only=False, authorize=allow_all, secret=b"s"))
-    scoped = Client(create_app(db, read_only=False, authorize=allow_all, organization_id="org-a", secret=b"s"))
+    twin = Browser(create_app(db, read_only=False, authorize=allow_all, secret=b"s"))
+    scoped = Browser(create_app(db, read_only=False, authorize=allow_all, organization_id="org-a", secret=b"s"))
     token = CSRF_FIELD.search(page(twin, "/queues")).group(1)
     scoped.set_cookie("runledger_csrf", twin.get_cookie("runledger_csrf").value)
     response = scoped.post("/queues/pause_queue", data={"name": "mail", "csrf_token": token})
@@ -209,7 +208,7 @@ def test_the_job_page_links_the_job_that_holds_a_busy_key(db, client, mail):
 def test_a_scoped_job_page_does_not_name_another_organizations_blocking_job(db, mail):
     theirs = rl.enqueue(db, MAIL, {"n": 1}, concurrency_key="shared-key", organization_id="org-b")
     mine = rl.enqueue(db, MAIL, {"n": 2}, concurrency_key="shared-key", organization_id="org-a")
-    scoped = Client(create_app(db, authorize=allow_anyone, organization_id="org-a"))
+    scoped = Browser(create_app(db, authorize=allow_anyone, organization_id="org-a"))
     html = page(scoped, f"/jobs/{mine.id}")
     assert 'id="wait-reason">key_busy<' in html and "another organization holds its turn" in html
     assert str(theirs.id) not in html and 'id="blocking-job"' not in html

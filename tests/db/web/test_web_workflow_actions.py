@@ -10,7 +10,7 @@ from werkzeug.test import Client
 
 import runledger_sync as rl
 from runledger_sync.web import allow_anyone, create_app
-from tests.db.web.conftest import CSRF_FIELD, EMAIL, HOSTILE, REPORT, allow_all, page, post_form
+from tests.db.web.conftest import Browser, CSRF_FIELD, EMAIL, HOSTILE, REPORT, allow_all, page, post_form
 
 
 def order(organization_id: Any = None, key: str = "order-42") -> rl.WorkflowRunRecord:
@@ -161,7 +161,7 @@ def test_the_hook_is_asked_for_each_action_by_name(db, run):
         asked.append(action)
         return action in ("view", "complete_external_step")
 
-    operators = Client(create_app(db, read_only=False, authorize=answers_only))
+    operators = Browser(create_app(db, read_only=False, authorize=answers_only))
     html = page(operators, run_page(run))
     assert "complete_external_step" in html and 'id="cancel-run"' not in html
     response = post_form(operators, run_page(run), "/workflows/cancel_workflow_run", {"run_id": str(run.id)})
@@ -174,7 +174,7 @@ def test_the_hook_is_asked_for_each_action_by_name(db, run):
 def test_a_scoped_dashboard_cannot_act_on_another_organizations_run(db):
     theirs = rl.enqueue_workflow(db, order("org-b", key="b"))
     mine = rl.enqueue_workflow(db, order("org-a", key="a"))
-    scoped = Client(create_app(db, read_only=False, authorize=allow_all, organization_id="org-a"))
+    scoped = Browser(create_app(db, read_only=False, authorize=allow_all, organization_id="org-a"))
 
     for action, data in (("cancel_workflow_run", {}), ("complete_external_step", {"step_key": "approve", "outcome": "succeeded"})):
         response = post_form(scoped, run_page(mine), f"/workflows/{action}", {"run_id": str(theirs.id), **data})
@@ -187,7 +187,7 @@ def test_hostile_run_names_and_step_keys_are_escaped_in_the_graph_and_the_table(
     wait = wf.external(HOSTILE)
     wf.job("after" + HOSTILE, EMAIL, {}, after=[wait])
     run = rl.enqueue_workflow(db, wf)
-    admin = Client(create_app(db, read_only=False, authorize=allow_anyone))
+    admin = Browser(create_app(db, read_only=False, authorize=allow_anyone))
     response = post_form(admin, run_page(run), "/workflows/complete_external_step",
                          {"run_id": str(run.id), "step_key": HOSTILE, "outcome": "succeeded",
                           "output": '{"note": "</text><script>alert(1)</script>"}'})
