@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 # What the whole suite and its quick part take on a quiet 2-core machine, said before they start.
 TEST_LENGTH := about 12 minutes on 2 cores
-QUICK_LENGTH := under 3 minutes on 2 cores
+QUICK_LENGTH := a few minutes
 
 .PHONY: demo test test-quick venv docs docs-serve typecheck clean
 
