@@ -1,7 +1,7 @@
 """The demo behind ``runledger-sync demo`` and ``make demo``.
 
-With no database URL it starts an embedded PostgreSQL; with one it uses that
-database. It migrates, enqueues a few hundred jobs of five types (quick ones,
+With no database URL it starts an embedded PostgreSQL of its own; with one it uses
+that database. It migrates, enqueues a few hundred jobs of five types (quick ones,
 slow ones that report progress, one that retries once, one that is dead-lettered
 at once, one that times out until it is dead-lettered), runs a real supervisor
 with a live progress line, and ends with a summary table and the commands that
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -121,27 +122,37 @@ def tally(engine: Any, total: int) -> Tally:
 
 
 def run_demo(database_url: Optional[str] = None, *, out: IO[str] = sys.stdout) -> int:
-    """Run the demo end to end and return a process exit status (0 when every job settled as expected)."""
+    """Run the demo end to end and return a process exit status (0 when every job settled as expected).
+
+    Its server's data and its worker log live in a directory of its own (``tempfile.mkdtemp``),
+    removed at the end; the log is kept, and its path printed, when a job did not end as expected.
+    """
+    work_dir = tempfile.mkdtemp(prefix="runledger-demo-")
+    log_path = os.path.join(work_dir, "worker.log")
+    status = 1
     server = None
-    if database_url is None:
-        data_dir = os.path.join(tempfile.gettempdir(), "runledger-demo", "pgdata")
-        out.write(f"starting embedded PostgreSQL in {data_dir} ...\n")
-        server = rl.EmbeddedPostgres(data_dir).start()
-        database_url = server.create_database("runledger_demo", drop_existing=True)
-    log_path = os.path.join(tempfile.gettempdir(), "runledger-demo", "worker.log")
-    os.makedirs(os.path.dirname(log_path), exist_ok=True)
     try:
+        if database_url is None:
+            data_dir = os.path.join(work_dir, "pgdata")
+            out.write(f"starting embedded PostgreSQL in {data_dir} ...\n")
+            server = rl.EmbeddedPostgres(data_dir, delete_on_stop=True).start()
+            database_url = server.create_database("runledger_demo")
         with open(log_path, "w", encoding="utf-8") as log_file:
             handler = rl.configure_logging("INFO", stream=log_file)
             out.write(f"worker logs (JSON lines) go to {log_path}\n")
             try:
-                return _run(database_url, out, embedded=server is not None)
+                status = _run(database_url, out, embedded=server is not None)
             finally:
                 # The file closes here; a handler left on it would fail every later record.
                 logging.getLogger(ROOT_LOGGER_NAME).removeHandler(handler)
+        return status
     finally:
         if server is not None:
             server.stop()
+        if status == 0:
+            shutil.rmtree(work_dir, ignore_errors=True)
+        else:
+            out.write(f"the worker log is kept in {log_path}\n")
 
 
 def _run(database_url: str, out: IO[str], *, embedded: bool) -> int:

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
+import signal
 import tempfile
-from typing import Iterator
+from types import FrameType
+from typing import Iterator, Optional
 
 import pytest
 import sqlalchemy
@@ -27,12 +30,24 @@ def pg_server() -> Iterator[object]:
     if external:
         yield ExternalServer(external)
         return
-    data_dir = tempfile.mkdtemp(prefix="rl-test-pg-")
-    server = EmbeddedPostgres(os.path.join(data_dir, "data"), delete_on_stop=True).start()
+    # SIGTERM (a CI timeout) becomes the KeyboardInterrupt that SIGINT already is: pytest then
+    # tears the session down, so the finally below stops the server and removes its directory
+    # instead of leaving a running PostgreSQL and its data behind.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    scratch = tempfile.mkdtemp(prefix="rl-test-pg-")
+    server = EmbeddedPostgres(os.path.join(scratch, "data"), delete_on_stop=True)
     try:
-        yield server
+        yield server.start()
     finally:
-        server.stop()
+        try:
+            server.stop()
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: Optional[FrameType]) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 @pytest.fixture(scope="session")

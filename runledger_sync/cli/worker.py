@@ -235,4 +235,8 @@ def _serve_metrics(args: argparse.Namespace, engine: Any, observer: Any, supervi
 
 @command("demo", help="run the demo: an embedded PostgreSQL (unless a URL is given) and a real worker")
 def _demo(args: argparse.Namespace) -> int:
-    return run_demo(args.database_url or os.environ.get("RUNLEDGER_DATABASE_URL") or None)
+    # The demo writes a few hundred jobs: only into a database named on its own command line,
+    # never into one a shell exported for other commands.
+    if args.database_url is None and os.environ.get("RUNLEDGER_DATABASE_URL"):
+        print("ignoring RUNLEDGER_DATABASE_URL; pass --database-url to use it", flush=True)
+    return run_demo(args.database_url)

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from runledger_sync import cli, demo
+from runledger_sync.db.engine import create_engine
 from runledger_sync.logging import ROOT_LOGGER_NAME
 from tests.support import rows, scalar
 
@@ -58,17 +59,44 @@ def test_demo_inspection_commands_it_prints_work(fresh_database, capsys):
     assert "demo.stuck" in printed and "1 dead-lettered job(s) would be requeued (dry run)" in printed
 
 
-@pytest.mark.timeout(180)
-def test_runledger_sync_demo_without_a_url_starts_its_own_embedded_server(tmp_path):
+def _demo_env(tmp_path) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items()
            if not key.startswith("RUNLEDGER_") and key != "DATABASE_URL"}
     env["TMPDIR"] = str(tmp_path)  # its data directory and log, away from any other demo
-    result = subprocess.run([sys.executable, "-m", "runledger_sync.cli", "demo"], env=env,
+    return env
+
+
+@pytest.mark.timeout(180)
+def test_runledger_sync_demo_without_a_url_starts_its_own_embedded_server_and_removes_its_directory(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "runledger_sync.cli", "demo"], env=_demo_env(tmp_path),
                             capture_output=True, text=True, timeout=170)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "starting embedded PostgreSQL" in result.stdout
     assert result.stdout.rstrip().endswith("demo finished as expected")
-    assert (tmp_path / "runledger-demo" / "worker.log").stat().st_size > 0
+    # Its directory (data and log) was its own, and is gone at the end.
+    assert f"go to {tmp_path}/runledger-demo-" in result.stdout
+    assert list(tmp_path.glob("runledger-demo-*")) == []
+
+
+@pytest.mark.timeout(180)
+def test_demo_ignores_an_inherited_database_url_and_leaves_that_database_untouched(pg_server, tmp_path):
+    name = f"rl_demo_untouched_{os.getpid()}"
+    url = pg_server.create_database(name, drop_existing=True)
+    try:
+        env = {**_demo_env(tmp_path), "RUNLEDGER_DATABASE_URL": url}
+        result = subprocess.run([sys.executable, "-m", "runledger_sync.cli", "demo"], env=env,
+                                capture_output=True, text=True, timeout=170)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        assert result.stdout.splitlines()[0] == "ignoring RUNLEDGER_DATABASE_URL; pass --database-url to use it"
+        assert "starting embedded PostgreSQL" in result.stdout
+        engine = create_engine(url)
+        try:
+            assert scalar(engine, "SELECT count(*) FROM pg_tables WHERE schemaname NOT IN "
+                                  "('pg_catalog', 'information_schema')") == 0
+        finally:
+            engine.dispose()
+    finally:
+        pg_server.drop_database(name)
 
 
 def test_demo_leaves_no_logging_handler_on_its_closed_log_file(fresh_database):

@@ -7,7 +7,8 @@ one of the kinds run here without a marker:
 
 - ``python``: each page's unmarked python blocks run in order, as one script, against a
   fresh migrated database (its URL in place of ``postgresql://app@localhost/app`` and in
-  ``RUNLEDGER_DATABASE_URL``), in an empty working directory;
+  ``RUNLEDGER_DATABASE_URL``), in an empty working directory; and each page's first one
+  runs alone on a database with no schema at all, as a reader who starts on that page would;
 - ``sql``: run against a fresh migrated database, in a transaction rolled back;
 - ``sh``: every line is a ``runledger-sync`` command (parsed by the real argument parser,
   and run against a fresh migrated database when it only reads), a ``pip install`` of this
@@ -168,6 +169,25 @@ def test_the_unmarked_python_blocks_of_the_page_run(page, fresh_database, tmp_pa
                 # dont_inherit: the blocks run as a user's script would, without this module's
                 # `from __future__ import annotations` (a pydantic model's fields need theirs evaluated).
                 exec(compile(code, block.where, "exec", dont_inherit=True), namespace)  # noqa: S102 - our own documentation
+    finally:
+        engine = namespace.get("engine")
+        if isinstance(engine, sa.Engine):
+            engine.dispose()
+    assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("page", pages_with_python(), ids=lambda page: str(page.relative_to(REPO)))
+def test_the_first_python_block_of_the_page_runs_alone_on_a_fresh_database(page, empty_database, tmp_path,
+                                                                            monkeypatch, capsys):
+    # A reader may open any page first and paste its first block: it creates what it uses,
+    # the schema included, and assumes nothing an earlier page did.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RUNLEDGER_DATABASE_URL", empty_database)
+    first = next(block for block in page_blocks(page) if block.kind == "python" and not block.marker)
+    namespace: dict = {"__name__": "__docs__"}
+    try:
+        code = first.code.replace(f'"{PLACEHOLDER_URL}"', repr(empty_database))
+        exec(compile(code, first.where, "exec", dont_inherit=True), namespace)  # noqa: S102 - our own documentation
     finally:
         engine = namespace.get("engine")
         if isinstance(engine, sa.Engine):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import html
 import os
 import re
 import subprocess
@@ -109,4 +110,22 @@ def test_the_built_site_documents_every_public_name(tmp_path):
     assert len(rl.__all__) > 100
     assert set(rl.__all__) - documented == set()
     home = (site / "index.html").read_text(encoding="utf-8")
-    assert 'id="what-it-is"' in home and 'href="getting-started/"' in home  # the README, its links into the site
+    assert 'id="what-it-is"' in home and 'href="getting-started.html"' in home  # the README, its links into the site
+
+    # Opened from disk, a link to a directory shows a listing: every link inside the site names a file.
+    directory_links = sorted({link for page in site.rglob("*.html")
+                              for link in re.findall(r'href="([^"#:?]*/)"', page.read_text(encoding="utf-8"))})
+    assert directory_links == []
+
+    # The reference starts with what a user reaches for first and ends with the errors.
+    order = re.findall(r'<h3 id="runledger_sync\.(\w+)"', api)
+    assert sorted(order) == sorted(rl.__all__)
+    assert order[:3] == ["create_engine", "migrate", "enqueue"]
+    assert order.index("enqueue") < order.index("JobRegistry") < order.index("Supervisor") < order.index("get_job")
+    errors = [name for name in rl.__all__ if isinstance(getattr(rl, name), type) and issubclass(getattr(rl, name), rl.RunledgerError)]
+    assert set(order[-len(errors):]) == set(errors)
+
+    # Defaults are shown as values: `timeout: float = 30.0`, not the constant that holds it.
+    text = html.unescape(re.sub(r"<[^>]+>", "", api))
+    assert "stop(timeout: float = 30.0)" in text
+    assert re.findall(r"= (DEFAULT_\w+)", text) == ["DEFAULT_RETENTION"]  # an object, shown by name

@@ -7,6 +7,7 @@ extra and the command that works in a clone, never ``pip install 'runledger-sync
 from __future__ import annotations
 
 import subprocess
+import re
 import sys
 
 import pytest
@@ -161,3 +162,13 @@ def test_aio_enqueue_takes_every_keyword_of_the_sync_enqueue():
 
     # Spelled out for the reader of the async API, so a keyword added to one must be added to the other.
     assert keywords(aio.enqueue) == keywords(store_enqueue.enqueue)
+
+
+@pytest.mark.parametrize("page, pattern", [("README.md", r"`([\w-]+)`\s+\("), ("docs/getting-started.md", r"^\| `([\w-]+)` \|")],
+                         ids=["README", "getting-started"])
+def test_the_install_docs_name_every_extra_a_user_installs(page, pattern):
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / page).read_text(encoding="utf-8")
+    section = text.split("## Install", 1)[1].split("\n## ", 1)[0]
+    assert setup_extras() - {"dev"} <= set(re.findall(pattern, section, re.M))
