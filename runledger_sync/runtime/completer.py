@@ -8,8 +8,11 @@ and answers every item once its outcome is durable: only then may the caller
 free the job's slot (the seed's rule: a slot is held until its outcome is
 written). With other jobs about to finish it lingers briefly for their company.
 
-It has one retry policy for every write. A lost connection is retried until
-the latest lease of the group runs out; before anything is written again, the
+It has one retry policy for every write. A lost connection is retried for as
+long as the completer is open (on its own thread: as long as the worker lives),
+since an outcome lands whenever nobody else took its job, even past its lease;
+once it closes, or on a caller's Connection, until the latest lease of the
+group runs out. Before anything is written again, the
 rows are read back, since a write whose reply was lost may have landed (the
 fence would refuse a repeat, and a landed success would look like a lost
 lease). A group the database refuses as a whole (one job's invalid progress) is
@@ -68,7 +71,7 @@ LANDED_AFTER_LOST_REPLY = LandedAfterLostReply()
 class _Item:
     identity: LeaseIdentity
     transition: Written
-    #: When, by this process's clock, retrying this outcome's write stops helping: its lease is out.
+    #: When, by this process's clock, its lease is out: the completer stops retrying then once it is closing.
     give_up_at: float
     on_answer: OnAnswer
 
@@ -97,6 +100,7 @@ class Completer:
         self._held: Optional[HeldConnection] = None
         self._writer: Optional[GroupWriter[_Item, object]] = None
         self._bind = bind
+        self._closing = threading.Event()
         if threaded and isinstance(bind, Engine):
             self._held = self._bind = HeldConnection(bind)
             writer = self._writer = GroupWriter(
@@ -111,6 +115,10 @@ class Completer:
         """True when outcomes are written on the completer's own thread, False when on the posting one."""
         return self._writer is not None
 
+    def keeps_trying(self) -> bool:
+        """True while a lost connection is retried past the lease: on the completer's thread, until it closes."""
+        return self._writer is not None and not self._closing.is_set()
+
     def post(self, identity: LeaseIdentity, transition: Written, *, give_up_at: float, on_answer: OnAnswer) -> None:
         """Write ``transition`` under ``identity``'s lease; ``on_answer(result)`` is called once it is durable or lost.
 
@@ -123,7 +131,8 @@ class Completer:
             self._writer.post([item], _answer)
 
     def close(self) -> None:
-        """Write what is queued, then stop."""
+        """Write what is queued, then stop (a write still retried gives up at its lease's end)."""
+        self._closing.set()
         if self._writer is not None:
             self._writer.close()
         if self._held is not None:
@@ -165,7 +174,7 @@ class Completer:
                 self._write(pending[:half], items, results)
                 self._write(pending[half:], items, results)
                 return
-            if time.monotonic() >= give_up_at:
+            if time.monotonic() >= give_up_at and not self.keeps_trying():
                 gave_up: ConnectionFailed = CommitOutcomeUnknown(
                     "the database stayed out of reach after an outcome write whose reply was lost; it may have landed"
                 ) if reply_lost else ConnectionFailed("the outcome could not be written before its lease ran out")
@@ -209,8 +218,11 @@ def _answer(item: _Item, result: object) -> None:
     item.on_answer(result)
 
 
-def with_retries(read: Callable[[], T], *, give_up_at: float) -> T:
+def with_retries(read: Callable[[], T], *, give_up_at: float, keep_trying: Callable[[], bool] = lambda: False) -> T:
     """``read()``, tried again after a lost connection until ``give_up_at`` (the write policy's, for reads).
+
+    Args:
+        keep_trying: past ``give_up_at``, try again while it says so (:meth:`Completer.keeps_trying`).
 
     Raises:
         ConnectionFailed: the database stayed out of reach.
@@ -219,7 +231,7 @@ def with_retries(read: Callable[[], T], *, give_up_at: float) -> T:
         try:
             return read()
         except ConnectionFailed:
-            if time.monotonic() >= give_up_at:
+            if time.monotonic() >= give_up_at and not keep_trying():
                 raise
         time.sleep(RETRY_PAUSE_SECONDS)
 

@@ -136,12 +136,12 @@ def _decide_continuation(execution: JobExecution, completion: JobCompletion) -> 
 
 
 def _read_for_decision(execution: JobExecution, what: str, read: Callable[[], T]) -> Optional[T]:
-    """What the decision reads, retried while the lease lasts; None (logged) when the database stayed out of reach.
+    """What the decision reads, retried as its write would be; None (logged) when the database stayed out of reach.
 
     Nothing is written then: the job stays LEASED, and the reaper retries it once its lease runs out.
     """
     try:
-        return with_retries(read, give_up_at=_give_up_at(execution))
+        return with_retries(read, give_up_at=_give_up_at(execution), keep_trying=execution.completer.keeps_trying)
     except ConnectionFailed as error:
         log.warning(f"job {what} could not be decided: the database stayed out of reach; "
                     "the reaper retries the job", extra=execution.log_fields | {"error": str(error)})
@@ -282,8 +282,8 @@ def _committed_by_handler(execution: JobExecution, outcome: Outcome) -> bool:
 
 
 def _give_up_at(execution: JobExecution) -> float:
-    # A lost connection is retried for as long as the lease lasts (by this process's
-    # clock), so a database restart shorter than the lease never hands the job to
-    # the reaper, which would spend an attempt. Past its lease the attempt is the
-    # reaper's: the fence would refuse the write anyway.
+    # A lost connection is retried at least for as long as the lease lasts (by this
+    # process's clock), so a database restart shorter than the lease never hands the
+    # job to the reaper, which would spend an attempt. The completer's own thread
+    # tries on past it while the worker lives (Completer.keeps_trying).
     return max(time.monotonic() + MIN_OUTCOME_WRITE_SECONDS, execution.local_lease_deadline)

@@ -4,6 +4,12 @@ An expired claim that never persisted RUNNING is released without spending
 its attempt; a started one has spent it and is retried at the fixed reaper
 delay, or dead-lettered when it was the last, after which the handler's
 ``on_dead_letter`` hook is told (worker id ``reaper``).
+
+Back from an outage (a sweep that could not reach the database), the reaper
+waits one heartbeat interval after the database answers again before it
+sweeps: every worker was cut off too, and a lease that ran out meanwhile may
+belong to a live worker with a decided outcome to land or a lease to renew.
+Reclaiming first would run the job again, or dead-letter it on its last attempt.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.health import REAP, LoopMarks
 from runledger_sync.runtime.hooks import run_dead_letter_hook
 from runledger_sync.runtime.periodic import run_periodically
-from runledger_sync.store.driver import reap_expired_leases
+from runledger_sync.store.driver import ping, reap_expired_leases
 
 log = get_logger(__name__)
 
@@ -117,9 +123,39 @@ def run_reaper_loop(
     Returns:
         ``SHUTDOWN``, or ``INVALID_CONFIG`` at once when the reaper's settings are invalid.
     """
+    comeback = _Comeback(config.heartbeat_interval)
+
     def sweep() -> None:
-        reap_once(engine, registry, config, shutdown_event)
+        if comeback.holds_off(engine):
+            return
+        try:
+            reap_once(engine, registry, config, shutdown_event)
+        except Exception:
+            comeback.lost()
+            raise
 
     return run_periodically("reaper", config.validate_reaper, sweep, config.reaper_interval_seconds, shutdown_event,
                             on_success=None if marks is None else lambda: marks.mark(REAP),
                             on_turn=None if marks is None else lambda: marks.turned("reaper"))
+
+
+class _Comeback:
+    """Holds the sweeps off for one heartbeat interval once the database answers after an outage."""
+
+    def __init__(self, hold_seconds: float) -> None:
+        self._hold_seconds = hold_seconds
+        self._after_outage = False
+        self._until = 0.0
+
+    def lost(self) -> None:
+        self._after_outage = True
+
+    def holds_off(self, engine: Engine) -> bool:
+        """True while the sweep must wait; raises (a failed step) while the database is still out of reach."""
+        if self._after_outage:
+            ping(engine)
+            self._after_outage = False
+            self._until = time.monotonic() + self._hold_seconds
+            log.info("reaper back after an outage; giving workers a heartbeat interval to land outcomes first",
+                     extra={"hold_seconds": self._hold_seconds})
+        return time.monotonic() < self._until

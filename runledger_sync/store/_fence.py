@@ -1,8 +1,10 @@
 """The lease fence: the one guard of every write a worker makes to a job it claimed.
 
-A write is fenced by the lease identity (id, run_number, attempt, worker_id),
-status LEASED and, for all but the unstarted release, a live lease:
-``lease_expires_at`` later than ``clock_timestamp()`` when the write happens.
+A write is fenced by the lease identity (id, run_number, attempt, worker_id)
+and status LEASED. The writes that keep a job running (stage ``running``, a
+renewal, progress) also need a live lease: ``lease_expires_at`` later than
+``clock_timestamp()`` when the write happens. A decided outcome does not: it
+lands as long as nobody else took the job (:func:`outcome_lease`).
 Single and group writes alike run two statements in one transaction:
 
 1. :data:`LOCK_LEASES` locks the rows still held under the identities, in id
@@ -60,6 +62,18 @@ def held_under(job_id: Any, run_number: Any, attempt: Any, worker_id: Any) -> An
 def live_lease(job_id: Any, run_number: Any, attempt: Any, worker_id: Any) -> Any:
     """WHERE clause of a fenced write: held under the identity, and the lease still live now."""
     return and_(held_under(job_id, run_number, attempt, worker_id), _q.lease_expires_at > func.clock_timestamp())
+
+
+def outcome_lease(job_id: Any, run_number: Any, attempt: Any, worker_id: Any) -> Any:
+    """WHERE clause of an outcome write: held under the identity, whether or not its lease ran out.
+
+    A lease that ran out while the database was out of reach still names the one
+    attempt that ran: until the reaper hands the job on (a new attempt or run, or
+    another status), the worker's decided outcome is the truth, and dropping it
+    would run the job again or dead-letter it. The reaper, back from an outage,
+    gives workers time to land such outcomes first.
+    """
+    return held_under(job_id, run_number, attempt, worker_id)
 
 
 def one_lease() -> tuple[Any, Any, Any, Any]:
@@ -131,7 +145,7 @@ def lease_mismatch(identity: LeaseIdentity) -> LeaseOwnerMismatch:
     """The error of a write whose fence refused ``identity``."""
     return LeaseOwnerMismatch(
         f"job {identity.job_id} run {identity.run_number} attempt {identity.attempt} is not leased "
-        f"to {identity.worker_id!r} with a live lease",
+        f"to {identity.worker_id!r} (with a live lease, for a write that keeps the job running)",
         job_id=str(identity.job_id),
     )
 

@@ -38,6 +38,7 @@ from runledger_sync.store._fence import (
     lease_mismatch,
     leases_columns,
     live_lease,
+    outcome_lease,
     unnested,
     write_fenced,
 )
@@ -78,9 +79,14 @@ def _live_leases(leases: Any) -> Any:
     return and_(live_lease(*leases_columns(leases)), by_listed_ids())
 
 
+def _held_leases(leases: Any) -> Any:
+    """Rows of these lease identities, still LEASED, live or not (the fence of an outcome)."""
+    return and_(outcome_lease(*leases_columns(leases)), by_listed_ids())
+
+
 def _build_group_success(plain_jobs_only: bool) -> Any:
     values = unnested(IDENTITY_ARRAYS + _SUCCESS_ARRAYS)
-    fence = _live_leases(values)
+    fence = _held_leases(values)
     return build_success(
         and_(fence, _q.workflow_step_id.is_(None)) if plain_jobs_only else fence,
         done=values.c.progress_done,
@@ -94,13 +100,13 @@ def _build_group_success(plain_jobs_only: bool) -> Any:
 
 def _build_group_failure(plain_jobs_only: bool) -> Any:
     values = unnested(IDENTITY_ARRAYS + FAILURE_ARRAYS)
-    fence = _live_leases(values)
+    fence = _held_leases(values)
     return build_failure(and_(fence, _q.workflow_step_id.is_(None)) if plain_jobs_only else fence, values)
 
 
 def _build_group_continuation() -> Any:
     values = unnested(IDENTITY_ARRAYS + CONTINUATION_ARRAYS)
-    return build_continuation(_live_leases(values), values)
+    return build_continuation(_held_leases(values), values)
 
 
 _RUNNING = PreparedStatement("mark_running", build_running(_live_leases(unnested()), returning=_WRITTEN))

@@ -39,7 +39,7 @@ from runledger_sync.db.schema import job_queue
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store._fence import (
-    LOCK_LEASES, lease_mismatch, lease_params, live_lease, one_lease, write_fenced, write_one_fenced,
+    LOCK_LEASES, lease_mismatch, lease_params, one_lease, outcome_lease, write_fenced, write_one_fenced,
 )
 from runledger_sync.store._prepared import PreparedStatement
 from runledger_sync.store._rows import to_job
@@ -56,7 +56,7 @@ _LEASED = JobStatus.LEASED.value
 
 
 _SUCCESS = PreparedStatement("success", build_success(
-    live_lease(*one_lease()),
+    outcome_lease(*one_lease()),
     done=bindparam("new_progress_done", type_=BigInteger),
     total=bindparam("new_progress_total", type_=BigInteger),
     checkpoint=cast(bindparam("new_checkpoint", type_=Text), JSONB),
@@ -114,7 +114,7 @@ def complete_job_success(
             "progress_done would exceed progress_total."
         ) from exc
 
-_FAILURE = PreparedStatement("failure", build_failure(live_lease(*one_lease())))
+_FAILURE = PreparedStatement("failure", build_failure(outcome_lease(*one_lease())))
 
 
 def complete_job_failure(

@@ -171,7 +171,8 @@ def test_complete_in_rolled_back_then_returned_falls_back_to_the_normal_success_
     [
         # The heartbeat notices the expired lease first, so complete_in refuses without writing.
         fast_config(),
-        # No heartbeat runs before complete_in, so the store's lease fence refuses it.
+        # No heartbeat runs before complete_in, so the store's lease fence refuses it: the
+        # job was handed on (an expired lease alone does not stop an outcome).
         fast_config(lease_ttl_seconds=30, heartbeat_interval_seconds=20),
     ],
     ids=["heartbeat-noticed", "fence"],
@@ -203,6 +204,10 @@ def test_lease_lost_before_complete_in_raises_mismatch_and_the_effect_is_not_com
     with probe.lock:
         assert probe.lock.wait_for(lambda: "started" in probe.notes, 10)
     expire_lease(engine, job.id)
+    if config.heartbeat_interval >= 1:
+        with engine.begin() as connection:
+            connection.execute(text("UPDATE job_queue SET worker_id = 'another-worker' WHERE id = :id"),
+                               {"id": job.id})
     lease_expired.set()
     worker.join(15)
 

@@ -516,7 +516,13 @@ def test_invalid_success_progress_dead_letters_terminal_and_is_never_replayed(en
 # -- leases (spec 14.16, 14.17, 14.20, 14.21) --------------------------------------------------
 
 
-def test_after_lease_expiry_every_worker_write_is_refused_and_the_row_stays_leased(engine, probe, logs):
+def hand_on(engine, job_id) -> None:
+    """What the reaper and another worker's claim leave: the job leased to someone else."""
+    with engine.begin() as connection:
+        connection.execute(text("UPDATE job_queue SET worker_id = 'another-worker' WHERE id = :id"), {"id": job_id})
+
+
+def test_after_the_job_is_handed_on_every_worker_write_is_refused(engine, probe, logs):
     go = threading.Event()
 
     def body(ctx, payload, call):
@@ -532,7 +538,7 @@ def test_after_lease_expiry_every_worker_write_is_refused_and_the_row_stays_leas
     job = enqueue_and_claim(engine, registry, config)
     worker = in_thread(process_claimed_job, engine, registry, job, config)
     probe.wait_calls(1)
-    expire_lease(engine, job.id)
+    hand_on(engine, job.id)
     go.set()
     worker.join(10)
     assert probe.notes == ["job.lease_owner_mismatch"]
@@ -545,7 +551,7 @@ def test_after_lease_expiry_every_worker_write_is_refused_and_the_row_stays_leas
         with pytest.raises(errors.LeaseOwnerMismatch):
             write()
     row = job_row(engine, job.id)
-    assert (row.status, row.worker_id, row.output, row.progress_done) == ("LEASED", "worker-test", None, None)
+    assert (row.status, row.worker_id, row.output, row.progress_done) == ("LEASED", "another-worker", None, None)
     assert event_types(engine, job.id) == ["ENQUEUED", "LEASED", "STAGE_CHANGED"]
 
 
@@ -711,7 +717,7 @@ def test_a_grouped_success_refused_by_the_fence_is_logged_and_still_ends_the_att
                                   kwargs={"on_ended": ended.set}, daemon=True)
         worker.start()
         probe.wait_calls(1)
-        expire_lease(engine, job.id)
+        hand_on(engine, job.id)
         go.set()
         worker.join(10)
         # The completer's thread answers the attempt: refused, so logged, and its slot comes back.

@@ -113,7 +113,11 @@ def test_a_write_waiting_on_the_row_lock_is_judged_on_the_lease_renewed_meanwhil
     assert _row(engine, leased) == landed
 
 
-@pytest.mark.parametrize("name", [name for name in WRITES if name != "release"])
+#: The writes that keep a job running need a live lease; an outcome (and the release) only a held one.
+OUTCOMES = ("success", "failure", "group success")
+
+
+@pytest.mark.parametrize("name", [name for name in WRITES if name != "release" and name not in OUTCOMES])
 def test_a_write_waiting_on_the_row_lock_while_the_lease_runs_out_is_refused(engine, leased, name):
     write, _ = WRITES[name]
     before = rows(engine, "SELECT * FROM job_queue WHERE id = :id", id=leased.job_id)
@@ -122,6 +126,14 @@ def test_a_write_waiting_on_the_row_lock_while_the_lease_runs_out_is_refused(eng
     assert result.code == "job.lease_owner_mismatch"
     assert rows(engine, "SELECT * FROM job_queue WHERE id = :id", id=leased.job_id) == before
     assert _row(engine, leased) == ("LEASED", "queued", None)
+
+
+@pytest.mark.parametrize("name", OUTCOMES)
+def test_an_outcome_waiting_on_the_row_lock_while_the_lease_runs_out_still_lands(engine, leased, name):
+    write, landed = WRITES[name]
+    result = _write_behind(engine, leased, "SELECT 1 FROM job_queue WHERE id = :id FOR UPDATE", write, "rollback")
+    assert not isinstance(result, errors.RunledgerError), f"{name} was refused: {result!r}"
+    assert _row(engine, leased) == landed
 
 
 def test_an_unstarted_release_waiting_while_the_lease_runs_out_still_hands_the_claim_back(engine, leased):

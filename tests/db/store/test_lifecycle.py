@@ -342,16 +342,13 @@ def test_a_later_dead_letter_overwrites_the_earlier_one(engine, pending):
 # -- fencing (spec 16, 17, identity fields) ----------------------------------------
 
 
-def test_expired_lease_refuses_every_worker_write_and_row_stays_leased(engine, pending):
+def test_expired_lease_refuses_the_writes_that_keep_a_job_running_and_row_stays_leased(engine, pending):
     job = claim_one(engine)
     expire_lease(engine, job.id)
     ident = identity(job)
     calls = [
         lambda: heartbeat_job(engine, **ident, lease_ttl_seconds=30),
         lambda: update_job_progress(engine, **ident, progress_done=1),
-        lambda: lifecycle.complete_job_success(engine, **ident),
-        lambda: lifecycle.complete_job_failure(engine, **ident, failure=JobFailure.retryable("a.b", "c"),
-                                               retry_delay_ms=10),
     ]
     for call in calls:
         with pytest.raises(errors.LeaseOwnerMismatch) as caught:
@@ -359,6 +356,30 @@ def test_expired_lease_refuses_every_worker_write_and_row_stays_leased(engine, p
         assert caught.value.code == "job.lease_owner_mismatch"
     assert rows(engine, "SELECT status, worker_id FROM job_queue") == [("LEASED", "worker-a")]
     assert event_types(engine, job.id) == ["ENQUEUED", "LEASED"]
+
+
+@pytest.mark.parametrize("outcome", ["success", "failure"])
+def test_an_outcome_lands_past_the_lease_while_nobody_else_took_the_job(engine, pending, outcome):
+    job = claim_one(engine)
+    expire_lease(engine, job.id)
+    ident = identity(job)
+    if outcome == "success":
+        written = lifecycle.complete_job_success(engine, **ident)
+        assert written.status is JobStatus.SUCCEEDED
+    else:
+        written = lifecycle.complete_job_failure(engine, **ident, failure=JobFailure.retryable("a.b", "c"),
+                                                 retry_delay_ms=10)
+        assert written.status is JobStatus.PENDING
+    assert scalar(engine, "SELECT count(*) FROM job_attempts WHERE job_id = :id", id=job.id) == 1
+
+
+def test_an_outcome_past_the_lease_is_refused_once_the_reaper_handed_the_job_on(engine, pending):
+    job = claim_one(engine)
+    expire_lease(engine, job.id)
+    assert reap_expired_leases(engine, limit=10, default_retry_delay_ms=1000).processed == 1
+    with pytest.raises(errors.LeaseOwnerMismatch):
+        lifecycle.complete_job_success(engine, **identity(job))
+    assert scalar(engine, "SELECT status FROM job_queue") != "SUCCEEDED"
 
 
 @pytest.mark.parametrize("field, value", [("run_number", 2), ("attempt", 2), ("worker_id", "intruder")])
