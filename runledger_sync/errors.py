@@ -88,7 +88,13 @@ from runledger_sync.core.workflow_errors import (
     WorkflowRunNotFound,
     WorkflowStepNotFound,
 )
-from runledger_sync.core.registry_errors import AsyncHandler, DuplicateJobType, HandlerSignature, InvalidPayloadModel
+from runledger_sync.core.registry_errors import (
+    AsyncHandler,
+    DuplicateJobType,
+    HandlerSignature,
+    InvalidExceptionRules,
+    InvalidPayloadModel,
+)
 from runledger_sync.core.dashboard_errors import (
     ActionForbidden,
     AuthorizeHookMissing,
@@ -134,6 +140,7 @@ __all__ = [
     "InvalidCompletionProgress",
     "InvalidConcurrencyKey",
     "InvalidCron",
+    "InvalidExceptionRules",
     "InvalidJobType",
     "InvalidLeaseDuration",
     "InvalidMeta",
