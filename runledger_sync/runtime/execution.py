@@ -289,7 +289,7 @@ def _failure_of(execution: JobExecution, exc: BaseException) -> tuple[JobFailure
         return _connection_lost(execution, exc, evidence), evidence, None
     verdict = execution.registry.exception_rules(execution.job.job_type).classify(exc)
     if verdict is Verdict.RETRY:
-        log.warning(f"job handler raised {type(exc).__name__}; the job retries, spending an attempt", exc_info=exc,
+        log.warning(f"job handler raised {type(exc).__name__}: a retryable failure that spends an attempt", exc_info=exc,
                     extra=execution.log_fields | {"error_type": evidence.error_type})
         return JobFailure.retryable(HANDLER_EXCEPTION_CODE, _plain(exc)), evidence, None
     return _panic(execution, exc, evidence, _PANIC_BECAUSE[verdict]), evidence, verdict

@@ -8,12 +8,14 @@ handler's connection is terminated by the server, as in a database restart.
 
 from __future__ import annotations
 
+import json
 import socket
 
 import psycopg2
 import pytest
 import sqlalchemy
 from sqlalchemy import text
+from werkzeug.test import Client
 
 from runledger_sync.core import backoff
 from runledger_sync.core.outcomes import TRANSIENT_FAILURE_BUDGET
@@ -21,6 +23,7 @@ from runledger_sync.core.types import JobCompletion, JobDeadLetterReason, JobFai
 from runledger_sync.errors import InvalidExceptionRules
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.execution import process_claimed_job
+from runledger_sync.web import allow_anyone, create_app
 from tests import handlers as h
 from tests.handlers import fast_config
 from runledger_sync.store import enqueue as store_enqueue
@@ -159,7 +162,7 @@ def test_an_uncaught_key_error_spends_each_of_max_attempts_then_dead_letters(eng
     assert (info.reason, info.failure.kind, info.not_retried_because) == (
         JobDeadLetterReason.ATTEMPTS_EXHAUSTED, JobFailureKind.RETRYABLE, "attempts exhausted (5 of 5)")
     assert isinstance(info.exception, KeyError)
-    warnings = [r for r in logs.records if r.getMessage() == "job handler raised KeyError; the job retries, spending an attempt"]
+    warnings = [r for r in logs.records if r.getMessage() == "job handler raised KeyError: a retryable failure that spends an attempt"]
     assert len(warnings) == 5 and all(r.levelname == "WARNING" and r.exc_info for r in warnings)
     assert not [r for r in logs.records if "panicked" in r.getMessage()]
 
@@ -341,3 +344,50 @@ def test_only_ordinary_failures_count_against_max_attempts_and_their_backoff(eng
     assert (row.status, row.attempt) == ("DEAD_LETTERED", 4)
     [(_, _, info, _)] = probe.dead_letters
     assert (info.reason, info.max_attempts) == (JobDeadLetterReason.ATTEMPTS_EXHAUSTED, 3)
+
+
+# -- the operator's view: jobs show and the job page say why a job was or was not retried ------
+
+
+def test_jobs_show_and_the_job_page_say_the_attempts_were_exhausted_and_the_free_retries(
+        engine, fresh_database, run, logs):
+    lose_connection = losing_its_connection(fresh_database)
+
+    def handler(ctx, payload):
+        if ctx.attempt == 1:
+            lose_connection(ctx, payload)
+        raise KeyError("x")
+
+    registry = one_handler(handler, max_attempts=2)
+    config = fast_config()
+    row = run_one(engine, registry, config)
+    for _ in range(2):
+        row = run_again(engine, registry, row.id, config)
+    assert (row.status, row.attempt) == ("DEAD_LETTERED", 3)
+    why = "not retried: attempts exhausted (2 of 2); 1 free retry (lost connection or shutdown)"
+
+    code, out, _ = run("jobs", "show", str(row.id))
+    assert code == 0 and f"retries:             {why}\n" in out
+    code, out, _ = run("jobs", "show", str(row.id), "--json")
+    shown = json.loads(out)["retries"]
+    assert code == 0 and shown == {"attempts_spent": 2, "max_attempts": 2, "free_retries": 1,
+                                   "not_retried_because": "attempts exhausted (2 of 2)", "summary": why}
+    page = Client(create_app(engine, authorize=allow_anyone)).get(f"/jobs/{row.id}").get_data(as_text=True)
+    assert f'<dd id="retries">{why}</dd>' in page
+
+
+def test_jobs_show_and_the_job_page_say_which_setting_dead_lettered_the_exception(engine, run, logs):
+    registry = one_handler(raising(ValueError("bad input")), max_attempts=5, dead_letter_on=(ValueError,))
+    row = run_one(engine, registry)
+    why = "not retried: `ValueError` is in dead_letter_on; 0 free retries (lost connection or shutdown)"
+
+    code, out, _ = run("jobs", "show", str(row.id))
+    assert code == 0 and why in out
+    page = Client(create_app(engine, authorize=allow_anyone)).get(f"/jobs/{row.id}").get_data(as_text=True)
+    assert f'<dd id="retries">{why}</dd>' in page
+
+
+def test_a_pending_jobs_retries_say_how_many_attempts_are_spent(engine, run, logs):
+    row = run_one(engine, one_handler(raising(KeyError("x")), max_attempts=5))
+    code, out, _ = run("jobs", "show", str(row.id))
+    assert code == 0 and "retries:             1 of 5 attempts spent; 0 free retries" in out
