@@ -80,6 +80,7 @@ from runledger_sync.core.workflow_errors import InvalidWorkflow, WorkflowRunNotF
 from runledger_sync.core.flow import JobWait, QueueLoad, QueueRecord, RateLimit, WaitReason
 from runledger_sync.core.queue_errors import InvalidQueueSetting, QueueNotFound
 from runledger_sync.core.retention import PruneResult, Retention
+from runledger_sync.core.retry_summary import RetrySummary, retry_summary
 from runledger_sync.db.embedded import EmbeddedPostgres
 from runledger_sync.db.engine import create_engine, mask_url, mask_urls_in, with_schema
 from runledger_sync.db.migrate import check_schema, current_revision, downgrade, head_revision, migrate, migration_sql
@@ -193,6 +194,7 @@ __all__ = [
     "RateLimit",
     "RegistrationError",
     "Retention",
+    "RetrySummary",
     "RunledgerError",
     "RuntimeLoopExit",
     "ScheduleNotFound",
@@ -261,6 +263,7 @@ __all__ = [
     "requeue_job",
     "resume_queue",
     "resume_schedule",
+    "retry_summary",
     "run_worker_loop",
     "set_job_definition_enabled",
     "trigger_schedule",

@@ -93,6 +93,7 @@ from runledger_sync.core.registry_errors import (
     AsyncHandler,
     DuplicateJobType,
     HandlerSignature,
+    InvalidExceptionRules,
     InvalidPayloadModel,
     UndeclaredQueue,
 )
@@ -145,6 +146,7 @@ __all__ = [
     "InvalidCompletionProgress",
     "InvalidConcurrencyKey",
     "InvalidCron",
+    "InvalidExceptionRules",
     "InvalidJobType",
     "InvalidLeaseDuration",
     "InvalidMeta",

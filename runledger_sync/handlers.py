@@ -38,7 +38,9 @@ class JobHandler:
         timeout_seconds: Per-attempt deadline; None means the default (900).
         priority: Default priority of enqueued jobs; None means 100.
         queue: The queue its jobs join (default ``"default"``); an enqueue may name another.
-        retry_on: Exception classes that become retryable failures instead of panics.
+        retry_on: Exception classes retried (spending an attempt); anything else is
+            dead-lettered at once. None means the registry's (default ``(Exception,)``).
+        dead_letter_on: Exception classes dead-lettered at once; None means the registry's (default none).
         retry_delay_overrides: Failure code -> retry delay in ms, replacing the backoff.
         max_continuations: How many times one job may continue (snooze); None means 100.
         payload_model: A pydantic model class (the extra ``pydantic``), or None:
@@ -51,7 +53,8 @@ class JobHandler:
     timeout_seconds: Optional[int] = None
     priority: Optional[int] = None
     queue: str = "default"
-    retry_on: tuple[type[BaseException], ...] = ()
+    retry_on: Optional[tuple[type[BaseException], ...]] = None
+    dead_letter_on: Optional[tuple[type[BaseException], ...]] = None
     # Read-only, so a subclass cannot mutate the default shared by every handler.
     retry_delay_overrides: Mapping[str, int] = types.MappingProxyType({})
     max_continuations: Optional[int] = None
@@ -111,8 +114,7 @@ class WrappedHandler(JobHandler):
     """Run another handler's execute and on_dead_letter inside a context manager."""
 
     def __init__(
-        self, inner: JobHandler, around: Callable[[], ContextManager[Any]], retry_on: tuple[type[BaseException], ...]
-    ) -> None:
+        self, inner: JobHandler, around: Callable[[], ContextManager[Any]]) -> None:
         self.inner = inner
         self.around = around
         self.job_type = inner.job_type
@@ -120,7 +122,8 @@ class WrappedHandler(JobHandler):
         self.timeout_seconds = inner.timeout_seconds
         self.priority = inner.priority
         self.queue = inner.queue
-        self.retry_on = retry_on
+        self.retry_on = inner.retry_on
+        self.dead_letter_on = inner.dead_letter_on
         self.retry_delay_overrides = inner.retry_delay_overrides
         self.max_continuations = inner.max_continuations
         self.payload_model = inner.payload_model

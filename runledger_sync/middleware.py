@@ -4,7 +4,7 @@ Middleware is ``fn(ctx, payload, call_next)``. The first registered is the
 outermost: it runs first, and ``call_next(ctx, payload)`` runs the next one,
 then the handler. Whatever the chain returns or raises is the handler's
 outcome, under the same rules (a :class:`~runledger_sync.JobFailure` chooses
-it, ``retry_on`` retries, anything else panics); a middleware that returns
+it, any other exception retries unless ``dead_letter_on`` or ``retry_on`` stops it); a middleware that returns
 without calling ``call_next`` decides the outcome without running the handler.
 Each attempt runs its own chain with its own context, on its own thread.
 

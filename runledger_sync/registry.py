@@ -14,15 +14,14 @@ from __future__ import annotations
 from typing import Any, Callable, ContextManager, Mapping, Optional, overload
 
 from runledger_sync.core.errors import InvalidArgument, RegistrationError
+from runledger_sync.core.exception_rules import ExceptionRules
 from runledger_sync.core.flow import DEFAULT_QUEUE, check_queue_name
 from runledger_sync.core.handler_checks import (
     check_handler,
     check_optional_positive_int,
     check_payload_model,
-    checked_exception_classes,
     checked_job_type,
     checked_overrides,
-    checked_retry_on,
     default_job_type,
 )
 from runledger_sync.core.records import JobDefinition, JobRecord, JobSpec
@@ -44,39 +43,42 @@ log = get_logger(__name__)
 class JobRegistry(Declarations, Hooked):
     """Map job types to handlers, with their retry rules.
 
-    A handler's exception retries (kind RETRYABLE) when its class is in the job's
-    ``retry_on`` (code ``job.handler_error``), or when it is a transient
-    infrastructure error (code ``job.handler_transient_error``): a lost database
-    connection, a server shutting down or restarting, ``OSError``, or one of
-    ``transient_errors``. A transient error spends none of the job's
-    ``max_attempts``: 20 in a row retry after 1 s, doubling to 60 s (about 15
-    minutes in all); from the 21st on each spends an attempt like any retryable
-    failure. Any other exception is a panic: dead-lettered at once.
+    A handler's uncaught exception is a retryable failure that spends one of the
+    job's ``max_attempts`` (code ``job.handler_exception``), with backoff; once
+    they are spent the job is dead-lettered (attempts exhausted). An exception
+    in ``dead_letter_on``, or outside ``retry_on`` when that is narrowed, is
+    dead-lettered at once (PANICKED, ``job.handler_panic``). Only a lost
+    connection to the queue database spends no attempt (``job.handler_transient_error``,
+    at most 20 in a row, about 15 minutes). See
+    :mod:`runledger_sync.core.exception_rules`.
 
     Args:
-        transient_errors: Exception classes (or one class) that mean "the
-            infrastructure failed, try again" for every job type, besides the
-            built-in ones: an HTTP client's timeout, say.
+        retry_on: Exception classes (or one class) retried for every type; default
+            ``(Exception,)``. Anything outside it is dead-lettered at once.
+        dead_letter_on: Exception classes (or one class) dead-lettered at once for
+            every type; default none. A type's own ``retry_on`` or
+            ``dead_letter_on`` replaces the registry's.
 
     Raises:
-        RegistrationError: ``transient_errors`` holds anything but Exception subclasses.
+        InvalidExceptionRules: ``registry.invalid_exception_rules``, a setting holds
+            anything but Exception subclasses.
 
     Example::
 
-        registry = JobRegistry(transient_errors=(requests.Timeout,))
+        registry = JobRegistry(dead_letter_on=(ValueError,))
 
-        @registry.job("email.send", max_attempts=5, retry_on=(SmtpBusy,))
+        @registry.job("email.send", max_attempts=5, dead_letter_on=(InvalidAddress,))
         def send_email(ctx, payload):
             ...
     """
 
-    def __init__(self, *, transient_errors: Any = ()) -> None:
-        self.transient_errors: tuple[type[BaseException], ...] = checked_exception_classes(
-            "transient_errors", transient_errors
-        )
+    def __init__(self, *, retry_on: Any = None, dead_letter_on: Any = None) -> None:
+        #: The rules of every type that does not give its own.
+        self.exception_rules_default = ExceptionRules.checked(
+            "for the registry", retry_on=retry_on, dead_letter_on=dead_letter_on)
         super().__init__()
         self._handlers: dict[str, JobHandler] = {}
-        self._retry_on: dict[str, tuple[type[BaseException], ...]] = {}
+        self._exception_rules: dict[str, ExceptionRules] = {}
         self._overrides: dict[str, dict[str, int]] = {}
         self._payload_models: dict[str, Any] = {}
 
@@ -85,15 +87,16 @@ class JobRegistry(Declarations, Hooked):
     @overload
     def job(
         self, job_type: Optional[str] = None, *, max_attempts: Optional[int] = None,
-        timeout_seconds: Optional[int] = None, priority: Optional[int] = None, retry_on: Any = (),
-        retry_delay_overrides: Optional[Mapping[str, int]] = None, on_dead_letter: Optional[DeadLetterHook] = None,
-        queue: str = DEFAULT_QUEUE, payload_model: Any = None, max_continuations: Optional[int] = None,
+        timeout_seconds: Optional[int] = None, priority: Optional[int] = None, retry_on: Any = None,
+        dead_letter_on: Any = None, retry_delay_overrides: Optional[Mapping[str, int]] = None,
+        on_dead_letter: Optional[DeadLetterHook] = None, queue: str = DEFAULT_QUEUE, payload_model: Any = None,
+        max_continuations: Optional[int] = None,
     ) -> Callable[[HandlerFunction], HandlerFunction]: ...
     def job(
         self, job_type: Any = None, *, max_attempts: Optional[int] = None, timeout_seconds: Optional[int] = None,
-        priority: Optional[int] = None, retry_on: Any = (), retry_delay_overrides: Optional[Mapping[str, int]] = None,
-        on_dead_letter: Optional[DeadLetterHook] = None, queue: str = DEFAULT_QUEUE, payload_model: Any = None,
-        max_continuations: Optional[int] = None,
+        priority: Optional[int] = None, retry_on: Any = None, dead_letter_on: Any = None,
+        retry_delay_overrides: Optional[Mapping[str, int]] = None, on_dead_letter: Optional[DeadLetterHook] = None,
+        queue: str = DEFAULT_QUEUE, payload_model: Any = None, max_continuations: Optional[int] = None,
     ) -> Any:
         """Register the decorated ``fn(ctx, payload)`` as the handler of ``job_type``.
 
@@ -108,7 +111,10 @@ class JobRegistry(Declarations, Hooked):
             max_attempts: Attempts before dead-lettering (default 8).
             timeout_seconds: Per-attempt deadline (default 900).
             priority: Default priority of the type's definition (default 100).
-            retry_on: Exception classes (or one class) that mean "retry".
+            retry_on: Exception classes (or one class) retried, spending an attempt;
+                anything else is dead-lettered at once (default: the registry's, ``(Exception,)``).
+            dead_letter_on: Exception classes (or one class) dead-lettered at once,
+                even when ``retry_on`` holds them (default: the registry's, none).
             retry_delay_overrides: Failure code -> delay in ms for this type only.
             on_dead_letter: ``hook(ctx, payload, info)`` called after a dead letter.
             queue: The queue its jobs join: the default, one declared with :meth:`queue`,
@@ -125,7 +131,8 @@ class JobRegistry(Declarations, Hooked):
             RegistrationError: When the decorator is applied, if any option is
                 invalid or the function is not callable; its subclasses
                 ``AsyncHandler`` (``registry.async_handler``), ``HandlerSignature``
-                (``registry.handler_signature``), ``DuplicateJobType``
+                (``registry.handler_signature``), ``InvalidExceptionRules``
+                (``registry.invalid_exception_rules``), ``DuplicateJobType``
                 (``registry.duplicate_job_type``) and ``InvalidPayloadModel``
                 (``registry.invalid_payload_model``) for those mistakes.
         """
@@ -147,6 +154,7 @@ class JobRegistry(Declarations, Hooked):
                 timeout_seconds=timeout_seconds,
                 priority=priority,
                 retry_on=retry_on,
+                dead_letter_on=dead_letter_on,
                 retry_delay_overrides=retry_delay_overrides or {},
                 queue=queue,
                 payload_model=payload_model,
@@ -189,14 +197,15 @@ class JobRegistry(Declarations, Hooked):
             check_queue_name(handler.queue)
         except InvalidArgument as error:
             raise RegistrationError(f"queue for job type {job_type!r}: {error.message}") from None
-        retry_on = checked_retry_on(job_type, handler.retry_on)
+        rules = ExceptionRules.checked(f"for job type {job_type!r}", retry_on=handler.retry_on,
+                                       dead_letter_on=handler.dead_letter_on, defaults=self.exception_rules_default)
         overrides = checked_overrides(job_type, handler.retry_delay_overrides)
         check_payload_model(job_type, handler.payload_model)
         # Every check passed: only now mutate, so a rejected handler leaves no trace.
         self._handlers[job_type] = handler
         if handler.payload_model is not None:
             self._payload_models[job_type] = handler.payload_model
-        self._retry_on[job_type] = retry_on
+        self._exception_rules[job_type] = rules
         self._overrides[job_type] = overrides
         return handler
 
@@ -275,9 +284,9 @@ class JobRegistry(Declarations, Hooked):
         """
         return self._overrides.get(job_type, {}).get(code)
 
-    def retry_on(self, job_type: str) -> tuple[type[BaseException], ...]:
-        """Return the exception classes that make ``job_type`` retry; () if unregistered."""
-        return self._retry_on.get(job_type, ())
+    def exception_rules(self, job_type: str) -> ExceptionRules:
+        """Return the rules that decide which of ``job_type``'s uncaught exceptions retry (the registry's if unregistered)."""
+        return self._exception_rules.get(job_type, self.exception_rules_default)
 
     def definitions(self) -> list[JobDefinition]:
         """Return one :class:`JobDefinition` per registered type, sorted by type.
@@ -355,12 +364,13 @@ class JobRegistry(Declarations, Hooked):
         Example:
             ``registry.wrapped(app.app_context)``
         """
-        wrapped = JobRegistry(transient_errors=self.transient_errors)
+        wrapped = JobRegistry()
+        wrapped.exception_rules_default = self.exception_rules_default
         wrapped._schedules = dict(self._schedules)
         wrapped._queues = dict(self._queues)
         wrapped._failure_hooks = [failure_hook_within(hook, around) for hook in self._failure_hooks]
-        for job_type, handler in self._handlers.items():
-            wrapped.register(WrappedHandler(handler, around, self.retry_on(job_type)))
+        for handler in self._handlers.values():
+            wrapped.register(WrappedHandler(handler, around))
         wrapped._hooks = self._hooks.within(around)
         return wrapped
 

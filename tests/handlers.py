@@ -161,7 +161,7 @@ def fail_terminal(probe: Probe, code: str = "test.terminal", message: str = "can
 
 
 def raise_error(probe: Probe, error: BaseException) -> Handler:
-    """Raise ``error`` (any exception: a panic unless it is in ``retry_on``)."""
+    """Raise ``error`` (any exception: retried, spending an attempt, unless the job type's rules dead-letter it)."""
 
     def body(ctx: JobContext, payload: Any, call: Call) -> None:
         raise error

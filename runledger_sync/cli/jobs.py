@@ -189,8 +189,10 @@ def _jobs_show(args: argparse.Namespace) -> int:
         attempts, events = rl.list_attempts(engine, job_id), rl.list_events(engine, job_id)
         # Read after the job: one that has started meanwhile has no wait (None).
         wait = rl.explain_wait(engine, job_id) if job.status is rl.JobStatus.PENDING else None
+    retries = rl.retry_summary(job, attempts, events)
     if args.json:
-        print_json({"job": _job_data(job), "attempts": attempts, "events": events, "wait": wait})
+        print_json({"job": _job_data(job), "attempts": attempts, "events": events, "wait": wait,
+                    "retries": plain(retries) | {"summary": str(retries)}})
         return EXIT_OK
     for field in dataclasses.fields(job):
         # The column keeps where a finished job stopped; --json prints both.
@@ -203,6 +205,8 @@ def _jobs_show(args: argparse.Namespace) -> int:
         print(f"{field.name + ':':<20} {printable(shown)}")
         if field.name == "status" and wait is not None:
             print(f"{'waits:':<20} {wait.reason.value}: {printable(wait.message)}")
+        if field.name == "max_attempts":
+            print(f"{'retries:':<20} {printable(str(retries))}")
     print(f"\nattempts ({len(attempts)}):")
     print_table(("run", "attempt", "worker", "started_at", "finished_at", "outcome", "error_code", "error_type"),
                  [(a.run_number, a.attempt, a.worker_id, when(a.started_at), when(a.finished_at), _outcome(a),

@@ -12,7 +12,8 @@ Branch on ``.code`` or on the class, never on the message text::
     │   ├── AsyncHandler                        registry.async_handler
     │   ├── HandlerSignature                    registry.handler_signature
     │   ├── UndeclaredQueue                     registry.undeclared_queue
-    │   └── InvalidPayloadModel                 registry.invalid_payload_model
+    │   ├── InvalidPayloadModel                 registry.invalid_payload_model
+    │   └── InvalidExceptionRules               registry.invalid_exception_rules
     ├── ValidationError                         runledger.validation_failed
     │   ├── InvalidArgument                     job.invalid_argument
     │   ├── InvalidJobType                      job.invalid_job_type

@@ -108,23 +108,6 @@ def check_optional_positive_int(job_type: str, name: str, value: Any) -> None:
         raise RegistrationError(f"{name} for job type {job_type!r} must be a positive int, got {value!r}")
 
 
-def checked_retry_on(job_type: str, retry_on: Any) -> tuple[type[BaseException], ...]:
-    return checked_exception_classes(f"retry_on for job type {job_type!r}", retry_on)
-
-
-def checked_exception_classes(what: str, given: Any) -> tuple[type[BaseException], ...]:
-    # One class is accepted like `except` accepts one: retry_on=ConnectionError.
-    entries = (given,) if isinstance(given, type) else given
-    if not isinstance(entries, (tuple, list)):
-        raise RegistrationError(f"{what} must be a tuple of exception classes, got {given!r}")
-    for entry in entries:
-        # Only Exception subclasses: retrying on JobCancelled or KeyboardInterrupt
-        # would turn a request to stop into another attempt.
-        if not (isinstance(entry, type) and issubclass(entry, Exception)):
-            raise RegistrationError(f"{what} must hold Exception subclasses, got {entry!r}")
-    return tuple(entries)
-
-
 def checked_overrides(job_type: str, overrides: Any) -> dict[str, int]:
     if not isinstance(overrides, Mapping):
         raise RegistrationError(

@@ -7,8 +7,10 @@ place the retry delay and the dead-letter rule are applied to a failure; the
 store's failure write and the reaper ask :func:`dead_letter_reason` the same
 question of the locked row.
 
-A transient infrastructure error (``job.handler_transient_error``: a lost
-connection, a server restarting) spends none of the job's ``max_attempts``, so
+Which uncaught handler exceptions are retried is the job type's rule
+(:mod:`~runledger_sync.core.exception_rules`). Only a lost connection to the
+queue's database (``job.handler_transient_error``: a server restarting, a
+failover) spends none of the job's ``max_attempts``, so
 a database restart never dead-letters work. Its own budget bounds it:
 :data:`TRANSIENT_FAILURE_BUDGET` such failures in a row retry on the transient
 schedule; from the next one on, each spends an attempt like any retryable
@@ -32,6 +34,7 @@ from runledger_sync.core.continuation import (
     delay_ms,
 )
 from runledger_sync.core.evidence import NO_EVIDENCE, FailureEvidence
+from runledger_sync.core.exception_rules import Verdict, not_retried_because
 from runledger_sync.core.records import JobRecord
 from runledger_sync.core.types import (
     JobCompletion,
@@ -43,7 +46,8 @@ from runledger_sync.core.types import (
 
 # The failure codes the runtime records (spec section 12, runtime failure codes).
 HANDLER_PANIC_CODE = "job.handler_panic"
-HANDLER_ERROR_CODE = "job.handler_error"
+#: An uncaught handler exception its job type's rules retry: it spends an attempt.
+HANDLER_EXCEPTION_CODE = "job.handler_exception"
 HANDLER_TRANSIENT_ERROR_CODE = "job.handler_transient_error"
 HANDLER_NOT_REGISTERED_CODE = "job.handler_not_registered"
 HANDLER_INVALID_RESULT_CODE = "job.handler_invalid_result"
@@ -111,6 +115,9 @@ class DeadLetter:
     failure: JobFailure
     info: JobDeadLetterInfo
     evidence: FailureEvidence = field(default=NO_EVIDENCE, compare=False)
+    #: The job type's setting that dead-lettered the handler's exception at once, if one did
+    #: (recorded with the failure's events, for the operator's view).
+    stopped_by: Optional[Verdict] = None
 
 
 Outcome = Union[JobCompletion, JobFailure, LeaseLost, Canceled]
@@ -182,7 +189,7 @@ def dead_letter_reason(
 
 def decide_failure(
     job: JobRecord, failure: JobFailure, earlier: EarlierAttempts, *, retry_delay_override: Optional[int] = None,
-    evidence: FailureEvidence = NO_EVIDENCE,
+    evidence: FailureEvidence = NO_EVIDENCE, stopped_by: Optional[Verdict] = None,
 ) -> Retry | DeadLetter:
     """The transition ``failure`` makes for the claimed ``job``, given its run's earlier attempts.
 
@@ -191,12 +198,18 @@ def decide_failure(
             code), in ms; used instead of the backoff for a retried failure.
         evidence: the exception behind the failure, carried to its write (and
             to the dead-letter hook's info).
+        stopped_by: the job type's setting that made the handler's exception a
+            panic (``dead_letter_on``, or a narrowed ``retry_on``), if one did.
     """
     reason = dead_letter_reason(failure, job.attempt, job.max_attempts, earlier)
     if reason is not None:
+        because = not_retried_because(
+            reason, failure.kind, failure.code, attempts_spent=earlier.attempts_spent(failure, job.attempt),
+            max_attempts=job.max_attempts, stopped_by=stopped_by, error_type=evidence.error_type,
+        )
         info = JobDeadLetterInfo(failure=failure, reason=reason, max_attempts=job.max_attempts,
-                                 exception=evidence.exception)
-        return DeadLetter(failure, info, evidence)
+                                 exception=evidence.exception, not_retried_because=because)
+        return DeadLetter(failure, info, evidence, stopped_by)
     return Retry(failure, _at_least_the_hint(failure, _policy_delay_ms(job, failure, earlier, retry_delay_override)),
                  evidence)
 

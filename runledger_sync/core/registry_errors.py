@@ -33,3 +33,9 @@ class InvalidPayloadModel(RegistrationError):
     """``payload_model`` is not a pydantic model class."""
 
     code = "registry.invalid_payload_model"
+
+
+class InvalidExceptionRules(RegistrationError):
+    """``retry_on`` or ``dead_letter_on`` is not a tuple of Exception subclasses."""
+
+    code = "registry.invalid_exception_rules"

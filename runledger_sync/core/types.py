@@ -215,6 +215,9 @@ class JobDeadLetterInfo:
     reason: JobDeadLetterReason
     max_attempts: Optional[int]
     exception: Optional[BaseException] = field(default=None, compare=False)
+    #: Why the job was not retried, in the words ``jobs show`` and the dashboard use:
+    #: ``attempts exhausted (5 of 5)``, ``\`ValueError\` is in dead_letter_on``. None from the reaper.
+    not_retried_because: Optional[str] = None
 
 
 ProgressReporter = Callable[["JobContext", Optional[int], Optional[int], Any], None]

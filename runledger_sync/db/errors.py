@@ -59,9 +59,10 @@ _MISSING_QUEUE = re.compile(r'Key \(queue\)=\((?P<name>.*)\) is not present in t
 # undefined_table, undefined_column, undefined_function: a database not migrated, or behind.
 _SCHEMA_MISSING_STATES = frozenset({"42P01", "42703", "42883"})
 # Connection exceptions (08), operator intervention (57P01-57P03: shutdown,
-# crash, cannot connect now) and a standby that stopped being writable.
-_TRANSIENT_PREFIXES = ("08", "57P")
-
+# crash, cannot connect now), and a standby that stopped being writable after a
+# failover (25006 read_only_sql_transaction): a fresh connection finds the new primary.
+_CONNECTION_LOSS_PREFIXES = ("08", "57P")
+_READ_ONLY_SQL_TRANSACTION = "25006"
 
 def _sqlstate(exc: sa_exc.DBAPIError) -> Optional[str]:
     # psycopg2 names it pgcode, psycopg 3 sqlstate; both are None when the
@@ -79,38 +80,44 @@ def _constraint(exc: sa_exc.DBAPIError) -> Optional[str]:
 
 
 def is_transient(exc: sa_exc.DBAPIError) -> bool:
-    """True for failures a fresh connection may not have: a lost or refused connection."""
+    """True for failures a fresh connection may not have: a lost or refused connection, a failover."""
     if exc.connection_invalidated or isinstance(exc, sa_exc.InterfaceError):
         return True
     state = _sqlstate(exc)
     if state is None:
         # psycopg2 and psycopg 3 report a refused or dropped connection without a SQLSTATE.
         return isinstance(exc, sa_exc.OperationalError)
-    return state.startswith(_TRANSIENT_PREFIXES)
+    return _means_connection_loss(state)
 
 
-def is_transient_error(exc: BaseException) -> bool:
-    """True when ``exc`` says the infrastructure failed, not the code: a lost or refused
-    connection, a server shutting down or restarting, a network error.
+def is_connection_loss(exc: BaseException) -> bool:
+    """True when a handler's ``exc`` says its database connection was lost, not that its code failed.
 
-    Covers what a job handler may meet through its own database access, whichever way
-    it reaches PostgreSQL: SQLAlchemy's ``OperationalError`` and ``InterfaceError`` (and
-    any driver error it flags as a disconnect), the drivers' own ``OperationalError``
-    and ``InterfaceError`` (psycopg2, and psycopg 3 when the handler uses it),
-    ``OSError`` (sockets, timeouts), and the store's own ``ConnectionFailed``.
+    Such a failure spends no attempt (``job.handler_transient_error``): a restart
+    or failover of the queue's database must not dead-letter work. It is the
+    store's own :class:`ConnectionFailed`, a SQLAlchemy error flagged as a
+    disconnect or carrying SQLSTATE class 08, 57P or 25006, and the drivers'
+    (psycopg2, psycopg 3) connection errors, which report a dropped connection
+    with no SQLSTATE or with one of those. Anything else, ``OSError`` included,
+    is the handler's failure and spends an attempt.
     """
-    if isinstance(exc, (OSError, ConnectionFailed, sa_exc.OperationalError, sa_exc.InterfaceError)):
+    if isinstance(exc, ConnectionFailed):
         return True
     if isinstance(exc, sa_exc.DBAPIError):
         return is_transient(exc)
-    if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)):
-        return True
     # psycopg 3 is optional: a handler that raised one of its errors has imported it.
     psycopg = sys.modules.get("psycopg")
-    if psycopg is not None and isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
-        return True
+    drivers: tuple[type[BaseException], ...] = (psycopg2.OperationalError, psycopg2.InterfaceError)
+    if psycopg is not None:
+        drivers += (psycopg.OperationalError, psycopg.InterfaceError)
+    if not isinstance(exc, drivers):
+        return False
     state = getattr(exc, "pgcode", None) or getattr(exc, "sqlstate", None)
-    return isinstance(state, str) and state.startswith(_TRANSIENT_PREFIXES)
+    return state is None or _means_connection_loss(state)
+
+
+def _means_connection_loss(state: str) -> bool:
+    return state.startswith(_CONNECTION_LOSS_PREFIXES) or state == _READ_ONLY_SQL_TRANSACTION
 
 
 def translate(exc: sa_exc.DBAPIError, url: str | URL | None = None) -> errors.RunledgerError:

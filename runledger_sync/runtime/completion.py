@@ -25,6 +25,7 @@ from typing import Callable, Optional, TypeVar
 from runledger_sync.core.errors import InvalidCompletionProgress
 from runledger_sync.core.evidence import NO_EVIDENCE, FailureEvidence
 from runledger_sync.core.continuation import DEFAULT_MAX_CONTINUATIONS
+from runledger_sync.core.exception_rules import Verdict
 from runledger_sync.core.outcomes import (
     HANDLER_TRANSIENT_ERROR_CODE,
     INVALID_COMPLETION_PROGRESS_CODE,
@@ -66,6 +67,7 @@ T = TypeVar("T")
 
 def finish(
     execution: JobExecution, outcome: Outcome, *, hand_off: bool = False, evidence: FailureEvidence = NO_EVIDENCE,
+    stopped_by: Optional[Verdict] = None,
 ) -> bool:
     """Decide the attempt's transition and have it written.
 
@@ -75,6 +77,7 @@ def finish(
             durable (a pool thread's success or retry); the caller moves on.
         evidence: the exception behind a failure (its type and traceback are
             written with the attempt row; the hooks and the observer get the exception).
+        stopped_by: the job type's setting that made the handler's exception a panic, if one did.
 
     Returns:
         True when the completer took the attempt and will end it.
@@ -93,13 +96,15 @@ def finish(
             extra=execution.log_fields | {"failure_code": outcome.code},
         )
         return False
-    transition = _decide(execution, outcome, evidence)
+    transition = _decide(execution, outcome, evidence, stopped_by)
     if transition is None:
         return False
     return _write(execution, transition, hand_off=hand_off)
 
 
-def _decide(execution: JobExecution, outcome: JobCompletion | JobFailure, evidence: FailureEvidence) -> Optional[Written]:
+def _decide(
+    execution: JobExecution, outcome: JobCompletion | JobFailure, evidence: FailureEvidence, stopped_by: Optional[Verdict],
+) -> Optional[Written]:
     """The transition ``outcome`` makes; None when what it depends on (earlier attempts, the step) could not be read."""
     if not isinstance(outcome, JobFailure):
         if outcome.continue_after is None:
@@ -114,7 +119,7 @@ def _decide(execution: JobExecution, outcome: JobCompletion | JobFailure, eviden
             return None
         earlier = read
     override = execution.registry.retry_delay_override(job.job_type, outcome.code) if outcome.kind.is_retryable else None
-    return decide_failure(job, outcome, earlier, retry_delay_override=override, evidence=evidence)
+    return decide_failure(job, outcome, earlier, retry_delay_override=override, evidence=evidence, stopped_by=stopped_by)
 
 
 def _decide_continuation(execution: JobExecution, completion: JobCompletion) -> Optional[Continue | DeadLetter]:
@@ -234,6 +239,7 @@ def _dead_lettered(execution: JobExecution, transition: DeadLetter) -> None:
         "job dead lettered after handler failure",
         extra=execution.log_fields | {
             "max_attempts": job.max_attempts, "dead_letter_reason": info.reason.value,
+            "not_retried_because": info.not_retried_because,
             "failure_kind": failure.kind.value, "failure_code": failure.code, "failure_message": failure.message,
             "error_type": transition.evidence.error_type,
         },

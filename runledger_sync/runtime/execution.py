@@ -45,9 +45,10 @@ from runledger_sync.core.continuation import (
     delay_ms,
     describe,
 )
+from runledger_sync.core.exception_rules import Verdict
 from runledger_sync.core.evidence import NO_EVIDENCE, FailureEvidence, evidence_of, message_of
 from runledger_sync.core.outcomes import (
-    HANDLER_ERROR_CODE,
+    HANDLER_EXCEPTION_CODE,
     HANDLER_INVALID_RESULT_CODE,
     HANDLER_NOT_REGISTERED_CODE,
     HANDLER_PANIC_CODE,
@@ -72,7 +73,7 @@ from runledger_sync.core.validation import (
     serialize_json,
     serialize_output,
 )
-from runledger_sync.db.errors import is_transient_error
+from runledger_sync.db.errors import is_connection_loss
 from runledger_sync.handlers import run_execute
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
@@ -165,7 +166,7 @@ def _process_with_timer(
         if handlers_running is not None:
             handlers_running.add(execution)
         try:
-            outcome, evidence = _run_handler(execution)
+            outcome, evidence, stopped_by = _run_handler(execution)
         finally:
             if handlers_running is not None:
                 handlers_running.discard(execution)
@@ -179,7 +180,7 @@ def _process_with_timer(
         elif execution.gate.take():
             execution.stop_watchdog.set()
             timer.withdraw()
-            handed_off = finish(execution, outcome, hand_off=True, evidence=evidence)
+            handed_off = finish(execution, outcome, hand_off=True, evidence=evidence, stopped_by=stopped_by)
         elif not isinstance(outcome, (LeaseLost, Canceled)):
             log.warning(
                 "handler finished after its attempt was already decided; result discarded",
@@ -250,11 +251,15 @@ def _release_after_running_persist_failure(execution: JobExecution, error: objec
 # -- step 3: the handler and its watchdog ----------------------------------------------
 
 
-def _run_handler(execution: JobExecution) -> tuple[Outcome, FailureEvidence]:
-    """Call the handler and narrow whatever it does to one Outcome, with the evidence of the exception behind it."""
+def _run_handler(execution: JobExecution) -> tuple[Outcome, FailureEvidence, Optional[Verdict]]:
+    """Call the handler and narrow whatever it does to one Outcome, with the evidence of the exception behind it.
+
+    The third value is the job type's setting that made the handler's exception a panic, if one did.
+    """
     handler = execution.registry.get(execution.job.job_type)
     if handler is None:
-        return JobFailure.terminal(HANDLER_NOT_REGISTERED_CODE, "No handler is registered for this job type."), NO_EVIDENCE
+        failure = JobFailure.terminal(HANDLER_NOT_REGISTERED_CODE, "No handler is registered for this job type.")
+        return failure, NO_EVIDENCE, None
     try:
         result = execution.registry.hooks.run(
             functools.partial(run_execute, handler), execution.context, execution.job.payload)
@@ -265,32 +270,34 @@ def _run_handler(execution: JobExecution) -> tuple[Outcome, FailureEvidence]:
         abandoned = _abandoned_outcome(execution)
         if abandoned is not None:
             # A cancel, a timeout or a lost lease: what the handler raised once told to stop is not the cause.
-            return abandoned, NO_EVIDENCE
+            return abandoned, NO_EVIDENCE, None
         return _failure_of(execution, exc)
-    return _unless_abandoned(execution, _completion_outcome(result, execution.config.max_output_bytes)), NO_EVIDENCE
+    return _unless_abandoned(execution, _completion_outcome(result, execution.config.max_output_bytes)), NO_EVIDENCE, None
 
 
-def _failure_of(execution: JobExecution, exc: BaseException) -> tuple[JobFailure, FailureEvidence]:
-    """The failure the handler's exception makes (its choice, a retry, a transient error or a panic), with its evidence."""
+def _failure_of(execution: JobExecution, exc: BaseException) -> tuple[JobFailure, FailureEvidence, Optional[Verdict]]:
+    """The failure the handler's exception makes (its choice, a free reconnect, a retry or a panic), with its evidence."""
     if isinstance(exc, JobCancelled) and execution.interrupted:
         log.warning("job stopped by the worker's shutdown; it runs again without spending an attempt",
                     extra=execution.log_fields)
-        return worker_shutdown_failure(), NO_EVIDENCE
+        return worker_shutdown_failure(), NO_EVIDENCE, None
     evidence = evidence_of(exc)
     if isinstance(exc, JobFailure):
-        return _recordable(exc), evidence
-    if isinstance(exc, JobCancelled):
-        return _panic(execution, exc, evidence), evidence
+        return _recordable(exc), evidence, None
     if isinstance(exc, OutputTooLarge):
         # ctx.complete_in refused the output: the same code would return it again.
-        return JobFailure.terminal(exc.code, f"The handler's {exc.message}; the output was not stored."), evidence
-    if isinstance(exc, execution.registry.retry_on(execution.job.job_type)):
-        log.warning("job handler raised an error its job type retries on", exc_info=exc,
+        return JobFailure.terminal(exc.code, f"The handler's {exc.message}; the output was not stored."), evidence, None
+    if isinstance(exc, JobCancelled):
+        # Not an Exception: no rule retries a request to stop.
+        return _panic(execution, exc, evidence, "a request to stop is never retried"), evidence, None
+    if is_connection_loss(exc):
+        return _connection_lost(execution, exc, evidence), evidence, None
+    verdict = execution.registry.exception_rules(execution.job.job_type).classify(exc)
+    if verdict is Verdict.RETRY:
+        log.warning(f"job handler raised {type(exc).__name__}: a retryable failure that spends an attempt", exc_info=exc,
                     extra=execution.log_fields | {"error_type": evidence.error_type})
-        return JobFailure.retryable(HANDLER_ERROR_CODE, f"{type(exc).__name__}: {message_of(exc)}"), evidence
-    if isinstance(exc, execution.registry.transient_errors) or is_transient_error(exc):
-        return _transient(execution, exc, evidence), evidence
-    return _panic(execution, exc, evidence), evidence
+        return JobFailure.retryable(HANDLER_EXCEPTION_CODE, _plain(exc)), evidence, None
+    return _panic(execution, exc, evidence, _PANIC_BECAUSE[verdict]), evidence, verdict
 
 
 def _recordable(failure: JobFailure) -> JobFailure:
@@ -386,20 +393,30 @@ def _unless_abandoned(execution: JobExecution, outcome: Outcome) -> Outcome:
     return _abandoned_outcome(execution) or outcome
 
 
-def _transient(execution: JobExecution, exc: BaseException, evidence: FailureEvidence) -> JobFailure:
-    # A database restart is not a bug in the handler: the attempt retries. Only the
-    # first line: a SQLAlchemy error goes on with the statement and its parameters.
-    # Logged without exc_info for the same reason: the log's traceback would print
-    # the whole message (the attempt row keeps the traceback, messages cut alike).
+def _plain(exc: BaseException) -> str:
+    """``KeyError: 'x'``: the exception's type name and its message, as the job's last error keeps it."""
+    return f"{type(exc).__name__}: {message_of(exc)}"
+
+
+def _connection_lost(execution: JobExecution, exc: BaseException, evidence: FailureEvidence) -> JobFailure:
+    # A database restart or failover is not a bug in the handler: the attempt retries
+    # without spending one. Only the first line: a SQLAlchemy error goes on with the
+    # statement and its parameters. Logged without exc_info for the same reason: the
+    # log's traceback would print the whole message (the attempt row keeps the
+    # traceback, messages cut alike).
     summary = f"{type(exc).__name__}: {(message_of(exc).strip().splitlines() or [''])[0]}"
-    log.warning("job handler hit a transient error; the attempt will be retried",
+    log.warning("job handler lost its database connection; the job retries without spending an attempt",
                 extra=execution.log_fields | {"error": summary, "error_type": evidence.error_type})
     return JobFailure.retryable(HANDLER_TRANSIENT_ERROR_CODE, summary)
 
 
-def _panic(execution: JobExecution, exc: BaseException, evidence: FailureEvidence) -> JobFailure:
+#: Why a handler's exception was not retried, for the log line (the stored words are core.exception_rules').
+_PANIC_BECAUSE = {Verdict.DEAD_LETTER_ON: "it is in dead_letter_on", Verdict.NOT_IN_RETRY_ON: "it is not in retry_on"}
+
+
+def _panic(execution: JobExecution, exc: BaseException, evidence: FailureEvidence, why: str) -> JobFailure:
     # exc_info, not a text field: error trackers' logging integrations (Sentry's)
     # report the exception itself. Never the payload: the traceback has no locals.
-    log.error("job handler panicked", exc_info=exc,
-              extra=execution.log_fields | {"error_type": evidence.error_type})
-    return JobFailure.panicked(HANDLER_PANIC_CODE, f"Job handler panicked: {message_of(exc)}")
+    log.error(f"job handler raised {type(exc).__name__}; the job is dead-lettered without a retry: {why}",
+              exc_info=exc, extra=execution.log_fields | {"error_type": evidence.error_type})
+    return JobFailure.panicked(HANDLER_PANIC_CODE, _plain(exc))

@@ -24,6 +24,7 @@ from sqlalchemy.engine import Connection
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidCompletionProgress, InvalidProgress, LeaseOwnerMismatch
 from runledger_sync.core.continuation import delay_ms
+from runledger_sync.core.exception_rules import STOPPED_BY_EVENT_KEY
 from runledger_sync.core.outcomes import Continue, DeadLetter, EarlierAttempts, Retry, Succeed
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.types import EventLog, JobCompletion
@@ -259,7 +260,13 @@ def complete_jobs_continuation(
 
 
 def _hint_of(transition: Retry | DeadLetter) -> dict[str, Any]:
-    """The retry event's record of the handler's hint (the attempt row keeps the delay it made)."""
+    """What the failure events record besides the failure.
+
+    A retry's handler hint (the attempt row keeps the delay it made), or the job
+    type's setting that dead-lettered the handler's exception at once.
+    """
+    if isinstance(transition, DeadLetter) and transition.stopped_by is not None:
+        return {STOPPED_BY_EVENT_KEY: transition.stopped_by.value}
     hint = transition.failure.retry_after
     if not isinstance(transition, Retry) or hint is None:
         return {}

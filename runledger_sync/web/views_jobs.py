@@ -84,10 +84,12 @@ def job_page(dashboard: PageHost, request: Request, job_id: str) -> Response:
         raise rl.JobNotFound(f"job {job_id} was not found")
     # The payload may hold personal data: it is sent only when asked for, never hidden by CSS.
     show_payload = request.arg("payload") == "1"
+    attempts, events = rl.list_attempts(dashboard.engine, job.id), rl.list_events(dashboard.engine, job.id)
     return dashboard.render(
         request, "job.html", job=job,
-        attempts=rl.list_attempts(dashboard.engine, job.id),
-        events=[(event, _pretty(event.payload) if event.payload else "") for event in rl.list_events(dashboard.engine, job.id)],
+        attempts=attempts,
+        events=[(event, _pretty(event.payload) if event.payload else "") for event in events],
+        retries=rl.retry_summary(job, attempts, events),
         dead_letter=rl.get_dead_letter(dashboard.engine, job.id),
         output=_shown(job.output),
         checkpoint=_shown(job.checkpoint),

@@ -32,9 +32,9 @@ def _finished(engine, job_id):
     return job is not None and job.status in (rl.JobStatus.DEAD_LETTERED, rl.JobStatus.PENDING) and job.attempt >= 1
 
 
-def _run(engine, handler, *, max_attempts=1, retry_on=()):
+def _run(engine, handler, *, max_attempts=1, **rules):
     registry = rl.JobRegistry()
-    registry.job(JOB_TYPE, max_attempts=max_attempts, retry_on=retry_on)(handler)
+    registry.job(JOB_TYPE, max_attempts=max_attempts, **rules)(handler)
     registry.sync_definitions(engine)
     job = rl.enqueue(engine, JOB_TYPE, {"n": 1})
     run_worker_until(engine, registry, fast_config(reaper_retry_delay_ms=60_000),
@@ -46,11 +46,11 @@ def test_a_surrogate_in_a_handler_exception_is_recorded_as_the_panic_it_was(engi
     def handler(ctx, payload):
         raise ValueError(f"cannot parse {BAD_NAME}")
 
-    job = _run(engine, handler)
+    job = _run(engine, handler, dead_letter_on=ValueError)
 
     assert job.status is rl.JobStatus.DEAD_LETTERED
     assert job.last_error_code == "job.handler_panic"
-    assert job.last_error_message == "Job handler panicked: cannot parse report-\ufffd.csv"
+    assert job.last_error_message == "ValueError: cannot parse report-\ufffd.csv"
     [attempt] = attempts(engine, job.id)
     assert (attempt.outcome, attempt.error_code) == ("PANICKED", "job.handler_panic")
     failed = [payload for kind, _, payload in events(engine, job.id) if kind == "FAILED"]
@@ -70,7 +70,7 @@ def test_a_surrogate_in_a_retryable_error_is_recorded_and_the_job_retries(engine
     job = _run(engine, handler, max_attempts=3, retry_on=UploadRefused)
 
     assert job.status is rl.JobStatus.PENDING
-    assert job.last_error_code == "job.handler_error"
+    assert job.last_error_code == "job.handler_exception"
     assert job.last_error_message == "UploadRefused: upload of report-\ufffd.csv refused"
     assert [a.outcome for a in attempts(engine, job.id)] == ["RETRYABLE"]
 

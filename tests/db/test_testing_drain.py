@@ -33,7 +33,7 @@ def test_drain_runs_every_due_job_and_counts_each_outcome(engine, registry):
     def doomed(ctx, payload):
         raise rl.JobFailure.retryable("api.busy", "no more tries")
 
-    @registry.job("broken")
+    @registry.job("broken", dead_letter_on=ValueError)
     def broken(ctx, payload):
         raise ValueError("a bug")
 

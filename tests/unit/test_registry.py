@@ -8,6 +8,7 @@ import uuid
 import pytest
 
 from runledger_sync.core.errors import JobCancelled, RegistrationError
+from runledger_sync.core.exception_rules import ExceptionRules
 from runledger_sync.core.records import JobDefinition
 from runledger_sync.core.types import (
     JobCompletion,
@@ -114,7 +115,7 @@ def test_class_form_registers_the_instance_with_its_attributes():
     export = Export()
     assert registry.register(export) is export
     assert registry.get("reports.export") is export
-    assert registry.retry_on("reports.export") == (TimeoutError,)
+    assert registry.exception_rules("reports.export") == ExceptionRules(retry_on=(TimeoutError,))
     assert registry.retry_delay_override("reports.export", "s3.throttled") == 2_500
     assert export.execute(make_ctx(), {"rows": 4}) == JobCompletion(output={"rows": 4})
     export.on_dead_letter(make_ctx(), {"rows": 1}, dead_letter_info())
@@ -130,7 +131,8 @@ def test_base_handler_defaults():
 
     handler = Minimal()
     assert (handler.max_attempts, handler.timeout_seconds, handler.priority) == (None, None, None)
-    assert handler.retry_on == () and dict(handler.retry_delay_overrides) == {}
+    # None: the registry's rules (any Exception retries, none is dead-lettered at once).
+    assert handler.retry_on is None and handler.dead_letter_on is None and dict(handler.retry_delay_overrides) == {}
     assert handler.on_dead_letter(make_ctx(), {}, dead_letter_info()) is None
     with pytest.raises(TypeError):
         handler.retry_delay_overrides["x"] = 1  # type: ignore[index]
@@ -207,11 +209,6 @@ def test_non_callable_hook_is_rejected():
         ({"max_attempts": 2.0}, "max_attempts for job type 't' must be a positive int, got 2.0"),
         ({"timeout_seconds": -1}, "timeout_seconds for job type 't' must be a positive int, got -1"),
         ({"priority": "high"}, "priority for job type 't' must be an int, got 'high'"),
-        ({"retry_on": (ValueError, "KeyError")}, "must hold Exception subclasses, got 'KeyError'"),
-        ({"retry_on": (JobCancelled,)}, "must hold Exception subclasses, got <class"),
-        ({"retry_on": (KeyboardInterrupt,)}, "must hold Exception subclasses"),
-        ({"retry_on": (int,)}, "must hold Exception subclasses, got <class 'int'>"),
-        ({"retry_on": "ValueError"}, "must be a tuple of exception classes, got 'ValueError'"),
         (
             {"retry_delay_overrides": {"smtp.busy": 0}},
             "retry_delay_overrides['smtp.busy'] for job type 't' must be a positive int of ms, got 0",
@@ -229,10 +226,31 @@ def test_bad_options_are_rejected_at_registration(options, fragment):
     assert "t" not in registry  # a rejected handler leaves no trace
 
 
+@pytest.mark.parametrize("name", ["retry_on", "dead_letter_on"])
+@pytest.mark.parametrize(
+    ("given", "fragment"),
+    [
+        ((ValueError, "KeyError"), "must hold Exception subclasses, got 'KeyError'"),
+        ((JobCancelled,), "must hold Exception subclasses, got <class"),
+        ((KeyboardInterrupt,), "must hold Exception subclasses"),
+        ((int,), "must hold Exception subclasses, got <class 'int'>"),
+        ("ValueError", "must be a tuple of exception classes, got 'ValueError'"),
+    ],
+)
+def test_exception_rules_must_be_exception_classes_for_a_type_and_for_the_registry(name, given, fragment):
+    registry = JobRegistry()
+    err = registration_error(registry.job("t", **{name: given}), lambda ctx, payload: None,
+                             code="registry.invalid_exception_rules")
+    assert err.message.startswith(f"{name} for job type 't' ") and fragment in err.message
+    assert "t" not in registry
+    err = registration_error(JobRegistry, code="registry.invalid_exception_rules", **{name: given})
+    assert err.message.startswith(f"{name} for the registry ") and fragment in err.message
+
+
 def test_single_exception_class_is_accepted_as_retry_on():
     registry = JobRegistry()
-    registry.job("t", retry_on=ConnectionError)(lambda ctx, payload: None)
-    assert registry.retry_on("t") == (ConnectionError,)
+    registry.job("t", retry_on=ConnectionError, dead_letter_on=ValueError)(lambda ctx, payload: None)
+    assert registry.exception_rules("t") == ExceptionRules(retry_on=(ConnectionError,), dead_letter_on=(ValueError,))
 
 
 def test_negative_priority_is_allowed():
@@ -269,11 +287,20 @@ def test_overrides_are_copied_at_registration():
     assert registry.retry_delay_override("t", "smtp.busy") == 2_000
 
 
-def test_retry_on_of_unregistered_type_is_empty():
+def test_exception_rules_of_a_type_replace_the_registrys_setting_by_setting():
+    registry = JobRegistry(retry_on=(OSError,), dead_letter_on=(FileNotFoundError,))
+    registry.job("own.retry_on", retry_on=(KeyError,))(lambda ctx, payload: None)
+    registry.job("own.dead_letter_on", dead_letter_on=())(lambda ctx, payload: None)
+    assert registry.exception_rules("own.retry_on") == ExceptionRules((KeyError,), (FileNotFoundError,))
+    assert registry.exception_rules("own.dead_letter_on") == ExceptionRules((OSError,), ())
+    assert registry.exception_rules("unregistered") == ExceptionRules((OSError,), (FileNotFoundError,))
+
+
+def test_exception_rules_of_an_unregistered_type_are_the_registrys_defaults():
     registry = JobRegistry()
     registry.job("t", retry_on=(ConnectionError, TimeoutError))(lambda ctx, payload: None)
-    assert registry.retry_on("t") == (ConnectionError, TimeoutError)
-    assert registry.retry_on("other") == ()
+    assert registry.exception_rules("t").retry_on == (ConnectionError, TimeoutError)
+    assert registry.exception_rules("other") == ExceptionRules(retry_on=(Exception,), dead_letter_on=())
 
 
 # --- lookups and definitions -----------------------------------------------------
@@ -338,27 +365,17 @@ def test_wrapped_registry_runs_handlers_inside_the_context_and_keeps_retry_rules
     wrapped.get("wrap.me").execute(ctx, {"n": 1})
     assert entered == ["enter", "run 1", "exit"]
     assert wrapped.registered_types() == ["wrap.me"]
-    assert wrapped.retry_on("wrap.me") == (ConnectionError,)
+    assert wrapped.exception_rules("wrap.me") == registry.exception_rules("wrap.me")
     assert wrapped.retry_delay_override("wrap.me", "x.busy") == 250
     assert wrapped.definitions() == registry.definitions()
     assert len(registry) == 1 and registry.get("wrap.me") is not wrapped.get("wrap.me")
 
 
-class _UpstreamTimeout(Exception):
-    pass
-
-
-def test_transient_errors_are_kept_and_carried_by_a_wrapped_registry():
-    registry = JobRegistry(transient_errors=_UpstreamTimeout)
-    assert registry.transient_errors == (_UpstreamTimeout,)
-    assert JobRegistry().transient_errors == ()
-    assert registry.wrapped(contextlib.nullcontext).transient_errors == (_UpstreamTimeout,)
-
-
-@pytest.mark.parametrize("given", ["Timeout", (KeyboardInterrupt,), (_UpstreamTimeout(),), 3])
-def test_transient_errors_must_be_exception_classes(given):
-    with pytest.raises(RegistrationError, match="transient_errors must"):
-        JobRegistry(transient_errors=given)
+def test_a_wrapped_registry_keeps_the_registrys_own_exception_rules():
+    registry = JobRegistry(dead_letter_on=ValueError)
+    registry.job("t")(lambda ctx, payload: None)
+    wrapped = registry.wrapped(contextlib.nullcontext)
+    assert wrapped.exception_rules("t") == wrapped.exception_rules_default == ExceptionRules((Exception,), (ValueError,))
 
 
 def test_failure_hooks_are_kept_in_order_and_a_wrapped_registry_runs_them_inside_its_wrapper():

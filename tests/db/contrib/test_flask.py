@@ -134,7 +134,7 @@ def test_handlers_of_the_wrapped_registry_keep_their_retry_rules():
     wrapped = rl_flask.in_app_context(registry, flask.Flask("x"))
     assert wrapped.registered_types() == registry.registered_types()
     assert wrapped.definitions() == registry.definitions()
-    assert wrapped.retry_on(JOB_TYPE) == registry.retry_on(JOB_TYPE)
+    assert wrapped.exception_rules(JOB_TYPE) == registry.exception_rules(JOB_TYPE)
 
 
 def worker_threads() -> list[threading.Thread]:

@@ -327,17 +327,21 @@ def test_handler_terminal_failure_coded_lease_owner_mismatch_is_persisted_normal
 
 
 def test_panic_is_recorded_as_panicked_with_failure_and_dead_letter_events(engine, probe, logs):
-    registry = h.registry_with(JOB_TYPE, h.raise_error(probe, RuntimeError("boom")), max_attempts=5)
+    registry = h.registry_with(JOB_TYPE, h.raise_error(probe, RuntimeError("boom")), max_attempts=5,
+                               dead_letter_on=(RuntimeError,))
     job = run_job(engine, registry)
     [attempt] = attempts(engine, job.id)
     assert (attempt.outcome, attempt.error_code, attempt.error_message, attempt.retry_delay_ms) == (
-        "PANICKED", "job.handler_panic", "Job handler panicked: boom", None)
+        "PANICKED", "job.handler_panic", "RuntimeError: boom", None)
     failed, dead = events(engine, job.id)[-2:]
     assert failed == ("FAILED", 1, {"kind": "PANICKED", "error_code": "job.handler_panic",
-                                    "error_message": "Job handler panicked: boom"})
-    assert dead == ("DEAD_LETTERED", 1, {"kind": "PANICKED", "error_code": "job.handler_panic"})
+                                    "error_message": "RuntimeError: boom", "stopped_by": "dead_letter_on"})
+    assert dead == ("DEAD_LETTERED", 1, {"kind": "PANICKED", "error_code": "job.handler_panic",
+                                         "stopped_by": "dead_letter_on"})
     assert job_row(engine, job.id).status == "DEAD_LETTERED"
-    [panic_log] = records(logs, "job handler panicked")
+    [panic_log] = records(logs, "job handler raised RuntimeError; the job is dead-lettered without a retry: "
+                                "it is in dead_letter_on")
+    assert panic_log.levelname == "ERROR"
     # The exception itself, for error trackers' logging integrations, and its type for log search.
     assert (type(panic_log.exc_info[1]), str(panic_log.exc_info[1]), panic_log.error_type) == (
         RuntimeError, "boom", "RuntimeError")
@@ -349,10 +353,10 @@ class Unprintable(Exception):
 
 
 def test_panic_whose_exception_cannot_be_printed_is_still_recorded_as_a_panic(engine, probe, logs):
-    job = run_job(engine, h.registry_with(JOB_TYPE, h.raise_error(probe, Unprintable())))
+    job = run_job(engine, h.registry_with(JOB_TYPE, h.raise_error(probe, Unprintable()), dead_letter_on=Unprintable))
     row = job_row(engine, job.id)
     assert (row.status, row.last_error_code, row.last_error_message) == (
-        "DEAD_LETTERED", "job.handler_panic", "Job handler panicked: unprintable Unprintable")
+        "DEAD_LETTERED", "job.handler_panic", "Unprintable: unprintable Unprintable")
 
 
 def test_matching_retry_override_sets_the_retry_delay(engine, probe, logs):
@@ -388,13 +392,13 @@ def test_override_is_ignored_for_a_terminal_failure(engine, probe, logs):
     assert "RETRY_SCHEDULED" not in event_types(engine, job.id)
 
 
-def test_exception_listed_in_retry_on_is_a_retryable_handler_error(engine, probe, logs):
+def test_exception_listed_in_retry_on_is_a_retryable_handler_exception(engine, probe, logs):
     registry = h.registry_with(JOB_TYPE, h.raise_error(probe, ConnectionError("db down")), max_attempts=3,
                                retry_on=(ConnectionError,))
     job = run_job(engine, registry)
     row = job_row(engine, job.id)
     assert (row.status, row.status_reason, row.last_error_code, row.last_error_message) == (
-        "PENDING", "RETRYABLE", "job.handler_error", "ConnectionError: db down")
+        "PENDING", "RETRYABLE", "job.handler_exception", "ConnectionError: db down")
     assert attempts(engine, job.id)[0].retry_delay_ms == backoff.compute_retry_delay_ms(1, job.id)
 
 
@@ -408,10 +412,11 @@ def test_exception_not_listed_in_retry_on_is_a_panic_and_never_retried(engine, p
 
 
 def test_handler_raising_system_exit_is_a_panic(engine, probe, logs):
+    # Not an Exception: outside the default retry_on, so never retried.
     job = run_job(engine, h.registry_with(JOB_TYPE, h.kill_thread(probe)))
     row = job_row(engine, job.id)
     assert (row.status, row.last_error_code, row.last_error_message) == (
-        "DEAD_LETTERED", "job.handler_panic", "Job handler panicked: handler thread killed")
+        "DEAD_LETTERED", "job.handler_panic", "SystemExit: handler thread killed")
 
 
 @pytest.mark.parametrize("value", [{"not": "a completion"}, 42, "done"])
@@ -669,6 +674,8 @@ def test_operator_cancel_missed_by_the_listener_reaches_the_handler_at_its_next_
     (lambda probe: h.fail_retryable(probe, "smtp.busy"),
      {"outcome": "retry_scheduled", "failure_kind": "RETRYABLE", "failure_code": "smtp.busy"}),
     (lambda probe: h.raise_error(probe, RuntimeError("boom")),
+     {"outcome": "retry_scheduled", "failure_kind": "RETRYABLE", "failure_code": "job.handler_exception"}),
+    (lambda probe: h.kill_thread(probe),
      {"outcome": "dead_lettered", "failure_kind": "PANICKED", "failure_code": "job.handler_panic"}),
 ])
 def test_the_closing_log_line_says_how_the_attempt_ended(engine, probe, logs, handler, expected):

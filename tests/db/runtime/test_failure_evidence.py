@@ -108,7 +108,7 @@ def failing_registry(recorded: Recorded, **options: Any) -> rl.JobRegistry:
     registry = rl.JobRegistry()
     registry.on_failure(recorded.on_failure)
 
-    @registry.job(JOB_TYPE, on_dead_letter=recorded.on_dead_letter, **options)
+    @registry.job(JOB_TYPE, on_dead_letter=recorded.on_dead_letter, **({"dead_letter_on": KeyError} | options))
     def import_order(ctx: rl.JobContext, payload: dict) -> None:
         lookup_field(payload)
 
@@ -148,7 +148,7 @@ def test_a_key_error_in_a_nested_function_is_kept_shown_logged_and_handed_to_the
     assert info.exception is exception
 
     # The log: the panic carries the exception itself, so error trackers' logging integrations see it.
-    [panic] = records.named("job handler panicked")
+    [panic] = records.named("job handler raised KeyError; the job is dead-lettered without a retry: it is in dead_letter_on")
     assert panic.exc_info[1] is exception and panic.error_type == "KeyError"
     assert "in lookup_field" in json_lines.getvalue()
 
@@ -218,8 +218,8 @@ def test_the_handlers_frame_comes_first_and_the_library_frames_that_called_it_be
 
 def test_each_failed_attempt_is_told_to_the_failure_hooks_and_kept_on_its_own_row(engine):
     recorded = Recorded()
-    registry = failing_registry(recorded, max_attempts=2, retry_on=KeyError,
-                                retry_delay_overrides={"job.handler_error": 1})
+    registry = failing_registry(recorded, max_attempts=2, dead_letter_on=(),
+                                retry_delay_overrides={"job.handler_exception": 1})
     registry.sync_definitions(engine)
     job = rl.enqueue(engine, JOB_TYPE, PAYLOAD)
 
@@ -231,10 +231,10 @@ def test_each_failed_attempt_is_told_to_the_failure_hooks_and_kept_on_its_own_ro
     assert recorded.dead_letters[0].exception is recorded.failures[1][2]
     attempts = rl.list_attempts(engine, job.id)
     assert [(a.outcome, a.error_code, a.error_type) for a in attempts] == [
-        ("RETRYABLE", "job.handler_error", "KeyError"), ("RETRYABLE", "job.handler_error", "KeyError")]
+        ("RETRYABLE", "job.handler_exception", "KeyError"), ("RETRYABLE", "job.handler_exception", "KeyError")]
     assert all("in lookup_field" in a.traceback for a in attempts)
     # A retried error is logged with its exception too, as a warning.
-    assert [type(r.exc_info[1]) for r in records.named("job handler raised an error its job type retries on")] == [
+    assert [type(r.exc_info[1]) for r in records.named("job handler raised KeyError: a retryable failure that spends an attempt")] == [
         KeyError, KeyError]
 
 
@@ -243,7 +243,7 @@ def test_a_database_error_keeps_its_first_line_and_never_the_parameters(engine):
     registry = rl.JobRegistry()
     registry.on_failure(recorded.on_failure)
 
-    @registry.job(JOB_TYPE, on_dead_letter=recorded.on_dead_letter)
+    @registry.job(JOB_TYPE, on_dead_letter=recorded.on_dead_letter, max_attempts=1)
     def divide(ctx: rl.JobContext, payload: dict) -> None:
         with engine.connect() as connection:
             connection.execute(text("SELECT 1 / 0 WHERE :token <> ''"), {"token": payload["token"]})
@@ -257,7 +257,7 @@ def test_a_database_error_keeps_its_first_line_and_never_the_parameters(engine):
     assert attempt.error_type == "sqlalchemy.exc.DataError"
     assert "division by zero" in attempt.traceback and "in divide" in attempt.traceback
     assert "[parameters:" not in attempt.traceback
-    [panic] = records.named("job handler panicked")
+    [panic] = records.named("job handler raised DataError: a retryable failure that spends an attempt")
     assert SECRET in str(panic.exc_info[1])  # the exception itself, for an error tracker, as SQLAlchemy made it
     # What the package prints and stores leaves the statement's parameters out.
     assert SECRET not in json_lines.getvalue() and "division by zero" in json_lines.getvalue()

@@ -87,7 +87,7 @@ def test_a_middleware_may_change_the_payload_the_handler_gets(engine, registry, 
     [
         (rl.JobFailure.retryable("mw.busy", "later"), rl.JobStatus.PENDING, "mw.busy"),
         (rl.JobFailure.terminal("mw.refused", "never"), rl.JobStatus.DEAD_LETTERED, "mw.refused"),
-        (Declined("retry_on"), rl.JobStatus.PENDING, "job.handler_error"),
+        (Declined("retry_on"), rl.JobStatus.PENDING, "job.handler_exception"),
         (KeyError("bug"), rl.JobStatus.DEAD_LETTERED, "job.handler_panic"),
     ],
 )

@@ -93,7 +93,7 @@ def test_invalid_worker_config_returns_invalid_config_and_claims_nothing(engine,
 
 def test_worker_survives_a_panicking_handler_and_runs_the_next_job(engine, probe, start_loop, logs):
     registry = JobRegistry()
-    registry.job("test.panic", max_attempts=3)(h.raise_error(probe, RuntimeError("kaboom")))
+    registry.job("test.panic", max_attempts=3, dead_letter_on=RuntimeError)(h.raise_error(probe, RuntimeError("kaboom")))
     registry.job("test.ok")(h.ok(probe))
     registry.sync_definitions(engine)
     panicking = store_enqueue.enqueue(engine, "test.panic", PAYLOAD, priority=500)
