@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from runledger_sync.core.errors import (
     AlreadyEnqueued,
+    CheckpointTooLarge,
     ConfigError,
     ConflictError,
     DefinitionNotFoundOrDisabled,
@@ -87,6 +88,8 @@ from runledger_sync.core.workflow_errors import (
     WorkflowRunFinished,
     WorkflowRunNotFound,
     WorkflowStepNotFound,
+    WorkflowTooLarge,
+    WorkflowTooManySteps,
 )
 from runledger_sync.core.registry_errors import AsyncHandler, DuplicateJobType, HandlerSignature, InvalidPayloadModel
 from runledger_sync.core.dashboard_errors import (
@@ -105,6 +108,7 @@ __all__ = [
     "AsyncHandler",
     "AuthorizeHookMissing",
     "BusinessRuleViolation",
+    "CheckpointTooLarge",
     "CommitOutcomeUnknown",
     "ConfigError",
     "ConflictError",
@@ -186,4 +190,6 @@ __all__ = [
     "WorkflowRunFinished",
     "WorkflowRunNotFound",
     "WorkflowStepNotFound",
+    "WorkflowTooLarge",
+    "WorkflowTooManySteps",
 ]
