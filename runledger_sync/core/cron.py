@@ -86,7 +86,8 @@ class _Croniter(croniter):
     naming 2099 would fire nowhere when written in 2026.
     """
 
-    RANGES = (*croniter.RANGES[:6], (1970, LAST_YEAR))
+    # croniter reads every field's bounds from cls.RANGES; its stubs mark the name final.
+    RANGES = (*croniter.RANGES[:6], (1970, LAST_YEAR))  # type: ignore[misc]
     #: Every year a year field can name is within this many years of any other.
     MAX_YEARS_BETWEEN_MATCHES = LAST_YEAR - 1970
 _WEEKDAY_NAMES = ("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT")

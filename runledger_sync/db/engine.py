@@ -81,16 +81,16 @@ _URL_IN_TEXT = r"""[A-Za-z][A-Za-z0-9+.\-]*://(?:[^\s'"()<>]*[^\s'"()<>.,;:])?""
 _USERINFO_PASSWORD = re.compile(r"^(?P<head>[^:]*://[^:/@]*:)[^@]*(?=@)")
 # A parameter named like a secret: libpq's password and sslpassword, and whatever
 # else a driver, proxy or service reads a credential from (auth_token, client_secret).
-_SECRET_NAME = r"[A-Za-z0-9_]*(?:password|passwd|passphrase|secret|token)[A-Za-z0-9_]*"
+_MASKED_NAME = r"[A-Za-z0-9_]*(?:password|passwd|passphrase|secret|token)[A-Za-z0-9_]*"
 # libpq takes every parameter as a URL query parameter too.
-_QUERY_SECRET = re.compile(rf"(?P<head>[?&]{_SECRET_NAME}=)[^&#]*", re.IGNORECASE)
+_MASKED_IN_QUERY = re.compile(rf"(?P<head>[?&]{_MASKED_NAME}=)[^&#]*", re.IGNORECASE)
 # libpq's key=value form: spaces may surround '=', and a value is either bare, running
 # to the next whitespace, or single-quoted with \' and \\ inside; an unclosed quote
 # runs to the end of the text, so it is masked to the end.
-_PAIR_SECRET = rf"""(?<![\w.\-])(?P<key>{_SECRET_NAME}\s*=\s*)(?:'(?:[^'\\]|\\.)*'?|\S+)"""
+_MASKED_PAIR = rf"""(?<![\w.\-])(?P<key>{_MASKED_NAME}\s*=\s*)(?:'(?:[^'\\]|\\.)*'?|\S+)"""
 # One pass over free text: where a URL starts, its own grammar decides what is secret,
 # so a key=value inside its query is never read as a libpq pair.
-_SECRETS_IN_TEXT = re.compile(rf"(?P<url>{_URL_IN_TEXT})|{_PAIR_SECRET}", re.IGNORECASE)
+_MASKED_IN_TEXT = re.compile(rf"(?P<url>{_URL_IN_TEXT})|{_MASKED_PAIR}", re.IGNORECASE)
 MASK = "***"
 
 
@@ -128,12 +128,12 @@ def mask_urls_in(text: str) -> str:
             return _masked_url(found.group("url"))
         return f"{found.group('key')}{MASK}"
 
-    return _SECRETS_IN_TEXT.sub(mask, text)
+    return _MASKED_IN_TEXT.sub(mask, text)
 
 
 def _masked_url(text: str) -> str:
     masked = _USERINFO_PASSWORD.sub(rf"\g<head>{MASK}", text, count=1)
-    return _QUERY_SECRET.sub(rf"\g<head>{MASK}", masked)
+    return _MASKED_IN_QUERY.sub(rf"\g<head>{MASK}", masked)
 
 
 def create_engine(

@@ -88,8 +88,8 @@ class Completer:
 
     def __init__(
         self, bind: Any, name: str, *, max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
-        max_checkpoint_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES, finishing: Optional[FinishingSoon] = None, observer: Optional[WorkerObserver] = None,
-        threaded: bool = True,
+        max_checkpoint_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES, finishing: Optional[FinishingSoon] = None,
+        observer: Optional[WorkerObserver] = None, threaded: bool = True,
     ) -> None:
         self.finishing = finishing
         self._max_output_bytes = max_output_bytes
@@ -182,7 +182,8 @@ class Completer:
             kind = "success"
             answers: list[Any] = driver.complete_jobs_success(
                 self._bind, [(identity, transition.completion) for identity, transition in outcomes],  # type: ignore[union-attr]
-                max_output_bytes=self._max_output_bytes, max_checkpoint_bytes=self._max_checkpoint_bytes, retry=False)
+                max_output_bytes=self._max_output_bytes, max_checkpoint_bytes=self._max_checkpoint_bytes,
+                retry=False)
         elif isinstance(items[0].transition, Continue):
             kind = "continuation"
             answers = driver.complete_jobs_continuation(

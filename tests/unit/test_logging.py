@@ -333,7 +333,7 @@ def test_text_mode_prints_a_traceback_as_indented_lines_whose_user_text_is_escap
     assert "  Traceback (most recent call last):" in rest
     assert any(line.startswith("    File ") and "in hostile_failure" in line for line in rest)
     [message] = [line for line in rest if line.startswith("  ValueError")]
-    assert message == f"  ValueError: ok\\x0a2026-01-01 00:00:00,000 ERROR runledger_sync.x " \
+    assert message == "  ValueError: ok\\x0a2026-01-01 00:00:00,000 ERROR runledger_sync.x " \
                       '{"level":"ERROR","message":"forged"}\\x1b[31m\\x0d\\x9b2J\\x7f'
     assert "  note\\x0awith a second line\\x1b[0m" in rest
     assert "  Stack (most recent call last):" in rest
