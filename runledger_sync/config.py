@@ -106,7 +106,8 @@ class JobsConfig:
             gets after its deadline before the timeout failure is written anyway.
         dead_letter_hook_timeout_seconds: Most time one ``on_dead_letter`` call gets.
         heartbeat_lock_timeout_ms: Most time a heartbeat waits for the job's row lock.
-        max_payload_bytes: Largest JSON payload enqueue accepts.
+        max_payload_bytes: Largest JSON payload enqueue accepts, and largest checkpoint a
+            handler may save; a larger checkpoint is refused with ``job.checkpoint_too_large``.
         max_output_bytes: Largest JSON output a handler may return; a larger one
             dead-letters its job with ``job.output_too_large``, storing nothing of it.
         job_types: Restrict this worker to these registered types; None means all.

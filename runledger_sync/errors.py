@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from runledger_sync.core.errors import (
     AlreadyEnqueued,
+    CheckpointTooLarge,
     ConfigError,
     ConflictError,
     DefinitionNotFoundOrDisabled,
@@ -88,6 +89,8 @@ from runledger_sync.core.workflow_errors import (
     WorkflowRunFinished,
     WorkflowRunNotFound,
     WorkflowStepNotFound,
+    WorkflowTooLarge,
+    WorkflowTooManySteps,
 )
 from runledger_sync.core.registry_errors import (
     AsyncHandler,
@@ -115,6 +118,7 @@ __all__ = [
     "AsyncHandler",
     "AuthorizeHookMissing",
     "BusinessRuleViolation",
+    "CheckpointTooLarge",
     "CommitOutcomeUnknown",
     "ConfigError",
     "ConflictError",
@@ -201,4 +205,6 @@ __all__ = [
     "WorkflowRunFinished",
     "WorkflowRunNotFound",
     "WorkflowStepNotFound",
+    "WorkflowTooLarge",
+    "WorkflowTooManySteps",
 ]

@@ -21,6 +21,7 @@ from typing import IO, Any, Optional, Union
 from uuid import UUID
 
 from runledger_sync.core.errors import ConfigError
+from runledger_sync.core.escapes import escape_controls
 from runledger_sync.core.evidence import format_traceback
 
 try:
@@ -42,6 +43,9 @@ LOG_FORMAT_VARIABLE = "RUNLEDGER_LOG_FORMAT"
 _logging.getLogger(JOB_LINES_LOGGER_NAME).setLevel(_logging.WARNING)
 
 _TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+# Each line of a text record after its first (a traceback's, a stack's) starts with this,
+# so no line of it reads as a record of its own.
+_TEXT_CONTINUATION = "  "
 _JSON_FORMAT = "%(levelname)s %(name)s %(message)s"
 # Marks the handler configure_logging() installed, so a second call replaces it.
 _HANDLER_MARK = "_runledger_sync_handler"
@@ -217,29 +221,43 @@ def job_log_fields(
 _RECORD_ATTRIBUTES = frozenset(vars(_logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 
 
-def _format_exception(formatter: _logging.Formatter, ei: Any) -> str:
+def _format_exception(formatter: _logging.Formatter, ei: Any, *, escaped_messages: bool = False) -> str:
     # The traceback as a failed attempt's row keeps it (runledger_sync.core.evidence):
     # the same frames, no locals, and a database error's message without the later
     # lines that repeat its statement's parameters, which come from payloads. The
     # record keeps the exception itself, for error trackers' logging integrations.
     if ei and ei[1] is not None:
-        return format_traceback(ei[1]).rstrip("\n")
+        return format_traceback(ei[1], escaped_messages=escaped_messages).rstrip("\n")
     return _logging.Formatter.formatException(formatter, ei)
 
 
 class _TextFormatter(_logging.Formatter):
-    """The time, level, logger and message, then each ``extra=`` field as ``key=value`` (job lines: the message)."""
+    """The time, level, logger and message, then each ``extra=`` field as ``key=value`` (job lines: the message).
+
+    A record is one line, whatever its message and fields hold: their control
+    characters are escaped (``\\x0a``, ``\\x1b``), so a handler's message cannot
+    forge a record or drive the terminal. A traceback or stack follows on lines
+    of its own, each indented and escaped; only the traceback's own structure
+    breaks lines, never the text of an exception.
+    """
 
     def formatException(self, ei: Any) -> str:  # noqa: N802 - logging's name
-        return _format_exception(self, ei)
+        return _continuation_lines(_format_exception(self, ei, escaped_messages=True))
+
+    def formatStack(self, stack_info: str) -> str:  # noqa: N802 - logging's name
+        return _continuation_lines(stack_info)
 
     def formatMessage(self, record: _logging.LogRecord) -> str:  # noqa: N802 - logging's name
         line = super().formatMessage(record)
-        if record.name == JOB_LINES_LOGGER_NAME:
-            return line  # its message already says what the fields do
-        fields = [f"{key}={_text_value(value)}" for key, value in record.__dict__.items()
-                  if key not in _RECORD_ATTRIBUTES and not key.startswith("_")]
-        return " ".join([line, *fields])
+        if record.name != JOB_LINES_LOGGER_NAME:  # a job line's message already says what the fields do
+            fields = [f"{key}={_text_value(value)}" for key, value in record.__dict__.items()
+                      if key not in _RECORD_ATTRIBUTES and not key.startswith("_")]
+            line = " ".join([line, *fields])
+        return escape_controls(line)
+
+
+def _continuation_lines(text: str) -> str:
+    return "\n".join(_TEXT_CONTINUATION + escape_controls(line) for line in text.split("\n"))
 
 
 def _text_value(value: Any) -> str:

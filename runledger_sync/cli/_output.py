@@ -1,10 +1,9 @@
 """How commands print records: JSON-ready data, JSON lines, aligned tables and times.
 
 Everything a table or a line shows from stored data goes through
-:func:`printable`: job types, organizations, error codes and messages come from
-callers, handlers and upstream services, and a terminal acts on the escape
-sequences they may hold (``\\x1b[2J`` clears the screen). ``--json`` output
-needs no such care: JSON escapes every control character.
+:func:`printable`, which escapes control characters as the text logs do
+(:mod:`runledger_sync.core.escapes`). ``--json`` output needs no such care:
+JSON escapes every control character.
 """
 
 from __future__ import annotations
@@ -12,12 +11,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 from datetime import datetime, timezone
 from decimal import Decimal
 from enum import Enum
 from typing import Any, Iterable, Optional, Sequence
 from uuid import UUID
+
+from runledger_sync.core.escapes import escape_controls
 
 
 def plain(value: Any) -> Any:
@@ -39,12 +39,6 @@ def plain(value: Any) -> Any:
     return value
 
 
-# C0 and C1 controls and DEL (ESC starts a terminal's escape sequences), the line
-# and paragraph separators (a new line inside a cell), and the bidirectional
-# marks and overrides (they reorder what the rest of the line shows).
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-
-
 def printable(value: Any) -> str:
     """``value`` as text for a terminal: ``-`` for None, and every control character escaped visibly.
 
@@ -52,7 +46,7 @@ def printable(value: Any) -> str:
         ``printable("a\\x1b[2Jb")`` is ``"a\\\\x1b[2Jb"``, printed as ``a\\x1b[2Jb``.
     """
     text = "-" if value is None else str(value)
-    return _CONTROL.sub(_escaped, text)
+    return escape_controls(text)
 
 
 #: The most characters of a stored JSON value (payload, output, checkpoint) a table or field shows.
@@ -67,11 +61,6 @@ def clipped(text: str, limit: int = SHOWN_VALUE_CHARS) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text) - limit} more characters not shown; --json prints the whole value)"
-
-
-def _escaped(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def print_json(value: Any) -> None:

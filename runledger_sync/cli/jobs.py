@@ -294,7 +294,7 @@ def _jobs_wait(args: argparse.Namespace) -> int:
     if args.json:
         print_json(_job_data(job))
     else:
-        why = f", {job.last_error_code}: {printable(clipped(job.last_error_message or ''))}" \
+        why = f", {printable(job.last_error_code)}: {printable(clipped(job.last_error_message or ''))}" \
             if job.status is rl.JobStatus.DEAD_LETTERED else ""
         print(f"job {job.id} {job.status.value} (attempt {job.attempt}, finished {when(job.finished_at)}){why}")
     return _EXIT_OF_END[job.status]

@@ -23,6 +23,10 @@ write, so some of croniter's readings are refused or corrected here:
   weekday of the month, numbered as the form numbers weekdays. ``#`` and ``L``
   in day of week need day of month ``*`` or ``?``: croniter would require both.
 - As in crontab, a day of month and a day of week both given match either.
+- A step (``*/15``) is at most the number of values its field has (60 seconds,
+  24 hours, ...): croniter takes any step, even one of twenty digits.
+- Years run from 1970 to 2199: croniter's own years end at 2099, so a
+  schedule for 2099 could be written today but not found.
 
 Times are wall-clock times in the schedule's IANA time zone. Where a daylight
 saving change repeats an hour, a time in it fires once, at its first occurrence;
@@ -68,6 +72,24 @@ _EQUAL_RANGE = re.compile(r"^(?P<low>\w+)-(?P<high>\w+)(?:/\d+)?$")
 #: croniter's random (R) and hashed (H) values, alone or with a range or step.
 _RANDOM_OR_HASHED = re.compile(r"^[RH](?:\(\d+-\d+\))?(?:/\d+)?$", re.IGNORECASE)
 _DAY_OF_MONTH, _DAY_OF_WEEK = 3, 5
+#: The last year a year field may name.
+LAST_YEAR = 2199
+#: How many values each field has, in _FIELD_NAMES' order: a step is at most that many.
+_FIELD_SPANS = (60, 60, 24, 31, 12, 7, LAST_YEAR - 1970 + 1)
+_STEP = re.compile(r"/(?P<step>\d+)$")
+
+
+class _Croniter(croniter):
+    """croniter with years up to :data:`LAST_YEAR`, and matches searched for across all of them.
+
+    croniter stops looking after 50 years without a match, so a year field
+    naming 2099 would fire nowhere when written in 2026.
+    """
+
+    # croniter reads every field's bounds from cls.RANGES; its stubs mark the name final.
+    RANGES = (*croniter.RANGES[:6], (1970, LAST_YEAR))  # type: ignore[misc]
+    #: Every year a year field can name is within this many years of any other.
+    MAX_YEARS_BETWEEN_MATCHES = LAST_YEAR - 1970
 _WEEKDAY_NAMES = ("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT")
 
 
@@ -104,7 +126,8 @@ class CronSchedule:
         return best
 
     def _wall_times_after(self, start: datetime) -> Iterator[datetime]:
-        iterator = croniter(self.fields, start, second_at_beginning=True, max_years_between_matches=50)
+        iterator = _Croniter(self.fields, start, second_at_beginning=True,
+                             max_years_between_matches=_Croniter.MAX_YEARS_BETWEEN_MATCHES)
         for _ in range(_MAX_CANDIDATES):
             try:
                 yield iterator.get_next(datetime)
@@ -216,7 +239,7 @@ def _instant(wall_time: datetime, zone: ZoneInfo) -> datetime:
 
 
 def _single_values(expression: str, index: int, field: str) -> str:
-    """``field`` with each range whose ends are equal written as its one value; R and H refused."""
+    """``field`` with each range whose ends are equal written as its one value; R, H and oversized steps refused."""
     if _RANDOM_OR_HASHED.match(field):
         raise InvalidCron(
             f"cron expression {expression!r}: the {_FIELD_NAMES[index]} field {field!r} asks for a random or "
@@ -224,11 +247,26 @@ def _single_values(expression: str, index: int, field: str) -> str:
         )
     terms = []
     for term in field.split(","):
+        _check_step(expression, index, field, term)
         match = _EQUAL_RANGE.match(term)
         if match is not None and _same_value(match.group("low"), match.group("high")):
             term = match.group("low")
         terms.append(term)
     return ",".join(terms)
+
+
+def _check_step(expression: str, index: int, field: str, term: str) -> None:
+    # A step other than digits is left for croniter to refuse.
+    match = _STEP.search(term)
+    if match is None:
+        return
+    step, span = int(match.group("step")), _FIELD_SPANS[index]
+    if not 1 <= step <= span:
+        bound = "at least 1" if step < 1 else f"at most {span}"
+        raise InvalidCron(
+            f"cron expression {expression!r}: the {_FIELD_NAMES[index]} field {field!r}: a step is {bound}, "
+            f"as the field has {span} values"
+        )
 
 
 def _same_value(low: str, high: str) -> bool:
@@ -279,7 +317,7 @@ def _check_field(expression: str, parts: list[str], index: int, part: str) -> No
     # stars to name the one that is wrong.
     probe = ["*"] * len(parts)
     probe[index] = part
-    if not croniter.is_valid(" ".join(probe), second_at_beginning=True):
+    if not _Croniter.is_valid(" ".join(probe), second_at_beginning=True):
         raise InvalidCron(f"cron expression {expression!r}: the {_FIELD_NAMES[index]} field {part!r} is not valid")
-    if index == len(parts) - 1 and not croniter.is_valid(" ".join(parts), second_at_beginning=True):
+    if index == len(parts) - 1 and not _Croniter.is_valid(" ".join(parts), second_at_beginning=True):
         raise InvalidCron(f"cron expression {expression!r} is not valid as a whole")

@@ -18,7 +18,8 @@ Branch on ``.code`` or on the class, never on the message text::
     │   ├── InvalidArgument                     job.invalid_argument
     │   ├── InvalidJobType                      job.invalid_job_type
     │   ├── InvalidPayload                      job.invalid_payload
-    │   │   └── OutputTooLarge                  job.output_too_large
+    │   │   ├── OutputTooLarge                  job.output_too_large
+    │   │   └── CheckpointTooLarge              job.checkpoint_too_large
     │   ├── InvalidMeta                         job.invalid_meta
     │   ├── InvalidCompletionProgress           job.invalid_completion_progress
     │   ├── InvalidProgress                     job.invalid_progress
@@ -33,6 +34,8 @@ Branch on ``.code`` or on the class, never on the message text::
     │   │                                       job.enqueue_idempotency_unsupported_isolation
     │   ├── InvalidWorkflow                     workflow.invalid_definition
     │   │   ├── WorkflowEmpty                   workflow.empty
+    │   │   ├── WorkflowTooManySteps            workflow.too_many_steps
+    │   │   ├── WorkflowTooLarge                workflow.too_large
     │   │   ├── DuplicateStepKey                workflow.duplicate_step_key
     │   │   ├── UnknownDependency               workflow.unknown_dependency
     │   │   └── DependencyCycle                 workflow.dependency_cycle
@@ -224,6 +227,12 @@ class OutputTooLarge(InvalidPayload):
     """An output (a job's, or an external step's answer) is larger than the output limit."""
 
     code = "job.output_too_large"
+
+
+class CheckpointTooLarge(InvalidPayload):
+    """A checkpoint is larger than the payload limit: a job's saved progress is read back whole at each run, as its payload is."""
+
+    code = "job.checkpoint_too_large"
 
 
 class InvalidMeta(InvalidArgument):

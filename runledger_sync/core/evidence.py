@@ -45,6 +45,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
+from runledger_sync.core.escapes import escape_controls
 from runledger_sync.core.types import JobFailure
 from runledger_sync.core.validation import storable_text
 
@@ -135,13 +136,18 @@ def message_of(exc: BaseException) -> str:
     return text
 
 
-def format_traceback(exc: BaseException) -> str:
+def format_traceback(exc: BaseException, *, escaped_messages: bool = False) -> str:
     """What Python prints for ``exc``, its cause and context, without locals, messages as :func:`message_of` gives them.
 
     Each exception's leading runledger_sync frames (the worker's, that called
     the handler) follow its message under :data:`CALLED_BY_HEADING`, so its
     first frame is the user's. The worker's record of a failure, the log
     formatter and the dashboard (through :func:`traceback_parts`) all read this text.
+
+    With ``escaped_messages`` each exception's type, message and notes have their
+    control characters escaped (:func:`~runledger_sync.core.escapes.escape_controls`),
+    so every line break left is the traceback's own: a log shows one line per line
+    of it, and a message cannot start a line of its own.
     """
     chain: list[BaseException] = []
     seen: set[int] = set()
@@ -154,11 +160,12 @@ def format_traceback(exc: BaseException) -> str:
     for index, one in enumerate(reversed(chain)):  # oldest first, as Python prints them
         if index:
             parts.append(_CAUSE if one.__cause__ is not None else _CONTEXT)
-        parts.append(_format_one(one, seen))
+        parts.append(_format_one(one, seen, escaped_messages))
     return "".join(parts)
 
 
-def _format_one(exc: BaseException, seen: set[int]) -> str:
+def _format_one(exc: BaseException, seen: set[int], escaped_messages: bool) -> str:
+    shown = escape_controls if escaped_messages else _as_given
     lines = []
     called_by: list[traceback.FrameSummary] = []
     if exc.__traceback__ is not None:
@@ -167,9 +174,10 @@ def _format_one(exc: BaseException, seen: set[int]) -> str:
         lines.append("Traceback (most recent call last):\n")
         lines.extend(traceback.StackSummary.from_list(own).format())
     message = message_of(exc)
-    lines.append(f"{type_name(type(exc))}: {message}\n" if message else f"{type_name(type(exc))}\n")
+    header = f"{type_name(type(exc))}: {message}" if message else type_name(type(exc))
+    lines.append(f"{shown(header)}\n")
     if not _from_a_database(type(exc)):
-        lines.extend(f"{note}\n" for note in getattr(exc, "__notes__", None) or () if isinstance(note, str))
+        lines.extend(f"{shown(note)}\n" for note in getattr(exc, "__notes__", None) or () if isinstance(note, str))
     if _EXCEPTION_GROUP is not None and isinstance(exc, _EXCEPTION_GROUP):
         members: tuple[BaseException, ...] = getattr(exc, "exceptions", ())
         for number, member in enumerate(members[:_MAX_GROUP_MEMBERS], start=1):
@@ -177,7 +185,8 @@ def _format_one(exc: BaseException, seen: set[int]) -> str:
                 continue
             seen.add(id(member))
             lines.append(f"+---------------- {number} ----------------\n")
-            lines.extend(f"| {line}\n" for line in format_traceback(member).splitlines())
+            member_text = format_traceback(member, escaped_messages=escaped_messages)
+            lines.extend(f"| {line}\n" for line in member_text.splitlines())
         if len(members) > _MAX_GROUP_MEMBERS:
             lines.append(f"+---------------- ... ----------------\nand {len(members) - _MAX_GROUP_MEMBERS} "
                          "more exceptions\n")
@@ -231,6 +240,10 @@ def traceback_parts(text: str) -> list[TracebackPart]:
     if current:
         parts.append(TracebackPart("".join(current), called_by))
     return parts
+
+
+def _as_given(text: str) -> str:
+    return text
 
 
 def _from_a_database(cls: type) -> bool:

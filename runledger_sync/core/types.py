@@ -283,6 +283,8 @@ class JobContext:
         Raises:
             LeaseOwnerMismatch: the lease was lost.
             InvalidProgress: done/total negative or done > total.
+            CheckpointTooLarge: the checkpoint is larger than the worker's payload limit
+                (``max_payload_bytes``); nothing of the report is written.
         """
         if self._progress_reporter is None:
             raise RuntimeError("report_progress is only available inside a worker")

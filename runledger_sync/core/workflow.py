@@ -17,12 +17,24 @@ from uuid import UUID
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidArgument
 from runledger_sync.core.meta import meta_json
-from runledger_sync.core.workflow_errors import DependencyCycle, DuplicateStepKey, UnknownDependency, WorkflowEmpty
+from runledger_sync.core.workflow_errors import (
+    DependencyCycle,
+    DuplicateStepKey,
+    UnknownDependency,
+    WorkflowEmpty,
+    WorkflowTooLarge,
+    WorkflowTooManySteps,
+)
 
 STEP_KEY_MAX_LENGTH = 200
 WORKFLOW_NAME_MAX_LENGTH = 200
 #: How many keys of a dependency cycle its error names: a cycle may run through thousands.
 CYCLE_KEYS_SHOWN = 20
+#: The most steps one workflow may have. Each is a row, and its enqueue one transaction.
+MAX_WORKFLOW_STEPS = 10_000
+#: The most JSON bytes the payloads of one workflow's steps may come to together: each
+#: is within the payload limit, but one enqueue holds them all in memory and one transaction.
+MAX_WORKFLOW_PAYLOAD_BYTES = 64 * 1024 * 1024
 
 
 class WorkflowRunStatus(str, enum.Enum):
@@ -199,13 +211,19 @@ class Workflow:
         return tuple(dict.fromkeys(keys))
 
     def validate(self) -> None:
-        """Check the whole definition: some step, known dependencies, no cycle.
+        """Check the whole definition: some step and at most MAX_WORKFLOW_STEPS, known dependencies, no cycle.
 
         Raises:
-            WorkflowEmpty, UnknownDependency, DependencyCycle: the definition is refused.
+            WorkflowEmpty, WorkflowTooManySteps, UnknownDependency, DependencyCycle: the definition is refused.
         """
         if not self._steps:
             raise WorkflowEmpty(f"workflow {self.name!r} has no steps")
+        if len(self._steps) > MAX_WORKFLOW_STEPS:
+            raise WorkflowTooManySteps(
+                f"workflow {self.name!r} has {len(self._steps)} steps; a workflow may have at most "
+                f"{MAX_WORKFLOW_STEPS}: split the work into several runs, or let one step enqueue the rest",
+                steps=len(self._steps), max_steps=MAX_WORKFLOW_STEPS,
+            )
         for step in self._steps:
             unknown = [key for key in step.after if key not in self._keys]
             if unknown:
@@ -216,6 +234,32 @@ class Workflow:
         cycle = find_cycle({step.key: step.after for step in self._steps})
         if cycle:
             raise _cycle_error(self.name, cycle)
+
+
+    def check_payload_sizes(self, *, max_payload_bytes: int) -> None:
+        """Check each job step's payload against ``max_payload_bytes`` and all of them against MAX_WORKFLOW_PAYLOAD_BYTES.
+
+        Stops at the step that goes over, so a workflow far over the limit is not
+        serialised whole first.
+
+        Raises:
+            InvalidPayload: a step's payload is not JSON or is larger than ``max_payload_bytes`` (the error names the step).
+            WorkflowTooLarge: the payloads together are larger than MAX_WORKFLOW_PAYLOAD_BYTES (the error names the step
+                that went over).
+        """
+        total = 0
+        for step in self._steps:
+            if step.kind is not WorkflowStepKind.JOB:
+                continue
+            text = check.serialize_json(f"the payload of step {step.key!r}", step.payload, max_bytes=max_payload_bytes)
+            total += len(text.encode("utf-8"))
+            if total > MAX_WORKFLOW_PAYLOAD_BYTES:
+                raise WorkflowTooLarge(
+                    f"workflow {self.name!r}: its step payloads come to more than {MAX_WORKFLOW_PAYLOAD_BYTES} bytes "
+                    f"of JSON together, over the limit at step {step.key!r}; keep large data elsewhere (a table, "
+                    "a file) and pass a reference",
+                    step_key=step.key, max_bytes=MAX_WORKFLOW_PAYLOAD_BYTES,
+                )
 
 
 def _cycle_error(name: str, cycle: list[str]) -> DependencyCycle:

@@ -24,6 +24,18 @@ class WorkflowEmpty(InvalidWorkflow):
     code = "workflow.empty"
 
 
+class WorkflowTooManySteps(InvalidWorkflow):
+    """The workflow has more steps than one run may hold."""
+
+    code = "workflow.too_many_steps"
+
+
+class WorkflowTooLarge(InvalidWorkflow):
+    """The workflow's step payloads together are larger than one run may hold."""
+
+    code = "workflow.too_large"
+
+
 class DuplicateStepKey(InvalidWorkflow):
     """Two steps of the workflow have the same key."""
 

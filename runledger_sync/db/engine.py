@@ -75,41 +75,65 @@ def normalize_url(url: str | URL) -> URL:
 # A URL inside free text ends at whitespace, a quote or a parenthesis (messages
 # write one as ``(postgresql://...)`` or ``'postgresql://...'``), and not on the
 # punctuation of the sentence around it.
-_URL_IN_TEXT = re.compile(r"""[A-Za-z][A-Za-z0-9+.\-]*://(?:[^\s'"()<>]*[^\s'"()<>.,;:])?""")
+_URL_IN_TEXT = r"""[A-Za-z][A-Za-z0-9+.\-]*://(?:[^\s'"()<>]*[^\s'"()<>.,;:])?"""
 # SQLAlchemy's own reading of the userinfo: the user has no ':' or '/', the
 # password runs to the first '@'. Masking what it would send keeps every spelling hidden.
 _USERINFO_PASSWORD = re.compile(r"^(?P<head>[^:]*://[^:/@]*:)[^@]*(?=@)")
-# libpq also takes the password as a query parameter.
-_QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)[^&#]*", re.IGNORECASE)
+# A parameter named like a secret: libpq's password and sslpassword, and whatever
+# else a driver, proxy or service reads a credential from (auth_token, client_secret).
+_MASKED_NAME = r"[A-Za-z0-9_]*(?:password|passwd|passphrase|secret|token)[A-Za-z0-9_]*"
+# libpq takes every parameter as a URL query parameter too.
+_MASKED_IN_QUERY = re.compile(rf"(?P<head>[?&]{_MASKED_NAME}=)[^&#]*", re.IGNORECASE)
+# libpq's key=value form: spaces may surround '=', and a value is either bare, running
+# to the next whitespace, or single-quoted with \' and \\ inside; an unclosed quote
+# runs to the end of the text, so it is masked to the end.
+_MASKED_PAIR = rf"""(?<![\w.\-])(?P<key>{_MASKED_NAME}\s*=\s*)(?:'(?:[^'\\]|\\.)*'?|\S+)"""
+# One pass over free text: where a URL starts, its own grammar decides what is secret,
+# so a key=value inside its query is never read as a libpq pair.
+_MASKED_IN_TEXT = re.compile(rf"(?P<url>{_URL_IN_TEXT})|{_MASKED_PAIR}", re.IGNORECASE)
 MASK = "***"
 
 
 def mask_url(url: str | URL) -> str:
-    """Render a URL with its password replaced by ``***``, for messages and logs.
+    """Render a connection string with every secret replaced by ``***``, for messages and logs.
 
-    Both places a PostgreSQL URL may carry one are masked: the userinfo
-    (``user:PASSWORD@``) and the ``password`` query parameter.
+    A URL as given, with the userinfo password (``user:PASSWORD@``) masked and
+    every query parameter named like a secret (``password``, ``sslpassword``,
+    ``auth_token``, ...); or a libpq ``key=value`` string with those parameters'
+    values masked, quoted ones (``password='a b'``) whole. A ``URL`` object is
+    rendered as SQLAlchemy writes it, then masked alike. Anything else is shown
+    as ``<unparseable url>``.
     """
+    if isinstance(url, str) and "://" not in url and "=" in url:
+        return mask_urls_in(url)
     try:
-        rendered = make_url(url).render_as_string(hide_password=True)
+        rendered = url if isinstance(url, str) else url.render_as_string(hide_password=True)
+        make_url(rendered)
     except Exception:
         return "<unparseable url>"
-    return _QUERY_PASSWORD.sub(rf"\g<head>{MASK}", rendered)
+    return _masked_url(rendered)
 
 
 def mask_urls_in(text: str) -> str:
-    """Return ``text`` with the password of every URL in it replaced by ``***``.
+    """Return ``text`` with every secret of every connection string in it replaced by ``***``.
 
-    Only the URLs change: each is found by its ``scheme://`` and its password
-    cut out where the URL grammar puts it, so the rest of the text is left as
-    it was, even when the password is a word that occurs in it.
+    Only the connection strings change: each URL is found by its ``scheme://``
+    and each libpq pair by its secret-named key and its ``=``, and the secret
+    cut out where their grammar puts it, so the rest of the text is left as it
+    was, even when the password is a word that occurs in it.
     """
 
     def mask(found: re.Match[str]) -> str:
-        masked = _USERINFO_PASSWORD.sub(rf"\g<head>{MASK}", found.group(0), count=1)
-        return _QUERY_PASSWORD.sub(rf"\g<head>{MASK}", masked)
+        if found.group("url") is not None:
+            return _masked_url(found.group("url"))
+        return f"{found.group('key')}{MASK}"
 
-    return _URL_IN_TEXT.sub(mask, text)
+    return _MASKED_IN_TEXT.sub(mask, text)
+
+
+def _masked_url(text: str) -> str:
+    masked = _USERINFO_PASSWORD.sub(rf"\g<head>{MASK}", text, count=1)
+    return _MASKED_IN_QUERY.sub(rf"\g<head>{MASK}", masked)
 
 
 def create_engine(

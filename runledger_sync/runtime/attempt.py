@@ -178,6 +178,7 @@ class JobExecution:
         if self._completer is not None:
             return self._completer
         return Completer(self.engine, "runledger-completer", max_output_bytes=self.config.max_output_bytes,
+                         max_checkpoint_bytes=self.config.max_payload_bytes,
                          threaded=False)
 
     @cached_property
@@ -199,7 +200,8 @@ class JobExecution:
 
     def _report_progress(self, context: JobContext, done: Optional[int], total: Optional[int], checkpoint: Any) -> None:
         driver.update_job_progress(
-            self.engine, **self.identity.keywords(), progress_done=done, progress_total=total, checkpoint=checkpoint
+            self.engine, **self.identity.keywords(), progress_done=done, progress_total=total, checkpoint=checkpoint,
+            max_checkpoint_bytes=self.config.max_payload_bytes,
         )
 
     def _complete_in(self, context: JobContext, bind: Any, completion: Optional[JobCompletion]) -> JobRecord:
@@ -215,7 +217,8 @@ class JobExecution:
                                   "(return a continuation from the handler instead)")
         try:
             record = driver.complete_job_success(bind, **self.identity.keywords(), completion=completion,
-                                                    max_output_bytes=self.config.max_output_bytes)
+                                                    max_output_bytes=self.config.max_output_bytes,
+                                                    max_checkpoint_bytes=self.config.max_payload_bytes)
         except LeaseOwnerMismatch:
             # The fence refused the write, so the lease is gone: end the attempt as a
             # lost lease (nothing written, the reaper recovers it), as a heartbeat would.

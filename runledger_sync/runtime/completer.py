@@ -37,7 +37,7 @@ from runledger_sync.core.errors import RunledgerError
 from runledger_sync.core.outcomes import Continue, DeadLetter, Retry, Succeed
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.store_errors import CommitOutcomeUnknown, ConnectionFailed
-from runledger_sync.core.validation import DEFAULT_MAX_OUTPUT_BYTES
+from runledger_sync.core.validation import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_PAYLOAD_BYTES
 from runledger_sync.runtime.group_writer import GroupWriter
 from runledger_sync.runtime.observer import WorkerObserver
 from runledger_sync.runtime.pace import FinishingSoon
@@ -91,11 +91,12 @@ class Completer:
 
     def __init__(
         self, bind: Any, name: str, *, max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
-        finishing: Optional[FinishingSoon] = None, observer: Optional[WorkerObserver] = None,
-        threaded: bool = True,
+        max_checkpoint_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES, finishing: Optional[FinishingSoon] = None,
+        observer: Optional[WorkerObserver] = None, threaded: bool = True,
     ) -> None:
         self.finishing = finishing
         self._max_output_bytes = max_output_bytes
+        self._max_checkpoint_bytes = max_checkpoint_bytes
         self._observer = observer
         self._held: Optional[HeldConnection] = None
         self._writer: Optional[GroupWriter[_Item, object]] = None
@@ -190,10 +191,12 @@ class Completer:
             kind = "success"
             answers: list[Any] = driver.complete_jobs_success(
                 self._bind, [(identity, transition.completion) for identity, transition in outcomes],  # type: ignore[union-attr]
-                max_output_bytes=self._max_output_bytes, retry=False)
+                max_output_bytes=self._max_output_bytes, max_checkpoint_bytes=self._max_checkpoint_bytes,
+                retry=False)
         elif isinstance(items[0].transition, Continue):
             kind = "continuation"
-            answers = driver.complete_jobs_continuation(self._bind, outcomes, retry=False)  # type: ignore[arg-type]
+            answers = driver.complete_jobs_continuation(
+                self._bind, outcomes, max_checkpoint_bytes=self._max_checkpoint_bytes, retry=False)  # type: ignore[arg-type]
         else:
             kind = "failure"
             answers = driver.complete_jobs_failure(self._bind, outcomes, retry=False)  # type: ignore[arg-type]

@@ -30,6 +30,7 @@ from sqlalchemy.engine import Engine
 
 from runledger_sync.config import JobsConfig
 from runledger_sync.core.errors import (
+    CheckpointTooLarge,
     InvalidArgument,
     InvalidPayload,
     JobCancelled,
@@ -70,7 +71,7 @@ from runledger_sync.core.types import (
 from runledger_sync.core.validation import (
     check_failure_code,
     completion_progress_problem,
-    serialize_json,
+    serialize_checkpoint,
     serialize_output,
 )
 from runledger_sync.db.errors import is_connection_loss
@@ -272,7 +273,7 @@ def _run_handler(execution: JobExecution) -> tuple[Outcome, FailureEvidence, Opt
             # A cancel, a timeout or a lost lease: what the handler raised once told to stop is not the cause.
             return abandoned, NO_EVIDENCE, None
         return _failure_of(execution, exc)
-    return _unless_abandoned(execution, _completion_outcome(result, execution.config.max_output_bytes)), NO_EVIDENCE, None
+    return _unless_abandoned(execution, _completion_outcome(result, execution.config)), NO_EVIDENCE, None
 
 
 def _failure_of(execution: JobExecution, exc: BaseException) -> tuple[JobFailure, FailureEvidence, Optional[Verdict]]:
@@ -287,6 +288,9 @@ def _failure_of(execution: JobExecution, exc: BaseException) -> tuple[JobFailure
     if isinstance(exc, OutputTooLarge):
         # ctx.complete_in refused the output: the same code would return it again.
         return JobFailure.terminal(exc.code, f"The handler's {exc.message}; the output was not stored."), evidence, None
+    if isinstance(exc, CheckpointTooLarge):
+        # ctx.report_progress or ctx.complete_in refused it, and the handler let that end it.
+        return JobFailure.terminal(exc.code, f"The handler's {exc.message}; the checkpoint was not stored."), evidence, None
     if isinstance(exc, JobCancelled):
         # Not an Exception: no rule retries a request to stop.
         return _panic(execution, exc, evidence, "a request to stop is never retried"), evidence, None
@@ -322,7 +326,7 @@ def _recordable(failure: JobFailure) -> JobFailure:
     return failure
 
 
-def _completion_outcome(result: Any, max_output_bytes: int) -> Outcome:
+def _completion_outcome(result: Any, config: JobsConfig) -> Outcome:
     if result is None:
         return JobCompletion()
     if not isinstance(result, JobCompletion):
@@ -341,14 +345,21 @@ def _completion_outcome(result: Any, max_output_bytes: int) -> Outcome:
                 HANDLER_INVALID_RESULT_CODE, f"Handler returned a JobCompletion whose {name} is not an int but a {type(value).__name__}."
             )
     try:
-        serialize_json("checkpoint", result.checkpoint)
-        serialize_output(result.output, max_bytes=max_output_bytes)
+        serialize_checkpoint(result.checkpoint, max_bytes=config.max_payload_bytes)
+        serialize_output(result.output, max_bytes=config.max_output_bytes)
     except OutputTooLarge as error:
         # Terminal: the same code returns the same output, so a retry cannot help.
         return JobFailure.terminal(
             OutputTooLarge.code,
-            f"Handler returned an output of {error.value}, over the limit of {max_output_bytes} bytes "
+            f"Handler returned an output of {error.value}, over the limit of {config.max_output_bytes} bytes "
             "(max_output_bytes); the output was not stored.",
+        )
+    except CheckpointTooLarge as error:
+        # Terminal, as an output too large is; a checkpoint has the payload's limit.
+        return JobFailure.terminal(
+            CheckpointTooLarge.code,
+            f"Handler returned a checkpoint of {error.value}, over the limit of {config.max_payload_bytes} bytes "
+            "(max_payload_bytes); the checkpoint was not stored.",
         )
     except InvalidPayload as error:
         return JobFailure.terminal(

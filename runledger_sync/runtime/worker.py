@@ -145,6 +145,7 @@ class WorkerLoop:
         #: The writer of every job's outcome; None when polling on a caller's connection.
         self.completer = Completer(
             engine, f"runledger-completer-{config.worker_id}", max_output_bytes=config.max_output_bytes,
+            max_checkpoint_bytes=config.max_payload_bytes,
             finishing=self.finishing, observer=observer,
         ) if owns_connections else None
 

@@ -153,7 +153,8 @@ def mark_jobs_running(
 
 def complete_jobs_success(
     bind: Bind, completions: Sequence[tuple[LeaseIdentity, Optional[JobCompletion]]], *,
-    max_output_bytes: int = check.DEFAULT_MAX_OUTPUT_BYTES, retry: bool = True,
+    max_output_bytes: int = check.DEFAULT_MAX_OUTPUT_BYTES, max_checkpoint_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
+    retry: bool = True,
 ) -> list[LeaseResult]:
     """Finish many leased jobs as SUCCEEDED, the plain ones in one transaction.
 
@@ -172,6 +173,7 @@ def complete_jobs_success(
             merged with the stored progress; nothing of that transaction is written
             (plain jobs already written by the first one stay written).
         OutputTooLarge: one output is larger than ``max_output_bytes``; nothing written.
+        CheckpointTooLarge: one checkpoint is larger than ``max_checkpoint_bytes``; nothing written.
         CommitOutcomeUnknown: the connection was lost while the write ran; it may have landed.
     """
     values: list[tuple[LeaseIdentity, tuple[Any, ...]]] = []
@@ -180,7 +182,7 @@ def complete_jobs_success(
         check.check_progress_values(completion.progress_done, completion.progress_total, completion=True)
         values.append((check_identity(*_identity_values(identity)), (
             completion.progress_done, completion.progress_total,
-            _json_or_none("checkpoint", completion.checkpoint),
+            _checkpoint_or_none(completion.checkpoint, max_checkpoint_bytes),
             None if completion.output is None else check.serialize_output(completion.output, max_bytes=max_output_bytes),
         )))
     try:
@@ -223,7 +225,8 @@ def complete_jobs_failure(
 
 
 def complete_jobs_continuation(
-    bind: Bind, continuations: Sequence[tuple[LeaseIdentity, Continue]], *, retry: bool = True,
+    bind: Bind, continuations: Sequence[tuple[LeaseIdentity, Continue]], *,
+    max_checkpoint_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES, retry: bool = True,
 ) -> list[LeaseResult]:
     """End many leased jobs' runs in continuations (spec T14), in one transaction.
 
@@ -239,13 +242,14 @@ def complete_jobs_continuation(
     Raises:
         InvalidCompletionProgress: one continuation's progress merged with the stored
             progress is invalid; nothing written.
+        CheckpointTooLarge: one checkpoint is larger than ``max_checkpoint_bytes``; nothing written.
         CommitOutcomeUnknown: the connection was lost while the write ran; it may have landed.
     """
     values: list[tuple[LeaseIdentity, tuple[Any, ...]]] = []
     for identity, transition in continuations:
         check.check_progress_values(transition.progress_done, transition.progress_total, completion=True)
         values.append((check_identity(*_identity_values(identity)), (
-            transition.delay_ms, _json_or_none("checkpoint", transition.checkpoint),
+            transition.delay_ms, _checkpoint_or_none(transition.checkpoint, max_checkpoint_bytes),
             transition.progress_done, transition.progress_total,
         )))
     if not values:
@@ -375,8 +379,8 @@ def _identity_values(identity: LeaseIdentity) -> tuple[UUID, int, int, str]:
     return identity.job_id, identity.run_number, identity.attempt, identity.worker_id
 
 
-def _json_or_none(name: str, value: Any) -> Optional[str]:
-    return None if value is None else check.serialize_json(name, value)
+def _checkpoint_or_none(value: Any, max_bytes: int) -> Optional[str]:
+    return None if value is None else check.serialize_checkpoint(value, max_bytes=max_bytes)
 
 
 def _write_group(

@@ -93,6 +93,7 @@ def update_job_progress(
     progress_total: Optional[int] = None,
     checkpoint: Any = None,
     event_log: EventLog | str = EventLog.FULL,
+    max_checkpoint_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> JobRecord:
     """Record stage, progress and checkpoint under the lease; None keeps a stored value.
 
@@ -104,9 +105,12 @@ def update_job_progress(
             connection whose open transaction the call joins (the caller commits).
         event_log: ``transitions`` leaves out the STAGE_CHANGED event of stage
             ``running``; other stages and PROGRESS events are written at either level.
+        max_checkpoint_bytes: the largest checkpoint stored (JSON bytes); the worker
+            passes its ``JobsConfig.max_payload_bytes``.
 
     Raises:
         InvalidArgument: ``event_log`` is not a level of :class:`EventLog`.
+        CheckpointTooLarge: the checkpoint is larger than ``max_checkpoint_bytes``; nothing written.
         LeaseOwnerMismatch: the lease is not this worker's or has expired.
         InvalidProgress: the values, or the values merged with stored ones, are invalid.
     """
@@ -116,7 +120,8 @@ def update_job_progress(
         "new_stage": None if stage is None else JobStage(stage).value,
         "new_progress_done": progress_done,
         "new_progress_total": progress_total,
-        "new_checkpoint": None if checkpoint is None else check.serialize_json("checkpoint", checkpoint),
+        "new_checkpoint": None if checkpoint is None else check.serialize_checkpoint(
+            checkpoint, max_bytes=max_checkpoint_bytes),
     } | event_log_params(event_log)
     return run_in_transaction(bind, lambda connection: write_one_fenced(connection, _PROGRESS_UPDATE, params, identity))
 

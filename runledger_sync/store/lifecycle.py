@@ -73,6 +73,7 @@ def complete_job_success(
     worker_id: str,
     completion: Optional[JobCompletion] = None,
     max_output_bytes: int = check.DEFAULT_MAX_OUTPUT_BYTES,
+    max_checkpoint_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> JobRecord:
     """Finish a leased job as SUCCEEDED, storing the completion's progress, checkpoint and output.
 
@@ -81,11 +82,14 @@ def complete_job_success(
             connection whose open transaction the call joins (the caller commits).
         max_output_bytes: the largest output stored (JSON bytes); the worker passes its
             ``JobsConfig.max_output_bytes``.
+        max_checkpoint_bytes: the largest checkpoint stored (JSON bytes); the worker
+            passes its ``JobsConfig.max_payload_bytes``.
 
     Raises:
         InvalidCompletionProgress: the completion's progress, alone or merged with
             the stored progress, is negative or has done > total; nothing written.
         OutputTooLarge: the output is larger than ``max_output_bytes``; nothing written.
+        CheckpointTooLarge: the checkpoint is larger than ``max_checkpoint_bytes``; nothing written.
         LeaseOwnerMismatch: the lease is not this worker's or has expired.
     """
     identity = check_identity(job_id, run_number, attempt, worker_id)
@@ -94,7 +98,8 @@ def complete_job_success(
     params = identity.params() | {
         "new_progress_done": completion.progress_done,
         "new_progress_total": completion.progress_total,
-        "new_checkpoint": None if completion.checkpoint is None else check.serialize_json("checkpoint", completion.checkpoint),
+        "new_checkpoint": None if completion.checkpoint is None else check.serialize_checkpoint(
+            completion.checkpoint, max_bytes=max_checkpoint_bytes),
         "new_output": None if completion.output is None else check.serialize_output(
             completion.output, max_bytes=max_output_bytes),
     }

@@ -75,7 +75,9 @@ def enqueue_workflow(
 
     Raises:
         WorkflowEmpty, DuplicateStepKey, UnknownDependency, DependencyCycle: a bad definition.
+        WorkflowTooManySteps: more than 10,000 steps.
         InvalidPayload: a step's payload is larger than ``max_payload_bytes`` (the error names the step).
+        WorkflowTooLarge: the step payloads together are larger than 64 MiB of JSON.
         WorkflowDefinitionNotFoundOrDisabled: a step's job type has no enabled definition.
         WorkflowEnqueueConflictingRetry: the key exists with a different request.
 
@@ -87,9 +89,7 @@ def enqueue_workflow(
         raise InvalidArgument("workflow", type(workflow).__name__, "a Workflow")
     check.check_int("max_payload_bytes", max_payload_bytes, check.MAX_PAYLOAD_BYTES_RANGE)
     workflow.validate()
-    for step in workflow.steps:
-        if step.kind is WorkflowStepKind.JOB:
-            check.serialize_json(f"the payload of step {step.key!r}", step.payload, max_bytes=max_payload_bytes)
+    workflow.check_payload_sizes(max_payload_bytes=max_payload_bytes)
     snapshot = _request_snapshot(workflow)
     # Drawn before the first try: a try repeated after a lost connection (its transaction
     # rolled back) writes the same run, and the enqueue observers hear of it once.

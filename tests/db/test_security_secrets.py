@@ -313,3 +313,14 @@ def test_the_console_never_repeats_a_payload_it_cannot_parse(capsys, debug):
     assert code == 2
     assert "error: job.invalid_payload: the JSON argument must be valid JSON" in err
     assert PAYLOAD_SECRET not in err
+
+
+@pytest.mark.parametrize("query", [f"sslpassword={PASSWORD}", f"sslmode=disable&password={PASSWORD}",
+                                   f"auth_token={PASSWORD}"], ids=["sslpassword", "password", "token"])
+def test_the_console_masks_every_secret_query_parameter(capsys, monkeypatch, query):
+    monkeypatch.delenv("RUNLEDGER_DATABASE_URL", raising=False)
+    url = f"postgresql://app@127.0.0.1:{closed_port()}/app?{query}"
+    code = cli.main(["--database-url", url, "stats"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.startswith("error: db.")
+    assert PASSWORD not in err

@@ -122,6 +122,49 @@ def test_a_year_field_ends_the_instants_after_its_last_year():
     assert next_fire_at(schedule, uuid.UUID(int=1), 30, datetime(2027, 1, 1, tzinfo=UTC)) is None
 
 
+@pytest.mark.parametrize(("expression", "names"), [
+    ("*/99999999999999999999 * * * * *", "second field '*/99999999999999999999': a step is at most 60"),
+    ("0 */61 * * * *", "minute field '*/61': a step is at most 60"),
+    ("0 0 */25 * * *", "hour field '*/25': a step is at most 24"),
+    ("0 0 0 1-31/32 * *", "day of month field '1-31/32': a step is at most 31"),
+    ("0 0 0 1 */13 *", "month field '*/13': a step is at most 12"),
+    ("0 0 0 * * 1-7/8", "day of week field '1-7/8': a step is at most 7"),
+    ("*/5 */0 * * * *", "minute field '*/0': a step is at least 1"),
+    ("0 0 0 1 1 * */231", "year field '*/231': a step is at most 230"),
+    ("*/5,10/99 * * * *", "minute field '*/5,10/99': a step is at most 60"),   # the crontab form too
+])
+def test_a_step_larger_than_its_fields_span_is_refused(expression, names):
+    with pytest.raises(errors.InvalidCron) as caught:
+        parse_cron(expression)
+    assert caught.value.code == "schedule.invalid_cron"
+    assert names in caught.value.message
+
+
+@pytest.mark.parametrize(("expression", "first"), [
+    ("*/60 * * * * *", "2026-12-04T00:01:00"),          # the whole span: once a minute, at second 0
+    ("0 0 */24 * * *", "2026-12-05T00:00:00"),
+    ("0 0 0 1 */12 *", "2027-01-01T00:00:00"),
+])
+def test_a_step_as_large_as_its_fields_span_names_the_fields_first_value(expression, first):
+    assert fires(expression, datetime(2026, 12, 4, tzinfo=UTC), 1) == [datetime.fromisoformat(first).replace(tzinfo=UTC)]
+
+
+@pytest.mark.parametrize(("expression", "expected"), [
+    ("0 0 0 1 1 * 2099", ["2099-01-01T00:00", None]),
+    ("0 0 0 1 1 * 2199", ["2199-01-01T00:00", None]),
+    ("0 0 0 29 2 * 2100-2199/4", ["2104-02-29T00:00", "2108-02-29T00:00"]),   # 2100 is no leap year
+])
+def test_years_up_to_2199_are_accepted_and_fire(expression, expected):
+    found = fires(expression, datetime(2026, 12, 4, tzinfo=UTC), 2)
+    assert [None if at is None else at.strftime("%Y-%m-%dT%H:%M") for at in found] == expected
+
+
+@pytest.mark.parametrize("expression", ["0 0 0 1 1 * 2200", "0 0 0 1 1 * 2026-2200", "0 0 0 1 1 * 1969"])
+def test_a_year_outside_1970_to_2199_is_refused(expression):
+    with pytest.raises(errors.InvalidCron, match="year field"):
+        parse_cron(expression)
+
+
 @pytest.mark.parametrize(("expression", "expected"), [
     ("0 0 0 1 1 * 2027-2027", ["2027-01-01T00:00", None, None]),     # the year 2027 only, not every year
     ("0 0 0 1 JAN-JAN *", ["2027-01-01T00:00", "2028-01-01T00:00", "2029-01-01T00:00"]),  # January only

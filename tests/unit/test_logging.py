@@ -6,6 +6,7 @@ import contextlib
 import inspect
 import io
 import json
+import re
 import logging
 import subprocess
 import sys
@@ -291,3 +292,59 @@ def test_the_log_format_is_the_option_then_the_variable_then_json_off_a_terminal
     monkeypatch.delenv("RUNLEDGER_LOG_FORMAT")
     monkeypatch.setattr("sys.stderr", io.StringIO())  # not a terminal: a log collector reads it
     assert resolve_log_format(None) == "json"
+
+
+#: A record line of the text format starts with its time and level; anything else continues one.
+RECORD_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
+HOSTILE = 'ok\n2026-01-01 00:00:00,000 ERROR runledger_sync.x {"level":"ERROR","message":"forged"}\x1b[31m\r\x9b2J\x7f'
+
+
+def hostile_failure() -> ValueError:
+    try:
+        raise ValueError(HOSTILE)
+    except ValueError as error:
+        error.add_note("note\nwith a second line\x1b[0m")
+        return error
+
+
+def test_text_mode_prints_one_record_as_one_line_whatever_its_message_and_fields_hold():
+    stream = io.StringIO()
+    configure_logging(stream=stream, json=False)
+    get_logger("x").warning("claim %s failed", HOSTILE, extra={"error": HOSTILE, "job_type": "a\x1bb"})
+    [line] = stream.getvalue().splitlines()
+    assert RECORD_LINE.match(line)
+    assert "\x1b" not in line and "\r" not in line and "\x9b" not in line and "\x7f" not in line
+    assert "claim ok\\x0a2026-01-01 00:00:00,000 ERROR" in line
+    assert "\\x1b[31m\\x0d\\x9b2J\\x7f failed" in line
+    assert "job_type=a\\x1bb" in line
+    assert 'error="ok\\n2026-01-01' in line    # quoted as JSON text: JSON's own escapes
+
+
+def test_text_mode_prints_a_traceback_as_indented_lines_whose_user_text_is_escaped():
+    stream = io.StringIO()
+    configure_logging(stream=stream, json=False)
+    get_logger("x").error("job handler panicked", exc_info=hostile_failure(), stack_info=True)
+    output = stream.getvalue()
+    first, *rest = output.splitlines()
+    assert RECORD_LINE.match(first) and first.endswith("job handler panicked")
+    assert rest and all(line.startswith("  ") for line in rest)   # no line of it reads as a record of its own
+    assert not any(RECORD_LINE.match(line) for line in rest)
+    assert "\x1b" not in output and "\r" not in output and "\x9b" not in output
+    assert "  Traceback (most recent call last):" in rest
+    assert any(line.startswith("    File ") and "in hostile_failure" in line for line in rest)
+    [message] = [line for line in rest if line.startswith("  ValueError")]
+    assert message == "  ValueError: ok\\x0a2026-01-01 00:00:00,000 ERROR runledger_sync.x " \
+                      '{"level":"ERROR","message":"forged"}\\x1b[31m\\x0d\\x9b2J\\x7f'
+    assert "  note\\x0awith a second line\\x1b[0m" in rest
+    assert "  Stack (most recent call last):" in rest
+
+
+def test_json_mode_keeps_one_valid_json_object_per_line_with_the_text_as_given():
+    stream = io.StringIO()
+    configure_logging(stream=stream)
+    get_logger("x").error("claim %s failed", HOSTILE, exc_info=hostile_failure(), extra={"error": HOSTILE})
+    [line] = stream.getvalue().splitlines()
+    assert "\x1b" not in line and "\x9b" not in line
+    record = json.loads(line)
+    assert record["message"] == f"claim {HOSTILE} failed" and record["error"] == HOSTILE
+    assert f"ValueError: {HOSTILE}" in record["exc_info"]

@@ -120,3 +120,26 @@ def test_a_short_cycle_is_named_whole():
     with pytest.raises(rl.errors.DependencyCycle) as raised:
         wf.validate()
     assert str(raised.value).endswith("has a dependency cycle: a -> c -> b -> a")
+
+
+def test_the_workflow_limits_are_10000_steps_and_64_mib_of_step_payloads():
+    from runledger_sync.core.workflow import MAX_WORKFLOW_PAYLOAD_BYTES, MAX_WORKFLOW_STEPS
+
+    assert (MAX_WORKFLOW_STEPS, MAX_WORKFLOW_PAYLOAD_BYTES) == (10_000, 64 * 1024 * 1024)
+
+
+def test_step_payloads_up_to_64_mib_together_pass_and_one_byte_more_is_refused():
+    from runledger_sync.core.workflow import MAX_WORKFLOW_PAYLOAD_BYTES
+    from runledger_sync.core.workflow_errors import WorkflowTooLarge
+
+    # 64 payloads of exactly 1 MiB of JSON each (the quotes included), external steps counting nothing.
+    wf = rl.Workflow("exactly")
+    blob = "x" * (MAX_WORKFLOW_PAYLOAD_BYTES // 64 - 2)
+    for number in range(64):
+        wf.job(f"s{number}", "email.send", blob)
+    wf.external("approval")
+    wf.check_payload_sizes(max_payload_bytes=MAX_WORKFLOW_PAYLOAD_BYTES // 64)
+
+    wf.job("one.more", "email.send", 1)
+    with pytest.raises(WorkflowTooLarge):
+        wf.check_payload_sizes(max_payload_bytes=MAX_WORKFLOW_PAYLOAD_BYTES // 64)

@@ -183,3 +183,42 @@ def test_a_step_payload_over_the_payload_limit_is_refused_naming_the_step_and_no
     assert counts(typed) == (0, 0, 0, 0)
     run = rl.enqueue_workflow(typed, wf, max_payload_bytes=3_000_000)
     assert rl.get_job(typed, run.step("huge").job_id).payload == {"blob": "x" * 2_000_000}
+
+
+def chain(steps: int) -> rl.Workflow:
+    wf = rl.Workflow("long.chain")
+    previous = None
+    for number in range(steps):
+        previous = wf.job(f"s{number}", "email.send", {"n": number}, after=[previous] if previous else [])
+    return wf
+
+
+def test_a_workflow_of_more_than_10000_steps_is_refused_and_nothing_is_written(typed):
+    with pytest.raises(rl.errors.WorkflowTooManySteps) as raised:
+        rl.enqueue_workflow(typed, chain(10_001))
+
+    assert raised.value.code == "workflow.too_many_steps"
+    assert "10001 steps" in raised.value.message and "at most 10000" in raised.value.message
+    assert isinstance(raised.value, rl.errors.InvalidWorkflow)
+    assert counts(typed) == (0, 0, 0, 0)
+
+
+def test_a_chain_of_10000_steps_is_accepted(typed):
+    run = rl.enqueue_workflow(typed, chain(10_000))
+    assert counts(typed) == (1, 10_000, 9_999, 1)
+    assert run.step("s0").job_id is not None
+
+
+def test_step_payloads_over_64_mib_together_are_refused_and_nothing_is_written(typed):
+    wf = rl.Workflow("big.together")
+    blob = "x" * 1_040_000   # each payload under the 1 MiB limit of one payload; 65 of them over 64 MiB
+    for number in range(65):
+        wf.job(f"s{number}", "email.send", {"blob": blob})
+
+    with pytest.raises(rl.errors.WorkflowTooLarge) as raised:
+        rl.enqueue_workflow(typed, wf)
+
+    assert raised.value.code == "workflow.too_large"
+    assert "67108864 bytes" in raised.value.message and "'s64'" in raised.value.message
+    assert "xxxx" not in raised.value.message
+    assert counts(typed) == (0, 0, 0, 0)
