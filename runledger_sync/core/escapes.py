@@ -15,8 +15,10 @@ import re
 
 # C0 and C1 controls and DEL (ESC starts a terminal's escape sequences), the line
 # and paragraph separators (a new line inside a line), and the bidirectional
-# marks and overrides (they reorder what the rest of the line shows).
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+# marks and overrides (they reorder what the rest of the line shows), and lone
+# surrogates (a badly encoded file name as Python decodes it), which no UTF-8
+# stream can write: the record would be lost to an encoding error.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
 def escape_controls(text: str) -> str:

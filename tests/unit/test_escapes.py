@@ -18,6 +18,7 @@ from runledger_sync.core.escapes import escape_controls
     ("next\x85line", "next\\x85line"),
     ("line\u2028sep", "line\\u2028sep"),
     ("abc\u202edcba", "abc\\u202edcba"),        # a right-to-left override reorders what follows
+    ("report-\udcff.csv", "report-\\udcff.csv"),   # a file name's bad byte: no UTF-8 stream can write it
     ("plain text, ünïcode and 😀", "plain text, ünïcode and 😀"),
     ("", ""),
 ])
