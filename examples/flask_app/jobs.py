@@ -8,7 +8,7 @@ import runledger_sync as rl
 registry = rl.JobRegistry()
 
 
-@registry.job("email.welcome", max_attempts=5, timeout_seconds=30, retry_on=(ConnectionError,))
+@registry.job("email.welcome", max_attempts=5, timeout_seconds=30)
 def send_welcome(ctx: rl.JobContext, payload: dict) -> rl.JobCompletion:
     # Send the e-mail here (SMTP, a provider's API). Delivery is at least once, so this
     # example records it only if it is not recorded yet.
