@@ -11,7 +11,7 @@ jobs and starts a Supervisor at JobsConfig defaults, as a user would, until
 every job is durably SUCCEEDED. It prints the rate of the first and the last
 quarter of the jobs, the whole batch's rate, and the index tuples read per job on
 job_attempts and job_queue (pg_stat_user_indexes before and after, enqueue
-included). Then, on the same worker (same connections, same plans) and without
+included; each index that reads a tuple or more per job is named). Then, on the same worker (same connections, same plans) and without
 another ANALYZE, a second batch of --jobs jobs enters in one transaction over the
 first batch's finished ones: its rate, and its ratio to the first batch's.
 
@@ -19,7 +19,8 @@ With --finished N, job_queue and job_attempts are first filled with N finished
 jobs and their attempts by INSERT ... SELECT, and ANALYZE runs on those instead.
 
 Autovacuum stays on, as on a user's server: it may analyze the tables during a
-run, but the worker's connections keep the plans they made first. Jobs count as
+run (the last such vacuum and analyze of each table are printed), but the
+worker's connections keep the plans they made first. Jobs count as
 done when the worker's success group write reports them (a WorkerObserver), so
 counting them asks the database nothing that would show in the index figures.
 The targets are printed as pass/fail lines; the exit status is 0 whatever they say.
@@ -33,6 +34,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Iterator, Optional, Sequence
 
 import _common as bench
@@ -65,6 +67,12 @@ FILL_FINISHED_SQL = (
 FILL_ATTEMPTS_SQL = (
     "INSERT INTO job_attempts (id, job_id, run_number, attempt, worker_id, finished_at) "
     "SELECT gen_random_uuid(), id, 1, 1, 'bench-growth-fill', now() FROM job_queue WHERE status = 'SUCCEEDED'"
+)
+AUTOVACUUM_SQL = (
+    "SELECT relname, 'vacuum', extract(epoch FROM last_autovacuum - :since) FROM pg_stat_user_tables "
+    "WHERE schemaname = current_schema() AND relname = ANY(:tables) AND last_autovacuum > :since "
+    "UNION ALL SELECT relname, 'analyze', extract(epoch FROM last_autoanalyze - :since) FROM pg_stat_user_tables "
+    "WHERE schemaname = current_schema() AND relname = ANY(:tables) AND last_autoanalyze > :since ORDER BY 3"
 )
 INDEX_READS_SQL = (
     "SELECT relname, indexrelname, idx_tup_read FROM pg_stat_user_indexes "
@@ -154,6 +162,18 @@ def index_reads(engine: Engine) -> dict[tuple[str, str], int]:
     with engine.connect() as connection:
         rows = connection.execute(text(INDEX_READS_SQL), {"tables": list(TABLES)}).all()
     return {(table, index): int(reads) for table, index, reads in rows}
+
+
+def database_now(engine: Engine) -> datetime:
+    with engine.connect() as connection:
+        return connection.execute(text("SELECT clock_timestamp()")).scalar_one()
+
+
+def autovacuum_since(engine: Engine, since: datetime) -> str:
+    """Autovacuum's last vacuum and analyze of TABLES after ``since``, in seconds from it (each table's last only)."""
+    with engine.connect() as connection:
+        rows = connection.execute(text(AUTOVACUUM_SQL), {"since": since, "tables": list(TABLES)}).all()
+    return ", ".join(f"{action} of {table} at +{float(seconds):.1f} s" for table, action, seconds in rows) or "none"
 
 
 def settled_index_reads(engine: Engine) -> dict[tuple[str, str], int]:
@@ -247,6 +267,7 @@ def measure(engine: Engine, args: argparse.Namespace) -> None:
           f"statistics taken on {'the filled' if args.finished else 'the empty'} tables, autovacuum on")
 
     before_first = settled_index_reads(engine)
+    run_started = database_now(engine)
     rl.enqueue_many_ids(engine, noop_specs(args.jobs, 0))
     supervisor = rl.Supervisor(engine, registry, config, observer=observer)
     first = Batch(args.jobs, time.perf_counter())
@@ -265,6 +286,7 @@ def measure(engine: Engine, args: argparse.Namespace) -> None:
         after_second = settled_index_reads(engine)
     finally:
         supervisor.stop(timeout=60)
+    second_started = second.started - first.started
 
     first_reads = IndexReads.between(before_first, after_first, args.jobs)
     second_reads = IndexReads.between(after_first, after_second, args.jobs)
@@ -273,6 +295,8 @@ def measure(engine: Engine, args: argparse.Namespace) -> None:
     rates = first.quarter_rates()
     pace, again = rates[-1] / rates[0], second.rate() / first.rate()
     print(f"second batch over {args.jobs + args.finished:,} finished jobs: {again:.2f}x the first batch's rate")
+    print(f"autovacuum since the first batch started (the second started at +{second_started:.1f} s): "
+          f"{autovacuum_since(engine, run_started)}")
     print("targets:")
     print(verdict(pace >= PACE_TARGET, f"last quarter >= {PACE_TARGET}x the first: {pace:.2f}x"))
     for name, reads in (("first batch", first_reads), ("second batch", second_reads)):
