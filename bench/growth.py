@@ -77,7 +77,8 @@ AUTOVACUUM_SQL = (
     "WHERE schemaname = current_schema() AND relname = ANY(:tables) AND last_autoanalyze > :since ORDER BY 3"
 )
 #: Transactions begun since the oldest one still open (or still seen by a snapshot) anywhere on the
-#: server, ours aside. While one is open, no backend can tell that a claimed job's old row is dead.
+#: server, this reading's own aside (the worker's count: they are young). While an old one is open,
+#: no backend can tell that a claimed job's old row is dead.
 OLDEST_TRANSACTION_SQL = (
     "SELECT coalesce(max(greatest(age(backend_xid), age(backend_xmin))), 0) FROM pg_stat_activity "
     "WHERE pid <> pg_backend_pid()"
@@ -294,8 +295,8 @@ def measure(engine: Engine, args: argparse.Namespace) -> None:
           f"statistics taken on {'the filled' if args.finished else 'the empty'} tables, autovacuum on")
 
     before_first = settled_index_reads(engine)
-    run_started = database_now(engine)
     rl.enqueue_many_ids(engine, noop_specs(args.jobs, 0))
+    run_started = database_now(engine)
     supervisor = rl.Supervisor(engine, registry, config, observer=observer)
     first = Batch(args.jobs, time.perf_counter())
     observer.follow(first)
