@@ -183,6 +183,10 @@ def check_run_at(value: Any, argument: str = "run_at") -> Optional[datetime]:
 _ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
+#: json.dumps builds an encoder on every call given any option; every payload is encoded with this one.
+_JSON_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
 def serialize_json(
     argument: str, value: Any, *, max_bytes: Optional[int] = None, too_large: type[InvalidPayload] = InvalidPayload,
 ) -> str:
@@ -199,7 +203,7 @@ def serialize_json(
             than ``max_bytes`` encoded (raised as ``too_large``).
     """
     try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        text = _JSON_ENCODER.encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
         # json's own message is not used: ValueError's repeats the float it refused.
         raise InvalidPayload(argument, value, _JSON_VALUE) from exc

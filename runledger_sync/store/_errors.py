@@ -18,8 +18,7 @@ three. A connection lost during such a query leaves its outcome unknown.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator, TypeGuard, TypeVar, cast
+from typing import Any, Callable, TypeGuard, TypeVar, cast
 
 import psycopg2.extensions
 from sqlalchemy import exc as sa_exc
@@ -34,6 +33,8 @@ from runledger_sync.store._held import HeldConnection
 
 T = TypeVar("T")
 
+#: Drivers whose connections switch autocommit locally, without a round trip.
+_DRIVERS_WITH_AUTOCOMMIT = ("psycopg2", "psycopg")
 #: How long one store call keeps retrying a lost connection before giving up.
 TRANSIENT_RETRY_BUDGET_SECONDS = 2.0
 TRANSIENT_RETRY_ATTEMPTS = 4
@@ -140,7 +141,13 @@ def _once(
         _prepared.own(connection)
         implicit = one_query and _prepared.may_prepare(connection)
         autocommit = implicit or (one_repeatable_write and isinstance(source, Engine))
-        with _autocommit_if(autocommit, connection):
+        # The driver's own switch: SQLAlchemy's isolation_level="AUTOCOMMIT" costs a SET
+        # round trip on psycopg2 when the pool puts the level back. psycopg 2 and 3 both
+        # flip it locally while no transaction is open, as just after checkout.
+        if not autocommit or connection.dialect.driver not in _DRIVERS_WITH_AUTOCOMMIT:
+            return _run_owned(engine, connection, work, one_repeatable_write, implicit)
+        # An engine made with isolation_level="AUTOCOMMIT" is in autocommit already, and stays so.
+        with _DriverAutocommit(connection, True):
             return _run_owned(engine, connection, work, one_repeatable_write, implicit)
 
 
@@ -173,7 +180,7 @@ def _run_owned(
     _sweep(engine, connection)
     if implicit:
         # Unprepared, its statements go one by one: they need an explicit transaction.
-        with _driver_autocommit(connection, False):
+        with _DriverAutocommit(connection, False):
             return _transaction(engine, connection, work, one_repeatable_write, False)
     return _transaction(engine, connection, work, one_repeatable_write, False)
 
@@ -186,30 +193,24 @@ def _sweep(engine: Engine, connection: Connection) -> None:
         raise translate(exc, engine.url) from exc
 
 
-@contextmanager
-def _autocommit_if(wanted: bool, connection: Connection) -> Iterator[None]:
-    # The driver's own switch: SQLAlchemy's isolation_level="AUTOCOMMIT" costs a SET
-    # round trip on psycopg2 when the pool puts the level back. psycopg 2 and 3 both
-    # flip it locally while no transaction is open, as just after checkout.
-    if not wanted or connection.dialect.driver not in ("psycopg2", "psycopg"):
-        yield
-        return
-    # An engine made with isolation_level="AUTOCOMMIT" is in autocommit already, and stays so.
-    with _driver_autocommit(connection, True):
-        yield
+class _DriverAutocommit:
+    """The driver connection's autocommit switched to ``on`` for a block, and put back after it.
 
+    A class rather than a generator: an enqueue on an Engine passes through it on every call.
+    """
 
-@contextmanager
-def _driver_autocommit(connection: Connection, on: bool) -> Iterator[None]:
-    # Only an Engine's (or a HeldConnection's) checked-out connection comes here: psycopg2's, never None.
-    driver_connection = cast(psycopg2.extensions.connection, connection.connection.dbapi_connection)
-    before = driver_connection.autocommit
-    driver_connection.autocommit = on
-    try:
-        yield
-    finally:
-        if not driver_connection.closed:
-            driver_connection.autocommit = before
+    def __init__(self, connection: Connection, on: bool) -> None:
+        # Only an Engine's (or a HeldConnection's) checked-out connection comes here: psycopg2's, never None.
+        self._driver_connection = cast(psycopg2.extensions.connection, connection.connection.dbapi_connection)
+        self._on = on
+
+    def __enter__(self) -> None:
+        self._before = self._driver_connection.autocommit
+        self._driver_connection.autocommit = self._on
+
+    def __exit__(self, *exc_info: object) -> None:
+        if not self._driver_connection.closed:
+            self._driver_connection.autocommit = self._before
 
 
 def _transaction(

@@ -34,6 +34,7 @@ What the server says when a statement and its session part ways:
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import threading
 from typing import Any, Mapping, Optional, Sequence
@@ -43,6 +44,7 @@ import psycopg2.extensions
 from sqlalchemy import bindparam, column, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, CursorResult
+from sqlalchemy.sql.elements import BindParameter
 from sqlalchemy.sql.sqltypes import NullType
 
 from runledger_sync.db.pool_mode import PREPARED_STATEMENTS_OPTION, SETTING_NAMES, policy_of
@@ -64,6 +66,7 @@ _FOUND_ELSEWHERE_SQLSTATE = "42P05"
 #: The session's state after a query that stopped inside a BEGIN block.
 _OPEN_BLOCK = (psycopg2.extensions.TRANSACTION_STATUS_INTRANS, psycopg2.extensions.TRANSACTION_STATUS_INERROR)
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+_PLAIN_WORD = re.compile(r"[A-Za-z0-9_.]*")
 #: Deallocates the library's statements in the session it runs in, in one round trip
 #: (so in one transaction: behind a transaction pooler, on one server connection).
 #: Every name is ours (``runledger_<label>_<digest>``) and the text is constant.
@@ -165,15 +168,39 @@ class _Rendered:
         digest = hashlib.sha1(body.encode(), usedforsecurity=False).hexdigest()[:12]
         self.name = f"runledger_{label}_{digest}"
         self.prepare_sql = f"PREPARE {self.name} ({types}) AS {body}"
-        # A value the statement carries itself (a literal SQLAlchemy bound) gets a name
-        # of this statement's own: two statements sent together may each have a
-        # "status_1" that means different things.
-        sent_names = [name if b.required else f"{label}__{name}" for name, b in zip(names, binds, strict=True)]
-        self.execute_sql = f"EXECUTE {self.name} ({', '.join(f':{name}' for name in sent_names)})"
-        self.parameters = [
-            bindparam(name, b.value, type_=b.type, required=b.required) for name, b in zip(sent_names, binds, strict=True)
-        ]
+        arguments: list[str] = []
+        self.parameters = []
+        for name, bind in zip(names, binds, strict=True):
+            constant = None if bind.required else _constant_sql(bind, connection)
+            if constant is not None:
+                # A value the statement carries itself, written into the EXECUTE as the
+                # very text psycopg2 would send for it: not bound and processed on every call.
+                arguments.append(constant)
+                continue
+            # Any other value of the statement's own gets a name of this statement's own:
+            # two statements sent together may each have a "status_1" that means different things.
+            sent = name if bind.required else f"{label}__{name}"
+            arguments.append(f":{sent}")
+            self.parameters.append(bindparam(sent, bind.value, type_=bind.type, required=bind.required))
+        self.execute_sql = f"EXECUTE {self.name} ({', '.join(arguments)})"
         self.columns = [column(c.key, c.type) for c in statement.exported_columns]
+
+
+def _constant_sql(bind: BindParameter[Any], connection: Connection) -> Optional[str]:
+    """The SQL text psycopg2 sends for the statement's own value ``bind``, or None to bind it as usual.
+
+    Only a number, or a word that needs no escaping in a string literal nor in the
+    text of a :func:`~sqlalchemy.text` clause (no quote, colon or percent sign), and
+    only when its type leaves the value as it is.
+    """
+    if bind.callable is not None or bind.type.dialect_impl(connection.dialect).bind_processor(connection.dialect):
+        return None
+    value = bind.value
+    if type(value) is int or (type(value) is float and math.isfinite(value)):
+        return repr(value)
+    if type(value) is str and _PLAIN_WORD.fullmatch(value):
+        return f"'{value}'"
+    return None
 
 
 #: Sent ahead of every prepared statement (SET LOCAL: gone when our transaction ends).
@@ -225,14 +252,17 @@ class PreparedStatement:
 
     def _prepared_on(self, connection: Connection) -> _Rendered:
         translate = connection.get_execution_options().get("schema_translate_map")
-        key = tuple(sorted((translate or {}).items(), key=repr))
+        key = tuple(sorted(translate.items(), key=repr)) if translate else ()
         rendered = self._rendered.get(key)
         if rendered is None:
             with self._lock:
                 rendered = self._rendered.get(key)
                 if rendered is None:
                     rendered = self._rendered[key] = _Rendered(self.label, self.statement, connection, translate)
-        prepared: set[str] = connection.info.setdefault(_INFO_KEY, set())
+        info = connection.info
+        prepared: Optional[set[str]] = info.get(_INFO_KEY)
+        if prepared is None:
+            prepared = info[_INFO_KEY] = set()
         if rendered.name not in prepared:
             # no_parameters: psycopg2 then sends the text as it is, not as a format string.
             connection.exec_driver_sql(rendered.prepare_sql, execution_options={"no_parameters": True})

@@ -111,7 +111,9 @@ def enqueue(
         concurrency_key=concurrency_key,
         meta=meta,
     )
-    return enqueue_many(bind, [spec], max_payload_bytes=max_payload_bytes)[0]
+    check.check_int("max_payload_bytes", max_payload_bytes, check.MAX_PAYLOAD_BYTES_RANGE)
+    # One spec is one chunk: straight to its statement, past the batch's reading in chunks.
+    return _enqueue_one_chunk(bind, [spec], max_payload_bytes, ids_only=False)[0]
 
 
 def enqueue_many(
@@ -177,16 +179,7 @@ def _enqueue_chunked(bind: Bind, specs: Any, max_payload_bytes: int, *, ids_only
         return []
     second = _next_specs(iterator, len(first))
     if not second:
-        # One chunk, one statement. Its ids are drawn before the first try, so a
-        # try repeated after a lost connection cannot write twice.
-        chunk = prepare_chunk(first, max_payload_bytes)
-
-        def one(connection: Connection) -> list[Any]:
-            if chunk.keyed:
-                require_read_committed(connection)
-            return write_chunk(connection, chunk, ids_only=ids_only)
-
-        return run_in_transaction(bind, one, one_repeatable_write=True)
+        return _enqueue_one_chunk(bind, first, max_payload_bytes, ids_only=ids_only)
 
     owned = owns_transaction(bind)
     # A list can be read again when a lost connection makes the store retry the
@@ -219,6 +212,22 @@ def _enqueue_chunked(bind: Bind, specs: Any, max_payload_bytes: int, *, ids_only
         return result
 
     return run_in_transaction(bind, several)
+
+
+def _enqueue_one_chunk(bind: Bind, specs: list[JobSpec], max_payload_bytes: int, *, ids_only: bool) -> list[Any]:
+    """Write at most :data:`ENQUEUE_CHUNK_SIZE` specs in one statement.
+
+    Its ids are drawn before the first try, so a try repeated after a lost
+    connection cannot write twice.
+    """
+    chunk = prepare_chunk(specs, max_payload_bytes)
+
+    def one(connection: Connection) -> list[Any]:
+        if chunk.keyed:
+            require_read_committed(connection)
+        return write_chunk(connection, chunk, ids_only=ids_only)
+
+    return run_in_transaction(bind, one, one_repeatable_write=True)
 
 
 def _check_spec_source(specs: Any) -> None:

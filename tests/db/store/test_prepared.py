@@ -95,6 +95,22 @@ def test_literals_of_statements_sent_together_keep_their_own_values(held):
     assert run_prepared(held, first, second, parameters={}) == [(2,)]
 
 
+def test_a_statements_own_numbers_and_words_are_sent_as_text_and_only_other_values_are_bound(engine, held):
+    # The enqueue statement carries a dozen such values; binding each on every call cost more than sending it.
+    odd = "50% off: 'now'"
+    statement = PreparedStatement("test_constants", select(
+        literal(7, Integer).label("n"), literal("ENQUEUED", Text).label("word"), literal(odd, Text).label("odd"),
+        bindparam("value", type_=Text).label("value"),
+    ))
+    run_prepared(held, statement, parameters={"value": "warm"})  # prepares it
+    sent: list[tuple[str, dict]] = []
+    event.listen(engine, "before_cursor_execute", lambda *args: sent.append((args[2], args[3])))
+    assert run_prepared(held, statement, parameters={"value": "b"}) == [(7, "ENQUEUED", odd, "b")]
+    [(sql, parameters)] = sent
+    assert "(7, 'ENQUEUED', %(" in sql
+    assert sorted(parameters.values()) == sorted([odd, "b"])
+
+
 def test_a_psycopg3_engine_runs_the_plain_statements_and_its_jobs_go_through(fresh_database):
     pytest.importorskip("psycopg")
     engine = create_engine(make_url(fresh_database).set(drivername="postgresql+psycopg"))
