@@ -224,9 +224,27 @@ def test_jobs_show_prints_the_row_attempts_and_events(db, run):
     assert f"id:                  {job.id}" in out
     assert "status:              DEAD_LETTERED" in out
     assert "attempts (1):" in out and "TERMINAL" in out
-    assert "events (" in out
-    for event in ("ENQUEUED", "LEASED", "DEAD_LETTERED"):
+    assert "events (3):" in out
+    for event in ("ENQUEUED", "FAILED", "DEAD_LETTERED"):
         assert event in out
+
+
+def test_jobs_show_lists_enqueued_first_from_the_job_row_at_the_transitions_level(db, run):
+    job = succeeded(db)
+    assert event_types(db, job.id) == ["SUCCEEDED"]
+
+    code, out, _ = run("jobs", "show", str(job.id))
+    listed = out.split("events (2):", 1)[1].splitlines()[2:]
+    json_code, json_out, _ = run("jobs", "show", str(job.id), "--json")
+    shown = json.loads(json_out)
+
+    assert code == json_code == 0
+    # occurred_at (a date and a time), run, attempt, then the event.
+    assert [line.split()[4] for line in listed] == ["ENQUEUED", "SUCCEEDED"]
+    assert [event["event_type"] for event in shown["events"]] == ["ENQUEUED", "SUCCEEDED"]
+    enqueued = shown["events"][0]
+    assert (enqueued["run_number"], enqueued["attempt"], enqueued["payload"]) == (1, None, {"job_type": EMAIL})
+    assert enqueued["occurred_at"] == shown["job"]["created_at"]
 
 
 def dead_lettered_by_its_handler(db) -> rl.JobRecord:
@@ -267,7 +285,8 @@ def test_jobs_show_json_holds_the_job_its_attempts_and_events(db, run):
     shown = json.loads(out)
     assert shown["job"]["id"] == str(job.id) and shown["job"]["status"] == "DEAD_LETTERED"
     assert [a["outcome"] for a in shown["attempts"]] == ["TERMINAL"]
-    assert [e["event_type"] for e in shown["events"]] == event_types(db, job.id)
+    # ENQUEUED is drawn from the job row: at the default level it has no event row.
+    assert [e["event_type"] for e in shown["events"]] == ["ENQUEUED", *event_types(db, job.id)]
 
 
 def test_jobs_show_prints_the_jobs_metadata(db, run):
