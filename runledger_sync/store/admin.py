@@ -21,7 +21,7 @@ from sqlalchemy import BigInteger, Integer, exists, func, literal, null, select,
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidArgument
 from runledger_sync.core.records import DeadLetterRecord, JobAttemptRecord, JobEventRecord, JobRecord
-from runledger_sync.core.states import JobStage, JobStatus
+from runledger_sync.core.states import JobStatus
 from runledger_sync.core.types import JobEventType
 from runledger_sync.db.schema import job_attempts, job_dead_letters, job_events, job_queue
 from runledger_sync.store._binds import Bind
@@ -203,9 +203,9 @@ def list_events(bind: Bind, job_id: UUID | str) -> list[JobEventRecord]:
     """Return a job's events in the order they were written, opening with its ENQUEUED entry.
 
     A job enqueued at the ``transitions`` event log level (the default) has no
-    ENQUEUED row; its entry is drawn from the job row instead, with id 0, run 1,
-    stage ``queued``, the row's ``created_at`` and ``{"job_type": ...}``, as the
-    row would have said.
+    ENQUEUED row; its entry is drawn from the job row instead: id 0, run 1, the
+    row's ``created_at`` and ``{"job_type": ...}``, as the event row would have
+    said, and no stage (the row no longer knows the stage it was enqueued at).
 
     Args:
         bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
@@ -217,7 +217,7 @@ def list_events(bind: Bind, job_id: UUID | str) -> list[JobEventRecord]:
                                   job_events.c.event_type == JobEventType.ENQUEUED.value)
     drawn = select(*(value.label(column.name) for value, column in zip((
         literal(0, BigInteger), job_queue.c.id, literal(1, Integer), null(), literal(JobEventType.ENQUEUED.value),
-        literal(JobStage.QUEUED.value), null(), null(), func.jsonb_build_object("job_type", job_queue.c.job_type),
+        null(), null(), null(), func.jsonb_build_object("job_type", job_queue.c.job_type),
         job_queue.c.created_at,
     ), EVENT_COLUMNS, strict=True))).where(job_queue.c.id == job, ~enqueued_row)
     statement = union_all(written, drawn).order_by(job_events.c.id.name)

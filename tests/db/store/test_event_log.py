@@ -113,7 +113,7 @@ def test_list_events_draws_the_enqueued_entry_from_the_job_row_when_no_row_was_w
     [written] = admin.list_events(held, logged.id)
 
     assert (drawn.job_id, drawn.run_number, drawn.attempt, drawn.event_type, drawn.stage, drawn.payload) == (
-        quiet.id, 1, None, "ENQUEUED", "queued", {"job_type": JOB_TYPE})
+        quiet.id, 1, None, "ENQUEUED", None, {"job_type": JOB_TYPE})
     assert drawn.occurred_at == quiet.created_at
     assert (written.event_type, written.stage, written.payload) == ("ENQUEUED", "queued", {"job_type": JOB_TYPE})
 
