@@ -52,7 +52,9 @@ def compute_retry_delay_ms(attempt: int, job_id: UUID) -> int:
         The delay in milliseconds, at least 1000.
     """
     exponent = min(max(attempt, 1), RETRY_MAX_EXPONENT)
-    capped = min(RETRY_BASE_MS * 2**exponent, RETRY_CAP_MS)
+    # A shift is ``* 2**exponent`` for an exponent of 0 or more (clamped above), and is typed int,
+    # where ``int ** int`` is typed Any because a negative exponent would give a float.
+    capped = min(RETRY_BASE_MS << exponent, RETRY_CAP_MS)
     jitter = job_id.int % (2 * RETRY_JITTER_MS) - RETRY_JITTER_MS
     return max(capped + jitter, RETRY_FLOOR_MS)
 
@@ -96,7 +98,7 @@ def compute_transient_retry_delay_ms(failures_in_a_row: int, job_id: UUID) -> in
         The delay in milliseconds, at least 1000.
     """
     doublings = min(max(failures_in_a_row, 1), 7) - 1
-    capped = min(TRANSIENT_RETRY_BASE_MS * 2**doublings, TRANSIENT_RETRY_CAP_MS)
+    capped = min(TRANSIENT_RETRY_BASE_MS << doublings, TRANSIENT_RETRY_CAP_MS)  # a shift for the reason above
     jitter = job_id.int % (2 * RETRY_JITTER_MS) - RETRY_JITTER_MS
     return max(capped + jitter, RETRY_FLOOR_MS)
 

@@ -6,7 +6,7 @@ import json
 import math
 import re
 from datetime import datetime
-from typing import Any, Optional
+from typing import Any, Optional, TypeGuard
 
 from runledger_sync.core.shapes import echo_or_shape, int_too_long, type_phrase
 from runledger_sync.core.errors import (
@@ -45,7 +45,7 @@ MAX_PAYLOAD_BYTES_RANGE = (1, 2**63 - 1)
 MAX_OUTPUT_BYTES_RANGE = MAX_PAYLOAD_BYTES_RANGE
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

@@ -42,6 +42,7 @@ from runledger_sync.core.errors import (
     EnqueueIdempotencyUnsupportedIsolation,
     IdempotencyConflict,
     IdempotencyConflictMissingExisting,
+    InvalidArgument,
     LegacyIdempotencySnapshotMissing,
 )
 from runledger_sync.core.flow import check_optional_concurrency_key, check_optional_queue_name
@@ -167,7 +168,7 @@ def _check_stage(value: Any) -> JobStage:
     try:
         return JobStage(value)
     except ValueError:
-        raise check.InvalidArgument("stage", value, f"one of {', '.join(s.value for s in JobStage)}") from None
+        raise InvalidArgument("stage", value, f"one of {', '.join(s.value for s in JobStage)}") from None
 
 
 def _batch_parameters(specs: Sequence[JobSpec], max_payload_bytes: int) -> tuple[dict[str, list[Any]], list[UUID]]:
@@ -188,7 +189,7 @@ def _batch_parameters(specs: Sequence[JobSpec], max_payload_bytes: int) -> tuple
         run_at = check.check_run_at(spec.run_at)
         delay = None if spec.delay_seconds is None else check.check_seconds("delay_seconds", spec.delay_seconds, check.DELAY_SECONDS_RANGE)
         if run_at is not None and delay is not None:
-            raise check.InvalidArgument("delay_seconds", spec.delay_seconds, "None when run_at is given")
+            raise InvalidArgument("delay_seconds", spec.delay_seconds, "None when run_at is given")
         key = check.check_optional_idempotency_key(spec.idempotency_key)
         stage = _check_stage(spec.stage)
         queue = check_optional_queue_name(spec.queue)

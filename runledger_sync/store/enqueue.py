@@ -18,7 +18,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
-from runledger_sync.core.errors import DefinitionNotFoundOrDisabled
+from runledger_sync.core.errors import DefinitionNotFoundOrDisabled, InvalidArgument
 from runledger_sync.core.flow import check_queue_name
 from runledger_sync.core.records import JobDefinition, JobRecord, JobSpec
 from runledger_sync.core.store_errors import ConnectionFailed
@@ -234,7 +234,7 @@ def _check_spec_source(specs: Any) -> None:
     # A str or a bare JobSpec is iterable or close to it; refuse them by name
     # instead of failing on an attribute deep in the batch.
     if isinstance(specs, (str, bytes, JobSpec)) or not hasattr(specs, "__iter__"):
-        raise check.InvalidArgument("specs", type(specs).__name__, "an iterable of JobSpec")
+        raise InvalidArgument("specs", type(specs).__name__, "an iterable of JobSpec")
 
 
 def _next_specs(iterator: Iterator[Any], offset: int) -> list[JobSpec]:
@@ -242,7 +242,7 @@ def _next_specs(iterator: Iterator[Any], offset: int) -> list[JobSpec]:
     specs = list(itertools.islice(iterator, ENQUEUE_CHUNK_SIZE))
     for index, spec in enumerate(specs, start=offset):
         if not isinstance(spec, JobSpec):
-            raise check.InvalidArgument(f"specs[{index}]", type(spec).__name__, "a JobSpec")
+            raise InvalidArgument(f"specs[{index}]", type(spec).__name__, "a JobSpec")
     return specs
 
 
@@ -368,7 +368,7 @@ def set_job_definition_enabled(bind: Bind, job_type: str, enabled: bool) -> JobD
     check.check_job_type(job_type)
     # bool("no") is True: only a real bool may switch a type on or off.
     if not isinstance(enabled, bool):
-        raise check.InvalidArgument("enabled", enabled, "True or False")
+        raise InvalidArgument("enabled", enabled, "True or False")
     statement = (
         job_definitions.update()
         .where(job_definitions.c.job_type == job_type)

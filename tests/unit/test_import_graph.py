@@ -75,18 +75,7 @@ RUNTIME_STORE_DOOR = "runledger_sync.store.driver"
 
 #: (importer, module, name) -> why ``name`` is reached through a module that does
 #: not define it. A stale entry fails.
-ALLOWED_REACH_THROUGH: dict[tuple[str, str, str], str] = {
-    (
-        "runledger_sync.store.enqueue",
-        "runledger_sync.core.validation",
-        "InvalidArgument",
-    ): "raised as check.InvalidArgument; moves with the rewrite of the enqueue statements",
-    (
-        "runledger_sync.store._enqueue_batch",
-        "runledger_sync.core.validation",
-        "InvalidArgument",
-    ): "raised as check.InvalidArgument; moves with the rewrite of the enqueue statements",
-}
+ALLOWED_REACH_THROUGH: dict[tuple[str, str, str], str] = {}
 
 
 @dataclass(frozen=True)
