@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 from uuid import UUID
 
-from sqlalchemy import BigInteger, Integer, exists, func, literal, null, select, tuple_, union_all
+from sqlalchemy import BigInteger, Integer, Select, exists, func, literal, null, select, tuple_, union_all
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidArgument
@@ -215,7 +215,7 @@ def list_events(bind: Bind, job_id: UUID | str) -> list[JobEventRecord]:
     written = select(*EVENT_COLUMNS).where(job_events.c.job_id == job)
     enqueued_row = exists().where(job_events.c.job_id == job,
                                   job_events.c.event_type == JobEventType.ENQUEUED.value)
-    drawn = select(*(value.label(column.name) for value, column in zip((
+    drawn: Select[Any] = select(*(value.label(column.name) for value, column in zip((
         literal(0, BigInteger), job_queue.c.id, literal(1, Integer), null(), literal(JobEventType.ENQUEUED.value),
         null(), null(), null(), func.jsonb_build_object("job_type", job_queue.c.job_type),
         job_queue.c.created_at,
