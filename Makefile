@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 # What the whole suite and its quick part take on a quiet 2-core machine, said before they start.
-TEST_LENGTH := about 12 minutes on 2 cores
+TEST_LENGTH := about 15 minutes on 2 cores
 QUICK_LENGTH := a few minutes
 
 .PHONY: demo test test-quick venv docs docs-serve typecheck clean
@@ -30,7 +30,7 @@ demo: $(VENV)/.installed-demo
 
 test: venv
 	@echo "make test: the whole suite takes $(TEST_LENGTH); make test-quick is the inner loop ($(QUICK_LENGTH))"
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
 
 # The inner loop: the tests without a database and the SQL layer's, on two processes.
 test-quick: venv

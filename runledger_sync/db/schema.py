@@ -234,9 +234,16 @@ job_queue = Table(
     CheckConstraint(META_IS_OBJECT, name="ck_job_queue_meta_object"),
 )
 
-# The claim index covers exactly the rows a claim can pick, queue by queue in claim
-# order, so the claim reads only the head of each queue it serves however many
-# finished rows exist, and jobs held back by a busy concurrency key are not in it.
+# job_queue's indexes. Each says which of the product's reads it serves; the reads
+# are explained on a table of 1,000,000 jobs by
+# tests/db/store/test_reads_at_a_million_jobs.py, which fails on a sequential scan
+# of job_queue and on an index no read uses (every index costs every write).
+#
+# The claim (store/_claim_build.py) reads the head of each queue it serves in
+# claim order, and the rollup's sample (store/_rollup.py) counts each queue's due
+# claimable jobs. The index covers exactly the rows a claim can pick, so the claim
+# reads only the head of each queue however many finished rows exist, and jobs held
+# back by a busy concurrency key are not in it.
 CLAIMABLE = "status = 'PENDING' AND NOT blocked_by_key"
 Index(
     "idx_job_queue_claim",
@@ -248,9 +255,10 @@ Index(
     postgresql_where=text(CLAIMABLE),
 )
 # A key's PENDING and LEASED jobs, the live ones apart from the held-back ones, each
-# in claim order: the key trigger counts the live ones without reading the held-back
-# ones (a busy key may hold back thousands) and finds the next one to let go. Only
-# keyed rows have entries.
+# in claim order: the key trigger (db/schema_queues.py, its guess at enqueue and its
+# settle at commit) counts the live ones without reading the held-back ones (a busy
+# key may hold back thousands) and finds the next one to let go; explain_wait finds
+# the job holding a busy key's turn. Only keyed rows have entries.
 Index(
     "idx_job_queue_key_live",
     job_queue.c.queue,
@@ -262,6 +270,10 @@ Index(
     job_queue.c.id,
     postgresql_where=text("execution_resource_key IS NOT NULL AND status IN ('PENDING', 'LEASED')"),
 )
+# The LEASED rows, which the listing indexes leave out, by lease expiry: the
+# reaper's expired leases, oldest first (store/_reaper.py); and every read of the
+# LEASED part: list_jobs and count_jobs, the stats, gauges and queue loads, the
+# overview's workers, the claim's and explain_wait's count of a limited queue's leases.
 Index(
     "idx_job_queue_leased_expiry",
     job_queue.c.lease_expires_at,
@@ -276,6 +288,10 @@ Index(
 # to recover) and idx_job_queue_leased_expiry finds them; store/admin.py lists and
 # counts the two parts apart, each status on its own, and merges them newest first.
 RESTING = "status <> 'LEASED'"
+# list_jobs by status or none, newest first and paged by (created_at, id) (jobs list,
+# the dashboard's jobs page, its key-prefix search); count_jobs; the PENDING parts of
+# queue_stats, queue_gauges and queue_loads (held-back jobs count there, and the
+# claim index leaves them out).
 Index(
     "idx_job_queue_resting_status",
     job_queue.c.status,
@@ -283,6 +299,8 @@ Index(
     job_queue.c.id.desc(),
     postgresql_where=text(RESTING),
 )
+# list_jobs and count_jobs by job type, with a status or without (jobs list --type,
+# the dashboard's type filter); make_jobs_due for some types.
 Index(
     "idx_job_queue_resting_type",
     job_queue.c.job_type,
@@ -291,7 +309,9 @@ Index(
     job_queue.c.id.desc(),
     postgresql_where=text(RESTING),
 )
-# Global jobs (no organization) are never listed by organization: no entries for them.
+# list_jobs and count_jobs in an organization (jobs list --org, a dashboard scoped to
+# or filtered by one), and queue_stats of an organization. Global jobs (no
+# organization) are never listed by organization: no entries for them.
 Index(
     "idx_job_queue_resting_org",
     job_queue.c.organization_id,
@@ -301,8 +321,10 @@ Index(
     postgresql_where=text(f"organization_id IS NOT NULL AND {RESTING}"),
 )
 # Retention (revision 0007): finished jobs outside workflows, by status and age, so
-# a prune reads only the oldest of the rows it may delete. A success writes one
-# entry here; the running write, which changes neither column, stays HOT.
+# a prune reads only the oldest of the rows it may delete. It also finds the
+# dead-lettered jobs a replay may requeue (count_dead_letters, the dashboard's
+# count). A success writes one entry here; the running write, which changes neither
+# column, stays HOT.
 FINISHED_STANDALONE = "status IN ('SUCCEEDED', 'CANCELED', 'DEAD_LETTERED') AND workflow_step_id IS NULL"
 Index(
     "idx_job_queue_finished",
@@ -311,6 +333,9 @@ Index(
     job_queue.c.id,
     postgresql_where=text(FINISHED_STANDALONE),
 )
+# An idempotency key is unique per job type in an organization, or among the jobs
+# of none: each side has its index. An enqueue's insert conflicts on them, and the
+# key's holder is then read back through the same one (store/_enqueue_batch.py).
 Index(
     "uq_job_queue_type_idempotency_org",
     job_queue.c.job_type,
@@ -326,7 +351,9 @@ Index(
     unique=True,
     postgresql_where=text("organization_id IS NULL AND idempotency_key IS NOT NULL"),
 )
-
+# One job per workflow step. A prune of finished runs finds their jobs through it
+# (and whether any is still live), and so does the foreign key that sets the column
+# to NULL when a step is deleted.
 Index(
     "uq_job_queue_workflow_step_id",
     job_queue.c.workflow_step_id,

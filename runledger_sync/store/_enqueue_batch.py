@@ -153,15 +153,16 @@ _ENQUEUE = PreparedStatement("enqueue", _build_enqueue_statement())
 # For callers that want ids only: no row is sent back and decoded only to be dropped.
 _ENQUEUE_IDS = PreparedStatement("enqueue_ids", _build_enqueue_statement(ids_only=True))
 
-_EXISTING = (
-    select(*JOB_COLUMNS)
-    .where(
-        job_queue.c.job_type == bindparam("job_type"),
-        job_queue.c.idempotency_key == bindparam("idempotency_key"),
-        job_queue.c.organization_id.is_not_distinct_from(bindparam("organization_id", type_=Text)),
-    )
-    .with_for_update()
+_KEYED = select(*JOB_COLUMNS).where(
+    job_queue.c.job_type == bindparam("job_type"), job_queue.c.idempotency_key == bindparam("idempotency_key"),
 )
+# A key is unique among an organization's jobs of a type, or among those of no
+# organization, each in a partial index of its own; a lookup reaches one only by a
+# condition that names its side (IS NOT DISTINCT FROM names neither, and reads
+# the whole table).
+_EXISTING_IN_ORGANIZATION = _KEYED.where(
+    job_queue.c.organization_id == bindparam("organization_id", type_=Text)).with_for_update()
+_EXISTING_GLOBAL = _KEYED.where(job_queue.c.organization_id.is_(None)).with_for_update()
 
 
 def _check_stage(value: Any) -> JobStage:
@@ -299,7 +300,7 @@ def _existing_for_key(connection: Connection, spec: JobSpec, snapshot: Optional[
         _raise_if_definition_missing(connection, {spec.job_type})
         raise IdempotencyConflictMissingExisting(f"job of type {spec.job_type!r} was not inserted")
     row = connection.execute(
-        _EXISTING,
+        _EXISTING_GLOBAL if spec.organization_id is None else _EXISTING_IN_ORGANIZATION,
         {"job_type": spec.job_type, "idempotency_key": spec.idempotency_key, "organization_id": spec.organization_id},
     ).first()
     if row is None:

@@ -5,8 +5,8 @@ time range on an index), so a scrape reads the unfinished jobs, the last hour
 of dead letters and the due schedules, and never the finished jobs that make up
 most of a long-lived job_queue:
 
-- PENDING jobs through idx_job_queue_claim, LEASED ones through
-  idx_job_queue_leased_expiry (both partial on their status);
+- PENDING jobs (held-back ones too) through idx_job_queue_resting_status, LEASED
+  ones through idx_job_queue_leased_expiry (both partial on status);
 - dead letters of the last hour through idx_job_dead_letters_failed_at;
 - due schedules through idx_job_schedules_due;
 - the job types from job_definitions (a row per type), so a type with no

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
 import pytest
 
 from runledger_sync import cli
@@ -17,3 +22,12 @@ def run(capsys, fresh_database):
         return code, out, err
 
     return invoke
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A scratch directory with a short path: an embedded server's socket path must fit in 107 bytes,
+    which pytest's own temporary directories (deeper still under xdist) can exceed."""
+    path = Path(tempfile.mkdtemp(prefix="rl-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

@@ -59,31 +59,31 @@ def test_demo_inspection_commands_it_prints_work(fresh_database, capsys):
     assert "demo.stuck" in printed and "1 dead-lettered job(s) would be requeued (dry run)" in printed
 
 
-def _demo_env(tmp_path) -> dict[str, str]:
+def _demo_env(short_tmp) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items()
            if not key.startswith("RUNLEDGER_") and key != "DATABASE_URL"}
-    env["TMPDIR"] = str(tmp_path)  # its data directory and log, away from any other demo
+    env["TMPDIR"] = str(short_tmp)  # its data directory and log, away from any other demo
     return env
 
 
 @pytest.mark.timeout(180)
-def test_runledger_sync_demo_without_a_url_starts_its_own_embedded_server_and_removes_its_directory(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "runledger_sync.cli", "demo"], env=_demo_env(tmp_path),
+def test_runledger_sync_demo_without_a_url_starts_its_own_embedded_server_and_removes_its_directory(short_tmp):
+    result = subprocess.run([sys.executable, "-m", "runledger_sync.cli", "demo"], env=_demo_env(short_tmp),
                             capture_output=True, text=True, timeout=170)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "starting embedded PostgreSQL" in result.stdout
     assert result.stdout.rstrip().endswith("demo finished as expected")
     # Its directory (data and log) was its own, and is gone at the end.
-    assert f"go to {tmp_path}/runledger-demo-" in result.stdout
-    assert list(tmp_path.glob("runledger-demo-*")) == []
+    assert f"go to {short_tmp}/runledger-demo-" in result.stdout
+    assert list(short_tmp.glob("runledger-demo-*")) == []
 
 
 @pytest.mark.timeout(180)
-def test_demo_ignores_an_inherited_database_url_and_leaves_that_database_untouched(pg_server, tmp_path):
+def test_demo_ignores_an_inherited_database_url_and_leaves_that_database_untouched(pg_server, short_tmp):
     name = f"rl_demo_untouched_{os.getpid()}"
     url = pg_server.create_database(name, drop_existing=True)
     try:
-        env = {**_demo_env(tmp_path), "RUNLEDGER_DATABASE_URL": url}
+        env = {**_demo_env(short_tmp), "RUNLEDGER_DATABASE_URL": url}
         result = subprocess.run([sys.executable, "-m", "runledger_sync.cli", "demo"], env=env,
                                 capture_output=True, text=True, timeout=170)
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]

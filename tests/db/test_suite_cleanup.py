@@ -50,9 +50,9 @@ def _wait_for_file(path: Path, process: subprocess.Popen) -> str:
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_an_interrupted_run_stops_the_embedded_server_and_removes_its_directory(signum, tmp_path):
-    report = tmp_path / "report"
-    scratch = tmp_path / "tmp"
+def test_an_interrupted_run_stops_the_embedded_server_and_removes_its_directory(signum, short_tmp):
+    report = short_tmp / "report"
+    scratch = short_tmp / "tmp"
     scratch.mkdir()
     env = {key: value for key, value in os.environ.items() if key != "RUNLEDGER_TEST_DATABASE_URL"}
     env.update({REPORT_VARIABLE: str(report), "TMPDIR": str(scratch), "PYTHONPATH": str(REPO)})
@@ -81,8 +81,8 @@ def test_an_interrupted_run_stops_the_embedded_server_and_removes_its_directory(
 
 
 @pytest.mark.timeout(180)
-def test_a_clean_run_leaves_no_directory_behind(tmp_path):
-    scratch = tmp_path / "tmp"
+def test_a_clean_run_leaves_no_directory_behind(short_tmp):
+    scratch = short_tmp / "tmp"
     scratch.mkdir()
     env = {key: value for key, value in os.environ.items() if key != "RUNLEDGER_TEST_DATABASE_URL"}
     env.update({"TMPDIR": str(scratch), "PYTHONPATH": str(REPO)})

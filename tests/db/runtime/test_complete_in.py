@@ -124,7 +124,7 @@ def test_effect_and_success_commit_together_and_the_worker_writes_nothing_more(
     ("error", "status", "kind"),
     [
         (JobFailure.retryable("test.later", "try again"), "PENDING", "RETRYABLE"),
-        (RuntimeError("boom after complete_in"), "DEAD_LETTERED", "PANICKED"),
+        (RuntimeError("boom after complete_in"), "PENDING", "RETRYABLE"),  # a plain exception spends an attempt
     ],
 )
 def test_handler_raising_after_complete_in_rolls_back_effect_and_success(

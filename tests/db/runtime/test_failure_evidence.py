@@ -197,7 +197,7 @@ def test_the_handlers_frame_comes_first_and_the_library_frames_that_called_it_be
 
     # The log's traceback, as configure_logging formats it.
     [panic] = [line for line in map(json.loads, json_lines.getvalue().splitlines())
-               if line["message"] == "job handler panicked"]
+               if line["message"].startswith("job handler raised KeyError; the job is dead-lettered")]
     assert panic["exc_info"].splitlines()[1].startswith(first_frame)
 
     # jobs show.

@@ -64,7 +64,7 @@ def test_a_handlers_exception_text_is_one_escaped_line_in_the_text_log_and_valid
     assert "\x1b" not in text and "\r" not in text and "\x9b" not in text
     # Every line is a record's own, or an indented line continuing the record above it.
     assert all(RECORD_LINE.match(line) or line.startswith("  ") for line in lines), lines
-    [panic] = [index for index, line in enumerate(lines) if RECORD_LINE.match(line) and "job handler panicked" in line]
+    [panic] = [index for index, line in enumerate(lines) if RECORD_LINE.match(line) and "job handler raised ValueError" in line]
     continuation = []
     for line in lines[panic + 1:]:
         if RECORD_LINE.match(line):
@@ -80,5 +80,5 @@ def test_a_handlers_exception_text_is_one_escaped_line_in_the_text_log_and_valid
     records = [json.loads(line) for line in json_lines.splitlines()]   # every line is one JSON object
     assert "\x1b" not in json_lines and "\x9b" not in json_lines
     assert not any(record.get("message") == "forged" for record in records)
-    [panic_record] = [record for record in records if record["message"] == "job handler panicked"]
+    [panic_record] = [record for record in records if record["message"].startswith("job handler raised ValueError")]
     assert f"ValueError: {HOSTILE}" in panic_record["exc_info"]

@@ -36,7 +36,8 @@ SCANS = ("Index Scan", "Index Only Scan", "Bitmap Index Scan")
 def all_prepared_statements() -> list[PreparedStatement]:
     for module in pkgutil.walk_packages(store_package.__path__, store_package.__name__ + "."):
         importlib.import_module(module.name)
-    found = {id(o): o for o in gc.get_objects() if isinstance(o, PreparedStatement)}
+    # type(), not isinstance(): a lazy object (Django's settings) answers isinstance by loading itself.
+    found = {id(o): o for o in gc.get_objects() if type(o) is PreparedStatement}
     return sorted(found.values(), key=lambda statement: statement.label)
 
 
