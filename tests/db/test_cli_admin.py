@@ -75,6 +75,20 @@ def test_enqueue_prints_the_new_jobs_id_and_stores_every_option(db, run):
     assert job.next_run_at > datetime.now(timezone.utc) + timedelta(seconds=30)
 
 
+@pytest.mark.parametrize(("level", "logged"), [(None, []), ("full", ["ENQUEUED"]), ("transitions", [])])
+def test_enqueue_writes_the_enqueued_row_at_the_event_log_level_of_the_environment(db, run, monkeypatch, level, logged):
+    monkeypatch.delenv("JOBS_EVENT_LOG", raising=False)
+    if level is None:
+        monkeypatch.delenv("RUNLEDGER_EVENT_LOG", raising=False)
+    else:
+        monkeypatch.setenv("RUNLEDGER_EVENT_LOG", level)
+
+    code, out, err = run("enqueue", EMAIL, "{}")
+
+    assert code == 0, err
+    assert event_types(db, out.strip()) == logged
+
+
 def test_enqueue_stores_meta_given_as_key_value_pairs(db, run):
     code, out, err = run("enqueue", EMAIL, "{}", "--meta", "tenant=acme", "--meta", "query=a=b")
 
