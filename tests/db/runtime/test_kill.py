@@ -11,7 +11,7 @@ from tests import handlers as h
 from tests.db.runtime.process_support import WorkerProcess
 from tests.db.runtime.worker_process import LEASE_TTL_SECONDS
 from tests.handlers import SECRET, fast_config
-from tests.support import attempts, event_types, events, rows, scalar, wait_until
+from tests.support import attempts, events, rows, scalar, wait_until
 
 PAYLOAD = {"secret": SECRET}
 
