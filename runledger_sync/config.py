@@ -20,7 +20,7 @@ from runledger_sync.core import backoff
 from runledger_sync.core.errors import ConfigError
 from runledger_sync.core.ids import uuid7
 from runledger_sync.core.retention import Retention
-from runledger_sync.core.types import EventLog
+from runledger_sync.core import types as core_types
 
 DEFAULT_POLL_INTERVAL_MS: float = 500
 DEFAULT_CLAIM_BATCH_SIZE: int = 16
@@ -38,8 +38,8 @@ DEFAULT_MAX_PAYLOAD_BYTES: int = 1_048_576
 DEFAULT_MAX_OUTPUT_BYTES: int = 1_048_576
 DEFAULT_JOB_TYPES: Optional[tuple[str, ...]] = None
 DEFAULT_LOG_PAYLOADS: bool = False
-#: Every event of the spec; ``transitions`` leaves out LEASED, STAGE_CHANGED to running and HEARTBEAT.
-DEFAULT_EVENT_LOG: str = EventLog.FULL.value
+#: ``transitions``: no ENQUEUED, LEASED, STAGE_CHANGED to running or HEARTBEAT rows; ``full`` writes them.
+DEFAULT_EVENT_LOG: str = core_types.DEFAULT_EVENT_LOG.value
 
 #: On: succeeded and canceled jobs kept 7 days, dead-lettered jobs and finished workflow runs 30.
 DEFAULT_RETENTION: Optional[Retention] = Retention()
@@ -115,9 +115,10 @@ class JobsConfig:
         queue_concurrency: Queue name -> most jobs of that queue running at once in
             this worker (its share, inside ``max_global_concurrency``).
         log_payloads: Allow payloads in debug logs (off: payloads may hold secrets).
-        event_log: Which events the worker writes: ``full`` (every event of the
-            spec) or ``transitions`` (no LEASED, no STAGE_CHANGED to running, no
-            HEARTBEAT rows; bench/README.md has what it saves).
+        event_log: Which events enqueue and the worker write: ``transitions``
+            (the default: no ENQUEUED, LEASED, STAGE_CHANGED to running or
+            HEARTBEAT rows; bench/README.md has what it saves) or ``full`` (every
+            event of the spec). Enqueue takes it as its ``event_log`` argument.
         retention: How long finished jobs and workflow runs are kept before the
             pruner deletes them (:class:`runledger_sync.Retention`); None keeps
             everything and runs no pruner.

@@ -230,8 +230,9 @@ class JobRegistry(Declarations, Hooked):
         Example:
             ``registry.enqueue(engine, "orders.sync", {"order_id": 42}, meta={"tenant": "acme"})``
         """
-        limit = {"max_payload_bytes": options.pop("max_payload_bytes")} if "max_payload_bytes" in options else {}
-        return self.enqueue_many(bind, [JobSpec(job_type, {} if payload is None else payload, **options)], **limit)[0]
+        # These two are the call's, not the job's: they stay out of its spec.
+        call = {name: options.pop(name) for name in ("max_payload_bytes", "event_log") if name in options}
+        return self.enqueue_many(bind, [JobSpec(job_type, {} if payload is None else payload, **options)], **call)[0]
 
     def enqueue_many(self, bind: Any, specs: Any, **options: Any) -> list[JobRecord]:
         """Enqueue as :func:`runledger_sync.enqueue_many` does, preparing each spec as :meth:`enqueue` does."""

@@ -27,9 +27,11 @@ def define(engine: Any, job_type: str = JOB_TYPE, **overrides: Any) -> JobDefini
 
 
 def claim_one(engine: Any, *, worker_id: str = "worker-a", lease_ttl_seconds: float = 30, prestart: bool = True,
-              job_type: str = JOB_TYPE):
+              job_type: str = JOB_TYPE, **level: Any):
+    """Claim the one claimable job of ``job_type``; ``level`` is the claim's ``event_log``, if given."""
     claim = claim_prestart_jobs_for_types if prestart else claim_jobs
-    jobs = claim(engine, worker_id=worker_id, lease_ttl_seconds=lease_ttl_seconds, limit=1, job_types=[job_type])
+    jobs = claim(engine, worker_id=worker_id, lease_ttl_seconds=lease_ttl_seconds, limit=1, job_types=[job_type],
+                 **level)
     assert len(jobs) == 1, f"expected one claimable {job_type} job, got {len(jobs)}"
     return jobs[0]
 

@@ -41,6 +41,7 @@ from runledger_sync.aio._wait import wait_for_job
 from runledger_sync.core import validation as check
 from runledger_sync.core.records import JobRecord, JobSpec
 from runledger_sync.core.states import JobStage
+from runledger_sync.core.types import DEFAULT_EVENT_LOG, EventLog
 from runledger_sync.core.workflow import Workflow, WorkflowRunRecord
 from runledger_sync.store import admin, workflows
 from runledger_sync.store import enqueue as store_enqueue
@@ -65,6 +66,7 @@ async def enqueue(
     queue: Optional[str] = None,
     concurrency_key: Optional[str] = None,
     meta: Optional[Mapping[str, str]] = None,
+    event_log: EventLog | str = DEFAULT_EVENT_LOG,
 ) -> JobRecord:
     """Add one job in the caller's transaction, as :func:`runledger_sync.enqueue` does.
 
@@ -85,34 +87,35 @@ async def enqueue(
         priority=priority, max_attempts=max_attempts, timeout_seconds=timeout_seconds, run_at=run_at,
         delay_seconds=delay_seconds, organization_id=organization_id, idempotency_key=idempotency_key, stage=stage,
         max_payload_bytes=max_payload_bytes, queue=queue, concurrency_key=concurrency_key, meta=meta,
+        event_log=event_log,
     )
     return await run_joined(bind, lambda connection: store_enqueue.enqueue(connection, job_type, payload, **options))
 
 
 async def enqueue_many(
     bind: Any, specs: Iterable[JobSpec], *, max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
+    event_log: EventLog | str = DEFAULT_EVENT_LOG,
 ) -> list[JobRecord]:
     """Add a batch of jobs in the caller's transaction; all are written or none (see :func:`runledger_sync.enqueue_many`).
 
     Returns:
         One record per spec, in the order given.
     """
-    return await run_joined(
-        bind, lambda connection: store_enqueue.enqueue_many(connection, specs, max_payload_bytes=max_payload_bytes)
-    )
+    return await run_joined(bind, lambda connection: store_enqueue.enqueue_many(
+        connection, specs, max_payload_bytes=max_payload_bytes, event_log=event_log))
 
 
 async def enqueue_workflow(
     bind: Any, workflow: Workflow, *, max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
+    event_log: EventLog | str = DEFAULT_EVENT_LOG,
 ) -> WorkflowRunRecord:
     """Write a workflow run in the caller's transaction (see :func:`runledger_sync.enqueue_workflow`).
 
     Returns:
         The run with its steps.
     """
-    return await run_joined(
-        bind, lambda connection: workflows.enqueue_workflow(connection, workflow, max_payload_bytes=max_payload_bytes)
-    )
+    return await run_joined(bind, lambda connection: workflows.enqueue_workflow(
+        connection, workflow, max_payload_bytes=max_payload_bytes, event_log=event_log))
 
 
 async def get_job(bind: Any, job_id: UUID | str, *, organization_id: Optional[str] = None) -> Optional[JobRecord]:

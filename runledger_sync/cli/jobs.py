@@ -140,13 +140,15 @@ def _meta(pairs: list[str]) -> Optional[dict[str, str]]:
 @command("enqueue", help="add one job to the queue and print its id", arguments=_enqueue_arguments)
 def _enqueue(args: argparse.Namespace) -> int:
     payload = parse_json_argument(*_payload_text(args))
-    # The same size limit a worker's process enforces (RUNLEDGER_MAX_PAYLOAD_BYTES), not the bare default.
-    max_payload_bytes = rl.JobsConfig.from_env().max_payload_bytes
+    # The same size limit and event log level a worker's process has (RUNLEDGER_MAX_PAYLOAD_BYTES,
+    # RUNLEDGER_EVENT_LOG), not the bare defaults.
+    config = rl.JobsConfig.from_env()
     with open_engine(args) as engine:
         job = rl.enqueue(engine, args.job_type, payload, priority=args.priority, delay_seconds=args.delay_seconds,
                          organization_id=args.organization_id, idempotency_key=args.idempotency_key,
                          max_attempts=args.max_attempts, queue=args.queue, concurrency_key=args.concurrency_key,
-                         max_payload_bytes=max_payload_bytes, meta=_meta(args.meta))
+                         max_payload_bytes=config.max_payload_bytes, event_log=config.event_log,
+                         meta=_meta(args.meta))
     print(job.id)
     return EXIT_OK
 

@@ -205,13 +205,15 @@ class Runledger:
         state = self._state()
         bind = connection if connection is not None else state.engine
         options.setdefault("max_payload_bytes", state.config.max_payload_bytes)
+        options.setdefault("event_log", state.config.event_log)
         return rl.enqueue(bind, job_type, payload, **options)
 
     def enqueue_many(self, specs: Any, *, connection: Any = None) -> list[rl.JobRecord]:
         """Enqueue several :class:`~runledger_sync.JobSpec` at once, like :meth:`enqueue`."""
         state = self._state()
         bind = connection if connection is not None else state.engine
-        return rl.enqueue_many(bind, specs, max_payload_bytes=state.config.max_payload_bytes)
+        return rl.enqueue_many(bind, specs, max_payload_bytes=state.config.max_payload_bytes,
+                               event_log=state.config.event_log)
 
     def sync_definitions(self, app: Flask | None = None) -> Any:
         """Write the registry's job definitions, so its types can be enqueued."""

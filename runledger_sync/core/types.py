@@ -51,17 +51,23 @@ class JobEventType(str, enum.Enum):
 
 
 class EventLog(str, enum.Enum):
-    """How much of the event log the worker's hot path writes (``JobsConfig.event_log``).
+    """How much of the event log enqueue and the worker's hot path write (``JobsConfig.event_log``).
 
-    Every transition of a job's status, and every operator action, is always
-    logged; the levels differ only in the rows that record a step within one
-    lease, which the job row and its attempt row already show.
+    Every transition of a job's status after its enqueue, and every operator
+    action, is always logged; the levels differ only in the rows that repeat
+    what the job row and its attempt row already show.
     """
 
-    #: Every event of the spec: LEASED at claim, STAGE_CHANGED to running, each HEARTBEAT.
+    #: Every event of the spec: ENQUEUED, LEASED at claim, STAGE_CHANGED to running, each HEARTBEAT.
     FULL = "full"
-    #: No LEASED, no STAGE_CHANGED to running, no HEARTBEAT rows; everything else as FULL.
+    #: No ENQUEUED, LEASED, STAGE_CHANGED to running or HEARTBEAT rows; everything else as FULL.
+    #: The ENQUEUED entry that :func:`runledger_sync.list_events` lists is drawn from the job row.
     TRANSITIONS = "transitions"
+
+
+#: The level wherever none is given: the rows it leaves out cost a write each on
+#: the hot path and say nothing the job and attempt rows do not.
+DEFAULT_EVENT_LOG = EventLog.TRANSITIONS
 
 
 class ClaimOrigin(str, enum.Enum):

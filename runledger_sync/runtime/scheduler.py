@@ -44,7 +44,7 @@ def tick_once(engine: Engine, config: JobsConfig) -> ScheduleTick:
     failed: list = []
     finished: list[str] = []
     while True:
-        tick = driver.fire_due_schedules(engine, limit=config.claim_batch_size)
+        tick = driver.fire_due_schedules(engine, limit=config.claim_batch_size, event_log=config.event_log)
         fired += tick.fired
         for name in tick.finished:
             log.info("schedule fired its last instant; now inactive", extra={"schedule_name": name})

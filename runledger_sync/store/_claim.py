@@ -12,7 +12,7 @@ from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidLeaseDuration
 from runledger_sync.core.ids import uuid7_strings
 from runledger_sync.core.records import JobRecord
-from runledger_sync.core.types import ClaimOrigin, EventLog
+from runledger_sync.core.types import ClaimOrigin, DEFAULT_EVENT_LOG, EventLog
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._claim_build import build_claim
 from runledger_sync.store._claim_queues import build_queue_locks, flow_params
@@ -163,7 +163,7 @@ def claim_jobs(
     lease_ttl_seconds: float,
     limit: int,
     job_types: Optional[Sequence[str]] = None,
-    event_log: EventLog | str = EventLog.FULL,
+    event_log: EventLog | str = DEFAULT_EVENT_LOG,
     queues: Optional[Sequence[str]] = None,
     queue_rooms: Optional[Mapping[str, int]] = None,
 ) -> list[JobRecord]:
@@ -194,7 +194,7 @@ def claim_prestart_jobs_for_types(
     lease_ttl_seconds: float,
     limit: int,
     job_types: Sequence[str],
-    event_log: EventLog | str = EventLog.FULL,
+    event_log: EventLog | str = DEFAULT_EVENT_LOG,
     queues: Optional[Sequence[str]] = None,
     queue_rooms: Optional[Mapping[str, int]] = None,
     unlimited_only: bool = False,

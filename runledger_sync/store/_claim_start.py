@@ -28,7 +28,7 @@ from sqlalchemy.engine import Connection
 
 from runledger_sync.core.errors import RunledgerError
 from runledger_sync.core.records import JobRecord
-from runledger_sync.core.types import ClaimOrigin, EventLog
+from runledger_sync.core.types import ClaimOrigin, DEFAULT_EVENT_LOG, EventLog
 from runledger_sync.db.schema import job_attempts, job_queue
 from runledger_sync.store._errors import run_in_transaction
 from runledger_sync.store._fence import held_under, live_lease
@@ -127,7 +127,7 @@ def claim_and_start_jobs(
     lease_ttl_seconds: float,
     limit: int,
     job_types: Sequence[str],
-    event_log: EventLog | str = EventLog.FULL,
+    event_log: EventLog | str = DEFAULT_EVENT_LOG,
     queues: Optional[Sequence[str]] = None,
     queue_rooms: Optional[Mapping[str, int]] = None,
     unlimited_only: bool = False,

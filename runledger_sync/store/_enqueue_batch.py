@@ -55,6 +55,7 @@ from runledger_sync.core.states import JobStage
 from runledger_sync.db.schema import job_definitions, job_events, job_queue
 from runledger_sync.store._prepared import PreparedStatement
 from runledger_sync.store._rows import JOB_COLUMNS, to_job, to_jobs
+from runledger_sync.store._sql import event_log_params, full_event_log
 from runledger_sync.store._notify import notify_due_types
 
 # -- the batch statement -----------------------------------------------------
@@ -138,7 +139,7 @@ def _build_enqueue_statement(ids_only: bool = False) -> Any:
                 literal(JobEventType.ENQUEUED.value),
                 inserted.c.stage,
                 func.jsonb_build_object("job_type", inserted.c.job_type),
-            ),
+            ).where(full_event_log()),
         )
         .cte("enqueued_event")
     )
@@ -328,7 +329,7 @@ class Chunk:
     """Specs checked and serialized, with the ids drawn for them, ready to write."""
 
     specs: list[JobSpec]
-    params: dict[str, list[Any]]
+    params: dict[str, Any]
     ids: list[UUID]
 
     @property
@@ -336,10 +337,10 @@ class Chunk:
         return any(key is not None for key in self.params["keys"])
 
 
-def prepare_chunk(specs: list[JobSpec], max_payload_bytes: int) -> Chunk:
-    """Check and serialize ``specs``; raise the first argument error, before anything is written."""
+def prepare_chunk(specs: list[JobSpec], max_payload_bytes: int, event_log: Any) -> Chunk:
+    """Check and serialize ``specs`` for the ``event_log`` level; raise the first argument error, before anything is written."""
     params, ids = _batch_parameters(specs, max_payload_bytes)
-    return Chunk(specs, params, ids)
+    return Chunk(specs, params | event_log_params(event_log), ids)
 
 
 def write_chunk(connection: Connection, chunk: Chunk, *, ids_only: bool = False) -> Union[list[JobRecord], list[UUID]]:

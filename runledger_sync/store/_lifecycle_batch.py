@@ -27,7 +27,7 @@ from runledger_sync.core.continuation import delay_ms
 from runledger_sync.core.exception_rules import STOPPED_BY_EVENT_KEY
 from runledger_sync.core.outcomes import Continue, DeadLetter, EarlierAttempts, Retry, Succeed
 from runledger_sync.core.records import LeaseIdentity
-from runledger_sync.core.types import EventLog, JobCompletion
+from runledger_sync.core.types import DEFAULT_EVENT_LOG, EventLog, JobCompletion
 from runledger_sync.core.states import JobStatus
 from runledger_sync.core.workflow_errors import WorkflowReleaseConflict
 from runledger_sync.db.schema import job_attempts, job_queue
@@ -126,7 +126,7 @@ _CONTINUATION = PreparedStatement("complete_continuation", _build_group_continua
 
 
 def mark_jobs_running(
-    bind: Bind, identities: Sequence[LeaseIdentity], *, event_log: EventLog | str = EventLog.FULL
+    bind: Bind, identities: Sequence[LeaseIdentity], *, event_log: EventLog | str = DEFAULT_EVENT_LOG
 ) -> list[LeaseResult]:
     """Persist stage ``running`` for many claimed jobs in one transaction.
 

@@ -16,7 +16,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidLeaseDuration, RunledgerError
 from runledger_sync.core.records import JobRecord, LeaseIdentity
-from runledger_sync.core.types import EventLog, JobEventType
+from runledger_sync.core.types import DEFAULT_EVENT_LOG, EventLog, JobEventType
 from runledger_sync.core.states import JobStage, JobStatus
 from runledger_sync.db.schema import job_attempts, job_events, job_queue
 from runledger_sync.store import admin
@@ -92,7 +92,7 @@ def update_job_progress(
     progress_done: Optional[int] = None,
     progress_total: Optional[int] = None,
     checkpoint: Any = None,
-    event_log: EventLog | str = EventLog.FULL,
+    event_log: EventLog | str = DEFAULT_EVENT_LOG,
     max_checkpoint_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> JobRecord:
     """Record stage, progress and checkpoint under the lease; None keeps a stored value.
@@ -126,7 +126,7 @@ def update_job_progress(
     return run_in_transaction(bind, lambda connection: write_one_fenced(connection, _PROGRESS_UPDATE, params, identity))
 
 
-def mark_job_running(bind: Bind, identity: LeaseIdentity, *, event_log: EventLog | str = EventLog.FULL) -> JobRecord:
+def mark_job_running(bind: Bind, identity: LeaseIdentity, *, event_log: EventLog | str = DEFAULT_EVENT_LOG) -> JobRecord:
     """Persist stage ``running`` for a claimed job: the step before its handler starts.
 
     Args:
@@ -170,7 +170,7 @@ def heartbeat_job(
     worker_id: str,
     lease_ttl_seconds: float,
     lock_timeout_ms: int = DEFAULT_HEARTBEAT_LOCK_TIMEOUT_MS,
-    event_log: EventLog | str = EventLog.FULL,
+    event_log: EventLog | str = DEFAULT_EVENT_LOG,
 ) -> JobRecord:
     """Extend a live lease to now + ``lease_ttl_seconds``.
 

@@ -25,10 +25,12 @@ from sqlalchemy.engine import Connection
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import RunledgerError
 from runledger_sync.core.records import JobSpec, ScheduleFailure, ScheduleTick
+from runledger_sync.core.types import DEFAULT_EVENT_LOG, EventLog
 from runledger_sync.db.errors import translate
 from runledger_sync.db.schema_schedules import job_schedules
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
+from runledger_sync.store._sql import event_log_params
 from runledger_sync.store.enqueue import enqueue_many
 from runledger_sync.store.schedules import SCHEDULE_COLUMNS, fire_job_spec, next_fire, spec_of
 
@@ -64,20 +66,22 @@ _NEXT_DUE = select(func.extract("epoch", func.min(_s.next_fire_at) - func.clock_
     _s.is_active.is_(true()))
 
 
-def fire_due_schedules(bind: Bind, *, limit: int) -> ScheduleTick:
+def fire_due_schedules(bind: Bind, *, limit: int, event_log: EventLog | str = DEFAULT_EVENT_LOG) -> ScheduleTick:
     """Enqueue one job for each of up to ``limit`` due schedules, and move each to its next fire.
 
     One transaction; a schedule that cannot fire (its job type disabled, its cron
     or zone edited into something invalid) is rolled back alone and tried again
     30 s later, with its error kept on its row, and never blocks the others. A
     schedule whose cron names no later instant fires its last one and is made
-    inactive; the tick names it in ``finished``.
+    inactive; the tick names it in ``finished``. ``event_log`` is the level the
+    jobs are enqueued at (the scheduler passes ``JobsConfig.event_log``).
     """
     check.check_int("limit", limit, (1, 10_000))
-    return run_in_transaction(bind, lambda connection: _tick(connection, limit))
+    event_log_params(event_log)  # an unknown level is refused here, not taken for a schedule's failure
+    return run_in_transaction(bind, lambda connection: _tick(connection, limit, event_log))
 
 
-def _tick(connection: Connection, limit: int) -> ScheduleTick:
+def _tick(connection: Connection, limit: int, event_log: Any) -> ScheduleTick:
     due = connection.execute(_DUE, {"limit": limit}).all()
     failed: list[ScheduleFailure] = []
     planned: list[tuple[Any, JobSpec, Optional[datetime]]] = []
@@ -86,9 +90,9 @@ def _tick(connection: Connection, limit: int) -> ScheduleTick:
             planned.append((row, fire_job_spec(row, row.next_fire_at), next_fire(spec_of(row), row.id, row.db_now)))
         except RunledgerError as error:
             failed.append(_record_failure(connection, row, error))
-    if planned and not _fire_together(connection, planned):
+    if planned and not _fire_together(connection, planned, event_log):
         for item in planned:
-            outcome = _fire_alone(connection, item)
+            outcome = _fire_alone(connection, item, event_log)
             if outcome is not None:
                 failed.append(outcome)
     fired = len(due) - len(failed)
@@ -99,11 +103,12 @@ def _tick(connection: Connection, limit: int) -> ScheduleTick:
                         finished)
 
 
-def _fire_together(connection: Connection, planned: list[tuple[Any, JobSpec, Optional[datetime]]]) -> bool:
+def _fire_together(connection: Connection, planned: list[tuple[Any, JobSpec, Optional[datetime]]],
+                   event_log: Any) -> bool:
     """Fire the whole batch in one savepoint; False (nothing written) if any one of them fails."""
     savepoint = connection.begin_nested()
     try:
-        enqueue_many(connection, [spec for _, spec, _ in planned])
+        enqueue_many(connection, [spec for _, spec, _ in planned], event_log=event_log)
         _mark_fired(connection, [(row.id, next_at) for row, _, next_at in planned])
     except (RunledgerError, sa_exc.DBAPIError):
         savepoint.rollback()
@@ -112,11 +117,12 @@ def _fire_together(connection: Connection, planned: list[tuple[Any, JobSpec, Opt
     return True
 
 
-def _fire_alone(connection: Connection, item: tuple[Any, JobSpec, Optional[datetime]]) -> Optional[ScheduleFailure]:
+def _fire_alone(connection: Connection, item: tuple[Any, JobSpec, Optional[datetime]],
+                event_log: Any) -> Optional[ScheduleFailure]:
     row, spec, next_at = item
     savepoint = connection.begin_nested()
     try:
-        enqueue_many(connection, [spec])
+        enqueue_many(connection, [spec], event_log=event_log)
         _mark_fired(connection, [(row.id, next_at)])
     except sa_exc.DBAPIError as exc:
         savepoint.rollback()

@@ -59,7 +59,7 @@ def event_insert(source: Any, *event_columns: Any, where: Any = None) -> Any:
 
 
 def full_event_log() -> Any:
-    """Condition of the event rows that only the ``full`` event log writes (LEASED, STAGE_CHANGED running, HEARTBEAT).
+    """Condition of the event rows that only the ``full`` event log writes (ENQUEUED, LEASED, STAGE_CHANGED running, HEARTBEAT).
 
     A bound flag rather than a second statement: each statement stays one text,
     prepared once per connection whatever the level, and with the flag false

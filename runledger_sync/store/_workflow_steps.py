@@ -24,7 +24,7 @@ from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.engine import Connection
 
 from runledger_sync.core.ids import uuid7
-from runledger_sync.core.types import JobEventType
+from runledger_sync.core.types import EventLog, JobEventType
 from runledger_sync.core.states import JobStatus
 from runledger_sync.core.workflow import (
     WorkflowReleaseMode,
@@ -36,6 +36,7 @@ from runledger_sync.core.workflow_errors import WorkflowReleaseConflict
 from runledger_sync.db.schema import job_definitions, job_events, job_queue
 from runledger_sync.db.schema_workflows import workflow_runs, workflow_step_dependencies, workflow_steps
 from runledger_sync.store._notify import notify_due_types
+from runledger_sync.store._sql import event_log_params, full_event_log
 
 DEPENDENCY_UNSATISFIED_CODE = "workflow.dependency_unsatisfied"
 DEFINITION_UNAVAILABLE_CODE = "workflow.definition_not_found_or_disabled"
@@ -229,7 +230,10 @@ def finish_steps(connection: Connection, ends: Sequence[StepEnd], run_ids: set[U
                     "a prerequisite released on success did not succeed")
             for row in ready if row.dependencies_unsatisfied > 0
         ]
-        ends += release_steps(connection, [(row.id, row.kind) for row in ready if row.dependencies_unsatisfied == 0])
+        # The job ends that release dependents are written without the worker's
+        # level at hand, so their released jobs keep the ENQUEUED row whatever it is.
+        ends += release_steps(connection, [(row.id, row.kind) for row in ready if row.dependencies_unsatisfied == 0],
+                              event_log=EventLog.FULL)
     refresh_runs(connection, run_ids)
 
 
@@ -265,7 +269,7 @@ def _build_release_jobs() -> Any:
     event = job_events.insert().from_select(
         ["job_id", "run_number", "attempt", "event_type", "stage", "payload"],
         select(inserted.c.id, inserted.c.run_number, literal(None, Integer), literal(JobEventType.ENQUEUED.value),
-               inserted.c.stage, func.jsonb_build_object("job_type", inserted.c.job_type)),
+               inserted.c.stage, func.jsonb_build_object("job_type", inserted.c.job_type)).where(full_event_log()),
     ).cte("enqueued_event")
     linked = (
         workflow_steps.update()
@@ -286,8 +290,10 @@ _WAIT_FOR_EXTERNAL = (
 )
 
 
-def release_steps(connection: Connection, steps: Sequence[tuple[UUID, str]]) -> list[StepEnd]:
+def release_steps(connection: Connection, steps: Sequence[tuple[UUID, str]], *, event_log: Any) -> list[StepEnd]:
     """Release ready steps: a job for each JOB step, WAITING_FOR_EXTERNAL for the others.
+
+    ``event_log`` decides whether each released job gets its ENQUEUED event row (``full``).
 
     Returns the JOB steps whose type has no enabled definition any more, as failed ends.
     """
@@ -298,7 +304,7 @@ def release_steps(connection: Connection, steps: Sequence[tuple[UUID, str]]) -> 
     if not jobs:
         return []
     released = set(connection.execute(
-        _RELEASE_JOBS, {"step_ids": jobs, "job_ids": [uuid7() for _ in jobs]}).scalars())
+        _RELEASE_JOBS, {"step_ids": jobs, "job_ids": [uuid7() for _ in jobs]} | event_log_params(event_log)).scalars())
     return [
         StepEnd(step_id, WorkflowStepStatus.FAILED, DEFINITION_UNAVAILABLE_CODE,
                 "the step's job type has no enabled definition")

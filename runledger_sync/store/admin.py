@@ -16,12 +16,13 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 from uuid import UUID
 
-from sqlalchemy import func, select, tuple_, union_all
+from sqlalchemy import BigInteger, Integer, Select, exists, func, literal, null, select, tuple_, union_all
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidArgument
 from runledger_sync.core.records import DeadLetterRecord, JobAttemptRecord, JobEventRecord, JobRecord
 from runledger_sync.core.states import JobStatus
+from runledger_sync.core.types import JobEventType
 from runledger_sync.db.schema import job_attempts, job_dead_letters, job_events, job_queue
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._errors import run_in_transaction
@@ -199,13 +200,29 @@ def list_attempts(bind: Bind, job_id: UUID | str) -> list[JobAttemptRecord]:
 
 
 def list_events(bind: Bind, job_id: UUID | str) -> list[JobEventRecord]:
-    """Return a job's events in the order they were written.
+    """Return a job's events in the order they were written, opening with its ENQUEUED entry.
+
+    A job enqueued at the ``transitions`` event log level (the default) has no
+    ENQUEUED row; its entry is drawn from the job row instead: id 0, run 1, the
+    row's ``created_at`` and ``{"job_type": ...}``, as the event row would have
+    said, and no stage (the row no longer knows the stage it was enqueued at).
 
     Args:
         bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
     """
-    statement = select(*EVENT_COLUMNS).where(job_events.c.job_id == check_job_id(job_id)).order_by(job_events.c.id)
+    job = check_job_id(job_id)
+    written = select(*EVENT_COLUMNS).where(job_events.c.job_id == job)
+    enqueued_row = exists().where(job_events.c.job_id == job,
+                                  job_events.c.event_type == JobEventType.ENQUEUED.value)
+    drawn_values: tuple[Any, ...] = (
+        literal(0, BigInteger), job_queue.c.id, literal(1, Integer), null(), literal(JobEventType.ENQUEUED.value),
+        null(), null(), null(), func.jsonb_build_object("job_type", job_queue.c.job_type),
+        job_queue.c.created_at,
+    )
+    drawn: Select[Any] = select(*(value.label(column.name) for value, column in zip(
+        drawn_values, EVENT_COLUMNS, strict=True))).where(job_queue.c.id == job, ~enqueued_row)
+    statement = union_all(written, drawn).order_by(job_events.c.id.name)
     return [to_record(JobEventRecord, row) for row in _read(bind, statement)]
 
 

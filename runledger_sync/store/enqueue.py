@@ -23,6 +23,7 @@ from runledger_sync.core.flow import check_queue_name
 from runledger_sync.core.records import JobDefinition, JobRecord, JobSpec
 from runledger_sync.core.store_errors import ConnectionFailed
 from runledger_sync.core.states import JobStage
+from runledger_sync.core.types import DEFAULT_EVENT_LOG, EventLog
 from runledger_sync.db.schema import job_definitions, job_queues
 from runledger_sync.store._binds import Bind
 from runledger_sync.store._enqueue_batch import prepare_chunk, require_read_committed, write_chunk
@@ -55,6 +56,7 @@ def enqueue(
     queue: Optional[str] = None,
     concurrency_key: Optional[str] = None,
     meta: Optional[Mapping[str, str]] = None,
+    event_log: EventLog | str = DEFAULT_EVENT_LOG,
 ) -> JobRecord:
     """Add one job to the queue.
 
@@ -79,12 +81,16 @@ def enqueue(
             time (default 1: one after another, in claim order), across every worker.
         meta: text keys to text values kept with the job and read as ``ctx.meta`` (at
             most 32 keys, 4 KiB of JSON); not compared on an idempotent repeat.
+        event_log: ``full`` writes the job's ENQUEUED event row; ``transitions`` (the
+            default) does not, and :func:`runledger_sync.list_events` draws that entry
+            from the job row. Pass your ``JobsConfig.event_log`` to keep one level.
 
     Returns:
         The job row (the existing one for a repeated idempotent request).
 
     Raises:
-        InvalidArgument, InvalidJobType, InvalidPayload, InvalidMeta: bad arguments; nothing written.
+        InvalidArgument, InvalidJobType, InvalidPayload, InvalidMeta: bad arguments (an unknown
+            ``event_log`` level included); nothing written.
         DefinitionNotFoundOrDisabled: the type is unknown or disabled.
         QueueNotFound: ``queue`` names no queue (``queue.not_found``).
         IdempotencyConflict: the key exists with a different request.
@@ -113,7 +119,7 @@ def enqueue(
     )
     check.check_int("max_payload_bytes", max_payload_bytes, check.MAX_PAYLOAD_BYTES_RANGE)
     # One spec is one chunk: straight to its statement, past the batch's reading in chunks.
-    return _enqueue_one_chunk(bind, [spec], max_payload_bytes, ids_only=False)[0]
+    return _enqueue_one_chunk(bind, [spec], max_payload_bytes, event_log, ids_only=False)[0]
 
 
 def enqueue_many(
@@ -121,6 +127,7 @@ def enqueue_many(
     specs: Iterable[JobSpec],
     *,
     max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
+    event_log: EventLog | str = DEFAULT_EVENT_LOG,
 ) -> list[JobRecord]:
     """Add a batch of jobs; all are written or none.
 
@@ -134,6 +141,7 @@ def enqueue_many(
     Args:
         bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
+        event_log: whether each job gets its ENQUEUED event row, as for :func:`enqueue`.
 
     Returns:
         One record per spec, in the order given. For a batch too large to hold
@@ -145,7 +153,7 @@ def enqueue_many(
             batch of several chunks read from a one-shot iterator, which cannot
             be sent again (nothing was written).
     """
-    return _enqueue_chunked(bind, specs, max_payload_bytes, ids_only=False)
+    return _enqueue_chunked(bind, specs, max_payload_bytes, event_log, ids_only=False)
 
 
 def enqueue_many_ids(
@@ -153,6 +161,7 @@ def enqueue_many_ids(
     specs: Iterable[JobSpec],
     *,
     max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
+    event_log: EventLog | str = DEFAULT_EVENT_LOG,
 ) -> list[UUID]:
     """Add a batch of jobs like :func:`enqueue_many`, returning only their ids.
 
@@ -167,10 +176,10 @@ def enqueue_many_ids(
     Example:
         ``ids = rl.enqueue_many_ids(engine, (rl.JobSpec("import.row", row) for row in reader))``
     """
-    return _enqueue_chunked(bind, specs, max_payload_bytes, ids_only=True)
+    return _enqueue_chunked(bind, specs, max_payload_bytes, event_log, ids_only=True)
 
 
-def _enqueue_chunked(bind: Bind, specs: Any, max_payload_bytes: int, *, ids_only: bool) -> list[Any]:
+def _enqueue_chunked(bind: Bind, specs: Any, max_payload_bytes: int, event_log: Any, *, ids_only: bool) -> list[Any]:
     _check_spec_source(specs)
     check.check_int("max_payload_bytes", max_payload_bytes, check.MAX_PAYLOAD_BYTES_RANGE)
     iterator = iter(specs)
@@ -179,7 +188,7 @@ def _enqueue_chunked(bind: Bind, specs: Any, max_payload_bytes: int, *, ids_only
         return []
     second = _next_specs(iterator, len(first))
     if not second:
-        return _enqueue_one_chunk(bind, first, max_payload_bytes, ids_only=ids_only)
+        return _enqueue_one_chunk(bind, first, max_payload_bytes, event_log, ids_only=ids_only)
 
     owned = owns_transaction(bind)
     # A list can be read again when a lost connection makes the store retry the
@@ -204,7 +213,7 @@ def _enqueue_chunked(bind: Bind, specs: Any, max_payload_bytes: int, *, ids_only
         isolation_checked = False
         with _all_or_nothing(connection, owned):
             for specs_of_chunk in chunks:
-                chunk = prepare_chunk(specs_of_chunk, max_payload_bytes)
+                chunk = prepare_chunk(specs_of_chunk, max_payload_bytes, event_log)
                 if chunk.keyed and not isolation_checked:
                     require_read_committed(connection)
                     isolation_checked = True
@@ -214,13 +223,15 @@ def _enqueue_chunked(bind: Bind, specs: Any, max_payload_bytes: int, *, ids_only
     return run_in_transaction(bind, several)
 
 
-def _enqueue_one_chunk(bind: Bind, specs: list[JobSpec], max_payload_bytes: int, *, ids_only: bool) -> list[Any]:
+def _enqueue_one_chunk(
+    bind: Bind, specs: list[JobSpec], max_payload_bytes: int, event_log: Any, *, ids_only: bool,
+) -> list[Any]:
     """Write at most :data:`ENQUEUE_CHUNK_SIZE` specs in one statement.
 
     Its ids are drawn before the first try, so a try repeated after a lost
     connection cannot write twice.
     """
-    chunk = prepare_chunk(specs, max_payload_bytes)
+    chunk = prepare_chunk(specs, max_payload_bytes, event_log)
 
     def one(connection: Connection) -> list[Any]:
         if chunk.keyed:

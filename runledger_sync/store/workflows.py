@@ -22,6 +22,7 @@ from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidArgument
 from runledger_sync.core.ids import uuid7
 from runledger_sync.core.meta import meta_json
+from runledger_sync.core.types import DEFAULT_EVENT_LOG, EventLog
 from runledger_sync.core.workflow import (
     STEP_KEY_MAX_LENGTH,
     Workflow,
@@ -42,6 +43,7 @@ from runledger_sync.store._binds import Bind
 from runledger_sync.store._enqueue_batch import require_read_committed
 from runledger_sync.store._enqueue_batch import same_request
 from runledger_sync.store._errors import run_in_transaction
+from runledger_sync.store._sql import event_log_params
 from runledger_sync.store._workflow_actions import cancel_workflow_run, complete_external_step  # noqa: F401
 from runledger_sync.store._workflow_runs import RUN_COLUMNS, check_run_id, read_run, run_record
 from runledger_sync.store._workflow_steps import finish_steps, refresh_runs, release_steps
@@ -58,6 +60,7 @@ _d = workflow_step_dependencies.c
 
 def enqueue_workflow(
     bind: Bind, workflow: Workflow, *, max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
+    event_log: EventLog | str = DEFAULT_EVENT_LOG,
 ) -> WorkflowRunRecord:
     """Write a workflow run: its steps, their dependencies, and the jobs of the steps that wait for nothing.
 
@@ -69,6 +72,9 @@ def enqueue_workflow(
         bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
             connection whose open transaction the call joins (the caller commits).
         max_payload_bytes: the largest payload of a step (JSON bytes), as for :func:`runledger_sync.enqueue`.
+        event_log: whether the jobs of the steps released now get their ENQUEUED event
+            row, as for :func:`runledger_sync.enqueue` (steps released later, when their
+            prerequisites end, always get it).
 
     Returns:
         The run with its steps.
@@ -88,6 +94,7 @@ def enqueue_workflow(
     if not isinstance(workflow, Workflow):
         raise InvalidArgument("workflow", type(workflow).__name__, "a Workflow")
     check.check_int("max_payload_bytes", max_payload_bytes, check.MAX_PAYLOAD_BYTES_RANGE)
+    event_log_params(event_log)  # an unknown level is refused here, before anything is written
     workflow.validate()
     workflow.check_payload_sizes(max_payload_bytes=max_payload_bytes)
     snapshot = _request_snapshot(workflow)
@@ -96,7 +103,7 @@ def enqueue_workflow(
     run_id = uuid7()
     meta = meta_json(instrumentation.observed_meta(workflow.name, str(run_id), workflow.meta)
                      if instrumentation.enqueue_observers else workflow.meta)
-    return run_in_transaction(bind, lambda connection: _enqueue(connection, workflow, snapshot, run_id, meta))
+    return run_in_transaction(bind, lambda connection: _enqueue(connection, workflow, snapshot, run_id, meta, event_log))
 
 
 def _request_snapshot(workflow: Workflow) -> str:
@@ -111,7 +118,8 @@ def _request_snapshot(workflow: Workflow) -> str:
     return check.serialize_json("workflow", {"name": workflow.name, "steps": steps})
 
 
-def _enqueue(connection: Connection, workflow: Workflow, snapshot: str, run_id: UUID, meta: str) -> WorkflowRunRecord:
+def _enqueue(connection: Connection, workflow: Workflow, snapshot: str, run_id: UUID, meta: str,
+             event_log: Any) -> WorkflowRunRecord:
     if workflow.idempotency_key is not None:
         require_read_committed(connection)
     _check_definitions(connection, {step.job_type for step in workflow.steps if step.job_type is not None})
@@ -140,7 +148,7 @@ def _enqueue(connection: Connection, workflow: Workflow, snapshot: str, run_id: 
     if edges:
         connection.execute(workflow_step_dependencies.insert(), edges)
     roots = [(step_ids[step.key], step.kind.value) for step in workflow.steps if not step.after]
-    failed = release_steps(connection, roots)
+    failed = release_steps(connection, roots, event_log=event_log)
     if failed:
         finish_steps(connection, failed, {run_id})
     else:

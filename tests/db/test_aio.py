@@ -134,6 +134,27 @@ def test_enqueue_many_writes_all_or_nothing(caller, orders):
     assert jobs_of(orders) == 3
 
 
+def test_enqueue_calls_write_the_enqueued_row_only_at_the_full_event_log(caller, orders):
+    def workflow() -> rl.Workflow:
+        wf = rl.Workflow("order.flow")
+        wf.job("first", JOB_TYPE, {"n": 1})
+        return wf
+
+    async def scenario(**level: Any) -> list[Any]:
+        async with caller() as transaction:
+            one = await aio.enqueue(transaction.bind, JOB_TYPE, {"n": 1}, **level)
+            [many] = await aio.enqueue_many(transaction.bind, [JobSpec(JOB_TYPE, {"n": 2})], **level)
+            run = await aio.enqueue_workflow(transaction.bind, workflow(), **level)
+            await transaction.commit()
+        return [one.id, many.id, run.step("first").job_id]
+
+    quiet = asyncio.run(scenario())
+    logged = asyncio.run(scenario(event_log="full"))
+
+    enqueued = [row[0] for row in rows(orders, "SELECT job_id FROM job_events WHERE event_type = 'ENQUEUED' ORDER BY id")]
+    assert enqueued == logged and not set(quiet) & set(enqueued)
+
+
 def test_enqueue_workflow_joins_the_transaction(caller, orders):
     def workflow() -> rl.Workflow:
         wf = rl.Workflow("order.flow", idempotency_key="wf-1")

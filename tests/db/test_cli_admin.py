@@ -75,6 +75,20 @@ def test_enqueue_prints_the_new_jobs_id_and_stores_every_option(db, run):
     assert job.next_run_at > datetime.now(timezone.utc) + timedelta(seconds=30)
 
 
+@pytest.mark.parametrize(("level", "logged"), [(None, []), ("full", ["ENQUEUED"]), ("transitions", [])])
+def test_enqueue_writes_the_enqueued_row_at_the_event_log_level_of_the_environment(db, run, monkeypatch, level, logged):
+    monkeypatch.delenv("JOBS_EVENT_LOG", raising=False)
+    if level is None:
+        monkeypatch.delenv("RUNLEDGER_EVENT_LOG", raising=False)
+    else:
+        monkeypatch.setenv("RUNLEDGER_EVENT_LOG", level)
+
+    code, out, err = run("enqueue", EMAIL, "{}")
+
+    assert code == 0, err
+    assert event_types(db, out.strip()) == logged
+
+
 def test_enqueue_stores_meta_given_as_key_value_pairs(db, run):
     code, out, err = run("enqueue", EMAIL, "{}", "--meta", "tenant=acme", "--meta", "query=a=b")
 
@@ -224,9 +238,27 @@ def test_jobs_show_prints_the_row_attempts_and_events(db, run):
     assert f"id:                  {job.id}" in out
     assert "status:              DEAD_LETTERED" in out
     assert "attempts (1):" in out and "TERMINAL" in out
-    assert "events (" in out
-    for event in ("ENQUEUED", "LEASED", "DEAD_LETTERED"):
+    assert "events (3):" in out
+    for event in ("ENQUEUED", "FAILED", "DEAD_LETTERED"):
         assert event in out
+
+
+def test_jobs_show_lists_enqueued_first_from_the_job_row_at_the_transitions_level(db, run):
+    job = succeeded(db)
+    assert event_types(db, job.id) == ["SUCCEEDED"]
+
+    code, out, _ = run("jobs", "show", str(job.id))
+    listed = out.split("events (2):", 1)[1].splitlines()[2:]
+    json_code, json_out, _ = run("jobs", "show", str(job.id), "--json")
+    shown = json.loads(json_out)
+
+    assert code == json_code == 0
+    # occurred_at (a date and a time), run, attempt, then the event.
+    assert [line.split()[4] for line in listed] == ["ENQUEUED", "SUCCEEDED"]
+    assert [event["event_type"] for event in shown["events"]] == ["ENQUEUED", "SUCCEEDED"]
+    enqueued = shown["events"][0]
+    assert (enqueued["run_number"], enqueued["attempt"], enqueued["payload"]) == (1, None, {"job_type": EMAIL})
+    assert enqueued["occurred_at"] == shown["job"]["created_at"]
 
 
 def dead_lettered_by_its_handler(db) -> rl.JobRecord:
@@ -267,7 +299,8 @@ def test_jobs_show_json_holds_the_job_its_attempts_and_events(db, run):
     shown = json.loads(out)
     assert shown["job"]["id"] == str(job.id) and shown["job"]["status"] == "DEAD_LETTERED"
     assert [a["outcome"] for a in shown["attempts"]] == ["TERMINAL"]
-    assert [e["event_type"] for e in shown["events"]] == event_types(db, job.id)
+    # ENQUEUED is drawn from the job row: at the default level it has no event row.
+    assert [e["event_type"] for e in shown["events"]] == ["ENQUEUED", *event_types(db, job.id)]
 
 
 def test_jobs_show_prints_the_jobs_metadata(db, run):

@@ -513,8 +513,9 @@ def test_from_env_reads_os_environ_by_default(monkeypatch):
 # -- event_log ---------------------------------------------------------------------
 
 
-def test_event_log_defaults_to_full():
-    assert JobsConfig().event_log == EventLog.FULL == "full"
+def test_event_log_defaults_to_transitions():
+    assert JobsConfig().event_log == EventLog.TRANSITIONS == "transitions"
+    assert JobsConfig.from_env({}).event_log == "transitions"
 
 
 @pytest.mark.parametrize(

@@ -78,7 +78,9 @@ def enqueue(job_type: str, payload: Any = None, *, using: str | None = None, **o
     """
     alias = _app_config().database_alias(using)
     connection = connections[alias]
-    options.setdefault("max_payload_bytes", get_config().max_payload_bytes)
+    config = get_config()
+    options.setdefault("max_payload_bytes", config.max_payload_bytes)
+    options.setdefault("event_log", config.event_log)
     # A savepoint inside the caller's block: a refused enqueue undoes only itself.
     with transaction.atomic(using=alias):
         connection.ensure_connection()

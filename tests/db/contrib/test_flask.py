@@ -130,6 +130,20 @@ def test_enqueue_without_connection_commits_on_the_app_engine(app_and_ext):
     assert rl.get_job(ext.engine, job.id).priority == 5
 
 
+def test_enqueue_follows_the_apps_event_log_level(fresh_database):
+    app, ext = make_app(fresh_database, RUNLEDGER_EVENT_LOG="full")
+    try:
+        ext.sync_definitions(app)
+        with app.app_context():
+            one = ext.enqueue(JOB_TYPE, {"body": "one"})
+            [many] = ext.enqueue_many([rl.JobSpec(JOB_TYPE, {"body": "many"})])
+            quiet = ext.enqueue(JOB_TYPE, {"body": "asked"}, event_log="transitions")
+        logged = scalar(ext.engine, "SELECT array_agg(job_id ORDER BY id) FROM job_events WHERE event_type = 'ENQUEUED'")
+        assert logged == [one.id, many.id] and quiet.id not in logged
+    finally:
+        ext.engine.dispose()
+
+
 def test_handlers_of_the_wrapped_registry_keep_their_retry_rules():
     wrapped = rl_flask.in_app_context(registry, flask.Flask("x"))
     assert wrapped.registered_types() == registry.registered_types()

@@ -36,7 +36,7 @@ from runledger_sync.store._claim_start import claim_and_start_jobs
 from runledger_sync.store._held import HeldConnection
 from runledger_sync.store._running import heartbeat_job, mark_job_running
 from tests import handlers as h
-from tests.handlers import SECRET, fast_config
+from tests.handlers import SECRET
 from tests.support import (
     JOB_TYPE,
     attempts,
@@ -54,14 +54,20 @@ from tests.support import (
 PAYLOAD = {"secret": SECRET, "n": 1}
 
 
+def fast_config(**overrides):
+    """The suite's fast config at the full event log: these tests read the LEASED, running and heartbeat rows."""
+    return h.fast_config(**({"event_log": "full"} | overrides))
+
+
 def job_row(engine, job_id):
     return rows(engine, "SELECT * FROM job_queue WHERE id = :id", id=job_id)[0]
 
 
 def enqueue_and_claim(engine, registry, config, job_type=JOB_TYPE, **enqueue_options):
     registry.sync_definitions(engine)
-    store_enqueue.enqueue(engine, job_type, PAYLOAD, **enqueue_options)
-    return claim_one(engine, worker_id=config.worker_id, lease_ttl_seconds=config.lease_ttl_seconds, job_type=job_type)
+    store_enqueue.enqueue(engine, job_type, PAYLOAD, event_log=config.event_log, **enqueue_options)
+    return claim_one(engine, worker_id=config.worker_id, lease_ttl_seconds=config.lease_ttl_seconds, job_type=job_type,
+                     event_log=config.event_log)
 
 
 def run_job(engine, registry, config=None, job_type=JOB_TYPE, **enqueue_options):
@@ -113,11 +119,11 @@ def claim_then_process_alone(engine, registry, config):
 def claim_and_start_as_the_worker_does(engine, registry, config):
     """The polling thread's way: the running write sent with the claim; the pool thread gets its answer."""
     registry.sync_definitions(engine)
-    store_enqueue.enqueue(engine, JOB_TYPE, PAYLOAD)
+    store_enqueue.enqueue(engine, JOB_TYPE, PAYLOAD, event_log=config.event_log)
     held = HeldConnection(engine)
     try:
         started = claim_and_start_jobs(held, worker_id=config.worker_id, lease_ttl_seconds=config.lease_ttl_seconds,
-                                       limit=1, job_types=[JOB_TYPE])
+                                       limit=1, job_types=[JOB_TYPE], event_log=config.event_log)
     finally:
         held.close()
     [job] = started.running + started.unstarted

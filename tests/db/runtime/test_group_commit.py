@@ -41,7 +41,9 @@ def test_concurrent_jobs_share_running_and_success_transactions(engine):
 
     registry.sync_definitions(engine)
     store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(JOBS)])
-    run_worker_until(engine, registry, fast_config(max_global_concurrency=CONCURRENCY, claim_batch_size=CONCURRENCY),
+    # The full event log: the transactions that wrote STAGE_CHANGED rows are the running writes.
+    run_worker_until(engine, registry, fast_config(max_global_concurrency=CONCURRENCY, claim_batch_size=CONCURRENCY,
+                                                   event_log="full"),
                      lambda: succeeded(engine) == JOBS)
     assert rows(engine, "SELECT count(*) FROM job_events WHERE event_type = 'STAGE_CHANGED'")[0][0] == JOBS
     assert rows(engine, "SELECT count(*) FROM job_events WHERE event_type = 'SUCCEEDED'")[0][0] == JOBS
@@ -64,7 +66,8 @@ def test_a_claimed_batch_is_marked_running_in_one_transaction_however_slowly_its
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(execution, "JobExecution", SlowToStart)
-    loop = WorkerLoop(engine, registry, fast_config(max_global_concurrency=CONCURRENCY, claim_batch_size=CONCURRENCY),
+    loop = WorkerLoop(engine, registry, fast_config(max_global_concurrency=CONCURRENCY, claim_batch_size=CONCURRENCY,
+                                                    event_log="full"),
                       threading.Event(), listen=False)
     try:
         loop.turn()

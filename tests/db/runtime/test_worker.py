@@ -54,7 +54,7 @@ def test_worker_with_shutdown_already_requested_returns_before_claiming(engine, 
     shutdown.set()
     assert run_worker_loop(engine, registry, fast_config(), shutdown) is RuntimeLoopExit.SHUTDOWN
     assert status(engine, job.id) == "PENDING"
-    assert event_types(engine, job.id) == ["ENQUEUED"]
+    assert event_types(engine, job.id) == []
     assert probe.calls == []
 
 
@@ -87,7 +87,7 @@ def test_invalid_worker_config_returns_invalid_config_and_claims_nothing(engine,
     job = store_enqueue.enqueue(engine, JOB_TYPE, PAYLOAD)
     exit_reason = run_worker_loop(engine, registry, fast_config(**bad), threading.Event())
     assert exit_reason is RuntimeLoopExit.INVALID_CONFIG
-    assert event_types(engine, job.id) == ["ENQUEUED"]
+    assert event_types(engine, job.id) == []
     assert [r.getMessage() for r in logs.records] == ["invalid jobs config; stopping worker loop"]
 
 
@@ -164,7 +164,8 @@ def test_each_pool_thread_keeps_one_timer_thread_and_long_jobs_are_still_renewed
     long = store_enqueue.enqueue_many(engine, [JobSpec("test.long", PAYLOAD, priority=400) for _ in range(2)])
     then = store_enqueue.enqueue_many(engine, [JobSpec("test.short", PAYLOAD, priority=300) for _ in range(8)])
     late = store_enqueue.enqueue(engine, "test.late", PAYLOAD, priority=200)
-    start_loop("worker", registry, fast_config(max_global_concurrency=2, claim_batch_size=2))
+    # The full event log: its HEARTBEAT rows show the renewals.
+    start_loop("worker", registry, fast_config(max_global_concurrency=2, claim_batch_size=2, event_log="full"))
     wait_status(engine, late.id, "DEAD_LETTERED", timeout=20)
     assert {status(engine, job.id) for job in first + long + then} == {"SUCCEEDED"}
     # Each job of 1 s outlived three renewal intervals of 0.3 s on a reused timer thread.
@@ -191,7 +192,7 @@ def test_a_crashed_job_task_frees_its_slot_and_leaves_the_lease_to_the_reaper(en
     registry.sync_definitions(engine)
     crashed = store_enqueue.enqueue(engine, "test.crash", PAYLOAD, priority=500)
     following = store_enqueue.enqueue(engine, "test.ok", PAYLOAD)
-    config = fast_config(max_global_concurrency=1, heartbeat_interval_seconds=0.2)
+    config = fast_config(max_global_concurrency=1, heartbeat_interval_seconds=0.2, event_log="full")
     start_loop("worker", registry, config)
     wait_status(engine, following.id, "SUCCEEDED")  # the only slot came back
     [crash_log] = [r for r in logs.records if r.getMessage() == "job task crashed"]
@@ -221,7 +222,7 @@ def test_shutdown_drains_in_flight_jobs_before_returning_and_claims_nothing_new(
     assert worker.exits == [RuntimeLoopExit.SHUTDOWN]
     assert [status(engine, job.id) for job in running] == ["SUCCEEDED", "SUCCEEDED"]
     assert rows(engine, "SELECT output FROM job_queue WHERE status = 'SUCCEEDED'") == [({"drained": True},)] * 2
-    assert event_types(engine, late.id) == ["ENQUEUED"]
+    assert event_types(engine, late.id) == []
 
 
 def test_ignored_timeout_is_written_after_the_grace_and_the_slot_stays_taken_until_the_thread_returns(
@@ -232,7 +233,7 @@ def test_ignored_timeout_is_written_after_the_grace_and_the_slot_stays_taken_unt
     registry.sync_definitions(engine)
     stubborn = store_enqueue.enqueue(engine, "test.stubborn", PAYLOAD, priority=500)
     waiting = store_enqueue.enqueue(engine, "test.next", PAYLOAD)
-    start_loop("worker", registry, fast_config(max_global_concurrency=1, timeout_grace_seconds=0.5))
+    start_loop("worker", registry, fast_config(max_global_concurrency=1, timeout_grace_seconds=0.5, event_log="full"))
     [call] = probe.wait_calls(1)
     wait_status(engine, stubborn.id, "PENDING")
     timed_out_at = time.monotonic()
@@ -245,7 +246,7 @@ def test_ignored_timeout_is_written_after_the_grace_and_the_slot_stays_taken_unt
     heartbeats = event_types(engine, stubborn.id).count("HEARTBEAT")
     # The timed-out handler still runs, so its slot is still taken.
     assert holds(lambda: status(engine, waiting.id) == "PENDING", 0.4)
-    assert event_types(engine, waiting.id) == ["ENQUEUED"]
+    assert event_types(engine, waiting.id) == []
     probe.release.set()
     wait_status(engine, waiting.id, "SUCCEEDED")
     row = rows(engine, "SELECT status, status_reason, last_error_code, output FROM job_queue WHERE id = :id",
@@ -309,7 +310,8 @@ def gated_loop(engine, queued: int, gather_seconds: float) -> Iterator[tuple[Gat
     registry.job(JOB_TYPE)(gate.handler)
     registry.sync_definitions(engine)
     store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(queued)])
-    loop = WorkerLoop(engine, registry, fast_config(max_global_concurrency=4, claim_batch_size=4),
+    # The full event log: the LEASED rows show which jobs were claimed together.
+    loop = WorkerLoop(engine, registry, fast_config(max_global_concurrency=4, claim_batch_size=4, event_log="full"),
                       threading.Event(), listen=False)
     loop.claim_gather_seconds = gather_seconds
     try:
@@ -398,8 +400,9 @@ def test_a_running_write_that_fails_with_its_claim_hands_the_claim_back_and_the_
                              "FOR EACH ROW EXECUTE FUNCTION fail_first_running()")
     registry = h.registry_with(JOB_TYPE, h.ok(probe))
     registry.sync_definitions(engine)
-    job = store_enqueue.enqueue(engine, JOB_TYPE, PAYLOAD)
-    start_loop("worker", registry, fast_config())
+    # The full event log, whose STAGE_CHANGED row the trigger fails.
+    job = store_enqueue.enqueue(engine, JOB_TYPE, PAYLOAD, event_log="full")
+    start_loop("worker", registry, fast_config(event_log="full"))
 
     wait_status(engine, job.id, "SUCCEEDED")
 

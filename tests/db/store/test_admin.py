@@ -519,8 +519,8 @@ def test_list_attempts_returns_each_claim_in_order(db):
 
 
 def test_list_events_returns_the_log_in_write_order(db):
-    job = pending(db)
-    (claimed,) = claim_jobs(db, worker_id=WORKER, lease_ttl_seconds=30, limit=1, job_types=[EMAIL])
+    job = pending(db, event_log="full")
+    (claimed,) = claim_jobs(db, worker_id=WORKER, lease_ttl_seconds=30, limit=1, job_types=[EMAIL], event_log="full")
     complete_job_success(db, **LeaseIdentity.of(claimed).keywords())
     pending(db)
 

@@ -24,7 +24,7 @@ def count_jobs(engine) -> int:
 
 def test_enqueue_takes_definition_defaults_and_writes_enqueued_event(engine):
     define(engine, max_attempts=4, default_timeout_seconds=120, default_priority=7)
-    job = store.enqueue(engine, JOB_TYPE, {"to": "a@b.c"})
+    job = store.enqueue(engine, JOB_TYPE, {"to": "a@b.c"}, event_log="full")
     assert (job.status, job.stage, job.attempt, job.run_number) == (JobStatus.PENDING, JobStage.QUEUED, 0, 1)
     assert (job.max_attempts, job.timeout_seconds, job.priority) == (4, 120, 7)
     assert job.payload == {"to": "a@b.c"}
@@ -113,7 +113,7 @@ def test_bad_input_gets_its_code_and_writes_nothing(engine, arguments, code):
 def test_sql_metacharacters_are_data_not_sql(engine):
     hostile = "t'); DELETE FROM job_queue; --"
     define(engine, hostile)
-    job = store.enqueue(engine, hostile, {"q": "'; DROP TABLE job_events; --"}, organization_id="o' OR '1'='1")
+    job = store.enqueue(engine, hostile, {"q": "'; DROP TABLE job_events; --"}, organization_id="o' OR '1'='1", event_log="full")
     assert rows(engine, "SELECT job_type, organization_id FROM job_queue WHERE id = :id", id=job.id) == [
         (hostile, "o' OR '1'='1")
     ]
@@ -126,7 +126,7 @@ def test_enqueue_many_is_one_statement_keeps_order_and_returns_records(engine):
     event.listen(engine.sync_engine if hasattr(engine, "sync_engine") else engine, "before_cursor_execute",
                  lambda *args: statements.append(args[2]))
     specs = [JobSpec(JOB_TYPE, {"i": i}, priority=i % 3) for i in range(500)]
-    jobs = store.enqueue_many(engine, specs)
+    jobs = store.enqueue_many(engine, specs, event_log="full")
     # The first use on a connection also prepares the statement, once.
     assert [without_plan_settings(s).split()[0] for s in statements] == ["PREPARE", "EXECUTE"]
     assert [job.payload["i"] for job in jobs] == list(range(500))
@@ -134,7 +134,7 @@ def test_enqueue_many_is_one_statement_keeps_order_and_returns_records(engine):
     assert count_jobs(engine) == 500
     assert scalar(engine, "SELECT count(*) FROM job_events WHERE event_type = 'ENQUEUED'") == 500
     statements.clear()
-    store.enqueue_many(engine, specs)
+    store.enqueue_many(engine, specs, event_log="full")
     assert [without_plan_settings(s).split()[0] for s in statements] == ["EXECUTE"]
 
 
@@ -194,7 +194,7 @@ def test_connection_enqueue_joins_the_callers_transaction(engine):
         conn.rollback()
     assert count_jobs(engine) == 0
     with engine.connect() as conn:
-        job = store.enqueue(conn, JOB_TYPE, {"n": 2})
+        job = store.enqueue(conn, JOB_TYPE, {"n": 2}, event_log="full")
         conn.commit()
     assert rows(engine, "SELECT payload FROM job_queue") == [({"n": 2},)]
     assert events(engine, job.id)[0][0] == "ENQUEUED"
@@ -214,8 +214,8 @@ def test_failed_enqueue_inside_callers_transaction_leaves_their_rows_alone(engin
 
 def test_same_key_and_request_returns_the_existing_job_without_a_second_event(engine):
     define(engine)
-    first = store.enqueue(engine, JOB_TYPE, {"a": 1}, idempotency_key="order-1")
-    again = store.enqueue(engine, JOB_TYPE, {"a": 1}, idempotency_key="order-1")
+    first = store.enqueue(engine, JOB_TYPE, {"a": 1}, idempotency_key="order-1", event_log="full")
+    again = store.enqueue(engine, JOB_TYPE, {"a": 1}, idempotency_key="order-1", event_log="full")
     assert again.id == first.id
     assert count_jobs(engine) == 1
     assert len(events(engine, first.id)) == 1

@@ -40,7 +40,7 @@ BAD_SPECS = [
 
 def test_a_generator_longer_than_a_chunk_is_written_in_order(engine):
     define(engine)
-    jobs = rl.enqueue_many(engine, specs())
+    jobs = rl.enqueue_many(engine, specs(), event_log="full")
 
     assert [job.payload for job in jobs] == [{"n": n} for n in range(BATCH)]
     assert scalar(engine, "SELECT count(*) FROM job_queue") == BATCH

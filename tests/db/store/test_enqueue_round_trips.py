@@ -94,7 +94,7 @@ def test_a_single_enqueue_on_an_engine_is_one_prepared_statement_with_no_begin_o
     listener.autocommit = True
     listener.cursor().execute(f"LISTEN {notify.CHANNEL}")
     try:
-        job = rl.enqueue(counted, JOB_TYPE, {"n": 1})
+        job = rl.enqueue(counted, JOB_TYPE, {"n": 1}, event_log="full")
 
         assert len(SENT.statements()) == 1, SENT.log
         assert SENT.statements()[0].startswith("EXECUTE runledger_enqueue_")
@@ -120,7 +120,7 @@ def test_a_batch_of_one_chunk_on_an_engine_is_one_statement(counted, call):
 def test_a_batch_of_several_chunks_on_an_engine_is_one_statement_per_chunk_and_a_commit(counted, monkeypatch):
     monkeypatch.setattr(store, "ENQUEUE_CHUNK_SIZE", 3)
 
-    ids = rl.enqueue_many_ids(counted, (JobSpec(JOB_TYPE, {"n": n}) for n in range(7)))
+    ids = rl.enqueue_many_ids(counted, (JobSpec(JOB_TYPE, {"n": n}) for n in range(7)), event_log="full")
 
     assert len(ids) == 7
     assert [entry.split(" ", 1)[0] for entry in SENT.statements()] == ["EXECUTE"] * 3 + ["COMMIT"], SENT.log

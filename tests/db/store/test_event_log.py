@@ -1,15 +1,17 @@
-"""The event log level: ``full`` writes every event of the spec, ``transitions`` leaves out LEASED,
-STAGE_CHANGED to running and HEARTBEAT, and nothing else."""
+"""The event log level: ``full`` writes every event of the spec, ``transitions`` (the default) leaves
+out ENQUEUED, LEASED, STAGE_CHANGED to running and HEARTBEAT, and nothing else."""
 
 from __future__ import annotations
 
 import pytest
 
+import runledger_sync as rl
 from runledger_sync.core import errors
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.types import EventLog, JobFailure
 from runledger_sync.core.states import JobStage
-from runledger_sync.store import enqueue as store_enqueue
+from runledger_sync.core.records import JobSpec
+from runledger_sync.store import admin, enqueue as store_enqueue, workflows
 from runledger_sync.store import lifecycle, _lifecycle_batch as lifecycle_batch
 from runledger_sync.store._claim import claim_jobs, claim_prestart_jobs_for_types
 from runledger_sync.store._held import HeldConnection
@@ -20,7 +22,7 @@ EVERY_STEP_OF_A_SUCCESS = ["ENQUEUED", "LEASED", "STAGE_CHANGED", "HEARTBEAT", "
 
 
 def claimed(bind, event_log, *, prestart=True):
-    store_enqueue.enqueue(bind, JOB_TYPE, {})
+    store_enqueue.enqueue(bind, JOB_TYPE, {}, event_log=event_log)
     claim = claim_prestart_jobs_for_types if prestart else claim_jobs
     [job] = claim(bind, worker_id="w", lease_ttl_seconds=30, limit=1, job_types=[JOB_TYPE], event_log=event_log)
     return job
@@ -54,7 +56,7 @@ def test_full_event_log_writes_every_event_of_a_success(held, grouped):
 def test_transitions_event_log_leaves_out_leased_running_and_heartbeat_rows(held, grouped, prestart):
     job_id = run_to_success(held, "transitions", grouped=grouped, prestart=prestart)
 
-    assert event_types(held.engine, job_id) == ["ENQUEUED", "SUCCEEDED"]
+    assert event_types(held.engine, job_id) == ["SUCCEEDED"]
     # The job row and its attempt keep what the left-out rows recorded.
     attempt = rows(held.engine, "SELECT worker_id, leased_at, execution_started_persisted_at FROM job_attempts "
                                 "WHERE job_id = :id", id=job_id)[0]
@@ -62,15 +64,66 @@ def test_transitions_event_log_leaves_out_leased_running_and_heartbeat_rows(held
     assert attempt.execution_started_persisted_at is not None
 
 
-def test_default_is_the_full_event_log(held):
+def test_default_is_the_transitions_event_log(held):
     store_enqueue.enqueue(held, JOB_TYPE, {})
     [job] = claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=1,
                                                     job_types=[JOB_TYPE])
     lease = LeaseIdentity.of(job)
     mark_job_running(held, lease)
     heartbeat_job(held, **lease.keywords(), lease_ttl_seconds=30)
+    lifecycle.complete_job_success(held, **lease.keywords())
 
-    assert event_types(held.engine, job.id) == ["ENQUEUED", "LEASED", "STAGE_CHANGED", "HEARTBEAT"]
+    assert event_types(held.engine, job.id) == ["SUCCEEDED"]
+
+
+def enqueue_every_way(bind, **level):
+    """Enqueue one job, a batch, a batch by ids and a workflow's root at ``level``; return their job ids."""
+    one = store_enqueue.enqueue(bind, JOB_TYPE, {}, **level).id
+    batch = [job.id for job in store_enqueue.enqueue_many(bind, [JobSpec(JOB_TYPE, {})] * 2, **level)]
+    ids = store_enqueue.enqueue_many_ids(bind, [JobSpec(JOB_TYPE, {})] * 2, **level)
+    flow = rl.Workflow("flow")
+    flow.job("root", JOB_TYPE, {})
+    root = workflows.enqueue_workflow(bind, flow, **level).step("root").job_id
+    return [one, *batch, *ids, root]
+
+
+@pytest.mark.parametrize("level", [{}, {"event_log": "transitions"}, {"event_log": EventLog.TRANSITIONS}],
+                         ids=["default", "text", "enum"])
+def test_enqueue_at_transitions_writes_no_enqueued_row(held, level):
+    job_ids = enqueue_every_way(held, **level)
+
+    assert scalar(held.engine, "SELECT count(*) FROM job_queue") == len(job_ids) == 6
+    assert scalar(held.engine, "SELECT count(*) FROM job_events") == 0
+
+
+def test_enqueue_at_full_writes_one_enqueued_row_per_job(held):
+    job_ids = enqueue_every_way(held, event_log="full")
+
+    logged = rows(held.engine, "SELECT job_id, run_number, event_type, stage, payload FROM job_events ORDER BY id")
+    assert [row.job_id for row in logged] == job_ids
+    assert {(row.run_number, row.event_type, row.stage) for row in logged} == {(1, "ENQUEUED", "queued")}
+    assert {row.payload["job_type"] for row in logged} == {JOB_TYPE}
+
+
+def test_list_events_draws_the_enqueued_entry_from_the_job_row_when_no_row_was_written(held):
+    quiet = store_enqueue.enqueue(held, JOB_TYPE, {}, event_log="transitions")
+    logged = store_enqueue.enqueue(held, JOB_TYPE, {}, event_log="full")
+
+    [drawn] = admin.list_events(held, quiet.id)
+    [written] = admin.list_events(held, logged.id)
+
+    assert (drawn.job_id, drawn.run_number, drawn.attempt, drawn.event_type, drawn.stage, drawn.payload) == (
+        quiet.id, 1, None, "ENQUEUED", None, {"job_type": JOB_TYPE})
+    assert drawn.occurred_at == quiet.created_at
+    assert (written.event_type, written.stage, written.payload) == ("ENQUEUED", "queued", {"job_type": JOB_TYPE})
+
+
+def test_list_events_puts_the_drawn_enqueued_entry_first(held):
+    job = claimed(held, EventLog.TRANSITIONS)
+    lifecycle.complete_job_success(held, **LeaseIdentity.of(job).keywords())
+
+    assert [event.event_type for event in admin.list_events(held, job.id)] == ["ENQUEUED", "SUCCEEDED"]
+    assert event_types(held.engine, job.id) == ["SUCCEEDED"]
 
 
 def test_transitions_still_logs_progress_other_stages_failures_and_retries(held):
@@ -83,7 +136,7 @@ def test_transitions_still_logs_progress_other_stages_failures_and_retries(held)
                                    retry_delay_ms=0)
 
     logged = [(kind, payload.get("kind")) for kind, _, payload in events(held.engine, job.id)]
-    assert logged == [("ENQUEUED", None), ("PROGRESS", None), ("STAGE_CHANGED", None),
+    assert logged == [("PROGRESS", None), ("STAGE_CHANGED", None),
                       ("FAILED", "RETRYABLE"), ("RETRY_SCHEDULED", "RETRYABLE")]
     stages = rows(held.engine, "SELECT stage FROM job_events WHERE job_id = :id AND event_type = 'STAGE_CHANGED'",
                   id=job.id)
@@ -100,8 +153,13 @@ def test_transitions_still_logs_progress_other_stages_failures_and_retries(held)
         lambda bind, lease: lifecycle_batch.mark_jobs_running(bind, [lease], event_log="quiet"),
         lambda bind, lease: lifecycle_batch.mark_jobs_running(bind, [], event_log="quiet"),
         lambda bind, lease: heartbeat_job(bind, **lease.keywords(), lease_ttl_seconds=30, event_log=True),
+        lambda bind, lease: store_enqueue.enqueue(bind, JOB_TYPE, {}, event_log="none"),
+        lambda bind, lease: store_enqueue.enqueue_many(bind, [JobSpec(JOB_TYPE, {})], event_log="Full"),
+        lambda bind, lease: store_enqueue.enqueue_many_ids(bind, [JobSpec(JOB_TYPE, {})] * 3, event_log=None),
+        lambda bind, lease: workflows.enqueue_workflow(bind, one_step_workflow(), event_log="quiet"),
     ],
-    ids=["prestart claim", "direct claim", "running", "grouped running", "grouped running, no leases", "heartbeat"],
+    ids=["prestart claim", "direct claim", "running", "grouped running", "grouped running, no leases", "heartbeat",
+         "enqueue", "enqueue_many", "enqueue_many_ids", "enqueue_workflow"],
 )
 def test_an_unknown_event_log_level_is_refused_before_any_write(held, call):
     job = claimed(held, EventLog.FULL)
@@ -115,6 +173,14 @@ def test_an_unknown_event_log_level_is_refused_before_any_write(held, call):
     assert "event_log" in refused.value.message
     assert scalar(held.engine, "SELECT count(*) FROM job_events") == before
     assert scalar(held.engine, "SELECT count(*) FROM job_queue WHERE status = 'LEASED'") == 1
+    assert scalar(held.engine, "SELECT count(*) FROM job_queue") == 2
+    assert scalar(held.engine, "SELECT count(*) FROM workflow_runs") == 0
+
+
+def one_step_workflow():
+    flow = rl.Workflow("flow")
+    flow.job("root", JOB_TYPE, {})
+    return flow
 
 
 def test_both_levels_run_the_same_prepared_statements(engine):
@@ -129,5 +195,5 @@ def test_both_levels_run_the_same_prepared_statements(engine):
     finally:
         held.close()
     labels = [name.rsplit("_", 1)[0] for name in names]
-    for label in ("runledger_claim_for_types", "runledger_mark_running", "runledger_heartbeat"):
+    for label in ("runledger_enqueue", "runledger_claim_for_types", "runledger_mark_running", "runledger_heartbeat"):
         assert labels.count(label) == 1, names

@@ -38,7 +38,8 @@ from tests.support import (
 @pytest.fixture
 def pending(engine):
     define(engine, max_attempts=3)
-    return store_enqueue.enqueue(engine, JOB_TYPE, {"n": 1})
+    # Every event of the spec, so the tests below can read each transition's row.
+    return store_enqueue.enqueue(engine, JOB_TYPE, {"n": 1}, event_log="full")
 
 
 def db_now(engine):
@@ -49,7 +50,7 @@ def db_now(engine):
 
 
 def test_claim_leases_the_job_and_records_attempt_and_event(engine, pending):
-    job = claim_one(engine, worker_id="w-1", lease_ttl_seconds=30)
+    job = claim_one(engine, worker_id="w-1", lease_ttl_seconds=30, event_log="full")
     assert (job.id, job.status, job.attempt, job.worker_id) == (pending.id, JobStatus.LEASED, 1, "w-1")
     assert job.stage is JobStage.QUEUED  # claim keeps the stage
     assert timedelta(seconds=29) < job.lease_expires_at - job.last_heartbeat_at <= timedelta(seconds=30)
@@ -149,17 +150,17 @@ def test_concurrent_claimers_never_get_the_same_job(engine):
 
 
 def test_mark_running_persists_stage_and_execution_marker(engine, pending):
-    job = claim_one(engine)
-    running = mark_job_running(engine, LeaseIdentity.of(job))
+    job = claim_one(engine, event_log="full")
+    running = mark_job_running(engine, LeaseIdentity.of(job), event_log="full")
     assert running.stage is JobStage.RUNNING and running.status is JobStatus.LEASED
     assert attempts(engine, job.id)[0].execution_started_persisted_at is not None
     assert event_types(engine, job.id)[-1] == "STAGE_CHANGED"
 
 
 def test_heartbeat_extends_the_lease_and_records_an_event(engine, pending):
-    job = claim_one(engine, lease_ttl_seconds=5)
+    job = claim_one(engine, lease_ttl_seconds=5, event_log="full")
     time.sleep(0.05)
-    beat = heartbeat_job(engine, **identity(job), lease_ttl_seconds=60)
+    beat = heartbeat_job(engine, **identity(job), lease_ttl_seconds=60, event_log="full")
     assert beat.lease_expires_at > job.lease_expires_at + timedelta(seconds=50)
     assert beat.last_heartbeat_at > job.last_heartbeat_at
     assert events(engine, job.id)[-1] == ("HEARTBEAT", 1, {"worker_id": "worker-a"})
@@ -343,11 +344,11 @@ def test_a_later_dead_letter_overwrites_the_earlier_one(engine, pending):
 
 
 def test_expired_lease_refuses_the_writes_that_keep_a_job_running_and_row_stays_leased(engine, pending):
-    job = claim_one(engine)
+    job = claim_one(engine, event_log="full")
     expire_lease(engine, job.id)
     ident = identity(job)
     calls = [
-        lambda: heartbeat_job(engine, **ident, lease_ttl_seconds=30),
+        lambda: heartbeat_job(engine, **ident, lease_ttl_seconds=30, event_log="full"),
         lambda: update_job_progress(engine, **ident, progress_done=1),
     ]
     for call in calls:

@@ -22,11 +22,11 @@ from runledger_sync.store._running import update_job_progress
 from tests.support import JOB_TYPE, attempts, define, event_types, expire_lease, rows
 
 
-def claim(engine, count, worker_id="worker-a", lease_ttl_seconds=30):
+def claim(engine, count, worker_id="worker-a", lease_ttl_seconds=30, **level):
     define(engine, max_attempts=3)
-    store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(count)])
+    store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(count)], **level)
     jobs = claim_prestart_jobs_for_types(
-        engine, worker_id=worker_id, lease_ttl_seconds=lease_ttl_seconds, limit=count, job_types=[JOB_TYPE])
+        engine, worker_id=worker_id, lease_ttl_seconds=lease_ttl_seconds, limit=count, job_types=[JOB_TYPE], **level)
     assert len(jobs) == count
     return jobs
 
@@ -36,8 +36,8 @@ def identities(jobs):
 
 
 def test_mark_jobs_running_matches_the_single_write_for_every_job(engine):
-    jobs = claim(engine, 3)
-    assert mark_jobs_running(engine, identities(jobs)) == [None] * 3
+    jobs = claim(engine, 3, event_log="full")
+    assert mark_jobs_running(engine, identities(jobs), event_log="full") == [None] * 3
     assert rows(engine, "SELECT DISTINCT status, stage FROM job_queue") == [("LEASED", "running")]
     for job in jobs:
         assert event_types(engine, job.id) == ["ENQUEUED", "LEASED", "STAGE_CHANGED"]

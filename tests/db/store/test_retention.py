@@ -38,7 +38,7 @@ def finish(engine, job_id: UUID, status: str, days_ago: float) -> None:
 
 
 def finished_job(engine, status: str, days_ago: float) -> UUID:
-    job_id = rl.enqueue(engine, "test.job", {}).id
+    job_id = rl.enqueue(engine, "test.job", {}, event_log="full").id
     finish(engine, job_id, status, days_ago)
     return job_id
 

@@ -141,6 +141,30 @@ def test_a_due_schedule_enqueues_its_template_marked_with_the_fire_and_moves_on(
     assert 0 < tick.next_due_in_seconds <= 60
 
 
+def test_the_tick_enqueues_at_the_event_log_level_it_is_given(defined):
+    for name in ("quiet", "logged"):
+        rl.upsert_schedule(defined, name, cron_expr=EVERY_MINUTE, job_type=JOB_TYPE)
+        make_due(defined, name)
+        level = {"event_log": "full"} if name == "logged" else {}
+        assert schedule_tick.fire_due_schedules(defined, limit=16, **level).fired == 1
+
+    logged = rows(defined, "SELECT j.payload->'_schedule'->>'schedule_name' AS name, e.stage FROM job_events e "
+                           "JOIN job_queue j ON j.id = e.job_id WHERE e.event_type = 'ENQUEUED'")
+    assert [(row.name, row.stage) for row in logged] == [("logged", "scheduled")]
+    assert job_count(defined) == 2
+
+
+def test_the_tick_refuses_an_unknown_event_log_level_before_any_write(defined):
+    rl.upsert_schedule(defined, "s", cron_expr=EVERY_MINUTE, job_type=JOB_TYPE)
+    make_due(defined, "s")
+
+    with pytest.raises(errors.InvalidArgument) as refused:
+        schedule_tick.fire_due_schedules(defined, limit=16, event_log="verbose")
+
+    assert refused.value.code == "job.invalid_argument"
+    assert (job_count(defined), rl.get_schedule(defined, "s").last_fired_at) == (0, None)
+
+
 def test_a_template_that_is_not_an_object_is_wrapped(defined):
     rl.upsert_schedule(defined, "list", cron_expr=EVERY_MINUTE, job_type=JOB_TYPE, payload_template=[1, 2])
     make_due(defined, "list")

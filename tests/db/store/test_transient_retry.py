@@ -74,7 +74,7 @@ def test_an_enqueue_whose_reply_is_lost_after_it_committed_returns_the_job_writt
                 raise psycopg2.OperationalError("server closed the connection unexpectedly")
 
         event.listen(engine, "after_cursor_execute", lose_the_reply)
-        job = store_enqueue.enqueue(engine, JOB_TYPE, {"once": True})
+        job = store_enqueue.enqueue(engine, JOB_TYPE, {"once": True}, event_log="full")
         event.remove(engine, "after_cursor_execute", lose_the_reply)
         assert lost
         assert scalar(engine, "SELECT count(*) FROM job_queue") == 1

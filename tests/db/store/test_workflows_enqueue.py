@@ -35,7 +35,7 @@ def counts(engine) -> tuple[int, int, int, int]:
 
 
 def test_enqueue_writes_run_steps_edges_and_only_the_root_job(typed):
-    run = rl.enqueue_workflow(typed, order_workflow())
+    run = rl.enqueue_workflow(typed, order_workflow(), event_log="full")
 
     assert run.status is WorkflowRunStatus.RUNNING
     assert [(s.key, s.status) for s in run.steps] == [

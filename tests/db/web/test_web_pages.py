@@ -11,7 +11,7 @@ import runledger_sync as rl
 from runledger_sync import testing
 from runledger_sync.web import allow_anyone, create_app
 from tests.db.web.conftest import Browser, EMAIL, REPORT, TOP, dead_lettered, page, succeeded
-from tests.support import claim_one
+from tests.support import claim_one, event_types
 
 JOB_LINK = re.compile(r'href="/jobs/([0-9a-f-]{36})"')
 
@@ -105,6 +105,15 @@ def test_job_page_shows_fields_attempts_timeline_and_output(db, client):
     timeline = html.split('id="timeline"', 1)[1]
     assert [t for t in ("ENQUEUED", "SUCCEEDED") if f"<strong>{t}</strong>" in timeline] == ["ENQUEUED", "SUCCEEDED"]
     assert "&#34;sent&#34;: true" in html.split('id="output"', 1)[1]
+
+
+def test_job_page_lists_enqueued_first_from_the_job_row_at_the_transitions_level(db, client):
+    job = succeeded(db)
+    assert event_types(db, job.id) == ["SUCCEEDED"]
+
+    timeline = page(client, f"/jobs/{job.id}").split('id="timeline"', 1)[1]
+
+    assert re.findall(r"<strong>([A-Z_]+)</strong>", timeline)[:2] == ["ENQUEUED", "SUCCEEDED"]
 
 
 def test_job_page_shows_a_dead_lettered_jobs_final_stage(db, client):
