@@ -9,12 +9,13 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 from sqlalchemy.engine import make_url
 
 import runledger_sync as rl
+from tests.faults.harness import upstream_address
 from tests.support import scalar, wait_until
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -30,8 +31,8 @@ def free_port() -> int:
 class LateProxy:
     """A TCP proxy to the real server on ``port``, which accepts nothing until :meth:`open` (the port is closed)."""
 
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
+    def __init__(self, target: tuple[int, Any]) -> None:
+        self.family, self.target = target
         self.port = free_port()
         self._listener: socket.socket | None = None
         self._closed = threading.Event()
@@ -49,7 +50,8 @@ class LateProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
-            upstream = socket.create_connection(self.target)
+            upstream = socket.socket(self.family, socket.SOCK_STREAM)
+            upstream.connect(self.target)
             self._sockets += [client, upstream]
             for source, sink in ((client, upstream), (upstream, client)):
                 pipe = threading.Thread(target=self._pipe, args=(source, sink), daemon=True)
@@ -88,7 +90,9 @@ class LateProxy:
 def through(url: str, port: int) -> str:
     """``url`` with a password (which no log line may show) and another port."""
     parsed = make_url(url)
-    return parsed.set(port=port, host="127.0.0.1", password=SECRET).render_as_string(hide_password=False)
+    # The embedded server's URL names its socket directory in the query, which would win over the host.
+    query = {key: value for key, value in parsed.query.items() if key not in ("host", "port")}
+    return parsed.set(port=port, host="127.0.0.1", password=SECRET, query=query).render_as_string(hide_password=False)
 
 
 def worker(url: str, *options: str) -> subprocess.Popen:
@@ -101,8 +105,7 @@ def worker(url: str, *options: str) -> subprocess.Popen:
 
 @pytest.fixture
 def proxy(fresh_database) -> Iterator[LateProxy]:
-    real = make_url(fresh_database)
-    late = LateProxy((real.host or "127.0.0.1", real.port or 5432))
+    late = LateProxy(upstream_address(fresh_database))
     yield late
     late.close()
 

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is no
 
 def planned(target: str, tmp_path: Path) -> list[str]:
     """The commands `make TARGET` would run on a fresh clone (its virtualenv not built yet)."""
-    result = subprocess.run(["make", "-n", target, f"VENV={tmp_path / 'venv'}", "PYTHON=python3"],
+    result = subprocess.run(["make", "--no-print-directory", "-n", target, f"VENV={tmp_path / 'venv'}", "PYTHON=python3"],
                             cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     return result.stdout.splitlines()

@@ -71,7 +71,7 @@ def test_dead_letters_older_than_the_window_are_not_counted(engine):
     assert gauges.queue_gauges(engine).dead_lettered_recently == {}
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)
 def test_scrape_statement_reads_indexes_not_a_million_finished_jobs(engine):
     define(engine, "a")
     with engine.begin() as conn:
