@@ -147,7 +147,7 @@ def mark_jobs_running(
     checked = [check_identity(*_identity_values(identity)) for identity in identities]
     if not checked:
         return []
-    return run_in_transaction(bind, lambda connection: _write_group(connection, _RUNNING, checked, flag),
+    return run_in_transaction(bind, lambda connection: write_leases(connection, _RUNNING, checked, flag),
                               one_query=True)
 
 
@@ -320,11 +320,11 @@ def _write_values(
 
     def work(connection: Connection) -> list[LeaseResult]:
         if not workflow:
-            return _write_group(connection, statement, identities, columns)
+            return write_leases(connection, statement, identities, columns)
         # A savepoint: when a run's cancel refuses the step hooks, the job rows this
         # pass wrote must go too, even in a caller's transaction that goes on.
         with connection.begin_nested():
-            return _write_group(connection, statement, identities, columns, end_steps=True)
+            return write_leases(connection, statement, identities, columns, end_steps=True)
 
     return run_in_transaction(bind, work, one_query=not workflow, retry=retry)
 
@@ -383,10 +383,11 @@ def _checkpoint_or_none(value: Any, max_bytes: int) -> Optional[str]:
     return None if value is None else check.serialize_checkpoint(value, max_bytes=max_bytes)
 
 
-def _write_group(
+def write_leases(
     connection: Connection, statement: PreparedStatement, identities: list[LeaseIdentity],
     values: dict[str, Any], *, end_steps: bool = False,
 ) -> list[LeaseResult]:
+    """Lock the identities' rows, run ``statement``; answer each identity (``end_steps``: then end its workflow step)."""
     rows = write_fenced(connection, (statement,), identities, values).all()
     if end_steps:
         jobs_ended(connection, job_ends(rows))
