@@ -30,7 +30,7 @@ from runledger_sync.core import validation as check
 from runledger_sync.core.continuation import CONTINUED_OUTCOME, HANDLER_CONTINUATION_REASON, delay_ms
 from runledger_sync.core.errors import InvalidArgument, InvalidCompletionProgress, InvalidProgress
 from runledger_sync.core.exception_rules import STOPPED_BY_EVENT_KEY
-from runledger_sync.core.outcomes import Continue, DeadLetter, Retry, Succeed
+from runledger_sync.core.outcomes import Continue, DeadLetter, Retry, Succeed, Written
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.states import JobStage, JobStatus
 from runledger_sync.core.types import JobCompletion, JobEventType
@@ -47,9 +47,6 @@ from runledger_sync.store._transitions import failure_params
 
 _q = job_queue.c
 _a = job_attempts.c
-
-#: A transition that writes, as apply_transitions takes it.
-Written = Succeed | Continue | Retry | DeadLetter
 
 # The kinds as the statement's CASE tests them.
 _SUCCEED, _CONTINUE, _RETRY, _DEAD_LETTER = "succeed", "continue", "retry", "dead_letter"
@@ -241,8 +238,12 @@ def apply_transitions(
     try:
         return _write_plain_then_workflow(bind, values, retry=retry)
     except InvalidProgress as exc:
+        # The job's last error names what its handler returned (the completer splits
+        # a refused group down to the one job it concerns).
+        returned = {_SUCCEED: "success", _CONTINUE: "continuation"}
+        kinds = sorted({returned[row[0]] for _, row in values if row[0] in returned})
         raise InvalidCompletionProgress(
-            "Handler returned invalid progress: merged with the stored progress, "
+            f"Handler returned invalid {' or '.join(kinds)} progress: merged with the stored progress, "
             "progress_done would exceed progress_total."
         ) from exc
 
