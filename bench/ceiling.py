@@ -18,9 +18,14 @@ import time
 
 import _common as bench
 
+from runledger_sync.core.outcomes import Succeed
 from runledger_sync.core.records import LeaseIdentity
+from runledger_sync.core.types import JobCompletion
 from runledger_sync.store import driver
 from runledger_sync.store.driver import HeldConnection
+
+#: The no-op handler's outcome: a success that stores nothing.
+SUCCEED = Succeed(JobCompletion())
 
 
 def parse_args() -> argparse.Namespace:
@@ -51,7 +56,7 @@ def drain(engine, url: str, jobs: int, batch: int, event_log: str) -> tuple[floa
                 raise RuntimeError(f"a running write did not land: {started_batch.error}")
             if not claimed:
                 raise RuntimeError(f"the queue ran dry after {done} jobs")
-            driver.complete_jobs_success(writes, [(LeaseIdentity.of(job), None) for job in claimed])
+            driver.apply_transitions(writes, [(LeaseIdentity.of(job), SUCCEED) for job in claimed])
             done += len(claimed)
         elapsed = time.perf_counter() - started
         window.stop()

@@ -80,14 +80,14 @@ def main() -> int:
 
         loop._slot_ended = end_of_walk
         if not args.to_slot:
-            write_successes = driver.complete_jobs_success
+            write_outcomes = driver.apply_transitions
 
             def durable_then_stop(*write_args, **write_kwargs):
-                written = write_successes(*write_args, **write_kwargs)
+                written = write_outcomes(*write_args, **write_kwargs)
                 walk.recording = False
                 return written
 
-            driver.complete_jobs_success = durable_then_stop
+            driver.apply_transitions = durable_then_stop
         try:
             for _ in range(args.jobs):
                 rl.enqueue(engine, "bench.noop", {})

@@ -138,3 +138,13 @@ def run_worker_until(engine: Any, registry: Any, config: Any, condition: Callabl
         shutdown.set()
         worker.join(30)
     assert not worker.is_alive()
+
+
+def write_successes(bind: Any, completions: Any, **limits: Any) -> list[Any]:
+    """Write (lease, completion or None) pairs as successes through the one outcome call; its answers."""
+    from runledger_sync.core.outcomes import Succeed
+    from runledger_sync.core.types import JobCompletion
+    from runledger_sync.store._outcomes import apply_transitions
+
+    return apply_transitions(bind, [(lease, Succeed(completion or JobCompletion())) for lease, completion in completions],
+                             **limits)

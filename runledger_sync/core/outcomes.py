@@ -122,6 +122,8 @@ class DeadLetter:
 
 Outcome = Union[JobCompletion, JobFailure, LeaseLost, Canceled]
 Transition = Union[Succeed, Continue, Retry, DeadLetter, LeaseLost, Canceled]
+#: The transitions that write an outcome (the others leave the job to whoever took it).
+Written = Union[Succeed, Continue, Retry, DeadLetter]
 
 #: A handler still running when the worker's shutdown grace ran out: nothing is
 #: written for it, and the reaper recovers the job once its lease runs out.

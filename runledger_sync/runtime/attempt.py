@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 from functools import cached_property
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 from uuid import UUID
 
 from sqlalchemy.engine import Engine
@@ -215,20 +215,22 @@ class JobExecution:
         if completion is not None and completion.continue_after is not None:
             raise InvalidArgument("completion", "continue_after", "a JobCompletion without continue_after "
                                   "(return a continuation from the handler instead)")
-        try:
-            record = driver.complete_job_success(bind, **self.identity.keywords(), completion=completion,
-                                                    max_output_bytes=self.config.max_output_bytes,
-                                                    max_checkpoint_bytes=self.config.max_payload_bytes)
-        except LeaseOwnerMismatch:
+        [refused] = driver.apply_transitions(bind, [(self.identity, Succeed(completion or JobCompletion()))],
+                                             max_output_bytes=self.config.max_output_bytes,
+                                             max_checkpoint_bytes=self.config.max_payload_bytes)
+        if isinstance(refused, LeaseOwnerMismatch):
             # The fence refused the write, so the lease is gone: end the attempt as a
             # lost lease (nothing written, the reaper recovers it), as a heartbeat would.
             self.lease_lost = LeaseLost(LEASE_OWNER_MISMATCH_CODE, "Job lease ownership was lost during processing.")
             context.request_cancel("lease_lost")
-            raise
-        except WorkflowReleaseConflict as conflict:
+            raise refused
+        if isinstance(refused, WorkflowReleaseConflict):
             # The step's run is being cancelled: write nothing for the attempt and
             # leave the lease, which the reaper finishes once the cancel committed.
-            self.lease_lost = LeaseLost(conflict.code, conflict.message)
-            raise
+            self.lease_lost = LeaseLost(refused.code, refused.message)
+            raise refused
+        # The row as the handler's transaction now sees it, which the caller is promised
+        # (never None: this transaction holds the row it just wrote).
+        record = cast(JobRecord, driver.get_job(bind, self.job.id))
         self.completed_in_transaction = True
         return record

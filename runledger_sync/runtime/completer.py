@@ -2,8 +2,8 @@
 
 Pool threads and the watch hand it a decided :data:`~runledger_sync.core.outcomes.Transition`
 (succeed, continue, retry, dead-letter) with the lease it was decided under. It writes
-what was queued while its previous group was being written as one group per
-kind, each with one fenced statement (:mod:`runledger_sync.store.driver`),
+what was queued while its previous group was being written as one group, every
+kind together, with one call (``apply_transitions`` of :mod:`runledger_sync.store.driver`),
 and answers every item once its outcome is durable: only then may the caller
 free the job's slot (the seed's rule: a slot is held until its outcome is
 written). With other jobs about to finish it lingers briefly for their company.
@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional, TypeVar
 from sqlalchemy.engine import Engine
 
 from runledger_sync.core.errors import RunledgerError
-from runledger_sync.core.outcomes import Continue, DeadLetter, Retry, Succeed
+from runledger_sync.core.outcomes import Written
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.store_errors import CommitOutcomeUnknown, ConnectionFailed
 from runledger_sync.core.validation import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_PAYLOAD_BYTES
@@ -51,7 +51,6 @@ RETRY_PAUSE_SECONDS = 0.2
 GROUP_LINGER_SECONDS = 0.002
 
 T = TypeVar("T")
-Written = Succeed | Continue | Retry | DeadLetter
 #: Called once with the item's answer: None once durable, LANDED_AFTER_LOST_REPLY,
 #: or the error that kept it from landing.
 OnAnswer = Callable[[object], None]
@@ -141,14 +140,11 @@ class Completer:
 
     def _write_group(self, items: list[_Item]) -> list[object]:
         results: list[object] = [None] * len(items)
-        for kind in (Succeed, Continue, (Retry, DeadLetter)):
-            indexes = [index for index, item in enumerate(items) if isinstance(item.transition, kind)]
-            if indexes:
-                self._write(indexes, items, results)
+        self._write(list(range(len(items))), items, results)
         return results
 
     def _write(self, indexes: list[int], items: list[_Item], results: list[object]) -> None:
-        """Write the items at ``indexes`` (all of one kind) until each has its answer in ``results``."""
+        """Write the items at ``indexes`` (of any kinds) until each has its answer in ``results``."""
         give_up_at = max(items[index].give_up_at for index in indexes)
         pending, read_first, reply_lost = indexes, False, False
         while True:
@@ -186,22 +182,11 @@ class Completer:
 
     def _write_once(self, items: list[_Item]) -> list[object]:
         started = time.monotonic()
-        outcomes = [(item.identity, item.transition) for item in items]
-        if isinstance(items[0].transition, Succeed):
-            kind = "success"
-            answers: list[Any] = driver.complete_jobs_success(
-                self._bind, [(identity, transition.completion) for identity, transition in outcomes],  # type: ignore[union-attr]
-                max_output_bytes=self._max_output_bytes, max_checkpoint_bytes=self._max_checkpoint_bytes,
-                retry=False)
-        elif isinstance(items[0].transition, Continue):
-            kind = "continuation"
-            answers = driver.complete_jobs_continuation(
-                self._bind, outcomes, max_checkpoint_bytes=self._max_checkpoint_bytes, retry=False)  # type: ignore[arg-type]
-        else:
-            kind = "failure"
-            answers = driver.complete_jobs_failure(self._bind, outcomes, retry=False)  # type: ignore[arg-type]
+        answers: list[object] = list(driver.apply_transitions(
+            self._bind, [(item.identity, item.transition) for item in items],
+            max_output_bytes=self._max_output_bytes, max_checkpoint_bytes=self._max_checkpoint_bytes, retry=False))
         if self._observer is not None:
-            self._observer.group_written(kind, len(items), time.monotonic() - started)
+            self._observer.group_written("outcome", len(items), time.monotonic() - started)
         return answers
 
     def _read_back(self, pending: list[int], items: list[_Item], results: list[object]) -> list[int]:

@@ -25,7 +25,7 @@ class WorkerObserver(Protocol):
         not_started, undecided); ``handler_seconds`` is None when the handler never ran."""
 
     def group_written(self, writer: str, size: int, seconds: float) -> None:
-        """``size`` jobs were written together: ``running`` (sent with their claim, and timed with it) or ``success``."""
+        """``size`` jobs were written together: ``running`` (sent with their claim, and timed with it) or ``outcome``."""
 
     def heartbeat_failed(self, job_type: str) -> None:
         """A lease renewal failed (retried after a lost connection, or given up)."""

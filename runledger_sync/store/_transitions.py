@@ -1,9 +1,10 @@
-"""The statements of the transitions several writers make: success, failure (retry or dead letter), unstarted release.
+"""The statements of one lease's transitions: success, failure (retry or dead letter), unstarted release.
 
-The worker's single and grouped writes and the reaper build their statements
-here, each with its own guard, so a transition is written the same way whoever
-makes it; and the one read a failure's dead-letter rule needs besides the row
-(:func:`earlier_attempts`).
+The store's single-lease writes (:mod:`runledger_sync.store.lifecycle`) and the
+reaper build their statements here, each with its own guard, so a transition is
+written the same way whoever makes it; and the one read a failure's dead-letter
+rule needs besides the row (:func:`earlier_attempts`). The worker's grouped
+outcomes are written by :mod:`runledger_sync.store._outcomes`.
 """
 
 from __future__ import annotations
@@ -25,13 +26,12 @@ from sqlalchemy import (
     select,
     true,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
-from runledger_sync.core.continuation import CONTINUED_OUTCOME, HANDLER_CONTINUATION_REASON
 from runledger_sync.core.evidence import NO_EVIDENCE, FailureEvidence, bounded_error_type, bounded_traceback
 from runledger_sync.core.outcomes import EarlierAttempts
 from runledger_sync.core.types import ClaimOrigin, JobEventType, JobFailure
@@ -117,19 +117,6 @@ def build_success(
     return select(*succeeded.c).add_cte(attempt, events).where(notify_ended(succeeded))
 
 
-#: (column of the unnested failures, array parameter, its type): one failure per lease, as bound arrays.
-FAILURE_ARRAYS = (
-    ("kind", "failure_kinds", ARRAY(Text)),
-    ("code", "failure_codes", ARRAY(Text)),
-    ("message", "failure_messages", ARRAY(Text)),
-    ("retry_delay", "retry_delays", ARRAY(BigInteger)),
-    ("dead_letter", "dead_letters", ARRAY(Boolean)),
-    ("event_extra", "event_extras", ARRAY(Text)),
-    ("error_type", "error_types", ARRAY(Text)),
-    ("traceback", "tracebacks", ARRAY(Text)),
-)
-
-
 def one_failure() -> dict[str, Any]:
     """The failure values of a single write, as bound values (see :func:`failure_params`)."""
     return {
@@ -146,16 +133,15 @@ def one_failure() -> dict[str, Any]:
     }
 
 
-def build_failure(guard: Any, failures: Any = None) -> Any:
-    """The retry-or-dead-letter write, shared by the worker (live lease, one or a group) and the reaper (expired).
+def build_failure(guard: Any) -> Any:
+    """The retry-or-dead-letter write of one lease, shared by the worker's single write and the reaper (expired).
 
-    ``failures`` holds the values (``kind``, ``code``, ``message``, ``retry_delay``,
-    ``dead_letter``, ``event_extra``, ``error_type``, ``traceback``): the columns of the unnested arrays the
-    guard joins (a group), or by default bound values (one lease). The failed
-    rows return them beside the job's columns, so the attempt, dead-letter and
-    event rows take each row's own.
+    The failure's values (``kind``, ``code``, ``message``, ``retry_delay``,
+    ``dead_letter``, ``event_extra``, ``error_type``, ``traceback``) are bound
+    values (:func:`one_failure`). The failed row returns them beside the job's
+    columns, so the attempt, dead-letter and event rows take them from it.
     """
-    values = one_failure() if failures is None else {name: failures.c[name] for name in one_failure()}
+    values = one_failure()
     dead = values["dead_letter"]
     failed = (
         job_queue.update()
@@ -251,69 +237,6 @@ def failure_params(
         "error_type": None if evidence.error_type is None else bounded_error_type(str(evidence.error_type)),
         "traceback": None if evidence.traceback is None else bounded_traceback(str(evidence.traceback)),
     }
-
-
-#: (column of the unnested continuations, array parameter, its type): one continuation per lease.
-CONTINUATION_ARRAYS = (
-    ("delay", "continue_delays", ARRAY(BigInteger)),
-    ("checkpoint", "continue_checkpoints", ARRAY(Text)),
-    ("progress_done", "continue_progress_done", ARRAY(BigInteger)),
-    ("progress_total", "continue_progress_total", ARRAY(BigInteger)),
-)
-
-
-def build_continuation(guard: Any, leases: Any) -> Any:
-    """The continuation write (spec T14): PENDING as the next run, attempt 0, after each lease's delay.
-
-    ``leases`` are the unnested identities and :data:`CONTINUATION_ARRAYS` the
-    guard joins. The checkpoint and progress are coalesced with the stored ones
-    (a snooze keeps them). The run's attempt is closed as CONTINUED and a
-    REQUEUED event (reason ``HANDLER_CONTINUATION``) is written on the run that
-    ended. The rows return the identity they were written under, as every
-    group write's do.
-    """
-    continued = (
-        job_queue.update()
-        .where(guard)
-        .values(
-            status=JobStatus.PENDING.value,
-            run_number=_q.run_number + 1,
-            attempt=0,
-            continuations=_q.continuations + 1,
-            next_run_at=func.now() + milliseconds(leases.c.delay),
-            lease_expires_at=None,
-            last_heartbeat_at=None,
-            worker_id=None,
-            stage=JobStage.QUEUED.value,
-            progress_done=func.coalesce(leases.c.progress_done, _q.progress_done),
-            progress_total=func.coalesce(leases.c.progress_total, _q.progress_total),
-            checkpoint=func.coalesce(cast(leases.c.checkpoint, JSONB), _q.checkpoint),
-            status_reason=HANDLER_CONTINUATION_REASON,
-            last_error_code=None,
-            last_error_message=None,
-        )
-        .returning(
-            _q.id, leases.c.run_number.label("run_number"), leases.c.attempt.label("attempt"), _q.stage,
-            _q.progress_done, _q.progress_total, _q.workflow_step_id, _q.next_run_at,
-            leases.c.delay.label("continue_delay"),
-        )
-        .cte("continued")
-    )
-    attempt = (
-        job_attempts.update()
-        .where(attempt_of(continued))
-        .values(finished_at=func.now(), outcome=CONTINUED_OUTCOME, error_code=None, error_message=None,
-                retry_delay_ms=None)
-        .cte("continued_attempt")
-    )
-    events = event_insert(
-        continued,
-        continued.c.id, continued.c.run_number, continued.c.attempt, literal(JobEventType.REQUEUED.value),
-        continued.c.stage, continued.c.progress_done, continued.c.progress_total,
-        func.jsonb_build_object("reason", HANDLER_CONTINUATION_REASON, "continue_after_ms", continued.c.continue_delay,
-                                "next_run_at", continued.c.next_run_at),
-    ).cte("continued_event")
-    return select(*continued.c).add_cte(attempt, events)
 
 
 _EARLIER_CODES = (

@@ -36,12 +36,12 @@ While the handler runs
 Outcome
     ``read_earlier_attempts``: what the run's earlier attempts mean for a
     failure's decision, ``step_allows_continuation`` a workflow job's
-    continuation's. ``complete_jobs_success``, ``complete_jobs_continuation``
-    and ``complete_jobs_failure`` write a group of decided outcomes, one fenced
-    statement per group;
-    ``read_back_outcomes`` tells of a group whose reply was lost which landed.
-    ``complete_job_success`` writes a success in the handler's own transaction
-    (``ctx.complete_in``).
+    continuation's. ``apply_transitions`` writes a group of decided outcomes
+    of every kind (succeed, continue, retry, dead-letter), one fenced
+    statement per group, then ends the workflow steps among them; the worker's
+    completer passes its groups, and ``ctx.complete_in`` its one success in the
+    handler's own transaction. ``read_back_outcomes`` tells of a group whose
+    reply was lost which landed.
 
 Workflow steps (``ctx.workflow``)
     ``load_step`` (a step's run and key) and ``step_output`` (a prerequisite's
@@ -75,13 +75,8 @@ from runledger_sync.store._workers import forget_worker, record_worker
 from runledger_sync.store._claim_start import StartedClaim, claim_and_start_jobs
 from runledger_sync.store._gauges import ping
 from runledger_sync.store._held import HeldConnection
-from runledger_sync.store._lifecycle_batch import (
-    complete_jobs_continuation,
-    complete_jobs_failure,
-    complete_jobs_success,
-    read_back_outcomes,
-    read_earlier_attempts,
-)
+from runledger_sync.store._lifecycle_batch import read_back_outcomes, read_earlier_attempts
+from runledger_sync.store._outcomes import apply_transitions
 from runledger_sync.store._notify import (
     CANCELED_CHANNEL,
     CHANNEL,
@@ -100,7 +95,7 @@ from runledger_sync.store._rollup import sample_rollup
 from runledger_sync.store._running import heartbeat_job, mark_job_running, running_landed, update_job_progress
 from runledger_sync.store._schedule_tick import fire_due_schedules
 from runledger_sync.store.admin import get_job
-from runledger_sync.store.lifecycle import complete_job_success, release_unstarted_job_claim
+from runledger_sync.store.lifecycle import release_unstarted_job_claim
 from runledger_sync.store.queues import list_queues
 from runledger_sync.store.retention import prune
 from runledger_sync.store.workflows import load_step, step_allows_continuation, step_output
@@ -126,11 +121,8 @@ __all__ = [
     # outcome
     "read_earlier_attempts",
     "step_allows_continuation",
-    "complete_jobs_success",
-    "complete_jobs_continuation",
-    "complete_jobs_failure",
+    "apply_transitions",
     "read_back_outcomes",
-    "complete_job_success",
     # workflow steps
     "load_step",
     "step_output",

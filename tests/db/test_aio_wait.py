@@ -20,7 +20,7 @@ from runledger_sync.aio import _wait as aio_wait
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.states import JobStatus
 from runledger_sync.store import _notify as notify
-from runledger_sync.store._lifecycle_batch import complete_jobs_success
+from tests.support import write_successes
 from tests.db.aio_support import CALLERS, UNKNOWN_ID, async_engine, create_orders, needs_asyncpg
 from tests.support import JOB_TYPE, claim_one, rows, terminate_backend, wait_until
 
@@ -120,7 +120,7 @@ def test_the_waiter_returns_after_the_success_woken_by_its_notification(orders, 
     waiter = Waiter(fresh_database, driver, job.id)
     wait_until(lambda: len(ended_listener_pids(orders)) == 1, what="the waiter's LISTEN")
     claimed = claim_one(orders)
-    complete_jobs_success(orders, [(LeaseIdentity.of(claimed), rl.JobCompletion(output={"n": 1}))])
+    write_successes(orders, [(LeaseIdentity.of(claimed), rl.JobCompletion(output={"n": 1}))])
     done = waiter.join()
     assert (done.id, done.status, done.output) == (job.id, JobStatus.SUCCEEDED, {"n": 1})
     assert (waiter.returned_at - done.finished_at).total_seconds() < END_TO_RETURN_CEILING_SECONDS

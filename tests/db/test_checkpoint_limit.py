@@ -16,7 +16,8 @@ import pytest
 import runledger_sync as rl
 from runledger_sync.errors import CheckpointTooLarge
 from runledger_sync.store import lifecycle
-from runledger_sync.store._lifecycle_batch import complete_jobs_continuation, complete_jobs_success
+from runledger_sync.store._outcomes import apply_transitions
+from tests.support import write_successes
 from runledger_sync.store._running import update_job_progress
 from runledger_sync.core.outcomes import Continue
 from runledger_sync.core.records import LeaseIdentity
@@ -68,9 +69,9 @@ def test_a_success_or_continuation_with_a_checkpoint_over_the_limit_is_refused_a
         if write == "success":
             lifecycle.complete_job_success(engine, **lease, completion=rl.JobCompletion(checkpoint=OVER))
         elif write == "successes":
-            complete_jobs_success(engine, [(LeaseIdentity(**lease), rl.JobCompletion(checkpoint=OVER))])
+            write_successes(engine, [(LeaseIdentity(**lease), rl.JobCompletion(checkpoint=OVER))])
         else:
-            complete_jobs_continuation(engine, [(LeaseIdentity(**lease), Continue(1_000, OVER))])
+            apply_transitions(engine, [(LeaseIdentity(**lease), Continue(1_000, OVER))])
 
     assert_refused(raised)
     stored = rl.get_job(engine, job.id)

@@ -91,7 +91,7 @@ def test_a_failure_group_whose_reply_is_lost_is_read_back_not_written_twice(engi
     failure = JobFailure.retryable("test.busy", "try later")
     completer = Completer(engine, "completer-under-test")
     try:
-        with group_reply_lost(engine, outage, "failure"):
+        with group_reply_lost(engine, outage):
             answers = post_all(completer, [(LeaseIdentity.of(job), Retry(failure, 0)) for job in jobs])
     finally:
         completer.close()

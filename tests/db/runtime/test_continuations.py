@@ -266,11 +266,11 @@ def test_a_continuation_whose_lease_was_lost_is_refused_by_the_fence(engine):
     job = claim_one(engine, worker_id="w")
     stranger = LeaseIdentity(job.id, job.run_number, job.attempt, "someone-else")
 
-    [refused] = driver.complete_jobs_continuation(engine, [(stranger, Continue(0))])
+    [refused] = driver.apply_transitions(engine, [(stranger, Continue(0))])
 
     assert refused.code == "job.lease_owner_mismatch"
     assert job_row(engine, job.id).status == "LEASED"
-    assert driver.complete_jobs_continuation(engine, [(LeaseIdentity.of(job), Continue(0, {"p": 1}))]) == [None]
+    assert driver.apply_transitions(engine, [(LeaseIdentity.of(job), Continue(0, {"p": 1}))]) == [None]
     assert (job_row(engine, job.id).status, job_row(engine, job.id).checkpoint) == ("PENDING", {"p": 1})
 
 
@@ -338,7 +338,7 @@ def test_a_continuation_whose_reply_was_lost_reads_back_as_landed(engine):
     lease = LeaseIdentity.of(job)
     assert driver.read_back_outcomes(engine, [(lease, Continue(0))]) == [None]  # still leased: write it
 
-    driver.complete_jobs_continuation(engine, [(lease, Continue(0))])
+    driver.apply_transitions(engine, [(lease, Continue(0))])
 
     assert driver.read_back_outcomes(engine, [(lease, Continue(0))]) == [True]
 

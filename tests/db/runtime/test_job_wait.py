@@ -16,7 +16,7 @@ from runledger_sync.runtime import job_wait
 from runledger_sync.store import _notify as notify
 from runledger_sync.store import driver, lifecycle
 from runledger_sync.store._claim import claim_prestart_jobs_for_types
-from runledger_sync.store._lifecycle_batch import complete_jobs_success
+from tests.support import write_successes
 from tests.support import JOB_TYPE, claim_one, define, rows, terminate_backend, wait_until
 
 #: A ceiling far above the notification's delivery, far below the periodic look made long here.
@@ -80,7 +80,7 @@ def test_waiter_returns_after_the_success_is_written_woken_by_its_notification(e
     waiter = Waiter(engine, job.id)
     wait_until(lambda: ended_listeners(engine) == 1, what="the waiter's LISTEN")
     claimed = claim_one(engine)
-    [written] = complete_jobs_success(engine, [(LeaseIdentity.of(claimed), rl.JobCompletion(output={"n": 1}))])
+    [written] = write_successes(engine, [(LeaseIdentity.of(claimed), rl.JobCompletion(output={"n": 1}))])
     assert written is None
     done = waiter.join()
     assert (done.status, done.output) == (rl.JobStatus.SUCCEEDED, {"n": 1})
@@ -191,7 +191,7 @@ def test_one_group_write_sends_one_notification_naming_its_ended_jobs(engine):
     listener = notify.open_listener(engine, (notify.ENDED_CHANNEL,))
     try:
         claimed = [claim_one(engine) for _ in jobs]
-        complete_jobs_success(engine, [(LeaseIdentity.of(job), None) for job in claimed])
+        write_successes(engine, [(LeaseIdentity.of(job), None) for job in claimed])
         received = wait_until(lambda: notify.read_notifications(listener).get(notify.ENDED_CHANNEL))
         assert len(received) == 1
         assert notify.ended_job_ids(received) == {str(job.id) for job in jobs}

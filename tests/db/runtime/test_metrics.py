@@ -106,7 +106,7 @@ def test_scrape_after_a_workload_has_every_family_and_the_counts_of_what_ran(eng
     assert samples[("runledger_job_pickup_latency_seconds_count", (("job_type", "m.ok"),))] == 3
     assert samples[("runledger_claim_batch_jobs_sum", ())] == 4
     assert samples[("runledger_group_write_jobs_sum", (("writer", "running"),))] == 4
-    assert samples[("runledger_group_write_jobs_sum", (("writer", "success"),))] == 3
+    assert samples[("runledger_group_write_jobs_sum", (("writer", "outcome"),))] == 4
     assert samples[("runledger_queue_jobs", (("job_type", "m.later"), ("status", "PENDING")))] == 2
     assert samples[("runledger_queue_jobs", (("job_type", "m.ok"), ("status", "PENDING")))] == 0
     assert samples[("runledger_queue_due_jobs", (("job_type", "m.later"),))] == 0

@@ -103,12 +103,12 @@ def commit_reply_lost_after(engine: sqlalchemy.Engine, statement_part: str, outa
 
 
 @contextmanager
-def group_reply_lost(engine: sqlalchemy.Engine, outage: Outage, kind: str = "success") -> Iterator[None]:
-    """The first group of ``kind`` (success, failure) written on ``engine`` lands, and its reply is lost."""
+def group_reply_lost(engine: sqlalchemy.Engine, outage: Outage) -> Iterator[None]:
+    """The first group of outcomes written on ``engine`` lands, and its reply is lost."""
 
     def lose_the_group_reply(conn, cursor, statement, *rest):
         # The group's one query is its whole transaction: it has committed when it returns.
-        if f"EXECUTE runledger_complete_{kind}_plain" in statement and not outage.started.is_set():
+        if "EXECUTE runledger_apply_transitions_plain" in statement and not outage.started.is_set():
             raise lose_reply(outage)
 
     event.listen(engine, "after_cursor_execute", lose_the_group_reply)
@@ -180,7 +180,7 @@ def test_a_handler_transaction_whose_commit_reply_is_lost_is_read_back_and_logge
     config = fast_config()
     job = claim_one(engine, worker_id=config.worker_id, lease_ttl_seconds=config.lease_ttl_seconds)
     try:
-        with commit_reply_lost_after(app_engine, "succeeded_event", outage):
+        with commit_reply_lost_after(app_engine, "written_events", outage):
             process_claimed_job(engine, registry, job, config)
     finally:
         app_engine.dispose()

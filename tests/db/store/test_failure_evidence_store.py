@@ -9,7 +9,7 @@ from runledger_sync.core.types import JobDeadLetterInfo, JobDeadLetterReason, Jo
 from runledger_sync.store import admin, lifecycle
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store._claim import claim_prestart_jobs_for_types
-from runledger_sync.store._lifecycle_batch import complete_jobs_failure
+from runledger_sync.store._outcomes import apply_transitions
 from runledger_sync.store._running import mark_job_running
 from tests.support import JOB_TYPE, define, expire_lease
 
@@ -36,7 +36,7 @@ def test_the_group_write_keeps_each_transitions_evidence_on_its_attempt_row(engi
     dead = DeadLetter(failure, JobDeadLetterInfo(failure=failure, reason=JobDeadLetterReason.ATTEMPTS_EXHAUSTED,
                                                  max_attempts=3), FailureEvidence("KeyError", TRACEBACK))
 
-    assert complete_jobs_failure(engine, [
+    assert apply_transitions(engine, [
         (leases[0], Retry(failure, 1_000, declined)), (leases[1], dead), (leases[2], Retry(failure, 0)),
     ]) == [None] * 3
 

@@ -21,7 +21,7 @@ from runledger_sync.core.types import JobFailure
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store import lifecycle, _lifecycle_batch as lifecycle_batch
 from runledger_sync.store._running import heartbeat_job, mark_job_running, update_job_progress
-from tests.support import JOB_TYPE, claim_one, define, rows, scalar, wait_until
+from tests.support import JOB_TYPE, claim_one, define, rows, scalar, wait_until, write_successes
 
 #: Short enough to run out during the wait, long enough to be live when the write starts.
 SHORT_LEASE_SECONDS = 0.4
@@ -61,7 +61,7 @@ WRITES: dict[str, tuple[Callable[[Any, LeaseIdentity], Any], tuple[str, str, Any
         e, **lease.keywords(), reason="TEST", delay_ms=0)), ("PENDING", "queued", None)),
     "group running": (_grouped(lambda e, lease: lifecycle_batch.mark_jobs_running(e, [lease])),
                       ("LEASED", "running", None)),
-    "group success": (_grouped(lambda e, lease: lifecycle_batch.complete_jobs_success(e, [(lease, None)])),
+    "group success": (_grouped(lambda e, lease: write_successes(e, [(lease, None)])),
                       ("SUCCEEDED", "completed", None)),
 }
 

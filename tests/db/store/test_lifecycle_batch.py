@@ -17,9 +17,10 @@ from runledger_sync.core.types import JobCompletion
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store import lifecycle
 from runledger_sync.store._claim import claim_prestart_jobs_for_types
-from runledger_sync.store._lifecycle_batch import complete_jobs_failure, complete_jobs_success, mark_jobs_running
+from runledger_sync.store._lifecycle_batch import mark_jobs_running
+from runledger_sync.store._outcomes import apply_transitions
 from runledger_sync.store._running import update_job_progress
-from tests.support import JOB_TYPE, attempts, define, event_types, expire_lease, rows
+from tests.support import JOB_TYPE, attempts, define, event_types, expire_lease, rows, write_successes
 
 
 def claim(engine, count, worker_id="worker-a", lease_ttl_seconds=30, **level):
@@ -61,7 +62,7 @@ def test_a_refused_lease_does_not_stop_the_others(engine):
     assert "STAGE_CHANGED" not in event_types(engine, jobs[1].id)
 
 
-def test_complete_jobs_success_writes_each_completion_with_its_attempt_and_event(engine):
+def test_a_group_success_writes_each_completion_with_its_attempt_and_event(engine):
     jobs = claim(engine, 3)
     mark_jobs_running(engine, identities(jobs))
     completions = [
@@ -69,7 +70,7 @@ def test_complete_jobs_success_writes_each_completion_with_its_attempt_and_event
         None,
         JobCompletion(progress_done=2, progress_total=2, checkpoint={"page": 9}),
     ]
-    assert complete_jobs_success(engine, list(zip(identities(jobs), completions, strict=True))) == [None] * 3
+    assert write_successes(engine, list(zip(identities(jobs), completions, strict=True))) == [None] * 3
     stored = {r.id: r for r in rows(engine, "SELECT * FROM job_queue")}
     assert {row.status for row in stored.values()} == {"SUCCEEDED"}
     assert {row.stage for row in stored.values()} == {"completed"}
@@ -80,7 +81,7 @@ def test_complete_jobs_success_writes_each_completion_with_its_attempt_and_event
         assert event_types(engine, job.id)[-1] == "SUCCEEDED"
         assert attempts(engine, job.id)[0].finished_at is not None
     # A second success for the same leases is refused row by row, never written twice.
-    again = complete_jobs_success(engine, [(i, None) for i in identities(jobs)])
+    again = write_successes(engine, [(i, None) for i in identities(jobs)])
     assert all(isinstance(r, errors.LeaseOwnerMismatch) for r in again)
     assert rows(engine, "SELECT count(*) FROM job_events WHERE event_type = 'SUCCEEDED'")[0][0] == 3
 
@@ -89,14 +90,14 @@ def test_invalid_merged_progress_writes_nothing_for_the_whole_group(engine):
     jobs = claim(engine, 2)
     update_job_progress(engine, **LeaseIdentity.of(jobs[1]).keywords(), progress_total=5)
     with pytest.raises(errors.InvalidCompletionProgress):
-        complete_jobs_success(engine, [(identities(jobs)[0], None), (identities(jobs)[1], JobCompletion(progress_done=9))])
+        write_successes(engine, [(identities(jobs)[0], None), (identities(jobs)[1], JobCompletion(progress_done=9))])
     assert rows(engine, "SELECT count(*) FROM job_queue WHERE status = 'SUCCEEDED'")[0][0] == 0
 
 
 def test_completion_that_is_not_json_is_refused_before_any_write(engine):
     jobs = claim(engine, 1)
     with pytest.raises(errors.InvalidPayload):
-        complete_jobs_success(engine, [(identities(jobs)[0], JobCompletion.success().with_output({"x": {1, 2}}))])
+        write_successes(engine, [(identities(jobs)[0], JobCompletion.success().with_output({"x": {1, 2}}))])
     assert rows(engine, "SELECT status FROM job_queue")[0][0] == "LEASED"
 
 
@@ -107,7 +108,7 @@ def test_outcomes_whose_leases_run_out_while_the_group_waits_on_its_row_lock_sti
     transaction = blocker.begin()
     blocker.execute(text("SELECT 1 FROM job_queue WHERE id = :id FOR UPDATE"), {"id": jobs[0].id})
     results = []
-    writer = threading.Thread(target=lambda: results.extend(complete_jobs_success(engine, [(i, None) for i in identities(jobs)])))
+    writer = threading.Thread(target=lambda: results.extend(write_successes(engine, [(i, None) for i in identities(jobs)])))
     writer.start()
     time.sleep(1.5)  # both leases (1 s) expire while the writer waits on the first row's lock
     transaction.rollback()
@@ -138,7 +139,7 @@ def test_a_lease_renewed_while_the_group_waits_is_judged_on_its_renewed_row(engi
 
 
 def test_empty_groups_write_nothing(engine):
-    assert mark_jobs_running(engine, []) == [] and complete_jobs_success(engine, []) == []
+    assert mark_jobs_running(engine, []) == [] and write_successes(engine, []) == []
 
 
 @pytest.fixture
@@ -176,17 +177,17 @@ def test_group_writes_planned_once_on_a_nearly_empty_table_still_find_rows_by_id
     with engine.begin() as connection:
         connection.exec_driver_sql("ANALYZE")
     mark_jobs_running(held, identities(first))
-    complete_jobs_success(held, [(identity, None) for identity in identities(first)])
+    write_successes(held, [(identity, None) for identity in identities(first)])
     store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(5_000)])
     later = claim_prestart_jobs_for_types(engine, worker_id="worker-a", lease_ttl_seconds=30, limit=4,
                                                     job_types=[JOB_TYPE])
     group_plans.clear()
     assert mark_jobs_running(held, identities(later)) == [None] * 4
-    assert complete_jobs_success(held, [(i, None) for i in identities(later)]) == [None] * 4
+    assert write_successes(held, [(i, None) for i in identities(later)]) == [None] * 4
     with held.connect() as connection:
         kinds = connection.execute(text(
             "SELECT name, generic_plans, custom_plans FROM pg_prepared_statements WHERE name ~ "
-            "'^runledger_(lock_leases|mark_running|complete_success)_'")).all()
+            "'^runledger_(lock_leases|mark_running|apply_transitions_plain)_'")).all()
         connection.rollback()
     # PostgreSQL's own choice plans each of the first five calls afresh; these were planned once.
     assert len(kinds) == 3 and all(generic > 0 and custom == 0 for _, generic, custom in kinds), kinds
@@ -205,7 +206,7 @@ def _failure(code="test.failed", kind="retryable"):
     return getattr(JobFailure, kind)(code, f"{code} happened")
 
 
-def test_complete_jobs_failure_writes_each_transition_as_decided_never_deciding_again(engine):
+def test_a_group_failure_writes_each_transition_as_decided_never_deciding_again(engine):
     from runledger_sync.core.outcomes import DeadLetter, Retry
     from runledger_sync.core.types import JobDeadLetterInfo, JobDeadLetterReason
 
@@ -217,7 +218,7 @@ def test_complete_jobs_failure_writes_each_transition_as_decided_never_deciding_
                                                    max_attempts=3))
     terminal = _failure("test.terminal", "terminal")
     # A terminal failure the row's rule would dead-letter, decided as a retry.
-    results = complete_jobs_failure(engine, [
+    results = apply_transitions(engine, [
         (identities(jobs)[0], Retry(retryable, 60_000)),
         (identities(jobs)[1], dead),
         (identities(jobs)[2], Retry(terminal, 0)),
@@ -237,7 +238,7 @@ def test_complete_jobs_failure_writes_each_transition_as_decided_never_deciding_
     assert [(a.outcome, a.retry_delay_ms) for a in attempts(engine, jobs[1].id)] == [("RETRYABLE", None)]
 
 
-def test_complete_jobs_failure_writes_the_group_in_one_statement_and_keeps_each_fence(engine):
+def test_a_group_failure_writes_the_group_in_one_statement_and_keeps_each_fence(engine):
     from runledger_sync.core.outcomes import Retry
 
     jobs = claim(engine, 4)
@@ -245,9 +246,9 @@ def test_complete_jobs_failure_writes_the_group_in_one_statement_and_keeps_each_
     leases[3] = dataclasses.replace(leases[3], worker_id="intruder")
     statements = []
     event.listen(engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
-    results = complete_jobs_failure(engine, [(identity, Retry(_failure(), 0)) for identity in leases])
+    results = apply_transitions(engine, [(identity, Retry(_failure(), 0)) for identity in leases])
     assert results[:3] == [None] * 3 and isinstance(results[3], errors.LeaseOwnerMismatch)
-    writes = [s for s in statements if "EXECUTE runledger_complete_failure" in s]
+    writes = [s for s in statements if "EXECUTE runledger_apply_transitions" in s]
     # The plain jobs' one query; then the refused lease's own pass, which writes nothing.
     assert len(writes) == 2
     assert rows(engine, "SELECT status, count(*) FROM job_queue GROUP BY 1 ORDER BY 1") == [

@@ -11,9 +11,9 @@ from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.store_errors import CommitOutcomeUnknown
 from runledger_sync.db.engine import create_engine
 from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store import lifecycle, _lifecycle_batch as lifecycle_batch
+from runledger_sync.store import lifecycle
 from runledger_sync.store._held import HeldConnection
-from tests.support import JOB_TYPE, claim_one, define, identity, scalar, without_plan_settings
+from tests.support import JOB_TYPE, claim_one, define, identity, scalar, without_plan_settings, write_successes
 
 
 def statements_of(engine) -> list[str]:
@@ -95,7 +95,7 @@ def test_a_group_success_whose_reply_is_lost_after_its_one_query_committed_is_un
         lost = []
 
         def lose_the_reply(conn, cursor, statement, *rest):
-            if "EXECUTE runledger_complete_success_plain" in statement and not lost:
+            if "EXECUTE runledger_apply_transitions_plain" in statement and not lost:
                 # The query was the whole transaction and has committed; the reply never comes.
                 lost.append(conn.connection.dbapi_connection.get_backend_pid())
                 with create_engine(fresh_database).connect() as killer:
@@ -104,7 +104,7 @@ def test_a_group_success_whose_reply_is_lost_after_its_one_query_committed_is_un
 
         event.listen(engine, "after_cursor_execute", lose_the_reply)
         with pytest.raises(CommitOutcomeUnknown):
-            lifecycle_batch.complete_jobs_success(held, [(LeaseIdentity.of(job), None)])
+            write_successes(held, [(LeaseIdentity.of(job), None)])
         event.remove(engine, "after_cursor_execute", lose_the_reply)
         assert lost
         assert scalar(engine, "SELECT status FROM job_queue WHERE id = :id", id=job.id) == "SUCCEEDED"

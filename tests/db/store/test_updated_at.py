@@ -15,7 +15,7 @@ from runledger_sync.store._actions import cancel_job, requeue_job
 from runledger_sync.store._claim import claim_jobs, claim_prestart_jobs_for_types
 from runledger_sync.store._running import heartbeat_job, mark_job_running, update_job_progress
 from runledger_sync.store._reaper import reap_expired_leases
-from tests.support import JOB_TYPE, define, expire_lease, rows, scalar
+from tests.support import JOB_TYPE, define, expire_lease, rows, scalar, write_successes
 
 LONG_AGO = datetime(2001, 1, 1, tzinfo=timezone.utc)
 
@@ -53,7 +53,7 @@ JOB_WRITES: dict[str, tuple[Callable[[Any], Any], Callable[[Any, Any], Any]]] = 
     "progress": (leased, lambda e, lease: update_job_progress(e, **lease.keywords(), progress_done=1)),
     "heartbeat": (leased, lambda e, lease: heartbeat_job(e, **lease.keywords(), lease_ttl_seconds=30)),
     "success": (leased, lambda e, lease: lifecycle.complete_job_success(e, **lease.keywords())),
-    "grouped success": (leased, lambda e, lease: lifecycle_batch.complete_jobs_success(e, [(lease, JobCompletion())])),
+    "grouped success": (leased, lambda e, lease: write_successes(e, [(lease, JobCompletion())])),
     "retry": (leased, lambda e, lease: fail(e, lease, JobFailure.retryable)),
     "dead letter": (leased, lambda e, lease: fail(e, lease, JobFailure.terminal)),
     "unstarted release": (leased, lambda e, lease: lifecycle.release_unstarted_job_claim(

@@ -13,7 +13,7 @@ from runledger_sync.store import lifecycle, _lifecycle_batch as lifecycle_batch,
 from runledger_sync.store._claim import claim_prestart_jobs_for_types
 from runledger_sync.store._running import mark_job_running
 from runledger_sync.store._reaper import reap_expired_leases
-from tests.support import define, expire_lease, scalar
+from tests.support import define, expire_lease, scalar, write_successes
 
 A, B, C = "wf.a", "wf.b", "wf.c"
 
@@ -368,7 +368,7 @@ def test_a_grouped_success_commits_the_plain_jobs_and_leaves_out_the_held_workfl
     held_step = rl.get_workflow_run(typed, run.id).step("a").id
     holder = hold_cancel_lock(typed, run.id)
     try:
-        results = lifecycle_batch.complete_jobs_success(typed, [(LeaseIdentity.of(job), None) for job in jobs])
+        results = write_successes(typed, [(LeaseIdentity.of(job), None) for job in jobs])
     finally:
         holder.rollback()
         holder.close()
@@ -429,7 +429,7 @@ def test_a_grouped_success_in_the_callers_transaction_keeps_nothing_of_a_pass_a_
         with typed.begin() as conn:
             # Both workflow jobs go in one pass, which the held run refuses; the pass is
             # written again without it, in the same (caller's) transaction.
-            results = lifecycle_batch.complete_jobs_success(conn, [(LeaseIdentity.of(job), None) for job in jobs])
+            results = write_successes(conn, [(LeaseIdentity.of(job), None) for job in jobs])
     finally:
         holder.rollback()
         holder.close()
@@ -469,10 +469,10 @@ def test_a_job_success_over_the_output_limit_is_refused_and_the_lease_is_kept(ty
     with pytest.raises(rl.OutputTooLarge):
         lifecycle.complete_job_success(typed, **identity.keywords(), completion=rl.JobCompletion(output=BIG_OUTPUT))
     with pytest.raises(rl.OutputTooLarge):
-        lifecycle_batch.complete_jobs_success(typed, [(identity, rl.JobCompletion(output=BIG_OUTPUT))])
+        write_successes(typed, [(identity, rl.JobCompletion(output=BIG_OUTPUT))])
     assert rl.get_job(typed, job.id).status is rl.JobStatus.LEASED
     assert statuses(typed, run.id)["a"] is Step.RUNNING
 
-    [result] = lifecycle_batch.complete_jobs_success(
+    [result] = write_successes(
         typed, [(identity, rl.JobCompletion(output=BIG_OUTPUT))], max_output_bytes=2_000_000)
     assert result is None and rl.get_job(typed, job.id).output == BIG_OUTPUT
