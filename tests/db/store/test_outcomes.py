@@ -81,18 +81,21 @@ _WORKFLOW_TRANSITIONS = {
 
 
 def _lease_set(engine: Any, prefix: str) -> tuple[list[tuple[str, LeaseIdentity, Any]], UUID]:
-    """Enqueue and claim one set of jobs (types prefixed ``prefix``); return (name, lease, transition) and the run."""
+    """Enqueue and claim one set of jobs (types prefixed ``prefix``); return (name, lease, transition) and the run.
+
+    At the full event log: the rows were recorded with every event written.
+    """
     for job_type in (f"{prefix}.plain", f"{prefix}.wf", f"{prefix}.later"):
         define(engine, job_type, max_attempts=3)
     plain = _transitions()
     for name in plain:
-        rl.enqueue(engine, f"{prefix}.plain", {"name": name})
+        rl.enqueue(engine, f"{prefix}.plain", {"name": name}, event_log="full")
     # Stored progress and checkpoint that a transition keeps or replaces.
-    rl.enqueue(engine, f"{prefix}.plain", {"name": "stranger"})
-    run = rl.enqueue_workflow(engine, _workflow(prefix))
+    rl.enqueue(engine, f"{prefix}.plain", {"name": "stranger"}, event_log="full")
+    run = rl.enqueue_workflow(engine, _workflow(prefix), event_log="full")
     claimed = claim_prestart_jobs_for_types(engine, worker_id="worker-cmp", lease_ttl_seconds=30, limit=100,
-                                            job_types=[f"{prefix}.plain", f"{prefix}.wf"])
-    assert mark_jobs_running(engine, [LeaseIdentity.of(job) for job in claimed]) == [None] * len(claimed)
+                                            job_types=[f"{prefix}.plain", f"{prefix}.wf"], event_log="full")
+    assert mark_jobs_running(engine, [LeaseIdentity.of(job) for job in claimed], event_log="full") == [None] * len(claimed)
     items = []
     for job in claimed:
         name = job.payload.get("name") or job.payload["step"]

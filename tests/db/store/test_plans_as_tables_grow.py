@@ -45,11 +45,11 @@ def kept_plan(connection: Any, statement: PreparedStatement) -> dict[str, Any]:
     """The plan ``statement`` runs with on ``connection``, asked the way the store runs it."""
     with connection.begin():
         rendered = statement._prepared_on(connection)
-        nulls = ", ".join("NULL" for _ in rendered.parameters)
-        arguments = f" ({nulls})" if nulls else ""
+        # A generic plan does not depend on the values: every bound one is NULL here.
+        execute = re.sub(r":\w+", "NULL", rendered.execute_sql)
         connection.exec_driver_sql(PLAN_ONCE_SQL, execution_options={"no_parameters": True})
         explained = connection.exec_driver_sql(
-            f"EXPLAIN (FORMAT JSON) EXECUTE {rendered.name}{arguments}", execution_options={"no_parameters": True},
+            f"EXPLAIN (FORMAT JSON) {execute}", execution_options={"no_parameters": True},
         ).scalar_one()
     return (json.loads(explained) if isinstance(explained, str) else explained)[0]["Plan"]
 
