@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import enum
 import importlib
 from datetime import timedelta
 import re
@@ -75,4 +76,6 @@ def _literal(obj: Any, default: object) -> Optional[str]:
             value = getattr(value, part)
     except (ImportError, AttributeError):
         return None
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__name__}.{value.name}"
     return repr(value) if type(value) in _LITERALS else None

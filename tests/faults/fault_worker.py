@@ -244,6 +244,8 @@ def main(settings: WorkerSettings) -> int:
         claim_batch_size=settings.claim_batch_size,
         timeout_grace_seconds=settings.timeout_grace_seconds,
         job_types=tuple(settings.job_types) if settings.job_types else None,
+        # The scenarios read each lease and renewal from its event row.
+        event_log="full",
     )
     supervisor = rl.Supervisor(engine, registry, config, run_reaper=settings.run_reaper)
     emit(event="ready", pid=os.getpid(), worker_id=settings.worker_id)
