@@ -37,6 +37,7 @@ from runledger_sync.core.outcomes import (
     Outcome,
     Retry,
     Succeed,
+    Written,
     decide_continuation,
     decide_failure,
 )
@@ -61,7 +62,6 @@ SUCCESS_REPLY_LOST = "job success landed; its reply was lost"
 #: Logged at INFO, once, for an attempt whose job an operator canceled (with the operator's ``reason``).
 CANCELED_BY_OPERATOR = "job canceled by operator"
 
-Written = Succeed | Continue | Retry | DeadLetter
 T = TypeVar("T")
 
 
