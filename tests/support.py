@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from sqlalchemy import text
 
+import runledger_sync as rl
+
 from runledger_sync.core.records import JobDefinition, LeaseIdentity
+from runledger_sync.logging import ROOT_LOGGER_NAME
 from runledger_sync.runtime.worker import run_worker_loop
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store._claim import claim_jobs, claim_prestart_jobs_for_types
@@ -148,3 +153,17 @@ def write_successes(bind: Any, completions: Any, **limits: Any) -> list[Any]:
 
     return apply_transitions(bind, [(lease, Succeed(completion or JobCompletion())) for lease, completion in completions],
                              **limits)
+
+
+@contextlib.contextmanager
+def configured_logging(**options: Any) -> Iterator[logging.Logger]:
+    """``rl.configure_logging(**options)`` for the block; the package logger's handlers and level are put back after."""
+    logger = logging.getLogger(ROOT_LOGGER_NAME)
+    handlers, level = list(logger.handlers), logger.level
+    rl.configure_logging(**options)
+    try:
+        yield logger
+    finally:
+        for handler in set(logger.handlers) - set(handlers):
+            logger.removeHandler(handler)
+        logger.setLevel(level)

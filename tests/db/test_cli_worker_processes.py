@@ -62,12 +62,12 @@ class ParentProcess:
         self.process.stderr.close()
 
 
-def start_two_children(engine, fresh_database) -> "ParentProcess":
-    """The app's tables, then `worker --processes 2` until both children said they started."""
+def start_two_children(engine, fresh_database, *options: str) -> "ParentProcess":
+    """The app's tables, then `worker --processes 2` (and ``options``) until both children said they started."""
     with engine.begin() as conn:
         for ddl in process_app.TABLES_DDL:
             conn.execute(text(ddl))
-    parent = ParentProcess(fresh_database)
+    parent = ParentProcess(fresh_database, *options)
     try:
         wait_until(lambda: len(parent.records("worker process started")) == 2 or parent.process.poll() is not None,
                    timeout=START_TIMEOUT)
@@ -127,20 +127,22 @@ def test_ctrl_c_drains_once_and_a_second_one_kills_the_children_and_exits_130(en
     assert {rl.get_job(engine, job.id).status for job in blockers} == {rl.JobStatus.LEASED}
 
 
+def each_child_runs_a_job(engine, parent: "ParentProcess") -> tuple[list[int], list]:
+    """The children's pids, and the two jobs they run, one each: a blocker that never looks at its
+    cancellation, and one that stops when told."""
+    children = [record["pid"] for record in parent.records("worker process started")]
+    jobs = [rl.enqueue(engine, "proc.block", {}), rl.enqueue(engine, "proc.wait_cancel", {})]
+    wait_until(lambda: len(rows(engine, "SELECT 1 FROM process_runs")) == 2, timeout=START_TIMEOUT)
+    return children, jobs
+
+
 def test_at_the_drain_timeout_children_stop_their_jobs_and_exit_after_the_grace_and_the_worker_exits_1(
         engine, fresh_database):
-    with engine.begin() as conn:
-        for ddl in process_app.TABLES_DDL:
-            conn.execute(text(ddl))
     drain, grace, margin = 1.0, 1.0, 4.0
-    parent = ParentProcess(fresh_database, "--drain-timeout", str(drain), "--timeout-grace-seconds", str(grace))
+    parent = start_two_children(engine, fresh_database, "--drain-timeout", str(drain),
+                                "--timeout-grace-seconds", str(grace))
     try:
-        wait_until(lambda: len(parent.records("worker process started")) == 2 or parent.process.poll() is not None,
-                   timeout=START_TIMEOUT)
-        children = [record["pid"] for record in parent.records("worker process started")]
-        # One slot per child: each takes one. The blocker never looks at its cancellation.
-        jobs = [rl.enqueue(engine, "proc.block", {}), rl.enqueue(engine, "proc.wait_cancel", {})]
-        wait_until(lambda: len(rows(engine, "SELECT 1 FROM process_runs")) == 2, timeout=START_TIMEOUT)
+        children, jobs = each_child_runs_a_job(engine, parent)
         parent.process.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         assert parent.process.wait(drain + grace + 30) == 1
@@ -175,18 +177,12 @@ def test_children_drain_and_exit_when_their_parent_is_killed(engine, fresh_datab
 
 
 def test_children_orphaned_by_a_killed_parent_stop_their_jobs_at_the_drain_timeout_and_exit(engine, fresh_database):
-    with engine.begin() as conn:
-        for ddl in process_app.TABLES_DDL:
-            conn.execute(text(ddl))
     drain, grace, margin = 3.0, 1.0, 4.0
-    parent = ParentProcess(fresh_database, "--drain-timeout", str(drain), "--timeout-grace-seconds", str(grace))
+    parent = start_two_children(engine, fresh_database, "--drain-timeout", str(drain),
+                                "--timeout-grace-seconds", str(grace))
     try:
-        wait_until(lambda: len(parent.records("worker process started")) == 2 or parent.process.poll() is not None,
-                   timeout=START_TIMEOUT)
-        children = [record["pid"] for record in parent.records("worker process started")]
-        # Each child holds a job that runs until it is told to stop (one never looks): only the deadline ends them.
-        jobs = [rl.enqueue(engine, "proc.block", {}), rl.enqueue(engine, "proc.wait_cancel", {})]
-        wait_until(lambda: len(rows(engine, "SELECT 1 FROM process_runs")) == 2, timeout=START_TIMEOUT)
+        # Only the deadline ends them.
+        children, jobs = each_child_runs_a_job(engine, parent)
         parent.process.kill()
         killed = time.monotonic()
         wait_until(lambda: not any(alive(pid) for pid in children), timeout=drain + grace + 30)

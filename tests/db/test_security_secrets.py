@@ -22,7 +22,7 @@ import runledger_sync as rl
 from runledger_sync import cli
 from runledger_sync.store import lifecycle
 from runledger_sync.store._running import update_job_progress
-from tests.support import claim_one, define, identity, run_worker_until, wait_until
+from tests.support import claim_one, configured_logging, define, identity, run_worker_until, wait_until
 
 PASSWORD = "Pw-d0nt-l0g-m3"  # noqa: S105 - a marker to search for, not a credential
 # URL-encoded in the URL; both spellings must stay hidden.
@@ -202,22 +202,17 @@ def run_jobs_and_capture_json_logs(engine: Any, config: rl.JobsConfig) -> str:
     for mode in ("ok", "fail", "crash"):
         rl.enqueue(engine, JOB_TYPE, {"mode": mode, "api_key": PAYLOAD_SECRET}, organization_id="org-1")
     stream = io.StringIO()
-    logger = logging.getLogger("runledger_sync")
-    handlers, level = list(logger.handlers), logger.level
-    rl.configure_logging(level="DEBUG", stream=stream)
     shutdown = threading.Event()
     worker = threading.Thread(target=rl.run_worker_loop, args=(engine, registry, config, shutdown))
-    worker.start()
-    try:
-        wait_until(lambda: rl.count_jobs(engine, status=rl.JobStatus.PENDING)
-                   + rl.count_jobs(engine, status=rl.JobStatus.LEASED) == 0, timeout=30)
-        assert hook_ran.wait(10)
-    finally:
-        shutdown.set()
-        worker.join(30)
-        for handler in set(logger.handlers) - set(handlers):
-            logger.removeHandler(handler)
-        logger.setLevel(level)
+    with configured_logging(level="DEBUG", stream=stream):
+        worker.start()
+        try:
+            wait_until(lambda: rl.count_jobs(engine, status=rl.JobStatus.PENDING)
+                       + rl.count_jobs(engine, status=rl.JobStatus.LEASED) == 0, timeout=30)
+            assert hook_ran.wait(10)
+        finally:
+            shutdown.set()
+            worker.join(30)
     assert rl.count_jobs(engine, status=rl.JobStatus.SUCCEEDED) == 1
     assert rl.count_jobs(engine, status=rl.JobStatus.DEAD_LETTERED) == 2
     return stream.getvalue()

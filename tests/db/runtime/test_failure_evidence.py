@@ -26,7 +26,7 @@ from runledger_sync.runtime.execution import process_claimed_job
 from runledger_sync.web import allow_anyone, create_app
 from tests import handlers as h
 from tests.handlers import SECRET, fast_config
-from tests.support import claim_one, rows
+from tests.support import claim_one, configured_logging, rows
 
 JOB_TYPE = "orders.import"
 PAYLOAD = {"token": SECRET, "order": 7}
@@ -78,17 +78,10 @@ class Records(logging.Handler):
 @contextlib.contextmanager
 def captured_logs() -> Iterator[tuple[Records, io.StringIO]]:
     """The package's log records as objects, and as the JSON lines configure_logging prints (DEBUG)."""
-    logger = logging.getLogger("runledger_sync")
-    handlers, level = list(logger.handlers), logger.level
     stream, records = io.StringIO(), Records()
-    rl.configure_logging(level="DEBUG", stream=stream)
-    logger.addHandler(records)
-    try:
+    with configured_logging(level="DEBUG", stream=stream) as logger:
+        logger.addHandler(records)
         yield records, stream
-    finally:
-        for handler in set(logger.handlers) - set(handlers):
-            logger.removeHandler(handler)
-        logger.setLevel(level)
 
 
 def run_worker_until(engine: Any, registry: rl.JobRegistry, done: Any, **options: Any) -> None:

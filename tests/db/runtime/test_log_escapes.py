@@ -15,8 +15,9 @@ import threading
 from typing import Any
 
 import runledger_sync as rl
-from runledger_sync.logging import ROOT_LOGGER_NAME, _json_formatter
+from runledger_sync.logging import _json_formatter
 from tests.handlers import fast_config
+from tests.support import configured_logging
 
 JOB_TYPE = "reports.hostile"
 FORGED = '{"level":"ERROR","logger":"runledger_sync.runtime.worker","message":"forged"}'
@@ -35,24 +36,19 @@ def run_hostile_job(engine: Any) -> tuple[str, str]:
 
     registry.sync_definitions(engine)
     rl.enqueue(engine, JOB_TYPE, {})
-    logger = logging.getLogger(ROOT_LOGGER_NAME)
-    handlers, level = list(logger.handlers), logger.level
     text, json_lines = io.StringIO(), io.StringIO()
-    rl.configure_logging(level="DEBUG", stream=text, json=False)
-    json_handler = logging.StreamHandler(json_lines)
-    json_handler.setFormatter(_json_formatter())
-    logger.addHandler(json_handler)
     shutdown = threading.Event()
     worker = threading.Thread(target=rl.run_worker_loop, args=(engine, registry, fast_config(), shutdown), daemon=True)
-    try:
-        worker.start()
-        assert dead_lettered.wait(20)
-    finally:
-        shutdown.set()
-        worker.join(30)
-        for handler in set(logger.handlers) - set(handlers):
-            logger.removeHandler(handler)
-        logger.setLevel(level)
+    with configured_logging(level="DEBUG", stream=text, json=False) as logger:
+        json_handler = logging.StreamHandler(json_lines)
+        json_handler.setFormatter(_json_formatter())
+        logger.addHandler(json_handler)
+        try:
+            worker.start()
+            assert dead_lettered.wait(20)
+        finally:
+            shutdown.set()
+            worker.join(30)
     assert not worker.is_alive()
     return text.getvalue(), json_lines.getvalue()
 
