@@ -19,7 +19,7 @@ is then simply claimed again: no handler ever ran on it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from sqlalchemy import Text, and_, any_, bindparam, cast, select
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -74,10 +74,11 @@ def _claimed(worker_id: Any) -> Any:
         _a.id == any_(attempt_ids)).cte("claimed")
 
 
-def _held_as_claimed(claimed: Any) -> Any:
+def _fenced_as_claimed(fence: Callable[..., Any], claimed: Any) -> Any:
+    """``fence`` (:func:`held_under` or :func:`live_lease`) over the claimed leases."""
     # The claimed ids once more as an array: job_queue is then reached by its primary
     # key whichever way a plan made once on empty tables joins the two.
-    return and_(held_under(claimed.c.id, claimed.c.run_number, claimed.c.attempt, claimed.c.worker_id),
+    return and_(fence(claimed.c.id, claimed.c.run_number, claimed.c.attempt, claimed.c.worker_id),
                 _q.id == any_(ids_of(claimed)))
 
 
@@ -90,7 +91,7 @@ def _build_lock() -> Any:
     claimed = _claimed(bindparam("lease_worker_id", type_=Text))
     return (
         select(_q.id)
-        .select_from(job_queue.join(claimed, _held_as_claimed(claimed)))
+        .select_from(job_queue.join(claimed, _fenced_as_claimed(held_under, claimed)))
         .order_by(_q.id)
         .with_for_update(of=job_queue)
     )
@@ -98,9 +99,7 @@ def _build_lock() -> Any:
 
 def _build_running() -> Any:
     claimed = _claimed(bindparam("lease_worker_id", type_=Text))
-    guard = and_(live_lease(claimed.c.id, claimed.c.run_number, claimed.c.attempt, claimed.c.worker_id),
-                 _q.id == any_(ids_of(claimed)))
-    statement = build_running(guard, returning=JOB_COLUMNS)
+    statement = build_running(_fenced_as_claimed(live_lease, claimed), returning=JOB_COLUMNS)
     return statement.order_by(*_in_claim_order(statement.selected_columns))
 
 
@@ -112,7 +111,7 @@ def _build_still_leased() -> Any:
     claimed = _claimed(bindparam("lease_worker_id", type_=Text))
     return (
         select(*JOB_COLUMNS)
-        .select_from(job_queue.join(claimed, _held_as_claimed(claimed)))
+        .select_from(job_queue.join(claimed, _fenced_as_claimed(held_under, claimed)))
         .order_by(*_in_claim_order(job_queue.c))
     )
 
