@@ -23,7 +23,7 @@ import threading
 import _common as bench
 
 import runledger_sync as rl
-from runledger_sync.runtime.worker import WorkerLoop
+from runledger_sync.runtime.worker.loop import WorkerLoop
 from runledger_sync.store import driver
 
 PACKAGE = os.path.dirname(rl.__file__)

@@ -92,8 +92,8 @@ from runledger_sync.loading import load_registry
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.health import LoopHealth, SupervisorHealth
 from runledger_sync.runtime.job_wait import wait_for_job
-from runledger_sync.runtime.supervisor import Supervisor
-from runledger_sync.runtime.worker import run_worker_loop
+from runledger_sync.runtime.supervisor.supervisor import Supervisor
+from runledger_sync.runtime.worker.loop import run_worker_loop
 from runledger_sync.store.admin import (
     QueueGauges,
     QueueStats,

@@ -14,7 +14,7 @@ import runledger_sync as rl
 
 from runledger_sync.core.records import JobDefinition, LeaseIdentity
 from runledger_sync.logging import ROOT_LOGGER_NAME
-from runledger_sync.runtime.worker import run_worker_loop
+from runledger_sync.runtime.worker.loop import run_worker_loop
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store._claim import claim_jobs, claim_prestart_jobs_for_types
 from runledger_sync.store._prepared import PLAN_ONCE_SQL

@@ -5,7 +5,7 @@ what the queue did in one closed minute (attempts that succeeded, were
 scheduled for a retry, were dead-lettered; jobs canceled) and what waited in it
 when the minute had closed (due jobs a worker could claim, and how long the
 oldest of them had been due). Rows are written by the sampler on the workers'
-upkeep thread (:mod:`runledger_sync.runtime.sampling`), never on the claim or
+upkeep thread (:mod:`runledger_sync.runtime.loops.sampling`), never on the claim or
 completion path, and pruned with the rest by ``Retention.dashboard_rollup``.
 """
 

@@ -18,7 +18,7 @@ import time
 import pytest
 
 import runledger_sync as rl
-from runledger_sync.runtime.reaper import run_reaper_loop
+from runledger_sync.runtime.loops.reaper import run_reaper_loop
 from tests.faults.harness import Db, TcpProxy
 from tests.support import claim_one, expire_lease, wait_until
 

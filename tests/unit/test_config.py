@@ -14,7 +14,7 @@ from runledger_sync.config import JobsConfig
 from runledger_sync.core.errors import ConfigError
 from runledger_sync.core.types import EventLog, RuntimeLoopExit
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime.worker import run_worker_loop
+from runledger_sync.runtime.worker.loop import run_worker_loop
 
 WORKER_ID_PATTERN = re.compile(
     r"^worker-[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$"

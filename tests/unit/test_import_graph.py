@@ -535,13 +535,13 @@ def test_a_module_level_import_in_an_else_or_try_closes_a_circle():
 def test_a_private_module_is_reached_only_from_inside_its_package():
     sources = {
         f"runledger_sync.{name}": Source(f"runledger_sync.{name}", False, ast.parse(""))
-        for name in ("store._claim", "store.driver", "runtime.worker", "_bundled.versions", "cli.__main__")
+        for name in ("store._claim", "store.driver", "runtime.worker.loop", "_bundled.versions", "cli.__main__")
     }
 
     def check(importer: str, text: str) -> set[tuple[str, str]]:
         return private_reaches(importer, ast.parse(text), sources)
 
-    worker = "runledger_sync.runtime.worker"
+    worker = "runledger_sync.runtime.worker.loop"
     assert check(worker, "from runledger_sync.store._claim import claim") == {(worker, "runledger_sync.store._claim")}
     assert check(worker, "from runledger_sync.store import _claim") == {(worker, "runledger_sync.store._claim")}
     assert check(worker, "def f():\n    import runledger_sync.store._claim") == {(worker, "runledger_sync.store._claim")}

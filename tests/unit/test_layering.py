@@ -244,13 +244,13 @@ def test_allowlisted_upward_imports_exist_and_are_lazy():
     [
         (
             "runledger_sync.store.lifecycle",
-            "from runledger_sync.runtime.worker import x",
+            "from runledger_sync.runtime.worker.loop import x",
             ["layer 3 imports layer 4"],
         ),
         ("runledger_sync.core.types", "import runledger_sync.config", ["layer 0 imports layer 1"]),
         ("runledger_sync.core.types", "from runledger_sync import logging", ["layer 0 imports layer 1"]),
         (
-            "runledger_sync.runtime.worker",
+            "runledger_sync.runtime.worker.loop",
             "from runledger_sync import JobsConfig",
             ["layer 4 imports layer 5"],
         ),
@@ -275,7 +275,7 @@ def test_allowlisted_upward_imports_exist_and_are_lazy():
             ["layer 1 imports layer 3"],
         ),
         (
-            "runledger_sync.runtime.worker",
+            "runledger_sync.runtime.worker.loop",
             "from runledger_sync.store import lifecycle\nfrom runledger_sync.core import backoff",
             [],
         ),
@@ -320,7 +320,7 @@ def test_layer_map():
     )
     assert (
         layer_of("runledger_sync.store.admin")
-        < layer_of("runledger_sync.runtime.worker")
+        < layer_of("runledger_sync.runtime.worker.loop")
         < layer_of("runledger_sync.cli")
     )
     assert layer_of("runledger_sync.contrib.flask") == layer_of("runledger_sync.testing") == ROOT_LAYER

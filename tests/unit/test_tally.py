@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from runledger_sync.runtime import tally as tally_module
-from runledger_sync.runtime.tally import OutcomeTally
+from runledger_sync.runtime.worker import tally as tally_module
+from runledger_sync.runtime.worker.tally import OutcomeTally
 
 
 def test_the_summary_counts_outcomes_since_the_last_one_and_stays_quiet_when_idle(caplog, monkeypatch):

@@ -15,8 +15,8 @@ import pytest
 
 from runledger_sync.config import JobsConfig
 from runledger_sync.core.types import RuntimeLoopExit
-from runledger_sync.runtime.reaper import run_reaper_loop
-from runledger_sync.runtime.worker import run_worker_loop
+from runledger_sync.runtime.loops.reaper import run_reaper_loop
+from runledger_sync.runtime.worker.loop import run_worker_loop
 from tests.handlers import SECRET, Probe, fast_config
 
 class RunningLoop:

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from runledger_sync.core import errors
 from runledger_sync.core.types import JobCompletion, JobContext, JobFailure
-from runledger_sync.runtime.execution import process_claimed_job
+from runledger_sync.runtime.attempt.run import process_claimed_job
 from runledger_sync.store import enqueue as store_enqueue
 from tests import handlers as h
 from tests.handlers import MAX_BLOCK_SECONDS, fast_config

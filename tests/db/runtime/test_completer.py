@@ -10,7 +10,7 @@ from runledger_sync.core.outcomes import Retry, Succeed
 from runledger_sync.core.records import JobSpec, LeaseIdentity
 from runledger_sync.core.types import JobCompletion, JobFailure
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime.completer import LANDED_AFTER_LOST_REPLY, Completer
+from runledger_sync.runtime.attempt.completer import LANDED_AFTER_LOST_REPLY, Completer
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store._claim import claim_prestart_jobs_for_types
 from runledger_sync.store._running import update_job_progress

@@ -21,7 +21,7 @@ from runledger_sync.core.outcomes import Continue
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.workflow import WorkflowRunStatus as Run
 from runledger_sync.core.workflow import WorkflowStepStatus as Step
-from runledger_sync.runtime.execution import process_claimed_job
+from runledger_sync.runtime.attempt.run import process_claimed_job
 from runledger_sync.store import driver
 from runledger_sync.store import enqueue as store_enqueue
 from tests.handlers import fast_config

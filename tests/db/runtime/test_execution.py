@@ -22,12 +22,12 @@ from runledger_sync.core.store_errors import CommitOutcomeUnknown
 from runledger_sync.core.types import JobCompletion, JobDeadLetterReason, JobFailure, JobFailureKind
 from runledger_sync.db.engine import create_engine
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime.attempt import UNKNOWN_WORKER_ID, lease_identity
-from runledger_sync.runtime.execution import process_claimed_job
-from runledger_sync.runtime.completer import Completer
-from runledger_sync.runtime.pace import FinishingSoon
-from runledger_sync.runtime.tally import OutcomeTally
-from runledger_sync.runtime.reaper import reap_once
+from runledger_sync.runtime.attempt.state import UNKNOWN_WORKER_ID, lease_identity
+from runledger_sync.runtime.attempt.run import process_claimed_job
+from runledger_sync.runtime.attempt.completer import Completer
+from runledger_sync.runtime.attempt.pace import FinishingSoon
+from runledger_sync.runtime.worker.tally import OutcomeTally
+from runledger_sync.runtime.loops.reaper import reap_once
 from runledger_sync.store import lifecycle
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store._actions import cancel_job

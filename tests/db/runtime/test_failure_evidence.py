@@ -22,7 +22,7 @@ from werkzeug.test import Client
 
 import runledger_sync as rl
 from runledger_sync.core.evidence import CALLED_BY_HEADING, MAX_TRACEBACK_CHARS
-from runledger_sync.runtime.execution import process_claimed_job
+from runledger_sync.runtime.attempt.run import process_claimed_job
 from runledger_sync.web import allow_anyone, create_app
 from tests import handlers as h
 from tests.handlers import SECRET, fast_config
@@ -186,7 +186,7 @@ def test_the_handlers_frame_comes_first_and_the_library_frames_that_called_it_be
     assert lines[1].startswith(first_frame) and lines[1].endswith("in import_order")
     own, heading, called_by = attempt.traceback.partition(CALLED_BY_HEADING)
     assert heading and own.endswith("KeyError: 'missing_field'\n\n") and "/runledger_sync/" not in own
-    assert "/runledger_sync/runtime/execution.py" in called_by and __file__ not in called_by
+    assert "/runledger_sync/runtime/attempt/run.py" in called_by and __file__ not in called_by
 
     # The log's traceback, as configure_logging formats it.
     [panic] = [line for line in map(json.loads, json_lines.getvalue().splitlines())
@@ -206,7 +206,7 @@ def test_the_handlers_frame_comes_first_and_the_library_frames_that_called_it_be
     handlers_part, summary, library_part = evidence.groups()
     assert handlers_part.splitlines()[1].startswith(first_frame.replace('"', "&#34;"))
     assert handlers_part.endswith("KeyError: &#39;missing_field&#39;\n") and "/runledger_sync/" not in handlers_part
-    assert summary == CALLED_BY_HEADING.strip() and "/runledger_sync/runtime/execution.py" in library_part
+    assert summary == CALLED_BY_HEADING.strip() and "/runledger_sync/runtime/attempt/run.py" in library_part
 
 
 def test_each_failed_attempt_is_told_to_the_failure_hooks_and_kept_on_its_own_row(engine):

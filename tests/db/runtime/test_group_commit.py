@@ -9,10 +9,10 @@ import pytest
 from runledger_sync.core.records import JobSpec
 from runledger_sync.core.types import JobCompletion
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime import execution
-from runledger_sync.runtime.attempt import JobExecution
-from runledger_sync.runtime.group_writer import GroupWriter
-from runledger_sync.runtime.worker import WorkerLoop
+from runledger_sync.runtime.attempt import run as execution
+from runledger_sync.runtime.attempt.state import JobExecution
+from runledger_sync.runtime.attempt.group_writer import GroupWriter
+from runledger_sync.runtime.worker.loop import WorkerLoop
 from runledger_sync.store import enqueue as store_enqueue
 from tests.handlers import fast_config
 from tests.support import JOB_TYPE, rows, run_worker_until, scalar

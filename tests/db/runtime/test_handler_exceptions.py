@@ -22,7 +22,7 @@ from runledger_sync.core.outcomes import TRANSIENT_FAILURE_BUDGET
 from runledger_sync.core.types import JobCompletion, JobDeadLetterReason, JobFailure, JobFailureKind
 from runledger_sync.errors import InvalidExceptionRules
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime.execution import process_claimed_job
+from runledger_sync.runtime.attempt.run import process_claimed_job
 from runledger_sync.web import allow_anyone, create_app
 from tests import handlers as h
 from tests.handlers import fast_config

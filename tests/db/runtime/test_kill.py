@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import time
 
-from runledger_sync.runtime.supervisor import Supervisor
+from runledger_sync.runtime.supervisor.supervisor import Supervisor
 from runledger_sync.store import enqueue as store_enqueue
 from tests import handlers as h
 from tests.db.runtime.process_support import WorkerProcess

@@ -9,9 +9,9 @@ import time
 from runledger_sync.core.records import JobSpec
 from runledger_sync.db.engine import create_engine
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime import listener as listener_module
-from runledger_sync.runtime import worker as worker_module
-from runledger_sync.runtime.worker import WorkerLoop, run_worker_loop
+from runledger_sync.runtime.worker import listener as listener_module
+from runledger_sync.runtime.worker import loop as worker_module
+from runledger_sync.runtime.worker.loop import WorkerLoop, run_worker_loop
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store import _notify as notify
 from tests.handlers import fast_config

@@ -20,7 +20,7 @@ from tests.handlers import fast_config
 from tests.support import configured_logging
 
 JOB_TYPE = "reports.hostile"
-FORGED = '{"level":"ERROR","logger":"runledger_sync.runtime.worker","message":"forged"}'
+FORGED = '{"level":"ERROR","logger":"runledger_sync.runtime.worker.loop","message":"forged"}'
 HOSTILE = f"ok\n{FORGED}\x1b[31m\r\n2026-01-01 00:00:00,000 ERROR runledger_sync.x forged\x9b2J"
 RECORD_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
 

@@ -13,7 +13,7 @@ from sqlalchemy import text
 
 import runledger_sync as rl
 from runledger_sync.metrics import WorkerMetrics, registry_for
-from runledger_sync.runtime.worker import run_worker_loop
+from runledger_sync.runtime.worker.loop import run_worker_loop
 from tests.db.test_docs import marked
 from tests.handlers import MAX_BLOCK_SECONDS, fast_config
 from tests.support import claim_one, define, scalar, wait_until

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import text
 
 import runledger_sync as rl
-from runledger_sync.runtime.supervisor import Supervisor
+from runledger_sync.runtime.supervisor.supervisor import Supervisor
 from tests import process_app
 from tests.handlers import fast_config
 from tests.support import rows, scalar, wait_until

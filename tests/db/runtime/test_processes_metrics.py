@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import runledger_sync as rl
 from runledger_sync.metrics import WorkerMetrics, registry_for
-from runledger_sync.runtime.supervisor import Supervisor
+from runledger_sync.runtime.supervisor.supervisor import Supervisor
 from tests import process_app
 from tests.db.runtime.test_processes import APP, START_TIMEOUT, app_database, succeeded, supervisors  # noqa: F401
 from tests.handlers import fast_config

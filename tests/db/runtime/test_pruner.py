@@ -8,8 +8,8 @@ from datetime import timedelta
 from sqlalchemy import text
 
 import runledger_sync as rl
-from runledger_sync.runtime import pruning
-from runledger_sync.runtime.supervisor import Supervisor
+from runledger_sync.runtime.loops import pruning
+from runledger_sync.runtime.supervisor.supervisor import Supervisor
 from tests.handlers import fast_config
 from tests.support import define, scalar, wait_until
 

@@ -8,8 +8,8 @@ import time
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.types import JobDeadLetterReason, JobFailure, JobFailureKind, RuntimeLoopExit
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime.execution import process_claimed_job
-from runledger_sync.runtime.reaper import run_reaper_loop
+from runledger_sync.runtime.attempt.run import process_claimed_job
+from runledger_sync.runtime.loops.reaper import run_reaper_loop
 from runledger_sync.store import enqueue as store_enqueue
 from runledger_sync.store._running import mark_job_running
 from tests import handlers as h

@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 
 import runledger_sync as rl
-from runledger_sync.runtime import sampling
-from runledger_sync.runtime.sampling import Sampler
-from runledger_sync.runtime.supervisor import Supervisor
+from runledger_sync.runtime.loops import sampling
+from runledger_sync.runtime.loops.sampling import Sampler
+from runledger_sync.runtime.supervisor.supervisor import Supervisor
 from tests.handlers import fast_config
 from tests.support import define, scalar, wait_until
 

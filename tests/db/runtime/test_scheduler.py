@@ -10,8 +10,8 @@ from datetime import datetime, timedelta, timezone
 
 import runledger_sync as rl
 from runledger_sync.core.types import RuntimeLoopExit
-from runledger_sync.runtime.listener import JobListener
-from runledger_sync.runtime.scheduler import run_scheduler_loop, tick_once
+from runledger_sync.runtime.worker.listener import JobListener
+from runledger_sync.runtime.loops.scheduler import run_scheduler_loop, tick_once
 from runledger_sync.store import _notify as notify
 from tests import handlers as h
 from tests.handlers import fast_config

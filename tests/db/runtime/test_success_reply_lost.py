@@ -23,7 +23,7 @@ from sqlalchemy import event, text
 from runledger_sync.core.types import JobCompletion
 from runledger_sync.db.engine import create_engine
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime.execution import process_claimed_job
+from runledger_sync.runtime.attempt.run import process_claimed_job
 from runledger_sync.store import enqueue as store_enqueue
 from tests.handlers import fast_config
 from tests.support import JOB_TYPE, attempts, claim_one, event_types, rows, run_worker_until

@@ -10,7 +10,7 @@ import pytest
 from runledger_sync.core.errors import ConfigError
 from runledger_sync.core.types import JobCompletion, RuntimeLoopExit
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime.supervisor import Supervisor
+from runledger_sync.runtime.supervisor.supervisor import Supervisor
 from runledger_sync.store import enqueue as store_enqueue
 from tests import handlers as h
 from tests.db.runtime.process_support import WorkerProcess, create_side_effects

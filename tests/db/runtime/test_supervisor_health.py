@@ -13,8 +13,8 @@ from sqlalchemy.engine import make_url
 
 import runledger_sync as rl
 from runledger_sync.metrics import registry_for, serve_metrics
-from runledger_sync.runtime import reaper as reaper_module
-from runledger_sync.runtime import supervisor as supervisor_module
+from runledger_sync.runtime.loops import reaper as reaper_module
+from runledger_sync.runtime.supervisor import supervisor as supervisor_module
 from tests.faults.harness import TcpProxy
 from tests.handlers import fast_config
 from tests.support import wait_until

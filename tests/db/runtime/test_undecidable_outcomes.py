@@ -15,7 +15,7 @@ import pytest
 
 import runledger_sync as rl
 from runledger_sync.core.store_errors import ConnectionFailed
-from runledger_sync.runtime.execution import process_claimed_job
+from runledger_sync.runtime.attempt.run import process_claimed_job
 from runledger_sync.store import driver
 from tests.handlers import fast_config
 from tests.support import JOB_TYPE, claim_one, rows

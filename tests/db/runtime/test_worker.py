@@ -14,8 +14,8 @@ from runledger_sync.config import JobsConfig
 from runledger_sync.core.records import JobSpec
 from runledger_sync.core.types import JobCompletion, RuntimeLoopExit
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime.reaper import reap_once
-from runledger_sync.runtime.worker import WorkerLoop, run_worker_loop
+from runledger_sync.runtime.loops.reaper import reap_once
+from runledger_sync.runtime.worker.loop import WorkerLoop, run_worker_loop
 from runledger_sync.store import enqueue as store_enqueue
 from tests import handlers as h
 from tests.handlers import SECRET, fast_config

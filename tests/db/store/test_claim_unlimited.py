@@ -104,7 +104,7 @@ def test_an_unlimited_claim_keeps_pause_the_workers_share_and_the_claim_order(en
 
 
 def test_the_workers_watch_looks_again_once_its_answer_is_old_and_counts_when_it_cannot_look(engine, monkeypatch) -> None:
-    from runledger_sync.runtime import queue_limits
+    from runledger_sync.runtime.worker import queue_limits
 
     configure_queue(engine, "plain")
     # An hour here, so a slow box cannot let the answer expire between two calls.

@@ -45,11 +45,11 @@ def test_a_hostile_type_and_traceback_are_escaped(db, client):
 def test_both_pages_show_the_handlers_frames_first_and_fold_the_frames_that_called_it(db, client):
     job = dead_lettered_with_evidence(db, "KeyError", (
         'Traceback (most recent call last):\n  File "app.py", line 9, in charge\nKeyError: \'card\'\n\n'
-        f'{CALLED_BY_HEADING}  File "runledger_sync/runtime/execution.py", line 254, in _run_handler\n'))
+        f'{CALLED_BY_HEADING}  File "runledger_sync/runtime/attempt/run.py", line 254, in _run_handler\n'))
 
     for url in (f"/jobs/{job.id}", "/dead-letters"):
         assert ('<details class="traceback"><summary>Traceback</summary><pre>Traceback (most recent call last):\n'
                 '  File &#34;app.py&#34;, line 9, in charge\nKeyError: &#39;card&#39;\n</pre>'
                 f'<details class="called-by"><summary>{CALLED_BY_HEADING.strip()}</summary>'
-                '<pre>  File &#34;runledger_sync/runtime/execution.py&#34;, line 254, in _run_handler\n</pre></details>'
+                '<pre>  File &#34;runledger_sync/runtime/attempt/run.py&#34;, line 254, in _run_handler\n</pre></details>'
                 '</details>') in page(client, url), url

@@ -8,7 +8,7 @@ from typing import Any, Iterable, Mapping
 
 from runledger_sync.config import JobsConfig
 from runledger_sync.runtime.health import CLAIM, REAP, TICK, LoopHealth, LoopMarks
-from runledger_sync.runtime.processes import ProcessGroup
+from runledger_sync.runtime.supervisor.processes import ProcessGroup
 
 #: The step each loop marks when it succeeds, shown as its last_success_at.
 LOOP_STEPS = {"worker": CLAIM, "reaper": REAP, "scheduler": TICK}

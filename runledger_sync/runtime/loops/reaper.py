@@ -28,7 +28,7 @@ from runledger_sync.logging import get_logger, job_log_fields
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.health import REAP, LoopMarks
 from runledger_sync.runtime.hooks import run_dead_letter_hook
-from runledger_sync.runtime.periodic import run_periodically
+from runledger_sync.runtime.loops.periodic import run_periodically
 from runledger_sync.store.driver import ping, reap_expired_leases
 
 log = get_logger(__name__)

@@ -21,9 +21,9 @@ from runledger_sync.core.outcomes import (
 )
 from runledger_sync.core.store_errors import ConnectionFailed
 from runledger_sync.logging import get_logger
-from runledger_sync.runtime.attempt import JobExecution
-from runledger_sync.runtime.cancels import canceled_reason, stop_canceled
-from runledger_sync.runtime.completion import finish
+from runledger_sync.runtime.attempt.state import JobExecution
+from runledger_sync.runtime.attempt.cancels import canceled_reason, stop_canceled
+from runledger_sync.runtime.attempt.decision import finish
 from runledger_sync.store.driver import heartbeat_job
 
 log = get_logger(__name__)

@@ -2,12 +2,12 @@
 
 The pipeline, on the pool thread: mark the job running (or hand the claim
 back), run the handler and narrow whatever it does to one outcome, then take
-the attempt's gate and write that outcome (:mod:`~runledger_sync.runtime.completion`).
+the attempt's gate and write that outcome (:mod:`~runledger_sync.runtime.attempt.decision`).
 Beside it the pool thread's timer thread runs the watch
-(:mod:`~runledger_sync.runtime.watch`): lease renewal, the deadline, an
+(:mod:`~runledger_sync.runtime.attempt.watch`): lease renewal, the deadline, an
 operator's cancel missed by the listener. An operator's cancel, told by the
 worker's listener, ends the attempt from the polling thread
-(:mod:`~runledger_sync.runtime.cancels`). Whichever decides first takes the
+(:mod:`~runledger_sync.runtime.attempt.cancels`). Whichever decides first takes the
 attempt's one outcome; the others' are discarded. Threads cannot be killed: a handler that ignores its
 cancellation flag keeps its pool thread (and so its concurrency slot) until it
 returns, but its late result is never written.
@@ -78,13 +78,13 @@ from runledger_sync.db.errors import is_connection_loss
 from runledger_sync.handlers import run_execute
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime.attempt import JobExecution
-from runledger_sync.runtime.cancels import RunningHandlers
-from runledger_sync.runtime.completion import finish
-from runledger_sync.runtime.completer import Completer
-from runledger_sync.runtime.tally import OutcomeTally
-from runledger_sync.runtime.timer_thread import TimerThread
-from runledger_sync.runtime.watch import deadline_of, watch
+from runledger_sync.runtime.attempt.state import JobExecution
+from runledger_sync.runtime.attempt.cancels import RunningHandlers
+from runledger_sync.runtime.attempt.decision import finish
+from runledger_sync.runtime.attempt.completer import Completer
+from runledger_sync.runtime.worker.tally import OutcomeTally
+from runledger_sync.runtime.attempt.timer_thread import TimerThread
+from runledger_sync.runtime.attempt.watch import deadline_of, watch
 from runledger_sync.store import driver
 from runledger_sync.store.driver import mark_job_running, running_landed
 

@@ -17,7 +17,7 @@ from sqlalchemy.engine import Engine
 
 from runledger_sync.config import JobsConfig
 from runledger_sync.logging import get_logger
-from runledger_sync.runtime.periodic import run_periodically
+from runledger_sync.runtime.loops.periodic import run_periodically
 from runledger_sync.store.driver import sample_rollup
 
 log = get_logger(__name__)

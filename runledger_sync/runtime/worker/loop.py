@@ -18,11 +18,11 @@ together through their running and success writes. It waits only while the
 handlers' recent pace says enough slots will free in time: for long jobs the
 claim takes what is free at once.
 
-An idle worker also LISTENs (:mod:`runledger_sync.runtime.listener`), so a job
+An idle worker also LISTENs (:mod:`runledger_sync.runtime.worker.listener`), so a job
 enqueued for one of its types ends the pause at once instead of at the next
 poll; without the listener (lost, or turned off) it simply polls. The listener
 also hears operators' cancels, and the polling thread stops the canceled jobs'
-handlers at once (:mod:`runledger_sync.runtime.cancels`); without it each
+handlers at once (:mod:`runledger_sync.runtime.attempt.cancels`); without it each
 handler learns of its cancel at its next lease renewal.
 """
 
@@ -45,16 +45,16 @@ from runledger_sync.core.types import RuntimeLoopExit
 from runledger_sync.db.pool_mode import policy_of
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime.cancels import RunningHandlers
-from runledger_sync.runtime.execution import WRITE_RUNNING, process_claimed_job
+from runledger_sync.runtime.attempt.cancels import RunningHandlers
+from runledger_sync.runtime.attempt.run import WRITE_RUNNING, process_claimed_job
 from runledger_sync.runtime.health import CLAIM, LoopMarks
-from runledger_sync.runtime.completer import Completer
-from runledger_sync.runtime.listener import JobListener
+from runledger_sync.runtime.attempt.completer import Completer
+from runledger_sync.runtime.worker.listener import JobListener
 from runledger_sync.runtime.observer import WorkerObserver
-from runledger_sync.runtime.pace import FinishingSoon
-from runledger_sync.runtime.queue_limits import QueueLimitsWatch
-from runledger_sync.runtime.tally import OutcomeTally
-from runledger_sync.runtime.timer_thread import TimerThread
+from runledger_sync.runtime.attempt.pace import FinishingSoon
+from runledger_sync.runtime.worker.queue_limits import QueueLimitsWatch
+from runledger_sync.runtime.worker.tally import OutcomeTally
+from runledger_sync.runtime.attempt.timer_thread import TimerThread
 from runledger_sync.store.driver import HeldConnection, StartedClaim, claim_and_start_jobs, claim_prestart_jobs_for_types
 
 log = get_logger(__name__)

@@ -4,11 +4,11 @@ If one loop ends on its own (an error, an invalid config), the others are
 stopped and the failure is reported. Embed it with ``start()``/``stop()`` or
 ``with Supervisor(...)``; a script calls :meth:`Supervisor.run_until_shutdown`.
 With ``processes=N`` (N > 1) the loops run in N child processes instead
-(:mod:`runledger_sync.runtime.processes`), for handlers that need CPU.
+(:mod:`runledger_sync.runtime.supervisor.processes`), for handlers that need CPU.
 
 While the loops run, each worker keeps its row in ``job_workers`` (which queues
 and types it serves, for an operator asking why a job waits) and deletes it when
-it stops (:mod:`runledger_sync.runtime.serving`); one that reaps also samples
+it stops (:mod:`runledger_sync.runtime.loops.serving`); one that reaps also samples
 the dashboard's minutes and prunes (``config.retention``).
 """
 
@@ -31,7 +31,7 @@ from runledger_sync.core.types import RuntimeLoopExit
 from runledger_sync.logging import configure_logging, get_logger
 from runledger_sync.loading import load_registry
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime.database_wait import check_wait_seconds, wait_for_database
+from runledger_sync.runtime.supervisor.database_wait import check_wait_seconds, wait_for_database
 from runledger_sync.runtime.health import (
     CLAIM,
     STALL_ALLOWANCE_SECONDS,
@@ -40,14 +40,14 @@ from runledger_sync.runtime.health import (
     LoopMarks,
     SupervisorHealth,
 )
-from runledger_sync.runtime.loop_health import process_health, thread_health
+from runledger_sync.runtime.supervisor.loop_health import process_health, thread_health
 from runledger_sync.runtime.observer import ProcessesObserver, WorkerObserver, follows_processes
-from runledger_sync.runtime.processes import CHECK_SECONDS, EXIT_REFUSED, ChildSpec, ProcessGroup, check_processes
-from runledger_sync.runtime.processes import log as process_log
-from runledger_sync.runtime.reaper import run_reaper_loop
-from runledger_sync.runtime.scheduler import run_scheduler_loop
-from runledger_sync.runtime.serving import Upkeep, check_queues_exist, start_upkeep
-from runledger_sync.runtime.worker import run_worker_loop
+from runledger_sync.runtime.supervisor.processes import CHECK_SECONDS, EXIT_REFUSED, ChildSpec, ProcessGroup, check_processes
+from runledger_sync.runtime.supervisor.processes import log as process_log
+from runledger_sync.runtime.loops.reaper import run_reaper_loop
+from runledger_sync.runtime.loops.scheduler import run_scheduler_loop
+from runledger_sync.runtime.loops.serving import Upkeep, check_queues_exist, start_upkeep
+from runledger_sync.runtime.worker.loop import run_worker_loop
 
 log = get_logger(__name__)
 
@@ -219,7 +219,7 @@ class Supervisor:
         """Raise QueueNotFound if ``config.queues`` or ``queue_concurrency`` names a queue that does not exist.
 
         :meth:`start` calls it; call it first to refuse before writing anything (``runledger-sync
-        worker`` does, before its sync). See :func:`~runledger_sync.runtime.serving.check_queues_exist`.
+        worker`` does, before its sync). See :func:`~runledger_sync.runtime.loops.serving.check_queues_exist`.
         """
         check_queues_exist(self.engine, self.registry, self.config, sources=sources)
 
@@ -379,7 +379,7 @@ class Supervisor:
 def child_main(spec: ChildSpec) -> None:
     """A child process's body: run one Supervisor until SIGTERM or the parent's death.
 
-    :class:`~runledger_sync.runtime.processes.ProcessGroup` starts it in each
+    :class:`~runledger_sync.runtime.supervisor.processes.ProcessGroup` starts it in each
     child; it logs as that module does, the child's lines beside the group's.
     """
     # Ctrl-C reaches the whole process group; the parent alone decides what it means.

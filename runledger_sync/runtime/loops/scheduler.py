@@ -25,8 +25,8 @@ from runledger_sync.db.pool_mode import policy_of
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.health import TICK, LoopMarks
-from runledger_sync.runtime.listener import JobListener
-from runledger_sync.runtime.periodic import run_periodically
+from runledger_sync.runtime.worker.listener import JobListener
+from runledger_sync.runtime.loops.periodic import run_periodically
 from runledger_sync.store import driver
 
 log = get_logger(__name__)

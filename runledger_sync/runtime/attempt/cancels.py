@@ -27,8 +27,8 @@ from uuid import UUID
 from runledger_sync.core.errors import RunledgerError
 from runledger_sync.core.outcomes import Canceled
 from runledger_sync.core.states import JobStatus
-from runledger_sync.runtime.attempt import JobExecution
-from runledger_sync.runtime.completion import finish
+from runledger_sync.runtime.attempt.state import JobExecution
+from runledger_sync.runtime.attempt.decision import finish
 from runledger_sync.store import driver
 
 #: What ``ctx.cancel_reason`` says when the operator gave no reason (the row's status_reason then).

@@ -6,7 +6,7 @@ again later, unless the job used up its type's continuations or its workflow
 step, which is read, did not opt in); or for a failure
 :func:`~runledger_sync.core.outcomes.decide_failure` (retry after a delay, or
 dead-letter), which reads the run's earlier attempts when the failure is
-retryable. The :class:`~runledger_sync.runtime.completer.Completer`
+retryable. The :class:`~runledger_sync.runtime.attempt.completer.Completer`
 writes it as decided. A pool thread hands its outcome off and moves on: the
 completer ends the attempt (frees its slot) once the outcome is durable. A
 dead letter's hook, and the registry's failure hooks, run on the pool thread
@@ -46,8 +46,8 @@ from runledger_sync.core.types import JobCompletion, JobFailure
 from runledger_sync.core.states import JobStatus
 from runledger_sync.core.workflow_errors import WorkflowReleaseConflict
 from runledger_sync.logging import get_logger
-from runledger_sync.runtime.attempt import JobExecution
-from runledger_sync.runtime.completer import LANDED_AFTER_LOST_REPLY, wait_for_answer, with_retries
+from runledger_sync.runtime.attempt.state import JobExecution
+from runledger_sync.runtime.attempt.completer import LANDED_AFTER_LOST_REPLY, wait_for_answer, with_retries
 from runledger_sync.runtime.hooks import run_dead_letter_hook, run_failure_hooks
 from runledger_sync.runtime.observer import failure_observer
 from runledger_sync.store import driver

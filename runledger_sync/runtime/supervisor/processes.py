@@ -8,7 +8,7 @@ connections), restarts one that dies, forwards shutdown and bounds the drain.
 Each child is a whole worker: it imports the registry from ``app`` (a registry
 object cannot be copied into another interpreter), builds its own engine from
 the parent's URL, pool size and execution options, and runs its own
-:class:`~runledger_sync.runtime.supervisor.Supervisor` with worker id
+:class:`~runledger_sync.runtime.supervisor.supervisor.Supervisor` with worker id
 ``<worker_id>-p<n>`` (``-p<n>-r<k>`` after its k-th restart). Child 0 alone runs
 the reaper and the scheduler: any number could (their rows are locked with
 ``SKIP LOCKED``), but the others would only repeat the same sweep, and child 0

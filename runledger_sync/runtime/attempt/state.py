@@ -32,8 +32,8 @@ from runledger_sync.core.types import (
 from runledger_sync.core.workflow_errors import WorkflowReleaseConflict
 from runledger_sync.logging import JOB_LINES_LOGGER_NAME, get_logger, job_log_fields
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime.completer import Completer
-from runledger_sync.runtime.tally import OutcomeTally
+from runledger_sync.runtime.attempt.completer import Completer
+from runledger_sync.runtime.worker.tally import OutcomeTally
 from runledger_sync.store import driver
 
 log = get_logger(__name__)

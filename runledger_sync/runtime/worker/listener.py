@@ -4,7 +4,7 @@ The same connection hears operators' cancels (``on_canceled``): each read of
 it hands the ids of canceled jobs on, whether the worker is idle or busy (a
 busy worker reads it between waits for a free slot, and once per claim while
 backed up), so a running handler is told at once
-(:mod:`runledger_sync.runtime.cancels`).
+(:mod:`runledger_sync.runtime.attempt.cancels`).
 
 The scheduler loop keeps one of its own on the schedules channel, woken when a
 schedule is written or resumed. Each runs on the polling thread itself

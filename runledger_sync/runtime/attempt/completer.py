@@ -38,9 +38,9 @@ from runledger_sync.core.outcomes import Written
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.store_errors import CommitOutcomeUnknown, ConnectionFailed
 from runledger_sync.core.validation import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_PAYLOAD_BYTES
-from runledger_sync.runtime.group_writer import GroupWriter
+from runledger_sync.runtime.attempt.group_writer import GroupWriter
 from runledger_sync.runtime.observer import WorkerObserver
-from runledger_sync.runtime.pace import FinishingSoon
+from runledger_sync.runtime.attempt.pace import FinishingSoon
 from runledger_sync.store import driver
 from runledger_sync.store.driver import HeldConnection
 

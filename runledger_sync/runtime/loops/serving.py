@@ -20,9 +20,9 @@ from runledger_sync.core.errors import RunledgerError
 from runledger_sync.core.queue_errors import QueueNotFound
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime.periodic import run_periodically
-from runledger_sync.runtime.pruning import Pruner
-from runledger_sync.runtime.sampling import Sampler
+from runledger_sync.runtime.loops.periodic import run_periodically
+from runledger_sync.runtime.loops.pruning import Pruner
+from runledger_sync.runtime.loops.sampling import Sampler
 from runledger_sync.store.driver import forget_worker, list_queues, record_worker
 
 log = get_logger(__name__)

@@ -1,0 +1,1 @@
+"""The worker: its polling thread, its listener, and what it counts and limits while it claims."""
