@@ -27,7 +27,7 @@ from uuid import UUID
 from runledger_sync.core.errors import RunledgerError
 from runledger_sync.core.outcomes import Canceled
 from runledger_sync.core.states import JobStatus
-from runledger_sync.runtime.attempt.state import JobExecution
+from runledger_sync.runtime.attempt.state import Attempt, Decider
 from runledger_sync.runtime.attempt.decision import finish
 from runledger_sync.store import driver
 
@@ -47,23 +47,23 @@ class RunningHandlers:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._by_job: dict[UUID, list[JobExecution]] = {}
+        self._by_job: dict[UUID, list[Attempt]] = {}
 
-    def add(self, execution: JobExecution) -> None:
+    def add(self, attempt: Attempt) -> None:
         with self._lock:
-            self._by_job.setdefault(execution.job.id, []).append(execution)
+            self._by_job.setdefault(attempt.job.id, []).append(attempt)
 
-    def discard(self, execution: JobExecution) -> None:
+    def discard(self, attempt: Attempt) -> None:
         with self._lock:
-            running = self._by_job.get(execution.job.id)
-            if running is not None and execution in running:
-                running.remove(execution)
+            running = self._by_job.get(attempt.job.id)
+            if running is not None and attempt in running:
+                running.remove(attempt)
                 if not running:
-                    del self._by_job[execution.job.id]
+                    del self._by_job[attempt.job.id]
 
-    def __iter__(self) -> Iterator[JobExecution]:
+    def __iter__(self) -> Iterator[Attempt]:
         with self._lock:
-            snapshot = [execution for running in self._by_job.values() for execution in running]
+            snapshot = [attempt for running in self._by_job.values() for attempt in running]
         return iter(snapshot)
 
     def cancel(self, job_ids: Iterable[str]) -> None:
@@ -75,35 +75,33 @@ class RunningHandlers:
                 continue  # not one of ours: the channel is open to anyone who can NOTIFY
             with self._lock:
                 running = list(self._by_job.get(job_id, ()))
-            for execution in running:
-                reason = canceled_reason(execution)
+            for attempt in running:
+                reason = canceled_reason(attempt)
                 if reason is not None:
-                    stop_canceled(execution, reason)
+                    stop_canceled(attempt, reason)
 
 
-def canceled_reason(execution: JobExecution) -> Optional[str]:
+def canceled_reason(attempt: Attempt) -> Optional[str]:
     """The operator's reason when the job row says the attempt's run was canceled; None when not (or unreadable).
 
     Unreadable leaves the attempt running: its next renewal asks again.
     """
     try:
-        current = driver.get_job(execution.engine, execution.job.id)
+        current = driver.get_job(attempt.engine, attempt.job.id)
     except RunledgerError:
         return None
-    if current is None or current.status is not JobStatus.CANCELED or current.run_number != execution.job.run_number:
+    if current is None or current.status is not JobStatus.CANCELED or current.run_number != attempt.job.run_number:
         return None
     return current.status_reason or NO_REASON
 
 
-def stop_canceled(execution: JobExecution, reason: str) -> None:
+def stop_canceled(attempt: Attempt, reason: str) -> None:
     """End the attempt of a canceled job: tell its handler why, stop its watch, and write nothing.
 
     When the attempt was already decided (the handler returned first, or its
     deadline passed), that decision stands; the handler is still told.
     """
-    # Before the flag: a handler that stops on it must find the attempt canceled, not failed.
-    execution.canceled = Canceled(reason)
-    execution.context.request_cancel(reason)
-    if execution.gate.take():
-        execution.stop_watchdog.set()
-        finish(execution, execution.canceled)
+    canceled = Canceled(reason)
+    attempt.cancel(canceled)
+    if attempt.take(Decider.CANCEL):
+        finish(attempt, canceled)

@@ -19,6 +19,7 @@ reply was lost is logged at INFO once the row shows it landed.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Callable, Optional, TypeVar
 
@@ -46,7 +47,7 @@ from runledger_sync.core.types import JobCompletion, JobFailure
 from runledger_sync.core.states import JobStatus
 from runledger_sync.core.workflow_errors import WorkflowReleaseConflict
 from runledger_sync.logging import get_logger
-from runledger_sync.runtime.attempt.state import JobExecution
+from runledger_sync.runtime.attempt.state import Attempt
 from runledger_sync.runtime.attempt.completer import LANDED_AFTER_LOST_REPLY, wait_for_answer, with_retries
 from runledger_sync.runtime.hooks import run_dead_letter_hook, run_failure_hooks
 from runledger_sync.runtime.observer import failure_observer
@@ -66,7 +67,7 @@ T = TypeVar("T")
 
 
 def finish(
-    execution: JobExecution, outcome: Outcome, *, hand_off: bool = False, evidence: FailureEvidence = NO_EVIDENCE,
+    attempt: Attempt, outcome: Outcome, *, hand_off: bool = False, evidence: FailureEvidence = NO_EVIDENCE,
     stopped_by: Optional[Verdict] = None,
 ) -> bool:
     """Decide the attempt's transition and have it written.
@@ -82,49 +83,49 @@ def finish(
     Returns:
         True when the completer took the attempt and will end it.
     """
-    if execution.completed_in_transaction and not isinstance(outcome, (LeaseLost, Canceled)) and _committed_by_handler(
-            execution, outcome):
+    if attempt.completed_in_transaction and not isinstance(outcome, (LeaseLost, Canceled)) and _committed_by_handler(
+            attempt, outcome):
         return False
     if isinstance(outcome, Canceled):
-        execution.decided = outcome
-        log.info(CANCELED_BY_OPERATOR, extra=execution.log_fields | {"reason": outcome.reason})
+        attempt.ended_with(outcome)
+        log.info(CANCELED_BY_OPERATOR, extra=attempt.log_fields | {"reason": outcome.reason})
         return False
     if isinstance(outcome, LeaseLost):
-        execution.decided = outcome
+        attempt.ended_with(outcome)
         log.warning(
             "job processing aborted because durable lease maintenance was lost",
-            extra=execution.log_fields | {"failure_code": outcome.code},
+            extra=attempt.log_fields | {"failure_code": outcome.code},
         )
         return False
-    transition = _decide(execution, outcome, evidence, stopped_by)
+    transition = _decide(attempt, outcome, evidence, stopped_by)
     if transition is None:
         return False
-    return _write(execution, transition, hand_off=hand_off)
+    return _write(attempt, transition, hand_off=hand_off)
 
 
 def _decide(
-    execution: JobExecution, outcome: JobCompletion | JobFailure, evidence: FailureEvidence, stopped_by: Optional[Verdict],
+    attempt: Attempt, outcome: JobCompletion | JobFailure, evidence: FailureEvidence, stopped_by: Optional[Verdict],
 ) -> Optional[Written]:
     """The transition ``outcome`` makes; None when what it depends on (earlier attempts, the step) could not be read."""
     if not isinstance(outcome, JobFailure):
         if outcome.continue_after is None:
             return Succeed(outcome)
-        return _decide_continuation(execution, outcome)
-    job = execution.job
+        return _decide_continuation(attempt, outcome)
+    job = attempt.job
     earlier = EarlierAttempts()
     if outcome.kind.is_retryable:
         read = _read_for_decision(
-            execution, "failure", lambda: driver.read_earlier_attempts(execution.engine, execution.identity))
+            attempt, "failure", lambda: driver.read_earlier_attempts(attempt.engine, attempt.identity))
         if read is None:
             return None
         earlier = read
-    override = execution.registry.retry_delay_override(job.job_type, outcome.code) if outcome.kind.is_retryable else None
+    override = attempt.registry.retry_delay_override(job.job_type, outcome.code) if outcome.kind.is_retryable else None
     return decide_failure(job, outcome, earlier, retry_delay_override=override, evidence=evidence, stopped_by=stopped_by)
 
 
-def _decide_continuation(execution: JobExecution, completion: JobCompletion) -> Optional[Continue | DeadLetter]:
-    job = execution.job
-    handler = execution.registry.get(job.job_type)
+def _decide_continuation(attempt: Attempt, completion: JobCompletion) -> Optional[Continue | DeadLetter]:
+    job = attempt.job
+    handler = attempt.registry.get(job.job_type)
     # The registry's cap, the one sync_definitions stores on the type's definition.
     cap = DEFAULT_MAX_CONTINUATIONS
     if handler is not None and handler.max_continuations is not None:
@@ -133,79 +134,91 @@ def _decide_continuation(execution: JobExecution, completion: JobCompletion) -> 
     if job.workflow_step_id is not None:
         step_id = job.workflow_step_id
         read = _read_for_decision(
-            execution, "continuation", lambda: driver.step_allows_continuation(execution.engine, step_id))
+            attempt, "continuation", lambda: driver.step_allows_continuation(attempt.engine, step_id))
         if read is None:
             return None
         step_allows = read
     return decide_continuation(job, completion, max_continuations=cap, step_allows=step_allows)
 
 
-def _read_for_decision(execution: JobExecution, what: str, read: Callable[[], T]) -> Optional[T]:
+def _read_for_decision(attempt: Attempt, what: str, read: Callable[[], T]) -> Optional[T]:
     """What the decision reads, retried as its write would be; None (logged) when the database stayed out of reach.
 
     Nothing is written then: the job stays LEASED, and the reaper retries it once its lease runs out.
     """
     try:
-        return with_retries(read, give_up_at=_give_up_at(execution), keep_trying=execution.completer.keeps_trying)
+        return with_retries(read, give_up_at=_give_up_at(attempt), keep_trying=attempt.completer.keeps_trying)
     except ConnectionFailed as error:
         log.warning(f"job {what} could not be decided: the database stayed out of reach; "
-                    "the reaper retries the job", extra=execution.log_fields | {"error": str(error)})
+                    "the reaper retries the job", extra=attempt.log_fields | {"error": str(error)})
         return None
 
 
-def _write(execution: JobExecution, transition: Written, *, hand_off: bool) -> bool:
+def _write(attempt: Attempt, transition: Written, *, hand_off: bool) -> bool:
     """Post the transition; hand the attempt's end to the completer, or wait for the answer here."""
-    completer = execution.completer
-    if hand_off and completer.threaded and not _hooked(execution, transition):
-        completer.post(execution.identity, transition, give_up_at=_give_up_at(execution),
-                       on_answer=lambda answer: _answered_off_thread(execution, transition, answer))
+    completer = attempt.completer
+    if hand_off and completer.threaded and not _hooked(attempt, transition):
+        completer.post(attempt.identity, transition, give_up_at=_give_up_at(attempt),
+                       on_answer=lambda answer: _answered_off_thread(attempt, transition, answer))
         return True
-    answer = wait_for_answer(completer, execution.identity, transition, give_up_at=_give_up_at(execution))
-    invalid = _answered(execution, transition, answer)
+    answer = wait_for_answer(completer, attempt.identity, transition, give_up_at=_give_up_at(attempt))
+    invalid = _answered(attempt, transition, answer)
     if invalid is not None:
-        _write(execution, invalid, hand_off=False)
+        _write(attempt, invalid, hand_off=False)
     return False
 
 
-def _hooked(execution: JobExecution, transition: Written) -> bool:
+def _hooked(attempt: Attempt, transition: Written) -> bool:
     """True when a hook waits for the transition to land: it runs on the deciding thread, never the completer's."""
-    return isinstance(transition, DeadLetter) or (isinstance(transition, Retry) and bool(execution.registry.failure_hooks))
+    return isinstance(transition, DeadLetter) or (isinstance(transition, Retry) and bool(attempt.registry.failure_hooks))
 
 
-def _answered_off_thread(execution: JobExecution, transition: Written, answer: object) -> None:
-    """On the completer's thread: act on the answer and end the attempt (quick, no database)."""
-    invalid = _answered(execution, transition, answer)
+def _answered_off_thread(attempt: Attempt, transition: Written, answer: object) -> None:
+    """On the completer's thread: act on the answer and end the attempt (quick, no database).
+
+    When the store refused a success's progress, the terminal failure that
+    replaces it is the completer's second item for the attempt: posted from
+    here, and the attempt ends once it is answered. Its hooks (a dead letter's)
+    must not hold the completer's thread, so they run on a thread of their own.
+    """
+    invalid = _answered(attempt, transition, answer)
     if invalid is None:
-        execution.end()
+        attempt.end()
         return
+    attempt.completer.post(attempt.identity, invalid, give_up_at=_give_up_at(attempt),
+                           on_answer=lambda second: _invalid_answered(attempt, invalid, second))
 
-    def write_terminal() -> None:
+
+def _invalid_answered(attempt: Attempt, invalid: Written, answer: object) -> None:
+    def record() -> None:
         try:
-            _write(execution, invalid, hand_off=False)
+            _answered(attempt, invalid, answer)
         finally:
-            execution.end()
+            attempt.end()
 
-    # A new decision and a dead letter's hook: neither may hold the completer's thread.
-    execution.hand_back(write_terminal)
+    if _hooked(attempt, invalid):
+        threading.Thread(target=record, name=f"runledger-hooks-{attempt.job.id}", daemon=True).start()
+    else:
+        record()
 
 
-def _answered(execution: JobExecution, transition: Written, answer: object) -> Optional[Written]:
+def _answered(attempt: Attempt, transition: Written, answer: object) -> Optional[Written]:
     """Log what the write's answer means; the terminal failure to write instead, when the store refused the progress."""
-    fields = execution.log_fields
+    fields = attempt.log_fields
     what = {Succeed: "success", Continue: "continuation"}.get(type(transition), "failure")
     if answer is None or answer is LANDED_AFTER_LOST_REPLY:
-        execution.decided = transition
+        attempt.ended_with(transition)
         if isinstance(transition, Succeed):
             if answer is LANDED_AFTER_LOST_REPLY:
                 log.info(SUCCESS_REPLY_LOST, extra=fields | {"write": "completer"})
         elif isinstance(transition, (Retry, DeadLetter)):
-            _failure_recorded(execution, transition)
+            _failure_recorded(attempt, transition)
         return None
     if isinstance(answer, InvalidCompletionProgress) and isinstance(transition, (Succeed, Continue)):
         log.warning("handler returned invalid success completion; marking job terminal",
                     extra=fields | {"failure_code": answer.code})
         failure = JobFailure.terminal(INVALID_COMPLETION_PROGRESS_CODE, answer.message)
-        return decide_failure(execution.job, failure, EarlierAttempts())
+        return decide_failure(attempt.job, failure, EarlierAttempts())
     if isinstance(answer, WorkflowReleaseConflict):
         log.warning(f"job {what} completion conflicted with workflow cancellation; leaving lease for reaper recovery",
                     extra=fields | {"error": str(answer)})
@@ -217,42 +230,42 @@ def _answered(execution: JobExecution, transition: Written, answer: object) -> O
     return None
 
 
-def _failure_recorded(execution: JobExecution, transition: Retry | DeadLetter) -> None:
+def _failure_recorded(attempt: Attempt, transition: Retry | DeadLetter) -> None:
     """Tell the observer and the hooks of a failed attempt whose outcome is durable."""
     failure, exception = transition.failure, transition.evidence.exception
-    observe = failure_observer(execution.observer)
+    observe = failure_observer(attempt.observer)
     if observe is not None:
-        observe(execution.job.job_type, failure, exception)
-    hooks = execution.registry.failure_hooks
+        observe(attempt.job.job_type, failure, exception)
+    hooks = attempt.registry.failure_hooks
     if hooks:
         # Not on the completer's thread: a failure with hooks is never handed off (_hooked).
-        run_failure_hooks(hooks, execution.context, execution.job.payload, exception or failure,
-                          timeout_seconds=execution.config.dead_letter_hook_timeout_seconds,
-                          log_fields=execution.log_fields)
+        run_failure_hooks(hooks, attempt.context, attempt.job.payload, exception or failure,
+                          timeout_seconds=attempt.config.dead_letter_hook_timeout_seconds,
+                          log_fields=attempt.log_fields)
     if isinstance(transition, DeadLetter):
-        _dead_lettered(execution, transition)
+        _dead_lettered(attempt, transition)
 
 
-def _dead_lettered(execution: JobExecution, transition: DeadLetter) -> None:
-    job, failure, info = execution.job, transition.failure, transition.info
+def _dead_lettered(attempt: Attempt, transition: DeadLetter) -> None:
+    job, failure, info = attempt.job, transition.failure, transition.info
     log.warning(
         "job dead lettered after handler failure",
-        extra=execution.log_fields | {
+        extra=attempt.log_fields | {
             "max_attempts": job.max_attempts, "dead_letter_reason": info.reason.value,
             "not_retried_because": info.not_retried_because,
             "failure_kind": failure.kind.value, "failure_code": failure.code, "failure_message": failure.message,
             "error_type": transition.evidence.error_type,
         },
     )
-    handler = execution.registry.get(job.job_type)
+    handler = attempt.registry.get(job.job_type)
     if handler is not None:
         run_dead_letter_hook(
-            handler, execution.context, job.payload, info,
-            timeout_seconds=execution.config.dead_letter_hook_timeout_seconds, log_fields=execution.log_fields,
+            handler, attempt.context, job.payload, info,
+            timeout_seconds=attempt.config.dead_letter_hook_timeout_seconds, log_fields=attempt.log_fields,
         )
 
 
-def _committed_by_handler(execution: JobExecution, outcome: Outcome) -> bool:
+def _committed_by_handler(attempt: Attempt, outcome: Outcome) -> bool:
     """True when nothing more is to be written for an attempt whose handler used complete_in.
 
     That is when its transaction committed the success, and when whether it did
@@ -261,35 +274,35 @@ def _committed_by_handler(execution: JobExecution, outcome: Outcome) -> bool:
     written as usual; the lease fence makes that safe even if the read was
     wrong, since a second success or a late failure cannot land on a SUCCEEDED row.
     """
-    identity = execution.identity
+    identity = attempt.identity
     try:
-        landed = with_retries(lambda: driver.get_job(execution.engine, identity.job_id),
-                              give_up_at=_give_up_at(execution))
+        landed = with_retries(lambda: driver.get_job(attempt.engine, identity.job_id),
+                              give_up_at=_give_up_at(attempt))
     except ConnectionFailed as error:
         log.warning("could not read whether the handler's transaction committed the job's success; "
-                    "if it did not, the reaper retries the job", extra=execution.log_fields | {"error": str(error)})
+                    "if it did not, the reaper retries the job", extra=attempt.log_fields | {"error": str(error)})
         return True
     if (landed is None or (landed.run_number, landed.attempt) != (identity.run_number, identity.attempt)
             or landed.status is not JobStatus.SUCCEEDED):
         log.warning("handler completed the job in its own transaction but did not commit it; writing its outcome",
-                    extra=execution.log_fields | {"outcome": type(outcome).__name__})
+                    extra=attempt.log_fields | {"outcome": type(outcome).__name__})
         return False
-    execution.decided = Succeed(JobCompletion())
+    attempt.ended_with(Succeed(JobCompletion()))
     if isinstance(outcome, JobFailure) and outcome.code == HANDLER_TRANSIENT_ERROR_CODE:
         # The connection failed after the commit: most often the commit's own reply was lost.
-        log.info(SUCCESS_REPLY_LOST, extra=execution.log_fields | {"write": "handler_transaction",
+        log.info(SUCCESS_REPLY_LOST, extra=attempt.log_fields | {"write": "handler_transaction",
                                                                   "error": outcome.message})
     elif isinstance(outcome, JobFailure):
         log.warning("handler failed after committing its own success; the success stands",
-                    extra=execution.log_fields | {"failure_code": outcome.code})
+                    extra=attempt.log_fields | {"failure_code": outcome.code})
     else:
-        log.info("job success committed in the handler's transaction", extra=execution.log_fields)
+        log.info("job success committed in the handler's transaction", extra=attempt.log_fields)
     return True
 
 
-def _give_up_at(execution: JobExecution) -> float:
+def _give_up_at(attempt: Attempt) -> float:
     # A lost connection is retried at least for as long as the lease lasts (by this
     # process's clock), so a database restart shorter than the lease never hands the
     # job to the reaper, which would spend an attempt. The completer's own thread
     # tries on past it while the worker lives (Completer.keeps_trying).
-    return max(time.monotonic() + MIN_OUTCOME_WRITE_SECONDS, execution.local_lease_deadline)
+    return max(time.monotonic() + MIN_OUTCOME_WRITE_SECONDS, attempt.local_lease_deadline)

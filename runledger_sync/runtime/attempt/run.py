@@ -2,7 +2,7 @@
 
 The pipeline, on the pool thread: mark the job running (or hand the claim
 back), run the handler and narrow whatever it does to one outcome, then take
-the attempt's gate and write that outcome (:mod:`~runledger_sync.runtime.attempt.decision`).
+take the attempt's outcome and write it (:mod:`~runledger_sync.runtime.attempt.decision`).
 Beside it the pool thread's timer thread runs the watch
 (:mod:`~runledger_sync.runtime.attempt.watch`): lease renewal, the deadline, an
 operator's cancel missed by the listener. An operator's cancel, told by the
@@ -58,7 +58,6 @@ from runledger_sync.core.outcomes import (
     Canceled,
     LeaseLost,
     Outcome,
-    timeout_failure,
     worker_shutdown_failure,
 )
 from runledger_sync.core.records import JobRecord
@@ -78,7 +77,7 @@ from runledger_sync.db.errors import is_connection_loss
 from runledger_sync.handlers import run_execute
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime.attempt.state import JobExecution
+from runledger_sync.runtime.attempt.state import Attempt, Decider
 from runledger_sync.runtime.attempt.cancels import RunningHandlers
 from runledger_sync.runtime.attempt.decision import finish
 from runledger_sync.runtime.attempt.completer import Completer
@@ -102,8 +101,7 @@ def process_claimed_job(
     engine: Engine, registry: JobRegistry, job: JobRecord, config: JobsConfig,
     completer: Optional[Completer] = None, running: object = WRITE_RUNNING,
     timer: Optional[TimerThread] = None, tally: Optional[OutcomeTally] = None,
-    *, on_ended: Optional[Callable[[], None]] = None, hand_back: Optional[Callable[[Callable[[], None]], None]] = None,
-    handlers_running: Optional[RunningHandlers] = None,
+    *, on_ended: Optional[Callable[[], None]] = None, handlers_running: Optional[RunningHandlers] = None,
 ) -> None:
     """Run one claimed job and write its single outcome (or none when the lease was lost).
 
@@ -120,118 +118,113 @@ def process_claimed_job(
         on_ended: called once when the attempt is over (its outcome durable, or
             nothing left to write). With ``completer``, a success or retry ends on
             the completer's thread, after this has returned.
-        hand_back: runs follow-up work on a pool thread (when the store refused a
-            success's progress: the terminal failure's write and its dead-letter
-            hook); None runs it on a thread of its own.
         handlers_running: holds the attempt while its handler runs, so a worker
             shutting down past its drain deadline can tell it to stop, and an
             operator's cancel reaches it at once.
     """
     try:
-        execution = JobExecution(engine, registry, job, config, completer, tally=tally, on_ended=on_ended,
-                                 hand_back=hand_back)
+        attempt = Attempt(engine, registry, job, config, completer, tally=tally, on_ended=on_ended)
     except BaseException:
         if on_ended is not None:
             on_ended()  # the slot must come back even when the job could not even be set up
         raise
     if timer is not None:
-        _process_with_timer(execution, running, timer, handlers_running)
+        _process_with_timer(attempt, running, timer, handlers_running)
         return
     timer = TimerThread(f"runledger-heartbeat-{job.id}")
     try:
-        _process_with_timer(execution, running, timer, handlers_running)
+        _process_with_timer(attempt, running, timer, handlers_running)
     finally:
         timer.close()
 
 
 def _process_with_timer(
-    execution: JobExecution, running: object, timer: TimerThread, handlers_running: Optional[RunningHandlers],
+    attempt: Attempt, running: object, timer: TimerThread, handlers_running: Optional[RunningHandlers],
 ) -> None:
-    job, config = execution.job, execution.config
-    finishing = execution.completer.finishing
+    job, config = attempt.job, attempt.config
+    finishing = attempt.completer.finishing
     handed_off = False
     try:
-        if not _mark_running_or_abort(execution, running):
-            execution.end("not_started")  # handed back, or left to the reaper: the handler never ran
+        if not _mark_running_or_abort(attempt, running):
+            attempt.end("not_started")  # handed back, or left to the reaper: the handler never ran
             return
+        attempt.begin_running()
         if log.isEnabledFor(logging.DEBUG):
             # Payloads may hold secrets: only an operator's explicit log_payloads shows them.
             shown = {"payload": job.payload} if config.log_payloads else {}
-            log.debug("job started", extra=execution.log_fields | shown)
-        started = execution.started
+            log.debug("job started", extra=attempt.log_fields | shown)
+        started = attempt.started
         first_beat = time.monotonic() + config.heartbeat_interval
         # The timer thread wakes only if the job is still running when its first
         # renewal or its deadline comes; a job done sooner is simply withdrawn.
-        timer.schedule(min(first_beat, deadline_of(execution, started)), lambda: watch(execution, started, first_beat))
+        timer.schedule(min(first_beat, deadline_of(attempt, started)), lambda: watch(attempt, started, first_beat))
         handler_started = time.monotonic()
         if handlers_running is not None:
-            handlers_running.add(execution)
+            handlers_running.add(attempt)
         try:
-            outcome, evidence, stopped_by = _run_handler(execution)
+            outcome, evidence, stopped_by = _run_handler(attempt)
         finally:
             if handlers_running is not None:
-                handlers_running.discard(execution)
-        execution.handler_seconds = handler_seconds = time.monotonic() - handler_started
+                handlers_running.discard(attempt)
+        attempt.handler_seconds = handler_seconds = time.monotonic() - handler_started
         if finishing is not None:
             finishing.record(handler_seconds)
-        if execution.lease_verdict_pending.is_set():
+        if attempt.verdict_pending:
             # The lease ran out while a renewal was in flight: the watch logs the
             # verdict itself once that renewal has said why.
             timer.withdraw()
-        elif execution.gate.take():
-            execution.stop_watchdog.set()
+        elif attempt.take(Decider.HANDLER):
             timer.withdraw()
-            handed_off = finish(execution, outcome, hand_off=True, evidence=evidence, stopped_by=stopped_by)
+            handed_off = finish(attempt, outcome, hand_off=True, evidence=evidence, stopped_by=stopped_by)
         elif not isinstance(outcome, (LeaseLost, Canceled)):
             log.warning(
                 "handler finished after its attempt was already decided; result discarded",
-                extra=execution.log_fields | {"late_result": type(outcome).__name__},
+                extra=attempt.log_fields | {"late_result": type(outcome).__name__},
             )
     finally:
         # The watch must never outlive the attempt. After a crash above it would
         # otherwise keep renewing a lease nobody works under and later write a
-        # timeout; taking the gate leaves the lease to expire for the reaper, as
+        # timeout; taking the outcome leaves the lease to expire for the reaper, as
         # the seed's dropped task does. When the watch decided the outcome,
         # withdrawing waits for its write to land before the slot is freed.
-        execution.gate.take()
-        execution.stop_watchdog.set()
+        attempt.take(Decider.ABANDONED)
         timer.withdraw()
         if not handed_off:
-            execution.end()
+            attempt.end()
 
 
 # -- step 2: mark running -----------------------------------------------------------
 
 
-def _mark_running_or_abort(execution: JobExecution, running: object) -> bool:
+def _mark_running_or_abort(attempt: Attempt, running: object) -> bool:
     if running is WRITE_RUNNING:
         try:
-            mark_job_running(execution.engine, execution.identity, event_log=execution.config.event_log)
+            mark_job_running(attempt.engine, attempt.identity, event_log=attempt.config.event_log)
         except RunledgerError as error:
             running = error
         else:
             running = None
-    if isinstance(running, CommitOutcomeUnknown) and running_landed(execution.engine, execution.identity):
+    if isinstance(running, CommitOutcomeUnknown) and running_landed(attempt.engine, attempt.identity):
         running = None  # the write landed before its connection went
     if running is None:
         return True
     if isinstance(running, LeaseOwnerMismatch):
         log.warning(
             "aborting job before execution because lease ownership was already lost",
-            extra=execution.log_fields | {"error": str(running)},
+            extra=attempt.log_fields | {"error": str(running)},
         )
     else:
         # Whatever kept the group's write from landing (a lost connection, the
         # writer stopping), the job never started: hand its claim back.
-        _release_after_running_persist_failure(execution, running)
+        _release_after_running_persist_failure(attempt, running)
     return False
 
 
-def _release_after_running_persist_failure(execution: JobExecution, error: object) -> None:
-    fields = execution.log_fields | {"error": str(error)}
+def _release_after_running_persist_failure(attempt: Attempt, error: object) -> None:
+    fields = attempt.log_fields | {"error": str(error)}
     try:
         driver.release_unstarted_job_claim(
-            execution.engine, **execution.identity.keywords(),
+            attempt.engine, **attempt.identity.keywords(),
             reason=RUNNING_PROGRESS_PERSIST_FAILED_REASON, delay_ms=UNSTARTED_CLAIM_RETRY_DELAY_MS,
         )
     except UnstartedClaimReleaseNotApplicable as release_error:
@@ -252,35 +245,35 @@ def _release_after_running_persist_failure(execution: JobExecution, error: objec
 # -- step 3: the handler and its watchdog ----------------------------------------------
 
 
-def _run_handler(execution: JobExecution) -> tuple[Outcome, FailureEvidence, Optional[Verdict]]:
+def _run_handler(attempt: Attempt) -> tuple[Outcome, FailureEvidence, Optional[Verdict]]:
     """Call the handler and narrow whatever it does to one Outcome, with the evidence of the exception behind it.
 
     The third value is the job type's setting that made the handler's exception a panic, if one did.
     """
-    handler = execution.registry.get(execution.job.job_type)
+    handler = attempt.registry.get(attempt.job.job_type)
     if handler is None:
         failure = JobFailure.terminal(HANDLER_NOT_REGISTERED_CODE, "No handler is registered for this job type.")
         return failure, NO_EVIDENCE, None
     try:
-        result = execution.registry.hooks.run(
-            functools.partial(run_execute, handler), execution.context, execution.job.payload)
+        result = attempt.registry.hooks.run(
+            functools.partial(run_execute, handler), attempt.context, attempt.job.payload)
     except Snooze as snooze:
         # A snooze is a continuation that keeps the stored checkpoint (checkpoint None).
         result = JobCompletion(continue_after=snooze.seconds)
     except BaseException as exc:  # noqa: BLE001 - a handler may raise anything, even SystemExit
-        abandoned = _abandoned_outcome(execution)
+        abandoned = attempt.forced_outcome()
         if abandoned is not None:
             # A cancel, a timeout or a lost lease: what the handler raised once told to stop is not the cause.
             return abandoned, NO_EVIDENCE, None
-        return _failure_of(execution, exc)
-    return _unless_abandoned(execution, _completion_outcome(result, execution.config)), NO_EVIDENCE, None
+        return _failure_of(attempt, exc)
+    return attempt.forced_outcome() or _completion_outcome(result, attempt.config), NO_EVIDENCE, None
 
 
-def _failure_of(execution: JobExecution, exc: BaseException) -> tuple[JobFailure, FailureEvidence, Optional[Verdict]]:
+def _failure_of(attempt: Attempt, exc: BaseException) -> tuple[JobFailure, FailureEvidence, Optional[Verdict]]:
     """The failure the handler's exception makes (its choice, a free reconnect, a retry or a panic), with its evidence."""
-    if isinstance(exc, JobCancelled) and execution.interrupted:
+    if isinstance(exc, JobCancelled) and attempt.interrupted:
         log.warning("job stopped by the worker's shutdown; it runs again without spending an attempt",
-                    extra=execution.log_fields)
+                    extra=attempt.log_fields)
         return worker_shutdown_failure(), NO_EVIDENCE, None
     evidence = evidence_of(exc)
     if isinstance(exc, JobFailure):
@@ -293,15 +286,15 @@ def _failure_of(execution: JobExecution, exc: BaseException) -> tuple[JobFailure
         return JobFailure.terminal(exc.code, f"The handler's {exc.message}; the checkpoint was not stored."), evidence, None
     if isinstance(exc, JobCancelled):
         # Not an Exception: no rule retries a request to stop.
-        return _panic(execution, exc, evidence, "a request to stop is never retried"), evidence, None
+        return _panic(attempt, exc, evidence, "a request to stop is never retried"), evidence, None
     if is_connection_loss(exc):
-        return _connection_lost(execution, exc, evidence), evidence, None
-    verdict = execution.registry.exception_rules(execution.job.job_type).classify(exc)
+        return _connection_lost(attempt, exc, evidence), evidence, None
+    verdict = attempt.registry.exception_rules(attempt.job.job_type).classify(exc)
     if verdict is Verdict.RETRY:
         log.warning(f"job handler raised {type(exc).__name__}: a retryable failure that spends an attempt", exc_info=exc,
-                    extra=execution.log_fields | {"error_type": evidence.error_type})
+                    extra=attempt.log_fields | {"error_type": evidence.error_type})
         return JobFailure.retryable(HANDLER_EXCEPTION_CODE, _plain(exc)), evidence, None
-    return _panic(execution, exc, evidence, _PANIC_BECAUSE[verdict]), evidence, verdict
+    return _panic(attempt, exc, evidence, _PANIC_BECAUSE[verdict]), evidence, verdict
 
 
 def _recordable(failure: JobFailure) -> JobFailure:
@@ -389,27 +382,12 @@ def _continuation_problem(result: JobCompletion) -> Optional[JobFailure]:
     return None
 
 
-def _abandoned_outcome(execution: JobExecution) -> Optional[Outcome]:
-    """The outcome forced on the attempt (an operator's cancel, a lost lease, the deadline), if any was."""
-    if execution.canceled is not None:
-        return execution.canceled
-    if execution.lease_lost is not None:
-        return execution.lease_lost
-    if execution.deadline_passed.is_set():
-        return timeout_failure()
-    return None
-
-
-def _unless_abandoned(execution: JobExecution, outcome: Outcome) -> Outcome:
-    return _abandoned_outcome(execution) or outcome
-
-
 def _plain(exc: BaseException) -> str:
     """``KeyError: 'x'``: the exception's type name and its message, as the job's last error keeps it."""
     return f"{type(exc).__name__}: {message_of(exc)}"
 
 
-def _connection_lost(execution: JobExecution, exc: BaseException, evidence: FailureEvidence) -> JobFailure:
+def _connection_lost(attempt: Attempt, exc: BaseException, evidence: FailureEvidence) -> JobFailure:
     # A database restart or failover is not a bug in the handler: the attempt retries
     # without spending one. Only the first line: a SQLAlchemy error goes on with the
     # statement and its parameters. Logged without exc_info for the same reason: the
@@ -417,7 +395,7 @@ def _connection_lost(execution: JobExecution, exc: BaseException, evidence: Fail
     # traceback, messages cut alike).
     summary = f"{type(exc).__name__}: {(message_of(exc).strip().splitlines() or [''])[0]}"
     log.warning("job handler lost its database connection; the job retries without spending an attempt",
-                extra=execution.log_fields | {"error": summary, "error_type": evidence.error_type})
+                extra=attempt.log_fields | {"error": summary, "error_type": evidence.error_type})
     return JobFailure.retryable(HANDLER_TRANSIENT_ERROR_CODE, summary)
 
 
@@ -425,9 +403,9 @@ def _connection_lost(execution: JobExecution, exc: BaseException, evidence: Fail
 _PANIC_BECAUSE = {Verdict.DEAD_LETTER_ON: "it is in dead_letter_on", Verdict.NOT_IN_RETRY_ON: "it is not in retry_on"}
 
 
-def _panic(execution: JobExecution, exc: BaseException, evidence: FailureEvidence, why: str) -> JobFailure:
+def _panic(attempt: Attempt, exc: BaseException, evidence: FailureEvidence, why: str) -> JobFailure:
     # exc_info, not a text field: error trackers' logging integrations (Sentry's)
     # report the exception itself. Never the payload: the traceback has no locals.
     log.error(f"job handler raised {type(exc).__name__}; the job is dead-lettered without a retry: {why}",
-              exc_info=exc, extra=execution.log_fields | {"error_type": evidence.error_type})
+              exc_info=exc, extra=attempt.log_fields | {"error_type": evidence.error_type})
     return JobFailure.panicked(HANDLER_PANIC_CODE, _plain(exc))

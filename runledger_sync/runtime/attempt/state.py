@@ -1,7 +1,23 @@
-"""One attempt's state, shared by the pool thread that runs it and the timer thread that watches it."""
+"""One attempt: its phase, who decided its outcome, and why its handler was told to stop, behind one lock.
+
+Four threads touch an attempt: the pool thread that runs it, the watch on that
+thread's timer (renewals, the deadline), the worker's listener (an operator's
+cancel) and the polling thread's drain (shutdown). Each moves it only through
+the methods below, under the attempt's one lock:
+
+    STARTING --running write landed--> RUNNING --take(by)--> DECIDED --end()--> ENDED
+        \\--------------------------- take(by) / end("not_started") ----------------/
+
+Exactly one of them takes the attempt's outcome (:meth:`Attempt.take`); the
+others' results are discarded. Beside the phase, the attempt keeps what forced
+it to stop (:meth:`Attempt.force`: an operator's cancel, a lost lease, the
+deadline, the worker's shutdown), which decides what the handler's return or
+exception means, whoever takes the outcome.
+"""
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
@@ -13,22 +29,21 @@ from sqlalchemy.engine import Engine
 
 from runledger_sync.config import JobsConfig
 from runledger_sync.core.errors import InvalidArgument, LeaseOwnerMismatch
+from runledger_sync.core.flag import Flag
 from runledger_sync.core.outcomes import (
     LEASE_OWNER_MISMATCH_CODE,
     Canceled,
     Continue,
     LeaseLost,
+    Outcome,
     Retry,
     Succeed,
     Transition,
+    timeout_failure,
 )
-from runledger_sync.core.flag import Flag
 from runledger_sync.core.records import JobRecord, LeaseIdentity
+from runledger_sync.core.types import JobCompletion, JobContext
 from runledger_sync.core.workflow import WorkflowContext
-from runledger_sync.core.types import (
-    JobCompletion,
-    JobContext,
-)
 from runledger_sync.core.workflow_errors import WorkflowReleaseConflict
 from runledger_sync.logging import JOB_LINES_LOGGER_NAME, get_logger, job_log_fields
 from runledger_sync.registry import JobRegistry
@@ -43,19 +58,21 @@ job_lines = get_logger(JOB_LINES_LOGGER_NAME)
 UNKNOWN_WORKER_ID = "unknown-worker"
 
 
-class OutcomeGate:
-    """Lets exactly one of the pool thread and the watchdog decide the attempt's outcome."""
+class Phase(enum.Enum):
+    STARTING = "starting"  # claimed; the handler has not started
+    RUNNING = "running"  # the handler runs; the watch renews the lease
+    DECIDED = "decided"  # one outcome was taken; it is being written, or nothing is to be
+    ENDED = "ended"  # counted, logged, slot given back
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._taken = False
 
-    def take(self) -> bool:
-        with self._lock:
-            if self._taken:
-                return False
-            self._taken = True
-            return True
+class Decider(enum.Enum):
+    """Who took the attempt's one outcome."""
+
+    HANDLER = "handler"  # the pool thread, with what the handler returned or raised
+    WATCH = "watch"  # the deadline's grace ran out, or the lease was lost
+    CANCEL = "cancel"  # an operator's cancel
+    DRAIN = "drain"  # the worker's drain left a handler that ignored its stop
+    ABANDONED = "abandoned"  # the run ended with no outcome taken (it crashed): nothing is written, the lease runs out
 
 
 def outcome_fields(transition: Optional[Transition]) -> dict[str, Any]:
@@ -75,22 +92,18 @@ def outcome_fields(transition: Optional[Transition]) -> dict[str, Any]:
     return {"outcome": ended, "failure_kind": failure.kind.value, "failure_code": failure.code}
 
 
-def _on_a_thread_of_its_own(work: Callable[[], None]) -> None:
-    threading.Thread(target=work, name="runledger-follow-up", daemon=True).start()
-
-
 def lease_identity(job: JobRecord) -> LeaseIdentity:
     """The lease a claimed job runs under: every write of the attempt is fenced by it."""
     return LeaseIdentity(job.id, job.run_number, job.attempt, job.worker_id or UNKNOWN_WORKER_ID)
 
 
-class JobExecution:
-    """Everything one claimed job needs while it runs."""
+class Attempt:
+    """Everything one claimed job needs while it runs, and where it is (see the module docstring)."""
 
     def __init__(
         self, engine: Engine, registry: JobRegistry, job: JobRecord, config: JobsConfig,
         completer: Optional[Completer], *, tally: Optional[OutcomeTally] = None,
-        on_ended: Optional[Callable[[], None]] = None, hand_back: Optional[Callable[[Callable[[], None]], None]] = None,
+        on_ended: Optional[Callable[[], None]] = None,
     ) -> None:
         self.started = time.monotonic()
         self.engine = engine
@@ -103,13 +116,12 @@ class JobExecution:
         self.job = job
         self.config = config
         self.identity = lease_identity(job)
-        worker_id = self.identity.worker_id
         self.context = JobContext(
             job_id=job.id,
             run_number=job.run_number,
             attempt=job.attempt,
             organization_id=job.organization_id,
-            worker_id=worker_id,
+            worker_id=self.identity.worker_id,
             job_type=job.job_type,
             checkpoint=job.checkpoint,
             workflow=None if job.workflow_step_id is None else self._workflow_context(job.workflow_step_id),
@@ -117,38 +129,140 @@ class JobExecution:
             _progress_reporter=self._report_progress,
             _completer=self._complete_in,
         )
-        self.gate = OutcomeGate()
-        self.stop_watchdog = Flag()
-        self.deadline_passed = Flag()
-        self.lease_lost: Optional[LeaseLost] = None
-        #: Set when an operator canceled the job while it ran (see runtime.cancels).
-        self.canceled: Optional[Canceled] = None
-        #: Set when the worker's shutdown told the handler to stop (its lease still holds).
-        self.interrupted = False
-        #: Set when the lease ran out by the local clock with a renewal still unanswered.
-        self.lease_verdict_pending = Flag()
         #: When the lease runs out by this process's clock, at the latest: TTL after
         #: the last renewal was sent (the claim for the first one, a little before this).
         self.local_lease_deadline = time.monotonic() + config.lease_ttl_seconds
-        #: Set once the handler wrote its success in its own transaction (complete_in).
-        self.completed_in_transaction = False
-        #: The transition the attempt ended with, once one was decided (by the handler or the watch).
-        self.decided: Optional[Transition] = None
         self._tally = tally
         self._on_ended = on_ended
-        self._ended = False
-        #: Runs a follow-up write on a pool thread.
-        self.hand_back = hand_back or _on_a_thread_of_its_own
+        self._lock = threading.Lock()
+        self._phase = Phase.STARTING
+        self._decided_by: Optional[Decider] = None
+        #: Set once the phase leaves RUNNING: the watch sleeps on it.
+        self._watch_over = Flag()
+        self._canceled: Optional[Canceled] = None
+        self._lease_lost: Optional[LeaseLost] = None
+        self._deadline_passed = False
+        self._interrupted = False
+        self._verdict_pending = False
+        self._completed_in_transaction = False
+        self._ended_with: Optional[Transition] = None
+
+    # -- the phase -----------------------------------------------------------------
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    def begin_running(self) -> None:
+        """The running write landed: the handler starts now."""
+        with self._lock:
+            if self._phase is Phase.STARTING:
+                self._phase = Phase.RUNNING
+
+    def take(self, by: Decider) -> bool:
+        """Take the attempt's one outcome for ``by``; False when another already took it (then ``by``'s is discarded)."""
+        with self._lock:
+            if self._decided_by is not None or self._phase is Phase.ENDED:
+                return False
+            self._decided_by, self._phase = by, Phase.DECIDED
+        self._watch_over.set()
+        return True
+
+    @property
+    def decided_by(self) -> Optional[Decider]:
+        return self._decided_by
+
+    def wait_decided(self, seconds: float) -> bool:
+        """Sleep up to ``seconds`` unless the attempt's outcome is taken meanwhile; True once it is."""
+        return self._watch_over.wait(seconds)
+
+    @property
+    def is_decided(self) -> bool:
+        return self._watch_over.is_set()
+
+    def ended_with(self, transition: Transition) -> None:
+        """Record the transition the attempt ended with (written, or nothing to write), for its closing line."""
+        self._ended_with = transition
+
+    # -- what forced the handler to stop --------------------------------------------
+
+    def cancel(self, canceled: Canceled) -> None:
+        """An operator canceled the job: the strongest reason to stop (the cancel wrote the job's end)."""
+        with self._lock:
+            self._canceled = canceled
+        self.context.request_cancel(canceled.reason)
+
+    def lose_lease(self, lost: LeaseLost, *, verdict_pending: bool = False) -> None:
+        """The lease is gone (or, with ``verdict_pending``, ran out by the local clock with a renewal unanswered)."""
+        with self._lock:
+            self._lease_lost = lost
+            self._verdict_pending = self._verdict_pending or verdict_pending
+        self.context.request_cancel("lease_lost")
+
+    def pass_deadline(self) -> None:
+        """The handler's time is up: told to stop; if it then stops, or its grace runs out, it is a timeout."""
+        with self._lock:
+            self._deadline_passed = True
+        self.context.request_cancel("timeout")
+
+    def interrupt(self) -> None:
+        """Ask the handler to stop for the worker's shutdown.
+
+        A handler that stops because it was told to (``JobCancelled``) is queued again
+        without spending an attempt; whatever else it ends with is its outcome as usual.
+        """
+        with self._lock:
+            self._interrupted = True
+        self.context.request_cancel("shutdown")
+
+    def forced_outcome(self) -> Optional[Outcome]:
+        """The outcome forced on the attempt, strongest first (a cancel, a lost lease, the deadline), if any was."""
+        with self._lock:
+            if self._canceled is not None:
+                return self._canceled
+            if self._lease_lost is not None:
+                return self._lease_lost
+            return timeout_failure() if self._deadline_passed else None
+
+    @property
+    def canceled(self) -> Optional[Canceled]:
+        return self._canceled
+
+    @property
+    def lease_lost(self) -> Optional[LeaseLost]:
+        return self._lease_lost
+
+    @property
+    def deadline_passed(self) -> bool:
+        return self._deadline_passed
+
+    @property
+    def interrupted(self) -> bool:
+        return self._interrupted
+
+    @property
+    def verdict_pending(self) -> bool:
+        """The lease ran out by the local clock with a renewal unanswered: the watch logs the verdict once it has one."""
+        return self._verdict_pending
+
+    @property
+    def completed_in_transaction(self) -> bool:
+        """The handler wrote its success in its own transaction (``ctx.complete_in``)."""
+        return self._completed_in_transaction
+
+    # -- the end ---------------------------------------------------------------------
 
     def end(self, outcome: Optional[str] = None) -> None:
         """The attempt is over: count it, log it (INFO on the job-lines logger, DEBUG here), and give its slot back.
 
         Only the first call counts.
         """
-        if self._ended:
-            return
-        self._ended = True
-        ended = {"outcome": outcome} if outcome is not None else outcome_fields(self.decided)
+        with self._lock:
+            if self._phase is Phase.ENDED:
+                return
+            self._phase = Phase.ENDED
+        self._watch_over.set()
+        ended = {"outcome": outcome} if outcome is not None else outcome_fields(self._ended_with)
         if self._tally is not None:
             self._tally.count(ended["outcome"], self.job.job_type, self.handler_seconds)
         if job_lines.isEnabledFor(logging.INFO):
@@ -162,15 +276,6 @@ class JobExecution:
                 "elapsed_ms": int((time.monotonic() - self.started) * 1000)})
         if self._on_ended is not None:
             self._on_ended()
-
-    def interrupt(self) -> None:
-        """Ask the handler to stop for the worker's shutdown.
-
-        A handler that stops because it was told to (``JobCancelled``) is queued again
-        without spending an attempt; whatever else it ends with is its outcome as usual.
-        """
-        self.interrupted = True
-        self.context.request_cancel("shutdown")
 
     @cached_property
     def completer(self) -> Completer:
@@ -205,7 +310,7 @@ class JobExecution:
         )
 
     def _complete_in(self, context: JobContext, bind: Any, completion: Optional[JobCompletion]) -> JobRecord:
-        if self.lease_lost is not None or self.canceled is not None:
+        if self._lease_lost is not None or self._canceled is not None:
             raise LeaseOwnerMismatch(
                 f"job {self.job.id} was canceled or lost its lease before the handler completed it",
                 job_id=str(self.job.id),
@@ -221,16 +326,16 @@ class JobExecution:
         if isinstance(refused, LeaseOwnerMismatch):
             # The fence refused the write, so the lease is gone: end the attempt as a
             # lost lease (nothing written, the reaper recovers it), as a heartbeat would.
-            self.lease_lost = LeaseLost(LEASE_OWNER_MISMATCH_CODE, "Job lease ownership was lost during processing.")
-            context.request_cancel("lease_lost")
+            self.lose_lease(LeaseLost(LEASE_OWNER_MISMATCH_CODE, "Job lease ownership was lost during processing."))
             raise refused
         if isinstance(refused, WorkflowReleaseConflict):
             # The step's run is being cancelled: write nothing for the attempt and
             # leave the lease, which the reaper finishes once the cancel committed.
-            self.lease_lost = LeaseLost(refused.code, refused.message)
+            with self._lock:
+                self._lease_lost = LeaseLost(refused.code, refused.message)
             raise refused
         # The row as the handler's transaction now sees it, which the caller is promised
         # (never None: this transaction holds the row it just wrote).
         record = cast(JobRecord, driver.get_job(bind, self.job.id))
-        self.completed_in_transaction = True
+        self._completed_in_transaction = True
         return record

@@ -2,15 +2,17 @@
 
 It runs on the pool thread's timer thread from the first renewal or the
 deadline on. Whichever of it and the pool thread decides first takes the
-attempt's one outcome through the gate; a lost lease writes nothing.
+attempt's one outcome (:meth:`Attempt.take`); a lost lease writes nothing.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from typing import Callable
 
-from tenacity import Retrying, retry_if_exception_type, stop_before_delay, stop_when_event_set, wait_exponential
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_before_delay, wait_exponential
+from tenacity.stop import stop_base
 
 from runledger_sync.core.errors import LeaseOwnerMismatch, RunledgerError
 from runledger_sync.core.outcomes import (
@@ -21,7 +23,7 @@ from runledger_sync.core.outcomes import (
 )
 from runledger_sync.core.store_errors import ConnectionFailed
 from runledger_sync.logging import get_logger
-from runledger_sync.runtime.attempt.state import JobExecution
+from runledger_sync.runtime.attempt.state import Attempt, Decider
 from runledger_sync.runtime.attempt.cancels import canceled_reason, stop_canceled
 from runledger_sync.runtime.attempt.decision import finish
 from runledger_sync.store.driver import heartbeat_job
@@ -38,49 +40,48 @@ RENEWAL_RETRY_MAX_PAUSE_SECONDS = 1.0
 RENEWAL_JOIN_STEP_SECONDS = 0.05
 
 
-def deadline_of(execution: JobExecution, started: float) -> float:
-    return started + max(1, execution.job.timeout_seconds)
+def deadline_of(attempt: Attempt, started: float) -> float:
+    return started + max(1, attempt.job.timeout_seconds)
 
 
-def watch(execution: JobExecution, started: float, next_beat: float) -> None:
+def watch(attempt: Attempt, started: float, next_beat: float) -> None:
     """Renew the lease, enforce the deadline, and after the grace period write the timeout."""
     try:
-        _watch_until_done(execution, started, next_beat)
+        _watch_until_done(attempt, started, next_beat)
     except Exception as error:  # noqa: BLE001 - logged with the job's fields; the timer goes on
         log.exception("job watch crashed; its lease is no longer renewed",
-                      extra=execution.log_fields | {"error": repr(error)})
+                      extra=attempt.log_fields | {"error": repr(error)})
 
 
-def _watch_until_done(execution: JobExecution, started: float, next_beat: float) -> None:
-    config = execution.config
+def _watch_until_done(attempt: Attempt, started: float, next_beat: float) -> None:
+    config = attempt.config
     interval = config.heartbeat_interval
-    deadline = deadline_of(execution, started)
+    deadline = deadline_of(attempt, started)
     give_up = deadline + config.timeout_grace_seconds
     while True:
         now = time.monotonic()
-        wake_at = min(next_beat, give_up if execution.deadline_passed.is_set() else deadline)
-        if execution.stop_watchdog.wait(max(0.0, wake_at - now)):
+        wake_at = min(next_beat, give_up if attempt.deadline_passed else deadline)
+        if attempt.wait_decided(max(0.0, wake_at - now)):
             return
         now = time.monotonic()
-        if now >= deadline and not execution.deadline_passed.is_set():
-            execution.deadline_passed.set()
-            execution.context.request_cancel("timeout")
-            log.warning("job exceeded its timeout; cancellation requested", extra=execution.log_fields)
-        if execution.deadline_passed.is_set() and now >= give_up:
-            if execution.gate.take():
+        if now >= deadline and not attempt.deadline_passed:
+            attempt.pass_deadline()
+            log.warning("job exceeded its timeout; cancellation requested", extra=attempt.log_fields)
+        if attempt.deadline_passed and now >= give_up:
+            if attempt.take(Decider.WATCH):
                 log.warning(
                     "handler ignored cancellation past its grace period; writing the timeout without it",
-                    extra=execution.log_fields | {"grace_seconds": config.timeout_grace_seconds},
+                    extra=attempt.log_fields | {"grace_seconds": config.timeout_grace_seconds},
                 )
-                finish(execution, timeout_failure())
+                finish(attempt, timeout_failure())
             return
         if now >= next_beat:
             next_beat = now + interval
-            if not _heartbeat(execution):
+            if not _heartbeat(attempt):
                 return
 
 
-def _renew_lease(execution: JobExecution) -> None:
+def _renew_lease(attempt: Attempt) -> None:
     """Renew the lease, for no longer than the lease itself lasts by the local clock.
 
     A renewal sent into a dead network can hang far longer than the lease (no
@@ -96,99 +97,111 @@ def _renew_lease(execution: JobExecution) -> None:
     retrying = Retrying(
         retry=retry_if_exception_type(ConnectionFailed),
         # No retry that could only land after the lease ran out, nor after the attempt ended.
-        stop=stop_before_delay(max(0.0, execution.local_lease_deadline - sent_at))
-        # A Flag stands in for the Event tenacity names: it reads only is_set(), and its
-        # sleep's return value (set or not) is dropped, the stop condition reads the flag.
-        | stop_when_event_set(execution.stop_watchdog),  # type: ignore[arg-type]
+        stop=stop_before_delay(max(0.0, attempt.local_lease_deadline - sent_at))
+        | _stop_once_decided(attempt),
         wait=wait_exponential(multiplier=RENEWAL_RETRY_FIRST_PAUSE_SECONDS, max=RENEWAL_RETRY_MAX_PAUSE_SECONDS),
-        sleep=execution.stop_watchdog.wait,  # type: ignore[arg-type]
-        before_sleep=lambda _state: _count_heartbeat_failure(execution),
+        sleep=_sleep_unless_decided(attempt),
+        before_sleep=lambda _state: _count_heartbeat_failure(attempt),
         reraise=True,
     )
 
     def renew() -> None:
         try:
             retrying(
-                heartbeat_job, execution.engine, **execution.identity.keywords(),
-                event_log=execution.config.event_log,
-                lease_ttl_seconds=execution.config.lease_ttl_seconds,
-                lock_timeout_ms=execution.config.heartbeat_lock_timeout_ms,
+                heartbeat_job, attempt.engine, **attempt.identity.keywords(),
+                event_log=attempt.config.event_log,
+                lease_ttl_seconds=attempt.config.lease_ttl_seconds,
+                lock_timeout_ms=attempt.config.heartbeat_lock_timeout_ms,
             )
         except BaseException as error:  # noqa: BLE001 - handed to the watchdog, which decides
             outcome["error"] = error
 
-    renewal = threading.Thread(target=renew, name=f"runledger-renew-{execution.job.id}", daemon=True)
+    renewal = threading.Thread(target=renew, name=f"runledger-renew-{attempt.job.id}", daemon=True)
     renewal.start()
-    _join_unless_attempt_ended(execution, renewal, execution.local_lease_deadline)
-    if execution.stop_watchdog.is_set():
+    _join_unless_attempt_ended(attempt, renewal, attempt.local_lease_deadline)
+    if attempt.is_decided:
         return  # the attempt ended meanwhile; its outcome, not this renewal, decides
     if renewal.is_alive():
-        if not execution.completed_in_transaction:
+        if not attempt.completed_in_transaction:
             # Another worker may claim the job from now on: stop the handler at once,
             # then give the renewal a moment to say why (a row lock released just
             # after expiry answers with the owner mismatch the database decided).
             # _heartbeat replaces this verdict with the final one and logs it.
-            execution.lease_verdict_pending.set()
-            execution.lease_lost = MAINTENANCE_LOST
-            execution.context.request_cancel("lease_lost")
-        renewal.join(min(execution.config.heartbeat_interval, LATE_RENEWAL_ANSWER_SECONDS))
+            attempt.lose_lease(MAINTENANCE_LOST, verdict_pending=True)
+        renewal.join(min(attempt.config.heartbeat_interval, LATE_RENEWAL_ANSWER_SECONDS))
         if renewal.is_alive() or "error" not in outcome:
             raise ConnectionFailed(
-                f"no answer to the lease renewal of job {execution.job.id} before its lease ran out")
+                f"no answer to the lease renewal of job {attempt.job.id} before its lease ran out")
     if "error" in outcome:
         raise outcome["error"]
-    execution.local_lease_deadline = sent_at + execution.config.lease_ttl_seconds
+    attempt.local_lease_deadline = sent_at + attempt.config.lease_ttl_seconds
 
 
-def _join_unless_attempt_ended(execution: JobExecution, renewal: threading.Thread, deadline: float) -> None:
+def _join_unless_attempt_ended(attempt: Attempt, renewal: threading.Thread, deadline: float) -> None:
     # A handler that returns while a renewal hangs must not wait for the lease to run out.
-    while renewal.is_alive() and not execution.stop_watchdog.is_set():
+    while renewal.is_alive() and not attempt.is_decided:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return
         renewal.join(min(remaining, RENEWAL_JOIN_STEP_SECONDS))
 
 
-def _heartbeat(execution: JobExecution) -> bool:
+def _heartbeat(attempt: Attempt) -> bool:
     """Renew the lease; on failure mark the attempt lost and ask the handler to stop."""
     try:
-        _renew_lease(execution)
+        _renew_lease(attempt)
         return True
     except RunledgerError as error:
-        if execution.completed_in_transaction:
+        if attempt.completed_in_transaction:
             # Since complete_in the handler's transaction holds the row: a heartbeat
             # waits on its lock, then misses once it commits. Neither is a lost
             # lease, and the lock keeps the attempt safe until the handler returns.
             log.debug("heartbeat skipped: the handler owns the completion",
-                      extra=execution.log_fields | {"error": str(error)})
+                      extra=attempt.log_fields | {"error": str(error)})
             return True
         if isinstance(error, LeaseOwnerMismatch):
             # The fence also refuses a job an operator canceled: when the cancel's
             # notification did not reach the worker, this is where the handler learns of it.
-            reason = canceled_reason(execution)
+            reason = canceled_reason(attempt)
             if reason is not None:
-                stop_canceled(execution, reason)
+                stop_canceled(attempt, reason)
                 return False
-        _count_heartbeat_failure(execution)
+        _count_heartbeat_failure(attempt)
         if isinstance(error, LeaseOwnerMismatch):
             lost = LeaseLost(LEASE_OWNER_MISMATCH_CODE, "Job lease ownership was lost during processing.")
-            log.warning("job heartbeat lost lease ownership", extra=execution.log_fields | {"error": str(error)})
+            log.warning("job heartbeat lost lease ownership", extra=attempt.log_fields | {"error": str(error)})
         else:
             lost = MAINTENANCE_LOST
             log.warning(
                 "aborting job because lease heartbeat could not be persisted",
-                extra=execution.log_fields | {"error": str(error)},
+                extra=attempt.log_fields | {"error": str(error)},
             )
     # Lease loss is recorded by where it came from (here), never inferred from a
     # failure code, so a handler's own failure with the same code is persisted.
-    execution.lease_lost = lost
-    execution.context.request_cancel("lease_lost")
-    if execution.gate.take():
-        finish(execution, lost)  # writes nothing; logs which kind of lease loss ended the attempt
+    attempt.lose_lease(lost)
+    if attempt.take(Decider.WATCH):
+        finish(attempt, lost)  # writes nothing; logs which kind of lease loss ended the attempt
     return False
 
 
-def _count_heartbeat_failure(execution: JobExecution) -> None:
-    if execution.observer is not None:
-        execution.observer.heartbeat_failed(execution.job.job_type)
+def _sleep_unless_decided(attempt: Attempt) -> Callable[[float], None]:
+    def sleep(seconds: float) -> None:
+        attempt.wait_decided(seconds)  # woken early, the stop condition then ends the retries
+
+    return sleep
+
+
+class _stop_once_decided(stop_base):
+    """Stops retrying a renewal once the attempt's outcome is taken: nobody needs its lease then."""
+
+    def __init__(self, attempt: Attempt) -> None:
+        self._attempt = attempt
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        return self._attempt.is_decided
+
+
+def _count_heartbeat_failure(attempt: Attempt) -> None:
+    if attempt.observer is not None:
+        attempt.observer.heartbeat_failed(attempt.job.job_type)
 

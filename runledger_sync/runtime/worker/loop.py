@@ -47,6 +47,7 @@ from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.attempt.cancels import RunningHandlers
 from runledger_sync.runtime.attempt.run import WRITE_RUNNING, process_claimed_job
+from runledger_sync.runtime.attempt.state import Decider
 from runledger_sync.runtime.health import CLAIM, LoopMarks
 from runledger_sync.runtime.attempt.completer import Completer
 from runledger_sync.runtime.worker.listener import JobListener
@@ -276,12 +277,8 @@ class WorkerLoop:
     def _process(self, job: JobRecord, running: object, timer: TimerThread) -> None:
         """Run one job on this pool thread; its slot is freed when its attempt ends."""
         process_claimed_job(self.engine, self.registry, job, self.config, self.completer, running, timer, self.tally,
-                            on_ended=partial(self._slot_ended, job.queue), hand_back=self._hand_back,
+                            on_ended=partial(self._slot_ended, job.queue),
                             handlers_running=self.handlers_running)
-
-    def _hand_back(self, work: Callable[[], None]) -> None:
-        """Run ``work`` on a pool thread (follow-up work that must not hold the completer's thread)."""
-        self._dispatch(_call, work)
 
     def _slot_ended(self, queue: str) -> None:
         with self._lock:
@@ -369,21 +366,20 @@ class WorkerLoop:
         deadline = time.monotonic() + grace
         while True:
             # Again each step: a job whose running write was in flight meanwhile starts its handler late.
-            for execution in list(self.handlers_running):
-                execution.interrupt()
+            for attempt in list(self.handlers_running):
+                attempt.interrupt()
             remaining = deadline - time.monotonic()
             if self.in_flight <= 0 or remaining <= 0:
                 break
             self._slot_freed.wait(min(remaining, SHUTDOWN_CHECK_SECONDS))
             self._slot_freed.clear()
-        for execution in list(self.handlers_running):
-            if execution.gate.take():
-                # Its late return must not be written: the completer closes as the worker exits.
-                execution.decided = LEFT_BEHIND
-            # No more renewals (a timer still watching would also hold its close() up).
-            execution.stop_watchdog.set()
+        for attempt in list(self.handlers_running):
+            # Its late return must not be written (the completer closes as the worker exits), and its
+            # watch stops renewing (a timer still watching would also hold its close() up).
+            if attempt.take(Decider.DRAIN):
+                attempt.ended_with(LEFT_BEHIND)
             log.warning("job ignored its cancellation past the shutdown grace; leaving its lease to the reaper",
-                        extra=execution.log_fields | {"grace_seconds": grace})
+                        extra=attempt.log_fields | {"grace_seconds": grace})
 
 
 def run_worker_loop(
@@ -439,10 +435,6 @@ def run_worker_loop(
     finally:
         loop.drain()
     return RuntimeLoopExit.SHUTDOWN
-
-
-def _call(work: Callable[[], None], _unused: Any, _timer: TimerThread) -> None:
-    work()
 
 
 def _check_job_types(config: JobsConfig, registry: JobRegistry) -> None:

@@ -10,7 +10,7 @@ from runledger_sync.core.records import JobSpec
 from runledger_sync.core.types import JobCompletion
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.attempt import run as execution
-from runledger_sync.runtime.attempt.state import JobExecution
+from runledger_sync.runtime.attempt.state import Attempt
 from runledger_sync.runtime.attempt.group_writer import GroupWriter
 from runledger_sync.runtime.worker.loop import WorkerLoop
 from runledger_sync.store import enqueue as store_enqueue
@@ -59,13 +59,13 @@ def test_a_claimed_batch_is_marked_running_in_one_transaction_however_slowly_its
     registry.sync_definitions(engine)
     store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(CONCURRENCY)])
 
-    class SlowToStart(JobExecution):
+    class SlowToStart(Attempt):
         def __init__(self, *args, **kwargs):
             # Each pool thread takes far longer to start than any linger: the batch's running write must not wait on them.
             threading.Event().wait(0.02)
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(execution, "JobExecution", SlowToStart)
+    monkeypatch.setattr(execution, "Attempt", SlowToStart)
     loop = WorkerLoop(engine, registry, fast_config(max_global_concurrency=CONCURRENCY, claim_batch_size=CONCURRENCY,
                                                     event_log="full"),
                       threading.Event(), listen=False)
