@@ -101,6 +101,38 @@ def test_one_invalid_completion_in_a_group_fails_alone(engine):
         "job.invalid_completion_progress"
 
 
+def test_a_refused_progress_dead_letters_through_the_completer_and_its_hook_runs_off_its_thread(engine):
+    # The store refuses the success's progress when the group's statement runs; the
+    # terminal failure replacing it is the completer's second item, and the dead
+    # letters' hooks wait for one another: run from the completer's one thread,
+    # one after another, the first would time out waiting for the rest.
+    registry = JobRegistry()
+    hooked: list[tuple[bool, str]] = []
+    all_hooks_running = threading.Barrier(3, timeout=5)
+
+    def on_dead_letter(ctx, payload, info):
+        try:
+            all_hooks_running.wait()
+            together = True
+        except threading.BrokenBarrierError:
+            together = False
+        hooked.append((together, info.failure.code))
+
+    @registry.job(JOB_TYPE, on_dead_letter=on_dead_letter)
+    def over_the_stored_total(ctx, payload):
+        ctx.report_progress(done=1, total=2)
+        return JobCompletion(progress_done=5)
+
+    registry.sync_definitions(engine)
+    store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(3)])
+    run_worker_until(engine, registry, fast_config(max_global_concurrency=3, claim_batch_size=3,
+                                                   dead_letter_hook_timeout_seconds=10), lambda: len(hooked) == 3)
+    assert rows(engine, "SELECT status, last_error_code, count(*) FROM job_queue GROUP BY 1, 2") == [
+        ("DEAD_LETTERED", "job.invalid_completion_progress", 3)]
+    assert scalar(engine, "SELECT count(*) FROM job_attempts") == 3
+    assert hooked == [(True, "job.invalid_completion_progress")] * 3
+
+
 def answers_of(writer, posts):
     """Post each list of items on its own; return every item's answer once all have come."""
     answers: dict[int, object] = {}
