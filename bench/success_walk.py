@@ -73,9 +73,9 @@ def main() -> int:
         slot_ended = loop._slot_ended
         ended = threading.Event()
 
-        def end_of_walk() -> None:
+        def end_of_walk(queue: str) -> None:
             walk.recording = False
-            slot_ended()
+            slot_ended(queue)
             ended.set()
 
         loop._slot_ended = end_of_walk

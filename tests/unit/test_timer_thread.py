@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from runledger_sync.runtime.attempt.timer_thread import TimerThread
+from runledger_sync.runtime.attempt.run import TimerThread
 
 
 @pytest.fixture

@@ -20,14 +20,13 @@ lease: nothing is logged as one, and no reaper is needed.
 
 from __future__ import annotations
 
-import threading
-from typing import Iterable, Iterator, Optional
+from typing import Iterable, Optional
 from uuid import UUID
 
 from runledger_sync.core.errors import RunledgerError
 from runledger_sync.core.outcomes import Canceled
 from runledger_sync.core.states import JobStatus
-from runledger_sync.runtime.attempt.state import Attempt, Decider
+from runledger_sync.runtime.attempt.state import Attempt, Decider, RunningHandlers
 from runledger_sync.runtime.attempt.decision import finish
 from runledger_sync.store import driver
 
@@ -35,50 +34,17 @@ from runledger_sync.store import driver
 NO_REASON = "CANCELED"
 
 
-class RunningHandlers:
-    """The attempts whose handler is running now, by job id.
-
-    The worker adds each attempt just before its handler starts and removes it
-    when the handler returns. A cancel's notification finds the attempt here;
-    the worker's drain tells every one of them to stop. One job id may name two
-    attempts for a moment: a handler left running after its lease was lost, and
-    the job's next attempt on this same worker.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by_job: dict[UUID, list[Attempt]] = {}
-
-    def add(self, attempt: Attempt) -> None:
-        with self._lock:
-            self._by_job.setdefault(attempt.job.id, []).append(attempt)
-
-    def discard(self, attempt: Attempt) -> None:
-        with self._lock:
-            running = self._by_job.get(attempt.job.id)
-            if running is not None and attempt in running:
-                running.remove(attempt)
-                if not running:
-                    del self._by_job[attempt.job.id]
-
-    def __iter__(self) -> Iterator[Attempt]:
-        with self._lock:
-            snapshot = [attempt for running in self._by_job.values() for attempt in running]
-        return iter(snapshot)
-
-    def cancel(self, job_ids: Iterable[str]) -> None:
-        """Stop the handlers running any of ``job_ids`` whose job an operator canceled (a notification's payloads)."""
-        for payload in job_ids:
-            try:
-                job_id = UUID(payload)
-            except ValueError:
-                continue  # not one of ours: the channel is open to anyone who can NOTIFY
-            with self._lock:
-                running = list(self._by_job.get(job_id, ()))
-            for attempt in running:
-                reason = canceled_reason(attempt)
-                if reason is not None:
-                    stop_canceled(attempt, reason)
+def cancel_running(running: RunningHandlers, job_ids: Iterable[str]) -> None:
+    """Stop the handlers running any of ``job_ids`` whose job an operator canceled (a notification's payloads)."""
+    for payload in job_ids:
+        try:
+            job_id = UUID(payload)
+        except ValueError:
+            continue  # not one of ours: the channel is open to anyone who can NOTIFY
+        for attempt in running.of_job(job_id):
+            reason = canceled_reason(attempt)
+            if reason is not None:
+                stop_canceled(attempt, reason)
 
 
 def canceled_reason(attempt: Attempt) -> Optional[str]:

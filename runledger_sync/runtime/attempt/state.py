@@ -22,14 +22,13 @@ import logging
 import threading
 import time
 from functools import cached_property
-from typing import Any, Callable, Optional, cast
+from typing import Any, Callable, Iterator, Optional, cast
 from uuid import UUID
 
 from sqlalchemy.engine import Engine
 
 from runledger_sync.config import JobsConfig
 from runledger_sync.core.errors import InvalidArgument, LeaseOwnerMismatch
-from runledger_sync.core.flag import Flag
 from runledger_sync.core.outcomes import (
     LEASE_OWNER_MISMATCH_CODE,
     Canceled,
@@ -137,8 +136,8 @@ class Attempt:
         self._lock = threading.Lock()
         self._phase = Phase.STARTING
         self._decided_by: Optional[Decider] = None
-        #: Set once the phase leaves RUNNING: the watch sleeps on it.
-        self._watch_over = Flag()
+        #: Made by the first wait (most attempts end before their watch ever sleeps); set once decided or ended.
+        self._decided_event: Optional[threading.Event] = None
         self._canceled: Optional[Canceled] = None
         self._lease_lost: Optional[LeaseLost] = None
         self._deadline_passed = False
@@ -165,7 +164,9 @@ class Attempt:
             if self._decided_by is not None or self._phase is Phase.ENDED:
                 return False
             self._decided_by, self._phase = by, Phase.DECIDED
-        self._watch_over.set()
+            event = self._decided_event
+        if event is not None:
+            event.set()
         return True
 
     @property
@@ -174,11 +175,18 @@ class Attempt:
 
     def wait_decided(self, seconds: float) -> bool:
         """Sleep up to ``seconds`` unless the attempt's outcome is taken meanwhile; True once it is."""
-        return self._watch_over.wait(seconds)
+        with self._lock:
+            if self.is_decided:
+                return True
+            if self._decided_event is None:
+                self._decided_event = threading.Event()
+            event = self._decided_event
+        return event.wait(seconds)
 
     @property
     def is_decided(self) -> bool:
-        return self._watch_over.is_set()
+        """True once the outcome is taken (or the attempt ended without one)."""
+        return self._decided_by is not None or self._phase is Phase.ENDED
 
     def ended_with(self, transition: Transition) -> None:
         """Record the transition the attempt ended with (written, or nothing to write), for its closing line."""
@@ -261,7 +269,9 @@ class Attempt:
             if self._phase is Phase.ENDED:
                 return
             self._phase = Phase.ENDED
-        self._watch_over.set()
+            event = self._decided_event
+        if event is not None:
+            event.set()
         ended = {"outcome": outcome} if outcome is not None else outcome_fields(self._ended_with)
         if self._tally is not None:
             self._tally.count(ended["outcome"], self.job.job_type, self.handler_seconds)
@@ -339,3 +349,39 @@ class Attempt:
         record = cast(JobRecord, driver.get_job(bind, self.job.id))
         self._completed_in_transaction = True
         return record
+
+
+class RunningHandlers:
+    """The attempts whose handler is running now, by job id.
+
+    The worker adds each attempt just before its handler starts and removes it
+    when the handler returns. A cancel's notification finds the attempt here;
+    the worker's drain tells every one of them to stop. One job id may name two
+    attempts for a moment: a handler left running after its lease was lost, and
+    the job's next attempt on this same worker.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_job: dict[UUID, list[Attempt]] = {}
+
+    def add(self, attempt: Attempt) -> None:
+        with self._lock:
+            self._by_job.setdefault(attempt.job.id, []).append(attempt)
+
+    def discard(self, attempt: Attempt) -> None:
+        with self._lock:
+            running = self._by_job.get(attempt.job.id)
+            if running is not None and attempt in running:
+                running.remove(attempt)
+                if not running:
+                    del self._by_job[attempt.job.id]
+
+    def __iter__(self) -> Iterator[Attempt]:
+        with self._lock:
+            snapshot = [attempt for running in self._by_job.values() for attempt in running]
+        return iter(snapshot)
+
+    def of_job(self, job_id: UUID) -> list[Attempt]:
+        with self._lock:
+            return list(self._by_job.get(job_id, ()))

@@ -45,17 +45,17 @@ from runledger_sync.core.types import RuntimeLoopExit
 from runledger_sync.db.pool_mode import policy_of
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime.attempt.cancels import RunningHandlers
+from runledger_sync.runtime.attempt.cancels import cancel_running
 from runledger_sync.runtime.attempt.run import WRITE_RUNNING, process_claimed_job
-from runledger_sync.runtime.attempt.state import Decider
+from runledger_sync.runtime.attempt.state import Decider, RunningHandlers
 from runledger_sync.runtime.health import CLAIM, LoopMarks
 from runledger_sync.runtime.attempt.completer import Completer
 from runledger_sync.runtime.worker.listener import JobListener
 from runledger_sync.runtime.observer import WorkerObserver
-from runledger_sync.runtime.attempt.pace import FinishingSoon
+from runledger_sync.runtime.attempt.completer import FinishingSoon
 from runledger_sync.runtime.worker.queue_limits import QueueLimitsWatch
 from runledger_sync.runtime.worker.tally import OutcomeTally
-from runledger_sync.runtime.attempt.timer_thread import TimerThread
+from runledger_sync.runtime.attempt.run import TimerThread
 from runledger_sync.store.driver import HeldConnection, StartedClaim, claim_and_start_jobs, claim_prestart_jobs_for_types
 
 log = get_logger(__name__)
@@ -126,7 +126,7 @@ class WorkerLoop:
         self.listener = (
             JobListener(engine, types, worker_id=config.worker_id, probe_bind=self.claim_bind,
                         probe_interval_seconds=max(PROBE_INTERVAL_SECONDS, config.poll_interval_ms / 1000.0),
-                        on_canceled=self.handlers_running.cancel)
+                        on_canceled=partial(cancel_running, self.handlers_running))
             if listen and types and owns_connections and self.listen_allowed else None
         )
         #: Told of each claimed batch, job end and group write; None when metrics are off.

@@ -25,7 +25,7 @@ from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.attempt.state import UNKNOWN_WORKER_ID, lease_identity
 from runledger_sync.runtime.attempt.run import process_claimed_job
 from runledger_sync.runtime.attempt.completer import Completer
-from runledger_sync.runtime.attempt.pace import FinishingSoon
+from runledger_sync.runtime.attempt.completer import FinishingSoon
 from runledger_sync.runtime.worker.tally import OutcomeTally
 from runledger_sync.runtime.loops.reaper import reap_once
 from runledger_sync.store import lifecycle

@@ -11,7 +11,7 @@ from runledger_sync.core.types import JobCompletion
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.attempt import run as execution
 from runledger_sync.runtime.attempt.state import Attempt
-from runledger_sync.runtime.attempt.group_writer import GroupWriter
+from runledger_sync.runtime.attempt.completer import GroupWriter
 from runledger_sync.runtime.worker.loop import WorkerLoop
 from runledger_sync.store import enqueue as store_enqueue
 from tests.handlers import fast_config

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runledger_sync.runtime.attempt.pace import FinishingSoon, HandlerPace
+from runledger_sync.runtime.attempt.completer import FinishingSoon, HandlerPace
 
 LINGER = 0.002
 
