@@ -171,6 +171,7 @@ def heartbeat_job(
     lease_ttl_seconds: float,
     lock_timeout_ms: int = DEFAULT_HEARTBEAT_LOCK_TIMEOUT_MS,
     event_log: EventLog | str = DEFAULT_EVENT_LOG,
+    retry: bool = True,
 ) -> JobRecord:
     """Extend a live lease to now + ``lease_ttl_seconds``.
 
@@ -182,6 +183,8 @@ def heartbeat_job(
             connection whose open transaction the call joins (the caller commits).
         event_log: ``full`` writes a HEARTBEAT event; ``transitions`` does not
             (the worker passes ``JobsConfig.event_log``).
+        retry: False for a caller with a retry policy of its own (the worker's watch):
+            a lost connection is raised at once.
 
     Raises:
         LeaseOwnerMismatch: the lease is not this worker's or has expired.
@@ -195,7 +198,8 @@ def heartbeat_job(
     params |= event_log_params(event_log)
 
     return run_in_transaction(
-        bind, lambda connection: write_one_fenced(connection, _HEARTBEAT, params, identity, settings=(_LOCK_TIMEOUT,))
+        bind, lambda connection: write_one_fenced(connection, _HEARTBEAT, params, identity, settings=(_LOCK_TIMEOUT,)),
+        retry=retry,
     )
 
 

@@ -26,7 +26,7 @@ from runledger_sync.core.types import JobFailure
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.attempt.run import process_claimed_job
 from runledger_sync.runtime.worker.tally import OutcomeTally
-from runledger_sync.runtime.attempt.run import TimerThread
+from runledger_sync.runtime.attempt.watch import TimerThread
 from runledger_sync.store.admin import get_job, make_jobs_due
 from runledger_sync.store.enqueue import enqueue
 from runledger_sync.store.lifecycle import claim_prestart_jobs_for_types

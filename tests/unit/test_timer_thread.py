@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from runledger_sync.runtime.attempt.run import TimerThread
+from runledger_sync.runtime.attempt.watch import TimerThread
 
 
 @pytest.fixture
@@ -127,3 +127,22 @@ def test_close_drops_a_pending_task_and_ends_the_thread():
     assert runs.at == []
     with pytest.raises(RuntimeError, match="closed"):
         timer.schedule(time.monotonic(), runs)
+
+
+def test_renewals_share_one_thread_until_one_hangs_and_is_left_behind():
+    timer = TimerThread("runledger-heartbeat-test")
+    release = threading.Event()
+    try:
+        names = [timer.renewals().send(lambda: threading.current_thread().name).result(5) for _ in range(3)]
+        idents = {timer.renewals().send(threading.get_ident).result(5) for _ in range(3)}
+        assert names == ["runledger-renewal-test"] * 3 and len(idents) == 1
+        hung = timer.renewals().send(release.wait)
+        assert not hung.done()
+        timer.leave_renewal_behind()
+        # The next renewal does not wait behind the hung one.
+        assert timer.renewals().send(threading.get_ident).result(5) not in idents
+        release.set()
+        assert hung.result(5) is True
+    finally:
+        release.set()
+        timer.close()

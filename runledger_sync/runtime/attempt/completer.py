@@ -428,11 +428,17 @@ def _answer(item: _Item, result: object) -> None:
     item.on_answer(result)
 
 
-def with_retries(read: Callable[[], T], *, give_up_at: float, keep_trying: Callable[[], bool] = lambda: False) -> T:
-    """``read()``, tried again after a lost connection until ``give_up_at`` (the write policy's, for reads).
+def with_retries(
+    read: Callable[[], T], *, give_up_at: float, keep_trying: Callable[[], bool] = lambda: False,
+    pause: Optional[Callable[[float], bool]] = None,
+) -> T:
+    """``read()``, tried again after a lost connection until ``give_up_at``: the one retry policy of the attempt.
+
+    The completer's writes, the reads its decisions need and the watch's renewals all retry by it.
 
     Args:
         keep_trying: past ``give_up_at``, try again while it says so (:meth:`Completer.keeps_trying`).
+        pause: sleeps between tries (``time.sleep`` when None); True when woken because nobody needs the answer any more.
 
     Raises:
         ConnectionFailed: the database stayed out of reach.
@@ -443,7 +449,11 @@ def with_retries(read: Callable[[], T], *, give_up_at: float, keep_trying: Calla
         except ConnectionFailed:
             if time.monotonic() >= give_up_at and not keep_trying():
                 raise
-        time.sleep(RETRY_PAUSE_SECONDS)
+            seconds = RETRY_PAUSE_SECONDS if keep_trying() else min(RETRY_PAUSE_SECONDS, max(0.0, give_up_at - time.monotonic()))
+            if pause is None:
+                time.sleep(seconds)
+            elif pause(seconds):
+                raise
 
 
 def wait_for_answer(completer: Completer, identity: LeaseIdentity, transition: Written, *, give_up_at: float) -> object:

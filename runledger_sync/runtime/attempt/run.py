@@ -22,11 +22,9 @@ still LEASED means it did not, and the handler's outcome is written as usual.
 from __future__ import annotations
 
 import functools
-import threading
-import math
 import logging
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 from sqlalchemy.engine import Engine
 
@@ -83,11 +81,13 @@ from runledger_sync.runtime.attempt.state import Attempt, Decider, RunningHandle
 from runledger_sync.runtime.attempt.decision import finish
 from runledger_sync.runtime.attempt.completer import Completer
 from runledger_sync.runtime.worker.tally import OutcomeTally
-from runledger_sync.runtime.attempt.watch import deadline_of, watch
+from runledger_sync.runtime.attempt.watch import TimerThread, deadline_of, watch
 from runledger_sync.store import driver
 from runledger_sync.store.driver import mark_job_running, running_landed
 
 log = get_logger(__name__)
+
+T = TypeVar("T")
 
 RUNNING_PROGRESS_PERSIST_FAILED_REASON = "RUNNING_PROGRESS_PERSIST_FAILED"
 UNSTARTED_CLAIM_RETRY_DELAY_MS = 1_000
@@ -157,7 +157,7 @@ def _process_with_timer(
         first_beat = time.monotonic() + config.heartbeat_interval
         # The timer thread wakes only if the job is still running when its first
         # renewal or its deadline comes; a job done sooner is simply withdrawn.
-        timer.schedule(min(first_beat, deadline_of(attempt, started)), lambda: watch(attempt, started, first_beat))
+        timer.schedule(min(first_beat, deadline_of(attempt, started)), lambda: watch(attempt, timer, started, first_beat))
         handler_started = time.monotonic()
         if handlers_running is not None:
             handlers_running.add(attempt)
@@ -409,91 +409,3 @@ def _panic(attempt: Attempt, exc: BaseException, evidence: FailureEvidence, why:
     log.error(f"job handler raised {type(exc).__name__}; the job is dead-lettered without a retry: {why}",
               exc_info=exc, extra=attempt.log_fields | {"error_type": evidence.error_type})
     return JobFailure.panicked(HANDLER_PANIC_CODE, _plain(exc))
-
-
-# -- the pool thread's timer thread ------------------------------------------------------
-
-class TimerThread:
-    """Runs one task at a time, at its due time, unless it is withdrawn first.
-
-    Every running job has a timer: it renews the lease, watches the deadline and
-    notices an operator's cancel. A thread started for each job, and woken only to
-    hear that the job is over, costs more than a short job itself. So each pool thread keeps one :class:`TimerThread` and gives it each job's
-    watch with the time the watch is first due (the first renewal or the deadline,
-    a second or more away). A job that ends before then is withdrawn without the
-    timer thread ever waking for it; one still running then is watched on the
-    timer thread until it ends.
-
-    The timer thread sleeps until the task it holds is due. A new task due no
-    sooner than that needs no wake-up, which is the common case: jobs of one pool
-    thread start one after another, each due an interval after its start.
-    """
-
-    def __init__(self, name: str) -> None:
-        self._wake = threading.Condition()
-        self._task: Optional[Callable[[], None]] = None
-        self._due = math.inf
-        #: When the thread's current sleep ends; a task due sooner must wake it.
-        self._sleeping_until = math.inf
-        self._running = False
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def schedule(self, due: float, task: Callable[[], None]) -> None:
-        """Run ``task`` on the timer thread at ``due`` (``time.monotonic()``), unless withdrawn before.
-
-        Raises:
-            RuntimeError: the timer is closed, or still holds another task.
-        """
-        with self._wake:
-            if self._closed:
-                raise RuntimeError("the timer thread is closed")
-            if self._task is not None or self._running:
-                raise RuntimeError("the timer thread already holds a task")
-            self._task, self._due = task, due
-            if due < self._sleeping_until:
-                self._wake.notify()
-
-    def withdraw(self) -> None:
-        """Drop the task if it has not started; if it has, wait until it returns."""
-        with self._wake:
-            self._task, self._due = None, math.inf
-            while self._running:
-                self._wake.wait()
-
-    def close(self) -> None:
-        """Drop any task not started, and stop the thread once a running one returns."""
-        with self._wake:
-            self._closed = True
-            self._task, self._due = None, math.inf
-            self._wake.notify_all()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while True:
-            with self._wake:
-                task = self._wait_for_due_task()
-                if task is None:
-                    return
-                self._running = True
-            try:
-                task()
-            except BaseException:  # noqa: BLE001 - one job's watch must not end the timer of the jobs after it
-                log.exception("heartbeat timer task crashed")
-            finally:
-                with self._wake:
-                    self._running = False
-                    self._wake.notify_all()
-
-    def _wait_for_due_task(self) -> Optional[Callable[[], None]]:
-        """With the lock held: sleep until the task held is due and take it; None once closed."""
-        while not self._closed:
-            now = time.monotonic()
-            if self._task is not None and self._due <= now:
-                task, self._task, self._due = self._task, None, math.inf
-                self._sleeping_until = math.inf
-                return task
-            self._sleeping_until = self._due
-            self._wake.wait(None if self._task is None else self._due - now)
-        return None

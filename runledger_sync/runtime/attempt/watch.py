@@ -7,12 +7,14 @@ attempt's one outcome (:meth:`Attempt.take`); a lost lease writes nothing.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
-from typing import Callable
+from concurrent import futures
+from concurrent.futures import Future
+from queue import SimpleQueue
+from typing import Any, Callable, Optional, TypeVar
 
-from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_before_delay, wait_exponential
-from tenacity.stop import stop_base
 
 from runledger_sync.core.errors import LeaseOwnerMismatch, RunledgerError
 from runledger_sync.core.outcomes import (
@@ -25,17 +27,17 @@ from runledger_sync.core.store_errors import ConnectionFailed
 from runledger_sync.logging import get_logger
 from runledger_sync.runtime.attempt.state import Attempt, Decider
 from runledger_sync.runtime.attempt.cancels import canceled_reason, stop_canceled
+from runledger_sync.runtime.attempt.completer import with_retries
 from runledger_sync.runtime.attempt.decision import finish
 from runledger_sync.store.driver import heartbeat_job
 
 log = get_logger(__name__)
 
+T = TypeVar("T")
+
 #: How long a renewal still in flight when the lease ran out may take to answer,
 #: so the lost attempt is logged with the database's reason when it has one.
 LATE_RENEWAL_ANSWER_SECONDS = 1.0
-#: Pauses between renewals retried after a lost connection (growing exponentially up to the max).
-RENEWAL_RETRY_FIRST_PAUSE_SECONDS = 0.1
-RENEWAL_RETRY_MAX_PAUSE_SECONDS = 1.0
 #: How often a watchdog waiting on a renewal looks whether the attempt has ended.
 RENEWAL_JOIN_STEP_SECONDS = 0.05
 
@@ -44,16 +46,16 @@ def deadline_of(attempt: Attempt, started: float) -> float:
     return started + max(1, attempt.job.timeout_seconds)
 
 
-def watch(attempt: Attempt, started: float, next_beat: float) -> None:
+def watch(attempt: Attempt, timer: TimerThread, started: float, next_beat: float) -> None:
     """Renew the lease, enforce the deadline, and after the grace period write the timeout."""
     try:
-        _watch_until_done(attempt, started, next_beat)
+        _watch_until_done(attempt, timer, started, next_beat)
     except Exception as error:  # noqa: BLE001 - logged with the job's fields; the timer goes on
         log.exception("job watch crashed; its lease is no longer renewed",
                       extra=attempt.log_fields | {"error": repr(error)})
 
 
-def _watch_until_done(attempt: Attempt, started: float, next_beat: float) -> None:
+def _watch_until_done(attempt: Attempt, timer: TimerThread, started: float, next_beat: float) -> None:
     config = attempt.config
     interval = config.heartbeat_interval
     deadline = deadline_of(attempt, started)
@@ -77,79 +79,67 @@ def _watch_until_done(attempt: Attempt, started: float, next_beat: float) -> Non
             return
         if now >= next_beat:
             next_beat = now + interval
-            if not _heartbeat(attempt):
+            if not _heartbeat(attempt, timer):
                 return
 
 
-def _renew_lease(attempt: Attempt) -> None:
+def _renew_lease(attempt: Attempt, timer: TimerThread) -> None:
     """Renew the lease, for no longer than the lease itself lasts by the local clock.
 
-    A renewal sent into a dead network can hang far longer than the lease (no
-    reply ever comes and nothing times it out). The lease is gone when its TTL
-    has passed whether or not the database said so, so the attempt is treated as
-    lost then; the renewal itself is left to finish or fail on its own. Until
-    then a lost connection is retried: a database restart shorter than the lease
-    costs the attempt nothing.
+    The lease is gone when its TTL has passed whether or not the database said
+    so, so the attempt is treated as lost then, and a renewal still unanswered is
+    left behind on its thread (:class:`RenewalThread`). Until then a lost
+    connection is retried: a database restart shorter than the lease costs the
+    attempt nothing.
     """
     sent_at = time.monotonic()
-    outcome: dict[str, BaseException] = {}
+    deadline = attempt.local_lease_deadline
+    tries = 0
 
-    retrying = Retrying(
-        retry=retry_if_exception_type(ConnectionFailed),
-        # No retry that could only land after the lease ran out, nor after the attempt ended.
-        stop=stop_before_delay(max(0.0, attempt.local_lease_deadline - sent_at))
-        | _stop_once_decided(attempt),
-        wait=wait_exponential(multiplier=RENEWAL_RETRY_FIRST_PAUSE_SECONDS, max=RENEWAL_RETRY_MAX_PAUSE_SECONDS),
-        sleep=_sleep_unless_decided(attempt),
-        before_sleep=lambda _state: _count_heartbeat_failure(attempt),
-        reraise=True,
-    )
+    def renew_once() -> object:
+        nonlocal tries
+        if tries:
+            _count_heartbeat_failure(attempt)
+        tries += 1
+        return heartbeat_job(
+            attempt.engine, **attempt.identity.keywords(), event_log=attempt.config.event_log,
+            lease_ttl_seconds=attempt.config.lease_ttl_seconds, lock_timeout_ms=attempt.config.heartbeat_lock_timeout_ms,
+            retry=False)
 
-    def renew() -> None:
-        try:
-            retrying(
-                heartbeat_job, attempt.engine, **attempt.identity.keywords(),
-                event_log=attempt.config.event_log,
-                lease_ttl_seconds=attempt.config.lease_ttl_seconds,
-                lock_timeout_ms=attempt.config.heartbeat_lock_timeout_ms,
-            )
-        except BaseException as error:  # noqa: BLE001 - handed to the watchdog, which decides
-            outcome["error"] = error
-
-    renewal = threading.Thread(target=renew, name=f"runledger-renew-{attempt.job.id}", daemon=True)
-    renewal.start()
-    _join_unless_attempt_ended(attempt, renewal, attempt.local_lease_deadline)
+    # No retry that could only land after the lease ran out, nor after the attempt ended.
+    renewal = timer.renewals().send(lambda: with_retries(renew_once, give_up_at=deadline, pause=attempt.wait_decided))
+    _wait_unless_attempt_ended(attempt, renewal, deadline)
     if attempt.is_decided:
         return  # the attempt ended meanwhile; its outcome, not this renewal, decides
-    if renewal.is_alive():
+    if not renewal.done():
         if not attempt.completed_in_transaction:
             # Another worker may claim the job from now on: stop the handler at once,
             # then give the renewal a moment to say why (a row lock released just
             # after expiry answers with the owner mismatch the database decided).
             # _heartbeat replaces this verdict with the final one and logs it.
             attempt.lose_lease(MAINTENANCE_LOST, verdict_pending=True)
-        renewal.join(min(attempt.config.heartbeat_interval, LATE_RENEWAL_ANSWER_SECONDS))
-        if renewal.is_alive() or "error" not in outcome:
+        futures.wait([renewal], min(attempt.config.heartbeat_interval, LATE_RENEWAL_ANSWER_SECONDS))
+        if not renewal.done() or renewal.exception() is None:
+            timer.leave_renewal_behind()
             raise ConnectionFailed(
                 f"no answer to the lease renewal of job {attempt.job.id} before its lease ran out")
-    if "error" in outcome:
-        raise outcome["error"]
+    renewal.result()  # raises what the renewal raised
     attempt.local_lease_deadline = sent_at + attempt.config.lease_ttl_seconds
 
 
-def _join_unless_attempt_ended(attempt: Attempt, renewal: threading.Thread, deadline: float) -> None:
+def _wait_unless_attempt_ended(attempt: Attempt, renewal: futures.Future[object], deadline: float) -> None:
     # A handler that returns while a renewal hangs must not wait for the lease to run out.
-    while renewal.is_alive() and not attempt.is_decided:
+    while not renewal.done() and not attempt.is_decided:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return
-        renewal.join(min(remaining, RENEWAL_JOIN_STEP_SECONDS))
+        futures.wait([renewal], min(remaining, RENEWAL_JOIN_STEP_SECONDS))
 
 
-def _heartbeat(attempt: Attempt) -> bool:
+def _heartbeat(attempt: Attempt, timer: TimerThread) -> bool:
     """Renew the lease; on failure mark the attempt lost and ask the handler to stop."""
     try:
-        _renew_lease(attempt)
+        _renew_lease(attempt, timer)
         return True
     except RunledgerError as error:
         if attempt.completed_in_transaction:
@@ -184,24 +174,142 @@ def _heartbeat(attempt: Attempt) -> bool:
     return False
 
 
-def _sleep_unless_decided(attempt: Attempt) -> Callable[[float], None]:
-    def sleep(seconds: float) -> None:
-        attempt.wait_decided(seconds)  # woken early, the stop condition then ends the retries
-
-    return sleep
-
-
-class _stop_once_decided(stop_base):
-    """Stops retrying a renewal once the attempt's outcome is taken: nobody needs its lease then."""
-
-    def __init__(self, attempt: Attempt) -> None:
-        self._attempt = attempt
-
-    def __call__(self, retry_state: RetryCallState) -> bool:
-        return self._attempt.is_decided
-
-
 def _count_heartbeat_failure(attempt: Attempt) -> None:
     if attempt.observer is not None:
         attempt.observer.heartbeat_failed(attempt.job.job_type)
 
+
+# -- the threads the watch runs on: the pool thread's timer, and its renewals' ------------------------------------------------------
+
+class TimerThread:
+    """Runs one task at a time, at its due time, unless it is withdrawn first.
+
+    Every running job has a timer: it renews the lease, watches the deadline
+    and notices an operator's cancel. A thread started for each job, and woken
+    only to hear that the job is over, costs more than a short job itself. So
+    each pool thread keeps one :class:`TimerThread` and gives it each job's
+    watch with the time the watch is first due (the first renewal or the
+    deadline, a second or more away). A job that ends before then is withdrawn
+    without the timer thread ever waking for it; one still running then is
+    watched on the timer thread until it ends.
+
+    The timer thread sleeps until the task it holds is due. A new task due no
+    sooner than that needs no wake-up, which is the common case: jobs of one
+    pool thread start one after another, each due an interval after its start.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._wake = threading.Condition()
+        self._task: Optional[Callable[[], None]] = None
+        self._due = math.inf
+        #: When the thread's current sleep ends; a task due sooner must wake it.
+        self._sleeping_until = math.inf
+        self._running = False
+        self._closed = False
+        self._name = name
+        self._renewals: Optional[RenewalThread] = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def renewals(self) -> RenewalThread:
+        """The thread the watch sends its lease renewals from (made at the first: most jobs end before one)."""
+        if self._renewals is None:
+            self._renewals = RenewalThread(self._name.replace("heartbeat", "renewal", 1))
+        return self._renewals
+
+    def leave_renewal_behind(self) -> None:
+        """A renewal hangs past its lease: leave its thread to end when it answers; the next renewal gets a new one."""
+        if self._renewals is not None:
+            self._renewals.close()
+            self._renewals = None
+
+    def schedule(self, due: float, task: Callable[[], None]) -> None:
+        """Run ``task`` on the timer thread at ``due`` (``time.monotonic()``), unless withdrawn before.
+
+        Raises:
+            RuntimeError: the timer is closed, or still holds another task.
+        """
+        with self._wake:
+            if self._closed:
+                raise RuntimeError("the timer thread is closed")
+            if self._task is not None or self._running:
+                raise RuntimeError("the timer thread already holds a task")
+            self._task, self._due = task, due
+            if due < self._sleeping_until:
+                self._wake.notify()
+
+    def withdraw(self) -> None:
+        """Drop the task if it has not started; if it has, wait until it returns."""
+        with self._wake:
+            self._task, self._due = None, math.inf
+            while self._running:
+                self._wake.wait()
+
+    def close(self) -> None:
+        """Drop any task not started, and stop the thread once a running one returns."""
+        with self._wake:
+            self._closed = True
+            self._task, self._due = None, math.inf
+            self._wake.notify_all()
+        self._thread.join()
+        if self._renewals is not None:
+            self._renewals.close()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                task = self._wait_for_due_task()
+                if task is None:
+                    return
+                self._running = True
+            try:
+                task()
+            except BaseException:  # noqa: BLE001 - one job's watch must not end the timer of the jobs after it
+                log.exception("heartbeat timer task crashed")
+            finally:
+                with self._wake:
+                    self._running = False
+                    self._wake.notify_all()
+
+    def _wait_for_due_task(self) -> Optional[Callable[[], None]]:
+        """With the lock held: sleep until the task held is due and take it; None once closed."""
+        while not self._closed:
+            now = time.monotonic()
+            if self._task is not None and self._due <= now:
+                task, self._task, self._due = self._task, None, math.inf
+                self._sleeping_until = math.inf
+                return task
+            self._sleeping_until = self._due
+            self._wake.wait(None if self._task is None else self._due - now)
+        return None
+
+
+class RenewalThread:
+    """Sends a timer thread's lease renewals, one at a time.
+
+    A renewal sent into a dead network can hang far longer than the lease (no
+    reply ever comes and nothing times it out), so the watch waits for it on a
+    thread of its own, no longer than the lease lasts. The thread is kept from
+    one renewal to the next and left behind only when one hangs.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._calls: SimpleQueue[Optional[tuple[Callable[[], Any], Future[Any]]]] = SimpleQueue()
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def send(self, call: Callable[[], T]) -> Future[T]:
+        future: Future[T] = Future()
+        self._calls.put((call, future))
+        return future
+
+    def close(self) -> None:
+        """Stop once the call in hand (if any) has answered."""
+        self._calls.put(None)
+
+    def _run(self) -> None:
+        while (entry := self._calls.get()) is not None:
+            call, future = entry
+            try:
+                future.set_result(call())
+            except BaseException as error:  # noqa: BLE001 - handed to the watch, which decides
+                future.set_exception(error)

@@ -55,7 +55,7 @@ from runledger_sync.runtime.observer import WorkerObserver
 from runledger_sync.runtime.attempt.completer import FinishingSoon
 from runledger_sync.runtime.worker.queue_limits import QueueLimitsWatch
 from runledger_sync.runtime.worker.tally import OutcomeTally
-from runledger_sync.runtime.attempt.run import TimerThread
+from runledger_sync.runtime.attempt.watch import TimerThread
 from runledger_sync.store.driver import HeldConnection, StartedClaim, claim_and_start_jobs, claim_prestart_jobs_for_types
 
 log = get_logger(__name__)
