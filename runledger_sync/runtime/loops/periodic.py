@@ -1,4 +1,9 @@
-"""The shape the reaper and scheduler loops share: check the config, then one step per interval until shutdown."""
+"""The one periodic loop: check the config, then one step per interval until shutdown.
+
+The reaper and the scheduler run it on the supervisor's threads; the upkeep
+beside them (the worker's row, the sampler, the pruner) runs it on a
+:class:`PeriodicThread` of its own.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ def run_periodically(
     on_success: Optional[Callable[[], None]] = None,
     pause: Optional[Callable[[float], object]] = None,
     on_turn: Optional[Callable[[], None]] = None,
+    first_delay_seconds: float = 0.0,
 ) -> RuntimeLoopExit:
     """Run ``step`` until shutdown, waiting what it returns (None: ``interval_seconds``) between runs.
 
@@ -29,7 +35,8 @@ def run_periodically(
     step that did not raise, ``on_turn`` before each step (so health can tell a
     loop that fails from one that no longer turns). ``pause(seconds)`` waits between
     steps (default: ``shutdown_event.wait``); it may return early, and must once
-    shutdown is set.
+    shutdown is set. ``first_delay_seconds`` is waited, once the config is
+    checked, before the first step.
 
     Returns:
         ``SHUTDOWN``, or ``INVALID_CONFIG`` at once when ``validate`` refuses the config.
@@ -39,6 +46,8 @@ def run_periodically(
     except ConfigError as error:
         log.warning(f"invalid jobs config; stopping {name} loop", extra={"error": str(error)})
         return RuntimeLoopExit.INVALID_CONFIG
+    if first_delay_seconds > 0:
+        shutdown_event.wait(first_delay_seconds)
     while not shutdown_event.is_set():
         wait: Optional[float] = None
         if on_turn is not None:
@@ -51,3 +60,39 @@ def run_periodically(
             log.warning(f"{name} step failed", extra={"error": str(error)})
         (pause or shutdown_event.wait)(interval_seconds if wait is None else wait)
     return RuntimeLoopExit.SHUTDOWN
+
+
+class PeriodicThread:
+    """:func:`run_periodically` on a thread of its own, for upkeep started with the loops and joined when they stop.
+
+    Args:
+        thread_name: the thread's name.
+        loop_name: the loop's, in its log lines.
+        when_stopped: called on the thread once the loop has stopped (after shutdown, or a refused config).
+    """
+
+    def __init__(
+        self, thread_name: str, loop_name: str, step: Callable[[], Optional[float]], interval_seconds: float,
+        shutdown_event: threading.Event, *, validate: Callable[[], object] = lambda: None,
+        first_delay_seconds: float = 0.0, when_stopped: Optional[Callable[[], None]] = None,
+    ) -> None:
+        self.shutdown_event = shutdown_event
+        self._loop = (loop_name, validate, step, interval_seconds, first_delay_seconds)
+        self._when_stopped = when_stopped
+        self.thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
+
+    def start(self) -> "PeriodicThread":
+        self.thread.start()
+        return self
+
+    def join(self, timeout: float) -> None:
+        self.thread.join(timeout)
+
+    def _run(self) -> None:
+        loop_name, validate, step, interval_seconds, first_delay_seconds = self._loop
+        try:
+            run_periodically(loop_name, validate, step, interval_seconds, self.shutdown_event,
+                             first_delay_seconds=first_delay_seconds)
+        finally:
+            if self._when_stopped is not None:
+                self._when_stopped()

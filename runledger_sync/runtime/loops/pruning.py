@@ -16,9 +16,8 @@ from typing import Optional
 from sqlalchemy.engine import Engine
 
 from runledger_sync.config import JobsConfig
-from runledger_sync.core.errors import ConfigError
 from runledger_sync.logging import get_logger
-from runledger_sync.runtime.loops.periodic import run_periodically
+from runledger_sync.runtime.loops.periodic import PeriodicThread
 from runledger_sync.store.driver import prune
 
 log = get_logger(__name__)
@@ -38,7 +37,7 @@ MORE_LEFT_SECONDS = 0.05
 FIRST_TURN_DELAY_SECONDS = 30.0
 
 
-class Pruner:
+class Pruner(PeriodicThread):
     """Prune on a thread of its own every ``config.prune_interval_seconds`` until shutdown.
 
     Args:
@@ -50,15 +49,9 @@ class Pruner:
     def __init__(self, bind: Engine, config: JobsConfig, shutdown_event: threading.Event) -> None:
         self.bind = bind
         self.config = config
-        self.shutdown_event = shutdown_event
-        self.thread = threading.Thread(target=self._run, name=f"runledger-pruner-{config.worker_id}", daemon=True)
-
-    def start(self) -> "Pruner":
-        self.thread.start()
-        return self
-
-    def join(self, timeout: float) -> None:
-        self.thread.join(timeout)
+        interval = float(config.prune_interval_seconds)
+        super().__init__(f"runledger-pruner-{config.worker_id}", "pruner", self.prune_once, interval, shutdown_event,
+                         validate=config.validate_pruner, first_delay_seconds=min(interval, FIRST_TURN_DELAY_SECONDS))
 
     def prune_once(self) -> Optional[float]:
         """One turn; returns how soon to come back (None: the interval)."""
@@ -69,15 +62,3 @@ class Pruner:
                      extra={"jobs": result.total_jobs, "workflow_runs": result.workflow_runs,
                             "batches": result.batches, "elapsed_seconds": round(result.elapsed_seconds, 3)})
         return MORE_LEFT_SECONDS if not (result.complete or result.contended) else None
-
-    def _run(self) -> None:
-        try:
-            self.config.validate_pruner()
-        except ConfigError as error:
-            log.warning("invalid jobs config; no pruning", extra={"error": str(error)})
-            return
-        interval = float(self.config.prune_interval_seconds)
-        if self.shutdown_event.wait(min(interval, FIRST_TURN_DELAY_SECONDS)):
-            return
-        run_periodically("pruner", self.config.validate_pruner, self.prune_once,
-                         interval, self.shutdown_event)

@@ -17,7 +17,7 @@ from sqlalchemy.engine import Engine
 
 from runledger_sync.config import JobsConfig
 from runledger_sync.logging import get_logger
-from runledger_sync.runtime.loops.periodic import run_periodically
+from runledger_sync.runtime.loops.periodic import PeriodicThread
 from runledger_sync.store.driver import sample_rollup
 
 log = get_logger(__name__)
@@ -30,7 +30,7 @@ MIN_WAIT_SECONDS = 1.0
 FIRST_TURN_DELAY_SECONDS = 5.0
 
 
-class Sampler:
+class Sampler(PeriodicThread):
     """Sample each closed minute on a thread of its own until shutdown.
 
     Args:
@@ -43,16 +43,9 @@ class Sampler:
     def __init__(self, bind: Engine, config: JobsConfig, shutdown_event: threading.Event, *,
                  first_delay_seconds: Optional[float] = None) -> None:
         self.bind = bind
-        self.shutdown_event = shutdown_event
-        self.first_delay_seconds = FIRST_TURN_DELAY_SECONDS if first_delay_seconds is None else first_delay_seconds
-        self.thread = threading.Thread(target=self._run, name=f"runledger-sampler-{config.worker_id}", daemon=True)
-
-    def start(self) -> "Sampler":
-        self.thread.start()
-        return self
-
-    def join(self, timeout: float) -> None:
-        self.thread.join(timeout)
+        super().__init__(f"runledger-sampler-{config.worker_id}", "sampler", self.sample_once, INTERVAL_SECONDS,
+                         shutdown_event,
+                         first_delay_seconds=FIRST_TURN_DELAY_SECONDS if first_delay_seconds is None else first_delay_seconds)
 
     def sample_once(self) -> float:
         """One turn; returns how soon the next minute is due."""
@@ -60,8 +53,3 @@ class Sampler:
         if sample.rows:
             log.debug("sampled the dashboard's minute", extra={"minute": sample.minute.isoformat(), "rows": sample.rows})
         return min(max(sample.next_in_seconds, MIN_WAIT_SECONDS), INTERVAL_SECONDS)
-
-    def _run(self) -> None:
-        if self.shutdown_event.wait(self.first_delay_seconds):
-            return
-        run_periodically("sampler", lambda: None, self.sample_once, INTERVAL_SECONDS, self.shutdown_event)

@@ -11,7 +11,7 @@ goes on claiming.
 from __future__ import annotations
 
 import threading
-from typing import Mapping, Optional, Union
+from typing import Mapping, Optional
 
 from sqlalchemy.engine import Engine
 
@@ -20,7 +20,7 @@ from runledger_sync.core.errors import RunledgerError
 from runledger_sync.core.queue_errors import QueueNotFound
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
-from runledger_sync.runtime.loops.periodic import run_periodically
+from runledger_sync.runtime.loops.periodic import PeriodicThread
 from runledger_sync.runtime.loops.pruning import Pruner
 from runledger_sync.runtime.loops.sampling import Sampler
 from runledger_sync.store.driver import forget_worker, list_queues, record_worker
@@ -82,7 +82,7 @@ def check_queues_exist(
                 queue=unknown[0], setting=field)
 
 
-class WorkerRow:
+class WorkerRow(PeriodicThread):
     """Keep a worker's ``job_workers`` row fresh on a thread of its own until shutdown, then delete it.
 
     Args:
@@ -101,16 +101,9 @@ class WorkerRow:
         self.bind = bind
         self.registry = registry
         self.config = config
-        self.shutdown_event = shutdown_event
-        self.interval_seconds = WORKER_ROW_INTERVAL_SECONDS if interval_seconds is None else interval_seconds
-        self.thread = threading.Thread(target=self._run, name=f"runledger-worker-row-{config.worker_id}", daemon=True)
-
-    def start(self) -> "WorkerRow":
-        self.thread.start()
-        return self
-
-    def join(self, timeout: float) -> None:
-        self.thread.join(timeout)
+        super().__init__(f"runledger-worker-row-{config.worker_id}", "worker row", self._write,
+                         WORKER_ROW_INTERVAL_SECONDS if interval_seconds is None else interval_seconds, shutdown_event,
+                         when_stopped=self._forget)
 
     def _write(self) -> None:
         # Read on each write, on this thread: a registry that fails to answer is
@@ -118,8 +111,7 @@ class WorkerRow:
         record_worker(self.bind, self.config.worker_id, queues=self.config.queues,
                       job_types=served_job_types(self.registry, self.config))
 
-    def _run(self) -> None:
-        run_periodically("worker row", lambda: None, self._write, self.interval_seconds, self.shutdown_event)
+    def _forget(self) -> None:
         try:
             forget_worker(self.bind, self.config.worker_id)
         except Exception as error:  # noqa: BLE001 - a row left behind counts as a worker gone within a minute
@@ -127,15 +119,11 @@ class WorkerRow:
                         extra={"worker_id": self.config.worker_id, "error": str(error)})
 
 
-#: A thread of upkeep beside the loops: started with them, joined when they stop.
-Upkeep = Union[WorkerRow, Pruner, Sampler]
-
-
 def start_upkeep(
     bind: Engine, registry: JobRegistry, config: JobsConfig, shutdown_event: threading.Event, prunes: bool,
-) -> list[Upkeep]:
+) -> list[PeriodicThread]:
     """Start the worker's row; where ``prunes`` (the process reaps), the sampler and, with a retention, the pruner."""
-    started: list[Upkeep] = [WorkerRow(bind, registry, config, shutdown_event).start()]
+    started: list[PeriodicThread] = [WorkerRow(bind, registry, config, shutdown_event).start()]
     if prunes:
         started.append(Sampler(bind, config, shutdown_event).start())
     if prunes and config.retention is not None:

@@ -46,7 +46,8 @@ from runledger_sync.runtime.supervisor.processes import CHECK_SECONDS, EXIT_REFU
 from runledger_sync.runtime.supervisor.processes import log as process_log
 from runledger_sync.runtime.loops.reaper import run_reaper_loop
 from runledger_sync.runtime.loops.scheduler import run_scheduler_loop
-from runledger_sync.runtime.loops.serving import Upkeep, check_queues_exist, start_upkeep
+from runledger_sync.runtime.loops.periodic import PeriodicThread
+from runledger_sync.runtime.loops.serving import check_queues_exist, start_upkeep
 from runledger_sync.runtime.worker.loop import run_worker_loop
 
 log = get_logger(__name__)
@@ -125,7 +126,7 @@ class Supervisor:
         if run_scheduler:
             self._loops["scheduler"] = functools.partial(run_scheduler_loop, marks=self._marks)
         self._threads: list[threading.Thread] = []
-        self._helpers: list[Upkeep] = []
+        self._helpers: list[PeriodicThread] = []
         self._exits: dict[str, Any] = {}
         self._failure: Optional[str] = None
         self._probe = DatabaseProbe(engine)
