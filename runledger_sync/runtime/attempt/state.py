@@ -1,9 +1,9 @@
 """One attempt: its phase, who decided its outcome, and why its handler was told to stop, behind one lock.
 
-Four threads touch an attempt: the pool thread that runs it, the watch on that
-thread's timer (renewals, the deadline), the worker's listener (an operator's
-cancel) and the polling thread's drain (shutdown). Each moves it only through
-the methods below, under the attempt's one lock:
+Three threads touch an attempt: the pool thread that runs it, the watch on
+that thread's timer (renewals, the deadline), and the polling thread (an
+operator's cancel its listener heard, and its drain at shutdown). Each moves it
+only through the methods below, under the attempt's one lock:
 
     STARTING --running write landed--> RUNNING --take(by)--> DECIDED --end()--> ENDED
         \\--------------------------- take(by) / end("not_started") ----------------/

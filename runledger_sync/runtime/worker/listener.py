@@ -8,7 +8,8 @@ backed up), so a running handler is told at once
 
 The scheduler loop keeps one of its own on the schedules channel, woken when a
 schedule is written or resumed. Each runs on the polling thread itself
-(``WorkerLoop.pause`` calls :meth:`JobListener.wait`), so it adds no thread. When the connection is lost the worker falls back to plain
+(``WorkerLoop.pause`` calls :meth:`JobListener.wait`), so it adds no thread. When the
+connection is lost the worker falls back to plain
 polling and the listener reconnects on a later pause, at most once per
 :data:`RECONNECT_SECONDS`. Each change of state is logged once.
 
