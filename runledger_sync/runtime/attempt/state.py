@@ -2,8 +2,8 @@
 
 Three threads touch an attempt: the pool thread that runs it, the watch on
 that thread's timer (renewals, the deadline), and the polling thread (an
-operator's cancel its listener heard, and its drain at shutdown). Each moves it
-only through the methods below, under the attempt's one lock:
+operator's cancel its listener heard, and its drain at shutdown); the
+completer's thread ends it once its outcome is durable. Each moves it only through the methods below, under the attempt's one lock:
 
     STARTING --running write landed--> RUNNING --take(by)--> DECIDED --end()--> ENDED
         \\--------------------------- take(by) / end("not_started") ----------------/
