@@ -3,15 +3,16 @@
 Three threads touch an attempt: the pool thread that runs it, the watch on
 that thread's timer (renewals, the deadline), and the polling thread (an
 operator's cancel its listener heard, and its drain at shutdown); the
-completer's thread ends it once its outcome is durable. Each moves it only through the methods below, under the attempt's one lock:
+completer's thread ends it once its outcome is durable. Each moves it only
+through the methods below, under the attempt's one lock:
 
     STARTING --running write landed--> RUNNING --take(by)--> DECIDED --end()--> ENDED
         \\--------------------------- take(by) / end("not_started") ----------------/
 
 Exactly one of them takes the attempt's outcome (:meth:`Attempt.take`); the
 others' results are discarded. Beside the phase, the attempt keeps what forced
-it to stop (:meth:`Attempt.force`: an operator's cancel, a lost lease, the
-deadline, the worker's shutdown), which decides what the handler's return or
+it to stop (an operator's cancel, a lost lease, the deadline, the worker's
+shutdown: :meth:`Attempt.forced_outcome`), which decides what the handler's return or
 exception means, whoever takes the outcome.
 """
 
