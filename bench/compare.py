@@ -259,7 +259,9 @@ def our_runners(trees: Sequence[str]) -> list[Runner]:
     for tree, label in zip(trees, labels, strict=True):
         environment = dict(os.environ, PYTHONPATH=tree)
         found = subprocess.run([sys.executable, "-c", "import runledger_sync; print(runledger_sync.__file__)"],
-                               capture_output=True, text=True, env=environment, check=True, cwd=RUNNERS_DIR)
+                               capture_output=True, text=True, env=environment, cwd=RUNNERS_DIR)
+        if found.returncode != 0:
+            raise SystemExit(f"PYTHONPATH={tree} cannot import runledger_sync: {found.stderr.strip()[-1500:]}")
         if not Path(found.stdout.strip()).resolve().is_relative_to(tree):
             raise SystemExit(f"PYTHONPATH={tree} imports runledger_sync from {found.stdout.strip()}")
         runners.append(Runner(SYSTEMS[OURS], Path(sys.executable), label, environment))
