@@ -20,7 +20,8 @@ its library's public API, in a process of its own, each phase in a fresh databas
   latency     an idle worker (LISTEN/NOTIFY as each system does by default), jobs
               inserted one at a time 20 ms apart by another process: commit to handler start
   CPU/job     worker process tree and PostgreSQL server (from /proc) over the drain
-              window, leaving out the backend of the polling observer
+              window, leaving out the backend of the polling observer; and the drain
+              database's own backends alone, without the rest of a shared server's load
 `pgbench -N` on the same server gives a yardstick for what the box can commit.
 
 Our rows are measured once per --code tree (default: the tree this script is in), with
@@ -61,7 +62,8 @@ SETTLE_SECONDS = 1.0
 FRESH, PREFILLED = "fresh", "prefilled"
 #: The application_name of the connections that insert a fresh start's jobs, so their backends can be found.
 INSERTER_APPLICATION = "bench-compare-insert"
-INSERTER_BACKENDS_SQL = "SELECT pid FROM pg_stat_activity WHERE application_name = %s"
+#: Polls between two looks for new backends in pg_stat_activity (each poll reads the known ones' CPU).
+LOOKUP_SAMPLES = 10
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,7 @@ class Result:
     p95: Optional[float] = None
     worker_ms: Optional[float] = None
     postgres_ms: Optional[float] = None
+    own_backends_ms: Optional[float] = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -314,51 +317,101 @@ class Observer:
         self.connection.close()
 
 
-class Inserter:
-    """A fresh start's jobs, inserted by a runner process while the worker runs, and its backends' CPU.
+class Backends:
+    """CPU used by the backends of a local server that a pg_stat_activity condition finds, read from /proc.
 
-    Its connections carry INSERTER_APPLICATION as their application_name. While it
-    runs, every poll of the observer looks their backends up and reads their CPU
-    from /proc (the last reading stands once a backend has exited), so what they
-    spent inside the drain window can be taken out of PostgreSQL's figure, which
-    then counts the drain alone, as it does when the jobs were inserted first.
+    Each sample reads the CPU of every backend found so far (the last reading stands
+    once one has exited) and, every LOOKUP_SAMPLES samples, looks for new ones; a
+    backend that comes and goes between two lookups is missed.
     """
 
-    def __init__(self, runner: Runner, url: str, args: argparse.Namespace, observer: Observer) -> None:
-        separator = "&" if "?" in url else "?"
-        self.runner, self.cursor, self.local = runner, observer.cursor, observer.postgres.available
-        self.process = runner.start("bulk", f"{url}{separator}application_name={INSERTER_APPLICATION}",
-                                    args.jobs, args.bulk_batch)
+    def __init__(self, cursor: psycopg2.extensions.cursor, condition: str, *params: object) -> None:
+        self.cursor, self.params = cursor, params
+        # The condition is one of this script's constants; its values are bound.
+        self.sql = f"SELECT pid FROM pg_stat_activity WHERE {condition} AND pid <> pg_backend_pid()"  # noqa: S608
         self.cpu: dict[int, float] = {}
         self.at_window_start: dict[int, float] = {}
+        self.samples = 0
 
-    def sample(self) -> None:
-        """Read the CPU of every backend of the insert seen so far.
-
-        Raises:
-            RuntimeError: the insert failed, so the jobs the drain waits for would never come.
-        """
-        status = self.process.poll()
-        if status:
-            self.runner.finish(self.process)
-        if not self.local:
-            return
-        if status is None:
-            self.cursor.execute(INSERTER_BACKENDS_SQL, (INSERTER_APPLICATION,))
+    def sample(self, *, look: bool = False) -> None:
+        if look or self.samples % LOOKUP_SAMPLES == 0:
+            self.cursor.execute(self.sql, self.params)
             for (pid,) in self.cursor.fetchall():
                 self.cpu.setdefault(pid, 0.0)
+        self.samples += 1
         for pid in self.cpu:
             with contextlib.suppress(FileNotFoundError, ProcessLookupError):
                 self.cpu[pid] = bench.process_cpu_seconds(pid)
 
     def window_started(self) -> None:
-        self.sample()
+        self.sample(look=True)
         self.at_window_start = dict(self.cpu)
 
     def seconds_in_window(self) -> float:
-        """CPU its backends used since :meth:`window_started`."""
-        self.sample()
+        """CPU they used since :meth:`window_started`."""
+        self.sample(look=True)
         return sum(cpu - self.at_window_start.get(pid, 0.0) for pid, cpu in self.cpu.items())
+
+
+class DrainCpu:
+    """Worker and PostgreSQL CPU over a drain, sampled on every poll of the observer.
+
+    PostgreSQL's is the whole server's less the backends inserting a fresh start's
+    jobs; on a local server it is also given for the drain database's own backends
+    alone (the worker's and its listener's), which leaves out other work on a shared
+    server and the server's background processes.
+    """
+
+    def __init__(self, worker_pid: int, observer: Observer) -> None:
+        self.window = bench.CpuWindow(lambda: bench.tree_cpu_seconds(worker_pid), observer.postgres)
+        self.inserting, self.own = (
+            Backends(observer.cursor, "application_name = %s", INSERTER_APPLICATION),
+            Backends(observer.cursor, "datname = current_database() AND application_name <> %s", INSERTER_APPLICATION),
+        ) if observer.postgres.available else (None, None)
+
+    def _backends(self) -> list[Backends]:
+        return [backends for backends in (self.inserting, self.own) if backends]
+
+    def sample(self) -> None:
+        for backends in self._backends():
+            backends.sample()
+
+    def start(self) -> None:
+        self.window.start()
+        for backends in self._backends():
+            backends.window_started()
+
+    def stop(self) -> None:
+        self.window.stop()
+        if self.inserting and self.window.postgres_seconds is not None:
+            self.window.postgres_seconds -= self.inserting.seconds_in_window()
+        self.own_seconds = self.own.seconds_in_window() if self.own else None
+
+    def per_job_ms(self, jobs: int) -> tuple[float, Optional[float], Optional[float]]:
+        """Worker, PostgreSQL and the drain database's own backends, CPU ms per job."""
+        own = None if self.own_seconds is None else self.own_seconds * 1000 / jobs
+        return (*self.window.per_job_ms(jobs), own)
+
+
+class Inserter:
+    """A fresh start's jobs, inserted by a runner process while the worker runs.
+
+    Its connections carry INSERTER_APPLICATION as their application_name, so what
+    their backends spend inside the drain window can be taken out of PostgreSQL's
+    figure, which then counts the drain alone, as it does when the jobs were
+    inserted first.
+    """
+
+    def __init__(self, runner: Runner, url: str, args: argparse.Namespace) -> None:
+        separator = "&" if "?" in url else "?"
+        self.runner = runner
+        self.process = runner.start("bulk", f"{url}{separator}application_name={INSERTER_APPLICATION}",
+                                    args.jobs, args.bulk_batch)
+
+    def check(self) -> None:
+        """Raises RuntimeError when the insert failed, so the jobs the drain waits for would never come."""
+        if self.process.poll():
+            self.runner.finish(self.process)
 
     def finish(self) -> float:
         """Seconds the insert took, once it has exited."""
@@ -404,23 +457,24 @@ def measure_drain(srv: bench.Server, runner: Runner, args: argparse.Namespace, r
             with runner.worker(url, args.concurrency) as process:
                 if args.start == FRESH:
                     time.sleep(SETTLE_SECONDS)
-                    inserter = Inserter(runner, url, args, observer)
-                each_poll = inserter.sample if inserter else lambda: None
-                window = bench.CpuWindow(lambda: bench.tree_cpu_seconds(process.pid), observer.postgres)
+                    inserter = Inserter(runner, url, args)
+                cpu = DrainCpu(process.pid, observer)
+
+                def each_poll() -> None:
+                    if inserter:
+                        inserter.check()
+                    cpu.sample()
+
                 if not observer.wait_until(0, 1, time.monotonic() + 120, [process], each_poll):
                     result.notes.append("no job started within 120 s")
                     return
-                window.start()
-                if inserter:
-                    inserter.window_started()
+                cpu.start()
                 started = time.perf_counter()
                 if not observer.wait_until(1, args.jobs, time.monotonic() + 1_800, [process], each_poll):
                     result.notes.append("drain did not finish within 30 min")
                     return
                 elapsed = time.perf_counter() - started
-                window.stop()
-                if inserter and window.postgres_seconds is not None:
-                    window.postgres_seconds -= inserter.seconds_in_window()
+                cpu.stop()
             if inserter:
                 inserting = inserter.finish()
                 if inserting > elapsed / 2:
@@ -430,7 +484,7 @@ def measure_drain(srv: bench.Server, runner: Runner, args: argparse.Namespace, r
             if inserter:
                 inserter.stop()
     result.processed = args.jobs / elapsed
-    result.worker_ms, result.postgres_ms = window.per_job_ms(args.jobs)
+    result.worker_ms, result.postgres_ms, result.own_backends_ms = cpu.per_job_ms(args.jobs)
 
 
 def measure_bulk(srv: bench.Server, runner: Runner, args: argparse.Namespace, result: Result) -> None:
@@ -529,11 +583,11 @@ def report(runs: list[dict[str, Result]], skipped: dict[str, str], tps: list[Opt
           f"bulk_batch={args.bulk_batch} single_jobs={args.single_jobs} latency_jobs={args.latency_jobs} "
           f"gap_ms={args.gap_ms:g} load_average_now={load_average()}")
     headers = ["system", "version", "processed/s", "single enq/s", "bulk enq/s", "p50 ms", "p95 ms",
-               "worker CPU ms/job", "PG CPU ms/job", "ours/this"]
+               "worker CPU ms/job", "PG CPU ms/job", "its backends' ms/job", "ours/this"]
     rows = [
         [label, runs[0][label].version, column(label, "processed"), column(label, "single"), column(label, "bulk"),
          column(label, "p50", 1), column(label, "p95", 1), column(label, "worker_ms", 3),
-         column(label, "postgres_ms", 3), ratio(trees[0], label) if trees else "n/a"]
+         column(label, "postgres_ms", 3), column(label, "own_backends_ms", 3), ratio(trees[0], label) if trees else "n/a"]
         for label in labels
     ]
     bench.print_table(headers, rows)
@@ -541,7 +595,7 @@ def report(runs: list[dict[str, Result]], skipped: dict[str, str], tps: list[Opt
         # The form of docs/performance.md: pickup and CPU figures paired in one column each.
         print("\n| system | version | processed/s | single enqueue/s | bulk enqueue/s | pickup p50 / p95 ms "
               "| CPU ms/job worker / PostgreSQL | ours / this |\n|---|---|---|---|---|---|---|---|")
-        for label, version, processed, single, bulk, p50, p95, worker, postgres, ratio_to_ours in rows:
+        for label, version, processed, single, bulk, p50, p95, worker, postgres, _, ratio_to_ours in rows:
             print(f"| {label} | {version} | {processed} | {single} | {bulk} | {p50} / {p95} | {worker} / {postgres} | {ratio_to_ours} |")
     for tree in trees:
         for peer in peers:
