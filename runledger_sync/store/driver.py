@@ -69,15 +69,14 @@ Workers
 
 from __future__ import annotations
 
-from runledger_sync.store._claim import claim_jobs, claim_prestart_jobs_for_types
-from runledger_sync.store._claim_queues import serves_limited_queue
-from runledger_sync.store._workers import forget_worker, record_worker
-from runledger_sync.store._claim_start import StartedClaim, claim_and_start_jobs
-from runledger_sync.store._gauges import ping
-from runledger_sync.store._held import HeldConnection
-from runledger_sync.store._lifecycle_batch import read_back_outcomes, read_earlier_attempts
-from runledger_sync.store._outcomes import apply_transitions
-from runledger_sync.store._notify import (
+from runledger_sync.store.claim.claim import claim_jobs, claim_prestart_jobs_for_types
+from runledger_sync.store.claim.flow import serves_limited_queue
+from runledger_sync.store.workers import forget_worker, record_worker
+from runledger_sync.store.claim.start import StartedClaim, claim_and_start_jobs
+from runledger_sync.store.admin.gauges import ping
+from runledger_sync.store.held import HeldConnection
+from runledger_sync.store.attempt.outcomes import apply_transitions, read_back_outcomes, read_earlier_attempts
+from runledger_sync.store.notify import (
     CANCELED_CHANNEL,
     CHANNEL,
     ENDED_CHANNEL,
@@ -90,15 +89,15 @@ from runledger_sync.store._notify import (
     read_notifications,
     send_probe,
 )
-from runledger_sync.store._reaper import reap_expired_leases
-from runledger_sync.store._rollup import sample_rollup
-from runledger_sync.store._running import heartbeat_job, mark_job_running, running_landed, update_job_progress
-from runledger_sync.store._schedule_tick import fire_due_schedules
-from runledger_sync.store.admin import get_job
-from runledger_sync.store.lifecycle import release_unstarted_job_claim
+from runledger_sync.store.maintenance.reaper import reap_expired_leases
+from runledger_sync.store.admin.rollup import sample_rollup
+from runledger_sync.store.attempt.running import heartbeat_job, mark_job_running, running_landed, update_job_progress
+from runledger_sync.store.maintenance.schedule_tick import fire_due_schedules
+from runledger_sync.store.admin.jobs import get_job
+from runledger_sync.store.attempt.ends import release_unstarted_job_claim
 from runledger_sync.store.queues import list_queues
-from runledger_sync.store.retention import prune
-from runledger_sync.store.workflows import load_step, step_allows_continuation, step_output
+from runledger_sync.store.maintenance.retention import prune
+from runledger_sync.store.workflows.runs import load_step, step_allows_continuation, step_output
 
 __all__ = [
     # connections
