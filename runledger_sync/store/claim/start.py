@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from sqlalchemy import Text, and_, any_, bindparam, cast, select
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 
 from runledger_sync.core.errors import RunledgerError
 from runledger_sync.core.records import JobRecord
@@ -120,7 +120,7 @@ _STILL_LEASED = _build_still_leased()
 
 
 def claim_and_start_jobs(
-    bind: HeldConnection,
+    bind: Engine | HeldConnection,
     *,
     worker_id: str,
     lease_ttl_seconds: float,
@@ -137,7 +137,8 @@ def claim_and_start_jobs(
     followed by :func:`~runledger_sync.store.attempt.running.mark_jobs_running` for what it leased.
 
     Args:
-        bind: the worker's held connection (the store's own transactions; never a caller's).
+        bind: an Engine or the worker's held connection: the store's own transactions, never a
+            caller's (the claim and the running write each commit on their own).
         event_log: ``full`` writes the LEASED and STAGE_CHANGED(running) events; ``transitions`` neither.
         unlimited_only: as for :func:`~runledger_sync.store.claim.claim.claim_prestart_jobs_for_types`.
 
