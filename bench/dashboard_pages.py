@@ -21,7 +21,7 @@ from sqlalchemy import text
 from werkzeug.test import Client
 
 import runledger_sync as rl
-from runledger_sync.store.admin import recent_overview
+from runledger_sync.store.admin.overview import recent_overview
 from runledger_sync.web import allow_anyone, create_app
 
 _KEYS_SQL = ("UPDATE job_queue SET idempotency_key = 'order-' || id::text, enqueue_request = '{}'::jsonb "

@@ -20,8 +20,8 @@ from sqlalchemy import Text, event, literal_column, select, text, tuple_
 
 import runledger_sync as rl
 from runledger_sync.db.schema import job_queue
-from runledger_sync.store import admin
-from runledger_sync.store.admin import queue_stats
+from runledger_sync.store.admin.jobs import count_jobs, list_jobs
+from runledger_sync.store.admin.stats import queue_stats
 
 TYPES = [f"bench.type_{n}" for n in range(5)]
 
@@ -99,22 +99,22 @@ def keyset_page(engine, status: str) -> None:
 EVERY_ROW = {"stats (counts by type and status)"}
 
 QUERIES = {
-    "list, newest first": lambda e: admin.list_jobs(e, limit=50),
-    "list, newest first, page 20": lambda e: admin.list_jobs(e, limit=50, offset=1000),
-    "list PENDING": lambda e: admin.list_jobs(e, status="PENDING", limit=50),
-    "list LEASED": lambda e: admin.list_jobs(e, status="LEASED", limit=50),
-    "list SUCCEEDED": lambda e: admin.list_jobs(e, status="SUCCEEDED", limit=50),
-    "list DEAD_LETTERED": lambda e: admin.list_jobs(e, status="DEAD_LETTERED", limit=50),
-    "list CANCELED of a type": lambda e: admin.list_jobs(e, status="CANCELED", job_type=TYPES[1], limit=50),
-    "list a type": lambda e: admin.list_jobs(e, job_type=TYPES[2], limit=50),
-    "list an organization": lambda e: admin.list_jobs(e, organization_id="org-10", limit=50),
-    "list an organization's DEAD_LETTERED": lambda e: admin.list_jobs(
+    "list, newest first": lambda e: list_jobs(e, limit=50),
+    "list, newest first, page 20": lambda e: list_jobs(e, limit=50, offset=1000),
+    "list PENDING": lambda e: list_jobs(e, status="PENDING", limit=50),
+    "list LEASED": lambda e: list_jobs(e, status="LEASED", limit=50),
+    "list SUCCEEDED": lambda e: list_jobs(e, status="SUCCEEDED", limit=50),
+    "list DEAD_LETTERED": lambda e: list_jobs(e, status="DEAD_LETTERED", limit=50),
+    "list CANCELED of a type": lambda e: list_jobs(e, status="CANCELED", job_type=TYPES[1], limit=50),
+    "list a type": lambda e: list_jobs(e, job_type=TYPES[2], limit=50),
+    "list an organization": lambda e: list_jobs(e, organization_id="org-10", limit=50),
+    "list an organization's DEAD_LETTERED": lambda e: list_jobs(
         e, status="DEAD_LETTERED", organization_id="org-10", limit=50),
     "keyset page, SUCCEEDED": lambda e: keyset_page(e, "SUCCEEDED"),
     "keyset page, DEAD_LETTERED": lambda e: keyset_page(e, "DEAD_LETTERED"),
-    "count DEAD_LETTERED": lambda e: admin.count_jobs(e, status="DEAD_LETTERED"),
-    "count a type": lambda e: admin.count_jobs(e, job_type=TYPES[3]),
-    "count an organization": lambda e: admin.count_jobs(e, organization_id="org-10"),
+    "count DEAD_LETTERED": lambda e: count_jobs(e, status="DEAD_LETTERED"),
+    "count a type": lambda e: count_jobs(e, job_type=TYPES[3]),
+    "count an organization": lambda e: count_jobs(e, organization_id="org-10"),
     "stats (counts by type and status)": lambda e: queue_stats(e),
     "stats of an organization": lambda e: queue_stats(e, organization_id="org-10"),
 }

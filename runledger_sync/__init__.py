@@ -94,24 +94,14 @@ from runledger_sync.runtime.health import LoopHealth, SupervisorHealth
 from runledger_sync.runtime.job_wait import wait_for_job
 from runledger_sync.runtime.supervisor.supervisor import Supervisor
 from runledger_sync.runtime.worker.loop import run_worker_loop
-from runledger_sync.store.admin import (
-    QueueGauges,
-    QueueStats,
-    cancel_job,
-    count_dead_letters,
-    count_jobs,
-    get_dead_letter,
-    get_job,
-    list_attempts,
-    list_dead_letters,
-    list_events,
-    list_jobs,
-    queue_gauges,
-    queue_stats,
-    replay_dead_letters,
-    requeue_job,
-)
-from runledger_sync.store.enqueue import enqueue, enqueue_many, enqueue_many_ids, set_job_definition_enabled
+from runledger_sync.store.admin.actions import cancel_job, requeue_job
+from runledger_sync.store.admin.dead_letters import count_dead_letters, list_dead_letters, replay_dead_letters
+from runledger_sync.store.admin.gauges import QueueGauges, queue_gauges
+from runledger_sync.store.admin.jobs import count_jobs, get_dead_letter, get_job, list_attempts, list_events, list_jobs
+from runledger_sync.store.admin.stats import QueueStats, queue_stats
+from runledger_sync.store.definitions import set_job_definition_enabled
+from runledger_sync.store.enqueue.enqueue import enqueue, enqueue_many, enqueue_many_ids
+from runledger_sync.store.maintenance.retention import prune
 from runledger_sync.store.queues import (
     configure_queue,
     explain_wait,
@@ -121,7 +111,6 @@ from runledger_sync.store.queues import (
     queue_loads,
     resume_queue,
 )
-from runledger_sync.store.retention import prune
 from runledger_sync.store.schedules import (
     delete_schedule,
     get_schedule,
@@ -131,13 +120,9 @@ from runledger_sync.store.schedules import (
     trigger_schedule,
     upsert_schedule,
 )
-from runledger_sync.store.workflows import (
-    cancel_workflow_run,
-    complete_external_step,
-    enqueue_workflow,
-    get_workflow_run,
-    list_workflow_runs,
-)
+from runledger_sync.store.workflows.actions import cancel_workflow_run, complete_external_step
+from runledger_sync.store.workflows.enqueue import enqueue_workflow
+from runledger_sync.store.workflows.runs import get_workflow_run, list_workflow_runs
 
 __all__ = [
     "AlreadyEnqueued",

@@ -15,7 +15,7 @@ With ``processes=N`` the worker processes count into a private directory (mode 0
 of prometheus_client's multiprocess mode, and the parent's scrape sums them.
 
 The queue gauges cost two statements per scrape: by job type
-(:func:`runledger_sync.store.admin.queue_gauges` says which indexes it reads) and by
+(:func:`runledger_sync.store.admin.gauges.queue_gauges` says which indexes it reads) and by
 queue, with each queue's pause and limits (:func:`runledger_sync.store.queues.queue_loads`,
 ``runledger_queue_*`` gauges with a ``queue`` label). The worker's counters cost nothing when no
 observer is given, and a few counter and histogram updates per job when one is.
@@ -46,7 +46,12 @@ from runledger_sync.core.records import JobRecord
 from runledger_sync.core.types import JobFailure
 from runledger_sync.logging import get_logger
 from runledger_sync.runtime.health import SupervisorHealth
-from runledger_sync.store.admin import DEAD_LETTER_WINDOW_SECONDS, LATE_SCHEDULE_SECONDS, QueueGauges, queue_gauges
+from runledger_sync.store.admin.gauges import (
+    DEAD_LETTER_WINDOW_SECONDS,
+    LATE_SCHEDULE_SECONDS,
+    QueueGauges,
+    queue_gauges,
+)
 from runledger_sync.store.queues import queue_loads
 
 log = get_logger(__name__)
@@ -214,7 +219,7 @@ def _in_worker_process(directory: str) -> WorkerMetrics:
 
 
 class QueueCollector:
-    """Reads :func:`~runledger_sync.store.admin.queue_gauges` and :func:`~runledger_sync.store.queues.queue_loads`
+    """Reads :func:`~runledger_sync.store.admin.gauges.queue_gauges` and :func:`~runledger_sync.store.queues.queue_loads`
     on each scrape and turns them into gauges.
 
     A failed read is logged and reported as ``runledger_queue_up 0``, never as an

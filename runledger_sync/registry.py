@@ -237,7 +237,7 @@ class JobRegistry(Declarations, Hooked):
     def enqueue_many(self, bind: Any, specs: Any, **options: Any) -> list[JobRecord]:
         """Enqueue as :func:`runledger_sync.enqueue_many` does, preparing each spec as :meth:`enqueue` does."""
         # Imported here: the registry sits below the store (see sync_definitions).
-        from runledger_sync.store.enqueue import enqueue_many
+        from runledger_sync.store.enqueue.enqueue import enqueue_many
 
         if isinstance(specs, (list, tuple)):
             # A list stays a list, which the store may send again after a lost connection.
@@ -266,7 +266,7 @@ class JobRegistry(Declarations, Hooked):
             RunledgerError: whatever :func:`runledger_sync.enqueue_workflow` raises.
         """
         # Imported here: the registry sits below the store (see sync_definitions).
-        from runledger_sync.store.workflows import enqueue_workflow
+        from runledger_sync.store.workflows.enqueue import enqueue_workflow
 
         return enqueue_workflow(bind, self._hooks.prepared_workflow(workflow, self._payload_models), **options)
 
@@ -322,7 +322,7 @@ class JobRegistry(Declarations, Hooked):
             overwrite: Replace existing definition rows (True) or insert only missing ones.
 
         Returns:
-            What :func:`runledger_sync.store.enqueue.sync_job_definitions` returns.
+            What :func:`runledger_sync.store.definitions.sync_job_definitions` returns.
 
         Raises:
             UndeclaredQueue: a handler names a queue that is not the default, not
@@ -333,7 +333,7 @@ class JobRegistry(Declarations, Hooked):
         """
         # Imported here, not at module level: the registry sits below the store in
         # the layering, and the store must stay importable without the registry.
-        from runledger_sync.store.enqueue import sync_job_definitions
+        from runledger_sync.store.definitions import sync_job_definitions
         from runledger_sync.store.queues import list_queues, sync_queues
         from runledger_sync.store.schedules import sync_declared_schedules
 

@@ -15,9 +15,9 @@ import runledger_sync as rl
 from runledger_sync.core.records import JobDefinition, LeaseIdentity
 from runledger_sync.logging import ROOT_LOGGER_NAME
 from runledger_sync.runtime.worker.loop import run_worker_loop
-from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store._claim import claim_jobs, claim_prestart_jobs_for_types
-from runledger_sync.store._prepared import PLAN_ONCE_SQL
+from runledger_sync.store.definitions import sync_job_definitions
+from runledger_sync.store.claim.claim import claim_jobs, claim_prestart_jobs_for_types
+from runledger_sync.store.prepared import PLAN_ONCE_SQL
 
 JOB_TYPE = "test.job"
 
@@ -28,7 +28,7 @@ def without_plan_settings(sql: str) -> str:
 
 
 def define(engine: Any, job_type: str = JOB_TYPE, **overrides: Any) -> JobDefinition:
-    return store_enqueue.sync_job_definitions(engine, [JobDefinition(job_type, **overrides)])[0]
+    return sync_job_definitions(engine, [JobDefinition(job_type, **overrides)])[0]
 
 
 def claim_one(engine: Any, *, worker_id: str = "worker-a", lease_ttl_seconds: float = 30, prestart: bool = True,
@@ -149,7 +149,7 @@ def write_successes(bind: Any, completions: Any, **limits: Any) -> list[Any]:
     """Write (lease, completion or None) pairs as successes through the one outcome call; its answers."""
     from runledger_sync.core.outcomes import Succeed
     from runledger_sync.core.types import JobCompletion
-    from runledger_sync.store._outcomes import apply_transitions
+    from runledger_sync.store.attempt.outcomes import apply_transitions
 
     return apply_transitions(bind, [(lease, Succeed(completion or JobCompletion())) for lease, completion in completions],
                              **limits)

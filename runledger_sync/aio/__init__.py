@@ -43,8 +43,9 @@ from runledger_sync.core.records import JobRecord, JobSpec
 from runledger_sync.core.states import JobStage
 from runledger_sync.core.types import DEFAULT_EVENT_LOG, EventLog
 from runledger_sync.core.workflow import Workflow, WorkflowRunRecord
-from runledger_sync.store import admin, workflows
-from runledger_sync.store import enqueue as store_enqueue
+from runledger_sync.store.admin import jobs as store_jobs
+from runledger_sync.store.workflows import enqueue as store_workflows
+from runledger_sync.store.enqueue import enqueue as store_enqueue
 
 __all__ = ["enqueue", "enqueue_many", "enqueue_workflow", "get_job", "wait_for_job"]
 
@@ -114,7 +115,7 @@ async def enqueue_workflow(
     Returns:
         The run with its steps.
     """
-    return await run_joined(bind, lambda connection: workflows.enqueue_workflow(
+    return await run_joined(bind, lambda connection: store_workflows.enqueue_workflow(
         connection, workflow, max_payload_bytes=max_payload_bytes, event_log=event_log))
 
 
@@ -126,4 +127,4 @@ async def get_job(bind: Any, job_id: UUID | str, *, organization_id: Optional[st
             :func:`runledger_sync.get_job` retries on an Engine), or a connection or
             session as for :func:`enqueue`, whose transaction the read joins (never retried).
     """
-    return await run_read(bind, lambda connection: admin.get_job(connection, job_id, organization_id=organization_id))
+    return await run_read(bind, lambda connection: store_jobs.get_job(connection, job_id, organization_id=organization_id))

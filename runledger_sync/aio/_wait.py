@@ -40,7 +40,7 @@ from runledger_sync.runtime.job_wait import (
     names,
     timed_out,
 )
-from runledger_sync.store import admin
+from runledger_sync.store.admin import jobs
 
 log = get_logger(__name__)
 
@@ -71,7 +71,7 @@ async def wait_for_job(
         pause = FIRST_POLL_SECONDS
         while True:
             job = found(
-                await run_read(bind, lambda c: admin.get_job(c, job_id, organization_id=organization_id)), job_id,
+                await run_read(bind, lambda c: jobs.get_job(c, job_id, organization_id=organization_id)), job_id,
             )
             if job.status.is_terminal:
                 return job

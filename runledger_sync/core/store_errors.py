@@ -1,6 +1,6 @@
 """The database branch of the exception tree: what the store raises when a statement or migration fails.
 
-``store/_errors.py`` maps SQLAlchemy and psycopg2 errors to these classes. The
+``store/transactions.py`` maps SQLAlchemy and psycopg2 errors to these classes. The
 tree is drawn in :mod:`runledger_sync.core.errors`, which holds the base; import
 these classes from here (or from ``runledger_sync``).
 """

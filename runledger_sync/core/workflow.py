@@ -2,7 +2,7 @@
 
 :class:`Workflow` builds the definition in memory and checks it whole (unique
 step keys, dependencies inside the workflow, no cycle) before anything is
-written; :func:`runledger_sync.store.workflows.enqueue_workflow` writes it.
+written; :func:`runledger_sync.store.workflows.enqueue.enqueue_workflow` writes it.
 """
 
 from __future__ import annotations

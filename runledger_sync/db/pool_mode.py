@@ -18,7 +18,7 @@ execution option :data:`POLICY_OPTION`:
   session ``SET``; every statement is one transaction using ``SET LOCAL`` only.
 
 A session policy that meets the signs of shared sessions (see
-:mod:`runledger_sync.store._prepared`) stops preparing and listening for the
+:mod:`runledger_sync.store.prepared`) stops preparing and listening for the
 rest of the engine's life: :meth:`ConnectionPolicy.mark_sessions_shared`.
 """
 

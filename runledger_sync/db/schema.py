@@ -239,8 +239,8 @@ job_queue = Table(
 # tests/db/store/test_reads_at_a_million_jobs.py, which fails on a sequential scan
 # of job_queue and on an index no read uses (every index costs every write).
 #
-# The claim (store/_claim_build.py) reads the head of each queue it serves in
-# claim order, and the rollup's sample (store/_rollup.py) counts each queue's due
+# The claim (store/claim/statement.py) reads the head of each queue it serves in
+# claim order, and the rollup's sample (store/admin/rollup.py) counts each queue's due
 # claimable jobs. The index covers exactly the rows a claim can pick, so the claim
 # reads only the head of each queue however many finished rows exist, and jobs held
 # back by a busy concurrency key are not in it.
@@ -271,7 +271,7 @@ Index(
     postgresql_where=text("execution_resource_key IS NOT NULL AND status IN ('PENDING', 'LEASED')"),
 )
 # The LEASED rows, which the listing indexes leave out, by lease expiry: the
-# reaper's expired leases, oldest first (store/_reaper.py); and every read of the
+# reaper's expired leases, oldest first (store/maintenance/reaper.py); and every read of the
 # LEASED part: list_jobs and count_jobs, the stats, gauges and queue loads, the
 # overview's workers, the claim's and explain_wait's count of a limited queue's leases.
 Index(
@@ -285,7 +285,7 @@ Index(
 # index whose predicate the new row version meets. Leaving LEASED rows out spares
 # these indexes the claim's entry, and the running write's when its page is full.
 # Leased rows are few (the workers' slots, plus expired leases the reaper has yet
-# to recover) and idx_job_queue_leased_expiry finds them; store/admin.py lists and
+# to recover) and idx_job_queue_leased_expiry finds them; store/admin/jobs.py lists and
 # counts the two parts apart, each status on its own, and merges them newest first.
 RESTING = "status <> 'LEASED'"
 # list_jobs by status or none, newest first and paged by (created_at, id) (jobs list,
@@ -335,7 +335,7 @@ Index(
 )
 # An idempotency key is unique per job type in an organization, or among the jobs
 # of none: each side has its index. An enqueue's insert conflicts on them, and the
-# key's holder is then read back through the same one (store/_enqueue_batch.py).
+# key's holder is then read back through the same one (store/enqueue/chunk.py).
 Index(
     "uq_job_queue_type_idempotency_org",
     job_queue.c.job_type,

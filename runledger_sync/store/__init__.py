@@ -1,9 +1,17 @@
 """Every SQL statement of the queue, grouped by purpose; the runtime never writes SQL.
 
-The public modules are the ones the architecture names: ``enqueue``,
-``lifecycle``, ``admin``, ``schedules`` and ``workflows`` for applications and
-operators, ``driver``, the one list of what the runtime asks of the
-database, and ``aio_binds``, which runs those calls on an asyncio caller's
-connection for :mod:`runledger_sync.aio`. The ``_``-prefixed modules are how those are done; only this package
-imports them.
+The whole package is private: users reach it through ``runledger_sync`` (``rl.*``),
+``.aio``, ``.testing``, ``.web`` and ``.contrib``, and the runtime through
+:mod:`runledger_sync.store.driver` alone, the one list of what it asks of the database.
+Each folder holds one part of a job's life, each plain module one idea:
+
+- ``enqueue/``: writing jobs; ``definitions``, ``queues``, ``schedules``: the rows
+  that shape them; ``workers``: who serves what;
+- ``claim/``: leasing due jobs to a worker; ``attempt/``: everything written
+  under a lease, from running to the outcome;
+- ``workflows/``: runs and their steps; ``maintenance/``: the reaper, retention,
+  the schedule tick; ``admin/``: the operator's reads and actions;
+- under them all: ``transactions`` (whose transaction, and retries), ``binds``,
+  ``aio_binds`` and ``held`` (what a call runs on), ``prepared``, ``sql``,
+  ``rows``, ``scope`` and ``notify``.
 """

@@ -11,11 +11,11 @@ call itself, with the same validation, statements and error codes, run through
   asyncpg): its own ``run_sync``, so the call joins its transaction;
 - a psycopg 3 ``AsyncConnection``: lent to a private async engine, one per
   process, whose dialect never begins, commits, rolls back or closes it, as
-  :mod:`runledger_sync.store._binds` lends a sync one; our statements run on a
+  :mod:`runledger_sync.store.binds` lends a sync one; our statements run on a
   cursor of our own with tuple rows and our own type loaders;
 - an ``AsyncEngine`` (reads only): a transaction of the store's own, committed here,
   and retried on a lost connection as the sync store retries its own
-  (:mod:`runledger_sync.store._errors`: the same errors, attempts and budget), sleeping
+  (:mod:`runledger_sync.store.transactions`: the same errors, attempts and budget), sleeping
   with asyncio between tries. A caller's connection or session is never retried: its
   transaction is the caller's.
 """
@@ -42,9 +42,9 @@ from tenacity import AsyncRetrying
 from runledger_sync.core.errors import InvalidArgument
 from runledger_sync.core.store_errors import ConnectionFailed
 from runledger_sync.db.errors import translate
-from runledger_sync.store._binds import LENT_ENGINE_OPTIONS, _LeavesTheConnectionToItsOwner, _own_psycopg_cursor
-from runledger_sync.store._errors import retry_policy, worth_retrying
-from runledger_sync.store._notify import ENDED_CHANNEL, LISTENER_APPLICATION_NAME
+from runledger_sync.store.binds import LENT_ENGINE_OPTIONS, _LeavesTheConnectionToItsOwner, _own_psycopg_cursor
+from runledger_sync.store.transactions import retry_policy, worth_retrying
+from runledger_sync.store.notify import ENDED_CHANNEL, LISTENER_APPLICATION_NAME
 
 T = TypeVar("T")
 

@@ -3,7 +3,7 @@
 The settings are rows of ``job_queues``, read by every claim: a pause or a new
 limit holds from the next claim of every worker. The rules themselves are in
 :mod:`runledger_sync.core.flow`, the claim's use of them in
-:mod:`runledger_sync.store._claim_queues`, and the concurrency-key turns in the
+:mod:`runledger_sync.store.claim.flow`, and the concurrency-key turns in the
 key trigger (:mod:`runledger_sync.db.schema_queues`).
 
 Why a PENDING job is not running (:func:`explain_wait`) is checked in the order
@@ -38,11 +38,11 @@ from runledger_sync.core.queue_errors import QueueNotFound
 from runledger_sync.core.states import JobStatus
 from runledger_sync.db.schema import job_definitions, job_queue, job_queues
 from runledger_sync.db.schema_queues import KEY_LOCK, job_queue_rate_claims
-from runledger_sync.store._binds import Bind
-from runledger_sync.store._errors import run_in_transaction
-from runledger_sync.store._notify import CHANNEL
-from runledger_sync.store._scope import status_is
-from runledger_sync.store._workers import serves
+from runledger_sync.store.binds import Bind
+from runledger_sync.store.transactions import run_in_transaction
+from runledger_sync.store.notify import CHANNEL
+from runledger_sync.store.scope import status_is
+from runledger_sync.store.workers import serves
 
 _qs = job_queues.c
 _q = job_queue.c

@@ -1,7 +1,7 @@
 """Cron schedules: write, read, pause, resume, trigger, delete, and sync those declared in code (spec section 8).
 
 The scheduler's tick, which turns due schedules into jobs, is in
-:mod:`runledger_sync.store._schedule_tick`. A write that moves an active
+:mod:`runledger_sync.store.maintenance.schedule_tick`. A write that moves an active
 schedule's next fire notifies the scheduler loops (``runledger_schedules``).
 """
 
@@ -31,10 +31,10 @@ from runledger_sync.core.store_errors import DefinitionNotFound
 from runledger_sync.core.states import JobStage
 from runledger_sync.db.schema import job_definitions
 from runledger_sync.db.schema_schedules import job_schedules
-from runledger_sync.store._binds import Bind
-from runledger_sync.store._errors import run_in_transaction
-from runledger_sync.store.enqueue import enqueue_many
-from runledger_sync.store._notify import notify_schedules_changed
+from runledger_sync.store.binds import Bind
+from runledger_sync.store.transactions import run_in_transaction
+from runledger_sync.store.enqueue.enqueue import enqueue_many
+from runledger_sync.store.notify import notify_schedules_changed
 
 _s = job_schedules.c
 SCHEDULE_COLUMNS = tuple(job_schedules.c[f.name] for f in fields(ScheduleRecord))
@@ -268,7 +268,7 @@ def list_schedules(bind: Bind, active: Optional[bool] = None) -> list[ScheduleRe
     return run_in_transaction(bind, lambda connection: [_to_schedule(r) for r in connection.execute(statement)])
 
 
-# -- what a fire is (shared with the tick, store/_schedule_tick.py) ---------------
+# -- what a fire is (shared with the tick, store/maintenance/schedule_tick.py) ---------------
 
 
 def spec_of(row: Any) -> ScheduleSpec:

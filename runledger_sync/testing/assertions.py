@@ -26,7 +26,7 @@ from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidArgument
 from runledger_sync.core.records import JobRecord
 from runledger_sync.core.states import JobStatus
-from runledger_sync.store.admin import list_jobs
+from runledger_sync.store.admin.jobs import list_jobs
 
 #: How much of one payload a failure message shows.
 SHOWN_PAYLOAD_CHARS = 200

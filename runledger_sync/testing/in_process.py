@@ -27,9 +27,10 @@ from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.attempt.run import process_claimed_job
 from runledger_sync.runtime.worker.tally import OutcomeTally
 from runledger_sync.runtime.attempt.watch import TimerThread
-from runledger_sync.store.admin import get_job, make_jobs_due
-from runledger_sync.store.enqueue import enqueue
-from runledger_sync.store.lifecycle import claim_prestart_jobs_for_types
+from runledger_sync.store.admin.actions import make_jobs_due
+from runledger_sync.store.admin.jobs import get_job
+from runledger_sync.store.claim.claim import claim_prestart_jobs_for_types
+from runledger_sync.store.enqueue.enqueue import enqueue
 from runledger_sync.store.queues import explain_wait
 
 #: The runtime's outcome names that read differently in a drain's summary.

@@ -7,7 +7,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Optional
 
 import runledger_sync as rl
-from runledger_sync.store.admin import LATE_SCHEDULE_SECONDS, job_statuses
+from runledger_sync.store.admin.gauges import LATE_SCHEDULE_SECONDS
+from runledger_sync.store.admin.jobs import job_statuses
 from runledger_sync.web.http import PageHost, Request, Response
 
 DEAD_LETTER_PAGE = 100

@@ -7,7 +7,8 @@ from datetime import timedelta
 from typing import Any, Optional
 
 import runledger_sync as rl
-from runledger_sync.store.admin import RollupPoint, recent_overview, rollup_series
+from runledger_sync.store.admin.rollup import RollupPoint, rollup_series
+from runledger_sync.store.admin.overview import recent_overview
 from runledger_sync.web.charts import Chart, Series, line_chart, minutes_of, stacked_bars
 from runledger_sync.web.http import PageHost, Request, Response
 

@@ -18,8 +18,8 @@ import runledger_sync as rl
 from runledger_sync import aio
 from runledger_sync.core.records import JobSpec
 from runledger_sync.core.states import JobStatus
-from runledger_sync.store import admin
-from runledger_sync.store import enqueue as store_enqueue
+from runledger_sync.store.admin.jobs import get_job
+from runledger_sync.store.enqueue import enqueue as store_enqueue
 from tests.db.aio_support import CALLERS, create_orders, jobs_of, raw_psycopg
 from tests.db.test_transactional_enqueue import _connect_options
 from tests.support import JOB_TYPE, rows, scalar
@@ -47,14 +47,14 @@ def test_the_job_exists_exactly_when_the_caller_commits(caller, orders, outcome)
             seen = await aio.get_job(transaction.bind, job.id)
             assert seen is not None and seen.payload == {"order": "order-1"}
             # Nothing outside sees it before the caller decides.
-            assert admin.get_job(orders, job.id) is None
+            assert get_job(orders, job.id) is None
             await (transaction.commit() if outcome == "commit" else transaction.rollback())
             return job
 
     job = asyncio.run(scenario())
     assert job.status is JobStatus.PENDING and job.job_type == JOB_TYPE and job.meta == {"tenant": "acme"}
     committed = outcome == "commit"
-    assert (admin.get_job(orders, job.id) is not None) is committed
+    assert (get_job(orders, job.id) is not None) is committed
     assert jobs_of(orders) == (1 if committed else 0)
     assert scalar(orders, "SELECT count(*) FROM orders") == (1 if committed else 0)
 

@@ -16,7 +16,7 @@ import runledger_sync as rl
 from runledger_sync import aio
 from runledger_sync.aio import _wait as aio_wait
 from runledger_sync.core.states import JobStatus
-from runledger_sync.store._errors import TRANSIENT_RETRY_ATTEMPTS
+from runledger_sync.store.transactions import TRANSIENT_RETRY_ATTEMPTS
 from tests.db.aio_support import async_engine, create_orders, needs_asyncpg
 from tests.db.test_aio_wait import Waiter, ended_listener_pids
 from tests.support import JOB_TYPE, rows, terminate_backend, wait_until

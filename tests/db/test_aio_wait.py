@@ -19,7 +19,7 @@ from runledger_sync import aio
 from runledger_sync.aio import _wait as aio_wait
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.states import JobStatus
-from runledger_sync.store import _notify as notify
+from runledger_sync.store import notify
 from tests.support import write_successes
 from tests.db.aio_support import CALLERS, UNKNOWN_ID, async_engine, create_orders, needs_asyncpg
 from tests.support import JOB_TYPE, claim_one, rows, terminate_backend, wait_until

@@ -23,8 +23,8 @@ from sqlalchemy import text
 
 import runledger_sync as rl
 from runledger_sync.core.records import LeaseIdentity
-from runledger_sync.store._claim import claim_jobs
-from runledger_sync.store.lifecycle import complete_job_failure
+from runledger_sync.store.claim.claim import claim_jobs
+from runledger_sync.store.attempt.ends import complete_job_failure
 from tests.support import define
 
 JOB_TYPE = "bad.input"

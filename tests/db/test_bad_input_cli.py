@@ -22,8 +22,8 @@ import pytest
 import runledger_sync as rl
 from runledger_sync import cli
 from runledger_sync.core.records import LeaseIdentity
-from runledger_sync.store._claim import claim_jobs
-from runledger_sync.store.lifecycle import complete_job_failure
+from runledger_sync.store.claim.claim import claim_jobs
+from runledger_sync.store.attempt.ends import complete_job_failure
 from tests.db.test_bad_input_api import FOUR_BYTES, HOSTILE, SURROGATE, TABLES, UNKNOWN_ID
 from tests.db.test_bad_input_api import table_digest as queue_digest
 from tests.support import define

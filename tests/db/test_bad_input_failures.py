@@ -16,8 +16,8 @@ import os
 import pytest
 
 import runledger_sync as rl
-from runledger_sync.store import lifecycle
-from runledger_sync.store._running import update_job_progress
+from runledger_sync.store.attempt.ends import complete_job_failure, complete_job_success
+from runledger_sync.store.attempt.running import update_job_progress
 from tests.db.test_bad_input_api import table_digest
 from tests.handlers import fast_config
 from tests.support import attempts, claim_one, define, events, identity, run_worker_until
@@ -113,7 +113,7 @@ def test_the_store_records_a_hostile_failure_given_directly(engine):
     rl.enqueue(engine, JOB_TYPE, {})
     claimed = claim_one(engine, job_type=JOB_TYPE)
 
-    stored = lifecycle.complete_job_failure(
+    stored = complete_job_failure(
         engine, **identity(claimed), retry_delay_ms=60_000,
         failure=rl.JobFailure.retryable("c\udcff\x00", "m\ud800\x00"),
     )
@@ -139,7 +139,7 @@ def test_the_store_refuses_an_output_or_checkpoint_jsonb_would_change(engine, fi
     before = table_digest(engine)
 
     with pytest.raises(rl.InvalidPayload) as caught:
-        lifecycle.complete_job_success(engine, **identity(claimed), completion=rl.JobCompletion(**{field: value}))
+        complete_job_success(engine, **identity(claimed), completion=rl.JobCompletion(**{field: value}))
 
     assert caught.value.code == "job.invalid_payload"
     assert table_digest(engine) == before

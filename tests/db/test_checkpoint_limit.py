@@ -15,10 +15,10 @@ import pytest
 
 import runledger_sync as rl
 from runledger_sync.errors import CheckpointTooLarge
-from runledger_sync.store import lifecycle
-from runledger_sync.store._outcomes import apply_transitions
+from runledger_sync.store.attempt.ends import complete_job_success
+from runledger_sync.store.attempt.outcomes import apply_transitions
 from tests.support import write_successes
-from runledger_sync.store._running import update_job_progress
+from runledger_sync.store.attempt.running import update_job_progress
 from runledger_sync.core.outcomes import Continue
 from runledger_sync.core.records import LeaseIdentity
 from tests.handlers import fast_config
@@ -67,7 +67,7 @@ def test_a_success_or_continuation_with_a_checkpoint_over_the_limit_is_refused_a
 
     with pytest.raises(CheckpointTooLarge) as raised:
         if write == "success":
-            lifecycle.complete_job_success(engine, **lease, completion=rl.JobCompletion(checkpoint=OVER))
+            complete_job_success(engine, **lease, completion=rl.JobCompletion(checkpoint=OVER))
         elif write == "successes":
             write_successes(engine, [(LeaseIdentity(**lease), rl.JobCompletion(checkpoint=OVER))])
         else:

@@ -17,8 +17,8 @@ import pytest
 import runledger_sync as rl
 from runledger_sync import cli, testing
 from runledger_sync.core.records import LeaseIdentity
-from runledger_sync.store._claim import claim_jobs
-from runledger_sync.store.lifecycle import complete_job_failure, complete_job_success
+from runledger_sync.store.claim.claim import claim_jobs
+from runledger_sync.store.attempt.ends import complete_job_failure, complete_job_success
 from tests.support import define, event_types, rows, scalar
 
 EMAIL = "cli.email"

@@ -10,7 +10,7 @@ import runledger_sync as rl
 from runledger_sync.cli.jobs import EXIT_CANCELED, EXIT_DEAD_LETTERED, EXIT_WAIT_TIMEOUT
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.types import JobFailure
-from runledger_sync.store.lifecycle import complete_job_failure, complete_job_success
+from runledger_sync.store.attempt.ends import complete_job_failure, complete_job_success
 from tests.support import JOB_TYPE, claim_one, define
 
 UNKNOWN_ID = "00000000-0000-7000-8000-000000000000"

@@ -8,7 +8,7 @@ from datetime import timezone
 import pytest
 
 import runledger_sync as rl
-from runledger_sync.store._schedule_tick import fire_due_schedules
+from runledger_sync.store.maintenance.schedule_tick import fire_due_schedules
 from tests.support import define, scalar, wait_until
 
 REPORT = "cli.report"

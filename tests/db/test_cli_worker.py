@@ -13,7 +13,7 @@ import time
 
 import runledger_sync as rl
 from runledger_sync import cli
-from runledger_sync.store._reaper import reap_expired_leases
+from runledger_sync.store.maintenance.reaper import reap_expired_leases
 from tests.support import event_types, rows, scalar, wait_until
 
 SECRET_WORD = "payload-secret-3b8d"

@@ -10,7 +10,7 @@ import runledger_sync as rl
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.workflow import WorkflowRunStatus as Run
 from runledger_sync.core.workflow import WorkflowStepStatus as Step
-from runledger_sync.store import lifecycle
+from runledger_sync.store.attempt.ends import complete_job_failure, complete_job_success
 from tests.support import claim_one, define, rows, scalar
 
 CHARGE, SHIP, NOTIFY = "cli.charge", "cli.ship", "cli.notify"
@@ -37,12 +37,12 @@ def order(key: str = "order-42") -> rl.Workflow:
 
 def succeed(engine, job_type: str) -> None:
     job = claim_one(engine, job_type=job_type)
-    lifecycle.complete_job_success(engine, **LeaseIdentity.of(job).keywords(), completion=rl.JobCompletion())
+    complete_job_success(engine, **LeaseIdentity.of(job).keywords(), completion=rl.JobCompletion())
 
 
 def fail(engine, job_type: str, code: str) -> None:
     job = claim_one(engine, job_type=job_type)
-    lifecycle.complete_job_failure(engine, **LeaseIdentity.of(job).keywords(),
+    complete_job_failure(engine, **LeaseIdentity.of(job).keywords(),
                                    failure=rl.JobFailure.terminal(code, "it broke"), retry_delay_ms=None)
 
 
@@ -397,7 +397,7 @@ def test_a_run_id_that_is_no_uuid_is_bad_usage(db, run, argv):
 def test_jobs_show_cuts_a_large_output_with_a_note_and_json_keeps_it_whole(db, run):
     run_record = rl.enqueue_workflow(db, order())
     job = claim_one(db, job_type=CHARGE)
-    lifecycle.complete_job_success(db, **LeaseIdentity.of(job).keywords(),
+    complete_job_success(db, **LeaseIdentity.of(job).keywords(),
                                    completion=rl.JobCompletion(output={"blob": "x" * 500_000}))
     job_id = str(rl.get_workflow_run(db, run_record.id).step("charge").job_id)
 

@@ -41,8 +41,9 @@ from runledger_sync.db.migrate import (
 )
 from runledger_sync.db.schema import metadata
 from runledger_sync.store.driver import claim_jobs
-from runledger_sync.store.enqueue import enqueue, sync_job_definitions
-from runledger_sync.store.lifecycle import complete_job_success
+from runledger_sync.store.enqueue.enqueue import enqueue
+from runledger_sync.store.definitions import sync_job_definitions
+from runledger_sync.store.attempt.ends import complete_job_success
 
 QUEUE_TABLES = {"job_definitions", "job_queue", "job_attempts", "job_events", "job_dead_letters"}
 TRIGGER_FUNCTION = "runledger_set_updated_at"

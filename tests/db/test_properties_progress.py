@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 
 import runledger_sync as rl
 from runledger_sync.core.records import LeaseIdentity
-from runledger_sync.store._claim import claim_jobs
-from runledger_sync.store.lifecycle import complete_job_success
-from runledger_sync.store._running import update_job_progress
+from runledger_sync.store.claim.claim import claim_jobs
+from runledger_sync.store.attempt.ends import complete_job_success
+from runledger_sync.store.attempt.running import update_job_progress
 from tests.support import define, scalar
 
 JOB_TYPE = "prop.progress"

@@ -16,8 +16,8 @@ from zoneinfo import ZoneInfo
 import runledger_sync as rl
 from runledger_sync import cli
 from runledger_sync.core.records import LeaseIdentity
-from runledger_sync.store import lifecycle
-from runledger_sync.store._claim import claim_jobs
+from runledger_sync.store.attempt.ends import complete_job_failure, complete_job_success
+from runledger_sync.store.claim.claim import claim_jobs
 from tests.db.test_docs import REPO, marked, shell_lines
 from tests.support import define, run_worker_until, wait_until
 
@@ -142,13 +142,13 @@ def test_every_example_command_line_runs_as_written(fresh_database, capsys, tmp_
         finished = rl.enqueue(engine, "email.send", {"to": "x@y.z"})
         [claimed] = claim_jobs(engine, worker_id="readme", lease_ttl_seconds=30, limit=1,
                                          job_types=["email.send"])
-        lifecycle.complete_job_failure(engine, **LeaseIdentity.of(claimed).keywords(),
+        complete_job_failure(engine, **LeaseIdentity.of(claimed).keywords(),
                                        failure=rl.JobFailure.terminal("smtp.rejected", "no such mailbox"),
                                        retry_delay_ms=None)
         # `jobs wait` exits 0 only for a job that succeeded.
         succeeded = rl.enqueue(engine, "email.send", {"to": "done@y.z"})
         [claimed] = claim_jobs(engine, worker_id="readme", lease_ttl_seconds=30, limit=1, job_types=["email.send"])
-        lifecycle.complete_job_success(engine, **LeaseIdentity.of(claimed).keywords())
+        complete_job_success(engine, **LeaseIdentity.of(claimed).keywords())
         commands = cli_example_commands()
         # Long-running ones have tests of their own (test_cli_worker.py, test_demo.py).
         runnable = [argv for argv in commands if argv[1] not in ("worker", "demo")]

@@ -19,7 +19,7 @@ from sqlalchemy.exc import DBAPIError
 
 import runledger_sync as rl
 from runledger_sync import cli
-from runledger_sync.store._claim import claim_jobs
+from runledger_sync.store.claim.claim import claim_jobs
 from tests.db.test_docs import marked
 from tests.support import expire_lease, wait_until
 

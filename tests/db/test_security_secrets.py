@@ -20,8 +20,8 @@ from sqlalchemy import make_url
 
 import runledger_sync as rl
 from runledger_sync import cli
-from runledger_sync.store import lifecycle
-from runledger_sync.store._running import update_job_progress
+from runledger_sync.store.attempt.ends import complete_job_success
+from runledger_sync.store.attempt.running import update_job_progress
 from tests.support import claim_one, configured_logging, define, identity, run_worker_until, wait_until
 
 PASSWORD = "Pw-d0nt-l0g-m3"  # noqa: S105 - a marker to search for, not a credential
@@ -271,7 +271,7 @@ def test_a_refused_completion_never_appears_in_the_store_error(engine, make, fie
     completion = rl.JobCompletion(**{field: make(OUTPUT_SECRET)})
 
     with pytest.raises(rl.InvalidPayload) as caught:
-        lifecycle.complete_job_success(engine, **lease, completion=completion)
+        complete_job_success(engine, **lease, completion=completion)
     with pytest.raises(rl.InvalidPayload) as progress:
         update_job_progress(engine, **lease, checkpoint=make(CHECKPOINT_SECRET))
 

@@ -8,7 +8,7 @@ import pytest
 import runledger_sync as rl
 from runledger_sync import testing
 from runledger_sync.core.errors import InvalidArgument, InvalidStateTransition
-from runledger_sync.store.admin import list_attempts
+from runledger_sync.store.admin.jobs import list_attempts
 
 
 def count(engine, status: rl.JobStatus, job_type: str | None = None) -> int:

@@ -30,8 +30,9 @@ from sqlalchemy.orm import Session, scoped_session, sessionmaker
 import runledger_sync as rl
 from runledger_sync.core.records import JobSpec, LeaseIdentity
 from runledger_sync.core.states import JobStatus
-from runledger_sync.store import admin, lifecycle
-from runledger_sync.store._running import mark_job_running
+from runledger_sync.store.admin.jobs import get_job
+from runledger_sync.store.attempt.ends import complete_job_success
+from runledger_sync.store.attempt.running import mark_job_running
 from tests.handlers import fast_config
 from tests.support import JOB_TYPE, claim_one, define, identity, run_worker_until, scalar, terminate_backend
 
@@ -247,7 +248,7 @@ def test_committed_enqueue_exists_only_after_the_caller_commits_and_then_runs(ca
     claimed = claim_one(engine)
     assert claimed.id == job.id
     mark_job_running(engine, LeaseIdentity.of(claimed))
-    done = lifecycle.complete_job_success(engine, **identity(claimed))
+    done = complete_job_success(engine, **identity(claimed))
     assert done.status is JobStatus.SUCCEEDED
 
 
@@ -275,7 +276,7 @@ def test_enqueue_many_and_reads_join_the_same_open_transaction(caller, engine):
     assert order_count(engine) == 1
     claimed = claim_one(engine)
     mark_job_running(engine, LeaseIdentity.of(claimed))
-    assert lifecycle.complete_job_success(engine, **identity(claimed)).status is JobStatus.SUCCEEDED
+    assert complete_job_success(engine, **identity(claimed)).status is JobStatus.SUCCEEDED
 
 
 def test_idempotent_enqueue_in_the_caller_transaction_returns_the_same_job(caller, engine):
@@ -489,11 +490,11 @@ def test_lifecycle_calls_accept_a_session(orders):
     claimed = claim_one(orders)
     with Session(bind=orders) as session:
         mark_job_running(session, LeaseIdentity.of(claimed))
-        lifecycle.complete_job_success(session, **identity(claimed))
+        complete_job_success(session, **identity(claimed))
         # Not committed yet: the worker's view is unchanged.
-        assert admin.get_job(orders, job.id).status is JobStatus.LEASED
+        assert get_job(orders, job.id).status is JobStatus.LEASED
         session.commit()
-    assert admin.get_job(orders, job.id).status is JobStatus.SUCCEEDED
+    assert get_job(orders, job.id).status is JobStatus.SUCCEEDED
 
 
 def test_a_bind_of_another_kind_is_refused_with_invalid_argument(orders):

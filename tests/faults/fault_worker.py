@@ -24,7 +24,7 @@ import sqlalchemy
 from sqlalchemy import text
 
 import runledger_sync as rl
-from runledger_sync.store import lifecycle
+from runledger_sync.store.attempt.ends import complete_job_success
 
 EFFECT = "fault.effect"
 NOOP = "fault.noop"
@@ -211,7 +211,7 @@ def build_registry(
         # The cut-off worker tries to finish the attempt it believes it owns,
         # through its own (proxied) connections: the fence must refuse it.
         try:
-            lifecycle.complete_job_success(
+            complete_job_success(
                 own_engine, job_id=ctx.job_id, run_number=ctx.run_number, attempt=ctx.attempt,
                 worker_id=ctx.worker_id,
             )

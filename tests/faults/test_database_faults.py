@@ -8,7 +8,7 @@ import time
 import pytest
 
 import runledger_sync as rl
-from runledger_sync.store._errors import TRANSIENT_RETRY_BUDGET_SECONDS
+from runledger_sync.store.transactions import TRANSIENT_RETRY_BUDGET_SECONDS
 from tests.faults.harness import Db, TcpProxy
 from tests.faults.scenarios import postgres_crash, postgres_restart, restart_under_app_writes, terminate_backends
 from tests.support import wait_until

@@ -63,8 +63,12 @@ ALLOWED_UPWARD_IMPORTS: dict[tuple[str, str], str] = {
     # inside the method keeps `import runledger_sync.registry` free of the store.
     (
         "runledger_sync.registry",
-        "runledger_sync.store.enqueue",
-    ): "registry.sync_definitions and registry.enqueue (which checks a typed payload first) delegate to the store",
+        "runledger_sync.store.enqueue.enqueue",
+    ): "registry.enqueue (which checks a typed payload first) delegates to the store",
+    (
+        "runledger_sync.registry",
+        "runledger_sync.store.definitions",
+    ): "registry.sync_definitions writes the job definitions through the store",
     (
         "runledger_sync.registry",
         "runledger_sync.store.schedules",
@@ -75,7 +79,7 @@ ALLOWED_UPWARD_IMPORTS: dict[tuple[str, str], str] = {
     ): "registry.sync_definitions writes the declared queues through the store",
     (
         "runledger_sync.registry",
-        "runledger_sync.store.workflows",
+        "runledger_sync.store.workflows.enqueue",
     ): "registry.enqueue_workflow (which checks typed step payloads first) delegates to the store",
 }
 
@@ -243,7 +247,7 @@ def test_allowlisted_upward_imports_exist_and_are_lazy():
     ("importer", "source", "expected"),
     [
         (
-            "runledger_sync.store.lifecycle",
+            "runledger_sync.store.attempt.ends",
             "from runledger_sync.runtime.worker.loop import x",
             ["layer 3 imports layer 4"],
         ),
@@ -261,17 +265,17 @@ def test_allowlisted_upward_imports_exist_and_are_lazy():
         ),
         (
             "runledger_sync.registry",
-            "from runledger_sync.store.enqueue import sync_job_definitions",
+            "from runledger_sync.store.definitions import sync_job_definitions",
             ["allowlisted only as a lazy import"],
         ),
         (
             "runledger_sync.registry",
-            "def f():\n    from runledger_sync.store.enqueue import sync_job_definitions",
+            "def f():\n    from runledger_sync.store.definitions import sync_job_definitions",
             [],
         ),
         (
             "runledger_sync.registry",
-            "def f():\n    from runledger_sync.store.admin import get_job",
+            "def f():\n    from runledger_sync.store.admin.jobs import get_job",
             ["layer 1 imports layer 3"],
         ),
         (
@@ -282,11 +286,11 @@ def test_allowlisted_upward_imports_exist_and_are_lazy():
         ("runledger_sync.cli", "import runledger_sync\nfrom runledger_sync import Supervisor", []),
         ("runledger_sync.config", "from runledger_sync import registry, logging", []),
         (
-            "runledger_sync.store.admin",
-            "from . import _rows\nfrom ..runtime import worker",
+            "runledger_sync.store.admin.jobs",
+            "from .. import rows\nfrom ...runtime import worker",
             ["layer 3 imports layer 4"],
         ),
-        ("runledger_sync.store.admin", "import sqlalchemy\nimport logging", []),
+        ("runledger_sync.store.admin.jobs", "import sqlalchemy\nimport logging", []),
     ],
 )
 def test_checker_flags_only_upward_edges(importer, source, expected):
@@ -298,10 +302,10 @@ def test_checker_flags_only_upward_edges(importer, source, expected):
 
 def test_relative_imports_are_resolved_and_marked():
     edges = imports_of(
-        "runledger_sync.store", "from .lifecycle import claim\nfrom .. import config", is_package=True
+        "runledger_sync.store", "from .claim.claim import claim_jobs\nfrom .. import config", is_package=True
     )
     assert [(e.target, e.relative) for e in edges] == [
-        ("runledger_sync.store.lifecycle", True),
+        ("runledger_sync.store.claim.claim", True),
         ("runledger_sync.config", True),
     ]
 
@@ -316,10 +320,10 @@ def test_layer_map():
     assert (
         layer_of("runledger_sync.registry")
         < layer_of("runledger_sync.db.schema")
-        < layer_of("runledger_sync.store.admin")
+        < layer_of("runledger_sync.store.admin.jobs")
     )
     assert (
-        layer_of("runledger_sync.store.admin")
+        layer_of("runledger_sync.store.admin.jobs")
         < layer_of("runledger_sync.runtime.worker.loop")
         < layer_of("runledger_sync.cli")
     )

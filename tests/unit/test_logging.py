@@ -171,7 +171,7 @@ def test_exception_is_rendered_in_the_json_line():
     [
         ("worker", "runledger_sync.worker"),
         ("runtime.worker", "runledger_sync.runtime.worker"),
-        ("runledger_sync.store.lifecycle", "runledger_sync.store.lifecycle"),
+        ("runledger_sync.store.attempt.ends", "runledger_sync.store.attempt.ends"),
         ("runledger_sync", "runledger_sync"),
         ("runledger_syncer", "runledger_sync.runledger_syncer"),
     ],

@@ -136,7 +136,7 @@ def test_top_refuses_an_interval_of_zero(capsys):
 def test_without_opentelemetry_nothing_imports_it_and_the_integration_says_what_to_install():
     script = (
         "import sys; sys.modules['opentelemetry'] = None\n"
-        "import runledger_sync, runledger_sync.middleware, runledger_sync.store.enqueue, runledger_sync.runtime.worker.loop\n"
+        "import runledger_sync, runledger_sync.middleware, runledger_sync.store.enqueue.enqueue, runledger_sync.runtime.worker.loop\n"
         "try:\n"
         "    import runledger_sync.contrib.opentelemetry\n"
         "except runledger_sync.MissingExtra as error:\n"
@@ -154,7 +154,7 @@ def test_aio_enqueue_takes_every_keyword_of_the_sync_enqueue():
 
     pytest.importorskip("greenlet")
     from runledger_sync import aio
-    from runledger_sync.store import enqueue as store_enqueue
+    from runledger_sync.store.enqueue import enqueue as store_enqueue
 
     def keywords(fn):
         return {name: parameter.default for name, parameter in inspect.signature(fn).parameters.items()

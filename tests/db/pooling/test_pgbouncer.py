@@ -24,7 +24,7 @@ import pytest
 from sqlalchemy import text
 
 import runledger_sync as rl
-from runledger_sync.store import _notify as notify
+from runledger_sync.store import notify
 from tests.pool_app import JOB_TYPE
 from tests.support import scalar, wait_until
 

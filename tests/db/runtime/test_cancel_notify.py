@@ -18,7 +18,7 @@ from sqlalchemy import text
 
 import runledger_sync as rl
 from runledger_sync.registry import JobRegistry
-from runledger_sync.store import _notify as notify
+from runledger_sync.store import notify
 from tests.handlers import MAX_BLOCK_SECONDS, fast_config
 from tests.support import JOB_TYPE, attempts, event_types, wait_until
 

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from runledger_sync.core import errors
 from runledger_sync.core.types import JobCompletion, JobContext, JobFailure
 from runledger_sync.runtime.attempt.run import process_claimed_job
-from runledger_sync.store import enqueue as store_enqueue
+from runledger_sync.store.enqueue.enqueue import enqueue
 from tests import handlers as h
 from tests.handlers import MAX_BLOCK_SECONDS, fast_config
 from tests.support import JOB_TYPE, claim_one, event_types, expire_lease, lock_waiters, rows, scalar, wait_until
@@ -79,7 +79,7 @@ def run_one(engine, handler, config=None, **options):
     config = config or fast_config()
     registry = h.registry_with(JOB_TYPE, handler, **options)
     registry.sync_definitions(engine)
-    store_enqueue.enqueue(engine, JOB_TYPE, {"n": 1})
+    enqueue(engine, JOB_TYPE, {"n": 1})
     job = claim_one(engine, worker_id=config.worker_id, lease_ttl_seconds=config.lease_ttl_seconds)
     process_claimed_job(engine, registry, job, config)
     return job
@@ -197,7 +197,7 @@ def test_lease_lost_before_complete_in_raises_mismatch_and_the_effect_is_not_com
 
     registry = h.registry_with(JOB_TYPE, h.scripted(probe, body))
     registry.sync_definitions(engine)
-    job = store_enqueue.enqueue(engine, JOB_TYPE, {"n": 1})
+    job = enqueue(engine, JOB_TYPE, {"n": 1})
     claimed = claim_one(engine, worker_id=config.worker_id, lease_ttl_seconds=config.lease_ttl_seconds)
     worker = threading.Thread(target=process_claimed_job, args=(engine, registry, claimed, config), daemon=True)
     worker.start()

@@ -11,9 +11,9 @@ from runledger_sync.core.records import JobSpec, LeaseIdentity
 from runledger_sync.core.types import JobCompletion, JobFailure
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.attempt.completer import LANDED_AFTER_LOST_REPLY, Completer
-from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store._claim import claim_prestart_jobs_for_types
-from runledger_sync.store._running import update_job_progress
+from runledger_sync.store.enqueue.enqueue import enqueue_many
+from runledger_sync.store.claim.claim import claim_prestart_jobs_for_types
+from runledger_sync.store.attempt.running import update_job_progress
 from tests.db.runtime.test_success_reply_lost import group_reply_lost, outage  # noqa: F401 - the fixture
 from tests.handlers import fast_config
 from tests.support import JOB_TYPE, define, event_types, rows, run_worker_until, scalar
@@ -23,7 +23,7 @@ JOBS = 16
 
 def claimed(engine, count):
     define(engine, max_attempts=5)
-    store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(count)])
+    enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(count)])
     return claim_prestart_jobs_for_types(engine, worker_id="worker-a", lease_ttl_seconds=30, limit=count,
                                          job_types=[JOB_TYPE])
 
@@ -56,7 +56,7 @@ def test_failures_that_end_together_share_one_transaction(engine):
         raise JobFailure.retryable("test.busy", "try later")
 
     registry.sync_definitions(engine)
-    store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(JOBS)])
+    enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(JOBS)])
     run_worker_until(engine, registry, fast_config(max_global_concurrency=8, claim_batch_size=8),
                      lambda: scalar(engine, "SELECT count(*) FROM job_queue WHERE status = 'PENDING' "
                                             "AND last_error_code = 'test.busy'") == JOBS)

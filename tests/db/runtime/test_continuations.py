@@ -23,7 +23,7 @@ from runledger_sync.core.workflow import WorkflowRunStatus as Run
 from runledger_sync.core.workflow import WorkflowStepStatus as Step
 from runledger_sync.runtime.attempt.run import process_claimed_job
 from runledger_sync.store import driver
-from runledger_sync.store import enqueue as store_enqueue
+from runledger_sync.store.enqueue import enqueue as store_enqueue
 from tests.handlers import fast_config
 from tests.support import JOB_TYPE, attempts, claim_one, events, rows, run_worker_until, scalar
 

@@ -28,13 +28,13 @@ from runledger_sync.runtime.attempt.completer import Completer
 from runledger_sync.runtime.attempt.completer import FinishingSoon
 from runledger_sync.runtime.worker.tally import OutcomeTally
 from runledger_sync.runtime.loops.reaper import reap_once
-from runledger_sync.store import lifecycle
-from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store._actions import cancel_job
-from runledger_sync.store._claim import claim_jobs, claim_prestart_jobs_for_types
-from runledger_sync.store._claim_start import claim_and_start_jobs
-from runledger_sync.store._held import HeldConnection
-from runledger_sync.store._running import heartbeat_job, mark_job_running
+from runledger_sync.store.attempt.ends import complete_job_failure, release_unstarted_job_claim
+from runledger_sync.store.enqueue.enqueue import enqueue
+from runledger_sync.store.admin.actions import cancel_job
+from runledger_sync.store.claim.claim import claim_jobs, claim_prestart_jobs_for_types
+from runledger_sync.store.claim.start import claim_and_start_jobs
+from runledger_sync.store.held import HeldConnection
+from runledger_sync.store.attempt.running import heartbeat_job, mark_job_running
 from tests import handlers as h
 from tests.handlers import SECRET
 from tests.support import (
@@ -65,7 +65,7 @@ def job_row(engine, job_id):
 
 def enqueue_and_claim(engine, registry, config, job_type=JOB_TYPE, **enqueue_options):
     registry.sync_definitions(engine)
-    store_enqueue.enqueue(engine, job_type, PAYLOAD, event_log=config.event_log, **enqueue_options)
+    enqueue(engine, job_type, PAYLOAD, event_log=config.event_log, **enqueue_options)
     return claim_one(engine, worker_id=config.worker_id, lease_ttl_seconds=config.lease_ttl_seconds, job_type=job_type,
                      event_log=config.event_log)
 
@@ -119,7 +119,7 @@ def claim_then_process_alone(engine, registry, config):
 def claim_and_start_as_the_worker_does(engine, registry, config):
     """The polling thread's way: the running write sent with the claim; the pool thread gets its answer."""
     registry.sync_definitions(engine)
-    store_enqueue.enqueue(engine, JOB_TYPE, PAYLOAD, event_log=config.event_log)
+    enqueue(engine, JOB_TYPE, PAYLOAD, event_log=config.event_log)
     held = HeldConnection(engine)
     try:
         started = claim_and_start_jobs(held, worker_id=config.worker_id, lease_ttl_seconds=config.lease_ttl_seconds,
@@ -230,7 +230,7 @@ def test_release_unstarted_after_the_worker_persisted_running_is_not_applicable(
     def body(ctx, payload, call):
         me = dict(job_id=ctx.job_id, run_number=ctx.run_number, attempt=ctx.attempt, worker_id=ctx.worker_id)
         try:
-            lifecycle.release_unstarted_job_claim(engine, **me, reason="R", delay_ms=0)
+            release_unstarted_job_claim(engine, **me, reason="R", delay_ms=0)
         except errors.RunledgerError as error:
             probe.note(error.code)
 
@@ -243,7 +243,7 @@ def test_release_unstarted_after_the_worker_persisted_running_is_not_applicable(
 def test_release_unstarted_by_a_non_owner_is_a_lease_mismatch(engine, probe, logs):
     def body(ctx, payload, call):
         try:
-            lifecycle.release_unstarted_job_claim(engine, job_id=ctx.job_id, run_number=ctx.run_number,
+            release_unstarted_job_claim(engine, job_id=ctx.job_id, run_number=ctx.run_number,
                                                   attempt=ctx.attempt, worker_id="intruder", reason="R", delay_ms=0)
         except errors.RunledgerError as error:
             probe.note(error.code)
@@ -453,7 +453,7 @@ def test_completion_with_non_json_or_non_int_fields_is_terminal_invalid_result(e
 
 def test_claimed_job_without_a_registered_handler_is_terminal_handler_not_registered(engine, logs):
     h.registry_with("test.orphan", lambda ctx, payload: None, max_attempts=3).sync_definitions(engine)
-    store_enqueue.enqueue(engine, "test.orphan", PAYLOAD)
+    enqueue(engine, "test.orphan", PAYLOAD)
     [job] = claim_prestart_jobs_for_types(engine, worker_id="worker-test", lease_ttl_seconds=5, limit=1,
                                                     job_types=["test.orphan"])
     process_claimed_job(engine, JobRegistry(), job, fast_config())
@@ -556,7 +556,7 @@ def test_after_the_job_is_handed_on_every_worker_write_is_refused(engine, probe,
     assert records(logs, "failed to mark job success")
     for write in (
         lambda: heartbeat_job(engine, **identity(job), lease_ttl_seconds=5),
-        lambda: lifecycle.complete_job_failure(engine, **identity(job), failure=JobFailure.retryable("a.b", "c"),
+        lambda: complete_job_failure(engine, **identity(job), failure=JobFailure.retryable("a.b", "c"),
                                                retry_delay_ms=10),
     ):
         with pytest.raises(errors.LeaseOwnerMismatch):

@@ -13,7 +13,7 @@ from runledger_sync.runtime.attempt import run as execution
 from runledger_sync.runtime.attempt.state import Attempt
 from runledger_sync.runtime.attempt.completer import GroupWriter
 from runledger_sync.runtime.worker.loop import WorkerLoop
-from runledger_sync.store import enqueue as store_enqueue
+from runledger_sync.store.enqueue.enqueue import enqueue_many
 from tests.handlers import fast_config
 from tests.support import JOB_TYPE, rows, run_worker_until, scalar
 
@@ -40,7 +40,7 @@ def test_concurrent_jobs_share_running_and_success_transactions(engine):
         together.wait()
 
     registry.sync_definitions(engine)
-    store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(JOBS)])
+    enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(JOBS)])
     # The full event log: the transactions that wrote STAGE_CHANGED rows are the running writes.
     run_worker_until(engine, registry, fast_config(max_global_concurrency=CONCURRENCY, claim_batch_size=CONCURRENCY,
                                                    event_log="full"),
@@ -57,7 +57,7 @@ def test_a_claimed_batch_is_marked_running_in_one_transaction_however_slowly_its
     registry = JobRegistry()
     registry.job(JOB_TYPE)(lambda ctx, payload: None)
     registry.sync_definitions(engine)
-    store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(CONCURRENCY)])
+    enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(CONCURRENCY)])
 
     class SlowToStart(Attempt):
         def __init__(self, *args, **kwargs):
@@ -92,7 +92,7 @@ def test_one_invalid_completion_in_a_group_fails_alone(engine):
         return JobCompletion(progress_done=5) if payload["bad"] else None
 
     registry.sync_definitions(engine)
-    store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"bad": n == 2}) for n in range(4)])
+    enqueue_many(engine, [JobSpec(JOB_TYPE, {"bad": n == 2}) for n in range(4)])
     run_worker_until(engine, registry, fast_config(max_global_concurrency=4, claim_batch_size=4),
                      lambda: scalar(engine, "SELECT count(*) FROM job_queue WHERE status NOT IN ('PENDING', 'LEASED')") == 4)
     outcome = dict(rows(engine, "SELECT (payload->>'bad')::bool, array_agg(DISTINCT status) FROM job_queue GROUP BY 1"))
@@ -124,7 +124,7 @@ def test_a_refused_progress_dead_letters_through_the_completer_and_its_hook_runs
         return JobCompletion(progress_done=5)
 
     registry.sync_definitions(engine)
-    store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(3)])
+    enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(3)])
     run_worker_until(engine, registry, fast_config(max_global_concurrency=3, claim_batch_size=3,
                                                    dead_letter_hook_timeout_seconds=10), lambda: len(hooked) == 3)
     assert rows(engine, "SELECT status, last_error_code, count(*) FROM job_queue GROUP BY 1, 2") == [

@@ -26,7 +26,7 @@ from runledger_sync.runtime.attempt.run import process_claimed_job
 from runledger_sync.web import allow_anyone, create_app
 from tests import handlers as h
 from tests.handlers import fast_config
-from runledger_sync.store import enqueue as store_enqueue
+from runledger_sync.store.enqueue.enqueue import enqueue
 from tests.support import JOB_TYPE, attempts, claim_one, event_types, events, rows, scalar, terminate_backend
 
 TRANSIENT = "job.handler_transient_error"
@@ -37,7 +37,7 @@ PANIC = "job.handler_panic"
 def run_one(engine, registry, config=None, job_type=JOB_TYPE):
     config = config or fast_config()
     registry.sync_definitions(engine)
-    store_enqueue.enqueue(engine, job_type, {"secret": h.SECRET})
+    enqueue(engine, job_type, {"secret": h.SECRET})
     job = claim_one(engine, worker_id=config.worker_id, lease_ttl_seconds=config.lease_ttl_seconds, job_type=job_type)
     process_claimed_job(engine, registry, job, config)
     return rows(engine, "SELECT * FROM job_queue WHERE id = :id", id=job.id)[0]
@@ -218,9 +218,9 @@ def test_a_narrowed_retry_on_retries_its_classes_and_dead_letters_the_rest(engin
     registry = one_handler(handler, max_attempts=5, retry_on=(ConnectionError,), on_dead_letter=h.recording_hook(probe))
     registry.sync_definitions(engine)
     config = fast_config()
-    reset = store_enqueue.enqueue(engine, JOB_TYPE, {"kind": "reset"})
+    reset = enqueue(engine, JOB_TYPE, {"kind": "reset"})
     process_claimed_job(engine, registry, claim_one(engine, worker_id=config.worker_id), config)
-    other = store_enqueue.enqueue(engine, JOB_TYPE, {"kind": "other"})
+    other = enqueue(engine, JOB_TYPE, {"kind": "other"})
     process_claimed_job(engine, registry, claim_one(engine, worker_id=config.worker_id), config)
     [reset_row] = rows(engine, "SELECT * FROM job_queue WHERE id = :id", id=reset.id)
     [other_row] = rows(engine, "SELECT * FROM job_queue WHERE id = :id", id=other.id)

@@ -13,9 +13,10 @@ from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.types import JobFailure
 from runledger_sync.db.engine import create_engine
 from runledger_sync.runtime import job_wait
-from runledger_sync.store import _notify as notify
-from runledger_sync.store import driver, lifecycle
-from runledger_sync.store._claim import claim_prestart_jobs_for_types
+from runledger_sync.store import notify
+from runledger_sync.store import driver
+from runledger_sync.store.attempt.ends import complete_job_failure
+from runledger_sync.store.claim.claim import claim_prestart_jobs_for_types
 from tests.support import write_successes
 from tests.support import JOB_TYPE, claim_one, define, rows, terminate_backend, wait_until
 
@@ -94,13 +95,13 @@ def test_a_dead_letter_ends_the_wait_and_a_retry_does_not(engine, no_periodic_lo
     job = rl.enqueue(engine, JOB_TYPE, {})
     waiter = Waiter(engine, job.id)
     wait_until(lambda: ended_listeners(engine) == 1, what="the waiter's LISTEN")
-    lifecycle.complete_job_failure(engine, **LeaseIdentity.of(claim_one(engine)).keywords(),
+    complete_job_failure(engine, **LeaseIdentity.of(claim_one(engine)).keywords(),
                                    failure=JobFailure.retryable("api.busy", "429"), retry_delay_ms=1)
     assert rl.get_job(engine, job.id).status is rl.JobStatus.PENDING
     assert waiter.thread.is_alive()
     [claimed] = wait_until(lambda: claim_prestart_jobs_for_types(
         engine, worker_id="worker-a", lease_ttl_seconds=30, limit=1, job_types=[JOB_TYPE]), what="the retry claimed")
-    lifecycle.complete_job_failure(engine, **LeaseIdentity.of(claimed).keywords(),
+    complete_job_failure(engine, **LeaseIdentity.of(claimed).keywords(),
                                    failure=JobFailure.terminal("bad.input", "no"), retry_delay_ms=None)
     done = waiter.join()
     assert (done.status, done.last_error_code, done.attempt) == (rl.JobStatus.DEAD_LETTERED, "bad.input", 2)
@@ -204,7 +205,7 @@ def test_a_retry_sends_no_notification(engine):
     job = rl.enqueue(engine, JOB_TYPE, {})
     listener = notify.open_listener(engine, (notify.ENDED_CHANNEL, "runledger_marker"))
     try:
-        lifecycle.complete_job_failure(engine, **LeaseIdentity.of(claim_one(engine)).keywords(),
+        complete_job_failure(engine, **LeaseIdentity.of(claim_one(engine)).keywords(),
                                        failure=JobFailure.retryable("x.y", "z"), retry_delay_ms=60_000)
         # A marker sent after the retry committed: once it arrives, anything the retry sent has too.
         notify.send_probe(engine, "runledger_marker", "after")

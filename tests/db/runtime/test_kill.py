@@ -6,7 +6,7 @@ import signal
 import time
 
 from runledger_sync.runtime.supervisor.supervisor import Supervisor
-from runledger_sync.store import enqueue as store_enqueue
+from runledger_sync.store.enqueue.enqueue import enqueue
 from tests import handlers as h
 from tests.db.runtime.process_support import WorkerProcess
 from tests.db.runtime.worker_process import LEASE_TTL_SECONDS
@@ -19,7 +19,7 @@ PAYLOAD = {"secret": SECRET}
 def test_job_of_a_worker_killed_mid_job_is_finished_by_another_worker_after_lease_expiry(engine, fresh_database,
                                                                                           probe, logs):
     h.registry_with("proc.job", lambda ctx, payload: None, max_attempts=3).sync_definitions(engine)
-    job = store_enqueue.enqueue(engine, "proc.job", PAYLOAD)
+    job = enqueue(engine, "proc.job", PAYLOAD)
     doomed = WorkerProcess(fresh_database, "hang")
     try:
         wait_until(lambda: rows(engine, "SELECT status, stage FROM job_queue")[0] == ("LEASED", "running"),

@@ -12,8 +12,8 @@ from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.worker import listener as listener_module
 from runledger_sync.runtime.worker import loop as worker_module
 from runledger_sync.runtime.worker.loop import WorkerLoop, run_worker_loop
-from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store import _notify as notify
+from runledger_sync.store.enqueue.enqueue import enqueue, enqueue_many
+from runledger_sync.store import notify
 from tests.handlers import fast_config
 from tests.support import JOB_TYPE, ClaimWatch, define, rows, scalar, wait_until
 
@@ -60,7 +60,7 @@ def messages(logs, text: str) -> list[object]:
 
 
 def enqueue_and_time(engine, name: str) -> float:
-    store_enqueue.enqueue(engine, JOB_TYPE, {"name": name})
+    enqueue(engine, JOB_TYPE, {"name": name})
     return time.perf_counter()
 
 
@@ -93,13 +93,13 @@ def test_enqueue_notifies_on_commit_only_and_not_for_delayed_jobs(engine):
     listening = notify.open_listener(engine)
     try:
         with engine.connect() as conn:
-            store_enqueue.enqueue(conn, JOB_TYPE, {"name": "rolled-back"})
+            enqueue(conn, JOB_TYPE, {"name": "rolled-back"})
             conn.rollback()
-        store_enqueue.enqueue(engine, JOB_TYPE, {"name": "later"}, delay_seconds=60)
+        enqueue(engine, JOB_TYPE, {"name": "later"}, delay_seconds=60)
         assert received(listening, 0.3) == set()
         assert scalar(engine, "SELECT count(*) FROM job_queue") == 1
 
-        store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(3)])
+        enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(3)])
         assert received(listening, 2.0) == {JOB_TYPE}
         # One notification per distinct type in the batch.
         assert listening.notifies == []
@@ -120,7 +120,7 @@ def test_rolled_back_enqueue_starts_nothing(engine, start_loop, logs):
     # One slot: had the rolled-back job been written, it would start before any later one.
     start_idle_worker(engine, start_loop, logs, starts, poll_interval_ms=LONG_POLL_MS, max_global_concurrency=1)
     with engine.connect() as conn:
-        store_enqueue.enqueue(conn, JOB_TYPE, {"name": "rolled-back"})
+        enqueue(conn, JOB_TYPE, {"name": "rolled-back"})
         conn.rollback()
     enqueue_and_time(engine, "committed")
     starts.wait_for("committed", PICKUP_BOUND_SECONDS)

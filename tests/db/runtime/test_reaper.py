@@ -10,8 +10,8 @@ from runledger_sync.core.types import JobDeadLetterReason, JobFailure, JobFailur
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.attempt.run import process_claimed_job
 from runledger_sync.runtime.loops.reaper import run_reaper_loop
-from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store._running import mark_job_running
+from runledger_sync.store.enqueue.enqueue import enqueue
+from runledger_sync.store.attempt.running import mark_job_running
 from tests import handlers as h
 from tests.handlers import SECRET, fast_config
 from tests.support import JOB_TYPE, attempts, claim_one, event_types, events, expire_lease, rows, scalar, wait_until
@@ -25,7 +25,7 @@ def job_state(engine, job_id):
 
 def expired_started_claim(engine, job_type, **enqueue_options):
     """A job whose worker persisted RUNNING and then vanished: its lease ran out."""
-    job = store_enqueue.enqueue(engine, job_type, PAYLOAD, **enqueue_options)
+    job = enqueue(engine, job_type, PAYLOAD, **enqueue_options)
     claimed = claim_one(engine, job_type=job_type)
     mark_job_running(engine, LeaseIdentity.of(claimed))
     expire_lease(engine, job.id)
@@ -35,7 +35,7 @@ def expired_started_claim(engine, job_type, **enqueue_options):
 def test_reaper_releases_an_expired_never_started_claim_without_spending_the_attempt(engine, probe, start_loop, logs):
     registry = h.registry_with(JOB_TYPE, h.ok(probe), max_attempts=1)
     registry.sync_definitions(engine)
-    job = store_enqueue.enqueue(engine, JOB_TYPE, PAYLOAD)
+    job = enqueue(engine, JOB_TYPE, PAYLOAD)
     claim_one(engine, worker_id="worker-died")  # died before persisting RUNNING
     expire_lease(engine, job.id)
     reaper = start_loop("reaper", registry)
@@ -56,7 +56,7 @@ def test_reaper_keeps_the_spent_first_attempt_when_the_second_never_starts(engin
     registry = h.registry_with(JOB_TYPE, h.scripted(probe, body), max_attempts=3,
                                retry_delay_overrides={"test.flaky": 1})
     registry.sync_definitions(engine)
-    job = store_enqueue.enqueue(engine, JOB_TYPE, PAYLOAD)
+    job = enqueue(engine, JOB_TYPE, PAYLOAD)
     config = fast_config()
     process_claimed_job(engine, registry, claim_one(engine, worker_id=config.worker_id), config)
     assert job_state(engine, job.id) == ("PENDING", 1)

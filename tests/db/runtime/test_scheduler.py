@@ -12,7 +12,7 @@ import runledger_sync as rl
 from runledger_sync.core.types import RuntimeLoopExit
 from runledger_sync.runtime.worker.listener import JobListener
 from runledger_sync.runtime.loops.scheduler import run_scheduler_loop, tick_once
-from runledger_sync.store import _notify as notify
+from runledger_sync.store import notify
 from tests import handlers as h
 from tests.handlers import fast_config
 from tests.support import JOB_TYPE, rows, scalar, wait_until

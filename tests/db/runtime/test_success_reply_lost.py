@@ -24,7 +24,7 @@ from runledger_sync.core.types import JobCompletion
 from runledger_sync.db.engine import create_engine
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.attempt.run import process_claimed_job
-from runledger_sync.store import enqueue as store_enqueue
+from runledger_sync.store.enqueue.enqueue import enqueue
 from tests.handlers import fast_config
 from tests.support import JOB_TYPE, attempts, claim_one, event_types, rows, run_worker_until
 
@@ -138,7 +138,7 @@ def test_a_group_success_whose_reply_is_lost_is_read_back_and_logged_as_landed(e
     registry = JobRegistry()
     registry.job(JOB_TYPE)(lambda ctx, payload: JobCompletion(output={"done": True}))
     registry.sync_definitions(engine)
-    job = store_enqueue.enqueue(engine, JOB_TYPE, {})
+    job = enqueue(engine, JOB_TYPE, {})
 
     with group_reply_lost(engine, outage):
         run_worker_until(engine, registry, fast_config(), lambda: landed_records(logs))
@@ -153,7 +153,7 @@ def test_a_success_written_on_the_deciding_thread_whose_reply_is_lost_is_read_ba
     registry = JobRegistry()
     registry.job(JOB_TYPE)(lambda ctx, payload: JobCompletion(output={"done": True}))
     registry.sync_definitions(engine)
-    store_enqueue.enqueue(engine, JOB_TYPE, {})
+    enqueue(engine, JOB_TYPE, {})
     config = fast_config()
     job = claim_one(engine, worker_id=config.worker_id, lease_ttl_seconds=config.lease_ttl_seconds)
     with group_reply_lost(engine, outage):
@@ -176,7 +176,7 @@ def test_a_handler_transaction_whose_commit_reply_is_lost_is_read_back_and_logge
             ctx.complete_in(conn, JobCompletion(output={"done": True}))
 
     registry.sync_definitions(engine)
-    store_enqueue.enqueue(engine, JOB_TYPE, {})
+    enqueue(engine, JOB_TYPE, {})
     config = fast_config()
     job = claim_one(engine, worker_id=config.worker_id, lease_ttl_seconds=config.lease_ttl_seconds)
     try:
@@ -202,7 +202,7 @@ def test_a_single_attempt_job_whose_success_meets_an_outage_longer_than_ten_seco
         return JobCompletion(output={"done": True})
 
     registry.sync_definitions(engine)
-    store_enqueue.enqueue(engine, JOB_TYPE, {})
+    enqueue(engine, JOB_TYPE, {})
     config = fast_config(lease_ttl_seconds=30)
     job = claim_one(engine, worker_id=config.worker_id, lease_ttl_seconds=config.lease_ttl_seconds)
     process_claimed_job(engine, registry, job, config)  # written alone, retried until the database is back

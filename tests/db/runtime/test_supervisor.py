@@ -11,7 +11,7 @@ from runledger_sync.core.errors import ConfigError
 from runledger_sync.core.types import JobCompletion, RuntimeLoopExit
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.supervisor.supervisor import Supervisor
-from runledger_sync.store import enqueue as store_enqueue
+from runledger_sync.store.enqueue.enqueue import enqueue
 from tests import handlers as h
 from tests.db.runtime.process_support import WorkerProcess, create_side_effects
 from tests.handlers import SECRET, fast_config
@@ -39,12 +39,12 @@ def test_started_supervisor_runs_jobs_in_the_background_and_stop_drains_them(eng
     supervisors.append(supervisor)
     assert supervisor.start() is supervisor
     assert supervisor.running
-    job = store_enqueue.enqueue(engine, JOB_TYPE, PAYLOAD)
+    job = enqueue(engine, JOB_TYPE, PAYLOAD)
     probe.wait_calls(1)
     # The reaper runs too: it dead-letters the expired last attempt of a job
     # another process (gone now) had claimed.
     define(engine, "test.elsewhere", max_attempts=1)
-    orphan = store_enqueue.enqueue(engine, "test.elsewhere", PAYLOAD)
+    orphan = enqueue(engine, "test.elsewhere", PAYLOAD)
     claim_one(engine, worker_id="gone", prestart=False, job_type="test.elsewhere")
     expire_lease(engine, orphan.id)
     wait_until(lambda: status(engine, orphan.id) == "DEAD_LETTERED")
@@ -64,7 +64,7 @@ def test_stop_tells_a_job_that_outlives_the_timeout_to_stop_and_returns_false_af
     registry.sync_definitions(engine)
     supervisor = Supervisor(engine, registry, fast_config(timeout_grace_seconds=0.5), run_reaper=False).start()
     supervisors.append(supervisor)
-    job = store_enqueue.enqueue(engine, JOB_TYPE, PAYLOAD)
+    job = enqueue(engine, JOB_TYPE, PAYLOAD)
     probe.wait_calls(1)
     started = time.monotonic()
     assert supervisor.stop(timeout=0.3) is False
@@ -82,7 +82,7 @@ def test_stop_tells_a_job_that_outlives_the_timeout_to_stop_and_returns_false_af
 def test_supervisor_as_a_context_manager_stops_on_exit(engine, probe, logs):
     registry = h.registry_with(JOB_TYPE, h.ok(probe))
     registry.sync_definitions(engine)
-    job = store_enqueue.enqueue(engine, JOB_TYPE, PAYLOAD)
+    job = enqueue(engine, JOB_TYPE, PAYLOAD)
     with Supervisor(engine, registry, fast_config()) as supervisor:
         wait_until(lambda: status(engine, job.id) == "SUCCEEDED")
         assert supervisor.running
@@ -92,7 +92,7 @@ def test_supervisor_as_a_context_manager_stops_on_exit(engine, probe, logs):
 def test_supervisor_with_an_invalid_reaper_setting_refuses_to_start_and_claims_nothing(engine, probe, logs):
     registry = h.registry_with(JOB_TYPE, h.ok(probe))
     registry.sync_definitions(engine)
-    job = store_enqueue.enqueue(engine, JOB_TYPE, PAYLOAD)
+    job = enqueue(engine, JOB_TYPE, PAYLOAD)
     config = fast_config(reaper_retry_delay_ms=0)
     config.validate_worker_loop()  # the worker's own settings are fine
     supervisor = Supervisor(engine, registry, config)
@@ -128,14 +128,14 @@ def test_a_loop_that_dies_stops_the_others_and_is_reported(engine, probe, logs):
 def test_run_until_shutdown_drains_on_sigterm_and_exits_zero(engine, fresh_database, logs):
     create_side_effects(engine)
     h.registry_with("proc.job", lambda ctx, payload: None, max_attempts=3).sync_definitions(engine)
-    job = store_enqueue.enqueue(engine, "proc.job", PAYLOAD)
+    job = enqueue(engine, "proc.job", PAYLOAD)
     worker = WorkerProcess(fresh_database, "drain")
     try:
         wait_until(lambda: scalar(engine, "SELECT stage FROM job_queue WHERE id = :id", id=job.id) == "running",
                    timeout=30)
         worker.process.send_signal(signal.SIGTERM)
         wait_until(lambda: worker.logged("worker shutdown requested; draining in-flight jobs"))
-        late = store_enqueue.enqueue(engine, "proc.job", PAYLOAD)
+        late = enqueue(engine, "proc.job", PAYLOAD)
         assert worker.process.poll() is None  # still draining
         with engine.begin() as conn:
             conn.exec_driver_sql("INSERT INTO side_effects (note) VALUES ('go')")

@@ -16,7 +16,7 @@ from runledger_sync.core.types import JobCompletion, RuntimeLoopExit
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.loops.reaper import reap_once
 from runledger_sync.runtime.worker.loop import WorkerLoop, run_worker_loop
-from runledger_sync.store import enqueue as store_enqueue
+from runledger_sync.store.enqueue.enqueue import enqueue, enqueue_many
 from tests import handlers as h
 from tests.handlers import SECRET, fast_config
 from tests.support import JOB_TYPE, attempts, event_types, expire_lease, rows, scalar, wait_until
@@ -49,7 +49,7 @@ def holds(condition, seconds):
 def test_worker_with_shutdown_already_requested_returns_before_claiming(engine, probe, logs):
     registry = h.registry_with(JOB_TYPE, h.ok(probe))
     registry.sync_definitions(engine)
-    job = store_enqueue.enqueue(engine, JOB_TYPE, PAYLOAD)
+    job = enqueue(engine, JOB_TYPE, PAYLOAD)
     shutdown = threading.Event()
     shutdown.set()
     assert run_worker_loop(engine, registry, fast_config(), shutdown) is RuntimeLoopExit.SHUTDOWN
@@ -84,7 +84,7 @@ def test_worker_start_logs_one_warning_per_adjusted_environment_value(engine, pr
 def test_invalid_worker_config_returns_invalid_config_and_claims_nothing(engine, probe, logs, bad):
     registry = h.registry_with(JOB_TYPE, h.ok(probe))
     registry.sync_definitions(engine)
-    job = store_enqueue.enqueue(engine, JOB_TYPE, PAYLOAD)
+    job = enqueue(engine, JOB_TYPE, PAYLOAD)
     exit_reason = run_worker_loop(engine, registry, fast_config(**bad), threading.Event())
     assert exit_reason is RuntimeLoopExit.INVALID_CONFIG
     assert event_types(engine, job.id) == []
@@ -96,10 +96,10 @@ def test_worker_survives_a_panicking_handler_and_runs_the_next_job(engine, probe
     registry.job("test.panic", max_attempts=3, dead_letter_on=RuntimeError)(h.raise_error(probe, RuntimeError("kaboom")))
     registry.job("test.ok")(h.ok(probe))
     registry.sync_definitions(engine)
-    panicking = store_enqueue.enqueue(engine, "test.panic", PAYLOAD, priority=500)
+    panicking = enqueue(engine, "test.panic", PAYLOAD, priority=500)
     worker = start_loop("worker", registry, fast_config(max_global_concurrency=1))
     wait_status(engine, panicking.id, "DEAD_LETTERED")
-    following = store_enqueue.enqueue(engine, "test.ok", PAYLOAD)
+    following = enqueue(engine, "test.ok", PAYLOAD)
     wait_status(engine, following.id, "SUCCEEDED")
     assert rows(engine, "SELECT status_reason, last_error_code FROM job_queue WHERE id = :id", id=panicking.id) == [
         ("PANICKED", "job.handler_panic")]
@@ -112,8 +112,8 @@ def test_worker_survives_a_handler_raising_system_exit(engine, probe, start_loop
     registry.job("test.exit")(h.kill_thread(probe))
     registry.job("test.ok")(h.ok(probe))
     registry.sync_definitions(engine)
-    exiting = store_enqueue.enqueue(engine, "test.exit", PAYLOAD, priority=500)
-    following = store_enqueue.enqueue(engine, "test.ok", PAYLOAD)
+    exiting = enqueue(engine, "test.exit", PAYLOAD, priority=500)
+    following = enqueue(engine, "test.ok", PAYLOAD)
     worker = start_loop("worker", registry, fast_config(max_global_concurrency=1))
     wait_status(engine, following.id, "SUCCEEDED")
     assert rows(engine, "SELECT status, last_error_code FROM job_queue WHERE id = :id", id=exiting.id) == [
@@ -125,7 +125,7 @@ def test_worker_survives_a_handler_raising_system_exit(engine, probe, start_loop
 def test_worker_claims_no_more_jobs_than_it_has_free_slots(engine, probe, start_loop, logs):
     registry = h.registry_with(JOB_TYPE, h.hang(probe))
     registry.sync_definitions(engine)
-    jobs = store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, PAYLOAD) for _ in range(5)])
+    jobs = enqueue_many(engine, [JobSpec(JOB_TYPE, PAYLOAD) for _ in range(5)])
     start_loop("worker", registry, fast_config(max_global_concurrency=2, claim_batch_size=4))
     probe.wait_calls(2)
     assert holds(lambda: statuses(engine) == {"LEASED": 2, "PENDING": 3}, 0.3)
@@ -142,7 +142,7 @@ def test_concurrency_never_exceeds_max_global_concurrency(engine, probe, start_l
 
     registry = h.registry_with(JOB_TYPE, h.scripted(probe, body))
     registry.sync_definitions(engine)
-    store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, PAYLOAD) for _ in range(9)])
+    enqueue_many(engine, [JobSpec(JOB_TYPE, PAYLOAD) for _ in range(9)])
     start_loop("worker", registry, fast_config(max_global_concurrency=3, claim_batch_size=2))
     wait_until(lambda: statuses(engine) == {"SUCCEEDED": 9}, timeout=20)
     assert probe.peak == 3
@@ -160,10 +160,10 @@ def test_each_pool_thread_keeps_one_timer_thread_and_long_jobs_are_still_renewed
     registry.job("test.late", max_attempts=1, timeout_seconds=1)(h.cooperative_sleep(probe))
     registry.sync_definitions(engine)
     # Claimed in this order by priority: short jobs, then long ones, short again, then one that overruns.
-    first = store_enqueue.enqueue_many(engine, [JobSpec("test.short", PAYLOAD, priority=500) for _ in range(8)])
-    long = store_enqueue.enqueue_many(engine, [JobSpec("test.long", PAYLOAD, priority=400) for _ in range(2)])
-    then = store_enqueue.enqueue_many(engine, [JobSpec("test.short", PAYLOAD, priority=300) for _ in range(8)])
-    late = store_enqueue.enqueue(engine, "test.late", PAYLOAD, priority=200)
+    first = enqueue_many(engine, [JobSpec("test.short", PAYLOAD, priority=500) for _ in range(8)])
+    long = enqueue_many(engine, [JobSpec("test.long", PAYLOAD, priority=400) for _ in range(2)])
+    then = enqueue_many(engine, [JobSpec("test.short", PAYLOAD, priority=300) for _ in range(8)])
+    late = enqueue(engine, "test.late", PAYLOAD, priority=200)
     # The full event log: its HEARTBEAT rows show the renewals.
     start_loop("worker", registry, fast_config(max_global_concurrency=2, claim_batch_size=2, event_log="full"))
     wait_status(engine, late.id, "DEAD_LETTERED", timeout=20)
@@ -190,8 +190,8 @@ def test_a_crashed_job_task_frees_its_slot_and_leaves_the_lease_to_the_reaper(en
     registry.job("test.crash", max_attempts=3)(h.ok(probe))
     registry.job("test.ok")(h.ok(probe))
     registry.sync_definitions(engine)
-    crashed = store_enqueue.enqueue(engine, "test.crash", PAYLOAD, priority=500)
-    following = store_enqueue.enqueue(engine, "test.ok", PAYLOAD)
+    crashed = enqueue(engine, "test.crash", PAYLOAD, priority=500)
+    following = enqueue(engine, "test.ok", PAYLOAD)
     config = fast_config(max_global_concurrency=1, heartbeat_interval_seconds=0.2, event_log="full")
     start_loop("worker", registry, config)
     wait_status(engine, following.id, "SUCCEEDED")  # the only slot came back
@@ -209,13 +209,13 @@ def test_a_crashed_job_task_frees_its_slot_and_leaves_the_lease_to_the_reaper(en
 def test_shutdown_drains_in_flight_jobs_before_returning_and_claims_nothing_new(engine, probe, start_loop, logs):
     registry = h.registry_with(JOB_TYPE, h.hang(probe, JobCompletion(output={"drained": True})))
     registry.sync_definitions(engine)
-    running = store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, PAYLOAD) for _ in range(2)])
+    running = enqueue_many(engine, [JobSpec(JOB_TYPE, PAYLOAD) for _ in range(2)])
     worker = start_loop("worker", registry, fast_config(max_global_concurrency=2))
     probe.wait_calls(2)
     worker.shutdown.set()
     wait_until(lambda: any(r.getMessage() == "worker shutdown requested; draining in-flight jobs"
                            for r in logs.records))
-    late = store_enqueue.enqueue(engine, JOB_TYPE, PAYLOAD)
+    late = enqueue(engine, JOB_TYPE, PAYLOAD)
     assert holds(worker.thread.is_alive, 0.2)  # still draining: the handlers have not returned
     probe.release.set()
     worker.thread.join(10)
@@ -231,8 +231,8 @@ def test_ignored_timeout_is_written_after_the_grace_and_the_slot_stays_taken_unt
     registry.job("test.stubborn", max_attempts=3, timeout_seconds=1)(h.ignore_cancel(probe))
     registry.job("test.next")(h.ok(probe))
     registry.sync_definitions(engine)
-    stubborn = store_enqueue.enqueue(engine, "test.stubborn", PAYLOAD, priority=500)
-    waiting = store_enqueue.enqueue(engine, "test.next", PAYLOAD)
+    stubborn = enqueue(engine, "test.stubborn", PAYLOAD, priority=500)
+    waiting = enqueue(engine, "test.next", PAYLOAD)
     start_loop("worker", registry, fast_config(max_global_concurrency=1, timeout_grace_seconds=0.5, event_log="full"))
     [call] = probe.wait_calls(1)
     wait_status(engine, stubborn.id, "PENDING")
@@ -264,8 +264,8 @@ def test_worker_logs_carry_the_job_fields_and_never_the_payload(engine, probe, s
     registry.job("test.ok")(h.ok(probe))
     registry.job("test.bad")(h.fail_terminal(probe))
     registry.sync_definitions(engine)
-    good = store_enqueue.enqueue(engine, "test.ok", {"secret": SECRET, "card": SECRET})
-    bad = store_enqueue.enqueue(engine, "test.bad", {"secret": SECRET}, organization_id="org-7")
+    good = enqueue(engine, "test.ok", {"secret": SECRET, "card": SECRET})
+    bad = enqueue(engine, "test.bad", {"secret": SECRET}, organization_id="org-7")
     logs.set_level(logging.DEBUG, logger="runledger_sync")  # the per-job lines are DEBUG
     start_loop("worker", registry, fast_config(worker_id="worker-logs"))
     wait_status(engine, good.id, "SUCCEEDED")
@@ -309,7 +309,7 @@ def gated_loop(engine, queued: int, gather_seconds: float) -> Iterator[tuple[Gat
     registry = JobRegistry()
     registry.job(JOB_TYPE)(gate.handler)
     registry.sync_definitions(engine)
-    store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(queued)])
+    enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(queued)])
     # The full event log: the LEASED rows show which jobs were claimed together.
     loop = WorkerLoop(engine, registry, fast_config(max_global_concurrency=4, claim_batch_size=4, event_log="full"),
                       threading.Event(), listen=False)
@@ -375,7 +375,7 @@ def test_a_loop_that_is_not_backed_up_claims_into_a_single_free_slot_at_once(eng
     with gated_loop(engine, queued=3, gather_seconds=h.MAX_BLOCK_SECONDS) as (gate, loop):
         assert loop.turn() is False  # 3 for 4 slots: the queue is drained, not backed up
         assert loop.free_slots == 1 < loop.gather_target
-        store_enqueue.enqueue(engine, JOB_TYPE, {})
+        enqueue(engine, JOB_TYPE, {})
         started = time.monotonic()
         assert loop.turn() is True
         assert time.monotonic() - started < 5
@@ -401,7 +401,7 @@ def test_a_running_write_that_fails_with_its_claim_hands_the_claim_back_and_the_
     registry = h.registry_with(JOB_TYPE, h.ok(probe))
     registry.sync_definitions(engine)
     # The full event log, whose STAGE_CHANGED row the trigger fails.
-    job = store_enqueue.enqueue(engine, JOB_TYPE, PAYLOAD, event_log="full")
+    job = enqueue(engine, JOB_TYPE, PAYLOAD, event_log="full")
     start_loop("worker", registry, fast_config(event_log="full"))
 
     wait_status(engine, job.id, "SUCCEEDED")

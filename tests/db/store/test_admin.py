@@ -23,13 +23,15 @@ from runledger_sync.core.errors import (
 from runledger_sync.core.records import JobDefinition, JobRecord, LeaseIdentity
 from runledger_sync.core.types import JobCompletion, JobFailure
 from runledger_sync.core.states import JobStage, JobStatus
-from runledger_sync.store import admin
-from runledger_sync.store._actions import cancel_job, requeue_job
-from runledger_sync.store._claim import claim_jobs, claim_prestart_jobs_for_types
-from runledger_sync.store.enqueue import enqueue, sync_job_definitions
-from runledger_sync.store.lifecycle import complete_job_failure, complete_job_success
-from runledger_sync.store._running import heartbeat_job, mark_job_running, update_job_progress
-from runledger_sync.store._stats import pending_timing_statement, queue_stats
+from runledger_sync.store.admin.jobs import count_jobs, get_dead_letter, get_job, list_attempts, list_events, list_jobs
+from runledger_sync.store.admin.dead_letters import list_dead_letters
+from runledger_sync.store.admin.actions import cancel_job, requeue_job
+from runledger_sync.store.claim.claim import claim_jobs, claim_prestart_jobs_for_types
+from runledger_sync.store.enqueue.enqueue import enqueue
+from runledger_sync.store.definitions import sync_job_definitions
+from runledger_sync.store.attempt.ends import complete_job_failure, complete_job_success
+from runledger_sync.store.attempt.running import heartbeat_job, mark_job_running, update_job_progress
+from runledger_sync.store.admin.stats import pending_timing_statement, queue_stats
 
 EMAIL = "admin.email"
 REPORT = "admin.report"
@@ -97,7 +99,7 @@ def db_now(db) -> Any:
 
 
 def events_of(db, job_id: UUID) -> list[tuple[str, int, Optional[int], Any]]:
-    return [(e.event_type, e.run_number, e.attempt, e.payload) for e in admin.list_events(db, job_id)]
+    return [(e.event_type, e.run_number, e.attempt, e.payload) for e in list_events(db, job_id)]
 
 
 def snapshot(db) -> tuple[Any, ...]:
@@ -117,18 +119,18 @@ def snapshot(db) -> tuple[Any, ...]:
 def test_get_job_returns_the_stored_row(db):
     job = pending(db, payload={"to": "a@b.c"}, organization_id="org-1")
 
-    found = admin.get_job(db, job.id)
+    found = get_job(db, job.id)
 
     assert found == job
     assert found.payload == {"to": "a@b.c"}
-    assert admin.get_job(db, str(job.id)) == job
+    assert get_job(db, str(job.id)) == job
 
 
 def test_a_finished_job_shows_the_completed_stage_and_keeps_the_stage_it_stopped_at(db):
     jobs = {"pending": pending(db), "leased": leased(db), "succeeded": succeeded(db),
             "dead_lettered": dead_lettered(db), "canceled": canceled(db)}
 
-    read = {name: admin.get_job(db, job.id) for name, job in jobs.items()}
+    read = {name: get_job(db, job.id) for name, job in jobs.items()}
 
     assert {name: (job.stage, job.stage_shown) for name, job in read.items()} == {
         "pending": (JobStage.QUEUED, JobStage.QUEUED),
@@ -142,15 +144,15 @@ def test_a_finished_job_shows_the_completed_stage_and_keeps_the_stage_it_stopped
 def test_get_job_is_none_for_an_unknown_id_or_another_organization(db):
     job = pending(db, organization_id="org-1")
 
-    assert admin.get_job(db, UNKNOWN_ID) is None
-    assert admin.get_job(db, job.id, organization_id="org-2") is None
-    assert admin.get_job(db, job.id, organization_id="org-1") == job
+    assert get_job(db, UNKNOWN_ID) is None
+    assert get_job(db, job.id, organization_id="org-2") is None
+    assert get_job(db, job.id, organization_id="org-1") == job
 
 
 @pytest.mark.parametrize("bad_id", ["not-a-uuid", 42, None, b"\x00" * 16])
 def test_get_job_rejects_a_malformed_id(db, bad_id):
     with pytest.raises(InvalidArgument) as caught:
-        admin.get_job(db, bad_id)
+        get_job(db, bad_id)
     assert caught.value.code == "job.invalid_argument"
 
 
@@ -177,7 +179,7 @@ def ids(records: list[JobRecord]) -> list[UUID]:
 
 
 def test_list_jobs_returns_newest_first(db, mixed):
-    listed = admin.list_jobs(db)
+    listed = list_jobs(db)
 
     assert ids(listed) == [job.id for job in reversed(list(mixed.values()))]
     assert [r.created_at for r in listed] == sorted((r.created_at for r in listed), reverse=True)
@@ -200,21 +202,21 @@ def test_list_jobs_returns_newest_first(db, mixed):
     ],
 )
 def test_list_and_count_jobs_apply_every_filter(db, mixed, filters, expected):
-    assert ids(admin.list_jobs(db, **filters)) == [mixed[name].id for name in expected]
-    assert admin.count_jobs(db, **filters) == len(expected)
+    assert ids(list_jobs(db, **filters)) == [mixed[name].id for name in expected]
+    assert count_jobs(db, **filters) == len(expected)
 
 
 def test_count_jobs_without_filters_counts_everything(db, mixed):
-    assert admin.count_jobs(db) == len(mixed)
+    assert count_jobs(db) == len(mixed)
 
 
 def test_list_jobs_pages_with_limit_and_offset(db, mixed):
     newest_first = [job.id for job in reversed(list(mixed.values()))]
 
-    pages = [ids(admin.list_jobs(db, limit=3, offset=offset)) for offset in (0, 3, 6, 9)]
+    pages = [ids(list_jobs(db, limit=3, offset=offset)) for offset in (0, 3, 6, 9)]
 
     assert pages == [newest_first[0:3], newest_first[3:6], newest_first[6:7], []]
-    assert ids(admin.list_jobs(db, status="PENDING", limit=1, offset=1)) == [mixed["pending_report"].id]
+    assert ids(list_jobs(db, status="PENDING", limit=1, offset=1)) == [mixed["pending_report"].id]
 
 
 
@@ -222,14 +224,14 @@ def test_list_jobs_pages_by_keyset_from_the_last_job_shown(db, mixed):
     newest_first = [job.id for job in reversed(list(mixed.values()))]
     pages, before = [], None
     while True:
-        page = admin.list_jobs(db, limit=3, before=before)
+        page = list_jobs(db, limit=3, before=before)
         if not page:
             break
         pages.append(ids(page))
         before = page[-1]
     assert pages == [newest_first[0:3], newest_first[3:6], newest_first[6:7]]
-    [first_pending, *_] = admin.list_jobs(db, status="PENDING", limit=1)
-    assert ids(admin.list_jobs(db, status="PENDING", limit=1, before=first_pending)) == [mixed["pending_report"].id]
+    [first_pending, *_] = list_jobs(db, status="PENDING", limit=1)
+    assert ids(list_jobs(db, status="PENDING", limit=1, before=first_pending)) == [mixed["pending_report"].id]
 
 
 @pytest.mark.parametrize(
@@ -253,7 +255,7 @@ def test_list_jobs_rejects_bad_filters_without_writing(db, mixed, filters, argum
     before = snapshot(db)
 
     with pytest.raises(InvalidArgument) as caught:
-        admin.list_jobs(db, **filters)
+        list_jobs(db, **filters)
 
     assert caught.value.argument == argument
     assert caught.value.code in ("job.invalid_argument", "job.invalid_job_type")
@@ -267,7 +269,7 @@ def test_list_jobs_rejects_bad_filters_without_writing(db, mixed, filters, argum
 )
 def test_count_jobs_rejects_bad_filters(db, filters):
     with pytest.raises(InvalidArgument):
-        admin.count_jobs(db, **filters)
+        count_jobs(db, **filters)
 
 
 # -- cancel_job (T12) ----------------------------------------------------------------
@@ -278,7 +280,7 @@ def test_cancel_pending_job(db):
 
     result = cancel_job(db, job.id)
 
-    stored = admin.get_job(db, job.id)
+    stored = get_job(db, job.id)
     assert result == stored
     assert stored.status is JobStatus.CANCELED
     assert stored.status_reason == "CANCELED"
@@ -286,27 +288,27 @@ def test_cancel_pending_job(db):
     assert stored.worker_id is None and stored.last_heartbeat_at is None
     assert (stored.run_number, stored.attempt, stored.stage) == (1, 0, JobStage.QUEUED)
     assert events_of(db, job.id)[-1] == ("CANCELED", 1, None, {"reason": "CANCELED"})
-    assert admin.list_attempts(db, job.id) == []
+    assert list_attempts(db, job.id) == []
 
 
 def test_cancel_leased_job_closes_the_attempt_and_fences_the_worker(db):
     job = leased(db)
     identity = LeaseIdentity.of(job)
-    assert admin.list_attempts(db, job.id)[0].finished_at is None
+    assert list_attempts(db, job.id)[0].finished_at is None
 
     result = cancel_job(db, job.id, reason="operator: wrong recipient")
 
-    stored = admin.get_job(db, job.id)
+    stored = get_job(db, job.id)
     assert result == stored
     assert stored.status is JobStatus.CANCELED
     assert stored.status_reason == "operator: wrong recipient"
     assert stored.finished_at is not None
     assert stored.worker_id is None and stored.last_heartbeat_at is None
     assert stored.stage is JobStage.RUNNING  # cancel keeps the stage
-    (attempt,) = admin.list_attempts(db, job.id)
+    (attempt,) = list_attempts(db, job.id)
     assert attempt.finished_at is not None
     assert (attempt.outcome, attempt.error_code, attempt.retry_delay_ms) == (None, None, None)
-    events = admin.list_events(db, job.id)
+    events = list_events(db, job.id)
     assert (events[-1].event_type, events[-1].run_number, events[-1].attempt, events[-1].payload) == (
         "CANCELED", 1, 1, {"reason": "operator: wrong recipient"}
     )
@@ -325,17 +327,17 @@ def test_cancel_leased_job_closes_the_attempt_and_fences_the_worker(db):
             db, **identity.keywords(), failure=JobFailure.retryable("x.y", "late"), retry_delay_ms=0
         )
     assert snapshot(db) == before
-    assert admin.get_job(db, job.id).status is JobStatus.CANCELED
+    assert get_job(db, job.id).status is JobStatus.CANCELED
 
 
 def test_cancel_unstarted_prestart_claim(db):
     job = leased(db, running=False)
-    assert admin.list_attempts(db, job.id)[0].claim_origin == "WORKER_PRESTART"
+    assert list_attempts(db, job.id)[0].claim_origin == "WORKER_PRESTART"
 
     cancel_job(db, job.id)
 
-    assert admin.get_job(db, job.id).status is JobStatus.CANCELED
-    assert admin.list_attempts(db, job.id)[0].finished_at is not None
+    assert get_job(db, job.id).status is JobStatus.CANCELED
+    assert list_attempts(db, job.id)[0].finished_at is not None
     assert events_of(db, job.id)[-1] == ("CANCELED", 1, 1, {"reason": "CANCELED"})
 
 
@@ -350,7 +352,7 @@ def test_cancel_finished_job_is_an_invalid_state_transition(db, make):
     assert caught.value.code == "job.invalid_state_transition"
     assert caught.value.details["status"] == job.status.value
     assert snapshot(db) == before
-    assert admin.get_job(db, job.id) == job
+    assert get_job(db, job.id) == job
 
 
 @pytest.mark.parametrize("action", [cancel_job, requeue_job], ids=["cancel", "requeue"])
@@ -426,7 +428,7 @@ def test_requeue_succeeded_job_starts_a_new_run(db):
 
     result = requeue_job(db, job.id)
 
-    stored = admin.get_job(db, job.id)
+    stored = get_job(db, job.id)
     assert result == stored
     assert_fresh_run(stored, job, "REQUEUED")
     assert stored.next_run_at <= db_now(db)
@@ -439,7 +441,7 @@ def test_requeue_dead_lettered_job_with_a_reason(db):
 
     requeue_job(db, job.id, reason="fixed the mailbox")
 
-    stored = admin.get_job(db, job.id)
+    stored = get_job(db, job.id)
     assert_fresh_run(stored, job, "fixed the mailbox")
     assert events_of(db, job.id)[-1] == ("REQUEUED", 1, 1, {"reason": "fixed the mailbox"})
 
@@ -449,7 +451,7 @@ def test_requeue_canceled_job_that_never_ran_records_no_attempt(db):
 
     requeue_job(db, job.id)
 
-    assert_fresh_run(admin.get_job(db, job.id), job, "REQUEUED")
+    assert_fresh_run(get_job(db, job.id), job, "REQUEUED")
     assert events_of(db, job.id)[-1] == ("REQUEUED", 1, None, {"reason": "REQUEUED"})
 
 
@@ -472,7 +474,7 @@ def test_requeued_job_runs_again_as_the_next_run(db):
     second = requeue_job(db, first.id)
 
     assert (second.run_number, second.attempt) == (3, 0)
-    attempts = admin.list_attempts(db, first.id)
+    attempts = list_attempts(db, first.id)
     assert [(a.run_number, a.attempt, a.worker_id) for a in attempts] == [(1, 1, WORKER), (2, 1, "worker-2")]
     requeued = [(run, attempt) for kind, run, attempt, _ in events_of(db, first.id) if kind == "REQUEUED"]
     assert requeued == [(1, 1), (2, 1)]
@@ -503,7 +505,7 @@ def test_list_attempts_returns_each_claim_in_order(db):
     complete_job_success(db, **LeaseIdentity.of(again).keywords())
     other = pending(db)
 
-    attempts = admin.list_attempts(db, job.id)
+    attempts = list_attempts(db, job.id)
 
     assert [(a.run_number, a.attempt, a.worker_id, a.claim_origin) for a in attempts] == [
         (1, 1, WORKER, "WORKER_PRESTART"),
@@ -515,7 +517,7 @@ def test_list_attempts_returns_each_claim_in_order(db):
     assert attempts[0].execution_started_persisted_at is not None
     assert (attempts[1].outcome, attempts[1].error_code) == (None, None)
     assert all(a.finished_at is not None for a in attempts)
-    assert admin.list_attempts(db, other.id) == []
+    assert list_attempts(db, other.id) == []
 
 
 def test_list_events_returns_the_log_in_write_order(db):
@@ -524,7 +526,7 @@ def test_list_events_returns_the_log_in_write_order(db):
     complete_job_success(db, **LeaseIdentity.of(claimed).keywords())
     pending(db)
 
-    events = admin.list_events(db, job.id)
+    events = list_events(db, job.id)
 
     assert [(e.event_type, e.attempt) for e in events] == [("ENQUEUED", None), ("LEASED", 1), ("SUCCEEDED", 1)]
     assert [e.id for e in events] == sorted(e.id for e in events)
@@ -537,7 +539,7 @@ def test_get_dead_letter_returns_the_snapshot(db):
     job = dead_lettered(db, payload={"to": "x@y.z"}, organization_id="org-9")
     alive = succeeded(db)
 
-    letter = admin.get_dead_letter(db, job.id)
+    letter = get_dead_letter(db, job.id)
 
     assert letter is not None
     assert (letter.job_id, letter.job_type, letter.organization_id, letter.run_number, letter.attempt) == (
@@ -547,8 +549,8 @@ def test_get_dead_letter_returns_the_snapshot(db):
     assert letter.payload_snapshot == {"to": "x@y.z"}
     assert letter.checkpoint_snapshot == {"at": 1}
     assert letter.failed_at == job.finished_at
-    assert admin.get_dead_letter(db, alive.id) is None
-    assert admin.get_dead_letter(db, UNKNOWN_ID) is None
+    assert get_dead_letter(db, alive.id) is None
+    assert get_dead_letter(db, UNKNOWN_ID) is None
 
 
 def test_list_dead_letters_filters_by_type_organization_and_since(db):
@@ -559,7 +561,7 @@ def test_list_dead_letters_filters_by_type_organization_and_since(db):
     succeeded(db)
 
     def listed(**filters: Any) -> list[UUID]:
-        return [d.job_id for d in admin.list_dead_letters(db, **filters)]
+        return [d.job_id for d in list_dead_letters(db, **filters)]
 
     assert listed() == [new_email.id, old_report.id, old_email.id]
     assert listed(job_type=EMAIL) == [new_email.id, old_email.id]
@@ -577,13 +579,13 @@ def test_list_dead_letters_filters_by_type_organization_and_since(db):
 )
 def test_list_dead_letters_rejects_bad_filters(db, filters):
     with pytest.raises(InvalidArgument):
-        admin.list_dead_letters(db, **filters)
+        list_dead_letters(db, **filters)
 
 
 def test_list_dead_letters_rejects_a_naive_since(db):
     naive = db_now(db).replace(tzinfo=None)
     with pytest.raises(InvalidArgument) as caught:
-        admin.list_dead_letters(db, since=naive)
+        list_dead_letters(db, since=naive)
     assert caught.value.code == "job.invalid_argument"
 
 
@@ -642,7 +644,7 @@ def test_queue_stats_counts_expired_leases(db):
 
     assert stats.by_status["LEASED"] == 2
     assert stats.expired_leases == 1
-    assert admin.get_job(db, short.id).lease_expires_at < db_now(db) < admin.get_job(db, live.id).lease_expires_at
+    assert get_job(db, short.id).lease_expires_at < db_now(db) < get_job(db, live.id).lease_expires_at
     assert stats.oldest_pending_age_seconds is None
 
 

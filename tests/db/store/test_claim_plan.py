@@ -20,9 +20,9 @@ import pytest
 from sqlalchemy import event
 
 import runledger_sync as rl
-from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store._claim import claim_jobs, claim_prestart_jobs_for_types
-from runledger_sync.store._held import HeldConnection
+from runledger_sync.store.enqueue.enqueue import enqueue_many
+from runledger_sync.store.claim.claim import claim_jobs, claim_prestart_jobs_for_types
+from runledger_sync.store.held import HeldConnection
 from tests.support import JOB_TYPE, define, scalar
 
 QUEUED = 10_000
@@ -31,7 +31,7 @@ QUEUED = 10_000
 @pytest.fixture
 def queued(engine) -> None:
     define(engine)
-    store_enqueue.enqueue_many(engine, [rl.JobSpec(JOB_TYPE, {"n": n}) for n in range(QUEUED)])
+    enqueue_many(engine, [rl.JobSpec(JOB_TYPE, {"n": n}) for n in range(QUEUED)])
     assert scalar(engine, "SELECT reltuples FROM pg_class WHERE relname = 'job_queue'") < 0, "table was analyzed"
 
 
@@ -137,14 +137,14 @@ def test_a_claim_planned_on_a_nearly_empty_queue_still_looks_its_rows_up_by_id_o
     # A new install: the plan is made when the analyzed table holds a row or a few,
     # where reading it whole would be cheapest, and then kept while the queue grows.
     define(engine)
-    store_enqueue.enqueue_many(engine, [rl.JobSpec(JOB_TYPE, {"n": n}) for n in range(rows)])
+    enqueue_many(engine, [rl.JobSpec(JOB_TYPE, {"n": n}) for n in range(rows)])
     with engine.begin() as connection:
         connection.exec_driver_sql("ANALYZE job_queue")
     held = HeldConnection(engine)
     try:
         assert len(claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=8,
                                                            job_types=[JOB_TYPE])) == rows
-        store_enqueue.enqueue_many(engine, [rl.JobSpec(JOB_TYPE, {"n": n}) for n in range(QUEUED)])
+        enqueue_many(engine, [rl.JobSpec(JOB_TYPE, {"n": n}) for n in range(QUEUED)])
         assert len(claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=8,
                                                            job_types=[JOB_TYPE])) == 8
     finally:
@@ -213,7 +213,7 @@ def held_back(engine) -> list[Any]:
     statement with triggers off (enqueueing them one by one would only be slower).
     """
     define(engine)
-    heads = store_enqueue.enqueue_many(
+    heads = enqueue_many(
         engine, [rl.JobSpec(JOB_TYPE, {"key": n}, concurrency_key=f"customer:{n}") for n in range(HELD_BACK_KEYS)])
     assert len(claim_jobs(engine, worker_id="w", lease_ttl_seconds=300, limit=HELD_BACK_KEYS)) == HELD_BACK_KEYS
     with engine.begin() as connection:
@@ -268,7 +268,7 @@ def test_a_claim_among_jobs_held_back_by_busy_keys_reads_the_claim_index_not_the
         assert not [n for n in plan_nodes(plan["Plan"]) if n["Node Type"] == "Seq Scan" and n["Relation Name"] == "job_queue"]
 
     # Plain jobs among them are found at once.
-    plain = store_enqueue.enqueue_many(engine, [rl.JobSpec(JOB_TYPE, {"plain": n}) for n in range(8)])
+    plain = enqueue_many(engine, [rl.JobSpec(JOB_TYPE, {"plain": n}) for n in range(8)])
     jobs, seconds, seq_scans, entries = claim_reads(engine)
     assert sorted(job.id for job in jobs) == sorted(job.id for job in plain)
     assert seq_scans == 0 and entries <= 2 * HELD_BACK_KEYS + 50 and seconds < 0.5, (seq_scans, entries, seconds)

@@ -19,11 +19,11 @@ from runledger_sync.core.store_errors import CommitOutcomeUnknown
 from runledger_sync.core.types import EventLog
 from runledger_sync.core.states import JobStatus
 from runledger_sync.db.engine import create_engine
-from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store import lifecycle
-from runledger_sync.store._claim_start import claim_and_start_jobs
-from runledger_sync.store._held import HeldConnection
-from runledger_sync.store._reaper import reap_expired_leases
+from runledger_sync.store.enqueue.enqueue import enqueue
+from runledger_sync.store.attempt.ends import release_unstarted_job_claim
+from runledger_sync.store.claim.start import claim_and_start_jobs
+from runledger_sync.store.held import HeldConnection
+from runledger_sync.store.maintenance.reaper import reap_expired_leases
 from tests.support import JOB_TYPE, define, rows, scalar
 
 SENT: list[str] = []
@@ -73,8 +73,8 @@ def allow(engine: Any) -> None:
 def test_claim_and_running_go_out_as_one_query_of_two_transactions(counted):
     engine = counted.engine
     start(counted)  # prepares the statements on the held connection
-    low = store_enqueue.enqueue(engine, JOB_TYPE, {"n": 1}, priority=1)
-    high = store_enqueue.enqueue(engine, JOB_TYPE, {"n": 2}, priority=9)
+    low = enqueue(engine, JOB_TYPE, {"n": 1}, priority=1)
+    high = enqueue(engine, JOB_TYPE, {"n": 2}, priority=9)
     SENT.clear()
 
     started = start(counted)
@@ -98,7 +98,7 @@ def test_claim_and_running_go_out_as_one_query_of_two_transactions(counted):
 
 @pytest.mark.parametrize("event_log", [EventLog.FULL, EventLog.TRANSITIONS])
 def test_the_event_log_level_decides_the_leased_and_running_events(counted, event_log):
-    job = store_enqueue.enqueue(counted.engine, JOB_TYPE, {}, event_log=event_log)
+    job = enqueue(counted.engine, JOB_TYPE, {}, event_log=event_log)
 
     [started] = start(counted, event_log=event_log).running
 
@@ -110,7 +110,7 @@ def test_the_event_log_level_decides_the_leased_and_running_events(counted, even
 
 def test_a_refused_running_write_leaves_the_claim_leased_unstarted_and_releasable(counted):
     engine = counted.engine
-    job = store_enqueue.enqueue(engine, JOB_TYPE, {})
+    job = enqueue(engine, JOB_TYPE, {})
     refuse(engine, "BEFORE UPDATE")
 
     started = start(counted)
@@ -122,7 +122,7 @@ def test_a_refused_running_write_leaves_the_claim_leased_unstarted_and_releasabl
     assert rows(engine, "SELECT status, stage, attempt FROM job_queue") == [("LEASED", "queued", 1)]
     assert scalar(engine, "SELECT execution_started_persisted_at FROM job_attempts") is None
     allow(engine)
-    released = lifecycle.release_unstarted_job_claim(
+    released = release_unstarted_job_claim(
         engine, **LeaseIdentity.of(started.unstarted[0]).keywords(), reason="TEST", delay_ms=0)
     assert (released.status, released.attempt) == (JobStatus.PENDING, 0)
     # The session is fine: the next claim starts the job.
@@ -132,7 +132,7 @@ def test_a_refused_running_write_leaves_the_claim_leased_unstarted_and_releasabl
 def test_a_refused_claim_leases_nothing_and_leaves_the_session_usable(counted):
     engine = counted.engine
     start(counted)  # prepared: the refusal then comes inside the BEGIN block, not while preparing
-    job = store_enqueue.enqueue(engine, JOB_TYPE, {})
+    job = enqueue(engine, JOB_TYPE, {})
     refuse(engine, "BEFORE INSERT")
 
     with pytest.raises(RunledgerError):
@@ -146,7 +146,7 @@ def test_a_refused_claim_leases_nothing_and_leaves_the_session_usable(counted):
 
 def test_a_connection_lost_during_the_running_write_reports_the_claim_with_an_unknown_outcome(counted):
     engine = counted.engine
-    job = store_enqueue.enqueue(engine, JOB_TYPE, {})
+    job = enqueue(engine, JOB_TYPE, {})
     refuse(engine, "BEFORE UPDATE", "PERFORM pg_terminate_backend(pg_backend_pid())")
 
     started = start(counted)
@@ -167,7 +167,7 @@ def test_unprepared_the_claim_and_running_write_are_still_two_transactions(fresh
     define(engine)
     held = HeldConnection(engine)
     try:
-        job = store_enqueue.enqueue(engine, JOB_TYPE, {})
+        job = enqueue(engine, JOB_TYPE, {})
 
         [started] = start(held).running
 
@@ -183,7 +183,7 @@ def test_unprepared_the_claim_and_running_write_are_still_two_transactions(fresh
 
 def test_a_lease_that_runs_out_before_the_running_write_is_fenced_off_and_left_to_the_reaper(counted):
     engine = counted.engine
-    job = store_enqueue.enqueue(engine, JOB_TYPE, {})
+    job = enqueue(engine, JOB_TYPE, {})
 
     started = claim_and_start_jobs(counted, worker_id="w", lease_ttl_seconds=1e-6, limit=1, job_types=[JOB_TYPE])
 

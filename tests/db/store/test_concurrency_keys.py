@@ -18,11 +18,11 @@ import runledger_sync as rl
 from runledger_sync.core.types import JobFailure
 from runledger_sync.core.states import JobStatus
 from runledger_sync.db.schema_queues import KEY_LOCK
-from runledger_sync.store import lifecycle
-from runledger_sync.store._actions import cancel_job, requeue_job
-from runledger_sync.store._reaper import reap_expired_leases
+from runledger_sync.store.attempt.ends import complete_job_failure, complete_job_success, release_unstarted_job_claim
+from runledger_sync.store.admin.actions import cancel_job, requeue_job
+from runledger_sync.store.maintenance.reaper import reap_expired_leases
 from runledger_sync.store.driver import claim_jobs, claim_prestart_jobs_for_types
-from runledger_sync.store.enqueue import enqueue
+from runledger_sync.store.enqueue.enqueue import enqueue
 from runledger_sync.store.queues import configure_queue
 from tests.support import JOB_TYPE, define, expire_lease, identity, lock_waiters, rows, scalar, wait_until
 
@@ -45,7 +45,7 @@ def held_back(engine: Any) -> set[Any]:
 
 
 def succeed(engine: Any, job: Any) -> Any:
-    return lifecycle.complete_job_success(engine, **identity(job))
+    return complete_job_success(engine, **identity(job))
 
 
 def ids(jobs: list[Any]) -> list[Any]:
@@ -87,7 +87,7 @@ def release_by(engine: Any, how: str, head: Any) -> None:
     if how == "success":
         succeed(engine, leased)
     elif how == "dead_letter":
-        dead = lifecycle.complete_job_failure(engine, **identity(leased), failure=JobFailure.terminal("bad.input", "no"),
+        dead = complete_job_failure(engine, **identity(leased), failure=JobFailure.terminal("bad.input", "no"),
                                               retry_delay_ms=0)
         assert dead.status is JobStatus.DEAD_LETTERED
     elif how == "cancel_leased":
@@ -183,7 +183,7 @@ def test_a_retry_keeps_the_keys_turn(engine):
     [leased] = claim(engine)
     later = keyed(engine, "k", 1, priority=500)  # would go first, were the turn free
 
-    retried = lifecycle.complete_job_failure(engine, **identity(leased), failure=JobFailure.retryable("busy", "m"),
+    retried = complete_job_failure(engine, **identity(leased), failure=JobFailure.retryable("busy", "m"),
                                              retry_delay_ms=300)
 
     assert retried.status is JobStatus.PENDING and held_back(engine) == {later.id}
@@ -213,7 +213,7 @@ def test_an_unstarted_claim_handed_back_keeps_the_keys_turn(engine):
     [leased] = claim_prestart_jobs_for_types(engine, worker_id="w", lease_ttl_seconds=30, limit=5, job_types=[JOB_TYPE])
     later = keyed(engine, "k", 1, priority=500)
 
-    lifecycle.release_unstarted_job_claim(engine, **identity(leased), reason="shutdown", delay_ms=0)
+    release_unstarted_job_claim(engine, **identity(leased), reason="shutdown", delay_ms=0)
 
     assert held_back(engine) == {later.id}
     assert ids(claim(engine)) == [head.id]
@@ -371,7 +371,7 @@ def test_an_open_transaction_that_enqueued_a_keyed_job_holds_no_lock_a_release_w
     with engine.connect() as application:
         rl.enqueue(application, JOB_TYPE, {}, concurrency_key="k")  # open, not committed
         done = threading.Event()
-        thread = threading.Thread(target=lambda: (lifecycle.complete_job_success(engine, **identity(leased)), done.set()))
+        thread = threading.Thread(target=lambda: (complete_job_success(engine, **identity(leased)), done.set()))
         thread.start()
         assert done.wait(10), "the success write waited for the application's transaction"
         application.commit()

@@ -14,7 +14,8 @@ from runledger_sync.core.records import JobDefinition, JobSpec
 from runledger_sync.core.store_errors import ConnectionFailed, PermissionDenied
 from runledger_sync.core.states import JobStage, JobStatus
 from runledger_sync.db.engine import create_engine
-from runledger_sync.store import enqueue as store
+from runledger_sync.store.enqueue.enqueue import enqueue, enqueue_many
+from runledger_sync.store.definitions import set_job_definition_enabled, sync_job_definitions, upsert_job_definition
 from tests.support import JOB_TYPE, define, events, rows, scalar, without_plan_settings
 
 
@@ -24,7 +25,7 @@ def count_jobs(engine) -> int:
 
 def test_enqueue_takes_definition_defaults_and_writes_enqueued_event(engine):
     define(engine, max_attempts=4, default_timeout_seconds=120, default_priority=7)
-    job = store.enqueue(engine, JOB_TYPE, {"to": "a@b.c"}, event_log="full")
+    job = enqueue(engine, JOB_TYPE, {"to": "a@b.c"}, event_log="full")
     assert (job.status, job.stage, job.attempt, job.run_number) == (JobStatus.PENDING, JobStage.QUEUED, 0, 1)
     assert (job.max_attempts, job.timeout_seconds, job.priority) == (4, 120, 7)
     assert job.payload == {"to": "a@b.c"}
@@ -38,7 +39,7 @@ def test_enqueue_takes_definition_defaults_and_writes_enqueued_event(engine):
 def test_enqueue_explicit_values_override_defaults(engine):
     define(engine)
     run_at = datetime.now(timezone.utc) + timedelta(hours=1)
-    job = store.enqueue(engine, JOB_TYPE, [1, 2], priority=-5, max_attempts=2, timeout_seconds=5, run_at=run_at,
+    job = enqueue(engine, JOB_TYPE, [1, 2], priority=-5, max_attempts=2, timeout_seconds=5, run_at=run_at,
                         organization_id="org-1", stage=JobStage.SCHEDULED)
     assert (job.priority, job.max_attempts, job.timeout_seconds) == (-5, 2, 5)
     assert job.next_run_at == run_at
@@ -49,7 +50,7 @@ def test_enqueue_explicit_values_override_defaults(engine):
 
 def test_delay_seconds_postpones_next_run_at(engine):
     define(engine)
-    job = store.enqueue(engine, JOB_TYPE, {}, delay_seconds=120)
+    job = enqueue(engine, JOB_TYPE, {}, delay_seconds=120)
     delay = scalar(engine, "SELECT extract(epoch FROM next_run_at - created_at) FROM job_queue WHERE id = :id", id=job.id)
     assert 119.9 <= float(delay) <= 120.1
 
@@ -58,9 +59,9 @@ def test_delay_seconds_postpones_next_run_at(engine):
 def test_unknown_or_disabled_type_is_refused_and_writes_nothing(engine, enabled):
     if enabled is False:
         define(engine)
-        store.set_job_definition_enabled(engine, JOB_TYPE, False)
+        set_job_definition_enabled(engine, JOB_TYPE, False)
     with pytest.raises(errors.DefinitionNotFoundOrDisabled) as caught:
-        store.enqueue(engine, JOB_TYPE, {})
+        enqueue(engine, JOB_TYPE, {})
     assert caught.value.code == "job.definition_not_found_or_disabled"
     assert count_jobs(engine) == 0
     assert scalar(engine, "SELECT count(*) FROM job_events") == 0
@@ -104,7 +105,7 @@ def test_bad_input_gets_its_code_and_writes_nothing(engine, arguments, code):
     job_type = arguments.pop("job_type")
     payload = arguments.pop("payload")
     with pytest.raises(errors.RunledgerError) as caught:
-        store.enqueue(engine, job_type, payload, **arguments)
+        enqueue(engine, job_type, payload, **arguments)
     assert caught.value.code == code
     assert isinstance(caught.value, errors.ValidationError)
     assert count_jobs(engine) == 0
@@ -113,7 +114,7 @@ def test_bad_input_gets_its_code_and_writes_nothing(engine, arguments, code):
 def test_sql_metacharacters_are_data_not_sql(engine):
     hostile = "t'); DELETE FROM job_queue; --"
     define(engine, hostile)
-    job = store.enqueue(engine, hostile, {"q": "'; DROP TABLE job_events; --"}, organization_id="o' OR '1'='1", event_log="full")
+    job = enqueue(engine, hostile, {"q": "'; DROP TABLE job_events; --"}, organization_id="o' OR '1'='1", event_log="full")
     assert rows(engine, "SELECT job_type, organization_id FROM job_queue WHERE id = :id", id=job.id) == [
         (hostile, "o' OR '1'='1")
     ]
@@ -126,7 +127,7 @@ def test_enqueue_many_is_one_statement_keeps_order_and_returns_records(engine):
     event.listen(engine.sync_engine if hasattr(engine, "sync_engine") else engine, "before_cursor_execute",
                  lambda *args: statements.append(args[2]))
     specs = [JobSpec(JOB_TYPE, {"i": i}, priority=i % 3) for i in range(500)]
-    jobs = store.enqueue_many(engine, specs, event_log="full")
+    jobs = enqueue_many(engine, specs, event_log="full")
     # The first use on a connection also prepares the statement, once.
     assert [without_plan_settings(s).split()[0] for s in statements] == ["PREPARE", "EXECUTE"]
     assert [job.payload["i"] for job in jobs] == list(range(500))
@@ -134,7 +135,7 @@ def test_enqueue_many_is_one_statement_keeps_order_and_returns_records(engine):
     assert count_jobs(engine) == 500
     assert scalar(engine, "SELECT count(*) FROM job_events WHERE event_type = 'ENQUEUED'") == 500
     statements.clear()
-    store.enqueue_many(engine, specs, event_log="full")
+    enqueue_many(engine, specs, event_log="full")
     assert [without_plan_settings(s).split()[0] for s in statements] == ["EXECUTE"]
 
 
@@ -143,7 +144,7 @@ def test_engine_enqueue_commits_with_its_statement_and_leaves_the_pooled_connect
     in_autocommit = []
     event.listen(engine, "before_cursor_execute",
                  lambda conn, *args: in_autocommit.append(conn.connection.dbapi_connection.autocommit))
-    store.enqueue(engine, JOB_TYPE, {"a": 1})
+    enqueue(engine, JOB_TYPE, {"a": 1})
     # No BEGIN and no COMMIT round trip: the one statement is its own transaction.
     assert in_autocommit and all(in_autocommit)
     with engine.connect() as conn:
@@ -158,7 +159,7 @@ def test_an_autocommit_engine_keeps_its_connections_in_autocommit_after_an_enque
     engine = create_engine(fresh_database, isolation_level="AUTOCOMMIT", pool_size=1, max_overflow=0)
     try:
         define(engine)
-        store.enqueue(engine, JOB_TYPE, {"a": 1})
+        enqueue(engine, JOB_TYPE, {"a": 1})
         with engine.connect() as conn:
             assert conn.connection.dbapi_connection.autocommit is True
         assert count_jobs(engine) == 1
@@ -170,7 +171,7 @@ def test_enqueue_many_rejects_the_whole_batch_for_one_unknown_type(engine):
     define(engine)
     specs = [JobSpec(JOB_TYPE, {}), JobSpec("missing.type", {}), JobSpec(JOB_TYPE, {})]
     with pytest.raises(errors.DefinitionNotFoundOrDisabled) as caught:
-        store.enqueue_many(engine, specs)
+        enqueue_many(engine, specs)
     assert "missing.type" in caught.value.message
     assert count_jobs(engine) == 0
 
@@ -178,23 +179,23 @@ def test_enqueue_many_rejects_the_whole_batch_for_one_unknown_type(engine):
 def test_enqueue_many_rejects_the_whole_batch_for_one_bad_payload(engine):
     define(engine)
     with pytest.raises(errors.InvalidPayload):
-        store.enqueue_many(engine, [JobSpec(JOB_TYPE, {}), JobSpec(JOB_TYPE, {"bad": {1}})])
+        enqueue_many(engine, [JobSpec(JOB_TYPE, {}), JobSpec(JOB_TYPE, {"bad": {1}})])
     assert count_jobs(engine) == 0
 
 
 def test_enqueue_many_of_nothing_returns_nothing(engine):
-    assert store.enqueue_many(engine, []) == []
+    assert enqueue_many(engine, []) == []
 
 
 def test_connection_enqueue_joins_the_callers_transaction(engine):
     define(engine)
     with engine.connect() as conn:
-        store.enqueue(conn, JOB_TYPE, {"n": 1})
+        enqueue(conn, JOB_TYPE, {"n": 1})
         assert conn.execute(text("SELECT count(*) FROM job_queue")).scalar() == 1
         conn.rollback()
     assert count_jobs(engine) == 0
     with engine.connect() as conn:
-        job = store.enqueue(conn, JOB_TYPE, {"n": 2}, event_log="full")
+        job = enqueue(conn, JOB_TYPE, {"n": 2}, event_log="full")
         conn.commit()
     assert rows(engine, "SELECT payload FROM job_queue") == [({"n": 2},)]
     assert events(engine, job.id)[0][0] == "ENQUEUED"
@@ -203,9 +204,9 @@ def test_connection_enqueue_joins_the_callers_transaction(engine):
 def test_failed_enqueue_inside_callers_transaction_leaves_their_rows_alone(engine):
     define(engine)
     with engine.begin() as conn:
-        store.enqueue(conn, JOB_TYPE, {"kept": True})
+        enqueue(conn, JOB_TYPE, {"kept": True})
         with pytest.raises(errors.InvalidPayload):
-            store.enqueue(conn, JOB_TYPE, {"bad": {1}})
+            enqueue(conn, JOB_TYPE, {"bad": {1}})
     assert rows(engine, "SELECT payload FROM job_queue") == [({"kept": True},)]
 
 
@@ -214,8 +215,8 @@ def test_failed_enqueue_inside_callers_transaction_leaves_their_rows_alone(engin
 
 def test_same_key_and_request_returns_the_existing_job_without_a_second_event(engine):
     define(engine)
-    first = store.enqueue(engine, JOB_TYPE, {"a": 1}, idempotency_key="order-1", event_log="full")
-    again = store.enqueue(engine, JOB_TYPE, {"a": 1}, idempotency_key="order-1", event_log="full")
+    first = enqueue(engine, JOB_TYPE, {"a": 1}, idempotency_key="order-1", event_log="full")
+    again = enqueue(engine, JOB_TYPE, {"a": 1}, idempotency_key="order-1", event_log="full")
     assert again.id == first.id
     assert count_jobs(engine) == 1
     assert len(events(engine, first.id)) == 1
@@ -224,9 +225,9 @@ def test_same_key_and_request_returns_the_existing_job_without_a_second_event(en
 
 def test_same_key_with_a_different_request_is_a_conflict(engine):
     define(engine)
-    first = store.enqueue(engine, JOB_TYPE, {"a": 1}, idempotency_key="order-1")
+    first = enqueue(engine, JOB_TYPE, {"a": 1}, idempotency_key="order-1")
     with pytest.raises(errors.IdempotencyConflict) as caught:
-        store.enqueue(engine, JOB_TYPE, {"a": 1}, idempotency_key="order-1", priority=5)
+        enqueue(engine, JOB_TYPE, {"a": 1}, idempotency_key="order-1", priority=5)
     assert caught.value.code == "job.idempotency_conflict"
     assert str(first.id) in caught.value.message
     assert count_jobs(engine) == 1
@@ -236,27 +237,27 @@ def test_keys_are_scoped_per_type_and_organization(engine):
     define(engine)
     define(engine, "other.job")
     ids = {
-        store.enqueue(engine, JOB_TYPE, {}, idempotency_key="k").id,
-        store.enqueue(engine, JOB_TYPE, {}, idempotency_key="k", organization_id="org-1").id,
-        store.enqueue(engine, JOB_TYPE, {}, idempotency_key="k", organization_id="org-2").id,
-        store.enqueue(engine, "other.job", {}, idempotency_key="k").id,
+        enqueue(engine, JOB_TYPE, {}, idempotency_key="k").id,
+        enqueue(engine, JOB_TYPE, {}, idempotency_key="k", organization_id="org-1").id,
+        enqueue(engine, JOB_TYPE, {}, idempotency_key="k", organization_id="org-2").id,
+        enqueue(engine, "other.job", {}, idempotency_key="k").id,
     }
     assert len(ids) == 4
-    assert store.enqueue(engine, JOB_TYPE, {}, idempotency_key="k", organization_id="org-1").id in ids
+    assert enqueue(engine, JOB_TYPE, {}, idempotency_key="k", organization_id="org-1").id in ids
     assert count_jobs(engine) == 4
 
 
 def test_keys_match_jobs_in_any_status(engine):
     define(engine)
-    first = store.enqueue(engine, JOB_TYPE, {}, idempotency_key="k")
+    first = enqueue(engine, JOB_TYPE, {}, idempotency_key="k")
     with engine.begin() as conn:
         conn.execute(text("UPDATE job_queue SET status = 'SUCCEEDED' WHERE id = :id"), {"id": first.id})
-    assert store.enqueue(engine, JOB_TYPE, {}, idempotency_key="k").id == first.id
+    assert enqueue(engine, JOB_TYPE, {}, idempotency_key="k").id == first.id
 
 
 def test_duplicate_keys_inside_one_batch_return_one_job(engine):
     define(engine)
-    jobs = store.enqueue_many(engine, [JobSpec(JOB_TYPE, {"x": 1}, idempotency_key="k"),
+    jobs = enqueue_many(engine, [JobSpec(JOB_TYPE, {"x": 1}, idempotency_key="k"),
                                        JobSpec(JOB_TYPE, {"x": 1}, idempotency_key="k"),
                                        JobSpec(JOB_TYPE, {"x": 2})])
     assert jobs[0].id == jobs[1].id != jobs[2].id
@@ -268,14 +269,14 @@ def test_concurrent_idempotent_enqueues_create_one_job(engine):
     barrier = threading.Barrier(6)
     found, failures = [], []
 
-    def enqueue():
+    def enqueue_once():
         barrier.wait()
         try:
-            found.append(store.enqueue(engine, JOB_TYPE, {"same": True}, idempotency_key="race").id)
+            found.append(enqueue(engine, JOB_TYPE, {"same": True}, idempotency_key="race").id)
         except Exception as exc:  # collected so the assertion names it
             failures.append(exc)
 
-    threads = [threading.Thread(target=enqueue) for _ in range(6)]
+    threads = [threading.Thread(target=enqueue_once) for _ in range(6)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -290,7 +291,7 @@ def test_keyed_enqueue_outside_read_committed_is_refused(engine):
     with engine.connect() as conn:
         conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         with pytest.raises(errors.EnqueueIdempotencyUnsupportedIsolation) as caught:
-            store.enqueue(conn, JOB_TYPE, {}, idempotency_key="k")
+            enqueue(conn, JOB_TYPE, {}, idempotency_key="k")
         assert caught.value.code == "job.enqueue_idempotency_unsupported_isolation"
         conn.rollback()
     assert count_jobs(engine) == 0
@@ -300,28 +301,28 @@ def test_unkeyed_enqueue_works_under_repeatable_read(engine):
     define(engine)
     with engine.connect() as conn:
         conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        store.enqueue(conn, JOB_TYPE, {})
+        enqueue(conn, JOB_TYPE, {})
         conn.commit()
     assert count_jobs(engine) == 1
 
 
 def test_keyed_row_without_snapshot_is_a_legacy_conflict(engine):
     define(engine)
-    job = store.enqueue(engine, JOB_TYPE, {}, idempotency_key="old")
+    job = enqueue(engine, JOB_TYPE, {}, idempotency_key="old")
     with engine.begin() as conn:
         # Rows written before snapshots existed: simulate one by lifting the CHECK.
         conn.execute(text("ALTER TABLE job_queue DROP CONSTRAINT ck_job_queue_idempotency_enqueue_request"))
         conn.execute(text("UPDATE job_queue SET enqueue_request = NULL WHERE id = :id"), {"id": job.id})
     with pytest.raises(errors.LegacyIdempotencySnapshotMissing) as caught:
-        store.enqueue(engine, JOB_TYPE, {}, idempotency_key="old")
+        enqueue(engine, JOB_TYPE, {}, idempotency_key="old")
     assert caught.value.code == "job.legacy_idempotency_snapshot_missing"
 
 
 def test_snapshot_is_the_request_not_the_resolved_defaults(engine):
     define(engine, default_priority=1)
-    first = store.enqueue(engine, JOB_TYPE, {"p": 1}, idempotency_key="k")
-    store.sync_job_definitions(engine, [JobDefinition(JOB_TYPE, default_priority=99)])
-    assert store.enqueue(engine, JOB_TYPE, {"p": 1}, idempotency_key="k").id == first.id
+    first = enqueue(engine, JOB_TYPE, {"p": 1}, idempotency_key="k")
+    sync_job_definitions(engine, [JobDefinition(JOB_TYPE, default_priority=99)])
+    assert enqueue(engine, JOB_TYPE, {"p": 1}, idempotency_key="k").id == first.id
     assert first.enqueue_request == {
         "max_attempts": None, "next_run_at": None, "payload": {"p": 1}, "priority": None,
         "stage": "queued", "timeout_seconds": None,
@@ -331,7 +332,7 @@ def test_snapshot_is_the_request_not_the_resolved_defaults(engine):
 def test_snapshot_records_run_at_in_rfc3339_utc_with_microseconds(engine):
     define(engine)
     run_at = datetime(2031, 5, 6, 7, 8, 9, 123, tzinfo=timezone(timedelta(hours=2)))
-    job = store.enqueue(engine, JOB_TYPE, {}, idempotency_key="k", run_at=run_at)
+    job = enqueue(engine, JOB_TYPE, {}, idempotency_key="k", run_at=run_at)
     assert job.enqueue_request["next_run_at"] == "2031-05-06T05:08:09.000123Z"
 
 
@@ -339,10 +340,10 @@ def test_snapshot_records_run_at_in_rfc3339_utc_with_microseconds(engine):
 
 
 def test_sync_definitions_overwrites_or_only_inserts_missing(engine):
-    store.sync_job_definitions(engine, [JobDefinition(JOB_TYPE, max_attempts=3)])
-    kept = store.sync_job_definitions(engine, [JobDefinition(JOB_TYPE, max_attempts=9)], overwrite=False)
+    sync_job_definitions(engine, [JobDefinition(JOB_TYPE, max_attempts=3)])
+    kept = sync_job_definitions(engine, [JobDefinition(JOB_TYPE, max_attempts=9)], overwrite=False)
     assert kept[0].max_attempts == 3
-    replaced = store.upsert_job_definition(engine, JobDefinition(JOB_TYPE, max_attempts=9))
+    replaced = upsert_job_definition(engine, JobDefinition(JOB_TYPE, max_attempts=9))
     assert replaced.max_attempts == 9
     assert scalar(engine, "SELECT max_attempts FROM job_definitions") == 9
 
@@ -350,13 +351,13 @@ def test_sync_definitions_overwrites_or_only_inserts_missing(engine):
 def test_updated_at_moves_when_a_definition_changes(engine):
     define(engine)
     before = scalar(engine, "SELECT updated_at FROM job_definitions")
-    store.set_job_definition_enabled(engine, JOB_TYPE, False)
+    set_job_definition_enabled(engine, JOB_TYPE, False)
     assert scalar(engine, "SELECT updated_at FROM job_definitions") > before
 
 
 def test_enabling_an_unknown_type_is_not_found(engine):
     with pytest.raises(errors.DefinitionNotFoundOrDisabled):
-        store.set_job_definition_enabled(engine, "nope", True)
+        set_job_definition_enabled(engine, "nope", True)
 
 
 # -- connection failures -----------------------------------------------------------
@@ -366,7 +367,7 @@ def test_unreachable_database_is_connection_failed_with_password_masked():
     engine = create_engine("postgresql://app:s3cr3t-pass@127.0.0.1:9/nowhere", connect_args={"connect_timeout": 1})
     try:
         with pytest.raises(ConnectionFailed) as caught:
-            store.enqueue(engine, JOB_TYPE, {})
+            enqueue(engine, JOB_TYPE, {})
     finally:
         engine.dispose()
     assert caught.value.code == "db.connection_failed"
@@ -395,7 +396,7 @@ def test_database_error_is_mapped_and_chained(engine):
         conn.execute(text("GRANT SELECT ON ALL TABLES IN SCHEMA public TO rl_reader"))
         conn.execute(text("SET ROLE rl_reader"))
         with pytest.raises(PermissionDenied) as caught:
-            store.enqueue(conn, JOB_TYPE, {})
+            enqueue(conn, JOB_TYPE, {})
         conn.rollback()
     assert caught.value.code == "db.permission_denied"
     assert isinstance(caught.value.__cause__, sqlalchemy.exc.DBAPIError)

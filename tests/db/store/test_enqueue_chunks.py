@@ -12,7 +12,7 @@ import pytest
 
 import runledger_sync as rl
 from runledger_sync.core.records import JobSpec
-from runledger_sync.store import enqueue as store
+from runledger_sync.store.enqueue import enqueue
 from tests.db.test_bad_input_api import table_digest
 from tests.db.test_transactional_enqueue import caller, order_count, orders, psycopg2_connect  # noqa: F401 - fixtures
 from tests.support import JOB_TYPE, define, scalar
@@ -22,7 +22,7 @@ BATCH = 10
 
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(store, "ENQUEUE_CHUNK_SIZE", 3)
+    monkeypatch.setattr(enqueue, "ENQUEUE_CHUNK_SIZE", 3)
 
 
 def specs(count: int = BATCH, bad_at: int | None = None, bad: Any = None) -> Iterator[JobSpec]:

@@ -21,8 +21,8 @@ from sqlalchemy.engine import make_url
 import runledger_sync as rl
 from runledger_sync.core.records import JobSpec
 from runledger_sync.db.engine import create_engine
-from runledger_sync.store import enqueue as store
-from runledger_sync.store import _notify as notify
+from runledger_sync.store.enqueue import enqueue
+from runledger_sync.store import notify
 from tests.support import JOB_TYPE, define, scalar, without_plan_settings
 
 PING = "select 1"
@@ -118,7 +118,7 @@ def test_a_batch_of_one_chunk_on_an_engine_is_one_statement(counted, call):
 
 
 def test_a_batch_of_several_chunks_on_an_engine_is_one_statement_per_chunk_and_a_commit(counted, monkeypatch):
-    monkeypatch.setattr(store, "ENQUEUE_CHUNK_SIZE", 3)
+    monkeypatch.setattr(enqueue, "ENQUEUE_CHUNK_SIZE", 3)
 
     ids = rl.enqueue_many_ids(counted, (JobSpec(JOB_TYPE, {"n": n}) for n in range(7)), event_log="full")
 

@@ -11,18 +11,21 @@ from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.types import EventLog, JobFailure
 from runledger_sync.core.states import JobStage
 from runledger_sync.core.records import JobSpec
-from runledger_sync.store import admin, enqueue as store_enqueue, workflows
-from runledger_sync.store import lifecycle, _lifecycle_batch as lifecycle_batch
-from runledger_sync.store._claim import claim_jobs, claim_prestart_jobs_for_types
-from runledger_sync.store._held import HeldConnection
-from runledger_sync.store._running import heartbeat_job, mark_job_running, update_job_progress
+from runledger_sync.store.admin.jobs import list_events
+from runledger_sync.store.enqueue.enqueue import enqueue, enqueue_many, enqueue_many_ids
+from runledger_sync.store.workflows.enqueue import enqueue_workflow
+from runledger_sync.store.attempt.ends import complete_job_failure, complete_job_success
+from runledger_sync.store.attempt.running import mark_jobs_running
+from runledger_sync.store.claim.claim import claim_jobs, claim_prestart_jobs_for_types
+from runledger_sync.store.held import HeldConnection
+from runledger_sync.store.attempt.running import heartbeat_job, mark_job_running, update_job_progress
 from tests.support import JOB_TYPE, define, event_types, events, rows, scalar
 
 EVERY_STEP_OF_A_SUCCESS = ["ENQUEUED", "LEASED", "STAGE_CHANGED", "HEARTBEAT", "SUCCEEDED"]
 
 
 def claimed(bind, event_log, *, prestart=True):
-    store_enqueue.enqueue(bind, JOB_TYPE, {}, event_log=event_log)
+    enqueue(bind, JOB_TYPE, {}, event_log=event_log)
     claim = claim_prestart_jobs_for_types if prestart else claim_jobs
     [job] = claim(bind, worker_id="w", lease_ttl_seconds=30, limit=1, job_types=[JOB_TYPE], event_log=event_log)
     return job
@@ -33,11 +36,11 @@ def run_to_success(bind, event_log, *, grouped: bool, prestart: bool = True):
     job = claimed(bind, event_log, prestart=prestart)
     lease = LeaseIdentity.of(job)
     if grouped:
-        assert lifecycle_batch.mark_jobs_running(bind, [lease], event_log=event_log) == [None]
+        assert mark_jobs_running(bind, [lease], event_log=event_log) == [None]
     else:
         mark_job_running(bind, lease, event_log=event_log)
     heartbeat_job(bind, **lease.keywords(), lease_ttl_seconds=30, event_log=event_log)
-    lifecycle.complete_job_success(bind, **lease.keywords())
+    complete_job_success(bind, **lease.keywords())
     return job.id
 
 
@@ -65,25 +68,25 @@ def test_transitions_event_log_leaves_out_leased_running_and_heartbeat_rows(held
 
 
 def test_default_is_the_transitions_event_log(held):
-    store_enqueue.enqueue(held, JOB_TYPE, {})
+    enqueue(held, JOB_TYPE, {})
     [job] = claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=1,
                                                     job_types=[JOB_TYPE])
     lease = LeaseIdentity.of(job)
     mark_job_running(held, lease)
     heartbeat_job(held, **lease.keywords(), lease_ttl_seconds=30)
-    lifecycle.complete_job_success(held, **lease.keywords())
+    complete_job_success(held, **lease.keywords())
 
     assert event_types(held.engine, job.id) == ["SUCCEEDED"]
 
 
 def enqueue_every_way(bind, **level):
     """Enqueue one job, a batch, a batch by ids and a workflow's root at ``level``; return their job ids."""
-    one = store_enqueue.enqueue(bind, JOB_TYPE, {}, **level).id
-    batch = [job.id for job in store_enqueue.enqueue_many(bind, [JobSpec(JOB_TYPE, {})] * 2, **level)]
-    ids = store_enqueue.enqueue_many_ids(bind, [JobSpec(JOB_TYPE, {})] * 2, **level)
+    one = enqueue(bind, JOB_TYPE, {}, **level).id
+    batch = [job.id for job in enqueue_many(bind, [JobSpec(JOB_TYPE, {})] * 2, **level)]
+    ids = enqueue_many_ids(bind, [JobSpec(JOB_TYPE, {})] * 2, **level)
     flow = rl.Workflow("flow")
     flow.job("root", JOB_TYPE, {})
-    root = workflows.enqueue_workflow(bind, flow, **level).step("root").job_id
+    root = enqueue_workflow(bind, flow, **level).step("root").job_id
     return [one, *batch, *ids, root]
 
 
@@ -106,11 +109,11 @@ def test_enqueue_at_full_writes_one_enqueued_row_per_job(held):
 
 
 def test_list_events_draws_the_enqueued_entry_from_the_job_row_when_no_row_was_written(held):
-    quiet = store_enqueue.enqueue(held, JOB_TYPE, {}, event_log="transitions")
-    logged = store_enqueue.enqueue(held, JOB_TYPE, {}, event_log="full")
+    quiet = enqueue(held, JOB_TYPE, {}, event_log="transitions")
+    logged = enqueue(held, JOB_TYPE, {}, event_log="full")
 
-    [drawn] = admin.list_events(held, quiet.id)
-    [written] = admin.list_events(held, logged.id)
+    [drawn] = list_events(held, quiet.id)
+    [written] = list_events(held, logged.id)
 
     assert (drawn.job_id, drawn.run_number, drawn.attempt, drawn.event_type, drawn.stage, drawn.payload) == (
         quiet.id, 1, None, "ENQUEUED", None, {"job_type": JOB_TYPE})
@@ -120,9 +123,9 @@ def test_list_events_draws_the_enqueued_entry_from_the_job_row_when_no_row_was_w
 
 def test_list_events_puts_the_drawn_enqueued_entry_first(held):
     job = claimed(held, EventLog.TRANSITIONS)
-    lifecycle.complete_job_success(held, **LeaseIdentity.of(job).keywords())
+    complete_job_success(held, **LeaseIdentity.of(job).keywords())
 
-    assert [event.event_type for event in admin.list_events(held, job.id)] == ["ENQUEUED", "SUCCEEDED"]
+    assert [event.event_type for event in list_events(held, job.id)] == ["ENQUEUED", "SUCCEEDED"]
     assert event_types(held.engine, job.id) == ["SUCCEEDED"]
 
 
@@ -132,7 +135,7 @@ def test_transitions_still_logs_progress_other_stages_failures_and_retries(held)
     update_job_progress(held, **lease.keywords(), stage=JobStage.RUNNING, progress_done=1, progress_total=4,
                                   event_log=EventLog.TRANSITIONS)
     update_job_progress(held, **lease.keywords(), stage=JobStage.SCHEDULED, event_log=EventLog.TRANSITIONS)
-    lifecycle.complete_job_failure(held, **lease.keywords(), failure=JobFailure.retryable("x.flaky", "try again"),
+    complete_job_failure(held, **lease.keywords(), failure=JobFailure.retryable("x.flaky", "try again"),
                                    retry_delay_ms=0)
 
     logged = [(kind, payload.get("kind")) for kind, _, payload in events(held.engine, job.id)]
@@ -150,20 +153,20 @@ def test_transitions_still_logs_progress_other_stages_failures_and_retries(held)
             bind, worker_id="w", lease_ttl_seconds=30, limit=1, job_types=[JOB_TYPE], event_log="none"),
         lambda bind, lease: claim_jobs(bind, worker_id="w", lease_ttl_seconds=30, limit=1, event_log="FULL"),
         lambda bind, lease: mark_job_running(bind, lease, event_log=None),
-        lambda bind, lease: lifecycle_batch.mark_jobs_running(bind, [lease], event_log="quiet"),
-        lambda bind, lease: lifecycle_batch.mark_jobs_running(bind, [], event_log="quiet"),
+        lambda bind, lease: mark_jobs_running(bind, [lease], event_log="quiet"),
+        lambda bind, lease: mark_jobs_running(bind, [], event_log="quiet"),
         lambda bind, lease: heartbeat_job(bind, **lease.keywords(), lease_ttl_seconds=30, event_log=True),
-        lambda bind, lease: store_enqueue.enqueue(bind, JOB_TYPE, {}, event_log="none"),
-        lambda bind, lease: store_enqueue.enqueue_many(bind, [JobSpec(JOB_TYPE, {})], event_log="Full"),
-        lambda bind, lease: store_enqueue.enqueue_many_ids(bind, [JobSpec(JOB_TYPE, {})] * 3, event_log=None),
-        lambda bind, lease: workflows.enqueue_workflow(bind, one_step_workflow(), event_log="quiet"),
+        lambda bind, lease: enqueue(bind, JOB_TYPE, {}, event_log="none"),
+        lambda bind, lease: enqueue_many(bind, [JobSpec(JOB_TYPE, {})], event_log="Full"),
+        lambda bind, lease: enqueue_many_ids(bind, [JobSpec(JOB_TYPE, {})] * 3, event_log=None),
+        lambda bind, lease: enqueue_workflow(bind, one_step_workflow(), event_log="quiet"),
     ],
     ids=["prestart claim", "direct claim", "running", "grouped running", "grouped running, no leases", "heartbeat",
          "enqueue", "enqueue_many", "enqueue_many_ids", "enqueue_workflow"],
 )
 def test_an_unknown_event_log_level_is_refused_before_any_write(held, call):
     job = claimed(held, EventLog.FULL)
-    store_enqueue.enqueue(held, JOB_TYPE, {})
+    enqueue(held, JOB_TYPE, {})
     before = scalar(held.engine, "SELECT count(*) FROM job_events")
 
     with pytest.raises(errors.InvalidArgument) as refused:

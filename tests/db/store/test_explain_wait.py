@@ -9,9 +9,9 @@ from uuid import UUID
 import pytest
 
 import runledger_sync as rl
-from runledger_sync.store import lifecycle
+from runledger_sync.store.attempt.ends import complete_job_success
 from runledger_sync.store.driver import claim_jobs, record_worker
-from runledger_sync.store.enqueue import enqueue
+from runledger_sync.store.enqueue.enqueue import enqueue
 from runledger_sync.store.queues import configure_queue, explain_wait, pause_queue
 from tests.support import JOB_TYPE, define, identity
 
@@ -33,7 +33,7 @@ def test_a_job_that_is_not_pending_waits_for_nothing(engine):
     job = enqueue(engine, JOB_TYPE, {})
     [leased] = claim(engine)
     assert explain_wait(engine, leased.id) is None
-    lifecycle.complete_job_success(engine, **identity(leased))
+    complete_job_success(engine, **identity(leased))
     assert explain_wait(engine, job.id) is None
 
 

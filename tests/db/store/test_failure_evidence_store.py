@@ -6,11 +6,14 @@ from runledger_sync.core.evidence import MAX_TRACEBACK_CHARS, FailureEvidence
 from runledger_sync.core.outcomes import DeadLetter, Retry
 from runledger_sync.core.records import JobSpec, LeaseIdentity
 from runledger_sync.core.types import JobDeadLetterInfo, JobDeadLetterReason, JobFailure
-from runledger_sync.store import admin, lifecycle
-from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store._claim import claim_prestart_jobs_for_types
-from runledger_sync.store._outcomes import apply_transitions
-from runledger_sync.store._running import mark_job_running
+from runledger_sync.store.admin.jobs import get_dead_letter, list_attempts
+from runledger_sync.store.admin.dead_letters import list_dead_letters
+from runledger_sync.store.attempt.ends import complete_job_failure
+from runledger_sync.store.maintenance.reaper import reap_expired_leases
+from runledger_sync.store.enqueue.enqueue import enqueue_many
+from runledger_sync.store.claim.claim import claim_prestart_jobs_for_types
+from runledger_sync.store.attempt.outcomes import apply_transitions
+from runledger_sync.store.attempt.running import mark_job_running
 from tests.support import JOB_TYPE, define, expire_lease
 
 TRACEBACK = "Traceback (most recent call last):\n  File \"app.py\", line 3, in lookup\nKeyError: 'missing_field'\n"
@@ -18,7 +21,7 @@ TRACEBACK = "Traceback (most recent call last):\n  File \"app.py\", line 3, in l
 
 def claim(engine, count, max_attempts=3):
     define(engine, max_attempts=max_attempts)
-    store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(count)])
+    enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(count)])
     jobs = claim_prestart_jobs_for_types(engine, worker_id="worker-a", lease_ttl_seconds=30, limit=count,
                                          job_types=[JOB_TYPE])
     assert len(jobs) == count
@@ -26,7 +29,7 @@ def claim(engine, count, max_attempts=3):
 
 
 def evidence(engine, job_id):
-    return [(a.error_type, a.traceback) for a in admin.list_attempts(engine, job_id)]
+    return [(a.error_type, a.traceback) for a in list_attempts(engine, job_id)]
 
 
 def test_the_group_write_keeps_each_transitions_evidence_on_its_attempt_row(engine):
@@ -43,16 +46,16 @@ def test_the_group_write_keeps_each_transitions_evidence_on_its_attempt_row(engi
     assert evidence(engine, leases[0].job_id) == [("myapp.billing.Declined", TRACEBACK)]
     assert evidence(engine, leases[1].job_id) == [("KeyError", TRACEBACK)]
     assert evidence(engine, leases[2].job_id) == [(None, None)]  # no exception behind it: nothing to keep
-    letter = admin.get_dead_letter(engine, leases[1].job_id)
+    letter = get_dead_letter(engine, leases[1].job_id)
     assert (letter.error_type, letter.traceback) == ("KeyError", TRACEBACK)
-    assert [(d.job_id, d.error_type) for d in admin.list_dead_letters(engine)] == [(leases[1].job_id, "KeyError")]
+    assert [(d.job_id, d.error_type) for d in list_dead_letters(engine)] == [(leases[1].job_id, "KeyError")]
 
 
 def test_the_single_write_keeps_the_evidence_cut_to_the_cap_and_storable(engine):
     [lease] = claim(engine, 1)
     huge = "Traceback (most recent call last):\n" + "  File \"a.py\", line 1, in f\x00\n" * 2_000 + "KeyError: 'x'\n"
 
-    lifecycle.complete_job_failure(engine, **lease.keywords(), failure=JobFailure.terminal("test.failed", "failed"),
+    complete_job_failure(engine, **lease.keywords(), failure=JobFailure.terminal("test.failed", "failed"),
                                    retry_delay_ms=None, error_type="KeyError", traceback=huge)
 
     [(error_type, kept)] = evidence(engine, lease.job_id)
@@ -66,8 +69,8 @@ def test_an_attempt_the_reaper_ends_has_no_evidence(engine):
     mark_job_running(engine, lease)
     expire_lease(engine, lease.job_id)
 
-    assert len(lifecycle.reap_expired_leases(engine, limit=10, default_retry_delay_ms=1).dead_lettered) == 1
+    assert len(reap_expired_leases(engine, limit=10, default_retry_delay_ms=1).dead_lettered) == 1
 
-    [attempt] = admin.list_attempts(engine, lease.job_id)
+    [attempt] = list_attempts(engine, lease.job_id)
     assert (attempt.outcome, attempt.error_type, attempt.traceback) == ("LEASE_EXPIRED", None, None)
-    assert admin.get_dead_letter(engine, lease.job_id).error_type is None
+    assert get_dead_letter(engine, lease.job_id).error_type is None

@@ -18,9 +18,10 @@ from sqlalchemy import text
 from runledger_sync.core import errors
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.types import JobFailure
-from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store import lifecycle, _lifecycle_batch as lifecycle_batch
-from runledger_sync.store._running import heartbeat_job, mark_job_running, update_job_progress
+from runledger_sync.store.enqueue.enqueue import enqueue
+from runledger_sync.store.attempt.ends import complete_job_failure, complete_job_success, release_unstarted_job_claim
+from runledger_sync.store.attempt.running import mark_jobs_running
+from runledger_sync.store.attempt.running import heartbeat_job, mark_job_running, update_job_progress
 from tests.support import JOB_TYPE, claim_one, define, rows, scalar, wait_until, write_successes
 
 #: Short enough to run out during the wait, long enough to be live when the write starts.
@@ -47,9 +48,9 @@ def _grouped(call: Callable[[Any, LeaseIdentity], list]) -> Callable[[Any, Lease
 
 #: write name -> (the write, the row it leaves when it lands: status, stage, progress_done)
 WRITES: dict[str, tuple[Callable[[Any, LeaseIdentity], Any], tuple[str, str, Any]]] = {
-    "success": (_single(lambda e, lease: lifecycle.complete_job_success(e, **lease.keywords())),
+    "success": (_single(lambda e, lease: complete_job_success(e, **lease.keywords())),
                 ("SUCCEEDED", "completed", None)),
-    "failure": (_single(lambda e, lease: lifecycle.complete_job_failure(
+    "failure": (_single(lambda e, lease: complete_job_failure(
         e, **lease.keywords(), failure=JobFailure.retryable("t.retry", "again"), retry_delay_ms=60_000)),
         ("PENDING", "queued", None)),
     "heartbeat": (_single(lambda e, lease: heartbeat_job(
@@ -57,9 +58,9 @@ WRITES: dict[str, tuple[Callable[[Any, LeaseIdentity], Any], tuple[str, str, Any
     "progress": (_single(lambda e, lease: update_job_progress(
         e, **lease.keywords(), progress_done=1, progress_total=4)), ("LEASED", "queued", 1)),
     "running": (_single(lambda e, lease: mark_job_running(e, lease)), ("LEASED", "running", None)),
-    "release": (_single(lambda e, lease: lifecycle.release_unstarted_job_claim(
+    "release": (_single(lambda e, lease: release_unstarted_job_claim(
         e, **lease.keywords(), reason="TEST", delay_ms=0)), ("PENDING", "queued", None)),
-    "group running": (_grouped(lambda e, lease: lifecycle_batch.mark_jobs_running(e, [lease])),
+    "group running": (_grouped(lambda e, lease: mark_jobs_running(e, [lease])),
                       ("LEASED", "running", None)),
     "group success": (_grouped(lambda e, lease: write_successes(e, [(lease, None)])),
                       ("SUCCEEDED", "completed", None)),
@@ -69,7 +70,7 @@ WRITES: dict[str, tuple[Callable[[Any, LeaseIdentity], Any], tuple[str, str, Any
 @pytest.fixture
 def leased(engine) -> LeaseIdentity:
     define(engine, max_attempts=3)
-    store_enqueue.enqueue(engine, JOB_TYPE, {})
+    enqueue(engine, JOB_TYPE, {})
     return LeaseIdentity.of(claim_one(engine, lease_ttl_seconds=SHORT_LEASE_SECONDS))
 
 

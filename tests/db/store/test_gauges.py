@@ -8,7 +8,8 @@ import pytest
 from sqlalchemy import text
 
 import runledger_sync as rl
-from runledger_sync.store import _gauges as gauges, lifecycle
+from runledger_sync.store.admin.gauges import queue_gauges, queue_gauges_statement
+from runledger_sync.store.attempt.ends import complete_job_failure
 from tests.support import claim_one, define, expire_lease, identity
 
 FINISHED_ROWS = 1_000_000
@@ -17,7 +18,7 @@ FINISHED_ROWS = 1_000_000
 def _dead_letter(engine, job_type: str) -> None:
     rl.enqueue(engine, job_type, {})
     job = claim_one(engine, job_type=job_type)
-    lifecycle.complete_job_failure(engine, **identity(job), failure=rl.JobFailure.terminal("test.broken", "no"),
+    complete_job_failure(engine, **identity(job), failure=rl.JobFailure.terminal("test.broken", "no"),
                                    retry_delay_ms=None)
 
 
@@ -37,7 +38,7 @@ def test_gauges_count_unfinished_jobs_by_type_and_status(engine):
         conn.execute(text("UPDATE job_queue SET next_run_at = now() - interval '90 seconds' "
                           "WHERE job_type = 'a' AND status = 'PENDING' AND next_run_at <= now()"))
 
-    read = gauges.queue_gauges(engine)
+    read = queue_gauges(engine)
 
     assert read.job_types == ("a", "b", "idle")
     assert read.jobs == {("a", "PENDING"): 3, ("a", "LEASED"): 1, ("b", "LEASED"): 1}
@@ -56,7 +57,7 @@ def test_gauges_count_schedules_late_to_fire(engine):
         conn.execute(text("UPDATE job_schedules SET next_fire_at = now() - interval '5 minutes' WHERE name = 'late'"))
         conn.execute(text("UPDATE job_schedules SET next_fire_at = now() - interval '1 second' WHERE name = 'due-now'"))
 
-    read = gauges.queue_gauges(engine)
+    read = queue_gauges(engine)
 
     assert read.late_schedules == 1
     assert 299 < read.max_schedule_lateness_seconds < 330
@@ -68,7 +69,7 @@ def test_dead_letters_older_than_the_window_are_not_counted(engine):
     with engine.begin() as conn:
         conn.execute(text("UPDATE job_dead_letters SET failed_at = now() - interval '61 minutes'"))
 
-    assert gauges.queue_gauges(engine).dead_lettered_recently == {}
+    assert queue_gauges(engine).dead_lettered_recently == {}
 
 
 @pytest.mark.timeout(300)
@@ -84,7 +85,7 @@ def test_scrape_statement_reads_indexes_not_a_million_finished_jobs(engine):
     claim_one(engine, job_type="a")
     with engine.connect() as conn:
         conn.execute(text("ANALYZE job_queue"))
-        compiled = gauges.queue_gauges_statement().compile(engine, compile_kwargs={"literal_binds": True})
+        compiled = queue_gauges_statement().compile(engine, compile_kwargs={"literal_binds": True})
         plan = conn.execute(text(f"EXPLAIN (FORMAT JSON) {compiled}")).scalar_one()
     scans = _scans(plan[0]["Plan"] if isinstance(plan, list) else json.loads(plan)[0]["Plan"])
 
@@ -94,7 +95,7 @@ def test_scrape_statement_reads_indexes_not_a_million_finished_jobs(engine):
     queue_scans = [scan for scan in scans if scan.get("Relation Name") == "job_queue"]
     assert queue_scans and all(scan["Node Type"] != "Seq Scan" for scan in queue_scans), scans
     assert all(scan["Plan Rows"] < FINISHED_ROWS // 100 for scan in queue_scans), scans
-    read = gauges.queue_gauges(engine)
+    read = queue_gauges(engine)
     assert read.jobs == {("a", "PENDING"): 4, ("a", "LEASED"): 1}
 
 

@@ -7,10 +7,10 @@ from sqlalchemy import text
 
 import runledger_sync as rl
 from runledger_sync.core import errors
-from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store._claim import claim_prestart_jobs_for_types
-from runledger_sync.store._held import HeldConnection
-from runledger_sync.store._running import heartbeat_job
+from runledger_sync.store.enqueue.enqueue import enqueue
+from runledger_sync.store.claim.claim import claim_prestart_jobs_for_types
+from runledger_sync.store.held import HeldConnection
+from runledger_sync.store.attempt.running import heartbeat_job
 from tests.support import JOB_TYPE, define, scalar
 
 
@@ -29,14 +29,14 @@ def backend_pid(held: HeldConnection) -> object:
 def test_transactions_share_one_backend_and_commit_each(engine, held):
     before = backend_pid(held)
     for n in range(3):
-        store_enqueue.enqueue(held, JOB_TYPE, {"n": n})
+        enqueue(held, JOB_TYPE, {"n": n})
     assert backend_pid(held) == before
     # Committed: another connection sees every job.
     assert scalar(engine, "SELECT count(*) FROM job_queue") == 3
 
 
 def test_a_refused_write_rolls_back_and_keeps_the_connection(engine, held):
-    job = store_enqueue.enqueue(engine, JOB_TYPE, {})
+    job = enqueue(engine, JOB_TYPE, {})
     before = backend_pid(held)
     with pytest.raises(errors.LeaseOwnerMismatch):
         heartbeat_job(held, job_id=job.id, run_number=1, attempt=1, worker_id="nobody",
@@ -47,7 +47,7 @@ def test_a_refused_write_rolls_back_and_keeps_the_connection(engine, held):
 def test_a_killed_backend_is_replaced_and_the_transaction_retried(engine, held):
     victim = backend_pid(held)
     assert scalar(engine, "SELECT pg_terminate_backend(:pid)", pid=victim) is True
-    job = store_enqueue.enqueue(held, JOB_TYPE, {"after": "kill"})
+    job = enqueue(held, JOB_TYPE, {"after": "kill"})
     assert rl.get_job(engine, job.id) is not None
     assert backend_pid(held) != victim
 
@@ -57,7 +57,7 @@ def synchronous_commit(connection) -> str:
 
 
 def test_a_prestart_claim_skips_the_disk_wait_only_for_its_own_transaction(engine, held):
-    store_enqueue.enqueue(engine, JOB_TYPE, {})
+    enqueue(engine, JOB_TYPE, {})
     claimed = claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=1,
                                                       job_types=[JOB_TYPE])
     assert len(claimed) == 1
@@ -67,7 +67,7 @@ def test_a_prestart_claim_skips_the_disk_wait_only_for_its_own_transaction(engin
 
 def test_a_prestart_claim_in_the_callers_transaction_leaves_its_setting_alone(engine):
     define(engine)
-    store_enqueue.enqueue(engine, JOB_TYPE, {})
+    enqueue(engine, JOB_TYPE, {})
     with engine.connect() as connection:
         claimed = claim_prestart_jobs_for_types(connection, worker_id="w", lease_ttl_seconds=30, limit=1,
                                                           job_types=[JOB_TYPE])

@@ -15,12 +15,12 @@ from runledger_sync.core.store_errors import StoreError
 from runledger_sync.core.types import JobCompletion, JobFailure
 from runledger_sync.core.states import JobStage, JobStatus
 from runledger_sync.db.engine import create_engine
-from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store import lifecycle
-from runledger_sync.store._actions import requeue_job
-from runledger_sync.store._claim import claim_jobs, claim_prestart_jobs_for_types
-from runledger_sync.store._running import heartbeat_job, mark_job_running, update_job_progress
-from runledger_sync.store._reaper import reap_expired_leases
+from runledger_sync.store.enqueue.enqueue import enqueue, enqueue_many
+from runledger_sync.store.attempt.ends import complete_job_failure, complete_job_success, release_unstarted_job_claim
+from runledger_sync.store.admin.actions import requeue_job
+from runledger_sync.store.claim.claim import claim_jobs, claim_prestart_jobs_for_types
+from runledger_sync.store.attempt.running import heartbeat_job, mark_job_running, update_job_progress
+from runledger_sync.store.maintenance.reaper import reap_expired_leases
 from tests.support import (
     JOB_TYPE,
     attempts,
@@ -39,7 +39,7 @@ from tests.support import (
 def pending(engine):
     define(engine, max_attempts=3)
     # Every event of the spec, so the tests below can read each transition's row.
-    return store_enqueue.enqueue(engine, JOB_TYPE, {"n": 1}, event_log="full")
+    return enqueue(engine, JOB_TYPE, {"n": 1}, event_log="full")
 
 
 def db_now(engine):
@@ -68,8 +68,8 @@ def test_direct_claim_records_direct_origin(engine, pending):
 
 def test_claim_orders_by_priority_then_due_time_then_fifo(engine):
     define(engine)
-    low = store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": i}, priority=1) for i in range(3)])
-    high = store_enqueue.enqueue(engine, JOB_TYPE, {"n": "high"}, priority=50)
+    low = enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": i}, priority=1) for i in range(3)])
+    high = enqueue(engine, JOB_TYPE, {"n": "high"}, priority=50)
     claimed = claim_jobs(engine, worker_id="w", lease_ttl_seconds=30, limit=10)
     assert [job.id for job in claimed] == [high.id] + [job.id for job in low]
 
@@ -77,9 +77,9 @@ def test_claim_orders_by_priority_then_due_time_then_fifo(engine):
 def test_claim_skips_jobs_not_yet_due_and_other_types(engine):
     define(engine)
     define(engine, "other.job")
-    store_enqueue.enqueue(engine, JOB_TYPE, {}, delay_seconds=3600)
-    store_enqueue.enqueue(engine, "other.job", {})
-    due = store_enqueue.enqueue(engine, JOB_TYPE, {})
+    enqueue(engine, JOB_TYPE, {}, delay_seconds=3600)
+    enqueue(engine, "other.job", {})
+    due = enqueue(engine, JOB_TYPE, {})
     claimed = claim_prestart_jobs_for_types(engine, worker_id="w", lease_ttl_seconds=30, limit=10,
                                                       job_types=[JOB_TYPE])
     assert [job.id for job in claimed] == [due.id]
@@ -110,7 +110,7 @@ def test_claim_bad_arguments_are_refused(engine, pending, arguments):
 
 def test_claim_skips_rows_locked_by_another_transaction(engine):
     define(engine)
-    locked, free = store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {}), JobSpec(JOB_TYPE, {})])
+    locked, free = enqueue_many(engine, [JobSpec(JOB_TYPE, {}), JobSpec(JOB_TYPE, {})])
     with engine.connect() as holder:
         holder.execute(text("SELECT 1 FROM job_queue WHERE id = :id FOR UPDATE"), {"id": locked.id})
         started = time.monotonic()
@@ -122,7 +122,7 @@ def test_claim_skips_rows_locked_by_another_transaction(engine):
 
 def test_concurrent_claimers_never_get_the_same_job(engine):
     define(engine)
-    store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"i": i}) for i in range(300)])
+    enqueue_many(engine, [JobSpec(JOB_TYPE, {"i": i}) for i in range(300)])
     barrier = threading.Barrier(4)
     claimed: dict[str, list] = {}
 
@@ -200,7 +200,7 @@ def test_progress_that_breaks_the_stored_total_is_refused(engine, pending):
 def test_success_stores_progress_checkpoint_output_and_closes_the_attempt(engine, pending):
     job = claim_one(engine)
     mark_job_running(engine, LeaseIdentity.of(job))
-    done = lifecycle.complete_job_success(
+    done = complete_job_success(
         engine, **identity(job), completion=JobCompletion(2, 3, {"cursor": "c"}, {"sent": 2})
     )
     assert (done.status, done.stage) == (JobStatus.SUCCEEDED, JobStage.COMPLETED)
@@ -217,7 +217,7 @@ def test_success_works_under_a_repeatable_read_session_default(engine, pending):
     with engine.connect() as conn:
         conn.exec_driver_sql("SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         conn.commit()
-        lifecycle.complete_job_success(conn, **identity(job), completion=JobCompletion(2, 3, None, {"ok": 1}))
+        complete_job_success(conn, **identity(job), completion=JobCompletion(2, 3, None, {"ok": 1}))
         conn.commit()
         conn.exec_driver_sql("SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED")
         conn.commit()
@@ -228,7 +228,7 @@ def test_success_works_under_a_repeatable_read_session_default(engine, pending):
 def test_success_with_invalid_progress_is_refused_and_row_stays_leased(engine, pending, completion):
     job = claim_one(engine)
     with pytest.raises(errors.InvalidCompletionProgress) as caught:
-        lifecycle.complete_job_success(engine, **identity(job), completion=completion)
+        complete_job_success(engine, **identity(job), completion=completion)
     assert caught.value.code == "job.invalid_completion_progress"
     assert scalar(engine, "SELECT status FROM job_queue") == "LEASED"
     assert "SUCCEEDED" not in event_types(engine, job.id)
@@ -238,14 +238,14 @@ def test_success_whose_progress_merged_with_stored_is_invalid_is_refused(engine,
     job = claim_one(engine)
     update_job_progress(engine, **identity(job), progress_done=5, progress_total=10)
     with pytest.raises(errors.InvalidCompletionProgress):
-        lifecycle.complete_job_success(engine, **identity(job), completion=JobCompletion(progress_done=20))
+        complete_job_success(engine, **identity(job), completion=JobCompletion(progress_done=20))
     assert rows(engine, "SELECT status, progress_done FROM job_queue") == [("LEASED", 5)]
 
 
 def test_success_output_must_be_json(engine, pending):
     job = claim_one(engine)
     with pytest.raises(errors.InvalidPayload):
-        lifecycle.complete_job_success(engine, **identity(job), completion=JobCompletion(output={1, 2}))
+        complete_job_success(engine, **identity(job), completion=JobCompletion(output={1, 2}))
     assert scalar(engine, "SELECT status FROM job_queue") == "LEASED"
 
 
@@ -254,7 +254,7 @@ def test_success_output_must_be_json(engine, pending):
 
 def test_retryable_failure_schedules_a_retry(engine, pending):
     job = claim_one(engine)
-    failed = lifecycle.complete_job_failure(
+    failed = complete_job_failure(
         engine, **identity(job), failure=JobFailure.retryable("smtp.busy", "421"), retry_delay_ms=60_000
     )
     assert failed.status is JobStatus.PENDING and failed.attempt == 1
@@ -273,7 +273,7 @@ def test_retryable_failure_schedules_a_retry(engine, pending):
 
 def test_retry_with_missing_or_negative_delay_is_due_at_once(engine, pending):
     job = claim_one(engine)
-    lifecycle.complete_job_failure(engine, **identity(job), failure=JobFailure.timeout("job.timeout_exceeded", "t"),
+    complete_job_failure(engine, **identity(job), failure=JobFailure.timeout("job.timeout_exceeded", "t"),
                                    retry_delay_ms=-5)
     again = claim_one(engine)
     assert (again.id, again.attempt) == (job.id, 2)
@@ -283,7 +283,7 @@ def test_retry_with_missing_or_negative_delay_is_due_at_once(engine, pending):
 def test_non_retryable_failure_dead_letters_with_snapshots(engine, pending, factory, kind):
     job = claim_one(engine)
     update_job_progress(engine, **identity(job), checkpoint={"step": 2})
-    dead = lifecycle.complete_job_failure(engine, **identity(job), failure=factory("bad.input", "nope"),
+    dead = complete_job_failure(engine, **identity(job), failure=factory("bad.input", "nope"),
                                           retry_delay_ms=None)
     assert dead.status is JobStatus.DEAD_LETTERED and dead.status_reason == kind
     assert dead.finished_at is not None and dead.worker_id is None
@@ -297,9 +297,9 @@ def test_non_retryable_failure_dead_letters_with_snapshots(engine, pending, fact
 
 def test_retryable_failure_on_the_last_attempt_dead_letters(engine):
     define(engine, max_attempts=1)
-    store_enqueue.enqueue(engine, JOB_TYPE, {})
+    enqueue(engine, JOB_TYPE, {})
     job = claim_one(engine)
-    dead = lifecycle.complete_job_failure(engine, **identity(job), failure=JobFailure.retryable("x.y", "m"),
+    dead = complete_job_failure(engine, **identity(job), failure=JobFailure.retryable("x.y", "m"),
                                           retry_delay_ms=1000)
     assert (dead.status, dead.status_reason) == (JobStatus.DEAD_LETTERED, "RETRYABLE")
 
@@ -309,19 +309,19 @@ TRANSIENT = JobFailure.retryable("job.handler_transient_error", "OperationalErro
 
 def test_a_transient_failure_spends_no_attempt_and_the_next_ordinary_one_spends_the_only_one(engine):
     define(engine, max_attempts=1)
-    store_enqueue.enqueue(engine, JOB_TYPE, {})
+    enqueue(engine, JOB_TYPE, {})
     first = claim_one(engine)
-    retried = lifecycle.complete_job_failure(engine, **identity(first), failure=TRANSIENT, retry_delay_ms=0)
+    retried = complete_job_failure(engine, **identity(first), failure=TRANSIENT, retry_delay_ms=0)
     assert (retried.status, retried.attempt) == (JobStatus.PENDING, 1)
     second = claim_one(engine)
-    dead = lifecycle.complete_job_failure(engine, **identity(second), failure=JobFailure.retryable("x.y", "m"),
+    dead = complete_job_failure(engine, **identity(second), failure=JobFailure.retryable("x.y", "m"),
                                           retry_delay_ms=1000)
     assert (dead.status, dead.attempt, dead.last_error_code) == (JobStatus.DEAD_LETTERED, 2, "x.y")
 
 
 def test_handler_failure_coded_like_lease_loss_is_persisted_normally(engine, pending):
     job = claim_one(engine)
-    dead = lifecycle.complete_job_failure(
+    dead = complete_job_failure(
         engine, **identity(job), failure=JobFailure.terminal("job.lease_owner_mismatch", "handler's own code"),
         retry_delay_ms=None,
     )
@@ -332,10 +332,10 @@ def test_handler_failure_coded_like_lease_loss_is_persisted_normally(engine, pen
 def test_a_later_dead_letter_overwrites_the_earlier_one(engine, pending):
 
     job = claim_one(engine)
-    lifecycle.complete_job_failure(engine, **identity(job), failure=JobFailure.terminal("first", "1"), retry_delay_ms=None)
+    complete_job_failure(engine, **identity(job), failure=JobFailure.terminal("first", "1"), retry_delay_ms=None)
     requeue_job(engine, job.id)
     again = claim_one(engine)
-    lifecycle.complete_job_failure(engine, **identity(again), failure=JobFailure.terminal("second", "2"),
+    complete_job_failure(engine, **identity(again), failure=JobFailure.terminal("second", "2"),
                                    retry_delay_ms=None)
     assert rows(engine, "SELECT run_number, error_code FROM job_dead_letters") == [(2, "second")]
 
@@ -365,10 +365,10 @@ def test_an_outcome_lands_past_the_lease_while_nobody_else_took_the_job(engine, 
     expire_lease(engine, job.id)
     ident = identity(job)
     if outcome == "success":
-        written = lifecycle.complete_job_success(engine, **ident)
+        written = complete_job_success(engine, **ident)
         assert written.status is JobStatus.SUCCEEDED
     else:
-        written = lifecycle.complete_job_failure(engine, **ident, failure=JobFailure.retryable("a.b", "c"),
+        written = complete_job_failure(engine, **ident, failure=JobFailure.retryable("a.b", "c"),
                                                  retry_delay_ms=10)
         assert written.status is JobStatus.PENDING
     assert scalar(engine, "SELECT count(*) FROM job_attempts WHERE job_id = :id", id=job.id) == 1
@@ -379,7 +379,7 @@ def test_an_outcome_past_the_lease_is_refused_once_the_reaper_handed_the_job_on(
     expire_lease(engine, job.id)
     assert reap_expired_leases(engine, limit=10, default_retry_delay_ms=1000).processed == 1
     with pytest.raises(errors.LeaseOwnerMismatch):
-        lifecycle.complete_job_success(engine, **identity(job))
+        complete_job_success(engine, **identity(job))
     assert scalar(engine, "SELECT status FROM job_queue") != "SUCCEEDED"
 
 
@@ -388,7 +388,7 @@ def test_any_identity_field_mismatch_is_refused(engine, pending, field, value):
     job = claim_one(engine)
     ident = identity(job) | {field: value}
     with pytest.raises(errors.LeaseOwnerMismatch):
-        lifecycle.complete_job_success(engine, **ident)
+        complete_job_success(engine, **ident)
     assert scalar(engine, "SELECT status FROM job_queue") == "LEASED"
 
 
@@ -425,7 +425,7 @@ def test_heartbeat_stuck_past_its_lock_timeout_fails_with_query_failed(engine, p
 
 def test_release_unstarted_returns_the_claim_without_spending_the_attempt(engine, pending):
     job = claim_one(engine)
-    released = lifecycle.release_unstarted_job_claim(engine, **identity(job), reason="RUNNING_PROGRESS_PERSIST_FAILED",
+    released = release_unstarted_job_claim(engine, **identity(job), reason="RUNNING_PROGRESS_PERSIST_FAILED",
                                                      delay_ms=1000)
     assert (released.status, released.attempt, released.worker_id, released.started_at) == (
         JobStatus.PENDING, 0, None, None)
@@ -438,7 +438,7 @@ def test_release_after_running_was_persisted_is_not_applicable(engine, pending):
     job = claim_one(engine)
     mark_job_running(engine, LeaseIdentity.of(job))
     with pytest.raises(errors.UnstartedClaimReleaseNotApplicable) as caught:
-        lifecycle.release_unstarted_job_claim(engine, **identity(job), reason="R", delay_ms=0)
+        release_unstarted_job_claim(engine, **identity(job), reason="R", delay_ms=0)
     assert caught.value.code == "job.unstarted_claim_release_not_applicable"
     assert scalar(engine, "SELECT status FROM job_queue") == "LEASED"
 
@@ -446,21 +446,21 @@ def test_release_after_running_was_persisted_is_not_applicable(engine, pending):
 def test_release_of_a_direct_claim_is_not_applicable(engine, pending):
     job = claim_one(engine, prestart=False)
     with pytest.raises(errors.UnstartedClaimReleaseNotApplicable):
-        lifecycle.release_unstarted_job_claim(engine, **identity(job), reason="R", delay_ms=0)
+        release_unstarted_job_claim(engine, **identity(job), reason="R", delay_ms=0)
 
 
 def test_release_by_a_non_owner_is_a_lease_mismatch(engine, pending):
     job = claim_one(engine)
     with pytest.raises(errors.LeaseOwnerMismatch):
-        lifecycle.release_unstarted_job_claim(engine, **identity(job) | {"worker_id": "other"}, reason="R", delay_ms=0)
+        release_unstarted_job_claim(engine, **identity(job) | {"worker_id": "other"}, reason="R", delay_ms=0)
     assert scalar(engine, "SELECT attempt FROM job_queue") == 1
 
 
 def test_release_of_a_second_attempt_keeps_started_at(engine, pending):
     first = claim_one(engine)
-    lifecycle.complete_job_failure(engine, **identity(first), failure=JobFailure.retryable("a.b", "c"), retry_delay_ms=0)
+    complete_job_failure(engine, **identity(first), failure=JobFailure.retryable("a.b", "c"), retry_delay_ms=0)
     second = claim_one(engine)
-    released = lifecycle.release_unstarted_job_claim(engine, **identity(second), reason="R", delay_ms=0)
+    released = release_unstarted_job_claim(engine, **identity(second), reason="R", delay_ms=0)
     assert released.attempt == 1 and released.started_at is not None
     assert [a.attempt for a in attempts(engine, first.id)] == [1]
 
@@ -474,7 +474,7 @@ def reap(engine, delay_ms=30_000):
 
 def test_reaper_releases_an_expired_claim_that_never_started(engine):
     define(engine, max_attempts=1)
-    store_enqueue.enqueue(engine, JOB_TYPE, {})
+    enqueue(engine, JOB_TYPE, {})
     job = claim_one(engine)
     expire_lease(engine, job.id)
     result = reap(engine)
@@ -488,7 +488,7 @@ def test_reaper_releases_an_expired_claim_that_never_started(engine):
 def test_reaper_keeps_the_attempt_of_a_failed_first_try_when_the_second_never_starts(engine, pending):
     first = claim_one(engine)
     mark_job_running(engine, LeaseIdentity.of(first))
-    lifecycle.complete_job_failure(engine, **identity(first), failure=JobFailure.retryable("a.b", "c"), retry_delay_ms=0)
+    complete_job_failure(engine, **identity(first), failure=JobFailure.retryable("a.b", "c"), retry_delay_ms=0)
     second = claim_one(engine)
     expire_lease(engine, second.id)
     reap(engine)
@@ -516,7 +516,7 @@ def test_reaper_retries_an_expired_started_attempt_with_its_delay(engine, pendin
 
 def test_reaper_dead_letters_an_expired_last_attempt(engine):
     define(engine, max_attempts=1)
-    store_enqueue.enqueue(engine, JOB_TYPE, {"p": 1}, organization_id="org-9")
+    enqueue(engine, JOB_TYPE, {"p": 1}, organization_id="org-9")
     job = claim_one(engine, prestart=False)
     expire_lease(engine, job.id)
     result = reap(engine)
@@ -530,9 +530,9 @@ def test_reaper_dead_letters_an_expired_last_attempt(engine):
 
 def test_reaper_does_not_count_an_earlier_transient_failure_against_max_attempts(engine):
     define(engine, max_attempts=2)
-    store_enqueue.enqueue(engine, JOB_TYPE, {})
+    enqueue(engine, JOB_TYPE, {})
     first = claim_one(engine, prestart=False)
-    lifecycle.complete_job_failure(engine, **identity(first), failure=TRANSIENT, retry_delay_ms=0)
+    complete_job_failure(engine, **identity(first), failure=TRANSIENT, retry_delay_ms=0)
     second = claim_one(engine, prestart=False)
     expire_lease(engine, second.id)
     result = reap(engine)
@@ -554,7 +554,7 @@ def test_reaper_leaves_live_leases_alone(engine, pending):
 
 def test_reaper_pushes_back_a_poison_row_and_processes_the_rest(engine):
     define(engine)
-    poison, healthy = store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {}), JobSpec(JOB_TYPE, {})])
+    poison, healthy = enqueue_many(engine, [JobSpec(JOB_TYPE, {}), JobSpec(JOB_TYPE, {})])
     for job in claim_jobs(engine, worker_id="w", lease_ttl_seconds=30, limit=2):
         expire_lease(engine, job.id)
     with engine.begin() as conn:

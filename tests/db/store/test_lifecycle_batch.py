@@ -14,18 +14,18 @@ from sqlalchemy import event, text
 from runledger_sync.core import errors
 from runledger_sync.core.records import JobSpec, LeaseIdentity
 from runledger_sync.core.types import JobCompletion
-from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store import lifecycle
-from runledger_sync.store._claim import claim_prestart_jobs_for_types
-from runledger_sync.store._lifecycle_batch import mark_jobs_running
-from runledger_sync.store._outcomes import apply_transitions
-from runledger_sync.store._running import update_job_progress
+from runledger_sync.store.enqueue.enqueue import enqueue_many
+from runledger_sync.store.attempt.ends import release_unstarted_job_claim
+from runledger_sync.store.claim.claim import claim_prestart_jobs_for_types
+from runledger_sync.store.attempt.running import mark_jobs_running
+from runledger_sync.store.attempt.outcomes import apply_transitions
+from runledger_sync.store.attempt.running import update_job_progress
 from tests.support import JOB_TYPE, attempts, define, event_types, expire_lease, rows, write_successes
 
 
 def claim(engine, count, worker_id="worker-a", lease_ttl_seconds=30, **level):
     define(engine, max_attempts=3)
-    store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(count)], **level)
+    enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(count)], **level)
     jobs = claim_prestart_jobs_for_types(
         engine, worker_id=worker_id, lease_ttl_seconds=lease_ttl_seconds, limit=count, job_types=[JOB_TYPE], **level)
     assert len(jobs) == count
@@ -45,7 +45,7 @@ def test_mark_jobs_running_matches_the_single_write_for_every_job(engine):
         assert attempts(engine, job.id)[0].execution_started_persisted_at is not None
     # Once running is persisted, the claim can no longer be handed back unstarted.
     with pytest.raises(errors.UnstartedClaimReleaseNotApplicable):
-        lifecycle.release_unstarted_job_claim(
+        release_unstarted_job_claim(
             engine, **LeaseIdentity.of(jobs[0]).keywords(), reason="test", delay_ms=0)
 
 
@@ -178,7 +178,7 @@ def test_group_writes_planned_once_on_a_nearly_empty_table_still_find_rows_by_id
         connection.exec_driver_sql("ANALYZE")
     mark_jobs_running(held, identities(first))
     write_successes(held, [(identity, None) for identity in identities(first)])
-    store_enqueue.enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(5_000)])
+    enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(5_000)])
     later = claim_prestart_jobs_for_types(engine, worker_id="worker-a", lease_ttl_seconds=30, limit=4,
                                                     job_types=[JOB_TYPE])
     group_plans.clear()

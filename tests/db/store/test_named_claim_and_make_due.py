@@ -6,8 +6,8 @@ import pytest
 
 import runledger_sync as rl
 from runledger_sync.core.errors import InvalidArgument
-from runledger_sync.store.admin import make_jobs_due
-from runledger_sync.store.lifecycle import claim_prestart_jobs_for_types
+from runledger_sync.store.admin.actions import make_jobs_due
+from runledger_sync.store.claim.claim import claim_prestart_jobs_for_types
 from tests.support import JOB_TYPE, define, scalar
 
 

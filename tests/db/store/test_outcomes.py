@@ -26,10 +26,10 @@ from runledger_sync.core.outcomes import Canceled, Continue, DeadLetter, LeaseLo
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.types import JobCompletion, JobDeadLetterInfo, JobDeadLetterReason, JobFailure
 from runledger_sync.errors import CheckpointTooLarge, OutputTooLarge
-from runledger_sync.store._claim import claim_prestart_jobs_for_types
-from runledger_sync.store._lifecycle_batch import mark_jobs_running
-from runledger_sync.store._outcomes import apply_transitions
-from runledger_sync.store._running import update_job_progress
+from runledger_sync.store.claim.claim import claim_prestart_jobs_for_types
+from runledger_sync.store.attempt.running import mark_jobs_running
+from runledger_sync.store.attempt.outcomes import apply_transitions
+from runledger_sync.store.attempt.running import update_job_progress
 from tests.support import define, event_types, rows
 
 NEW = "new"

@@ -8,10 +8,10 @@ import pytest
 
 import runledger_sync as rl
 from runledger_sync.core.records import LeaseIdentity
-from runledger_sync.store.admin import job_statuses, list_jobs
-from runledger_sync.store._claim import claim_jobs
-from runledger_sync.store.lifecycle import complete_job_failure, complete_job_success
-from runledger_sync.store._overview import recent_overview
+from runledger_sync.store.admin.jobs import job_statuses, list_jobs
+from runledger_sync.store.claim.claim import claim_jobs
+from runledger_sync.store.attempt.ends import complete_job_failure, complete_job_success
+from runledger_sync.store.admin.overview import recent_overview
 from tests.support import JOB_TYPE, define, expire_lease
 
 

@@ -24,7 +24,7 @@ import pytest
 from sqlalchemy import text
 
 import runledger_sync.store as store_package
-from runledger_sync.store._prepared import PLAN_ONCE_SQL, PreparedStatement, own
+from runledger_sync.store.prepared import PLAN_ONCE_SQL, PreparedStatement, own
 
 #: The tables that grow with the jobs run; the others hold one row per queue, type or schedule.
 GROWING = ("job_queue", "job_attempts", "job_events", "job_dead_letters", "workflow_runs", "workflow_steps",

@@ -9,11 +9,11 @@ from sqlalchemy.engine import make_url
 import runledger_sync as rl
 from runledger_sync.core import errors
 from runledger_sync.db.pool_mode import POOL_MODE_VARIABLE, PoolMode, policy_of
-from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store._errors import run_in_transaction
-from runledger_sync.store._prepared import OPTION, PreparedStatement, execute_in_turn
-from runledger_sync.store._claim import claim_prestart_jobs_for_types
-from runledger_sync.store._held import HeldConnection
+from runledger_sync.store.enqueue.enqueue import enqueue
+from runledger_sync.store.transactions import run_in_transaction
+from runledger_sync.store.prepared import OPTION, PreparedStatement, execute_in_turn
+from runledger_sync.store.claim.claim import claim_prestart_jobs_for_types
+from runledger_sync.store.held import HeldConnection
 from tests.support import JOB_TYPE, define, scalar, without_plan_settings
 
 
@@ -28,7 +28,7 @@ def test_the_store_prepares_once_per_connection_and_then_only_executes(engine, h
     statements: list[str] = []
     event.listen(engine, "before_cursor_execute", lambda *args: statements.append(without_plan_settings(args[2]).split()[0]))
     for n in range(3):
-        store_enqueue.enqueue(held, JOB_TYPE, {"n": n})
+        enqueue(held, JOB_TYPE, {"n": n})
     assert statements == ["PREPARE", "EXECUTE", "EXECUTE", "EXECUTE"]
     assert [name.split("_")[1] for name in prepared_names(held)] == ["enqueue"]
     assert [job.payload for job in rl.list_jobs(engine)] == [{"n": 2}, {"n": 1}, {"n": 0}]
@@ -37,7 +37,7 @@ def test_the_store_prepares_once_per_connection_and_then_only_executes(engine, h
 def test_a_callers_transaction_is_left_without_prepared_statements(engine):
     define(engine)
     with engine.begin() as connection:
-        store_enqueue.enqueue(connection, JOB_TYPE, {"in": "caller"})
+        enqueue(connection, JOB_TYPE, {"in": "caller"})
         assert list(connection.execute(text("SELECT name FROM pg_prepared_statements")).scalars()) == []
     assert scalar(engine, "SELECT count(*) FROM job_queue") == 1
 
@@ -47,18 +47,18 @@ def test_the_execution_option_turns_them_off(engine):
     plain = engine.execution_options(**{OPTION: False})
     statements: list[str] = []
     event.listen(engine, "before_cursor_execute", lambda *args: statements.append(without_plan_settings(args[2]).split()[0]))
-    store_enqueue.enqueue(plain, JOB_TYPE, {})
+    enqueue(plain, JOB_TYPE, {})
     assert statements == ["WITH"]
     assert scalar(engine, "SELECT count(*) FROM job_queue") == 1
 
 
 def test_statements_the_server_dropped_are_prepared_again_and_nothing_is_written_twice(engine, held):
-    store_enqueue.enqueue(held, JOB_TYPE, {"n": 1})
+    enqueue(held, JOB_TYPE, {"n": 1})
     with held.connect() as connection:
         # What a pooler's DISCARD ALL or an operator's DEALLOCATE does behind our back.
         connection.execute(text("DEALLOCATE ALL"))
         connection.commit()
-    store_enqueue.enqueue(held, JOB_TYPE, {"n": 2})
+    enqueue(held, JOB_TYPE, {"n": 2})
     assert sorted(job.payload["n"] for job in rl.list_jobs(engine)) == [1, 2]
     assert len(prepared_names(held)) == 1
 
@@ -116,7 +116,7 @@ def test_a_psycopg3_engine_runs_the_plain_statements_and_its_jobs_go_through(fre
     engine = create_engine(make_url(fresh_database).set(drivername="postgresql+psycopg"))
     try:
         define(engine)
-        job = store_enqueue.enqueue(engine, JOB_TYPE, {"driver": "psycopg"})
+        job = enqueue(engine, JOB_TYPE, {"driver": "psycopg"})
         [claimed] = claim_prestart_jobs_for_types(engine, worker_id="w", lease_ttl_seconds=30, limit=2,
                                                             job_types=[JOB_TYPE])
         assert claimed.id == job.id
@@ -138,7 +138,7 @@ def test_statements_that_vanish_again_on_the_rerun_switch_the_engine_to_plain_st
             cursor.execute("DEALLOCATE ALL")
 
     event.listen(engine, "before_cursor_execute", drop_them_first)
-    store_enqueue.enqueue(held, JOB_TYPE, {"n": 1})
+    enqueue(held, JOB_TYPE, {"n": 1})
     event.remove(engine, "before_cursor_execute", drop_them_first)
     assert scalar(engine, "SELECT count(*) FROM job_queue") == 1
     assert not policy_of(engine).prepares
@@ -146,7 +146,7 @@ def test_statements_that_vanish_again_on_the_rerun_switch_the_engine_to_plain_st
 
 
 def test_a_statement_another_client_prepared_in_the_session_switches_the_engine_and_is_deallocated(engine, held, caplog):
-    store_enqueue.enqueue(held, JOB_TYPE, {"n": 1})
+    enqueue(held, JOB_TYPE, {"n": 1})
     with held.connect() as connection:
         # What a transaction pooler does: this session now serves a client that never
         # prepared here (it knows of no statement), and its PREPARE finds one (42P05).
@@ -154,7 +154,7 @@ def test_a_statement_another_client_prepared_in_the_session_switches_the_engine_
     statements: list[str] = []
     event.listen(engine, "before_cursor_execute", lambda *args: statements.append(without_plan_settings(args[2]).split()[0]))
     for n in (2, 3):
-        store_enqueue.enqueue(held, JOB_TYPE, {"n": n})
+        enqueue(held, JOB_TYPE, {"n": n})
     assert statements == ["PREPARE", "DO", "WITH", "WITH"]
     assert sorted(job.payload["n"] for job in rl.list_jobs(engine)) == [1, 2, 3]
     assert prepared_names(held) == []
@@ -167,13 +167,13 @@ def test_a_statement_another_client_prepared_in_the_session_switches_the_engine_
 def test_other_connections_of_a_switched_engine_deallocate_theirs_on_next_use(engine, held, caplog):
     other = HeldConnection(engine)
     try:
-        store_enqueue.enqueue(other, JOB_TYPE, {"n": 1})
+        enqueue(other, JOB_TYPE, {"n": 1})
         assert len(prepared_names(other)) == 1
-        store_enqueue.enqueue(held, JOB_TYPE, {"n": 2})
+        enqueue(held, JOB_TYPE, {"n": 2})
         with held.connect() as connection:
             connection.info.pop("runledger_prepared")
-        store_enqueue.enqueue(held, JOB_TYPE, {"n": 3})  # 42P05: the engine stops preparing
-        store_enqueue.enqueue(other, JOB_TYPE, {"n": 4})
+        enqueue(held, JOB_TYPE, {"n": 3})  # 42P05: the engine stops preparing
+        enqueue(other, JOB_TYPE, {"n": 4})
         assert prepared_names(other) == []
         assert scalar(engine, "SELECT count(*) FROM job_queue") == 4
         assert len(warnings_naming_the_setting(caplog)) == 1
@@ -192,7 +192,7 @@ def test_an_engine_in_transaction_pool_mode_prepares_nothing(fresh_database, mon
         statements: list[str] = []
         event.listen(engine, "before_cursor_execute", lambda *args: statements.append(without_plan_settings(args[2]).split()[0]))
         held = HeldConnection(engine)
-        store_enqueue.enqueue(held, JOB_TYPE, {})
+        enqueue(held, JOB_TYPE, {})
         claim_prestart_jobs_for_types(held, worker_id="w", lease_ttl_seconds=30, limit=1, job_types=[JOB_TYPE])
         held.close()
         assert "PREPARE" not in statements and "EXECUTE" not in statements

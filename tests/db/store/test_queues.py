@@ -15,9 +15,9 @@ import pytest
 import runledger_sync as rl
 from runledger_sync.core.errors import RunledgerError
 from runledger_sync.registry import JobRegistry
-from runledger_sync.store import lifecycle
+from runledger_sync.store.attempt.ends import complete_job_success
 from runledger_sync.store.driver import claim_jobs, claim_prestart_jobs_for_types
-from runledger_sync.store.enqueue import enqueue, enqueue_many
+from runledger_sync.store.enqueue.enqueue import enqueue, enqueue_many
 from runledger_sync.store.queues import configure_queue, get_queue, list_queues, pause_queue, queue_loads, resume_queue
 from tests.support import JOB_TYPE, define, identity, rows, scalar, wait_until
 
@@ -41,7 +41,7 @@ def leased(engine: Any, queue: str) -> int:
 
 def succeed_all(engine: Any, jobs: list[Any]) -> None:
     for job in jobs:
-        lifecycle.complete_job_success(engine, **identity(job))
+        complete_job_success(engine, **identity(job))
 
 
 def in_parallel(*calls: Callable[[], Any]) -> list[Any]:

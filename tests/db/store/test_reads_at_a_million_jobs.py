@@ -34,10 +34,12 @@ from sqlalchemy import event, text
 
 import runledger_sync as rl
 from runledger_sync.db.engine import create_engine
-from runledger_sync.store import admin
-from runledger_sync.store._claim import claim_jobs, claim_prestart_jobs_for_types
-from runledger_sync.store._reaper import reap_expired_leases
-from runledger_sync.store._rollup import rollup_series, sample_rollup
+from runledger_sync.store.admin.jobs import job_statuses
+from runledger_sync.store.admin.actions import make_jobs_due
+from runledger_sync.store.admin.overview import recent_overview
+from runledger_sync.store.claim.claim import claim_jobs, claim_prestart_jobs_for_types
+from runledger_sync.store.maintenance.reaper import reap_expired_leases
+from runledger_sync.store.admin.rollup import rollup_series, sample_rollup
 
 ROWS = 1_000_000
 TYPES = ("mill.email", "mill.report", "mill.sync", "mill.billing", "mill.thumbnail")
@@ -352,7 +354,7 @@ READS: dict[str, Read] = {
     "claim from a limited queue": lambda c, s: _claim(c, s, job_types=["mill.report"], queues=["reports"]),
     "prestart claim": lambda c, s: claim_prestart_jobs_for_types(
         c, worker_id="w", lease_ttl_seconds=30, limit=8, job_types=list(TYPES)),
-    "make jobs due": lambda c, s: admin.make_jobs_due(c, job_types=["mill.email"]),
+    "make jobs due": lambda c, s: make_jobs_due(c, job_types=["mill.email"]),
     # The reaper's expired leases.
     "reaper": lambda c, s: reap_expired_leases(c, limit=100, default_retry_delay_ms=1000),
     # jobs list (CLI: --status --type --org; dashboard: status, type, org, q, pages by before).
@@ -374,7 +376,7 @@ READS: dict[str, Read] = {
     "count jobs by type and org": lambda c, s: rl.count_jobs(c, status="PENDING", job_type="mill.sync",
                                                              organization_id="org-7"),
     "get job": lambda c, s: rl.get_job(c, s.due),
-    "job statuses": lambda c, s: admin.job_statuses(c, [s.due, s.not_due, s.held_back]),
+    "job statuses": lambda c, s: job_statuses(c, [s.due, s.not_due, s.held_back]),
     "list attempts and events": lambda c, s: (rl.list_attempts(c, s.due), rl.list_events(c, s.due)),
     # dead-letters list / count / replay, by each filter.
     "list dead letters": lambda c, s: rl.list_dead_letters(c),
@@ -411,8 +413,8 @@ READS: dict[str, Read] = {
     "queue stats of an org": lambda c, s: rl.queue_stats(c, organization_id="org-7"),
     "queue gauges": lambda c, s: rl.queue_gauges(c),
     "queue loads": lambda c, s: rl.queue_loads(c),
-    "recent overview": lambda c, s: admin.recent_overview(c),
-    "recent overview of an org": lambda c, s: admin.recent_overview(c, organization_id="org-7"),
+    "recent overview": lambda c, s: recent_overview(c),
+    "recent overview of an org": lambda c, s: recent_overview(c, organization_id="org-7"),
     # Actions by id, and an enqueue whose idempotency key is taken.
     "cancel": lambda c, s: rl.cancel_job(c, s.not_due),
     "requeue": lambda c, s: rl.requeue_job(c, _dead(c)),

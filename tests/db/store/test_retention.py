@@ -11,7 +11,7 @@ import sqlalchemy
 from sqlalchemy import event, text
 
 import runledger_sync as rl
-from runledger_sync.store.retention import PRUNE_LOCK_KEY
+from runledger_sync.store.maintenance.retention import PRUNE_LOCK_KEY
 from tests.support import claim_one, define, scalar
 
 DAY = timedelta(days=1)

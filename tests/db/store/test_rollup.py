@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import text
 
 import runledger_sync as rl
-from runledger_sync.store._rollup import (
+from runledger_sync.store.admin.rollup import (
     SAMPLE_LOCK_KEY, SAMPLE_STATEMENT, SETTLE_SECONDS, rollup_series, sample_rollup,
 )
 from tests.support import JOB_TYPE, define, scalar

@@ -11,8 +11,8 @@ import runledger_sync as rl
 from runledger_sync.core import errors
 from runledger_sync.core.cron import jitter_seconds, parse_cron
 from runledger_sync.core.store_errors import DefinitionNotFound
-from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store import _schedule_tick as schedule_tick
+from runledger_sync.store.definitions import set_job_definition_enabled
+from runledger_sync.store.maintenance.schedule_tick import fire_due_schedules
 from tests.support import JOB_TYPE, define, rows, scalar, wait_until
 
 EVERY_MINUTE = "0 * * * * *"
@@ -129,7 +129,7 @@ def test_a_due_schedule_enqueues_its_template_marked_with_the_fire_and_moves_on(
                                   payload_template={"kind": "daily"}, organization_id="org-1")
     make_due(defined, "report")
     due_at = rl.get_schedule(defined, "report").next_fire_at
-    tick = schedule_tick.fire_due_schedules(defined, limit=16)
+    tick = fire_due_schedules(defined, limit=16)
     assert (tick.fired, tick.failed, tick.full) == (1, (), False)
     [job] = rl.list_jobs(defined)
     assert job.payload == {"kind": "daily", "_schedule": {
@@ -146,7 +146,7 @@ def test_the_tick_enqueues_at_the_event_log_level_it_is_given(defined):
         rl.upsert_schedule(defined, name, cron_expr=EVERY_MINUTE, job_type=JOB_TYPE)
         make_due(defined, name)
         level = {"event_log": "full"} if name == "logged" else {}
-        assert schedule_tick.fire_due_schedules(defined, limit=16, **level).fired == 1
+        assert fire_due_schedules(defined, limit=16, **level).fired == 1
 
     logged = rows(defined, "SELECT j.payload->'_schedule'->>'schedule_name' AS name, e.stage FROM job_events e "
                            "JOIN job_queue j ON j.id = e.job_id WHERE e.event_type = 'ENQUEUED'")
@@ -159,7 +159,7 @@ def test_the_tick_refuses_an_unknown_event_log_level_before_any_write(defined):
     make_due(defined, "s")
 
     with pytest.raises(errors.InvalidArgument) as refused:
-        schedule_tick.fire_due_schedules(defined, limit=16, event_log="verbose")
+        fire_due_schedules(defined, limit=16, event_log="verbose")
 
     assert refused.value.code == "job.invalid_argument"
     assert (job_count(defined), rl.get_schedule(defined, "s").last_fired_at) == (0, None)
@@ -168,7 +168,7 @@ def test_the_tick_refuses_an_unknown_event_log_level_before_any_write(defined):
 def test_a_template_that_is_not_an_object_is_wrapped(defined):
     rl.upsert_schedule(defined, "list", cron_expr=EVERY_MINUTE, job_type=JOB_TYPE, payload_template=[1, 2])
     make_due(defined, "list")
-    schedule_tick.fire_due_schedules(defined, limit=16)
+    fire_due_schedules(defined, limit=16)
     [job] = rl.list_jobs(defined)
     assert job.payload["payload"] == [1, 2] and job.payload["_schedule"]["schedule_name"] == "list"
 
@@ -176,8 +176,8 @@ def test_a_template_that_is_not_an_object_is_wrapped(defined):
 def test_five_minutes_of_downtime_fire_a_per_minute_schedule_once(defined):
     rl.upsert_schedule(defined, "minutely", cron_expr=EVERY_MINUTE, job_type=JOB_TYPE)
     make_due(defined, "minutely", 5 * 60)
-    assert schedule_tick.fire_due_schedules(defined, limit=16).fired == 1
-    assert schedule_tick.fire_due_schedules(defined, limit=16).fired == 0
+    assert fire_due_schedules(defined, limit=16).fired == 1
+    assert fire_due_schedules(defined, limit=16).fired == 0
     assert job_count(defined) == 1
     assert rl.get_schedule(defined, "minutely").next_fire_at - db_now(defined) <= timedelta(seconds=60)
 
@@ -187,11 +187,11 @@ def test_a_schedule_that_cannot_fire_never_blocks_the_others(defined):
         job_type = OTHER_TYPE if name == "disabled-type" else JOB_TYPE
         rl.upsert_schedule(defined, name, cron_expr=EVERY_MINUTE, job_type=job_type)
         make_due(defined, name)
-    store_enqueue.set_job_definition_enabled(defined, OTHER_TYPE, False)
+    set_job_definition_enabled(defined, OTHER_TYPE, False)
     with defined.begin() as conn:
         conn.exec_driver_sql("UPDATE job_schedules SET cron_expr = 'every blue moon' WHERE name = 'edited-cron'")
         conn.exec_driver_sql("UPDATE job_schedules SET timezone = 'Mars/Olympus' WHERE name = 'edited-zone'")
-    tick = schedule_tick.fire_due_schedules(defined, limit=16)
+    tick = fire_due_schedules(defined, limit=16)
     assert tick.fired == 1
     assert sorted((f.name, f.code) for f in tick.failed) == [
         ("disabled-type", "job.definition_not_found_or_disabled"),
@@ -205,9 +205,9 @@ def test_a_schedule_that_cannot_fire_never_blocks_the_others(defined):
         assert row.last_error_code is not None and row.last_error_at is not None, name
         assert timedelta(seconds=29) < row.wait <= timedelta(seconds=30), name
     # Once the type is enabled again, its next try fires it and clears the error.
-    store_enqueue.set_job_definition_enabled(defined, OTHER_TYPE, True)
+    set_job_definition_enabled(defined, OTHER_TYPE, True)
     make_due(defined, "disabled-type")
-    assert schedule_tick.fire_due_schedules(defined, limit=16).fired == 1
+    assert fire_due_schedules(defined, limit=16).fired == 1
     assert rl.get_schedule(defined, "disabled-type").last_error_code is None
 
 
@@ -221,14 +221,14 @@ def test_a_schedule_fires_its_last_instant_then_is_made_inactive_without_an_erro
     last = (db_now(defined) + timedelta(seconds=2)).replace(microsecond=0)
     schedule = rl.upsert_schedule(defined, "once", cron_expr=one_instant_cron(last), job_type=JOB_TYPE)
     assert schedule.next_fire_at == last
-    tick = wait_until(lambda: (t := schedule_tick.fire_due_schedules(defined, limit=16)).fired and t, timeout=10)
+    tick = wait_until(lambda: (t := fire_due_schedules(defined, limit=16)).fired and t, timeout=10)
     assert (tick.fired, tick.failed, tick.finished) == (1, (), ("once",))
     [job] = rl.list_jobs(defined)
     assert job.payload["_schedule"]["scheduled_for"] == last.strftime("%Y-%m-%dT%H:%M:%S.000000Z")
     after = rl.get_schedule(defined, "once")
     assert (after.is_active, after.next_fire_at, after.last_error_code) == (False, last, None)
     assert after.last_fired_at is not None
-    again = schedule_tick.fire_due_schedules(defined, limit=16)
+    again = fire_due_schedules(defined, limit=16)
     assert (again.fired, again.failed, again.next_due_in_seconds) == (0, (), None)
     # It cannot be resumed: nothing is left to fire. Its row stays as it was.
     with pytest.raises(errors.InvalidCron) as caught:
@@ -242,8 +242,8 @@ def test_a_full_batch_says_so_and_the_rest_fire_in_the_next(defined):
     for n in range(5):
         rl.upsert_schedule(defined, f"s{n}", cron_expr=EVERY_MINUTE, job_type=JOB_TYPE)
         make_due(defined, f"s{n}")
-    first = schedule_tick.fire_due_schedules(defined, limit=3)
-    second = schedule_tick.fire_due_schedules(defined, limit=3)
+    first = fire_due_schedules(defined, limit=3)
+    second = fire_due_schedules(defined, limit=3)
     assert (first.fired, first.full, second.fired, second.full) == (3, True, 2, False)
     assert job_count(defined) == 5
 
@@ -252,10 +252,10 @@ def test_pausing_stops_fires_at_once_and_resuming_skips_the_missed_instants(defi
     rl.upsert_schedule(defined, "p", cron_expr=EVERY_MINUTE, job_type=JOB_TYPE)
     make_due(defined, "p", 600)
     assert rl.pause_schedule(defined, "p").is_active is False
-    assert schedule_tick.fire_due_schedules(defined, limit=16).fired == 0
+    assert fire_due_schedules(defined, limit=16).fired == 0
     resumed = rl.resume_schedule(defined, "p")
     assert resumed.is_active and resumed.next_fire_at > db_now(defined)
-    assert schedule_tick.fire_due_schedules(defined, limit=16).fired == 0
+    assert fire_due_schedules(defined, limit=16).fired == 0
     assert job_count(defined) == 0
 
 
@@ -334,7 +334,7 @@ def test_concurrent_ticks_fire_each_due_schedule_once(defined):
 
     def tick() -> None:
         start.wait()
-        while (result := schedule_tick.fire_due_schedules(defined, limit=4)).fired or result.full:
+        while (result := fire_due_schedules(defined, limit=4)).fired or result.full:
             fired.append(result.fired)
 
     threads = [threading.Thread(target=tick) for _ in range(4)]

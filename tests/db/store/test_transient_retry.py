@@ -10,9 +10,9 @@ from runledger_sync.core import errors
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.store_errors import CommitOutcomeUnknown
 from runledger_sync.db.engine import create_engine
-from runledger_sync.store import enqueue as store_enqueue
-from runledger_sync.store import lifecycle
-from runledger_sync.store._held import HeldConnection
+from runledger_sync.store.enqueue.enqueue import enqueue
+from runledger_sync.store.attempt.ends import complete_job_success
+from runledger_sync.store.held import HeldConnection
 from tests.support import JOB_TYPE, claim_one, define, identity, scalar, without_plan_settings, write_successes
 
 
@@ -33,7 +33,7 @@ def test_a_killed_pooled_connection_is_retried_and_the_job_written_once(fresh_da
         with killer.connect() as conn:
             assert conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}).scalar()
         killer.dispose()
-        job = store_enqueue.enqueue(engine, JOB_TYPE, {"once": True})
+        job = enqueue(engine, JOB_TYPE, {"once": True})
         assert scalar(engine, "SELECT count(*) FROM job_queue") == 1
         assert scalar(engine, "SELECT id FROM job_queue") == job.id
     finally:
@@ -42,11 +42,11 @@ def test_a_killed_pooled_connection_is_retried_and_the_job_written_once(fresh_da
 
 def test_a_guard_miss_runs_one_statement_and_is_not_retried(engine):
     define(engine)
-    store_enqueue.enqueue(engine, JOB_TYPE, {})
+    enqueue(engine, JOB_TYPE, {})
     job = claim_one(engine)
     seen = statements_of(engine)
     with pytest.raises(errors.LeaseOwnerMismatch):
-        lifecycle.complete_job_success(engine, **identity(job) | {"worker_id": "someone-else"})
+        complete_job_success(engine, **identity(job) | {"worker_id": "someone-else"})
     # Preparing the statements on first use aside, the fenced write is one round trip, sent once.
     assert [s for s in seen if not s.startswith("PREPARE")] == [s for s in seen if "EXECUTE" in s]
     assert len([s for s in seen if "EXECUTE" in s]) == 1
@@ -55,7 +55,7 @@ def test_a_guard_miss_runs_one_statement_and_is_not_retried(engine):
 def test_bad_input_runs_no_statement(engine):
     seen = statements_of(engine)
     with pytest.raises(errors.InvalidPayload):
-        store_enqueue.enqueue(engine, JOB_TYPE, {"x": {1}})
+        enqueue(engine, JOB_TYPE, {"x": {1}})
     assert seen == []
 
 
@@ -74,7 +74,7 @@ def test_an_enqueue_whose_reply_is_lost_after_it_committed_returns_the_job_writt
                 raise psycopg2.OperationalError("server closed the connection unexpectedly")
 
         event.listen(engine, "after_cursor_execute", lose_the_reply)
-        job = store_enqueue.enqueue(engine, JOB_TYPE, {"once": True}, event_log="full")
+        job = enqueue(engine, JOB_TYPE, {"once": True}, event_log="full")
         event.remove(engine, "after_cursor_execute", lose_the_reply)
         assert lost
         assert scalar(engine, "SELECT count(*) FROM job_queue") == 1
@@ -90,7 +90,7 @@ def test_a_group_success_whose_reply_is_lost_after_its_one_query_committed_is_un
     held = HeldConnection(engine)
     try:
         define(engine)
-        store_enqueue.enqueue(engine, JOB_TYPE, {})
+        enqueue(engine, JOB_TYPE, {})
         job = claim_one(engine)
         lost = []
 

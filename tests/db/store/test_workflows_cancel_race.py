@@ -8,10 +8,10 @@ import runledger_sync as rl
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.workflow import WorkflowRunStatus as Run
 from runledger_sync.core.workflow import WorkflowStepStatus as Step
-from runledger_sync.store import lifecycle
-from runledger_sync.store._running import mark_job_running
-from runledger_sync.store._claim import claim_prestart_jobs_for_types
-from runledger_sync.store._reaper import reap_expired_leases
+from runledger_sync.store.attempt.ends import complete_job_success
+from runledger_sync.store.attempt.running import mark_job_running
+from runledger_sync.store.claim.claim import claim_prestart_jobs_for_types
+from runledger_sync.store.maintenance.reaper import reap_expired_leases
 from tests.support import define, expire_lease, scalar
 
 FIRST, SECOND = "race.first", "race.second"
@@ -33,7 +33,7 @@ def race_once(engine, index: int, outcomes: dict) -> None:
     def complete() -> None:
         start.wait()
         try:
-            lifecycle.complete_job_success(engine, **identity.keywords())
+            complete_job_success(engine, **identity.keywords())
         except rl.errors.WorkflowReleaseConflict as conflict:
             errors.append(conflict)
 
@@ -48,7 +48,7 @@ def race_once(engine, index: int, outcomes: dict) -> None:
         assert rl.get_job(engine, job.id).status is rl.JobStatus.LEASED
         # Once the cancel has committed the job is finished: by a later completion, or by the reaper.
         if index % 2:
-            lifecycle.complete_job_success(engine, **identity.keywords())
+            complete_job_success(engine, **identity.keywords())
         else:
             expire_lease(engine, job.id)
             assert reap_expired_leases(engine, limit=10, default_retry_delay_ms=1).processed == 1

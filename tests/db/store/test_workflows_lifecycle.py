@@ -5,14 +5,16 @@ from __future__ import annotations
 import pytest
 
 import runledger_sync as rl
-from runledger_sync.store._workflow_steps import ADVISORY_LOCK_NAMESPACE
+from runledger_sync.store.workflows.steps import ADVISORY_LOCK_NAMESPACE
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.workflow import WorkflowRunStatus as Run
 from runledger_sync.core.workflow import WorkflowStepStatus as Step
-from runledger_sync.store import lifecycle, _lifecycle_batch as lifecycle_batch, workflows
-from runledger_sync.store._claim import claim_prestart_jobs_for_types
-from runledger_sync.store._running import mark_job_running
-from runledger_sync.store._reaper import reap_expired_leases
+from runledger_sync.store.attempt.ends import complete_job_failure, complete_job_success, release_unstarted_job_claim
+from runledger_sync.store.attempt.running import mark_jobs_running
+from runledger_sync.store.workflows.runs import step_output
+from runledger_sync.store.claim.claim import claim_prestart_jobs_for_types
+from runledger_sync.store.attempt.running import mark_job_running
+from runledger_sync.store.maintenance.reaper import reap_expired_leases
 from tests.support import define, expire_lease, scalar, write_successes
 
 A, B, C = "wf.a", "wf.b", "wf.c"
@@ -35,13 +37,13 @@ def claim(engine, job_type: str, worker: str = "worker-a"):
 def succeed(engine, job_type: str, output=None):
     job = claim(engine, job_type)
     mark_job_running(engine, LeaseIdentity.of(job))
-    return lifecycle.complete_job_success(
+    return complete_job_success(
         engine, **LeaseIdentity.of(job).keywords(), completion=rl.JobCompletion(output=output))
 
 
 def fail(engine, job_type: str, kind=rl.JobFailureKind.TERMINAL):
     job = claim(engine, job_type)
-    return lifecycle.complete_job_failure(
+    return complete_job_failure(
         engine, **LeaseIdentity.of(job).keywords(), failure=rl.JobFailure(kind, "boom", "it broke"), retry_delay_ms=0)
 
 
@@ -63,7 +65,7 @@ def test_claim_runs_the_step_and_an_unstarted_release_hands_it_back(typed):
     job = claim(typed, A)
     assert statuses(typed, run.id)["a"] is Step.RUNNING
 
-    lifecycle.release_unstarted_job_claim(typed, **LeaseIdentity.of(job).keywords(), reason="test", delay_ms=0)
+    release_unstarted_job_claim(typed, **LeaseIdentity.of(job).keywords(), reason="test", delay_ms=0)
 
     assert statuses(typed, run.id)["a"] is Step.ENQUEUED
 
@@ -79,7 +81,7 @@ def test_a_success_releases_the_next_step_and_the_last_one_ends_the_run(typed):
     final = rl.get_workflow_run(typed, run.id)
     assert final.status is Run.SUCCEEDED and final.finished_at is not None
     assert final.step("a").output == {"charged": 5}
-    assert workflows.step_output(typed, run.id, "a") == {"charged": 5}
+    assert step_output(typed, run.id, "a") == {"charged": 5}
     assert scalar(typed, "SELECT count(*) FROM job_queue") == 3
 
 
@@ -236,7 +238,7 @@ def test_a_running_job_step_keeps_a_run_with_a_waiting_gate_running(typed):
     assert statuses(typed, run.id) == {"a": Step.RUNNING, "approval": Step.WAITING_FOR_EXTERNAL, "b": Step.BLOCKED}
     assert rl.get_workflow_run(typed, run.id).status is Run.RUNNING
 
-    lifecycle.complete_job_success(typed, **LeaseIdentity.of(job).keywords(), completion=rl.JobCompletion())
+    complete_job_success(typed, **LeaseIdentity.of(job).keywords(), completion=rl.JobCompletion())
     assert (statuses(typed, run.id)["b"], rl.get_workflow_run(typed, run.id).status) == (Step.ENQUEUED, Run.RUNNING)
     succeed(typed, B)
     # Only the gate is left.
@@ -304,7 +306,7 @@ def test_cancel_stops_every_unstarted_step_and_a_running_job_then_releases_nothi
     assert rl.get_job(typed, steps[other_key].job_id).status is rl.JobStatus.CANCELED
 
     mark_job_running(typed, LeaseIdentity.of(running))
-    lifecycle.complete_job_success(typed, **LeaseIdentity.of(running).keywords())
+    complete_job_success(typed, **LeaseIdentity.of(running).keywords())
 
     after = rl.get_workflow_run(typed, run.id)
     assert after.status is Run.CANCELED
@@ -343,7 +345,7 @@ def test_a_completion_while_a_cancel_holds_the_run_writes_nothing(typed):
     holder = hold_cancel_lock(typed, run.id)
     try:
         with pytest.raises(rl.errors.WorkflowReleaseConflict) as caught:
-            lifecycle.complete_job_success(typed, **LeaseIdentity.of(job).keywords())
+            complete_job_success(typed, **LeaseIdentity.of(job).keywords())
     finally:
         holder.rollback()
         holder.close()
@@ -351,7 +353,7 @@ def test_a_completion_while_a_cancel_holds_the_run_writes_nothing(typed):
     assert caught.value.code == "workflow.release_conflict"
     assert rl.get_job(typed, job.id).status is rl.JobStatus.LEASED
     assert statuses(typed, run.id) == {"a": Step.RUNNING, "b": Step.BLOCKED, "c": Step.BLOCKED}
-    lifecycle.complete_job_success(typed, **LeaseIdentity.of(job).keywords())
+    complete_job_success(typed, **LeaseIdentity.of(job).keywords())
     assert statuses(typed, run.id)["b"] is Step.ENQUEUED
 
 
@@ -364,7 +366,7 @@ def test_a_grouped_success_commits_the_plain_jobs_and_leaves_out_the_held_workfl
         rl.enqueue(typed, A, {})
     jobs = claim_prestart_jobs_for_types(typed, worker_id="w", lease_ttl_seconds=30, limit=10, job_types=[A])
     assert len(jobs) == 5
-    lifecycle_batch.mark_jobs_running(typed, [LeaseIdentity.of(job) for job in jobs])
+    mark_jobs_running(typed, [LeaseIdentity.of(job) for job in jobs])
     held_step = rl.get_workflow_run(typed, run.id).step("a").id
     holder = hold_cancel_lock(typed, run.id)
     try:
@@ -393,7 +395,7 @@ def test_the_reaper_postpones_a_job_whose_run_a_cancel_holds_and_finishes_it_aft
         job = claim(typed, A)
         mark_job_running(typed, LeaseIdentity.of(job))
         if attempt == 1:
-            lifecycle.complete_job_failure(
+            complete_job_failure(
                 typed, **LeaseIdentity.of(job).keywords(),
                 failure=rl.JobFailure(rl.JobFailureKind.RETRYABLE, "again", "again"), retry_delay_ms=0)
     expire_lease(typed, job.id)
@@ -422,7 +424,7 @@ def test_a_grouped_success_in_the_callers_transaction_keeps_nothing_of_a_pass_a_
     free_run = rl.enqueue_workflow(typed, free)
     jobs = claim_prestart_jobs_for_types(typed, worker_id="w", lease_ttl_seconds=30, limit=10, job_types=[A])
     assert len(jobs) == 2
-    lifecycle_batch.mark_jobs_running(typed, [LeaseIdentity.of(job) for job in jobs])
+    mark_jobs_running(typed, [LeaseIdentity.of(job) for job in jobs])
     held_step = rl.get_workflow_run(typed, held_run.id).step("a").id
     holder = hold_cancel_lock(typed, held_run.id)
     try:
@@ -467,7 +469,7 @@ def test_a_job_success_over_the_output_limit_is_refused_and_the_lease_is_kept(ty
     mark_job_running(typed, identity)
 
     with pytest.raises(rl.OutputTooLarge):
-        lifecycle.complete_job_success(typed, **identity.keywords(), completion=rl.JobCompletion(output=BIG_OUTPUT))
+        complete_job_success(typed, **identity.keywords(), completion=rl.JobCompletion(output=BIG_OUTPUT))
     with pytest.raises(rl.OutputTooLarge):
         write_successes(typed, [(identity, rl.JobCompletion(output=BIG_OUTPUT))])
     assert rl.get_job(typed, job.id).status is rl.JobStatus.LEASED

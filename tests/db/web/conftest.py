@@ -18,8 +18,8 @@ from werkzeug.test import Client
 
 import runledger_sync as rl
 from runledger_sync.core.records import LeaseIdentity
-from runledger_sync.store._claim import claim_jobs
-from runledger_sync.store.lifecycle import complete_job_failure, complete_job_success
+from runledger_sync.store.claim.claim import claim_jobs
+from runledger_sync.store.attempt.ends import complete_job_failure, complete_job_success
 from runledger_sync.web import allow_anyone, create_app
 from tests.support import define
 

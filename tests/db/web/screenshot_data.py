@@ -10,9 +10,9 @@ from sqlalchemy import text
 
 import runledger_sync as rl
 from runledger_sync.core.records import LeaseIdentity
-from runledger_sync.store._claim import claim_jobs
-from runledger_sync.store.lifecycle import complete_job_failure, complete_job_success
-from runledger_sync.store._rollup import SETTLE_SECONDS, sample_rollup
+from runledger_sync.store.claim.claim import claim_jobs
+from runledger_sync.store.attempt.ends import complete_job_failure, complete_job_success
+from runledger_sync.store.admin.rollup import SETTLE_SECONDS, sample_rollup
 from tests.support import define
 
 TYPES = {"email.send": 120, "reports.export": 30, "billing.charge": 60, "webhooks.deliver": 90}

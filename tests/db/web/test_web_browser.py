@@ -27,7 +27,7 @@ from sqlalchemy import text
 import runledger_sync as rl
 from runledger_sync.web import create_app
 from tests.db.web.conftest import EMAIL, REPO, TOP, allow_all, dead_lettered, finish, serving
-from runledger_sync.store._claim import claim_jobs
+from runledger_sync.store.claim.claim import claim_jobs
 from tests.db.web.screenshot_data import seed_showcase
 from tests.support import define
 

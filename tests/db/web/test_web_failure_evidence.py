@@ -5,8 +5,8 @@ from __future__ import annotations
 import runledger_sync as rl
 from runledger_sync.core.evidence import CALLED_BY_HEADING
 from runledger_sync.core.records import LeaseIdentity
-from runledger_sync.store._claim import claim_jobs
-from runledger_sync.store.lifecycle import complete_job_failure
+from runledger_sync.store.claim.claim import claim_jobs
+from runledger_sync.store.attempt.ends import complete_job_failure
 from tests.db.web.conftest import EMAIL, HOSTILE, TOP, page
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import runledger_sync as rl
-from runledger_sync.store._claim import claim_jobs
+from runledger_sync.store.claim.claim import claim_jobs
 from runledger_sync.store.driver import record_worker
 from runledger_sync.web import allow_anyone, create_app
 from tests.db.web.conftest import Browser, CSRF_FIELD, EMAIL, HOSTILE, TOP, allow_all, page, post_form

@@ -1,0 +1,249 @@
+"""Operator actions on one job: cancel it, or requeue a finished one (spec section 4, Cancel and Requeue).
+
+Both take an optional ``organization_id`` scope, as every admin call does.
+
+Beside them, :func:`make_jobs_due` brings waiting jobs forward to now, for a
+test that works retries and delayed jobs without waiting for them
+(:func:`runledger_sync.testing.drain` with ``include_scheduled``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+from uuid import UUID
+
+from sqlalchemy import Text, bindparam, func, literal, select
+from sqlalchemy.engine import Connection
+
+from runledger_sync.core import validation as check
+from runledger_sync.core.errors import InvalidStateTransition, JobNotFound, WorkflowRequeueNotSupported
+from runledger_sync.core.records import JobRecord
+from runledger_sync.core.types import JobEventType
+from runledger_sync.core.states import JobStage, JobStatus
+from runledger_sync.db.schema import job_attempts, job_events, job_queue
+from runledger_sync.store.binds import Bind
+from runledger_sync.store.transactions import run_in_transaction
+from runledger_sync.store.notify import notify_canceled, notify_ended
+from runledger_sync.store.rows import JOB_COLUMNS, to_job
+from runledger_sync.store.scope import check_job_id, scoped
+from runledger_sync.store.workflows.steps import job_ends, jobs_ended
+
+_q = job_queue.c
+CANCELABLE = (JobStatus.PENDING.value, JobStatus.LEASED.value)
+REQUEUABLE = (JobStatus.SUCCEEDED.value, JobStatus.DEAD_LETTERED.value, JobStatus.CANCELED.value)
+
+
+def _reason_event(changed: Any, event_type: JobEventType, run_number: Any, attempt: Any) -> Any:
+    """The event row of an operator's action on the ``changed`` rows, carrying its reason."""
+    return job_events.insert().from_select(
+        ["job_id", "run_number", "attempt", "event_type", "stage", "payload"],
+        select(
+            changed.c.id,
+            run_number,
+            func.nullif(attempt, 0),
+            literal(event_type.value),
+            changed.c.stage,
+            func.jsonb_build_object("reason", changed.c.status_reason),
+        ),
+    ).cte(f"{event_type.value.lower()}_event")
+
+
+def _build_cancel() -> Any:
+    reason = bindparam("reason", type_=Text)
+    canceled = (
+        job_queue.update()
+        .where(_q.id == bindparam("target_id"), _q.status.in_(CANCELABLE))
+        # lease_expires_at is kept on purpose: a requeue must not let a new attempt
+        # overlap the fenced handler that may still be running.
+        .values(
+            status=JobStatus.CANCELED.value,
+            last_heartbeat_at=None,
+            worker_id=None,
+            finished_at=func.now(),
+            status_reason=func.coalesce(reason, "CANCELED"),
+        )
+        .returning(*JOB_COLUMNS)
+    )
+    return canceled
+
+
+def _cancel_statement(organization_id: Optional[str]) -> Any:
+    canceled = scoped(_build_cancel(), organization_id).cte("canceled")
+    closed = (
+        job_attempts.update()
+        .where(
+            job_attempts.c.job_id == canceled.c.id,
+            job_attempts.c.run_number == canceled.c.run_number,
+            job_attempts.c.attempt == canceled.c.attempt,
+            job_attempts.c.finished_at.is_(None),
+        )
+        .values(finished_at=func.now())
+        .cte("closed_attempt")
+    )
+    event = _reason_event(canceled, JobEventType.CANCELED, canceled.c.run_number, canceled.c.attempt)
+    return select(*canceled.c).add_cte(closed, event).where(notify_ended(canceled), notify_canceled(canceled))
+
+
+def cancel_job(
+    bind: Bind,
+    job_id: UUID | str,
+    *,
+    reason: Optional[str] = None,
+    organization_id: Optional[str] = None,
+) -> JobRecord:
+    """Cancel a PENDING or LEASED job.
+
+    The worker running the job is notified when this commits, and sets its
+    handler's cancellation flag at once, with ``reason`` as ``ctx.cancel_reason``
+    (``CANCELED`` when none is given); without the notification its next
+    heartbeat finds the job canceled. Any write the handler attempts is refused.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
+            connection whose open transaction the call joins (the caller commits).
+
+    Raises:
+        JobNotFound: no such job in the scope.
+        InvalidStateTransition: the job has already finished.
+    """
+    return _act(bind, job_id, reason, organization_id, _cancel_statement(organization_id), "canceled", CANCELABLE)
+
+
+def _transition_error(
+    connection: Connection, job_id: UUID, organization_id: Optional[str], verb: str, allowed: tuple[str, ...]
+) -> Exception:
+    found = connection.execute(
+        scoped(select(_q.status, _q.workflow_step_id).where(_q.id == job_id), organization_id)).first()
+    if found is None:
+        return JobNotFound(f"job {job_id} was not found", job_id=str(job_id))
+    if verb == "requeued" and found.workflow_step_id is not None:
+        return WorkflowRequeueNotSupported(
+            f"job {job_id} belongs to a workflow step and cannot be requeued on its own", job_id=str(job_id))
+    return InvalidStateTransition(
+        f"job {job_id} is {found.status} and cannot be {verb}; only {', '.join(allowed)} can",
+        job_id=str(job_id),
+        status=found.status,
+    )
+
+
+#: What a requeue may pick: a finished job outside any workflow (a workflow's job runs
+#: once per run: its step's end has released its dependents).
+REQUEUE_PICKABLE = (_q.status.in_(REQUEUABLE), _q.workflow_step_id.is_(None))
+
+
+def _pick_one(organization_id: Optional[str]) -> Any:
+    return scoped(
+        select(_q.id, _q.run_number, _q.attempt).where(_q.id == bindparam("target_id"), *REQUEUE_PICKABLE),
+        organization_id,
+    ).with_for_update()
+
+
+def requeue_statement(picked: Any) -> Any:
+    """The requeue of the jobs ``picked`` selects (their id, run_number and attempt, locked), with a REQUEUED event each.
+
+    ``picked`` must keep to :data:`REQUEUE_PICKABLE`; the statement takes the bound
+    ``reason`` (None: ``REQUEUED``) and returns the requeued jobs.
+    """
+    previous = picked.subquery("previous")
+    requeued = (
+        job_queue.update()
+        .where(_q.id == previous.c.id)
+        .values(
+            status=JobStatus.PENDING.value,
+            stage=JobStage.QUEUED.value,
+            progress_done=None,
+            progress_total=None,
+            checkpoint=None,
+            output=None,
+            run_number=_q.run_number + 1,
+            attempt=0,
+            # A requeue starts afresh (its checkpoint is gone too), with the whole cap on continuations.
+            continuations=0,
+            lease_expires_at=None,
+            last_heartbeat_at=None,
+            worker_id=None,
+            started_at=None,
+            finished_at=None,
+            next_run_at=func.now(),
+            status_reason=func.coalesce(bindparam("reason", type_=Text), "REQUEUED"),
+            last_error_code=None,
+            last_error_message=None,
+        )
+        .returning(*JOB_COLUMNS, previous.c.run_number.label("previous_run"), previous.c.attempt.label("previous_attempt"))
+        .cte("requeued")
+    )
+    event = _reason_event(requeued, JobEventType.REQUEUED, requeued.c.previous_run, requeued.c.previous_attempt)
+    return select(*requeued.c).add_cte(event)
+
+
+def requeue_job(
+    bind: Bind,
+    job_id: UUID | str,
+    *,
+    reason: Optional[str] = None,
+    organization_id: Optional[str] = None,
+) -> JobRecord:
+    """Run a finished job again: a new run (run_number + 1) from attempt 0.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
+            connection whose open transaction the call joins (the caller commits).
+
+    Raises:
+        JobNotFound: no such job in the scope.
+        InvalidStateTransition: the job is still PENDING or LEASED.
+    """
+    return _act(bind, job_id, reason, organization_id, requeue_statement(_pick_one(organization_id)), "requeued", REQUEUABLE)
+
+
+def _act(
+    bind: Bind, job_id: Any, reason: Optional[str], organization_id: Optional[str], statement: Any, verb: str,
+    allowed: tuple[str, ...],
+) -> JobRecord:
+    """Run an operator's one-statement action on a job; explain why when it changed nothing."""
+    target = check_job_id(job_id)
+    if reason is not None:
+        check.check_text("reason", reason, max_length=255)
+
+    def work(connection: Connection) -> JobRecord:
+        row = connection.execute(statement, {"target_id": target, "reason": reason}).first()
+        if row is not None:
+            record = to_job(row)
+            if record.workflow_step_id is not None:
+                jobs_ended(connection, job_ends([record]))
+            return record
+        raise _transition_error(connection, target, organization_id, verb, allowed)
+
+    return run_in_transaction(bind, work)
+
+
+def make_jobs_due(
+    bind: Bind,
+    *,
+    job_types: Optional[Sequence[str]] = None,
+    job_ids: Optional[Sequence[UUID | str]] = None,
+) -> list[UUID]:
+    """Bring PENDING jobs whose ``next_run_at`` is still ahead forward to now, so a claim takes them.
+
+    With ``job_ids``, those jobs (the ones already due are left alone). Without,
+    only the jobs of ``job_types`` (None: any type) that are due first, those
+    sharing the earliest ``next_run_at`` ahead: one call moves the clock to the
+    next instant anything was waiting for, so retries and delayed jobs come due
+    in the order time would have brought them. Nothing else about a job changes.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
+            connection whose open transaction the call joins (the caller commits).
+
+    Returns:
+        The ids of the jobs made due; empty when nothing was waiting.
+    """
+    waiting = [_q.status == JobStatus.PENDING.value, _q.next_run_at > func.now()]
+    if job_ids is not None:
+        waiting.append(_q.id.in_([check_job_id(job_id) for job_id in job_ids]))
+    else:
+        if job_types is not None:
+            waiting.append(_q.job_type.in_([check.check_job_type(t) for t in job_types]))
+        waiting.append(_q.next_run_at == select(func.min(_q.next_run_at)).where(*waiting).scalar_subquery())
+    statement = job_queue.update().where(*waiting).values(next_run_at=func.now()).returning(_q.id)
+    return run_in_transaction(bind, lambda connection: [row.id for row in connection.execute(statement)])

@@ -1,0 +1,1 @@
+"""Enqueue: check and write jobs, one statement per chunk of a batch."""

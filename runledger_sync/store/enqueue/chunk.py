@@ -1,0 +1,383 @@
+"""One chunk of an enqueue: validate and serialize its specs, write them in one statement.
+
+Every chunk is one INSERT over ``unnest`` of bound arrays, so a thousand jobs
+cost one round trip and the statement text never changes (the compiled cache
+and the server's plan cache keep working). The same statement notifies idle
+workers (:mod:`runledger_sync.store.notify`) when the transaction commits.
+:mod:`runledger_sync.store.enqueue.enqueue` cuts a batch into chunks and decides the
+transaction; this module knows one chunk.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import timezone
+from decimal import Decimal
+from typing import Any, Optional, Sequence, Union
+from uuid import UUID
+
+from sqlalchemy import (
+    DateTime,
+    Float,
+    Integer,
+    Text,
+    and_,
+    bindparam,
+    cast,
+    exists,
+    func,
+    literal,
+    null,
+    select,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert as pg_insert
+from sqlalchemy.dialects.postgresql import UUID as PG_UUID
+from sqlalchemy.engine import Connection
+
+from runledger_sync.core import validation as check
+from runledger_sync.core.payload_models import stored_payload
+from runledger_sync.core.errors import (
+    DefinitionNotFoundOrDisabled,
+    EnqueueIdempotencyUnsupportedIsolation,
+    IdempotencyConflict,
+    IdempotencyConflictMissingExisting,
+    InvalidArgument,
+    LegacyIdempotencySnapshotMissing,
+)
+from runledger_sync.core.flow import check_optional_concurrency_key, check_optional_queue_name
+from runledger_sync.core import instrumentation
+from runledger_sync.core.ids import uuid7_strings
+from runledger_sync.core.meta import meta_json
+from runledger_sync.core.records import JobRecord, JobSpec
+from runledger_sync.core.types import JobEventType
+from runledger_sync.core.states import JobStage
+from runledger_sync.db.schema import job_definitions, job_events, job_queue
+from runledger_sync.store.prepared import PreparedStatement
+from runledger_sync.store.rows import JOB_COLUMNS, to_job, to_jobs
+from runledger_sync.store.sql import event_log_params, full_event_log
+from runledger_sync.store.notify import notify_due_types
+
+# -- the batch statement -----------------------------------------------------
+
+_INPUT = func.unnest(
+    cast(bindparam("ids", type_=ARRAY(Text)), ARRAY(PG_UUID(as_uuid=True))),
+    bindparam("job_types", type_=ARRAY(Text)),
+    bindparam("organization_ids", type_=ARRAY(Text)),
+    cast(bindparam("payloads", type_=ARRAY(Text)), ARRAY(JSONB)),
+    bindparam("priorities", type_=ARRAY(Integer)),
+    bindparam("max_attempts", type_=ARRAY(Integer)),
+    bindparam("timeouts", type_=ARRAY(Integer)),
+    bindparam("run_ats", type_=ARRAY(DateTime(timezone=True))),
+    bindparam("delays", type_=ARRAY(Float)),
+    bindparam("stages", type_=ARRAY(Text)),
+    bindparam("keys", type_=ARRAY(Text)),
+    cast(bindparam("snapshots", type_=ARRAY(Text)), ARRAY(JSONB)),
+    bindparam("queues", type_=ARRAY(Text)),
+    bindparam("concurrency_keys", type_=ARRAY(Text)),
+    cast(bindparam("metas", type_=ARRAY(Text)), ARRAY(JSONB)),
+).table_valued(
+    "id", "job_type", "organization_id", "payload", "priority", "max_attempts", "timeout_seconds",
+    "run_at", "delay_seconds", "stage", "idempotency_key", "enqueue_request", "queue", "execution_resource_key",
+    "meta", with_ordinality="ord",
+).render_derived(name="input")
+
+
+def _build_enqueue_statement(ids_only: bool = False) -> Any:
+    definition = job_definitions.alias("definition")
+    enabled = and_(definition.c.job_type == _INPUT.c.job_type, definition.c.is_enabled)
+    any_missing = exists(select(literal(1)).select_from(_INPUT.outerjoin(definition, enabled)).where(definition.c.job_type.is_(None)))
+    rows = (
+        select(
+            _INPUT.c.id,
+            _INPUT.c.job_type,
+            _INPUT.c.organization_id,
+            _INPUT.c.payload,
+            func.coalesce(_INPUT.c.priority, definition.c.default_priority),
+            func.coalesce(_INPUT.c.max_attempts, definition.c.max_attempts),
+            func.coalesce(_INPUT.c.timeout_seconds, definition.c.default_timeout_seconds),
+            func.coalesce(
+                _INPUT.c.run_at,
+                func.now() + func.make_interval(0, 0, 0, 0, 0, 0, func.coalesce(_INPUT.c.delay_seconds, 0.0)),
+            ),
+            _INPUT.c.stage,
+            _INPUT.c.idempotency_key,
+            _INPUT.c.enqueue_request,
+            func.coalesce(_INPUT.c.queue, definition.c.queue),
+            _INPUT.c.execution_resource_key,
+            _INPUT.c.meta,
+        )
+        .select_from(_INPUT.join(definition, enabled))
+        # All or nothing: one unknown or disabled type rejects the whole batch.
+        .where(~any_missing)
+        # Keyed rows lock their key as they go in (the key trigger): inserted in
+        # key order, two batches naming the same keys take them in the same order
+        # and wait for each other instead of deadlocking. Records are matched by id.
+        .order_by(_INPUT.c.execution_resource_key.nulls_first(), _INPUT.c.ord)
+    )
+    inserted = (
+        pg_insert(job_queue)
+        .from_select(
+            ["id", "job_type", "organization_id", "payload", "priority", "max_attempts", "timeout_seconds",
+             "next_run_at", "stage", "idempotency_key", "enqueue_request", "queue", "execution_resource_key", "meta"],
+            rows,
+        )
+        # Only the idempotency indexes can conflict (ids are fresh UUIDv7s); the
+        # skipped rows are looked up and compared afterwards.
+        .on_conflict_do_nothing()
+        .returning(*JOB_COLUMNS)
+        .cte("inserted")
+    )
+    event = (
+        job_events.insert()
+        .from_select(
+            ["job_id", "run_number", "attempt", "event_type", "stage", "payload"],
+            select(
+                inserted.c.id,
+                inserted.c.run_number,
+                null(),
+                literal(JobEventType.ENQUEUED.value),
+                inserted.c.stage,
+                func.jsonb_build_object("job_type", inserted.c.job_type),
+            ).where(full_event_log()),
+        )
+        .cte("enqueued_event")
+    )
+    # Delivered on commit only, so a rolled-back enqueue wakes no worker.
+    notified = notify_due_types(inserted)
+    returned = (inserted.c.id,) if ids_only else tuple(inserted.c)
+    return select(*returned).add_cte(event).where(notified >= 0)
+
+
+_ENQUEUE = PreparedStatement("enqueue", _build_enqueue_statement())
+# For callers that want ids only: no row is sent back and decoded only to be dropped.
+_ENQUEUE_IDS = PreparedStatement("enqueue_ids", _build_enqueue_statement(ids_only=True))
+
+_KEYED = select(*JOB_COLUMNS).where(
+    job_queue.c.job_type == bindparam("job_type"), job_queue.c.idempotency_key == bindparam("idempotency_key"),
+)
+# A key is unique among an organization's jobs of a type, or among those of no
+# organization, each in a partial index of its own; a lookup reaches one only by a
+# condition that names its side (IS NOT DISTINCT FROM names neither, and reads
+# the whole table).
+_EXISTING_IN_ORGANIZATION = _KEYED.where(
+    job_queue.c.organization_id == bindparam("organization_id", type_=Text)).with_for_update()
+_EXISTING_GLOBAL = _KEYED.where(job_queue.c.organization_id.is_(None)).with_for_update()
+
+
+def _check_stage(value: Any) -> JobStage:
+    try:
+        return JobStage(value)
+    except ValueError:
+        raise InvalidArgument("stage", value, f"one of {', '.join(s.value for s in JobStage)}") from None
+
+
+def _batch_parameters(specs: Sequence[JobSpec], max_payload_bytes: int) -> tuple[dict[str, list[Any]], list[UUID]]:
+    """Validate and serialize ``specs`` into the statement's column arrays; draw their ids."""
+    columns: dict[str, list[Any]] = {
+        name: []
+        for name in ("ids", "job_types", "organization_ids", "payloads", "priorities", "max_attempts",
+                     "timeouts", "run_ats", "delays", "stages", "keys", "snapshots", "queues", "concurrency_keys",
+                     "metas")
+    }
+    # One lock and one read of the random source for the whole chunk.
+    id_strings = uuid7_strings(len(specs))
+    for spec, id_string in zip(specs, id_strings, strict=True):
+        payload_json = check.serialize_json("payload", stored_payload(spec.payload), max_bytes=max_payload_bytes)
+        priority = check.check_optional_int("priority", spec.priority, check.PRIORITY_RANGE)
+        max_attempts = check.check_optional_int("max_attempts", spec.max_attempts, check.MAX_ATTEMPTS_RANGE)
+        timeout = check.check_optional_int("timeout_seconds", spec.timeout_seconds, check.TIMEOUT_SECONDS_RANGE)
+        run_at = check.check_run_at(spec.run_at)
+        delay = None if spec.delay_seconds is None else check.check_seconds("delay_seconds", spec.delay_seconds, check.DELAY_SECONDS_RANGE)
+        if run_at is not None and delay is not None:
+            raise InvalidArgument("delay_seconds", spec.delay_seconds, "None when run_at is given")
+        key = check.check_optional_idempotency_key(spec.idempotency_key)
+        stage = _check_stage(spec.stage)
+        queue = check_optional_queue_name(spec.queue)
+        concurrency_key = check_optional_concurrency_key(spec.concurrency_key)
+        meta = meta_json(spec.meta)
+        columns["ids"].append(id_string)
+        columns["job_types"].append(check.check_job_type(spec.job_type))
+        columns["organization_ids"].append(check.check_optional_organization_id(spec.organization_id))
+        columns["payloads"].append(payload_json)
+        columns["priorities"].append(priority)
+        columns["max_attempts"].append(max_attempts)
+        columns["timeouts"].append(timeout)
+        columns["run_ats"].append(run_at)
+        columns["delays"].append(delay)
+        columns["stages"].append(stage.value)
+        columns["keys"].append(key)
+        columns["queues"].append(queue)
+        columns["concurrency_keys"].append(concurrency_key)
+        columns["metas"].append(meta)
+        columns["snapshots"].append(
+            None if key is None else request_snapshot(spec, payload_json=payload_json)
+        )
+    if instrumentation.enqueue_observers:
+        # Once every spec of the chunk is valid, so no observer (a tracer) hears of a job never sent.
+        columns["metas"] = [
+            meta_json(instrumentation.observed_meta(spec.job_type, id_string, spec.meta))
+            for spec, id_string in zip(specs, id_strings, strict=True)
+        ]
+    return columns, [UUID(id_string) for id_string in id_strings]
+
+
+def request_snapshot(spec: JobSpec, *, payload_json: str) -> str:
+    """Return the canonical JSON of an enqueue request, compared on idempotent repeats.
+
+    It holds what the caller asked for, not the defaults it resolved to, so a
+    repeated request matches even after a definition's defaults change. The
+    metadata is left out: a trace context or request id differs on every repeat.
+    """
+    run_at = None
+    if spec.run_at is not None:
+        run_at = spec.run_at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    parts: dict[str, Any] = {
+        "max_attempts": spec.max_attempts,
+        "next_run_at": run_at,
+        "payload": "__PAYLOAD__",
+        "priority": spec.priority,
+        "stage": JobStage(spec.stage).value,
+        "timeout_seconds": spec.timeout_seconds,
+    }
+    if spec.delay_seconds is not None:
+        parts["delay_seconds"] = float(spec.delay_seconds)
+    # Only when given, so a request stored before queues existed still matches.
+    if spec.queue is not None:
+        parts["queue"] = spec.queue
+    if spec.concurrency_key is not None:
+        parts["concurrency_key"] = spec.concurrency_key
+    # The payload is already canonical JSON text; splice it in rather than re-encode it.
+    encoded = check.serialize_json("request", parts)
+    return encoded.replace('"__PAYLOAD__"', payload_json, 1)
+
+
+def _raise_if_definition_missing(connection: Connection, job_types: set[str]) -> None:
+    enabled = set(
+        connection.execute(
+            select(job_definitions.c.job_type).where(
+                job_definitions.c.job_type.in_(sorted(job_types)), job_definitions.c.is_enabled
+            )
+        ).scalars()
+    )
+    missing = sorted(job_types - enabled)
+    if missing:
+        raise DefinitionNotFoundOrDisabled(
+            f"job type {missing[0]!r} has no enabled definition; register its handler and call "
+            "registry.sync_definitions(engine), or enable it",
+            job_types=missing,
+        )
+
+
+def same_request(stored: Any, snapshot: str) -> bool:
+    # jsonb keeps a number's decimal value, not its float: 3.602879701896397e+16
+    # comes back as the int 36028797018963970, which != the float it was. Compare
+    # numbers as the decimals their JSON spelling denotes.
+    return _as_decimals(stored) == _as_decimals(json.loads(snapshot, parse_float=Decimal, parse_int=Decimal))
+
+
+def _as_decimals(value: Any) -> Any:
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, float, Decimal)):
+        # Tagged, since Decimal(1) == True would make 1 and true the same request.
+        return ("number", value if isinstance(value, Decimal) else Decimal(repr(value)))
+    if isinstance(value, list):
+        return [_as_decimals(item) for item in value]
+    return {key: _as_decimals(item) for key, item in value.items()}
+
+
+def _written_by_earlier_try(connection: Connection, job_ids: list[UUID]) -> dict[UUID, JobRecord]:
+    # The ids were drawn before the first try, so a row that holds one is ours: a try
+    # whose connection was lost after its statement committed wrote it.
+    rows = connection.execute(select(*JOB_COLUMNS).where(job_queue.c.id.in_(job_ids)))
+    return {row.id: to_job(row) for row in rows}
+
+
+def _existing_for_key(connection: Connection, spec: JobSpec, snapshot: Optional[str]) -> JobRecord:
+    if spec.idempotency_key is None:
+        # Unkeyed rows cannot conflict, so a missing row means its definition vanished mid-batch.
+        _raise_if_definition_missing(connection, {spec.job_type})
+        raise IdempotencyConflictMissingExisting(f"job of type {spec.job_type!r} was not inserted")
+    row = connection.execute(
+        _EXISTING_GLOBAL if spec.organization_id is None else _EXISTING_IN_ORGANIZATION,
+        {"job_type": spec.job_type, "idempotency_key": spec.idempotency_key, "organization_id": spec.organization_id},
+    ).first()
+    if row is None:
+        _raise_if_definition_missing(connection, {spec.job_type})
+        raise IdempotencyConflictMissingExisting(
+            f"idempotency key {spec.idempotency_key!r} conflicted but no existing job was found"
+        )
+    existing = to_job(row)
+    if existing.enqueue_request is None:
+        raise LegacyIdempotencySnapshotMissing(
+            f"job {existing.id} holds key {spec.idempotency_key!r} but has no request snapshot to compare"
+        )
+    if snapshot is None or not same_request(existing.enqueue_request, snapshot):
+        raise IdempotencyConflict(
+            f"idempotency key {spec.idempotency_key!r} is taken by job {existing.id} with a different request",
+            job_id=str(existing.id),
+        )
+    return existing
+
+
+# -- one chunk -------------------------------------------------------------------
+
+
+@dataclass
+class Chunk:
+    """Specs checked and serialized, with the ids drawn for them, ready to write."""
+
+    specs: list[JobSpec]
+    params: dict[str, Any]
+    ids: list[UUID]
+
+    @property
+    def keyed(self) -> bool:
+        return any(key is not None for key in self.params["keys"])
+
+
+def prepare_chunk(specs: list[JobSpec], max_payload_bytes: int, event_log: Any) -> Chunk:
+    """Check and serialize ``specs`` for the ``event_log`` level; raise the first argument error, before anything is written."""
+    params, ids = _batch_parameters(specs, max_payload_bytes)
+    return Chunk(specs, params | event_log_params(event_log), ids)
+
+
+def write_chunk(connection: Connection, chunk: Chunk, *, ids_only: bool = False) -> Union[list[JobRecord], list[UUID]]:
+    """Write one chunk in one statement and return, in spec order, its records (or their ids).
+
+    A repeated idempotent request answers with the existing job, looked up and
+    compared here; any error leaves the caller's transaction to roll back.
+    """
+    inserted: dict[UUID, Any]
+    if ids_only:
+        inserted = {job_id: job_id for (job_id,) in _ENQUEUE_IDS.execute(connection, chunk.params)}
+    else:
+        inserted = {job.id: job for job in to_jobs(_ENQUEUE.execute(connection, chunk.params))}
+    if len(inserted) == len(chunk.ids):
+        return [inserted[job_id] for job_id in chunk.ids]
+    unkeyed_missing = [i for i, spec in zip(chunk.ids, chunk.specs, strict=True)
+                       if i not in inserted and spec.idempotency_key is None]
+    if unkeyed_missing:
+        inserted.update(
+            (job_id, job_id if ids_only else record)
+            for job_id, record in _written_by_earlier_try(connection, unkeyed_missing).items()
+        )
+    if not inserted:
+        _raise_if_definition_missing(connection, {spec.job_type for spec in chunk.specs})
+    result: list[Any] = []
+    for job_id, spec, snapshot in zip(chunk.ids, chunk.specs, chunk.params["snapshots"], strict=True):
+        found = inserted.get(job_id)
+        if found is None:
+            existing = _existing_for_key(connection, spec, snapshot)
+            found = existing.id if ids_only else existing
+        result.append(found)
+    return result
+
+
+def require_read_committed(connection: Connection) -> None:
+    level = connection.exec_driver_sql("SHOW transaction_isolation").scalar_one()
+    if level != "read committed":
+        raise EnqueueIdempotencyUnsupportedIsolation(
+            f"idempotent enqueue needs READ COMMITTED isolation, the transaction uses {level.upper()}"
+        )

@@ -1,0 +1,174 @@
+"""Enqueue a workflow run: its run row, its steps and their edges, and the jobs of its first steps (spec section 11).
+
+One transaction writes the whole run; an idempotency key makes a second enqueue
+of the same definition answer with the run already written. What a step's job
+does to its step later is in :mod:`runledger_sync.store.workflows.steps`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import Text, cast, literal, select
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import Connection
+
+from runledger_sync.core import instrumentation
+from runledger_sync.core import validation as check
+from runledger_sync.core.errors import InvalidArgument
+from runledger_sync.core.ids import uuid7
+from runledger_sync.core.meta import meta_json
+from runledger_sync.core.types import DEFAULT_EVENT_LOG, EventLog
+from runledger_sync.core.workflow import Workflow, WorkflowRunRecord, WorkflowStepKind
+from runledger_sync.core.workflow_errors import (
+    WorkflowAlreadyEnqueued,
+    WorkflowDefinitionNotFoundOrDisabled,
+    WorkflowEnqueueConflictingRetry,
+    WorkflowLegacySnapshotMissing,
+)
+from runledger_sync.db.schema import job_definitions
+from runledger_sync.db.schema_workflows import workflow_runs, workflow_step_dependencies, workflow_steps
+from runledger_sync.store.binds import Bind
+from runledger_sync.store.enqueue.chunk import require_read_committed, same_request
+from runledger_sync.store.sql import event_log_params
+from runledger_sync.store.transactions import run_in_transaction
+from runledger_sync.store.workflows.runs import read_run
+from runledger_sync.store.workflows.steps import finish_steps, refresh_runs, release_steps
+
+_r = workflow_runs.c
+
+
+def enqueue_workflow(
+    bind: Bind, workflow: Workflow, *, max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
+    event_log: EventLog | str = DEFAULT_EVENT_LOG,
+) -> WorkflowRunRecord:
+    """Write a workflow run: its steps, their dependencies, and the jobs of the steps that wait for nothing.
+
+    The whole definition is checked first (and its job types against their
+    definitions); a bad one raises and writes nothing. With an idempotency key,
+    the same request again returns the existing run.
+
+    Args:
+        bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
+            connection whose open transaction the call joins (the caller commits).
+        max_payload_bytes: the largest payload of a step (JSON bytes), as for :func:`runledger_sync.enqueue`.
+        event_log: whether the jobs of the steps released now get their ENQUEUED event
+            row, as for :func:`runledger_sync.enqueue` (steps released later, when their
+            prerequisites end, always get it).
+
+    Returns:
+        The run with its steps.
+
+    Raises:
+        WorkflowEmpty, DuplicateStepKey, UnknownDependency, DependencyCycle: a bad definition.
+        WorkflowTooManySteps: more than 10,000 steps.
+        InvalidPayload: a step's payload is larger than ``max_payload_bytes`` (the error names the step).
+        WorkflowTooLarge: the step payloads together are larger than 64 MiB of JSON.
+        WorkflowDefinitionNotFoundOrDisabled: a step's job type has no enabled definition.
+        WorkflowEnqueueConflictingRetry: the key exists with a different request.
+
+    Example:
+        ``run = rl.enqueue_workflow(engine, wf)``; in your transaction,
+        ``with engine.begin() as conn: rl.enqueue_workflow(conn, wf)``.
+    """
+    if not isinstance(workflow, Workflow):
+        raise InvalidArgument("workflow", type(workflow).__name__, "a Workflow")
+    check.check_int("max_payload_bytes", max_payload_bytes, check.MAX_PAYLOAD_BYTES_RANGE)
+    event_log_params(event_log)  # an unknown level is refused here, before anything is written
+    workflow.validate()
+    workflow.check_payload_sizes(max_payload_bytes=max_payload_bytes)
+    snapshot = _request_snapshot(workflow)
+    # Drawn before the first try: a try repeated after a lost connection (its transaction
+    # rolled back) writes the same run, and the enqueue observers hear of it once.
+    run_id = uuid7()
+    meta = meta_json(instrumentation.observed_meta(workflow.name, str(run_id), workflow.meta)
+                     if instrumentation.enqueue_observers else workflow.meta)
+    return run_in_transaction(bind, lambda connection: _enqueue(connection, workflow, snapshot, run_id, meta, event_log))
+
+
+def _request_snapshot(workflow: Workflow) -> str:
+    steps = [
+        {"key": step.key, "kind": step.kind.value, "job_type": step.job_type, "payload": step.payload,
+         "after": list(step.after), "release": step.release.value, "priority": step.priority,
+         "max_attempts": step.max_attempts, "timeout_seconds": step.timeout_seconds}
+        # Only when set: the snapshots of runs enqueued before steps could opt in stay equal.
+        | ({"continuation": True} if step.continuation else {})
+        for step in workflow.steps
+    ]
+    return check.serialize_json("workflow", {"name": workflow.name, "steps": steps})
+
+
+def _enqueue(connection: Connection, workflow: Workflow, snapshot: str, run_id: UUID, meta: str,
+             event_log: Any) -> WorkflowRunRecord:
+    if workflow.idempotency_key is not None:
+        require_read_committed(connection)
+    _check_definitions(connection, {step.job_type for step in workflow.steps if step.job_type is not None})
+    inserted = connection.execute(
+        pg_insert(workflow_runs)
+        .values(id=run_id, name=workflow.name, organization_id=workflow.organization_id,
+                idempotency_key=workflow.idempotency_key, meta=cast(literal(meta, Text), JSONB),
+                enqueue_request=None if workflow.idempotency_key is None else cast(literal(snapshot, Text), JSONB))
+        .on_conflict_do_nothing()
+        .returning(_r.id)
+    ).first()
+    if inserted is None:
+        return _existing_run(connection, workflow, snapshot)
+    step_ids = {step.key: uuid7() for step in workflow.steps}
+    connection.execute(workflow_steps.insert(), [
+        {"id": step_ids[step.key], "run_id": run_id, "step_key": step.key, "kind": step.kind.value,
+         "job_type": step.job_type,
+         "payload": None if step.kind is WorkflowStepKind.EXTERNAL else step.payload,
+         "priority": step.priority, "max_attempts": step.max_attempts, "timeout_seconds": step.timeout_seconds,
+         "allow_continuation": step.continuation,
+         "dependencies_total": len(step.after), "dependencies_pending": len(step.after)}
+        for step in workflow.steps
+    ])
+    edges = [{"step_id": step_ids[step.key], "prerequisite_step_id": step_ids[key], "release_mode": step.release.value}
+             for step in workflow.steps for key in step.after]
+    if edges:
+        connection.execute(workflow_step_dependencies.insert(), edges)
+    roots = [(step_ids[step.key], step.kind.value) for step in workflow.steps if not step.after]
+    failed = release_steps(connection, roots, event_log=event_log)
+    if failed:
+        finish_steps(connection, failed, {run_id})
+    else:
+        refresh_runs(connection, {run_id})
+    return read_run(connection, run_id)  # type: ignore[return-value]
+
+
+def _check_definitions(connection: Connection, job_types: set[str]) -> None:
+    if not job_types:
+        return
+    enabled = set(connection.execute(
+        select(job_definitions.c.job_type).where(
+            job_definitions.c.job_type.in_(sorted(job_types)), job_definitions.c.is_enabled)
+    ).scalars())
+    missing = sorted(job_types - enabled)
+    if missing:
+        raise WorkflowDefinitionNotFoundOrDisabled(
+            f"job type {missing[0]!r} has no enabled definition; register its handler and call "
+            "registry.sync_definitions(engine), or enable it",
+            job_types=missing,
+        )
+
+
+def _existing_run(connection: Connection, workflow: Workflow, snapshot: str) -> WorkflowRunRecord:
+    existing = connection.execute(
+        select(_r.id, _r.enqueue_request)
+        .where(_r.name == workflow.name, _r.idempotency_key == workflow.idempotency_key,
+               _r.organization_id.is_not_distinct_from(cast(workflow.organization_id, Text)))
+        .with_for_update()
+    ).first()
+    if existing is None:
+        # The conflicting run was deleted between the insert and this read.
+        raise WorkflowAlreadyEnqueued(
+            f"workflow {workflow.name!r} with idempotency key {workflow.idempotency_key!r} already exists")
+    if existing.enqueue_request is None:
+        raise WorkflowLegacySnapshotMissing(f"workflow run {existing.id} has no request snapshot to compare")
+    if not same_request(existing.enqueue_request, snapshot):
+        raise WorkflowEnqueueConflictingRetry(
+            f"workflow {workflow.name!r} with idempotency key {workflow.idempotency_key!r} exists with a different "
+            "definition", run_id=str(existing.id))
+    return read_run(connection, existing.id)  # type: ignore[return-value]

@@ -1,0 +1,156 @@
+"""The typed driver: every runtime operation on one bind, its own transactions or the caller's.
+
+The same claimed job's path (claim, running, outcome, read) runs through a driver
+on an Engine, which commits each step, and on a caller's Connection, whose
+rollback undoes every step. Signatures are compared with the store functions
+they call, so the driver cannot drift from the store.
+"""
+
+from __future__ import annotations
+
+import inspect
+import select
+import time
+from typing import Any, Callable
+
+import pytest
+
+from runledger_sync.core.errors import InvalidArgument
+from runledger_sync.core.outcomes import Retry, Succeed
+from runledger_sync.core.records import LeaseIdentity
+from runledger_sync.core.states import JobStage, JobStatus
+from runledger_sync.core.types import JobCompletion, JobFailure
+from runledger_sync.store import driver as driver_module
+from runledger_sync.store.driver import Driver, StoreDriver, driver_for
+from runledger_sync.store.enqueue.enqueue import enqueue
+from runledger_sync.store.held import HeldConnection
+from runledger_sync.store.notify import new_probe_channel
+from tests.support import JOB_TYPE, define, rows, scalar
+
+WORKER = "driver-worker"
+#: Driver operations whose first argument is not the bind: they act on a listener's own connection.
+ON_THE_LISTENER = {"listen", "read_notifications", "close_listener"}
+
+
+def claim_run_and_succeed(driver: Driver) -> Any:
+    """A claimed job's path one call at a time: claim, write running, write the outcome, read it back."""
+    [claimed] = driver.claim_prestart_jobs_for_types(
+        worker_id=WORKER, lease_ttl_seconds=30, limit=5, job_types=[JOB_TYPE])
+    identity = LeaseIdentity.of(claimed)
+    running = driver.mark_job_running(identity)
+    assert (running.status, running.stage) == (JobStatus.LEASED, JobStage.RUNNING)
+    assert driver.running_landed(identity) is True
+    assert driver.apply_transitions([(identity, Succeed(JobCompletion(output={"sent": 1})))]) == [None]
+    return driver.get_job(claimed.id)
+
+
+def test_a_driver_on_an_engine_commits_each_step_of_a_job(engine):
+    define(engine)
+    job = enqueue(engine, JOB_TYPE, {"n": 1})
+    driver = driver_for(engine)
+    assert driver.owns_transactions is True
+
+    done = claim_run_and_succeed(driver)
+
+    assert (done.id, done.status, done.output) == (job.id, JobStatus.SUCCEEDED, {"sent": 1})
+    # Committed: another connection sees it.
+    assert scalar(engine, "SELECT status FROM job_queue WHERE id = :id", id=job.id) == "SUCCEEDED"
+
+
+def test_a_driver_on_a_connection_joins_its_transaction_and_its_rollback_undoes_every_step(engine):
+    define(engine)
+    job = enqueue(engine, JOB_TYPE, {"n": 1})
+    with engine.connect() as connection:
+        driver = driver_for(connection)
+        assert driver.owns_transactions is False
+
+        done = claim_run_and_succeed(driver)
+
+        assert done.status is JobStatus.SUCCEEDED
+        # Nothing is committed while the caller's transaction is open.
+        assert scalar(engine, "SELECT status FROM job_queue WHERE id = :id", id=job.id) == "PENDING"
+        connection.rollback()
+    assert rows(engine, "SELECT status, attempt FROM job_queue WHERE id = :id", id=job.id) == [("PENDING", 0)]
+    assert scalar(engine, "SELECT count(*) FROM job_attempts WHERE job_id = :id", id=job.id) == 0
+
+
+def test_a_driver_on_a_held_connection_claims_and_starts_in_one_call_and_reads_a_failure_back(engine):
+    define(engine)
+    job = enqueue(engine, JOB_TYPE, {})
+    held = HeldConnection(engine)
+    try:
+        driver = driver_for(held)
+        started = driver.claim_and_start_jobs(worker_id=WORKER, lease_ttl_seconds=30, limit=5, job_types=[JOB_TYPE])
+        [running] = started.running
+        assert (running.id, running.stage) == (job.id, JobStage.RUNNING)
+        identity = LeaseIdentity.of(running)
+        retry = Retry(JobFailure.retryable("smtp.busy", "try later"), delay_ms=60_000)
+
+        assert driver.apply_transitions([(identity, retry)]) == [None]
+
+        assert driver.read_back_outcomes([(identity, retry)]) == [True]
+        assert driver.get_job(job.id).last_error_code == "smtp.busy"
+    finally:
+        held.close()
+
+
+def test_a_driver_on_a_held_connection_opens_a_listener_of_its_own_that_hears_a_probe(engine):
+    held = HeldConnection(engine)
+    driver = driver_for(held)
+    channel = new_probe_channel()
+    listener = driver.open_listener((channel,))
+    try:
+        driver.send_probe(channel, "are you there")
+        heard: dict[str, set[str]] = {}
+        # The notification arrives when the probe's transaction commits: wait on the socket, with a deadline.
+        deadline = time.monotonic() + 10
+        while channel not in heard and time.monotonic() < deadline:
+            select.select([listener], [], [], 0.5)
+            heard |= driver.read_notifications(listener)
+        assert heard == {channel: {"are you there"}}
+    finally:
+        driver.close_listener(listener)
+        held.close()
+    assert listener.closed
+
+
+@pytest.mark.parametrize("operation", [
+    lambda driver: driver.claim_and_start_jobs(worker_id=WORKER, lease_ttl_seconds=30, limit=1, job_types=[JOB_TYPE]),
+    lambda driver: driver.open_listener(),
+])
+def test_a_driver_in_a_callers_transaction_refuses_what_needs_a_connection_of_its_own(engine, operation):
+    with engine.connect() as connection:
+        with pytest.raises(InvalidArgument) as refused:
+            operation(driver_for(connection))
+    assert "a connection of its own" in refused.value.message
+
+
+def _store_function(name: str) -> Callable[..., Any]:
+    function = getattr(driver_module, name)
+    assert inspect.isfunction(function), name
+    return function
+
+
+def _operations() -> list[str]:
+    return sorted(name for name, member in vars(Driver).items()
+                  if inspect.isfunction(member) and not name.startswith("_"))
+
+
+@pytest.mark.parametrize("name", _operations())
+def test_each_operation_takes_what_its_store_function_takes_after_the_bind(name):
+    store_parameters = list(inspect.signature(_store_function(name)).parameters.values())
+    if name not in ON_THE_LISTENER:
+        store_parameters = store_parameters[1:]
+    for implementation in (Driver, StoreDriver):
+        parameters = list(inspect.signature(getattr(implementation, name)).parameters.values())[1:]
+        assert [(p.name, p.kind) for p in parameters] == [(p.name, p.kind) for p in store_parameters]
+        if implementation is StoreDriver:
+            assert [p.default for p in parameters] == [p.default for p in store_parameters]
+
+
+def test_the_protocol_lists_every_operation_the_driver_module_names_but_those_for_tools():
+    functions = {name for name in driver_module.__all__ if inspect.isfunction(getattr(driver_module, name))}
+    # No database in these: the listener's probe channel and the parsing of an ENDED payload.
+    pure = {"new_probe_channel", "ended_job_ids"}
+    assert functions - pure - {"claim_jobs", "driver_for"} == set(_operations())
+
