@@ -4,7 +4,7 @@ Each tick fires every due schedule, in batches of ``claim_batch_size``, each
 batch one transaction. Between ticks the loop sleeps until the soonest schedule
 is due, but never longer than ``schedule_poll_interval_seconds``. It also
 LISTENs on the schedules channel: a schedule written or resumed anywhere (which
-notifies it, see :mod:`runledger_sync.store._notify`) wakes it at once, so a
+notifies it, see :mod:`runledger_sync.store.notify`) wakes it at once, so a
 resumed schedule fires at its next instant. Where it cannot listen (transaction
 pooling, or the LISTEN is lost) the poll interval bounds how late such a write
 is noticed. Any number of processes may run it: the schedule rows are the lock.

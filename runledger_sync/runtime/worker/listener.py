@@ -16,7 +16,7 @@ polling and the listener reconnects on a later pause, at most once per
 A LISTEN can also fail without any error: behind a transaction-pooling proxy
 the session that registered it is not the listener's for long, so nothing
 arrives. The listener therefore proves delivery with a probe (see
-:mod:`runledger_sync.store._notify`): after connecting, before it listens for
+:mod:`runledger_sync.store.notify`): after connecting, before it listens for
 jobs, and on each idle pause. A probe not echoed within
 :data:`PROBE_TIMEOUT_SECONDS` counts as a lost connection; repeated failures
 back off up to :data:`MAX_RECONNECT_SECONDS`. An engine whose pool mode is

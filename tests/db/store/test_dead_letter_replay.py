@@ -1,4 +1,4 @@
-"""Dead letters chosen by a filter (store._dead_letters): list by error code and exception type, count, replay in batches."""
+"""Dead letters chosen by a filter (store.admin.dead_letters): list by error code and exception type, count, replay in batches."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""store._gauges: the scrape's one statement counts the unfinished queue by type, and reads only indexes."""
+"""store.admin.gauges: the scrape's one statement counts the unfinished queue by type, and reads only indexes."""
 
 from __future__ import annotations
 

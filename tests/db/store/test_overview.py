@@ -1,4 +1,4 @@
-"""store._overview (the dashboard's recent figures), list_jobs(search=) and job_statuses against a real PostgreSQL."""
+"""store.admin.overview (the dashboard's recent figures), list_jobs(search=) and job_statuses against a real PostgreSQL."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""store._rollup (the dashboard's per-minute rollup) and its retention against a real PostgreSQL."""
+"""store.admin.rollup (the dashboard's per-minute rollup) and its retention against a real PostgreSQL."""
 
 from __future__ import annotations
 
