@@ -351,6 +351,16 @@ Index(
     unique=True,
     postgresql_where=text("organization_id IS NULL AND idempotency_key IS NOT NULL"),
 )
+# The key-prefix search (list_jobs(search=), jobs list --search, the dashboard's
+# search box). Under a collation other than C (C.UTF-8, en_US.UTF-8: most servers)
+# a LIKE prefix cannot walk a btree of the column's own order, so the keys have one
+# in byte order (text_pattern_ops), which any collation's prefix search can walk.
+Index(
+    "idx_job_queue_idempotency_key_prefix",
+    job_queue.c.idempotency_key,
+    postgresql_ops={"idempotency_key": "text_pattern_ops"},
+    postgresql_where=text("idempotency_key IS NOT NULL"),
+)
 # One job per workflow step. A prune of finished runs finds their jobs through it
 # (and whether any is still live), and so does the foreign key that sets the column
 # to NULL when a step is deleted.
