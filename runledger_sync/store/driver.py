@@ -65,6 +65,7 @@ from runledger_sync.store.notify import (
     ENDED_CHANNEL,
     SCHEDULES_CHANNEL,
     close_listener,
+    hears_listen,
     ended_job_ids,
     listen,
     new_probe_channel,
@@ -86,7 +87,23 @@ class Driver(Protocol):
         """True when each call commits a transaction of its own, False when it joins the caller's."""
         ...
 
+    @property
+    def listens(self) -> bool:
+        """True when a LISTEN on this bind is heard: a connection of its own, whose session no pooler shares."""
+        ...
+
     # -- connections ---------------------------------------------------------------
+
+    def held(self) -> "Driver":
+        """A driver on one connection kept for this caller's many short transactions (give it back with ``close``).
+
+        On a caller's transaction, this driver itself: there is nothing to hold.
+        """
+        ...
+
+    def close(self) -> None:
+        """Give back the connection this driver holds; nothing for any other."""
+        ...
 
     def ping(self) -> None:
         """One round trip, for readiness."""
@@ -99,7 +116,11 @@ class Driver(Protocol):
         event_log: EventLog | str = ..., queues: Optional[Sequence[str]] = ...,
         queue_rooms: Optional[Mapping[str, int]] = ..., unlimited_only: bool = ...,
     ) -> StartedClaim:
-        """Lease due jobs and write their running in one round trip, as two transactions (own transactions only)."""
+        """Lease due jobs and write their running in one round trip, as two transactions.
+
+        Inside a caller's transaction only the claim is made (every job comes back
+        unstarted): the running writes then go one by one, in that transaction.
+        """
         ...
 
     def claim_prestart_jobs_for_types(
@@ -135,9 +156,9 @@ class Driver(Protocol):
 
     def heartbeat_job(
         self, *, job_id: UUID, run_number: int, attempt: int, worker_id: str, lease_ttl_seconds: float,
-        lock_timeout_ms: int = ..., event_log: EventLog | str = ...,
+        lock_timeout_ms: int = ..., event_log: EventLog | str = ..., retry: bool = ...,
     ) -> JobRecord:
-        """Renew a live lease."""
+        """Renew a live lease (``retry=False``: a lost connection is raised at once, for a caller that retries)."""
         ...
 
     def update_job_progress(
@@ -253,6 +274,20 @@ class StoreDriver:
         # call; anything else is the caller's, whose transaction each call joins.
         self._own: Optional[Engine | HeldConnection] = bind if owns_transaction(bind) else None
         self.owns_transactions = self._own is not None
+        self.listens = self._own is not None and hears_listen(self._engine_of(self._own))
+
+    @staticmethod
+    def _engine_of(own: Engine | HeldConnection) -> Engine:
+        return own if isinstance(own, Engine) else own.engine
+
+    def held(self) -> Driver:
+        if isinstance(self._own, Engine):
+            return StoreDriver(HeldConnection(self._own))
+        return self
+
+    def close(self) -> None:
+        if isinstance(self._own, HeldConnection):
+            self._own.close()
 
     def _own_bind(self, operation: str) -> Engine | HeldConnection:
         if self._own is None:
@@ -270,11 +305,15 @@ class StoreDriver:
         event_log: EventLog | str = DEFAULT_EVENT_LOG, queues: Optional[Sequence[str]] = None,
         queue_rooms: Optional[Mapping[str, int]] = None, unlimited_only: bool = False,
     ) -> StartedClaim:
-        # Two transactions in one query: never inside a caller's transaction.
+        if self._own is None:
+            # Two transactions in one query cannot join the caller's: claim only.
+            return StartedClaim(unstarted=claim_prestart_jobs_for_types(
+                self.bind, worker_id=worker_id, lease_ttl_seconds=lease_ttl_seconds, limit=limit,
+                job_types=job_types, event_log=event_log, queues=queues, queue_rooms=queue_rooms,
+                unlimited_only=unlimited_only))
         return claim_and_start_jobs(
-            self._own_bind("claim_and_start_jobs"), worker_id=worker_id, lease_ttl_seconds=lease_ttl_seconds,
-            limit=limit, job_types=job_types, event_log=event_log, queues=queues, queue_rooms=queue_rooms,
-            unlimited_only=unlimited_only,
+            self._own, worker_id=worker_id, lease_ttl_seconds=lease_ttl_seconds, limit=limit, job_types=job_types,
+            event_log=event_log, queues=queues, queue_rooms=queue_rooms, unlimited_only=unlimited_only,
         )
 
     def claim_prestart_jobs_for_types(
@@ -309,10 +348,11 @@ class StoreDriver:
     def heartbeat_job(
         self, *, job_id: UUID, run_number: int, attempt: int, worker_id: str, lease_ttl_seconds: float,
         lock_timeout_ms: int = DEFAULT_HEARTBEAT_LOCK_TIMEOUT_MS, event_log: EventLog | str = DEFAULT_EVENT_LOG,
+        retry: bool = True,
     ) -> JobRecord:
         return heartbeat_job(
             self.bind, job_id=job_id, run_number=run_number, attempt=attempt, worker_id=worker_id,
-            lease_ttl_seconds=lease_ttl_seconds, lock_timeout_ms=lock_timeout_ms, event_log=event_log,
+            lease_ttl_seconds=lease_ttl_seconds, lock_timeout_ms=lock_timeout_ms, event_log=event_log, retry=retry,
         )
 
     def update_job_progress(
@@ -413,33 +453,13 @@ def driver_for(bind: Bind) -> Driver:
 __all__ = [
     # the typed seam
     "Driver",
-    "StoreDriver",
     "driver_for",
     # connections
-    "HeldConnection",
     "ping",
     # claim
-    "claim_and_start_jobs",
-    "StartedClaim",
-    "claim_prestart_jobs_for_types",
     "claim_jobs",
-    "serves_limited_queue",
-    # start
-    "mark_job_running",
-    "running_landed",
-    "release_unstarted_job_claim",
     # while the handler runs
-    "heartbeat_job",
-    "update_job_progress",
     "get_job",
-    # outcome
-    "read_earlier_attempts",
-    "step_allows_continuation",
-    "apply_transitions",
-    "read_back_outcomes",
-    # workflow steps
-    "load_step",
-    "step_output",
     # notify and listen
     "CHANNEL",
     "SCHEDULES_CHANNEL",
@@ -451,7 +471,6 @@ __all__ = [
     "read_notifications",
     "close_listener",
     "new_probe_channel",
-    "send_probe",
     # maintenance
     "reap_expired_leases",
     "fire_due_schedules",

@@ -55,6 +55,7 @@ from sqlalchemy.dialects.postgresql import array
 from sqlalchemy.engine import Connection, Engine
 
 from runledger_sync.core.states import TERMINAL_STATUSES
+from runledger_sync.db.pool_mode import policy_of
 from runledger_sync.store.binds import Bind
 from runledger_sync.store.transactions import run_in_transaction
 
@@ -158,6 +159,15 @@ def notify_schedules_changed(connection: Connection) -> None:
 def new_probe_channel() -> str:
     """Return a channel name no other listener uses."""
     return PROBE_CHANNEL_PREFIX + secrets.token_hex(8)
+
+
+def hears_listen(engine: Engine) -> bool:
+    """True when a LISTEN on ``engine``'s connections is heard by the session that made it.
+
+    Behind a transaction-pooling proxy sessions are shared: a LISTEN would stay on
+    a pooled server connection and deliver to whoever runs there next.
+    """
+    return policy_of(engine).listens
 
 
 def open_listener(engine: Engine, channels: Iterable[str] = (CHANNEL,)) -> psycopg2.extensions.connection:

@@ -29,7 +29,7 @@ from runledger_sync.runtime.worker.tally import OutcomeTally
 from runledger_sync.runtime.attempt.watch import TimerThread
 from runledger_sync.store.admin.actions import make_jobs_due
 from runledger_sync.store.admin.jobs import get_job
-from runledger_sync.store.claim.claim import claim_prestart_jobs_for_types
+from runledger_sync.store.driver import driver_for
 from runledger_sync.store.enqueue.enqueue import enqueue
 from runledger_sync.store.queues import explain_wait
 
@@ -120,6 +120,7 @@ class _InProcessWorker:
 
     def __init__(self, engine: Engine, registry: JobRegistry) -> None:
         self.engine = engine
+        self.driver = driver_for(engine)
         self.registry = registry
         self.config = JobsConfig(worker_id=WORKER_ID_PREFIX + generate_worker_id())
         self.outcomes = _Outcomes()
@@ -131,8 +132,8 @@ class _InProcessWorker:
         types = self.registry.registered_types()
         if not types:
             return None
-        claimed = claim_prestart_jobs_for_types(
-            self.engine, worker_id=self.config.worker_id, lease_ttl_seconds=self.config.lease_ttl_seconds, limit=1,
+        claimed = self.driver.claim_prestart_jobs_for_types(
+            worker_id=self.config.worker_id, lease_ttl_seconds=self.config.lease_ttl_seconds, limit=1,
             job_types=types, event_log=self.config.event_log, job_ids=job_ids,
         )
         return claimed[0] if claimed else None
@@ -144,7 +145,7 @@ class _InProcessWorker:
             KeyboardInterrupt: the handler was interrupted (Ctrl-C reaches the calling
                 thread, which a worker's pool threads never are); its attempt is written first.
         """
-        process_claimed_job(self.engine, self.registry, job, self.config, None, timer=self.timer, tally=self.tally)
+        process_claimed_job(self.driver, self.registry, job, self.config, None, timer=self.timer, tally=self.tally)
         interrupt, self.outcomes.interrupt = self.outcomes.interrupt, None
         if interrupt is not None:
             raise interrupt

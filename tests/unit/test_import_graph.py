@@ -415,10 +415,6 @@ def test_the_runtime_takes_the_store_only_through_the_driver():
 #: Driver name -> why it is there though the runtime does not call it.
 DRIVER_NAMES_FOR_TOOLS = {
     "claim_jobs": "bench/scale.py times the claim statement by hand",
-    # The typed seam, ready before the runtime holds it (issue 40); tests/db/store/test_driver.py runs it.
-    "Driver": "the runtime's next door to the store, not yet switched to",
-    "StoreDriver": "the runtime's next door to the store, not yet switched to",
-    "driver_for": "the runtime's next door to the store, not yet switched to",
 }
 
 

@@ -28,7 +28,6 @@ from runledger_sync.core.outcomes import Canceled
 from runledger_sync.core.states import JobStatus
 from runledger_sync.runtime.attempt.state import Attempt, Decider, RunningHandlers
 from runledger_sync.runtime.attempt.decision import finish
-from runledger_sync.store import driver
 
 #: What ``ctx.cancel_reason`` says when the operator gave no reason (the row's status_reason then).
 NO_REASON = "CANCELED"
@@ -53,7 +52,7 @@ def canceled_reason(attempt: Attempt) -> Optional[str]:
     Unreadable leaves the attempt running: its next renewal asks again.
     """
     try:
-        current = driver.get_job(attempt.engine, attempt.job.id)
+        current = attempt.driver.get_job(attempt.job.id)
     except RunledgerError:
         return None
     if current is None or current.status is not JobStatus.CANCELED or current.run_number != attempt.job.run_number:

@@ -27,8 +27,8 @@ lease). A group the database refuses as a whole (one job's invalid progress) is
 split in halves and each written again, down to the one job it concerns, whose
 answer is that error; nothing goes back to the pool.
 
-On an Engine the completer writes on a thread and connection of its own. Given
-a caller's Connection (a worker that polls on it) it writes each outcome at
+On a driver that owns its transactions the completer writes on a thread and
+connection of its own. On one that joins a caller's Connection (a worker that polls on it) it writes each outcome at
 once, on the calling thread, under the same policy.
 """
 
@@ -38,9 +38,8 @@ import threading
 import time
 from dataclasses import dataclass
 from queue import Empty, SimpleQueue
-from typing import Any, Callable, Generic, Optional, Sequence, TypeVar
+from typing import Callable, Generic, Optional, Sequence, TypeVar
 
-from sqlalchemy.engine import Engine
 
 from runledger_sync.core.errors import RunledgerError
 from runledger_sync.core.outcomes import Written
@@ -49,8 +48,7 @@ from runledger_sync.core.store_errors import CommitOutcomeUnknown, ConnectionFai
 from runledger_sync.core.validation import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_PAYLOAD_BYTES
 from runledger_sync.logging import get_logger
 from runledger_sync.runtime.observer import WorkerObserver
-from runledger_sync.store import driver
-from runledger_sync.store.driver import HeldConnection
+from runledger_sync.store.driver import Driver
 
 log = get_logger(__name__)
 
@@ -301,9 +299,9 @@ class Completer:
     """Writes decided outcomes in groups (see the module docstring).
 
     Args:
-        bind: an Engine (a thread and a held connection of its own, unless
-            ``threaded`` is False) or a caller's Connection (written at once, on
-            the posting thread).
+        driver: one that owns its transactions (a thread and a held connection
+            of its own, unless ``threaded`` is False), or one that joins a
+            caller's (written at once, on the posting thread).
         finishing: the worker's batching policy: how many running jobs succeed
             soon. The completer lingers for those, tells it how many outcomes wait
             to be written, and pool threads record each handler's time in it.
@@ -311,7 +309,7 @@ class Completer:
     """
 
     def __init__(
-        self, bind: Any, name: str, *, max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        self, driver: Driver, name: str, *, max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         max_checkpoint_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES, finishing: Optional[FinishingSoon] = None,
         observer: Optional[WorkerObserver] = None, threaded: bool = True,
     ) -> None:
@@ -319,12 +317,12 @@ class Completer:
         self._max_output_bytes = max_output_bytes
         self._max_checkpoint_bytes = max_checkpoint_bytes
         self._observer = observer
-        self._held: Optional[HeldConnection] = None
+        self._held: Optional[Driver] = None
         self._writer: Optional[GroupWriter[_Item, object]] = None
-        self._bind = bind
+        self._driver = driver
         self._closing = threading.Event()
-        if threaded and isinstance(bind, Engine):
-            self._held = self._bind = HeldConnection(bind)
+        if threaded and driver.owns_transactions:
+            self._held = self._driver = driver.held()
             writer = self._writer = GroupWriter(
                 name, self._write_group, linger_seconds=GROUP_LINGER_SECONDS,
                 still_coming=None if finishing is None else lambda: finishing.others_within(GROUP_LINGER_SECONDS),
@@ -404,8 +402,8 @@ class Completer:
 
     def _write_once(self, items: list[_Item]) -> list[object]:
         started = time.monotonic()
-        answers: list[object] = list(driver.apply_transitions(
-            self._bind, [(item.identity, item.transition) for item in items],
+        answers: list[object] = list(self._driver.apply_transitions(
+            [(item.identity, item.transition) for item in items],
             max_output_bytes=self._max_output_bytes, max_checkpoint_bytes=self._max_checkpoint_bytes, retry=False))
         if self._observer is not None:
             self._observer.group_written("outcome", len(items), time.monotonic() - started)
@@ -413,8 +411,8 @@ class Completer:
 
     def _read_back(self, pending: list[int], items: list[_Item], results: list[object]) -> list[int]:
         """Answer the items whose write landed or can no longer land; return those still to write."""
-        verdicts = driver.read_back_outcomes(
-            self._bind, [(items[index].identity, items[index].transition) for index in pending])
+        verdicts = self._driver.read_back_outcomes(
+            [(items[index].identity, items[index].transition) for index in pending])
         still = []
         for index, verdict in zip(pending, verdicts, strict=True):
             if verdict is None:

@@ -51,7 +51,6 @@ from runledger_sync.runtime.attempt.state import Attempt
 from runledger_sync.runtime.attempt.completer import LANDED_AFTER_LOST_REPLY, wait_for_answer, with_retries
 from runledger_sync.runtime.hooks import run_dead_letter_hook, run_failure_hooks
 from runledger_sync.runtime.observer import failure_observer
-from runledger_sync.store import driver
 
 log = get_logger(__name__)
 
@@ -115,7 +114,7 @@ def _decide(
     earlier = EarlierAttempts()
     if outcome.kind.is_retryable:
         read = _read_for_decision(
-            attempt, "failure", lambda: driver.read_earlier_attempts(attempt.engine, attempt.identity))
+            attempt, "failure", lambda: attempt.driver.read_earlier_attempts(attempt.identity))
         if read is None:
             return None
         earlier = read
@@ -134,7 +133,7 @@ def _decide_continuation(attempt: Attempt, completion: JobCompletion) -> Optiona
     if job.workflow_step_id is not None:
         step_id = job.workflow_step_id
         read = _read_for_decision(
-            attempt, "continuation", lambda: driver.step_allows_continuation(attempt.engine, step_id))
+            attempt, "continuation", lambda: attempt.driver.step_allows_continuation(step_id))
         if read is None:
             return None
         step_allows = read
@@ -276,7 +275,7 @@ def _committed_by_handler(attempt: Attempt, outcome: Outcome) -> bool:
     """
     identity = attempt.identity
     try:
-        landed = with_retries(lambda: driver.get_job(attempt.engine, identity.job_id),
+        landed = with_retries(lambda: attempt.driver.get_job(identity.job_id),
                               give_up_at=_give_up_at(attempt))
     except ConnectionFailed as error:
         log.warning("could not read whether the handler's transaction committed the job's success; "

@@ -26,7 +26,6 @@ import logging
 import time
 from typing import Any, Callable, Optional, TypeVar
 
-from sqlalchemy.engine import Engine
 
 from runledger_sync.config import JobsConfig
 from runledger_sync.core.errors import (
@@ -82,8 +81,7 @@ from runledger_sync.runtime.attempt.decision import finish
 from runledger_sync.runtime.attempt.completer import Completer
 from runledger_sync.runtime.worker.tally import OutcomeTally
 from runledger_sync.runtime.attempt.watch import TimerThread, deadline_of, watch
-from runledger_sync.store import driver
-from runledger_sync.store.driver import mark_job_running, running_landed
+from runledger_sync.store.driver import Driver
 
 log = get_logger(__name__)
 
@@ -98,7 +96,7 @@ WRITE_RUNNING = object()
 
 
 def process_claimed_job(
-    engine: Engine, registry: JobRegistry, job: JobRecord, config: JobsConfig,
+    driver: Driver, registry: JobRegistry, job: JobRecord, config: JobsConfig,
     completer: Optional[Completer] = None, running: object = WRITE_RUNNING,
     timer: Optional[TimerThread] = None, tally: Optional[OutcomeTally] = None,
     *, on_ended: Optional[Callable[[], None]] = None, handlers_running: Optional[RunningHandlers] = None,
@@ -123,7 +121,7 @@ def process_claimed_job(
             operator's cancel reaches it at once.
     """
     try:
-        attempt = Attempt(engine, registry, job, config, completer, tally=tally, on_ended=on_ended)
+        attempt = Attempt(driver, registry, job, config, completer, tally=tally, on_ended=on_ended)
     except BaseException:
         if on_ended is not None:
             on_ended()  # the slot must come back even when the job could not even be set up
@@ -199,12 +197,12 @@ def _process_with_timer(
 def _mark_running_or_abort(attempt: Attempt, running: object) -> bool:
     if running is WRITE_RUNNING:
         try:
-            mark_job_running(attempt.engine, attempt.identity, event_log=attempt.config.event_log)
+            attempt.driver.mark_job_running(attempt.identity, event_log=attempt.config.event_log)
         except RunledgerError as error:
             running = error
         else:
             running = None
-    if isinstance(running, CommitOutcomeUnknown) and running_landed(attempt.engine, attempt.identity):
+    if isinstance(running, CommitOutcomeUnknown) and attempt.driver.running_landed(attempt.identity):
         running = None  # the write landed before its connection went
     if running is None:
         return True
@@ -223,8 +221,8 @@ def _mark_running_or_abort(attempt: Attempt, running: object) -> bool:
 def _release_after_running_persist_failure(attempt: Attempt, error: object) -> None:
     fields = attempt.log_fields | {"error": str(error)}
     try:
-        driver.release_unstarted_job_claim(
-            attempt.engine, **attempt.identity.keywords(),
+        attempt.driver.release_unstarted_job_claim(
+            **attempt.identity.keywords(),
             reason=RUNNING_PROGRESS_PERSIST_FAILED_REASON, delay_ms=UNSTARTED_CLAIM_RETRY_DELAY_MS,
         )
     except UnstartedClaimReleaseNotApplicable as release_error:

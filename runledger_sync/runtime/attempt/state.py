@@ -26,7 +26,6 @@ from functools import cached_property
 from typing import Any, Callable, Iterator, Optional, cast
 from uuid import UUID
 
-from sqlalchemy.engine import Engine
 
 from runledger_sync.config import JobsConfig
 from runledger_sync.core.errors import InvalidArgument, LeaseOwnerMismatch
@@ -49,7 +48,7 @@ from runledger_sync.logging import JOB_LINES_LOGGER_NAME, get_logger, job_log_fi
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.attempt.completer import Completer
 from runledger_sync.runtime.worker.tally import OutcomeTally
-from runledger_sync.store import driver
+from runledger_sync.store.driver import Driver, driver_for
 
 log = get_logger(__name__)
 #: One INFO line per finished job, off unless logging asks for it (see runledger_sync.logging).
@@ -101,12 +100,12 @@ class Attempt:
     """Everything one claimed job needs while it runs, and where it is (see the module docstring)."""
 
     def __init__(
-        self, engine: Engine, registry: JobRegistry, job: JobRecord, config: JobsConfig,
+        self, driver: Driver, registry: JobRegistry, job: JobRecord, config: JobsConfig,
         completer: Optional[Completer], *, tally: Optional[OutcomeTally] = None,
         on_ended: Optional[Callable[[], None]] = None,
     ) -> None:
         self.started = time.monotonic()
-        self.engine = engine
+        self.driver = driver
         self._completer = completer
         #: Told of failed lease renewals; None when metrics are off.
         self.observer = tally.observer if tally is not None else None
@@ -293,7 +292,7 @@ class Attempt:
         """The worker's completer; without one, this attempt's outcome is written at once on the deciding thread."""
         if self._completer is not None:
             return self._completer
-        return Completer(self.engine, "runledger-completer", max_output_bytes=self.config.max_output_bytes,
+        return Completer(self.driver, "runledger-completer", max_output_bytes=self.config.max_output_bytes,
                          max_checkpoint_bytes=self.config.max_payload_bytes,
                          threaded=False)
 
@@ -310,13 +309,13 @@ class Attempt:
         # Read when the handler first asks, so a step that never looks pays no query.
         return WorkflowContext(
             step_id,
-            lambda step: driver.load_step(self.engine, step),
-            lambda run_id, key: driver.step_output(self.engine, run_id, key),
+            self.driver.load_step,
+            self.driver.step_output,
         )
 
     def _report_progress(self, context: JobContext, done: Optional[int], total: Optional[int], checkpoint: Any) -> None:
-        driver.update_job_progress(
-            self.engine, **self.identity.keywords(), progress_done=done, progress_total=total, checkpoint=checkpoint,
+        self.driver.update_job_progress(
+            **self.identity.keywords(), progress_done=done, progress_total=total, checkpoint=checkpoint,
             max_checkpoint_bytes=self.config.max_payload_bytes,
         )
 
@@ -331,7 +330,8 @@ class Attempt:
         if completion is not None and completion.continue_after is not None:
             raise InvalidArgument("completion", "continue_after", "a JobCompletion without continue_after "
                                   "(return a continuation from the handler instead)")
-        [refused] = driver.apply_transitions(bind, [(self.identity, Succeed(completion or JobCompletion()))],
+        handlers_transaction = driver_for(bind)
+        [refused] = handlers_transaction.apply_transitions([(self.identity, Succeed(completion or JobCompletion()))],
                                              max_output_bytes=self.config.max_output_bytes,
                                              max_checkpoint_bytes=self.config.max_payload_bytes)
         if isinstance(refused, LeaseOwnerMismatch):
@@ -347,7 +347,7 @@ class Attempt:
             raise refused
         # The row as the handler's transaction now sees it, which the caller is promised
         # (never None: this transaction holds the row it just wrote).
-        record = cast(JobRecord, driver.get_job(bind, self.job.id))
+        record = cast(JobRecord, handlers_transaction.get_job(self.job.id))
         self._completed_in_transaction = True
         return record
 

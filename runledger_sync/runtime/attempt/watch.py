@@ -29,7 +29,6 @@ from runledger_sync.runtime.attempt.state import Attempt, Decider
 from runledger_sync.runtime.attempt.cancels import canceled_reason, stop_canceled
 from runledger_sync.runtime.attempt.completer import with_retries
 from runledger_sync.runtime.attempt.decision import finish
-from runledger_sync.store.driver import heartbeat_job
 
 log = get_logger(__name__)
 
@@ -101,8 +100,8 @@ def _renew_lease(attempt: Attempt, timer: TimerThread) -> None:
         if tries:
             _count_heartbeat_failure(attempt)
         tries += 1
-        return heartbeat_job(
-            attempt.engine, **attempt.identity.keywords(), event_log=attempt.config.event_log,
+        return attempt.driver.heartbeat_job(
+            **attempt.identity.keywords(), event_log=attempt.config.event_log,
             lease_ttl_seconds=attempt.config.lease_ttl_seconds, lock_timeout_ms=attempt.config.heartbeat_lock_timeout_ms,
             retry=False)
 

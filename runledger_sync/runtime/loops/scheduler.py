@@ -21,7 +21,6 @@ from sqlalchemy.engine import Engine
 from runledger_sync.config import JobsConfig
 from runledger_sync.core.records import ScheduleTick
 from runledger_sync.core.types import RuntimeLoopExit
-from runledger_sync.db.pool_mode import policy_of
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.health import TICK, LoopMarks
@@ -91,8 +90,7 @@ def run_scheduler_loop(
 
 
 def _schedule_listener(engine: Engine, config: JobsConfig) -> Optional[JobListener]:
-    # Only an Engine opens a session of its own; a shared (transaction-pooled) one must not LISTEN.
-    if not isinstance(engine, Engine) or not policy_of(engine).listens:
+    if not driver.driver_for(engine).listens:
         return None
     return JobListener(engine, None, worker_id=config.worker_id, channel=driver.SCHEDULES_CHANNEL,
                        name="schedule listener", probe_interval_seconds=config.schedule_poll_interval_seconds)

@@ -48,6 +48,7 @@ from runledger_sync.runtime.loops.reaper import run_reaper_loop
 from runledger_sync.runtime.loops.scheduler import run_scheduler_loop
 from runledger_sync.runtime.loops.periodic import PeriodicThread
 from runledger_sync.runtime.loops.serving import check_queues_exist, start_upkeep
+from runledger_sync.store.driver import driver_for
 from runledger_sync.runtime.worker.loop import run_worker_loop
 
 log = get_logger(__name__)
@@ -252,7 +253,7 @@ class Supervisor:
             thread = threading.Thread(target=self._run, args=(name, loop), name=f"runledger-{name}", daemon=True)
             self._threads.append(thread)
             thread.start()
-        if isinstance(self.engine, Engine):  # a caller's Connection must not be shared with another thread
+        if driver_for(self.engine).owns_transactions:  # a caller's Connection must not be shared with another thread
             self._helpers = start_upkeep(self.engine, self.registry, self.config, self.shutdown_event,
                                          prunes="reaper" in self._loops)
         log.info("supervisor started", extra={"worker_id": self.config.worker_id, "loops": list(self._loops)})

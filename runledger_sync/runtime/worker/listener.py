@@ -36,7 +36,7 @@ from sqlalchemy.engine import Engine
 from runledger_sync.db.pool_mode import policy_of
 from runledger_sync.logging import get_logger
 from runledger_sync.store import driver
-from runledger_sync.store.driver import HeldConnection
+from runledger_sync.store.driver import Driver
 
 log = get_logger(__name__)
 
@@ -69,7 +69,7 @@ class JobListener:
 
     def __init__(
         self, engine: Engine, job_types: Optional[Iterable[str]], *, worker_id: str,
-        probe_bind: Engine | HeldConnection | None = None, probe_interval_seconds: float = 1.0,
+        probe_bind: Optional[Driver] = None, probe_interval_seconds: float = 1.0,
         channel: str = driver.CHANNEL, name: str = "listener",
         on_canceled: Optional[Callable[[set[str]], None]] = None,
     ) -> None:
@@ -79,7 +79,7 @@ class JobListener:
         self.job_types = None if job_types is None else frozenset(job_types)
         self.channel = channel
         self.worker_id = worker_id
-        self.probe_bind = probe_bind if probe_bind is not None else engine
+        self.probe_bind = probe_bind if probe_bind is not None else driver.driver_for(engine)
         self.policy = policy_of(engine)
         self.probe_channel = driver.new_probe_channel()
         self.probe_interval_seconds = probe_interval_seconds
@@ -208,7 +208,7 @@ class JobListener:
 
     def _send_probe(self) -> None:
         payload = secrets.token_hex(8)
-        driver.send_probe(self.probe_bind, self.probe_channel, payload)
+        self.probe_bind.send_probe(self.probe_channel, payload)
         self._probe = (payload, time.monotonic())
         self._probed_at = self._probe[1]
 

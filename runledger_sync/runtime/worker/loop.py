@@ -56,7 +56,7 @@ from runledger_sync.runtime.attempt.completer import FinishingSoon
 from runledger_sync.runtime.worker.queue_limits import QueueLimitsWatch
 from runledger_sync.runtime.worker.tally import OutcomeTally
 from runledger_sync.runtime.attempt.watch import TimerThread
-from runledger_sync.store.driver import HeldConnection, StartedClaim, claim_and_start_jobs, claim_prestart_jobs_for_types
+from runledger_sync.store.driver import driver_for
 
 log = get_logger(__name__)
 
@@ -114,20 +114,18 @@ class WorkerLoop:
         self._idle_runners = 0
         #: Each runner's heartbeat timer thread, made when the runner starts and kept.
         self._timers: list[TimerThread] = []
-        # Only an Engine can open a connection of its own; a caller's Connection just
-        # polls, and its jobs write one by one on it.
-        owns_connections = isinstance(engine, Engine)
+        #: Every database operation of the worker. On an Engine each commits its own
+        #: transaction; on a caller's Connection the worker just polls, and its jobs
+        #: write one by one in that transaction.
+        self.driver = driver_for(engine)
         # Claims come every few milliseconds under load: one connection kept for them
         # spares each a pool checkout and its pre-ping.
-        self.claim_bind: Engine | HeldConnection = HeldConnection(engine) if owns_connections else engine
-        #: False when sessions are shared (pool mode transaction): a LISTEN would stay
-        #: on a pooled server connection and deliver to whoever runs there next.
-        self.listen_allowed = policy_of(engine).listens
+        self.claims = self.driver.held()
         self.listener = (
-            JobListener(engine, types, worker_id=config.worker_id, probe_bind=self.claim_bind,
+            JobListener(engine, types, worker_id=config.worker_id, probe_bind=self.claims,
                         probe_interval_seconds=max(PROBE_INTERVAL_SECONDS, config.poll_interval_ms / 1000.0),
                         on_canceled=partial(cancel_running, self.handlers_running))
-            if listen and types and owns_connections and self.listen_allowed else None
+            if listen and types and self.driver.listens else None
         )
         #: Told of each claimed batch, job end and group write; None when metrics are off.
         self.observer = observer
@@ -145,10 +143,10 @@ class WorkerLoop:
         self.finishing = FinishingSoon(running_jobs=self._running_count)
         #: The writer of every job's outcome; None when polling on a caller's connection.
         self.completer = Completer(
-            engine, f"runledger-completer-{config.worker_id}", max_output_bytes=config.max_output_bytes,
+            self.driver, f"runledger-completer-{config.worker_id}", max_output_bytes=config.max_output_bytes,
             max_checkpoint_bytes=config.max_payload_bytes,
             finishing=self.finishing, observer=observer,
-        ) if owns_connections else None
+        ) if self.driver.owns_transactions else None
 
     def _running_count(self) -> int:
         return self.in_flight
@@ -175,13 +173,10 @@ class WorkerLoop:
         claim: dict[str, Any] = {
             "worker_id": self.config.worker_id, "lease_ttl_seconds": self.config.lease_ttl_seconds, "limit": limit,
             "job_types": self.job_types, "event_log": self.config.event_log, "queues": self.config.queues,
-            "queue_rooms": self._queue_rooms(), "unlimited_only": not self.queue_limits.limited(self.claim_bind),
+            "queue_rooms": self._queue_rooms(), "unlimited_only": not self.queue_limits.limited(self.claims),
         }
         try:
-            if isinstance(self.claim_bind, HeldConnection):
-                batch = claim_and_start_jobs(self.claim_bind, **claim)
-            else:
-                batch = StartedClaim(unstarted=claim_prestart_jobs_for_types(self.claim_bind, **claim))
+            batch = self.claims.claim_and_start_jobs(**claim)
         except Exception as error:  # noqa: BLE001 - a failed claim must never stop the loop
             log.warning("worker claim failed", extra={"worker_id": self.config.worker_id, "error": str(error)})
             self.backlogged = False
@@ -276,7 +271,7 @@ class WorkerLoop:
 
     def _process(self, job: JobRecord, running: object, timer: TimerThread) -> None:
         """Run one job on this pool thread; its slot is freed when its attempt ends."""
-        process_claimed_job(self.engine, self.registry, job, self.config, self.completer, running, timer, self.tally,
+        process_claimed_job(self.driver, self.registry, job, self.config, self.completer, running, timer, self.tally,
                             on_ended=partial(self._slot_ended, job.queue),
                             handlers_running=self.handlers_running)
 
@@ -355,8 +350,7 @@ class WorkerLoop:
         self.tally.report()
         if self.completer is not None:
             self.completer.close()
-        if isinstance(self.claim_bind, HeldConnection):
-            self.claim_bind.close()
+        self.claims.close()
 
     def _stop_running_handlers(self) -> None:
         """Tell every running handler to stop, and wait up to the grace period for the jobs in flight."""
@@ -421,7 +415,7 @@ def run_worker_loop(
     log.info("worker started", extra={"worker_id": config.worker_id, "job_types": loop.job_types,
                                       "max_global_concurrency": config.max_global_concurrency,
                                       "listen": loop.listener is not None})
-    if listen and not loop.listen_allowed:
+    if listen and loop.driver.owns_transactions and not loop.driver.listens:
         log.info("pool mode transaction: no LISTEN; idle workers poll", extra={
             "worker_id": config.worker_id, "poll_interval_ms": config.poll_interval_ms,
             "pool_mode": policy_of(engine).mode.value,

@@ -12,10 +12,10 @@ of overrunning it; and a limit lifted meanwhile is still counted once more.
 from __future__ import annotations
 
 import time
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from runledger_sync.logging import get_logger
-from runledger_sync.store.driver import serves_limited_queue
+from runledger_sync.store.driver import Driver
 
 log = get_logger(__name__)
 
@@ -32,13 +32,13 @@ class QueueLimitsWatch:
         self._limited = True
         self._looked_at: Optional[float] = None
 
-    def limited(self, bind: Any) -> bool:
+    def limited(self, driver: Driver) -> bool:
         """True unless the latest look found no served queue with a global or rate limit."""
         now = time.monotonic()
         if self._looked_at is None or now - self._looked_at >= LOOK_AGAIN_SECONDS:
             self._looked_at = now
             try:
-                self._limited = serves_limited_queue(bind, self.queues)
+                self._limited = driver.serves_limited_queue(self.queues)
             except Exception as error:  # noqa: BLE001 - the counting claim is right in any case
                 self._limited = True
                 log.warning("queue limits could not be read", extra={"worker_id": self.worker_id, "error": str(error)})

@@ -22,6 +22,7 @@ from runledger_sync.core import errors
 from runledger_sync.core.types import JobCompletion, JobContext, JobFailure
 from runledger_sync.runtime.attempt.run import process_claimed_job
 from runledger_sync.store.enqueue.enqueue import enqueue
+from runledger_sync.store.driver import driver_for
 from tests import handlers as h
 from tests.handlers import MAX_BLOCK_SECONDS, fast_config
 from tests.support import JOB_TYPE, claim_one, event_types, expire_lease, lock_waiters, rows, scalar, wait_until
@@ -81,7 +82,7 @@ def run_one(engine, handler, config=None, **options):
     registry.sync_definitions(engine)
     enqueue(engine, JOB_TYPE, {"n": 1})
     job = claim_one(engine, worker_id=config.worker_id, lease_ttl_seconds=config.lease_ttl_seconds)
-    process_claimed_job(engine, registry, job, config)
+    process_claimed_job(driver_for(engine), registry, job, config)
     return job
 
 
@@ -199,7 +200,7 @@ def test_lease_lost_before_complete_in_raises_mismatch_and_the_effect_is_not_com
     registry.sync_definitions(engine)
     job = enqueue(engine, JOB_TYPE, {"n": 1})
     claimed = claim_one(engine, worker_id=config.worker_id, lease_ttl_seconds=config.lease_ttl_seconds)
-    worker = threading.Thread(target=process_claimed_job, args=(engine, registry, claimed, config), daemon=True)
+    worker = threading.Thread(target=process_claimed_job, args=(driver_for(engine), registry, claimed, config), daemon=True)
     worker.start()
     with probe.lock:
         assert probe.lock.wait_for(lambda: "started" in probe.notes, 10)

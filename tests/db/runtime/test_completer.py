@@ -14,6 +14,7 @@ from runledger_sync.runtime.attempt.completer import LANDED_AFTER_LOST_REPLY, Co
 from runledger_sync.store.enqueue.enqueue import enqueue_many
 from runledger_sync.store.claim.claim import claim_prestart_jobs_for_types
 from runledger_sync.store.attempt.running import update_job_progress
+from runledger_sync.store.driver import driver_for
 from tests.db.runtime.test_success_reply_lost import group_reply_lost, outage  # noqa: F401 - the fixture
 from tests.handlers import fast_config
 from tests.support import JOB_TYPE, define, event_types, rows, run_worker_until, scalar
@@ -70,7 +71,7 @@ def test_a_group_refused_as_a_whole_is_split_by_the_completer_down_to_the_one_jo
     jobs = claimed(engine, 5)
     bad = jobs[2]
     update_job_progress(engine, **LeaseIdentity.of(bad).keywords(), progress_done=1, progress_total=2)
-    completer = Completer(engine, "completer-under-test")
+    completer = Completer(driver_for(engine), "completer-under-test")
     try:
         answers = post_all(completer, [
             (LeaseIdentity.of(job), Succeed(JobCompletion(progress_done=5) if job is bad else JobCompletion()))
@@ -89,7 +90,7 @@ def test_a_group_refused_as_a_whole_is_split_by_the_completer_down_to_the_one_jo
 def test_a_failure_group_whose_reply_is_lost_is_read_back_not_written_twice(engine, outage):  # noqa: F811
     jobs = claimed(engine, 3)
     failure = JobFailure.retryable("test.busy", "try later")
-    completer = Completer(engine, "completer-under-test")
+    completer = Completer(driver_for(engine), "completer-under-test")
     try:
         with group_reply_lost(engine, outage):
             answers = post_all(completer, [(LeaseIdentity.of(job), Retry(failure, 0)) for job in jobs])

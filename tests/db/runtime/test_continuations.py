@@ -24,6 +24,7 @@ from runledger_sync.core.workflow import WorkflowStepStatus as Step
 from runledger_sync.runtime.attempt.run import process_claimed_job
 from runledger_sync.store import driver
 from runledger_sync.store.enqueue import enqueue as store_enqueue
+from runledger_sync.store.driver import driver_for
 from tests.handlers import fast_config
 from tests.support import JOB_TYPE, attempts, claim_one, events, rows, run_worker_until, scalar
 
@@ -39,7 +40,7 @@ def registry_of(handler: Callable[[rl.JobContext, Any], Any], **options: Any) ->
 def run_once(engine: Any, registry: rl.JobRegistry) -> Any:
     """Claim the due job as the worker does and run it to its one outcome in this thread."""
     job = claim_one(engine, worker_id=CONFIG.worker_id, lease_ttl_seconds=CONFIG.lease_ttl_seconds)
-    process_claimed_job(engine, registry, job, CONFIG)
+    process_claimed_job(driver_for(engine), registry, job, CONFIG)
     return job_row(engine, job.id)
 
 

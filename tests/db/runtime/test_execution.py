@@ -35,6 +35,7 @@ from runledger_sync.store.claim.claim import claim_jobs, claim_prestart_jobs_for
 from runledger_sync.store.claim.start import claim_and_start_jobs
 from runledger_sync.store.held import HeldConnection
 from runledger_sync.store.attempt.running import heartbeat_job, mark_job_running
+from runledger_sync.store.driver import driver_for
 from tests import handlers as h
 from tests.handlers import SECRET
 from tests.support import (
@@ -74,7 +75,7 @@ def run_job(engine, registry, config=None, job_type=JOB_TYPE, **enqueue_options)
     """Enqueue, claim and process one job in this thread; return the claimed record."""
     config = config or fast_config()
     job = enqueue_and_claim(engine, registry, config, job_type, **enqueue_options)
-    process_claimed_job(engine, registry, job, config)
+    process_claimed_job(driver_for(engine), registry, job, config)
     return job
 
 
@@ -112,7 +113,7 @@ def side_effects(engine):
 def claim_then_process_alone(engine, registry, config):
     """The pool thread's own running write (a worker polling on a caller's connection)."""
     job = enqueue_and_claim(engine, registry, config)
-    process_claimed_job(engine, registry, job, config)
+    process_claimed_job(driver_for(engine), registry, job, config)
     return job
 
 
@@ -127,7 +128,7 @@ def claim_and_start_as_the_worker_does(engine, registry, config):
     finally:
         held.close()
     [job] = started.running + started.unstarted
-    process_claimed_job(engine, registry, job, config, running=None if started.running else started.error)
+    process_claimed_job(driver_for(engine), registry, job, config, running=None if started.running else started.error)
     return job
 
 
@@ -148,7 +149,7 @@ def test_handler_does_not_run_when_the_lease_changed_owner_before_start(engine, 
     reap_once(engine, registry, config, threading.Event())
     other = claim_one(engine, worker_id="worker-fast")
     assert other.attempt == stale.attempt
-    process_claimed_job(engine, registry, stale, config)
+    process_claimed_job(driver_for(engine), registry, stale, config)
     assert probe.calls == [] and side_effects(engine) == []
     row = job_row(engine, stale.id)
     assert (row.status, row.worker_id, row.stage) == ("LEASED", "worker-fast", "queued")
@@ -164,7 +165,7 @@ def test_an_attempt_that_never_started_is_counted_apart_in_the_workers_summary(e
     reap_once(engine, registry, config, threading.Event())
     claim_one(engine, worker_id="worker-fast")
     tally = OutcomeTally("worker-slow")
-    process_claimed_job(engine, registry, stale, config, tally=tally)
+    process_claimed_job(driver_for(engine), registry, stale, config, tally=tally)
     tally.report()
     [summary] = records(logs, "jobs processed")
     assert summary.by_outcome == {"not_started": 1} and probe.calls == []
@@ -176,7 +177,7 @@ def test_claimed_record_without_a_worker_id_is_fenced_as_unknown_worker_and_neve
     claimed = enqueue_and_claim(engine, registry, config)
     anonymous = dataclasses.replace(claimed, worker_id=None)
     assert lease_identity(anonymous).worker_id == UNKNOWN_WORKER_ID == "unknown-worker"
-    process_claimed_job(engine, registry, anonymous, config)
+    process_claimed_job(driver_for(engine), registry, anonymous, config)
     # The row belongs to worker-owner, so the running write under unknown-worker misses.
     assert probe.calls == []
     row = job_row(engine, claimed.id)
@@ -192,7 +193,7 @@ def test_handler_does_not_run_when_running_cannot_be_persisted_and_the_claim_sta
     job = enqueue_and_claim(engine, registry, config)
     unreachable = create_engine("postgresql+psycopg2://postgres@/nowhere?host=/nonexistent-socket-dir")
     try:
-        process_claimed_job(unreachable, registry, job, config)
+        process_claimed_job(driver_for(unreachable), registry, job, config)
     finally:
         unreachable.dispose()
     assert probe.calls == [] and side_effects(engine) == []
@@ -265,7 +266,7 @@ def test_dead_letter_hook_that_hangs_or_raises_does_not_hold_up_the_pipeline(eng
     config = fast_config(dead_letter_hook_timeout_seconds=0.1)
     job = enqueue_and_claim(engine, registry, config)
     started = time.monotonic()
-    process_claimed_job(engine, registry, job, config)
+    process_claimed_job(driver_for(engine), registry, job, config)
     assert time.monotonic() - started < 3.0  # the hook hangs for 20 s
     assert len(probe.dead_letters) == 1
     assert job_row(engine, job.id).status == "DEAD_LETTERED"
@@ -456,7 +457,7 @@ def test_claimed_job_without_a_registered_handler_is_terminal_handler_not_regist
     enqueue(engine, "test.orphan", PAYLOAD)
     [job] = claim_prestart_jobs_for_types(engine, worker_id="worker-test", lease_ttl_seconds=5, limit=1,
                                                     job_types=["test.orphan"])
-    process_claimed_job(engine, JobRegistry(), job, fast_config())
+    process_claimed_job(driver_for(engine), JobRegistry(), job, fast_config())
     row = job_row(engine, job.id)
     assert (row.status, row.status_reason, row.last_error_code, row.last_error_message) == (
         "DEAD_LETTERED", "TERMINAL", "job.handler_not_registered", "No handler is registered for this job type.")
@@ -469,7 +470,7 @@ def test_report_progress_persists_progress_and_checkpoint_under_the_lease(engine
     registry = h.registry_with(JOB_TYPE, h.report_then_wait(probe, 3, 10, {"page": 3}))
     config = fast_config()
     job = enqueue_and_claim(engine, registry, config)
-    worker = in_thread(process_claimed_job, engine, registry, job, config)
+    worker = in_thread(process_claimed_job, driver_for(engine), registry, job, config)
     with probe.lock:
         assert probe.lock.wait_for(lambda: probe.notes, 10)
     row = job_row(engine, job.id)
@@ -547,7 +548,7 @@ def test_after_the_job_is_handed_on_every_worker_write_is_refused(engine, probe,
     registry = h.registry_with(JOB_TYPE, h.scripted(probe, body))
     config = fast_config(lease_ttl_seconds=5, heartbeat_interval_seconds=4)  # no heartbeat during the test
     job = enqueue_and_claim(engine, registry, config)
-    worker = in_thread(process_claimed_job, engine, registry, job, config)
+    worker = in_thread(process_claimed_job, driver_for(engine), registry, job, config)
     probe.wait_calls(1)
     hand_on(engine, job.id)
     go.set()
@@ -570,7 +571,7 @@ def test_heartbeat_waiting_on_a_row_lock_until_the_lease_expired_loses_the_lease
     registry = h.registry_with(JOB_TYPE, h.cooperative_sleep(probe))
     config = fast_config(lease_ttl_seconds=1, heartbeat_interval_seconds=0.3, heartbeat_lock_timeout_ms=10_000)
     job = enqueue_and_claim(engine, registry, config)
-    worker = in_thread(process_claimed_job, engine, registry, job, config)
+    worker = in_thread(process_claimed_job, driver_for(engine), registry, job, config)
     probe.wait_calls(1)
     with engine.connect() as holder:
         holder.execute(text("SELECT 1 FROM job_queue WHERE id = :id FOR UPDATE"), {"id": job.id})
@@ -605,7 +606,7 @@ def test_heartbeat_stuck_past_its_lock_timeout_abandons_the_handler_and_the_reap
     registry = h.registry_with(JOB_TYPE, h.cooperative_sleep(probe), max_attempts=3)
     config = fast_config(heartbeat_interval_seconds=0.2, heartbeat_lock_timeout_ms=200)
     job = enqueue_and_claim(engine, registry, config)
-    worker = in_thread(process_claimed_job, engine, registry, job, config)
+    worker = in_thread(process_claimed_job, driver_for(engine), registry, job, config)
     probe.wait_calls(1)
     with engine.connect() as holder:
         holder.execute(text("SELECT 1 FROM job_queue WHERE id = :id FOR UPDATE"), {"id": job.id})
@@ -633,7 +634,7 @@ def test_cooperative_handler_past_its_deadline_fails_with_a_retryable_timeout(en
     config = fast_config(timeout_grace_seconds=5)
     job = enqueue_and_claim(engine, registry, config)
     started = time.monotonic()
-    process_claimed_job(engine, registry, job, config)
+    process_claimed_job(driver_for(engine), registry, job, config)
     elapsed = time.monotonic() - started
     assert 0.9 < elapsed < 3.0  # the deadline, not the 5 s grace
     [call] = probe.calls
@@ -657,7 +658,7 @@ def test_operator_cancel_missed_by_the_listener_reaches_the_handler_at_its_next_
     registry = h.registry_with(JOB_TYPE, h.scripted(probe, body))
     config = fast_config(heartbeat_interval_seconds=0.3)
     job = enqueue_and_claim(engine, registry, config)
-    worker = in_thread(process_claimed_job, engine, registry, job, config)
+    worker = in_thread(process_claimed_job, driver_for(engine), registry, job, config)
     probe.wait_calls(1)
     canceled_at = time.monotonic()
     cancel_job(engine, job.id, reason=reason)
@@ -701,7 +702,7 @@ def test_a_running_write_of_unknown_outcome_that_landed_runs_the_handler(engine,
     job = enqueue_and_claim(engine, registry, config)
     # The one-query running write committed, but its connection went before the reply.
     mark_job_running(engine, lease_identity(job))
-    process_claimed_job(engine, registry, job, config, running=CommitOutcomeUnknown("reply lost"))
+    process_claimed_job(driver_for(engine), registry, job, config, running=CommitOutcomeUnknown("reply lost"))
     assert len(probe.calls) == 1
     assert job_row(engine, job.id).status == "SUCCEEDED"
     assert [a.attempt for a in attempts(engine, job.id)] == [1]
@@ -711,7 +712,7 @@ def test_a_running_write_of_unknown_outcome_that_did_not_land_hands_the_claim_ba
     registry = h.registry_with(JOB_TYPE, h.ok(probe))
     config = fast_config()
     job = enqueue_and_claim(engine, registry, config)
-    process_claimed_job(engine, registry, job, config, running=CommitOutcomeUnknown("connection lost"))
+    process_claimed_job(driver_for(engine), registry, job, config, running=CommitOutcomeUnknown("connection lost"))
     assert probe.calls == []
     assert job_row(engine, job.id).status == "PENDING"
     assert events(engine, job.id)[-1] == ("REQUEUED", 1, {"reason": "RUNNING_PROGRESS_PERSIST_FAILED"})
@@ -723,10 +724,10 @@ def test_a_grouped_success_refused_by_the_fence_is_logged_and_still_ends_the_att
     registry = h.registry_with(JOB_TYPE, h.scripted(probe, lambda ctx, payload, call: go.wait(10) and None))
     config = fast_config(lease_ttl_seconds=5, heartbeat_interval_seconds=4)  # no heartbeat during the test
     job = enqueue_and_claim(engine, registry, config)
-    completer = Completer(engine, "test-completer", finishing=FinishingSoon(running_jobs=lambda: 1))
+    completer = Completer(driver_for(engine), "test-completer", finishing=FinishingSoon(running_jobs=lambda: 1))
     ended = threading.Event()
     try:
-        worker = threading.Thread(target=process_claimed_job, args=(engine, registry, job, config, completer),
+        worker = threading.Thread(target=process_claimed_job, args=(driver_for(engine), registry, job, config, completer),
                                   kwargs={"on_ended": ended.set}, daemon=True)
         worker.start()
         probe.wait_calls(1)

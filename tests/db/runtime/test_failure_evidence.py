@@ -24,6 +24,7 @@ import runledger_sync as rl
 from runledger_sync.core.evidence import CALLED_BY_HEADING, MAX_TRACEBACK_CHARS
 from runledger_sync.runtime.attempt.run import process_claimed_job
 from runledger_sync.web import allow_anyone, create_app
+from runledger_sync.store.driver import driver_for
 from tests import handlers as h
 from tests.handlers import SECRET, fast_config
 from tests.support import claim_one, configured_logging, rows
@@ -270,7 +271,7 @@ def test_a_timeout_has_no_traceback_and_its_failure_is_what_the_hook_gets(engine
     registry.sync_definitions(engine)
     job = rl.enqueue(engine, JOB_TYPE, PAYLOAD)
     config = fast_config(**FAST)
-    process_claimed_job(engine, registry, claim_one(engine, worker_id=config.worker_id, job_type=JOB_TYPE), config)
+    process_claimed_job(driver_for(engine), registry, claim_one(engine, worker_id=config.worker_id, job_type=JOB_TYPE), config)
 
     recorded.wait(failures=1, dead_letters=0)
     [attempt] = rl.list_attempts(engine, job.id)
@@ -295,7 +296,7 @@ def test_a_failing_or_hanging_failure_hook_is_logged_and_changes_nothing(engine)
     try:
         with captured_logs() as (records, _):
             config = fast_config(dead_letter_hook_timeout_seconds=0.5)
-            process_claimed_job(engine, registry, claim_one(engine, worker_id=config.worker_id, job_type=JOB_TYPE),
+            process_claimed_job(driver_for(engine), registry, claim_one(engine, worker_id=config.worker_id, job_type=JOB_TYPE),
                                 config)
     finally:
         release.set()
@@ -331,7 +332,7 @@ def test_a_wrapped_registry_runs_its_failure_hooks_inside_the_wrapper(engine):
     wrapped.sync_definitions(engine)
     rl.enqueue(engine, JOB_TYPE, PAYLOAD)
     config = fast_config(**FAST)
-    process_claimed_job(engine, wrapped, claim_one(engine, worker_id=config.worker_id, job_type=JOB_TYPE), config)
+    process_claimed_job(driver_for(engine), wrapped, claim_one(engine, worker_id=config.worker_id, job_type=JOB_TYPE), config)
 
     assert seen == ["hook inside app context"]
 
@@ -395,7 +396,7 @@ def test_a_huge_traceback_is_stored_cut_to_the_cap(engine):
     registry.sync_definitions(engine)
     job = rl.enqueue(engine, JOB_TYPE, PAYLOAD)
     config = fast_config(**FAST)
-    process_claimed_job(engine, registry, claim_one(engine, worker_id=config.worker_id, job_type=JOB_TYPE), config)
+    process_claimed_job(driver_for(engine), registry, claim_one(engine, worker_id=config.worker_id, job_type=JOB_TYPE), config)
 
     [attempt] = rl.list_attempts(engine, job.id)
     assert attempt.error_type == "RecursionError"

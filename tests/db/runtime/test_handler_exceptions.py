@@ -27,6 +27,7 @@ from runledger_sync.web import allow_anyone, create_app
 from tests import handlers as h
 from tests.handlers import fast_config
 from runledger_sync.store.enqueue.enqueue import enqueue
+from runledger_sync.store.driver import driver_for
 from tests.support import JOB_TYPE, attempts, claim_one, event_types, events, rows, scalar, terminate_backend
 
 TRANSIENT = "job.handler_transient_error"
@@ -39,7 +40,7 @@ def run_one(engine, registry, config=None, job_type=JOB_TYPE):
     registry.sync_definitions(engine)
     enqueue(engine, job_type, {"secret": h.SECRET})
     job = claim_one(engine, worker_id=config.worker_id, lease_ttl_seconds=config.lease_ttl_seconds, job_type=job_type)
-    process_claimed_job(engine, registry, job, config)
+    process_claimed_job(driver_for(engine), registry, job, config)
     return rows(engine, "SELECT * FROM job_queue WHERE id = :id", id=job.id)[0]
 
 
@@ -219,9 +220,9 @@ def test_a_narrowed_retry_on_retries_its_classes_and_dead_letters_the_rest(engin
     registry.sync_definitions(engine)
     config = fast_config()
     reset = enqueue(engine, JOB_TYPE, {"kind": "reset"})
-    process_claimed_job(engine, registry, claim_one(engine, worker_id=config.worker_id), config)
+    process_claimed_job(driver_for(engine), registry, claim_one(engine, worker_id=config.worker_id), config)
     other = enqueue(engine, JOB_TYPE, {"kind": "other"})
-    process_claimed_job(engine, registry, claim_one(engine, worker_id=config.worker_id), config)
+    process_claimed_job(driver_for(engine), registry, claim_one(engine, worker_id=config.worker_id), config)
     [reset_row] = rows(engine, "SELECT * FROM job_queue WHERE id = :id", id=reset.id)
     [other_row] = rows(engine, "SELECT * FROM job_queue WHERE id = :id", id=other.id)
     assert (reset_row.status, reset_row.last_error_code) == ("PENDING", EXCEPTION)
@@ -256,7 +257,7 @@ def run_again(engine, registry, job_id, config):
                      {"id": job_id})
     job = claim_one(engine, worker_id=config.worker_id, lease_ttl_seconds=config.lease_ttl_seconds)
     assert job.id == job_id
-    process_claimed_job(engine, registry, job, config)
+    process_claimed_job(driver_for(engine), registry, job, config)
     return rows(engine, "SELECT * FROM job_queue WHERE id = :id", id=job_id)[0]
 
 

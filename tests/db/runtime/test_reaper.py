@@ -12,6 +12,7 @@ from runledger_sync.runtime.attempt.run import process_claimed_job
 from runledger_sync.runtime.loops.reaper import run_reaper_loop
 from runledger_sync.store.enqueue.enqueue import enqueue
 from runledger_sync.store.attempt.running import mark_job_running
+from runledger_sync.store.driver import driver_for
 from tests import handlers as h
 from tests.handlers import SECRET, fast_config
 from tests.support import JOB_TYPE, attempts, claim_one, event_types, events, expire_lease, rows, scalar, wait_until
@@ -58,7 +59,7 @@ def test_reaper_keeps_the_spent_first_attempt_when_the_second_never_starts(engin
     registry.sync_definitions(engine)
     job = enqueue(engine, JOB_TYPE, PAYLOAD)
     config = fast_config()
-    process_claimed_job(engine, registry, claim_one(engine, worker_id=config.worker_id), config)
+    process_claimed_job(driver_for(engine), registry, claim_one(engine, worker_id=config.worker_id), config)
     assert job_state(engine, job.id) == ("PENDING", 1)
     wait_until(lambda: scalar(engine, "SELECT next_run_at <= now() FROM job_queue"))
     claim_one(engine, worker_id="worker-died")  # attempt 2, never started

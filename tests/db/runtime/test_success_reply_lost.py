@@ -25,6 +25,7 @@ from runledger_sync.db.engine import create_engine
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.attempt.run import process_claimed_job
 from runledger_sync.store.enqueue.enqueue import enqueue
+from runledger_sync.store.driver import driver_for
 from tests.handlers import fast_config
 from tests.support import JOB_TYPE, attempts, claim_one, event_types, rows, run_worker_until
 
@@ -157,7 +158,7 @@ def test_a_success_written_on_the_deciding_thread_whose_reply_is_lost_is_read_ba
     config = fast_config()
     job = claim_one(engine, worker_id=config.worker_id, lease_ttl_seconds=config.lease_ttl_seconds)
     with group_reply_lost(engine, outage):
-        process_claimed_job(engine, registry, job, config)  # no worker: the completer writes on this thread
+        process_claimed_job(driver_for(engine), registry, job, config)  # no worker: the completer writes on this thread
     assert outage.started.is_set()
     [record] = landed_records(logs)
     assert (record.levelno, record.job_id, record.write) == (logging.INFO, str(job.id), "completer")
@@ -181,7 +182,7 @@ def test_a_handler_transaction_whose_commit_reply_is_lost_is_read_back_and_logge
     job = claim_one(engine, worker_id=config.worker_id, lease_ttl_seconds=config.lease_ttl_seconds)
     try:
         with commit_reply_lost_after(app_engine, "written_events", outage):
-            process_claimed_job(engine, registry, job, config)
+            process_claimed_job(driver_for(engine), registry, job, config)
     finally:
         app_engine.dispose()
     assert outage.started.is_set()
@@ -205,6 +206,6 @@ def test_a_single_attempt_job_whose_success_meets_an_outage_longer_than_ten_seco
     enqueue(engine, JOB_TYPE, {})
     config = fast_config(lease_ttl_seconds=30)
     job = claim_one(engine, worker_id=config.worker_id, lease_ttl_seconds=config.lease_ttl_seconds)
-    process_claimed_job(engine, registry, job, config)  # written alone, retried until the database is back
+    process_claimed_job(driver_for(engine), registry, job, config)  # written alone, retried until the database is back
     assert errors_logged(logs) == []
     assert_succeeded_once(engine, job.id, {"done": True})

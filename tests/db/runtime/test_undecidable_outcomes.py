@@ -17,6 +17,7 @@ import runledger_sync as rl
 from runledger_sync.core.store_errors import ConnectionFailed
 from runledger_sync.runtime.attempt.run import process_claimed_job
 from runledger_sync.store import driver
+from runledger_sync.store.driver import driver_for
 from tests.handlers import fast_config
 from tests.support import JOB_TYPE, claim_one, rows
 
@@ -43,7 +44,7 @@ def continues(ctx: rl.JobContext, payload: Any) -> rl.JobCompletion:
 def run_once_unreachable(engine: Any, registry: rl.JobRegistry, monkeypatch: Any, read: str) -> Any:
     job = claim_one(engine, worker_id=CONFIG.worker_id, lease_ttl_seconds=CONFIG.lease_ttl_seconds)
     monkeypatch.setattr(driver, read, unreachable)
-    process_claimed_job(engine, registry, job, CONFIG)
+    process_claimed_job(driver_for(engine), registry, job, CONFIG)
     return job
 
 

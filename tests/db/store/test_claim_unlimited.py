@@ -17,6 +17,7 @@ from runledger_sync.store.held import HeldConnection
 from runledger_sync.store.driver import claim_and_start_jobs, claim_prestart_jobs_for_types, serves_limited_queue
 from runledger_sync.store.enqueue.enqueue import enqueue_many
 from runledger_sync.store.queues import configure_queue, pause_queue
+from runledger_sync.store.driver import driver_for
 from tests.support import JOB_TYPE, define, scalar
 
 
@@ -110,12 +111,12 @@ def test_the_workers_watch_looks_again_once_its_answer_is_old_and_counts_when_it
     # An hour here, so a slow box cannot let the answer expire between two calls.
     monkeypatch.setattr(queue_limits, "LOOK_AGAIN_SECONDS", 3600.0)
     watch = queue_limits.QueueLimitsWatch(None, "w")
-    assert watch.limited(engine) is False
+    assert watch.limited(driver_for(engine)) is False
     configure_queue(engine, "plain", global_limit=3)
-    assert watch.limited(engine) is False  # the answer stands until it is LOOK_AGAIN_SECONDS old
+    assert watch.limited(driver_for(engine)) is False  # the answer stands until it is LOOK_AGAIN_SECONDS old
     monkeypatch.setattr(queue_limits, "LOOK_AGAIN_SECONDS", 0.0)
-    assert watch.limited(engine) is True
+    assert watch.limited(driver_for(engine)) is True
     configure_queue(engine, "plain", global_limit=None)
-    assert watch.limited(engine) is False
+    assert watch.limited(driver_for(engine)) is False
     engine.dispose()
     assert queue_limits.QueueLimitsWatch(None, "w").limited(object()) is True

@@ -22,6 +22,7 @@ from runledger_sync.core.states import JobStage, JobStatus
 from runledger_sync.core.types import JobCompletion, JobFailure
 from runledger_sync.store import driver as driver_module
 from runledger_sync.store.driver import Driver, StoreDriver, driver_for
+from runledger_sync.store.admin.jobs import get_job
 from runledger_sync.store.enqueue.enqueue import enqueue
 from runledger_sync.store.held import HeldConnection
 from runledger_sync.store.notify import new_probe_channel
@@ -114,15 +115,40 @@ def test_a_driver_on_a_held_connection_opens_a_listener_of_its_own_that_hears_a_
     assert listener.closed
 
 
-@pytest.mark.parametrize("operation", [
-    lambda driver: driver.claim_and_start_jobs(worker_id=WORKER, lease_ttl_seconds=30, limit=1, job_types=[JOB_TYPE]),
-    lambda driver: driver.open_listener(),
-])
-def test_a_driver_in_a_callers_transaction_refuses_what_needs_a_connection_of_its_own(engine, operation):
+def test_a_driver_in_a_callers_transaction_refuses_a_listener_which_needs_a_connection_of_its_own(engine):
     with engine.connect() as connection:
+        joined = driver_for(connection)
+        assert (joined.owns_transactions, joined.listens, joined.held()) == (False, False, joined)
         with pytest.raises(InvalidArgument) as refused:
-            operation(driver_for(connection))
+            joined.open_listener()
     assert "a connection of its own" in refused.value.message
+
+
+def test_a_claim_and_start_in_a_callers_transaction_only_claims_and_the_rollback_gives_the_job_back(engine):
+    define(engine)
+    job = enqueue(engine, JOB_TYPE, {})
+    with engine.connect() as connection:
+        started = driver_for(connection).claim_and_start_jobs(
+            worker_id=WORKER, lease_ttl_seconds=30, limit=1, job_types=[JOB_TYPE])
+        assert ([j.id for j in started.unstarted], started.running) == ([job.id], [])
+        connection.rollback()
+    assert get_job(engine, job.id).status.value == "PENDING"
+
+
+def test_a_held_driver_keeps_one_connection_for_its_calls_until_closed(engine):
+    held = driver_for(engine).held()
+    try:
+        assert held.owns_transactions and held.held() is held
+        backends = {scalar_of(held) for _ in range(3)}
+        assert len(backends) == 1
+    finally:
+        held.close()
+
+
+def scalar_of(held):
+    # The held connection's backend, read through the driver's own bind.
+    with held.bind.connect() as connection:
+        return connection.exec_driver_sql("SELECT pg_backend_pid()").scalar()
 
 
 def _store_function(name: str) -> Callable[..., Any]:
@@ -136,7 +162,11 @@ def _operations() -> list[str]:
                   if inspect.isfunction(member) and not name.startswith("_"))
 
 
-@pytest.mark.parametrize("name", _operations())
+#: What the driver does with its connection, not an operation of the store.
+CONNECTION_HANDLING = {"held", "close"}
+
+
+@pytest.mark.parametrize("name", sorted(set(_operations()) - CONNECTION_HANDLING))
 def test_each_operation_takes_what_its_store_function_takes_after_the_bind(name):
     store_parameters = list(inspect.signature(_store_function(name)).parameters.values())
     if name not in ON_THE_LISTENER:
@@ -152,5 +182,7 @@ def test_the_protocol_lists_every_operation_the_driver_module_names_but_those_fo
     functions = {name for name in driver_module.__all__ if inspect.isfunction(getattr(driver_module, name))}
     # No database in these: the listener's probe channel and the parsing of an ENDED payload.
     pure = {"new_probe_channel", "ended_job_ids"}
-    assert functions - pure - {"claim_jobs", "driver_for"} == set(_operations())
+    assert functions - pure - {"claim_jobs", "driver_for"} <= set(_operations())
+    # Every operation is the store function of its name, which the driver module imports.
+    assert all(inspect.isfunction(getattr(driver_module, name)) for name in set(_operations()) - CONNECTION_HANDLING)
 
