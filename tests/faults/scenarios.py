@@ -216,7 +216,13 @@ def worker_sigkill_churn(url: str, sizes: Sizes) -> ScenarioResult:
                 if time.monotonic() < next_kill:
                     time.sleep(0.05)
                     continue
-                slot = len(kills) % len(workers)
+                # The worker holding the most running jobs: on a loaded machine a worker
+                # picked in turn may be one that has not claimed anything yet.
+                leased = dict(db.rows(
+                    "SELECT worker_id, count(*) FROM job_queue WHERE status = 'LEASED' AND worker_id = ANY(:ids)"
+                    " GROUP BY worker_id", ids=[worker.worker_id for worker in workers]))
+                slot = max(range(len(workers)), key=lambda i: (leased.get(workers[i].worker_id, 0),
+                                                                (i - len(kills)) % len(workers) == 0))
                 victim = workers[slot]
                 # Read the clock before the kill, so recovery is measured from no later than the death.
                 killed_at = db.now()
