@@ -148,10 +148,6 @@ class Attempt:
 
     # -- the phase -----------------------------------------------------------------
 
-    @property
-    def phase(self) -> Phase:
-        return self._phase
-
     def begin_running(self) -> None:
         """The running write landed: the handler starts now."""
         with self._lock:
@@ -168,10 +164,6 @@ class Attempt:
         if event is not None:
             event.set()
         return True
-
-    @property
-    def decided_by(self) -> Optional[Decider]:
-        return self._decided_by
 
     def wait_decided(self, seconds: float) -> bool:
         """Sleep up to ``seconds`` unless the attempt's outcome is taken meanwhile; True once it is."""
