@@ -25,7 +25,7 @@ same kind and shares that budget, so a deploy never dead-letters work either.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional, Union
+from typing import Any, ClassVar, Iterable, Optional, Union
 
 from runledger_sync.core import backoff
 from runledger_sync.core.continuation import (
@@ -67,12 +67,22 @@ FREE_FAILURE_CODES = frozenset({HANDLER_TRANSIENT_ERROR_CODE, WORKER_SHUTDOWN_CO
 TRANSIENT_FAILURE_BUDGET = 20
 
 
+# Each transition says what it is through the same attributes (ended_as, noun,
+# failure, carries_progress, log_fields), so its kind is told once, by its class,
+# and nowhere again by a chain of isinstance tests.
+
+
 @dataclass(frozen=True)
 class LeaseLost:
     """The attempt lost its lease: nothing is written, the reaper recovers the job."""
 
     code: str
     message: str
+    ended_as: ClassVar[str] = "lease_lost"
+    failure: ClassVar[None] = None
+
+    def log_fields(self) -> dict[str, Any]:
+        return {"outcome": self.ended_as, "failure_code": self.code}
 
 
 @dataclass(frozen=True)
@@ -84,11 +94,26 @@ class Canceled:
 
     #: The operator's reason, as the job row keeps it (``CANCELED`` when none was given).
     reason: str
+    ended_as: ClassVar[str] = "canceled"
+    failure: ClassVar[None] = None
+
+    def log_fields(self) -> dict[str, Any]:
+        return {"outcome": self.ended_as}
 
 
 @dataclass(frozen=True)
 class Succeed:
     completion: JobCompletion
+    #: How the attempt ended, in its closing log line.
+    ended_as: ClassVar[str] = "succeeded"
+    #: What its write is called in a log line about it.
+    noun: ClassVar[str] = "success"
+    failure: ClassVar[None] = None
+    #: It writes the handler's progress, which the store may refuse (a terminal failure replaces it then).
+    carries_progress: ClassVar[bool] = True
+
+    def log_fields(self) -> dict[str, Any]:
+        return {"outcome": self.ended_as}
 
 
 @dataclass(frozen=True)
@@ -97,6 +122,12 @@ class Retry:
     delay_ms: int
     #: The exception behind the failure, written with the attempt row.
     evidence: FailureEvidence = field(default=NO_EVIDENCE, compare=False)
+    ended_as: ClassVar[str] = "retry_scheduled"
+    noun: ClassVar[str] = "failure"
+    carries_progress: ClassVar[bool] = False
+
+    def log_fields(self) -> dict[str, Any]:
+        return _failure_fields(self.ended_as, self.failure)
 
 
 @dataclass(frozen=True)
@@ -108,6 +139,13 @@ class Continue:
     checkpoint: Any = None
     progress_done: Optional[int] = None
     progress_total: Optional[int] = None
+    ended_as: ClassVar[str] = "continued"
+    noun: ClassVar[str] = "continuation"
+    failure: ClassVar[None] = None
+    carries_progress: ClassVar[bool] = True
+
+    def log_fields(self) -> dict[str, Any]:
+        return {"outcome": self.ended_as}
 
 
 @dataclass(frozen=True)
@@ -118,6 +156,16 @@ class DeadLetter:
     #: The job type's setting that dead-lettered the handler's exception at once, if one did
     #: (recorded with the failure's events, for the operator's view).
     stopped_by: Optional[Verdict] = None
+    ended_as: ClassVar[str] = "dead_lettered"
+    noun: ClassVar[str] = "failure"
+    carries_progress: ClassVar[bool] = False
+
+    def log_fields(self) -> dict[str, Any]:
+        return _failure_fields(self.ended_as, self.failure)
+
+
+def _failure_fields(ended_as: str, failure: JobFailure) -> dict[str, Any]:
+    return {"outcome": ended_as, "failure_kind": failure.kind.value, "failure_code": failure.code}
 
 
 Outcome = Union[JobCompletion, JobFailure, LeaseLost, Canceled]

@@ -34,13 +34,11 @@ def test_the_pace_follows_recent_handlers():
 
 
 def test_finishing_soon_counts_queued_successes_and_the_handlers_due_back_meanwhile():
-    running = {"n": 10}
-    succeeding = {"n": 0}
-    finishing = FinishingSoon(running_jobs=lambda: running["n"])
-    finishing.count_succeeding(lambda: succeeding["n"])
+    finishing = FinishingSoon()
+    finishing.running = 10
     assert finishing.within(LINGER) == 10  # no pace yet: every running job may come
     finishing.record(0.1)  # handlers take 100 ms: within the linger, almost none return
-    succeeding["n"] = 3
+    finishing.queued = 3
     assert finishing.others_within(LINGER) == 0
     assert finishing.within(LINGER) == 3
     assert finishing.within(0.1) == 3 + 7

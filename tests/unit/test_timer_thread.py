@@ -108,13 +108,23 @@ def test_a_crashing_task_is_logged_and_the_next_task_still_runs(timer, caplog):
     assert "watch bug" in str(record.exc_info[1])
 
 
-def test_a_second_task_while_one_is_held_is_refused(timer):
-    runs = Runs()
-    timer.schedule(time.monotonic() + 30, runs)
-    with pytest.raises(RuntimeError, match="already holds a task"):
-        timer.schedule(time.monotonic(), Runs())
-    timer.withdraw()
-    timer.schedule(time.monotonic() + 30, runs)
+def test_a_new_task_replaces_one_held_and_not_started(timer):
+    held, replacement = Runs(), Runs()
+    timer.schedule(time.monotonic() + 0.2, held)
+    timer.schedule(time.monotonic() + 0.3, replacement)
+    assert replacement.started.wait(5)
+    time.sleep(0.2)
+    assert held.at == [] and len(replacement.at) == 1
+
+
+def test_a_new_task_waits_for_a_started_one_to_return(timer):
+    running, following = Runs(seconds=0.3), Runs()
+    timer.schedule(time.monotonic(), running)
+    assert running.started.wait(5)
+    timer.schedule(time.monotonic(), following)
+    assert running.returned.is_set()
+    assert following.started.wait(5)
+    assert following.at[0] >= running.at[0] + 0.3
 
 
 def test_close_drops_a_pending_task_and_ends_the_thread():

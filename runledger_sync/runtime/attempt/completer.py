@@ -38,7 +38,7 @@ import threading
 import time
 from dataclasses import dataclass
 from queue import Empty, SimpleQueue
-from typing import Callable, Generic, Optional, Sequence, TypeVar
+from typing import Callable, Optional, TypeVar
 
 
 from runledger_sync.core.errors import RunledgerError
@@ -59,7 +59,6 @@ RETRY_PAUSE_SECONDS = 0.2
 GROUP_LINGER_SECONDS = 0.002
 
 T = TypeVar("T")
-R = TypeVar("R")
 #: Called once with the item's answer: None once durable, LANDED_AFTER_LOST_REPLY,
 #: or the error that kept it from landing.
 OnAnswer = Callable[[object], None]
@@ -100,180 +99,34 @@ class FinishingSoon:
 
     The completer asks it whether company is coming within its linger; the
     claim asks it whether enough slots free within its gather time. The worker
-    loop owns it and tells it how many jobs are running; the completer
-    tells it how many successes it holds.
+    loop owns it and keeps ``running`` (its jobs claimed and not yet ended); the
+    completer keeps ``queued`` (outcomes posted and not yet written); pool
+    threads record each handler's time.
     """
 
-    def __init__(self, running_jobs: Callable[[], int]) -> None:
+    def __init__(self) -> None:
         self.pace = HandlerPace()
-        self._running_jobs = running_jobs
-        self._succeeding: Callable[[], int] = lambda: 0
-
-    def count_succeeding(self, succeeding: Callable[[], int]) -> None:
-        """Use ``succeeding`` (jobs whose success is queued but not yet written) from now on."""
-        self._succeeding = succeeding
+        #: Jobs claimed and not yet ended (each job's slot).
+        self.running = 0
+        #: Outcomes posted to the completer and not yet written.
+        self.queued = 0
 
     def record(self, handler_seconds: float) -> None:
         self.pace.record(handler_seconds)
 
     def others_within(self, seconds: float) -> int:
         """Running jobs whose handlers, at the recent pace, return within ``seconds``."""
-        succeeding = self._succeeding()
-        return self.pace.finishing_within(max(0, self._running_jobs() - succeeding), seconds)
+        return self.pace.finishing_within(max(0, self.running - self.queued), seconds)
 
     def within(self, seconds: float) -> int:
         """Jobs that will have succeeded within ``seconds``: those already queued, and the others."""
-        return self._succeeding() + self.others_within(seconds)
-
-
-# -- group commit: many items in one write, on a thread of its own -----------------------
-
-#: The most items one group write takes; the rest wait for the next group.
-MAX_GROUP_SIZE = 256
-
-
-class GroupWriter(Generic[T, R]):
-    """Writes posted items in groups on a thread of its own.
-
-    Args:
-        write_group: writes a list of items in one transaction and returns one
-            result per item, in order; an item's result may be an exception,
-            which that item's callback receives alone. If the call itself
-            raises, every item of the group gets that exception.
-    """
-
-    def __init__(
-        self, name: str, write_group: Callable[[list[T]], Sequence[object]], *,
-        linger_seconds: float = 0.0, still_coming: Optional[Callable[[], int]] = None,
-    ) -> None:
-        self._write_group = write_group
-        self._linger_seconds = linger_seconds
-        self._still_coming = still_coming
-        # Each entry is one post: its items and their callback. A SimpleQueue is
-        # the cheapest hand-off between threads the standard library has.
-        self._queue: SimpleQueue[Optional[tuple[Sequence[T], Callable[[T, object], None]]]] = SimpleQueue()
-        self._waiting = 0
-        self._waiting_lock = threading.Lock()
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    @property
-    def waiting(self) -> int:
-        """Items posted and not yet answered."""
-        return self._waiting
-
-    def _count(self, items: int) -> None:
-        with self._waiting_lock:
-            self._waiting += items
-
-    def post(self, items: Sequence[T], on_written: Callable[[T, object], None]) -> None:
-        """Queue ``items`` to be written in the same group; ``on_written(item, result)`` is called for each.
-
-        The callback runs on the writer's thread: it must be quick and must not
-        block on the database. ``result`` is the item's result or an exception.
-        """
-        if self._closed:
-            raise RuntimeError("the group writer is closed")
-        if items:
-            self._count(len(items))
-            self._queue.put((items, on_written))
-
-    def close(self) -> None:
-        """Write what is queued, then stop the thread."""
-        self._closed = True
-        self._queue.put(None)
-        self._thread.join()
-        # A post that raced close() landed behind the stop mark: nobody may wait on it for ever.
-        self._answer_all(self._take_queued()[0], RuntimeError("the group writer stopped"))
-
-    def _run(self) -> None:
-        pending: list[tuple[T, Callable[[T, object], None]]] = []
-        try:
-            closing = False
-            while pending or not closing:
-                if not pending:
-                    closing = self._take(self._queue.get(), pending)
-                    if closing and not pending:
-                        return
-                queued, stop = self._take_queued()
-                pending.extend(queued)
-                closing = closing or stop
-                if not closing:
-                    closing = self._linger(pending)
-                group, pending = pending[:MAX_GROUP_SIZE], pending[MAX_GROUP_SIZE:]
-                self._write(group)
-        finally:
-            # Whatever ended the thread, nobody may wait on it for ever.
-            self._closed = True
-            self._answer_all(pending + self._take_queued()[0], RuntimeError("the group writer stopped"))
-
-    @staticmethod
-    def _take(entry: Optional[tuple[Sequence[T], Callable[[T, object], None]]],
-              pending: list[tuple[T, Callable[[T, object], None]]]) -> bool:
-        """Add one queue entry's items to ``pending``; True if it was the stop mark."""
-        if entry is None:
-            return True
-        items, callback = entry
-        pending.extend((item, callback) for item in items)
-        return False
-
-    def _take_queued(self) -> tuple[list[tuple[T, Callable[[T, object], None]]], bool]:
-        """Everything queued right now, without waiting, and whether the stop mark was among it."""
-        taken: list[tuple[T, Callable[[T, object], None]]] = []
-        stop = False
-        while True:
-            try:
-                entry = self._queue.get_nowait()
-            except Empty:
-                return taken, stop
-            stop = self._take(entry, taken) or stop
-
-    def _linger(self, pending: list[tuple[T, Callable[[T, object], None]]]) -> bool:
-        """Wait up to the linger time while more items are on their way; True if the stop mark came."""
-        if self._still_coming is None or self._linger_seconds <= 0:
-            return False
-        deadline = time.monotonic() + self._linger_seconds
-        while len(pending) < MAX_GROUP_SIZE and self._still_coming() > 0:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            try:
-                entry = self._queue.get(timeout=remaining)
-            except Empty:
-                return False
-            if self._take(entry, pending):
-                return True
-        return False
-
-    def _write(self, group: list[tuple[T, Callable[[T, object], None]]]) -> None:
-        try:
-            results = self._write_group([item for item, _ in group])
-            if len(results) != len(group):
-                raise RuntimeError(f"group write returned {len(results)} results for {len(group)} items")
-        except BaseException as error:  # noqa: BLE001 - every item must be answered, whatever happened
-            self._answer_all(group, error)
-            if not isinstance(error, Exception):
-                raise
-            return
-        self._count(-len(group))
-        for (item, callback), result in zip(group, results, strict=True):
-            self._answer(item, callback, result)
-
-    def _answer_all(self, group: list[tuple[T, Callable[[T, object], None]]], error: BaseException) -> None:
-        self._count(-len(group))
-        for item, callback in group:
-            self._answer(item, callback, error)
-
-    @staticmethod
-    def _answer(item: T, callback: Callable[[T, object], None], result: object) -> None:
-        try:
-            callback(item, result)
-        except Exception:  # noqa: BLE001 - one caller's broken callback must not cost the others theirs
-            log.exception("group write callback crashed")
+        return self.queued + self.others_within(seconds)
 
 
 # -- the completer -------------------------------------------------------------------------
+
+#: The most outcomes one group write takes; the rest wait for the next group.
+MAX_GROUP_SIZE = 256
 
 
 class LandedAfterLostReply:
@@ -293,6 +146,10 @@ class _Item:
     #: When, by this process's clock, its lease is out: the completer stops retrying then once it is closing.
     give_up_at: float
     on_answer: OnAnswer
+
+
+#: What the completer's thread is told to stop by.
+_STOP = None
 
 
 class Completer:
@@ -318,45 +175,146 @@ class Completer:
         self._max_checkpoint_bytes = max_checkpoint_bytes
         self._observer = observer
         self._held: Optional[Driver] = None
-        self._writer: Optional[GroupWriter[_Item, object]] = None
         self._driver = driver
         self._closing = threading.Event()
+        # A SimpleQueue is the cheapest hand-off between threads the standard library has.
+        self._queue: SimpleQueue[Optional[_Item]] = SimpleQueue()
+        self._waiting = 0
+        self._waiting_lock = threading.Lock()
+        self._closed = False
+        self._thread: Optional[threading.Thread] = None
         if threaded and driver.owns_transactions:
             self._held = self._driver = driver.held()
-            writer = self._writer = GroupWriter(
-                name, self._write_group, linger_seconds=GROUP_LINGER_SECONDS,
-                still_coming=None if finishing is None else lambda: finishing.others_within(GROUP_LINGER_SECONDS),
-            )
-            if finishing is not None:
-                finishing.count_succeeding(lambda: writer.waiting)
+            self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+            self._thread.start()
 
     @property
     def threaded(self) -> bool:
         """True when outcomes are written on the completer's own thread, False when on the posting one."""
-        return self._writer is not None
+        return self._thread is not None
+
+    @property
+    def waiting(self) -> int:
+        """Outcomes posted to the completer's thread and not yet answered."""
+        return self._waiting
 
     def keeps_trying(self) -> bool:
         """True while a lost connection is retried past the lease: on the completer's thread, until it closes."""
-        return self._writer is not None and not self._closing.is_set()
+        return self._thread is not None and not self._closing.is_set()
 
     def post(self, identity: LeaseIdentity, transition: Written, *, give_up_at: float, on_answer: OnAnswer) -> None:
         """Write ``transition`` under ``identity``'s lease; ``on_answer(result)`` is called once it is durable or lost.
 
         On the completer's thread the callback must be quick and must not block on the database.
+
+        Raises:
+            RuntimeError: the completer is closed.
         """
         item = _Item(identity, transition, give_up_at, on_answer)
-        if self._writer is None:
+        if self._thread is None:
             on_answer(self._write_group([item])[0])
-        else:
-            self._writer.post([item], _answer)
+            return
+        if self._closed:
+            raise RuntimeError("the completer is closed")
+        self._count(1)
+        self._queue.put(item)
 
     def close(self) -> None:
         """Write what is queued, then stop (a write still retried gives up at its lease's end)."""
         self._closing.set()
-        if self._writer is not None:
-            self._writer.close()
+        if self._thread is not None:
+            self._closed = True
+            self._queue.put(_STOP)
+            self._thread.join()
+            # A post that raced close() landed behind the stop mark: nobody may wait on it for ever.
+            self._answer_all(self._take_queued()[0], RuntimeError("the completer stopped"))
         if self._held is not None:
             self._held.close()
+
+    def _count(self, items: int) -> None:
+        with self._waiting_lock:
+            self._waiting += items
+            if self.finishing is not None:
+                self.finishing.queued = self._waiting
+
+    # -- the completer's thread: take what is queued, linger for company, write it as one group
+
+    def _run(self) -> None:
+        pending: list[_Item] = []
+        try:
+            closing = False
+            while pending or not closing:
+                if not pending:
+                    closing = self._take(self._queue.get(), pending)
+                    if closing and not pending:
+                        return
+                queued, stop = self._take_queued()
+                pending.extend(queued)
+                closing = closing or stop
+                if not closing:
+                    closing = self._linger(pending)
+                group, pending = pending[:MAX_GROUP_SIZE], pending[MAX_GROUP_SIZE:]
+                self._answer_group(group)
+        finally:
+            # Whatever ended the thread, nobody may wait on it for ever.
+            self._closed = True
+            self._answer_all(pending + self._take_queued()[0], RuntimeError("the completer stopped"))
+
+    @staticmethod
+    def _take(entry: Optional[_Item], pending: list[_Item]) -> bool:
+        """Add one queue entry to ``pending``; True if it was the stop mark."""
+        if entry is _STOP:
+            return True
+        pending.append(entry)
+        return False
+
+    def _take_queued(self) -> tuple[list[_Item], bool]:
+        """Everything queued right now, without waiting, and whether the stop mark was among it."""
+        taken: list[_Item] = []
+        stop = False
+        while True:
+            try:
+                entry = self._queue.get_nowait()
+            except Empty:
+                return taken, stop
+            stop = self._take(entry, taken) or stop
+
+    def _linger(self, pending: list[_Item]) -> bool:
+        """Wait up to the linger time while more outcomes are on their way; True if the stop mark came."""
+        finishing = self.finishing
+        if finishing is None:
+            return False
+        deadline = time.monotonic() + GROUP_LINGER_SECONDS
+        while len(pending) < MAX_GROUP_SIZE and finishing.others_within(GROUP_LINGER_SECONDS) > 0:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            try:
+                entry = self._queue.get(timeout=remaining)
+            except Empty:
+                return False
+            if self._take(entry, pending):
+                return True
+        return False
+
+    def _answer_group(self, group: list[_Item]) -> None:
+        try:
+            results = self._write_group(group)
+        except BaseException as error:  # noqa: BLE001 - every item must be answered, whatever happened
+            self._answer_all(group, error)
+            if not isinstance(error, Exception):
+                raise
+            return
+        self._count(-len(group))
+        for item, result in zip(group, results, strict=True):
+            _answer(item, result)
+
+    def _answer_all(self, group: list[_Item], error: BaseException) -> None:
+        self._count(-len(group))
+        for item in group:
+            _answer(item, error)
+
+    # -- the write and its one retry policy
 
     def _write_group(self, items: list[_Item]) -> list[object]:
         results: list[object] = [None] * len(items)
@@ -423,7 +381,10 @@ class Completer:
 
 
 def _answer(item: _Item, result: object) -> None:
-    item.on_answer(result)
+    try:
+        item.on_answer(result)
+    except Exception:  # noqa: BLE001 - one caller's broken callback must not cost the others theirs
+        log.exception("outcome answer callback crashed")
 
 
 def with_retries(

@@ -58,7 +58,9 @@ log = get_logger(__name__)
 #: one try and its read-back.
 MIN_OUTCOME_WRITE_SECONDS = 1.0
 
-SUCCESS_REPLY_LOST = "job success landed; its reply was lost"
+#: Logged at INFO for an outcome whose write landed though its reply was lost (``what``: its noun).
+REPLY_LOST = "job {what} landed; its reply was lost"
+SUCCESS_REPLY_LOST = REPLY_LOST.format(what=Succeed.noun)
 #: Logged at INFO, once, for an attempt whose job an operator canceled (with the operator's ``reason``).
 CANCELED_BY_OPERATOR = "job canceled by operator"
 
@@ -169,7 +171,7 @@ def _write(attempt: Attempt, transition: Written, *, hand_off: bool) -> bool:
 
 def _hooked(attempt: Attempt, transition: Written) -> bool:
     """True when a hook waits for the transition to land: it runs on the deciding thread, never the completer's."""
-    return isinstance(transition, DeadLetter) or (isinstance(transition, Retry) and bool(attempt.registry.failure_hooks))
+    return isinstance(transition, DeadLetter) or (transition.failure is not None and bool(attempt.registry.failure_hooks))
 
 
 def _answered_off_thread(attempt: Attempt, transition: Written, answer: object) -> None:
@@ -204,16 +206,15 @@ def _invalid_answered(attempt: Attempt, invalid: Written, answer: object) -> Non
 def _answered(attempt: Attempt, transition: Written, answer: object) -> Optional[Written]:
     """Log what the write's answer means; the terminal failure to write instead, when the store refused the progress."""
     fields = attempt.log_fields
-    what = {Succeed: "success", Continue: "continuation"}.get(type(transition), "failure")
+    what = transition.noun
     if answer is None or answer is LANDED_AFTER_LOST_REPLY:
         attempt.ended_with(transition)
-        if isinstance(transition, Succeed):
-            if answer is LANDED_AFTER_LOST_REPLY:
-                log.info(SUCCESS_REPLY_LOST, extra=fields | {"write": "completer"})
-        elif isinstance(transition, (Retry, DeadLetter)):
+        if answer is LANDED_AFTER_LOST_REPLY:
+            log.info(REPLY_LOST.format(what=what), extra=fields | {"write": "completer"})
+        if transition.failure is not None:
             _failure_recorded(attempt, transition)
         return None
-    if isinstance(answer, InvalidCompletionProgress) and isinstance(transition, (Succeed, Continue)):
+    if isinstance(answer, InvalidCompletionProgress) and transition.carries_progress:
         log.warning("handler returned invalid success completion; marking job terminal",
                     extra=fields | {"failure_code": answer.code})
         failure = JobFailure.terminal(INVALID_COMPLETION_PROGRESS_CODE, answer.message)

@@ -154,7 +154,8 @@ def _process_with_timer(
         started = attempt.started
         first_beat = time.monotonic() + config.heartbeat_interval
         # The timer thread wakes only if the job is still running when its first
-        # renewal or its deadline comes; a job done sooner is simply withdrawn.
+        # renewal or its deadline comes; a job done sooner is withdrawn, or replaced
+        # by the thread's next job (the watch of a decided attempt returns at once).
         timer.schedule(min(first_beat, deadline_of(attempt, started)), lambda: watch(attempt, timer, started, first_beat))
         handler_started = time.monotonic()
         if handlers_running is not None:
@@ -172,7 +173,8 @@ def _process_with_timer(
             # verdict itself once that renewal has said why.
             timer.withdraw()
         elif attempt.take(Decider.HANDLER):
-            timer.withdraw()
+            # From here the watch decides nothing: it returns when it next wakes,
+            # unless this thread's next job has replaced it on the timer by then.
             handed_off = finish(attempt, outcome, hand_off=True, evidence=evidence, stopped_by=stopped_by)
         elif not isinstance(outcome, (LeaseLost, Canceled)):
             log.warning(
@@ -185,9 +187,9 @@ def _process_with_timer(
         # timeout; taking the outcome leaves the lease to expire for the reaper, as
         # the seed's dropped task does. When the watch decided the outcome,
         # withdrawing waits for its write to land before the slot is freed.
-        attempt.take(Decider.ABANDONED)
-        timer.withdraw()
         if not handed_off:
+            attempt.take(Decider.ABANDONED)
+            timer.withdraw()
             attempt.end()
 
 

@@ -32,10 +32,8 @@ from runledger_sync.core.errors import InvalidArgument, LeaseOwnerMismatch
 from runledger_sync.core.outcomes import (
     LEASE_OWNER_MISMATCH_CODE,
     Canceled,
-    Continue,
     LeaseLost,
     Outcome,
-    Retry,
     Succeed,
     Transition,
     timeout_failure,
@@ -76,19 +74,7 @@ class Decider(enum.Enum):
 
 def outcome_fields(transition: Optional[Transition]) -> dict[str, Any]:
     """How the attempt ended, for its closing log line (never the payload or the output)."""
-    if transition is None:
-        return {"outcome": "undecided"}
-    if isinstance(transition, LeaseLost):
-        return {"outcome": "lease_lost", "failure_code": transition.code}
-    if isinstance(transition, Canceled):
-        return {"outcome": "canceled"}
-    if isinstance(transition, Succeed):
-        return {"outcome": "succeeded"}
-    if isinstance(transition, Continue):
-        return {"outcome": "continued"}
-    failure = transition.failure
-    ended = "retry_scheduled" if isinstance(transition, Retry) else "dead_lettered"
-    return {"outcome": ended, "failure_kind": failure.kind.value, "failure_code": failure.code}
+    return {"outcome": "undecided"} if transition is None else transition.log_fields()
 
 
 def lease_identity(job: JobRecord) -> LeaseIdentity:

@@ -188,9 +188,10 @@ class TimerThread:
     only to hear that the job is over, costs more than a short job itself. So
     each pool thread keeps one :class:`TimerThread` and gives it each job's
     watch with the time the watch is first due (the first renewal or the
-    deadline, a second or more away). A job that ends before then is withdrawn
-    without the timer thread ever waking for it; one still running then is
-    watched on the timer thread until it ends.
+    deadline, a second or more away). A job that ends before then is withdrawn,
+    or its watch replaced by the next job's, without the timer thread ever
+    waking for it; one still running then is watched on the timer thread until
+    it ends.
 
     The timer thread sleeps until the task it holds is due. A new task due no
     sooner than that needs no wake-up, which is the common case: jobs of one
@@ -225,14 +226,17 @@ class TimerThread:
     def schedule(self, due: float, task: Callable[[], None]) -> None:
         """Run ``task`` on the timer thread at ``due`` (``time.monotonic()``), unless withdrawn before.
 
+        It replaces a task held and not started: the watch of a job that was
+        decided, which would only have returned. One running is let return first.
+
         Raises:
-            RuntimeError: the timer is closed, or still holds another task.
+            RuntimeError: the timer is closed.
         """
         with self._wake:
+            while self._running and not self._closed:
+                self._wake.wait()
             if self._closed:
                 raise RuntimeError("the timer thread is closed")
-            if self._task is not None or self._running:
-                raise RuntimeError("the timer thread already holds a task")
             self._task, self._due = task, due
             if due < self._sleeping_until:
                 self._wake.notify()

@@ -140,16 +140,13 @@ class WorkerLoop:
         self.tally = OutcomeTally(config.worker_id, observer)
         #: The batching policy: how many running jobs succeed soon (the claim's gather
         #: wait and the completer's linger both ask it).
-        self.finishing = FinishingSoon(running_jobs=self._running_count)
+        self.finishing = FinishingSoon()
         #: The writer of every job's outcome; None when polling on a caller's connection.
         self.completer = Completer(
             self.driver, f"runledger-completer-{config.worker_id}", max_output_bytes=config.max_output_bytes,
             max_checkpoint_bytes=config.max_payload_bytes,
             finishing=self.finishing, observer=observer,
         ) if self.driver.owns_transactions else None
-
-    def _running_count(self) -> int:
-        return self.in_flight
 
     @property
     def free_slots(self) -> int:
@@ -191,6 +188,7 @@ class WorkerLoop:
                 self.observer.group_written("running", len(batch.running), time.monotonic() - started)
         with self._lock:
             self.in_flight += len(claimed)
+            self.finishing.running = self.in_flight
             for job in claimed:
                 if job.queue in self.in_flight_by_queue:
                     self.in_flight_by_queue[job.queue] += 1
@@ -232,7 +230,7 @@ class WorkerLoop:
         wait for a batch of them would only leave slots idle.
         """
         if self.completer is None:
-            return self._running_count()
+            return self.in_flight
         return self.finishing.within(seconds)
 
     def _dispatch(self, task: Callable[..., None], first: Any, second: Any = None) -> None:
@@ -278,6 +276,7 @@ class WorkerLoop:
     def _slot_ended(self, queue: str) -> None:
         with self._lock:
             self.in_flight -= 1
+            self.finishing.running = self.in_flight
             if queue in self.in_flight_by_queue:
                 self.in_flight_by_queue[queue] -= 1
         if not self._slot_freed.is_set():  # setting an Event takes its Condition: skip it when nobody cleared it

@@ -724,7 +724,7 @@ def test_a_grouped_success_refused_by_the_fence_is_logged_and_still_ends_the_att
     registry = h.registry_with(JOB_TYPE, h.scripted(probe, lambda ctx, payload, call: go.wait(10) and None))
     config = fast_config(lease_ttl_seconds=5, heartbeat_interval_seconds=4)  # no heartbeat during the test
     job = enqueue_and_claim(engine, registry, config)
-    completer = Completer(driver_for(engine), "test-completer", finishing=FinishingSoon(running_jobs=lambda: 1))
+    completer = Completer(driver_for(engine), "test-completer", finishing=FinishingSoon())
     ended = threading.Event()
     try:
         worker = threading.Thread(target=process_claimed_job, args=(driver_for(engine), registry, job, config, completer),

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
-from runledger_sync.core.records import JobSpec
+from runledger_sync.core.outcomes import Succeed
+from runledger_sync.core.records import JobSpec, LeaseIdentity
 from runledger_sync.core.types import JobCompletion
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.attempt import run as execution
 from runledger_sync.runtime.attempt.state import Attempt
-from runledger_sync.runtime.attempt.completer import GroupWriter
+from runledger_sync.runtime.attempt.completer import Completer
 from runledger_sync.runtime.worker.loop import WorkerLoop
+from runledger_sync.store.claim.claim import claim_prestart_jobs_for_types
+from runledger_sync.store.driver import StoreDriver, driver_for
 from runledger_sync.store.enqueue.enqueue import enqueue_many
 from tests.handlers import fast_config
-from tests.support import JOB_TYPE, rows, run_worker_until, scalar
+from tests.support import JOB_TYPE, rows, run_worker_until, scalar, wait_until
 
 JOBS = 24
 CONCURRENCY = 8
@@ -133,83 +137,107 @@ def test_a_refused_progress_dead_letters_through_the_completer_and_its_hook_runs
     assert hooked == [(True, "job.invalid_completion_progress")] * 3
 
 
-def answers_of(writer, posts):
-    """Post each list of items on its own; return every item's answer once all have come."""
-    answers: dict[int, object] = {}
-    done = threading.Event()
-    total = sum(len(items) for items in posts)
+class WatchedDriver(StoreDriver):
+    """The store's driver, whose group writes can be held back, counted or broken by a test."""
 
-    def on_written(item, result):
-        answers[item] = result
-        if len(answers) == total:
-            done.set()
+    def __init__(self, bind, *, gate=None, groups=None, breaks=None):
+        super().__init__(bind)
+        self.gate, self.groups, self.breaks = gate, groups, breaks
 
-    for items in posts:
-        writer.post(items, on_written)
-    assert done.wait(5)
-    return answers
+    def held(self):
+        held = super().held()
+        return WatchedDriver(held.bind, gate=self.gate, groups=self.groups, breaks=self.breaks)
 
-
-def test_group_writer_gives_each_item_its_own_result_or_error():
-    writer: GroupWriter[int, int] = GroupWriter(
-        "test-group", lambda items: [ValueError(f"odd {i}") if i % 2 else i * 10 for i in items])
-    answers = answers_of(writer, [[i] for i in range(6)])
-    writer.close()
-    assert {i: str(a) if isinstance(a, ValueError) else a for i, a in answers.items()} == {
-        0: 0, 1: "odd 1", 2: 20, 3: "odd 3", 4: 40, 5: "odd 5"}
-    assert writer.waiting == 0
+    def apply_transitions(self, items, **options):
+        if self.groups is not None:
+            self.groups.append(len(items))
+        if self.gate is not None:
+            assert self.gate.wait(10)
+        if self.breaks is not None:
+            raise self.breaks
+        return super().apply_transitions(items, **options)
 
 
-def test_posted_items_are_written_in_one_group_and_each_gets_its_own_result_on_the_writer_thread():
-    release = threading.Event()
-    groups: list[list[int]] = []
+def successes_of(engine, count):
+    registry = JobRegistry()
+    registry.job(JOB_TYPE)(lambda ctx, payload: None)
+    registry.sync_definitions(engine)
+    enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(count)])
+    jobs = claim_prestart_jobs_for_types(engine, worker_id="worker-a", lease_ttl_seconds=30, limit=count,
+                                         job_types=[JOB_TYPE])
+    return [(LeaseIdentity.of(job), Succeed(JobCompletion())) for job in jobs]
+
+
+def post(completer, outcomes, on_answer, first=0):
+    for index, (identity, transition) in enumerate(outcomes, start=first):
+        completer.post(identity, transition, give_up_at=time.monotonic() + 10,
+                       on_answer=lambda result, index=index: on_answer(index, result))
+
+
+def test_posting_does_not_wait_and_what_was_queued_meanwhile_is_written_as_one_group_on_the_completer_thread(engine):
+    outcomes = successes_of(engine, 4)
+    gate, groups = threading.Event(), []
     answered: dict[int, tuple[object, str]] = {}
     all_answered = threading.Event()
 
-    def write(items):
-        release.wait(5)
-        groups.append(items)
-        return [i * 10 for i in items]
-
-    def on_written(item, result):
-        answered[item] = (result, threading.current_thread().name)
-        if len(answered) == 3:
+    def on_answer(index, result):
+        answered[index] = (result, threading.current_thread().name)
+        if len(answered) == len(outcomes):
             all_answered.set()
 
-    writer: GroupWriter[int, int] = GroupWriter("test-post", write)
-    writer.post([1, 2, 3], on_written)
-    # Posting does not wait: nothing is written until the writer is let go.
-    assert not answered and writer.waiting == 3
-    release.set()
-    assert all_answered.wait(5)
-    assert answered == {1: (10, "test-post"), 2: (20, "test-post"), 3: (30, "test-post")}
-    writer.close()
-    assert groups == [[1, 2, 3]] and writer.waiting == 0
+    completer = Completer(WatchedDriver(engine, gate=gate, groups=groups), "test-post")
+    try:
+        post(completer, outcomes[:1], on_answer)
+        wait_until(lambda: groups == [1])
+        # The first outcome is held at its write; the other three queue behind it meanwhile.
+        post(completer, outcomes[1:], on_answer, first=1)
+        assert not answered and completer.waiting == 4
+        assert scalar(engine, "SELECT count(*) FROM job_queue WHERE status = 'SUCCEEDED'") == 0
+        gate.set()
+        assert all_answered.wait(10)
+    finally:
+        completer.close()
+    assert answered == {index: (None, "test-post") for index in range(4)}
+    assert groups == [1, 3] and completer.waiting == 0
+    assert scalar(engine, "SELECT count(*) FROM job_queue WHERE status = 'SUCCEEDED'") == 4
 
 
-def test_a_post_after_close_is_refused_and_a_crashing_callback_costs_the_others_nothing(logs):
+def test_a_crashing_answer_costs_the_others_nothing_and_a_post_after_close_is_refused(engine, logs):
+    outcomes = successes_of(engine, 3)
     answered = []
 
-    def on_written(item, result):
-        if item == 1:
+    def on_answer(index, result):
+        if index == 1:
             raise RuntimeError("broken callback")
-        answered.append((item, result))
+        answered.append((index, result))
 
-    writer: GroupWriter[int, int] = GroupWriter("test-callbacks", lambda items: [i * 10 for i in items])
-    writer.post([1, 2], on_written)
-    writer.close()
-    assert answered == [(2, 20)]
-    assert "group write callback crashed" in [r.getMessage() for r in logs.records]
+    completer = Completer(driver_for(engine), "test-callbacks")
+    post(completer, outcomes[:2], on_answer)
+    completer.close()
+    assert answered == [(0, None)]
+    assert "outcome answer callback crashed" in [r.getMessage() for r in logs.records]
+    assert scalar(engine, "SELECT count(*) FROM job_queue WHERE status = 'SUCCEEDED'") == 2
     with pytest.raises(RuntimeError, match="closed"):
-        writer.post([3], on_written)
+        post(completer, outcomes[2:], on_answer)
+    assert scalar(engine, "SELECT count(*) FROM job_queue WHERE status = 'LEASED'") == 1
 
 
-def test_group_writer_that_fails_as_a_whole_answers_every_item_with_the_error():
-    def broken(items):
-        raise ConnectionError("database went away")
+def test_a_group_write_that_breaks_as_a_whole_answers_every_outcome_with_the_error_and_writes_none(engine):
+    outcomes = successes_of(engine, 3)
+    answers: dict[int, object] = {}
+    done = threading.Event()
 
-    writer: GroupWriter[int, int] = GroupWriter("test-broken", broken)
-    answers = answers_of(writer, [[1], [2, 3]])
-    writer.close()
-    assert sorted(answers) == [1, 2, 3] and all(isinstance(a, ConnectionError) for a in answers.values())
+    def on_answer(index, result):
+        answers[index] = result
+        if len(answers) == len(outcomes):
+            done.set()
 
+    completer = Completer(WatchedDriver(engine, breaks=RuntimeError("a bug in the write")), "test-broken")
+    try:
+        post(completer, outcomes, on_answer)
+        assert done.wait(10)
+    finally:
+        completer.close()
+    assert sorted(answers) == [0, 1, 2] and all(isinstance(a, RuntimeError) for a in answers.values())
+    assert completer.waiting == 0
+    assert scalar(engine, "SELECT count(*) FROM job_queue WHERE status = 'LEASED'") == 3
