@@ -98,39 +98,33 @@ class ConnectionPolicy:
 
     def __init__(self, mode: PoolMode) -> None:
         self.mode = mode
-        self._shared = mode is PoolMode.TRANSACTION
+        self._set_shared(mode is PoolMode.TRANSACTION)
         self._lock = threading.Lock()
 
-    @property
-    def sessions_shared(self) -> bool:
-        """True when a session may serve other clients between our transactions (configured or detected)."""
-        return self._shared
-
-    @property
-    def prepares(self) -> bool:
-        """Whether the store may leave prepared statements on this engine's sessions."""
-        return not self._shared
-
-    @property
-    def listens(self) -> bool:
-        """Whether a worker on this engine may LISTEN (a shared session would deliver elsewhere)."""
-        return not self._shared
+    def _set_shared(self, shared: bool) -> None:
+        # Plain attributes, not properties: the store reads them at every transaction.
+        #: True when a session may serve other clients between our transactions (configured or detected).
+        self.sessions_shared = shared
+        #: Whether the store may leave prepared statements on this engine's sessions.
+        self.prepares = not shared
+        #: Whether a worker on this engine may LISTEN (a shared session would deliver elsewhere).
+        self.listens = not shared
 
     def mark_sessions_shared(self) -> bool:
         """Stop preparing and listening from now on; True only for the call that changed it."""
         with self._lock:
-            if self._shared:
+            if self.sessions_shared:
                 return False
-            self._shared = True
+            self._set_shared(True)
             return True
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A worker process (--processes) gets the engine's options pickled: it gets
         # a policy of its own, with what this one has learnt, but not its lock.
-        return (_restored_policy, (self.mode, self._shared))
+        return (_restored_policy, (self.mode, self.sessions_shared))
 
     def __repr__(self) -> str:
-        detected = " (shared sessions detected)" if self._shared and self.mode is PoolMode.SESSION else ""
+        detected = " (shared sessions detected)" if self.sessions_shared and self.mode is PoolMode.SESSION else ""
         return f"ConnectionPolicy({self.mode.value}{detected})"
 
 

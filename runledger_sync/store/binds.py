@@ -33,7 +33,8 @@ import sys
 import threading
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Union, cast
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Protocol, Union, cast
 
 import psycopg2.extensions
 import psycopg2.extras
@@ -51,12 +52,23 @@ from runledger_sync.core.errors import InvalidArgument
 if TYPE_CHECKING:
     import psycopg
 
-    from runledger_sync.store.held import HeldConnection
 
-#: What every store function accepts as its first argument (a HeldConnection is
+class OwnConnections(Protocol):
+    """Where the store takes connections for transactions of its own, as from an Engine.
+
+    The runtime's :class:`~runledger_sync.store.transactions.HeldConnection` is one.
+    """
+
+    engine: Engine
+
+    def connect(self) -> AbstractContextManager[Connection]: ...
+
+
+#: What every store function accepts as its first argument (a held connection is
 #: the runtime's stand-in for an Engine: the store owns its transactions too).
 Bind = Union[
-    Engine, Connection, Session, scoped_session, psycopg2.extensions.connection, "psycopg.Connection[Any]", "HeldConnection",
+    Engine, Connection, Session, scoped_session, psycopg2.extensions.connection, "psycopg.Connection[Any]",
+    OwnConnections,
 ]
 
 BIND_DESCRIPTION = "an Engine, a Connection, an ORM Session or a psycopg2 or psycopg 3 connection"

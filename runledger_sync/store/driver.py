@@ -55,7 +55,7 @@ from runledger_sync.store.binds import Bind
 from runledger_sync.store.claim.claim import claim_jobs, claim_prestart_jobs_for_types
 from runledger_sync.store.claim.flow import serves_limited_queue
 from runledger_sync.store.claim.start import StartedClaim, claim_and_start_jobs
-from runledger_sync.store.held import HeldConnection
+from runledger_sync.store.transactions import HeldConnection
 from runledger_sync.store.maintenance.reaper import reap_expired_leases
 from runledger_sync.store.maintenance.retention import DEFAULT_BATCH_SIZE, prune
 from runledger_sync.store.maintenance.schedule_tick import fire_due_schedules

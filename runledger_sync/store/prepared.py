@@ -47,14 +47,15 @@ from sqlalchemy.engine import Connection, CursorResult
 from sqlalchemy.sql.elements import BindParameter
 from sqlalchemy.sql.sqltypes import NullType
 
-from runledger_sync.db.pool_mode import PREPARED_STATEMENTS_OPTION, SETTING_NAMES, policy_of
+from runledger_sync.db.pool_mode import PREPARED_STATEMENTS_OPTION, SETTING_NAMES, ConnectionPolicy, policy_of
 from runledger_sync.logging import get_logger
 
 log = get_logger(__name__)
 
 #: Engine or connection execution option; False keeps every statement plain (pool mode transaction).
 OPTION = PREPARED_STATEMENTS_OPTION
-#: Connection execution option set by :func:`own`: the store checked this connection out for itself.
+#: Connection execution option set by :func:`own`: the store checked this connection out for itself;
+#: it holds the engine's ConnectionPolicy.
 OWNED_OPTION = "runledger_store_owned"
 #: Where a database connection's info dict keeps the names it has prepared.
 _INFO_KEY = "runledger_prepared"
@@ -85,13 +86,14 @@ class SessionsShared(Exception):
     """Prepared statements do not stay with this engine's connections; run the transaction again unprepared."""
 
 
-def own(connection: Connection) -> Connection:
+def own(connection: Connection, policy: ConnectionPolicy) -> Connection:
     """Mark ``connection`` as checked out by the store for its own transaction, so statements may be prepared on it.
 
     An execution option of the connection, not of its engine: a Connection the
-    caller checked out of the same engine stays the caller's.
+    caller checked out of the same engine stays the caller's. It holds the
+    engine's ``policy``, which says whether they may be, now and later.
     """
-    return connection.execution_options(**{OWNED_OPTION: True})
+    return connection.execution_options(**{OWNED_OPTION: policy})
 
 
 def raise_if_ours(connection: Connection, error: sa_exc.DBAPIError) -> None:
@@ -113,7 +115,8 @@ def raise_if_ours(connection: Connection, error: sa_exc.DBAPIError) -> None:
 
 def needs_sweep(connection: Connection) -> bool:
     """True when ``connection`` prepared statements that its engine no longer wants kept."""
-    return _INFO_KEY in connection.info and not policy_of(connection).prepares
+    policy = connection.get_execution_options().get(OWNED_OPTION)
+    return _INFO_KEY in connection.info and policy is not None and not policy.prepares
 
 
 def sweep(connection: Connection) -> None:
@@ -278,11 +281,8 @@ def may_prepare(connection: Connection) -> bool:
     # Only psycopg2 sends statements as text with the values inlined; psycopg 3
     # binds them on the server (where EXECUTE takes no parameters) and prepares
     # statements it sees often by itself.
-    return (
-        connection.get_execution_options().get(OWNED_OPTION, False)
-        and connection.dialect.driver == "psycopg2"
-        and policy_of(connection).prepares
-    )
+    policy = connection.get_execution_options().get(OWNED_OPTION)
+    return policy is not None and connection.dialect.driver == "psycopg2" and policy.prepares
 
 
 def execute_in_turn(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from typing import Any
-from uuid import UUID
 
 from sqlalchemy import (
     BigInteger,
@@ -19,9 +18,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 
-from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidArgument
-from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.types import EventLog
 from runledger_sync.core.states import JobStatus
 from runledger_sync.db.schema import job_attempts, job_events, job_queue
@@ -77,15 +74,6 @@ def event_log_params(event_log: Any) -> dict[str, bool]:
             "event_log", event_log, f"one of {', '.join(level.value for level in EventLog)}"
         ) from None
     return {"full_event_log": level is EventLog.FULL}
-
-
-def check_identity(job_id: Any, run_number: Any, attempt: Any, worker_id: Any) -> LeaseIdentity:
-    if not isinstance(job_id, UUID):
-        raise InvalidArgument("job_id", job_id, "a UUID")
-    check.check_int("run_number", run_number, (1, 2**31 - 1))
-    check.check_int("attempt", attempt, (1, 2**31 - 1))
-    check.check_text("worker_id", worker_id, max_length=check.WORKER_ID_MAX_LENGTH)
-    return LeaseIdentity(job_id, run_number, attempt, worker_id)
 
 
 def ids_of(rows: Any) -> Any:

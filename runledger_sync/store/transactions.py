@@ -14,11 +14,18 @@ prepared statements. On the store's own connections they are sent without BEGIN
 and COMMIT: PostgreSQL runs the statements of one query as one implicit
 transaction and commits it at the end, so each costs one round trip instead of
 three. A connection lost during such a query leaves its outcome unknown.
+
+The worker's polling thread and its completer each run a transaction every few
+milliseconds. Through an Engine each of those checks a connection out of the
+pool, and the pool's pre-ping (kept on for the application's own queries)
+spends a round trip on ``SELECT 1`` before every one. A
+:class:`HeldConnection` is checked out once and reused; when it breaks, the
+failed transaction is retried like any lost connection, on a new one.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeGuard, TypeVar, cast
+from typing import Any, Callable, Optional, TypeGuard, TypeVar, cast
 
 import psycopg2.extensions
 from sqlalchemy import exc as sa_exc
@@ -26,10 +33,10 @@ from sqlalchemy.engine import Connection, Engine
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
 
 from runledger_sync.core.store_errors import CommitOutcomeUnknown, ConnectionFailed
+from runledger_sync.db.pool_mode import policy_of
 from runledger_sync.db.errors import is_transient, translate
 from runledger_sync.store import prepared as _prepared
 from runledger_sync.store.binds import Bind, is_lent, joined_connection
-from runledger_sync.store.held import HeldConnection
 
 T = TypeVar("T")
 
@@ -52,6 +59,46 @@ def retry_policy() -> dict[str, Any]:
         wait=wait_exponential(multiplier=0.05, max=0.5),
         reraise=True,
     )
+
+
+class HeldConnection:
+    """One thread's connection, reopened after it breaks; pass it wherever the store takes an Engine.
+
+    Not thread-safe: each thread that writes holds its own.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        #: The engine's pool policy, looked up once rather than at each of its transactions.
+        self.policy = policy_of(engine)
+        self._connection: Optional[Connection] = None
+
+    def connect(self) -> "_Use":
+        """Like ``Engine.connect()``: the (re)opened connection, as a context that does not close it."""
+        current = self._connection
+        if current is None or current.closed or current.invalidated:
+            self.close()
+            current = self._connection = self.engine.connect()
+        return _Use(self, current)
+
+    def close(self) -> None:
+        current, self._connection = self._connection, None
+        if current is not None:
+            current.close()
+
+
+class _Use:
+    def __init__(self, held: HeldConnection, connection: Connection) -> None:
+        self._held = held
+        self._connection = connection
+
+    def __enter__(self) -> Connection:
+        return self._connection
+
+    def __exit__(self, exc_type: object, error: Optional[BaseException], traceback: object) -> None:
+        # A broken connection is replaced next time; after a refused write it is fine as it is.
+        if error is not None and (self._connection.invalidated or isinstance(error, ConnectionFailed)):
+            self._held.close()
 
 
 def run_in_transaction(
@@ -138,7 +185,7 @@ def _once(
     except sa_exc.DBAPIError as exc:
         raise translate(exc, engine.url) from exc
     with checkout as connection:
-        _prepared.own(connection)
+        _prepared.own(connection, policy_of(engine) if isinstance(source, Engine) else source.policy)
         implicit = one_query and _prepared.may_prepare(connection)
         autocommit = implicit or (one_repeatable_write and isinstance(source, Engine))
         # The driver's own switch: SQLAlchemy's isolation_level="AUTOCOMMIT" costs a SET

@@ -36,11 +36,11 @@ from runledger_sync.db.schema import job_queue
 from runledger_sync.store.binds import Bind
 from runledger_sync.store.transactions import run_in_transaction
 from runledger_sync.store.attempt.fence import (
+    check_identity,
     LOCK_LEASES, lease_mismatch, lease_params, one_lease, outcome_lease, write_fenced, write_one_fenced,
 )
 from runledger_sync.store.prepared import PreparedStatement
 from runledger_sync.store.rows import to_job
-from runledger_sync.store.sql import check_identity
 from runledger_sync.store.attempt.transitions import RELEASE, build_failure, build_success, earlier_attempts, failure_params
 from runledger_sync.store.workflows.steps import job_ends, jobs_ended, steps_handed_back
 

@@ -24,13 +24,15 @@ sent in one round trip.
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence
+from uuid import UUID
 
 from sqlalchemy import Integer, Text, and_, any_, bindparam, func, select
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.engine import Connection, CursorResult
 
-from runledger_sync.core.errors import LeaseOwnerMismatch
+from runledger_sync.core import validation as check
+from runledger_sync.core.errors import InvalidArgument, LeaseOwnerMismatch
 from runledger_sync.core.records import JobRecord, LeaseIdentity
 from runledger_sync.core.states import JobStatus
 from runledger_sync.core.workflow_errors import WorkflowReleaseConflict
@@ -53,6 +55,16 @@ IDENTITY_ARRAYS = (
     ("attempt", "lease_attempts", ARRAY(Integer)),
     ("worker_id", "lease_worker_ids", ARRAY(Text)),
 )
+
+
+def check_identity(job_id: Any, run_number: Any, attempt: Any, worker_id: Any) -> LeaseIdentity:
+    """The lease identity of a fenced write, each part checked (a coded error for a bad one)."""
+    if not isinstance(job_id, UUID):
+        raise InvalidArgument("job_id", job_id, "a UUID")
+    check.check_int("run_number", run_number, (1, 2**31 - 1))
+    check.check_int("attempt", attempt, (1, 2**31 - 1))
+    check.check_text("worker_id", worker_id, max_length=check.WORKER_ID_MAX_LENGTH)
+    return LeaseIdentity(job_id, run_number, attempt, worker_id)
 
 
 def held_under(job_id: Any, run_number: Any, attempt: Any, worker_id: Any) -> Any:

@@ -41,6 +41,7 @@ from runledger_sync.core.types import JobCompletion, JobEventType
 from runledger_sync.core.workflow_errors import WorkflowReleaseConflict
 from runledger_sync.db.schema import job_attempts, job_dead_letters, job_events, job_queue
 from runledger_sync.store.attempt.fence import (
+    check_identity,
     IDENTITY_ARRAYS,
     LeaseResult,
     by_listed_ids,
@@ -54,7 +55,7 @@ from runledger_sync.store.attempt.transitions import earlier_attempts, failure_p
 from runledger_sync.store.binds import Bind
 from runledger_sync.store.notify import notify_ended
 from runledger_sync.store.prepared import PreparedStatement
-from runledger_sync.store.sql import attempt_of, check_identity, milliseconds, ordinals
+from runledger_sync.store.sql import attempt_of, milliseconds, ordinals
 from runledger_sync.store.transactions import run_in_transaction
 
 _q = job_queue.c

@@ -21,6 +21,7 @@ from runledger_sync.core.states import JobStage, JobStatus
 from runledger_sync.db.schema import job_attempts, job_events, job_queue
 from runledger_sync.store.admin.jobs import get_job
 from runledger_sync.store.attempt.fence import (
+    check_identity,
     LeaseResult,
     by_listed_ids,
     leases_columns,
@@ -35,7 +36,7 @@ from runledger_sync.store.binds import Bind
 from runledger_sync.store.transactions import run_in_transaction
 from runledger_sync.store.prepared import PreparedStatement
 from runledger_sync.store.rows import JOB_COLUMNS
-from runledger_sync.store.sql import attempt_of, check_identity, event_insert, event_log_params, full_event_log, ordinals, seconds
+from runledger_sync.store.sql import attempt_of, event_insert, event_log_params, full_event_log, ordinals, seconds
 
 DEFAULT_HEARTBEAT_LOCK_TIMEOUT_MS = 5_000
 

@@ -43,7 +43,7 @@ from runledger_sync.store.claim.claim import (
     PRESTART_UNLIMITED_CLAIM_SETTINGS,
     claim_params,
 )
-from runledger_sync.store.held import HeldConnection
+from runledger_sync.store.transactions import HeldConnection
 
 _q = job_queue.c
 _a = job_attempts.c

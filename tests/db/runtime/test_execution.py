@@ -33,7 +33,7 @@ from runledger_sync.store.enqueue.enqueue import enqueue
 from runledger_sync.store.admin.actions import cancel_job
 from runledger_sync.store.claim.claim import claim_jobs, claim_prestart_jobs_for_types
 from runledger_sync.store.claim.start import claim_and_start_jobs
-from runledger_sync.store.held import HeldConnection
+from runledger_sync.store.transactions import HeldConnection
 from runledger_sync.store.attempt.running import heartbeat_job, mark_job_running
 from runledger_sync.store.driver import driver_for
 from tests import handlers as h

@@ -6,7 +6,7 @@ from typing import Iterator
 
 import pytest
 
-from runledger_sync.store.held import HeldConnection
+from runledger_sync.store.transactions import HeldConnection
 from tests.support import define
 
 

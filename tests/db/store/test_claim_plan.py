@@ -22,7 +22,7 @@ from sqlalchemy import event
 import runledger_sync as rl
 from runledger_sync.store.enqueue.enqueue import enqueue_many
 from runledger_sync.store.claim.claim import claim_jobs, claim_prestart_jobs_for_types
-from runledger_sync.store.held import HeldConnection
+from runledger_sync.store.transactions import HeldConnection
 from tests.support import JOB_TYPE, define, scalar
 
 QUEUED = 10_000

@@ -22,7 +22,7 @@ from runledger_sync.db.engine import create_engine
 from runledger_sync.store.enqueue.enqueue import enqueue
 from runledger_sync.store.attempt.ends import release_unstarted_job_claim
 from runledger_sync.store.claim.start import claim_and_start_jobs
-from runledger_sync.store.held import HeldConnection
+from runledger_sync.store.transactions import HeldConnection
 from runledger_sync.store.maintenance.reaper import reap_expired_leases
 from tests.support import JOB_TYPE, define, rows, scalar
 

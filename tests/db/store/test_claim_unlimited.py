@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import runledger_sync as rl
-from runledger_sync.store.held import HeldConnection
+from runledger_sync.store.transactions import HeldConnection
 from runledger_sync.store.driver import claim_and_start_jobs, claim_prestart_jobs_for_types, serves_limited_queue
 from runledger_sync.store.enqueue.enqueue import enqueue_many
 from runledger_sync.store.queues import configure_queue, pause_queue

@@ -24,7 +24,7 @@ from runledger_sync.store import driver as driver_module
 from runledger_sync.store.driver import Driver, StoreDriver, driver_for
 from runledger_sync.store.admin.jobs import get_job
 from runledger_sync.store.enqueue.enqueue import enqueue
-from runledger_sync.store.held import HeldConnection
+from runledger_sync.store.transactions import HeldConnection
 from runledger_sync.store.notify import new_probe_channel
 from tests.support import JOB_TYPE, define, rows, scalar
 

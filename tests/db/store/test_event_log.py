@@ -17,7 +17,7 @@ from runledger_sync.store.workflows.enqueue import enqueue_workflow
 from runledger_sync.store.attempt.ends import complete_job_failure, complete_job_success
 from runledger_sync.store.attempt.running import mark_jobs_running
 from runledger_sync.store.claim.claim import claim_jobs, claim_prestart_jobs_for_types
-from runledger_sync.store.held import HeldConnection
+from runledger_sync.store.transactions import HeldConnection
 from runledger_sync.store.attempt.running import heartbeat_job, mark_job_running, update_job_progress
 from tests.support import JOB_TYPE, define, event_types, events, rows, scalar
 

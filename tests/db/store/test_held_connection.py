@@ -9,7 +9,7 @@ import runledger_sync as rl
 from runledger_sync.core import errors
 from runledger_sync.store.enqueue.enqueue import enqueue
 from runledger_sync.store.claim.claim import claim_prestart_jobs_for_types
-from runledger_sync.store.held import HeldConnection
+from runledger_sync.store.transactions import HeldConnection
 from runledger_sync.store.attempt.running import heartbeat_job
 from tests.support import JOB_TYPE, define, scalar
 

@@ -24,6 +24,7 @@ import pytest
 from sqlalchemy import text
 
 import runledger_sync.store as store_package
+from runledger_sync.db.pool_mode import policy_of
 from runledger_sync.store.prepared import PLAN_ONCE_SQL, PreparedStatement, own
 
 #: The tables that grow with the jobs run; the others hold one row per queue, type or schedule.
@@ -99,7 +100,7 @@ def store_connection(engine) -> Iterator[Any]:
             # Statistics stay those of the empty tables while the rows arrive.
             connection.execute(text(f"ALTER TABLE {table} SET (autovacuum_enabled = false)"))
         connection.commit()
-        yield own(connection)
+        yield own(connection, policy_of(engine))
 
 
 def fill(connection: Any) -> None:

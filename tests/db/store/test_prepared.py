@@ -13,7 +13,7 @@ from runledger_sync.store.enqueue.enqueue import enqueue
 from runledger_sync.store.transactions import run_in_transaction
 from runledger_sync.store.prepared import OPTION, PreparedStatement, execute_in_turn
 from runledger_sync.store.claim.claim import claim_prestart_jobs_for_types
-from runledger_sync.store.held import HeldConnection
+from runledger_sync.store.transactions import HeldConnection
 from tests.support import JOB_TYPE, define, scalar, without_plan_settings
 
 

@@ -12,7 +12,7 @@ from runledger_sync.core.store_errors import CommitOutcomeUnknown
 from runledger_sync.db.engine import create_engine
 from runledger_sync.store.enqueue.enqueue import enqueue
 from runledger_sync.store.attempt.ends import complete_job_success
-from runledger_sync.store.held import HeldConnection
+from runledger_sync.store.transactions import HeldConnection
 from tests.support import JOB_TYPE, claim_one, define, identity, scalar, without_plan_settings, write_successes
 
 
