@@ -18,6 +18,7 @@ from runledger_sync.runtime.worker.loop import WorkerLoop
 from runledger_sync.store.claim.claim import claim_prestart_jobs_for_types
 from runledger_sync.store.driver import StoreDriver, driver_for
 from runledger_sync.store.enqueue.enqueue import enqueue_many
+from runledger_sync.store.driver import driver_for
 from tests.handlers import fast_config
 from tests.support import JOB_TYPE, rows, run_worker_until, scalar, wait_until
 
@@ -70,7 +71,7 @@ def test_a_claimed_batch_is_marked_running_in_one_transaction_however_slowly_its
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(execution, "Attempt", SlowToStart)
-    loop = WorkerLoop(engine, registry, fast_config(max_global_concurrency=CONCURRENCY, claim_batch_size=CONCURRENCY,
+    loop = WorkerLoop(driver_for(engine), registry, fast_config(max_global_concurrency=CONCURRENCY, claim_batch_size=CONCURRENCY,
                                                     event_log="full"),
                       threading.Event(), listen=False)
     try:
