@@ -53,7 +53,7 @@ def wait_for_database(driver: Driver, *, timeout_seconds: Optional[float],
     Only a connection failure is waited for; any other error is raised at once.
 
     Args:
-        driver: The worker's.
+        driver: The supervisor's (its engine's), pinged until it answers.
         timeout_seconds: How long to wait; None for ever, 0 for one try.
         stop: Ends the wait early (a shutdown signal).
 
