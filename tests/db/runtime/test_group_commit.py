@@ -18,7 +18,6 @@ from runledger_sync.runtime.worker.loop import WorkerLoop
 from runledger_sync.store.claim.claim import claim_prestart_jobs_for_types
 from runledger_sync.store.driver import StoreDriver, driver_for
 from runledger_sync.store.enqueue.enqueue import enqueue_many
-from runledger_sync.store.driver import driver_for
 from tests.handlers import fast_config
 from tests.support import JOB_TYPE, rows, run_worker_until, scalar, wait_until
 
