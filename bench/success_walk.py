@@ -69,7 +69,7 @@ def main() -> int:
         config = rl.JobsConfig(worker_id="walk", max_global_concurrency=1, claim_batch_size=1)
         # Before the loop: its writer threads start with it, and a thread takes the hook when it starts.
         threading.setprofile(walk.profile)
-        loop = WorkerLoop(engine, registry, config, threading.Event(), listen=False)
+        loop = WorkerLoop(driver.driver_for(engine), registry, config, threading.Event(), listen=False)
         slot_ended = loop._slot_ended
         ended = threading.Event()
 

@@ -15,19 +15,14 @@ application sharing the engine) have taken whole does not read as an outage.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Optional, Protocol
 
-from sqlalchemy.engine import Engine
-
 from runledger_sync.core.errors import RunledgerError
-from runledger_sync.db.engine import create_engine
-from runledger_sync.db.pool_mode import policy_of
-from runledger_sync.store.driver import ping
+from runledger_sync.store.driver import Driver
 
 #: The names under which the loops mark their steps.
 CLAIM, REAP, TICK = "claim", "reap", "tick"
@@ -166,10 +161,10 @@ class DatabaseProbe:
     the new one waits on the same answer.
     """
 
-    def __init__(self, engine: Engine, timeout_seconds: float = DATABASE_CHECK_SECONDS) -> None:
-        self._source = engine
+    def __init__(self, driver: Driver, timeout_seconds: float = DATABASE_CHECK_SECONDS) -> None:
+        self._source = driver
         self.timeout_seconds = timeout_seconds
-        self._engine: Optional[Engine] = None
+        self._apart: Optional[Driver] = None
         self._lock = threading.Lock()
         self._pending: Optional[threading.Thread] = None
         self._answer: Optional[str] = None
@@ -187,14 +182,9 @@ class DatabaseProbe:
 
     def _ask(self) -> None:
         try:
-            if self._engine is None:
-                source = self._source
-                self._engine = create_engine(
-                    source.url, schema="", pool_size=1, max_overflow=0, pool_mode=policy_of(source).mode,
-                    pool_timeout=self.timeout_seconds,
-                    connect_args={"connect_timeout": max(1, math.ceil(self.timeout_seconds))},
-                )
-            ping(self._engine)
+            if self._apart is None:
+                self._apart = self._source.apart(timeout_seconds=self.timeout_seconds)
+            self._apart.ping()
         except RunledgerError as error:
             # The code only: the message of a failed connection names the server and the user.
             self._answer = DATABASE_UNREACHABLE if error.code == "db.connection_failed" else error.code
@@ -204,5 +194,5 @@ class DatabaseProbe:
             self._answer = None
 
     def close(self) -> None:
-        if self._engine is not None:
-            self._engine.dispose()
+        if self._apart is not None:
+            self._apart.close()

@@ -4,7 +4,7 @@ A job has ended when its status is terminal: SUCCEEDED, DEAD_LETTERED or
 CANCELED. A failed attempt that is retried goes back to PENDING, so it has not
 ended, and neither has a job waiting for its next run.
 
-The waiter LISTENs on :data:`driver.ENDED_CHANNEL` before it first reads the
+The waiter LISTENs on :data:`~runledger_sync.store.driver.ENDED_CHANNEL` before it first reads the
 job, so an end that commits between the read and the wait is not missed. Every
 write that ends jobs notifies that channel once, naming them; the waiter reads
 the job again only when its id is named (or a notification names none). It
@@ -29,9 +29,8 @@ from sqlalchemy.engine import Engine
 
 from runledger_sync.core.errors import InvalidArgument, JobNotFound, JobWaitTimeout
 from runledger_sync.core.records import JobRecord
-from runledger_sync.db.pool_mode import policy_of
 from runledger_sync.logging import get_logger
-from runledger_sync.store import driver
+from runledger_sync.store.driver import ENDED_CHANNEL, Driver, driver_for, ended_job_ids
 
 log = get_logger(__name__)
 
@@ -76,9 +75,10 @@ def wait_for_job(
     """
     check_timeout(timeout)
     deadline = time.monotonic() + timeout
-    listener = _listen(engine) if timeout > 0 else None
+    driver = driver_for(engine)
+    listener = _listen(driver) if timeout > 0 else None
     try:
-        return _wait(engine, job_id, organization_id, deadline, timeout, listener)
+        return _wait(driver, job_id, organization_id, deadline, timeout, listener)
     finally:
         if listener is not None:
             driver.close_listener(listener)
@@ -110,19 +110,19 @@ def timed_out(job: JobRecord, timeout: float) -> JobWaitTimeout:
 
 
 def _wait(
-    engine: Engine, job_id: UUID | str, organization_id: Optional[str], deadline: float, timeout: float,
+    driver: Driver, job_id: UUID | str, organization_id: Optional[str], deadline: float, timeout: float,
     listener: Optional[psycopg2.extensions.connection],
 ) -> JobRecord:
     pause = FIRST_POLL_SECONDS
     while True:
-        job = found(driver.get_job(engine, job_id, organization_id=organization_id), job_id)
+        job = found(driver.get_job(job_id, organization_id=organization_id), job_id)
         if job.status.is_terminal:
             return job
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise timed_out(job, timeout)
         if listener is not None and not listener.closed:
-            if not _heard(listener, str(job.id), min(remaining, LISTENING_POLL_SECONDS)):
+            if not _heard(driver, listener, str(job.id), min(remaining, LISTENING_POLL_SECONDS)):
                 listener = None  # lost: poll from here on; the caller's finally closes it
                 pause = FIRST_POLL_SECONDS
             continue
@@ -130,18 +130,18 @@ def _wait(
         pause = min(MAX_POLL_SECONDS, pause * 2)
 
 
-def _listen(engine: Engine) -> Optional[psycopg2.extensions.connection]:
-    """A connection listening for ended jobs, or None to poll (shared sessions, or the LISTEN failed)."""
-    if not policy_of(engine).listens:
+def _listen(driver: Driver) -> Optional[psycopg2.extensions.connection]:
+    """A connection listening for ended jobs, or None to poll (shared sessions, a caller's transaction, or the LISTEN failed)."""
+    if not driver.listens:
         return None
     try:
-        return driver.open_listener(engine, (driver.ENDED_CHANNEL,))
+        return driver.open_listener((ENDED_CHANNEL,))
     except Exception as error:  # noqa: BLE001 - any failure means: poll; reading the job reports an outage
         log.debug("wait_for_job polls: LISTEN failed", extra={"error": str(error)})
         return None
 
 
-def _heard(listener: psycopg2.extensions.connection, job_id: str, timeout: float) -> bool:
+def _heard(driver: Driver, listener: psycopg2.extensions.connection, job_id: str, timeout: float) -> bool:
     """Wait up to ``timeout`` for a notification naming ``job_id``; False when the listener was lost."""
     until = time.monotonic() + timeout
     try:
@@ -158,13 +158,13 @@ def _heard(listener: psycopg2.extensions.connection, job_id: str, timeout: float
 
 
 def _named(payloads: dict[str, set[str]], job_id: str) -> bool:
-    return names(payloads.get(driver.ENDED_CHANNEL, ()), job_id)
+    return names(payloads.get(ENDED_CHANNEL, ()), job_id)
 
 
 def names(ended_payloads: Iterable[str], job_id: str) -> bool:
-    """True when notifications of :data:`driver.ENDED_CHANNEL` with these payloads may mean ``job_id`` ended."""
+    """True when notifications of :data:`~runledger_sync.store.driver.ENDED_CHANNEL` with these payloads may mean ``job_id`` ended."""
     payloads = list(ended_payloads)
     if not payloads:
         return False
-    ids = driver.ended_job_ids(payloads)
+    ids = ended_job_ids(payloads)
     return ids is None or job_id in ids

@@ -10,8 +10,8 @@ gives one on a bind, decided once: on an Engine or a :class:`HeldConnection`
 each call runs and commits a transaction of its own (retried when the
 connection is lost); on a caller's Connection, ORM Session or psycopg connection
 each call joins the caller's transaction, which the caller commits or rolls back.
-The operations are written where their SQL lives and answer here under their
-own names too, with the bind first, as the runtime still calls them.
+The operations are written where their SQL lives; the runtime calls them only
+as the driver's methods.
 
 Beside the operations: ``HeldConnection``, one connection a loop keeps for its
 many short transactions; ``StartedClaim``, what a claim-and-start leased; the
@@ -55,7 +55,7 @@ from runledger_sync.store.binds import Bind
 from runledger_sync.store.claim.claim import claim_jobs, claim_prestart_jobs_for_types
 from runledger_sync.store.claim.flow import serves_limited_queue
 from runledger_sync.store.claim.start import StartedClaim, claim_and_start_jobs
-from runledger_sync.store.transactions import HeldConnection
+from runledger_sync.store.transactions import HeldConnection, engine_apart
 from runledger_sync.store.maintenance.reaper import reap_expired_leases
 from runledger_sync.store.maintenance.retention import DEFAULT_BATCH_SIZE, prune
 from runledger_sync.store.maintenance.schedule_tick import fire_due_schedules
@@ -70,6 +70,7 @@ from runledger_sync.store.notify import (
     listen,
     new_probe_channel,
     open_listener,
+    pool_mode_of,
     read_notifications,
     send_probe,
 )
@@ -89,7 +90,20 @@ class Driver(Protocol):
 
     @property
     def listens(self) -> bool:
-        """True when a LISTEN on this bind is heard: a connection of its own, whose session no pooler shares."""
+        """True when a LISTEN on this bind is heard: a connection of its own, whose session no pooler shares.
+
+        Asked again at each use: a pooler found sharing sessions turns it off from then on.
+        """
+        ...
+
+    @property
+    def pool_mode(self) -> Optional[str]:
+        """The pool mode of the store's own connections (``session``, ``transaction``); None in a caller's transaction."""
+        ...
+
+    @property
+    def location(self) -> str:
+        """Where the bind leads, for a log line: its URL without the password, or the kind of a caller's connection."""
         ...
 
     # -- connections ---------------------------------------------------------------
@@ -101,8 +115,16 @@ class Driver(Protocol):
         """
         ...
 
+    def apart(self, *, timeout_seconds: float) -> "Driver":
+        """A driver on one connection of its own, outside this bind's pool, that waits ``timeout_seconds`` at most to connect.
+
+        For a readiness probe: a pool the jobs have taken whole must not read as an
+        outage. Same database and pool mode; ``close`` disposes of it (own transactions only).
+        """
+        ...
+
     def close(self) -> None:
-        """Give back the connection this driver holds; nothing for any other."""
+        """Give back the connection this driver holds, or dispose of the engine it made; nothing for any other."""
         ...
 
     def ping(self) -> None:
@@ -266,28 +288,54 @@ class Driver(Protocol):
 
 
 class StoreDriver:
-    """The :class:`Driver` of this store: each operation is the store function of its name, given the driver's bind."""
+    """The :class:`Driver` of this store: each operation is the store function of its name, given the driver's bind.
 
-    def __init__(self, bind: Bind) -> None:
+    Args:
+        bind: what :func:`driver_for` takes.
+        disposes: the bind is an Engine this driver made, which ``close`` disposes of.
+    """
+
+    def __init__(self, bind: Bind, *, disposes: bool = False) -> None:
         self.bind = bind
         # Decided once: an Engine or HeldConnection is the store's own, committed by each
         # call; anything else is the caller's, whose transaction each call joins.
         self._own: Optional[Engine | HeldConnection] = bind if owns_transaction(bind) else None
+        self._engine: Optional[Engine] = None if self._own is None else self._engine_of(self._own)
         self.owns_transactions = self._own is not None
-        self.listens = self._own is not None and hears_listen(self._engine_of(self._own))
+        self._disposes = disposes
 
     @staticmethod
     def _engine_of(own: Engine | HeldConnection) -> Engine:
         return own if isinstance(own, Engine) else own.engine
+
+    @property
+    def listens(self) -> bool:
+        return self._engine is not None and hears_listen(self._engine)
+
+    @property
+    def pool_mode(self) -> Optional[str]:
+        return None if self._engine is None else pool_mode_of(self._engine)
+
+    @property
+    def location(self) -> str:
+        if self._engine is None:
+            return f"a caller's {type(self.bind).__name__}"
+        return self._engine.url.render_as_string(hide_password=True)
 
     def held(self) -> Driver:
         if isinstance(self._own, Engine):
             return StoreDriver(HeldConnection(self._own))
         return self
 
+    def apart(self, *, timeout_seconds: float) -> Driver:
+        engine = self._engine_of(self._own_bind("apart"))
+        return StoreDriver(engine_apart(engine, timeout_seconds=timeout_seconds), disposes=True)
+
     def close(self) -> None:
         if isinstance(self._own, HeldConnection):
             self._own.close()
+        elif self._disposes and self._engine is not None:
+            self._engine.dispose()
 
     def _own_bind(self, operation: str) -> Engine | HeldConnection:
         if self._own is None:
@@ -395,8 +443,7 @@ class StoreDriver:
         return step_output(self.bind, run_id, step_key)
 
     def open_listener(self, channels: Iterable[str] = (CHANNEL,)) -> psycopg2.extensions.connection:
-        bind = self._own_bind("open_listener")
-        return open_listener(bind if isinstance(bind, Engine) else bind.engine, channels)
+        return open_listener(self._engine_of(self._own_bind("open_listener")), channels)
 
     def listen(self, connection: psycopg2.extensions.connection, channel: str) -> None:
         listen(connection, channel)
@@ -454,30 +501,13 @@ __all__ = [
     # the typed seam
     "Driver",
     "driver_for",
-    # connections
-    "ping",
     # claim
     "claim_jobs",
-    # while the handler runs
-    "get_job",
-    # notify and listen
+    # notify and listen: channels, and what needs no database
     "CHANNEL",
     "SCHEDULES_CHANNEL",
     "ENDED_CHANNEL",
     "CANCELED_CHANNEL",
     "ended_job_ids",
-    "open_listener",
-    "listen",
-    "read_notifications",
-    "close_listener",
     "new_probe_channel",
-    # maintenance
-    "reap_expired_leases",
-    "fire_due_schedules",
-    "prune",
-    "sample_rollup",
-    # workers
-    "record_worker",
-    "forget_worker",
-    "list_queues",
 ]

@@ -170,6 +170,11 @@ def hears_listen(engine: Engine) -> bool:
     return policy_of(engine).listens
 
 
+def pool_mode_of(engine: Engine) -> str:
+    """``engine``'s pool mode (``session``, ``transaction``), as a log line says why a worker does not listen."""
+    return policy_of(engine).mode.value
+
+
 def open_listener(engine: Engine, channels: Iterable[str] = (CHANNEL,)) -> psycopg2.extensions.connection:
     """Open a psycopg2 connection listening on ``channels`` (by default :data:`CHANNEL`).
 

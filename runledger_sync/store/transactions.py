@@ -25,6 +25,7 @@ failed transaction is retried like any lost connection, on a new one.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Optional, TypeGuard, TypeVar, cast
 
 import psycopg2.extensions
@@ -34,6 +35,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_afte
 
 from runledger_sync.core.store_errors import CommitOutcomeUnknown, ConnectionFailed
 from runledger_sync.db.pool_mode import policy_of
+from runledger_sync.db.engine import create_engine
 from runledger_sync.db.errors import is_transient, translate
 from runledger_sync.store import prepared as _prepared
 from runledger_sync.store.binds import Bind, is_lent, joined_connection
@@ -99,6 +101,19 @@ class _Use:
         # A broken connection is replaced next time; after a refused write it is fine as it is.
         if error is not None and (self._connection.invalidated or isinstance(error, ConnectionFailed)):
             self._held.close()
+
+
+def engine_apart(engine: Engine, *, timeout_seconds: float) -> Engine:
+    """An engine of one connection to ``engine``'s database, with its pool mode, that waits ``timeout_seconds`` at most.
+
+    For a readiness probe: a pool the jobs have taken whole must not read as an
+    outage. Its one connection is opened on first use and kept, so a server with
+    no connection slot left for newcomers still answers it; dispose of it when done.
+    """
+    return create_engine(
+        engine.url, schema="", pool_size=1, max_overflow=0, pool_mode=policy_of(engine).mode,
+        pool_timeout=timeout_seconds, connect_args={"connect_timeout": max(1, math.ceil(timeout_seconds))},
+    )
 
 
 def run_in_transaction(

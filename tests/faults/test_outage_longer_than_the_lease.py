@@ -19,6 +19,7 @@ import pytest
 
 import runledger_sync as rl
 from runledger_sync.runtime.loops.reaper import run_reaper_loop
+from runledger_sync.store.driver import driver_for
 from tests.faults.harness import Db, TcpProxy
 from tests.support import claim_one, expire_lease, wait_until
 
@@ -50,7 +51,7 @@ def test_a_success_decided_in_an_outage_longer_than_the_lease_lands_once_and_is_
     shutdown = threading.Event()
     threads = [
         threading.Thread(target=rl.run_worker_loop, args=(engine, registry, config, shutdown), daemon=True),
-        threading.Thread(target=run_reaper_loop, args=(engine, registry, config, shutdown), daemon=True),
+        threading.Thread(target=run_reaper_loop, args=(driver_for(engine), registry, config, shutdown), daemon=True),
     ]
     for thread in threads:
         thread.start()
@@ -95,7 +96,7 @@ def test_the_reaper_back_from_an_outage_waits_a_heartbeat_interval_before_reclai
     hold = 3.0
     config = rl.JobsConfig(reaper_interval_seconds=0.2, heartbeat_interval_seconds=hold, lease_ttl_seconds=60)
     shutdown = threading.Event()
-    reaper = threading.Thread(target=run_reaper_loop, args=(engine, registry, config, shutdown), daemon=True)
+    reaper = threading.Thread(target=run_reaper_loop, args=(driver_for(engine), registry, config, shutdown), daemon=True)
     try:
         proxy.refuse()
         reaper.start()

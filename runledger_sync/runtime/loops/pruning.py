@@ -13,12 +13,10 @@ from __future__ import annotations
 import threading
 from typing import Optional
 
-from sqlalchemy.engine import Engine
-
 from runledger_sync.config import JobsConfig
 from runledger_sync.logging import get_logger
 from runledger_sync.runtime.loops.periodic import PeriodicThread
-from runledger_sync.store.driver import prune
+from runledger_sync.store.driver import Driver
 
 log = get_logger(__name__)
 
@@ -41,13 +39,13 @@ class Pruner(PeriodicThread):
     """Prune on a thread of its own every ``config.prune_interval_seconds`` until shutdown.
 
     Args:
-        bind: an Engine: each batch runs on its own pooled connection.
+        driver: one that owns its transactions: each batch runs on its own pooled connection.
         config: the worker's; ``retention`` must not be None.
         shutdown_event: the supervisor's.
     """
 
-    def __init__(self, bind: Engine, config: JobsConfig, shutdown_event: threading.Event) -> None:
-        self.bind = bind
+    def __init__(self, driver: Driver, config: JobsConfig, shutdown_event: threading.Event) -> None:
+        self.driver = driver
         self.config = config
         interval = float(config.prune_interval_seconds)
         super().__init__(f"runledger-pruner-{config.worker_id}", "pruner", self.prune_once, interval, shutdown_event,
@@ -55,7 +53,7 @@ class Pruner(PeriodicThread):
 
     def prune_once(self) -> Optional[float]:
         """One turn; returns how soon to come back (None: the interval)."""
-        result = prune(self.bind, self.config.retention, batch_size=BATCH_SIZE, exclusive=True,
+        result = self.driver.prune(self.config.retention, batch_size=BATCH_SIZE, exclusive=True,
                        max_batches=BATCHES_PER_TURN, pause_seconds=PAUSE_SECONDS)
         if result.batches:
             log.info("pruned finished jobs and workflow runs",

@@ -18,8 +18,6 @@ import threading
 import time
 from typing import Optional, Sequence
 
-from sqlalchemy.engine import Engine
-
 from runledger_sync.config import JobsConfig
 from runledger_sync.core.records import ReapedDeadLetter, ReapResult
 from runledger_sync.core.types import JobContext, JobDeadLetterInfo, JobDeadLetterReason, RuntimeLoopExit
@@ -29,7 +27,7 @@ from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.health import REAP, LoopMarks
 from runledger_sync.runtime.hooks import run_dead_letter_hook
 from runledger_sync.runtime.loops.periodic import run_periodically
-from runledger_sync.store.driver import ping, reap_expired_leases
+from runledger_sync.store.driver import Driver
 
 log = get_logger(__name__)
 
@@ -41,10 +39,10 @@ SHUTDOWN_HOOK_WAIT_SECONDS = 0.25
 SHUTDOWN_CHECK_SECONDS = 0.05
 
 
-def reap_once(engine: Engine, registry: JobRegistry, config: JobsConfig, shutdown: threading.Event) -> ReapResult:
+def reap_once(driver: Driver, registry: JobRegistry, config: JobsConfig, shutdown: threading.Event) -> ReapResult:
     """Run one reaper batch and tell the handlers of the jobs it dead-lettered."""
-    result = reap_expired_leases(
-        engine, limit=config.claim_batch_size, default_retry_delay_ms=config.reaper_retry_delay_ms
+    result = driver.reap_expired_leases(
+        limit=config.claim_batch_size, default_retry_delay_ms=config.reaper_retry_delay_ms
     )
     if result.processed:
         log.info(
@@ -112,12 +110,13 @@ def _join_hooks(threads: Sequence[threading.Thread], shutdown: threading.Event) 
 
 
 def run_reaper_loop(
-    engine: Engine, registry: JobRegistry, config: JobsConfig, shutdown_event: threading.Event,
+    driver: Driver, registry: JobRegistry, config: JobsConfig, shutdown_event: threading.Event,
     *, marks: Optional[LoopMarks] = None,
 ) -> RuntimeLoopExit:
     """Sweep expired leases every ``reaper_interval_seconds`` until shutdown.
 
     Args:
+        driver: the supervisor's; each sweep runs on it.
         marks: where each sweep that did not fail is marked (the Supervisor's health).
 
     Returns:
@@ -126,10 +125,10 @@ def run_reaper_loop(
     comeback = _Comeback(config.heartbeat_interval)
 
     def sweep() -> None:
-        if comeback.holds_off(engine):
+        if comeback.holds_off(driver):
             return
         try:
-            reap_once(engine, registry, config, shutdown_event)
+            reap_once(driver, registry, config, shutdown_event)
         except Exception:
             comeback.lost()
             raise
@@ -150,10 +149,10 @@ class _Comeback:
     def lost(self) -> None:
         self._after_outage = True
 
-    def holds_off(self, engine: Engine) -> bool:
+    def holds_off(self, driver: Driver) -> bool:
         """True while the sweep must wait; raises (a failed step) while the database is still out of reach."""
         if self._after_outage:
-            ping(engine)
+            driver.ping()
             self._after_outage = False
             self._until = time.monotonic() + self._hold_seconds
             log.info("reaper back after an outage; giving workers a heartbeat interval to land outcomes first",

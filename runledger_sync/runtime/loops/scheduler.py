@@ -16,8 +16,6 @@ import threading
 import time
 from typing import Optional
 
-from sqlalchemy.engine import Engine
-
 from runledger_sync.config import JobsConfig
 from runledger_sync.core.records import ScheduleTick
 from runledger_sync.core.types import RuntimeLoopExit
@@ -26,7 +24,7 @@ from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.health import TICK, LoopMarks
 from runledger_sync.runtime.worker.listener import JobListener
 from runledger_sync.runtime.loops.periodic import run_periodically
-from runledger_sync.store import driver
+from runledger_sync.store.driver import SCHEDULES_CHANNEL, Driver
 
 log = get_logger(__name__)
 
@@ -37,13 +35,13 @@ MIN_WAIT_SECONDS = 0.05
 SHUTDOWN_CHECK_SECONDS = 0.05
 
 
-def tick_once(engine: Engine, config: JobsConfig) -> ScheduleTick:
+def tick_once(driver: Driver, config: JobsConfig) -> ScheduleTick:
     """Fire every due schedule, batch after batch; return the totals and when the next one is due."""
     fired = 0
     failed: list = []
     finished: list[str] = []
     while True:
-        tick = driver.fire_due_schedules(engine, limit=config.claim_batch_size, event_log=config.event_log)
+        tick = driver.fire_due_schedules(limit=config.claim_batch_size, event_log=config.event_log)
         fired += tick.fired
         for name in tick.finished:
             log.info("schedule fired its last instant; now inactive", extra={"schedule_name": name})
@@ -60,23 +58,24 @@ def tick_once(engine: Engine, config: JobsConfig) -> ScheduleTick:
 
 
 def run_scheduler_loop(
-    engine: Engine, registry: JobRegistry, config: JobsConfig, shutdown_event: threading.Event,
+    driver: Driver, registry: JobRegistry, config: JobsConfig, shutdown_event: threading.Event,
     *, marks: Optional[LoopMarks] = None,
 ) -> RuntimeLoopExit:
     """Fire due schedules until shutdown.
 
     Args:
+        driver: the supervisor's; each tick runs on it, and where it listens, the loop does too.
         marks: where each tick that did not fail is marked (the Supervisor's health).
 
     Returns:
         ``SHUTDOWN``, or ``INVALID_CONFIG`` at once when the scheduler's settings are invalid.
     """
     def tick() -> float:
-        next_due = tick_once(engine, config).next_due_in_seconds
+        next_due = tick_once(driver, config).next_due_in_seconds
         wait = config.schedule_poll_interval_seconds
         return wait if next_due is None else min(wait, max(MIN_WAIT_SECONDS, next_due))
 
-    listener = _schedule_listener(engine, config)
+    listener = _schedule_listener(driver, config)
     try:
         return run_periodically(
             "scheduler", config.validate_scheduler, tick, config.schedule_poll_interval_seconds, shutdown_event,
@@ -89,10 +88,10 @@ def run_scheduler_loop(
             listener.close()
 
 
-def _schedule_listener(engine: Engine, config: JobsConfig) -> Optional[JobListener]:
-    if not driver.driver_for(engine).listens:
+def _schedule_listener(driver: Driver, config: JobsConfig) -> Optional[JobListener]:
+    if not driver.listens:
         return None
-    return JobListener(engine, None, worker_id=config.worker_id, channel=driver.SCHEDULES_CHANNEL,
+    return JobListener(driver, None, worker_id=config.worker_id, channel=SCHEDULES_CHANNEL,
                        name="schedule listener", probe_interval_seconds=config.schedule_poll_interval_seconds)
 
 

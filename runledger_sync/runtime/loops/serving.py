@@ -13,8 +13,6 @@ from __future__ import annotations
 import threading
 from typing import Mapping, Optional
 
-from sqlalchemy.engine import Engine
-
 from runledger_sync.config import JobsConfig
 from runledger_sync.core.errors import RunledgerError
 from runledger_sync.core.queue_errors import QueueNotFound
@@ -23,7 +21,7 @@ from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.loops.periodic import PeriodicThread
 from runledger_sync.runtime.loops.pruning import Pruner
 from runledger_sync.runtime.loops.sampling import Sampler
-from runledger_sync.store.driver import forget_worker, list_queues, record_worker
+from runledger_sync.store.driver import Driver
 
 log = get_logger(__name__)
 
@@ -41,7 +39,7 @@ def served_job_types(registry: JobRegistry, config: JobsConfig) -> list[str]:
 
 
 def check_queues_exist(
-    engine: Engine, registry: JobRegistry, config: JobsConfig, *, sources: Optional[Mapping[str, str]] = None,
+    driver: Driver, registry: JobRegistry, config: JobsConfig, *, sources: Optional[Mapping[str, str]] = None,
 ) -> None:
     """Refuse a config that names a queue nobody knows: its worker would wait for jobs that never come.
 
@@ -64,7 +62,7 @@ def check_queues_exist(
     if not any(named.values()):
         return
     try:
-        known = {queue.name for queue in list_queues(engine)}
+        known = {queue.name for queue in driver.list_queues()}
     except RunledgerError as error:
         log.warning("queues of the jobs config not checked: the database did not answer",
                     extra={"worker_id": config.worker_id, "error": str(error)})
@@ -86,7 +84,7 @@ class WorkerRow(PeriodicThread):
     """Keep a worker's ``job_workers`` row fresh on a thread of its own until shutdown, then delete it.
 
     Args:
-        bind: an Engine: the row is written on its own pooled connections.
+        driver: one that owns its transactions: the row is written on its own pooled connections.
         registry, config: the worker's; the row names ``config.worker_id``, its
             ``queues`` (None: every queue) and the types it claims.
         shutdown_event: the supervisor's; once set the worker claims nothing
@@ -95,10 +93,10 @@ class WorkerRow(PeriodicThread):
     """
 
     def __init__(
-        self, bind: Engine, registry: JobRegistry, config: JobsConfig, shutdown_event: threading.Event,
+        self, driver: Driver, registry: JobRegistry, config: JobsConfig, shutdown_event: threading.Event,
         *, interval_seconds: Optional[float] = None,
     ) -> None:
-        self.bind = bind
+        self.driver = driver
         self.registry = registry
         self.config = config
         super().__init__(f"runledger-worker-row-{config.worker_id}", "worker row", self._write,
@@ -108,24 +106,27 @@ class WorkerRow(PeriodicThread):
     def _write(self) -> None:
         # Read on each write, on this thread: a registry that fails to answer is
         # the worker loop's failure to report, not a reason to fail the start.
-        record_worker(self.bind, self.config.worker_id, queues=self.config.queues,
-                      job_types=served_job_types(self.registry, self.config))
+        self.driver.record_worker(self.config.worker_id, queues=self.config.queues,
+                                  job_types=served_job_types(self.registry, self.config))
 
     def _forget(self) -> None:
         try:
-            forget_worker(self.bind, self.config.worker_id)
+            self.driver.forget_worker(self.config.worker_id)
         except Exception as error:  # noqa: BLE001 - a row left behind counts as a worker gone within a minute
             log.warning("worker row could not be removed",
                         extra={"worker_id": self.config.worker_id, "error": str(error)})
 
 
 def start_upkeep(
-    bind: Engine, registry: JobRegistry, config: JobsConfig, shutdown_event: threading.Event, prunes: bool,
+    driver: Driver, registry: JobRegistry, config: JobsConfig, shutdown_event: threading.Event, prunes: bool,
 ) -> list[PeriodicThread]:
-    """Start the worker's row; where ``prunes`` (the process reaps), the sampler and, with a retention, the pruner."""
-    started: list[PeriodicThread] = [WorkerRow(bind, registry, config, shutdown_event).start()]
+    """Start the worker's row; where ``prunes`` (the process reaps), the sampler and, with a retention, the pruner.
+
+    ``driver`` must own its transactions: each of these threads runs its own.
+    """
+    started: list[PeriodicThread] = [WorkerRow(driver, registry, config, shutdown_event).start()]
     if prunes:
-        started.append(Sampler(bind, config, shutdown_event).start())
+        started.append(Sampler(driver, config, shutdown_event).start())
     if prunes and config.retention is not None:
-        started.append(Pruner(bind, config, shutdown_event).start())
+        started.append(Pruner(driver, config, shutdown_event).start())
     return started

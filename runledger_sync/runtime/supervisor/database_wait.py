@@ -13,12 +13,10 @@ import threading
 import time
 from typing import Optional
 
-from sqlalchemy.engine import Engine
-
 from runledger_sync.core.errors import ConfigError
 from runledger_sync.core.store_errors import ConnectionFailed, DatabaseWaitTimeout
 from runledger_sync.logging import get_logger
-from runledger_sync.store.driver import ping
+from runledger_sync.store.driver import Driver
 
 log = get_logger(__name__)
 
@@ -45,7 +43,7 @@ def _first_line(error: BaseException) -> str:
     return lines[0][:300] if lines else type(cause).__name__
 
 
-def wait_for_database(engine: Engine, *, timeout_seconds: Optional[float],
+def wait_for_database(driver: Driver, *, timeout_seconds: Optional[float],
                       stop: Optional[threading.Event] = None) -> bool:
     """Return True once the database answers, False if ``stop`` is set first.
 
@@ -55,7 +53,7 @@ def wait_for_database(engine: Engine, *, timeout_seconds: Optional[float],
     Only a connection failure is waited for; any other error is raised at once.
 
     Args:
-        engine: The worker's engine.
+        driver: The supervisor's (its engine's), pinged until it answers.
         timeout_seconds: How long to wait; None for ever, 0 for one try.
         stop: Ends the wait early (a shutdown signal).
 
@@ -69,7 +67,7 @@ def wait_for_database(engine: Engine, *, timeout_seconds: Optional[float],
     stop = stop if stop is not None else threading.Event()
     while True:
         try:
-            ping(engine)
+            driver.ping()
         except ConnectionFailed as error:
             problem = _first_line(error)
         else:
@@ -82,7 +80,7 @@ def wait_for_database(engine: Engine, *, timeout_seconds: Optional[float],
             raise DatabaseWaitTimeout(f"the database did not answer within {timeout_seconds:g} s: {problem}")
         if time.monotonic() >= next_log:
             log.warning("waiting for the database", extra={
-                "database": engine.url.render_as_string(hide_password=True), "error": problem,
+                "database": driver.location, "error": problem,
                 "waited_seconds": round(waited, 1), "timeout_seconds": timeout_seconds,
             })
             next_log = time.monotonic() + LOG_EVERY_SECONDS

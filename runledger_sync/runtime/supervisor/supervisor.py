@@ -48,12 +48,12 @@ from runledger_sync.runtime.loops.reaper import run_reaper_loop
 from runledger_sync.runtime.loops.scheduler import run_scheduler_loop
 from runledger_sync.runtime.loops.periodic import PeriodicThread
 from runledger_sync.runtime.loops.serving import check_queues_exist, start_upkeep
-from runledger_sync.store.driver import driver_for
-from runledger_sync.runtime.worker.loop import run_worker_loop
+from runledger_sync.store.driver import Driver, driver_for
+from runledger_sync.runtime.worker.loop import run_worker_loop_on
 
 log = get_logger(__name__)
 
-Loop = Callable[[Engine, JobRegistry, JobsConfig, threading.Event], RuntimeLoopExit]
+Loop = Callable[[Driver, JobRegistry, JobsConfig, threading.Event], RuntimeLoopExit]
 #: A claim that succeeded this recently (or within three poll intervals, if longer)
 #: shows the database answers: readiness then asks it nothing.
 CLAIM_EVIDENCE_SECONDS = 5.0
@@ -111,7 +111,8 @@ class Supervisor:
         app: Optional[str] = None,
         observer: Optional[WorkerObserver] = None,
     ) -> None:
-        self.engine = engine
+        #: Every database operation of the loops and their helpers, on ``engine``.
+        self.driver = driver_for(engine)
         self.registry = registry
         self.config = config if config is not None else JobsConfig.from_env()
         self.shutdown_event = threading.Event()
@@ -119,7 +120,7 @@ class Supervisor:
         self._stop_jobs = threading.Event()
         self._marks = LoopMarks()
         self._loops: dict[str, Loop] = {
-            "worker": functools.partial(run_worker_loop, observer=observer, marks=self._marks,
+            "worker": functools.partial(run_worker_loop_on, observer=observer, marks=self._marks,
                                         stop_jobs=self._stop_jobs),
         }
         if run_reaper:
@@ -130,7 +131,7 @@ class Supervisor:
         self._helpers: list[PeriodicThread] = []
         self._exits: dict[str, Any] = {}
         self._failure: Optional[str] = None
-        self._probe = DatabaseProbe(engine)
+        self._probe = DatabaseProbe(self.driver)
         self.processes = check_processes(processes)
         if observer is not None and processes > 1 and not follows_processes(observer):
             raise ConfigError([f"this observer needs processes=1 (got {processes}): it has no "
@@ -214,7 +215,7 @@ class Supervisor:
             DatabaseWaitTimeout: It did not answer in time (``db.wait_timeout``).
             ConfigError: ``timeout_seconds`` is not a number of seconds >= 0.
         """
-        return wait_for_database(self.engine, timeout_seconds=check_wait_seconds(timeout_seconds),
+        return wait_for_database(self.driver, timeout_seconds=check_wait_seconds(timeout_seconds),
                                  stop=self.shutdown_event)
 
     def check_queues(self, *, sources: Optional[Mapping[str, str]] = None) -> None:
@@ -223,7 +224,7 @@ class Supervisor:
         :meth:`start` calls it; call it first to refuse before writing anything (``runledger-sync
         worker`` does, before its sync). See :func:`~runledger_sync.runtime.loops.serving.check_queues_exist`.
         """
-        check_queues_exist(self.engine, self.registry, self.config, sources=sources)
+        check_queues_exist(self.driver, self.registry, self.config, sources=sources)
 
     def start(self, *, drain_timeout: float = DEFAULT_DRAIN_TIMEOUT_SECONDS) -> "Supervisor":
         """Start the loops in background threads; return at once.
@@ -253,15 +254,15 @@ class Supervisor:
             thread = threading.Thread(target=self._run, args=(name, loop), name=f"runledger-{name}", daemon=True)
             self._threads.append(thread)
             thread.start()
-        if driver_for(self.engine).owns_transactions:  # a caller's Connection must not be shared with another thread
-            self._helpers = start_upkeep(self.engine, self.registry, self.config, self.shutdown_event,
+        if self.driver.owns_transactions:  # a caller's Connection must not be shared with another thread
+            self._helpers = start_upkeep(self.driver, self.registry, self.config, self.shutdown_event,
                                          prunes="reaper" in self._loops)
         log.info("supervisor started", extra={"worker_id": self.config.worker_id, "loops": list(self._loops)})
         return self
 
     def _run(self, name: str, loop: Loop) -> None:
         try:
-            exit_reason: Any = loop(self.engine, self.registry, self.config, self.shutdown_event)
+            exit_reason: Any = loop(self.driver, self.registry, self.config, self.shutdown_event)
         except BaseException as error:  # noqa: BLE001 - reported, then the other loops stop
             exit_reason = error
             log.error(f"{name} loop crashed", extra={"error": repr(error)}, exc_info=error)

@@ -31,12 +31,9 @@ import time
 from typing import Any, Callable, Iterable, Optional
 
 import psycopg2.extensions
-from sqlalchemy.engine import Engine
 
-from runledger_sync.db.pool_mode import policy_of
 from runledger_sync.logging import get_logger
-from runledger_sync.store import driver
-from runledger_sync.store.driver import Driver
+from runledger_sync.store.driver import CANCELED_CHANNEL, CHANNEL, Driver, new_probe_channel
 
 log = get_logger(__name__)
 
@@ -57,31 +54,32 @@ class JobListener:
     """One LISTEN connection and its connected/lost state.
 
     Args:
+        driver: one that owns its transactions; the LISTEN connection is opened on its engine.
         job_types: the payloads that wake :meth:`wait`; None: any notification on ``channel``.
         probe_bind: where probes are sent from (the polling thread's own connection);
-            defaults to ``engine``.
+            defaults to ``driver``.
         probe_interval_seconds: the least time between two probes of a connected listener.
-        channel: :data:`driver.CHANNEL` (enqueued job types) or :data:`driver.SCHEDULES_CHANNEL`.
+        channel: :data:`~runledger_sync.store.driver.CHANNEL` (enqueued job types) or
+            :data:`~runledger_sync.store.driver.SCHEDULES_CHANNEL`.
         name: how its log lines call it (``listener connected``, ``listener lost; polling``).
         on_canceled: called, on the thread reading the listener, with the ids of
             jobs operators canceled; None: it does not listen for cancels.
     """
 
     def __init__(
-        self, engine: Engine, job_types: Optional[Iterable[str]], *, worker_id: str,
+        self, driver: Driver, job_types: Optional[Iterable[str]], *, worker_id: str,
         probe_bind: Optional[Driver] = None, probe_interval_seconds: float = 1.0,
-        channel: str = driver.CHANNEL, name: str = "listener",
+        channel: str = CHANNEL, name: str = "listener",
         on_canceled: Optional[Callable[[set[str]], None]] = None,
     ) -> None:
         self.name = name
         self.on_canceled = on_canceled
-        self.engine = engine
+        self.driver = driver
         self.job_types = None if job_types is None else frozenset(job_types)
         self.channel = channel
         self.worker_id = worker_id
-        self.probe_bind = probe_bind if probe_bind is not None else driver.driver_for(engine)
-        self.policy = policy_of(engine)
-        self.probe_channel = driver.new_probe_channel()
+        self.probe_bind = probe_bind if probe_bind is not None else driver
+        self.probe_channel = new_probe_channel()
         self.probe_interval_seconds = probe_interval_seconds
         self._probed_at = 0.0
         self._connection: Optional[psycopg2.extensions.connection] = None
@@ -110,12 +108,12 @@ class JobListener:
         try:
             # The probe channel first: a LISTEN that cannot deliver then leaves behind at
             # most that channel, on which only this listener's own probes are ever sent.
-            connection = self._connection = driver.open_listener(self.engine, (self.probe_channel,))
+            connection = self._connection = self.driver.open_listener((self.probe_channel,))
             self._send_probe()
             self._await_echo(connection, PROBE_TIMEOUT_SECONDS)
             if self.on_canceled is not None:
-                driver.listen(connection, driver.CANCELED_CHANNEL)
-            driver.listen(connection, self.channel)
+                self.driver.listen(connection, CANCELED_CHANNEL)
+            self.driver.listen(connection, self.channel)
         except Exception as error:  # noqa: BLE001 - any failure means: poll, try again later
             self._lost(error)
             return False
@@ -193,15 +191,15 @@ class JobListener:
         self._probe = None
         self._notified = False
         if connection is not None:
-            driver.close_listener(connection)
+            self.driver.close_listener(connection)
 
     def _allowed(self) -> bool:
-        if self.policy.listens:
+        if self.driver.listens:
             return True
         if not self._off_logged:
             self._off_logged = True
             log.info(f"{self.name} off; polling", extra={
-                "worker_id": self.worker_id, "pool_mode": self.policy.mode.value,
+                "worker_id": self.worker_id, "pool_mode": self.driver.pool_mode,
                 "reason": "the engine's sessions are shared between clients (transaction pooling)",
             })
         return False
@@ -226,10 +224,10 @@ class JobListener:
 
     def _read(self, connection: psycopg2.extensions.connection) -> set[str]:
         """Read what has arrived: note a probe's echo, hand cancels on, return the job types notified."""
-        payloads = driver.read_notifications(connection)
+        payloads = self.driver.read_notifications(connection)
         if self._probe is not None and self._probe[0] in payloads.get(self.probe_channel, ()):
             self._probe = None
-        canceled = payloads.get(driver.CANCELED_CHANNEL)
+        canceled = payloads.get(CANCELED_CHANNEL)
         if canceled and self.on_canceled is not None:
             self.on_canceled(canceled)
         return payloads.get(self.channel, set())

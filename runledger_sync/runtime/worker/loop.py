@@ -42,7 +42,6 @@ from runledger_sync.core.errors import ConfigError
 from runledger_sync.core.outcomes import LEFT_BEHIND
 from runledger_sync.core.records import JobRecord
 from runledger_sync.core.types import RuntimeLoopExit
-from runledger_sync.db.pool_mode import policy_of
 from runledger_sync.logging import get_logger
 from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.attempt.cancels import cancel_running
@@ -56,7 +55,7 @@ from runledger_sync.runtime.attempt.completer import FinishingSoon
 from runledger_sync.runtime.worker.queue_limits import QueueLimitsWatch
 from runledger_sync.runtime.worker.tally import OutcomeTally
 from runledger_sync.runtime.attempt.watch import TimerThread
-from runledger_sync.store.driver import driver_for
+from runledger_sync.store.driver import Driver, driver_for
 
 log = get_logger(__name__)
 
@@ -74,16 +73,23 @@ PROBE_INTERVAL_SECONDS = 1.0
 
 
 class WorkerLoop:
-    """One polling turn at a time (:meth:`turn`), so tests can drive the loop step by step."""
+    """One polling turn at a time (:meth:`turn`), so tests can drive the loop step by step.
+
+    Args:
+        driver: every database operation of the worker. On one that owns its
+            transactions (an Engine's) each commits its own; in a caller's
+            transaction (a Connection's) the worker just polls, and its jobs write
+            one by one in that transaction.
+    """
 
     claim_gather_seconds = CLAIM_GATHER_SECONDS
 
     def __init__(
-        self, engine: Engine, registry: JobRegistry, config: JobsConfig, shutdown: threading.Event,
+        self, driver: Driver, registry: JobRegistry, config: JobsConfig, shutdown: threading.Event,
         *, listen: bool = LISTEN_BY_DEFAULT, observer: Optional[WorkerObserver] = None,
         marks: Optional[LoopMarks] = None, stop_jobs: Optional[threading.Event] = None,
     ) -> None:
-        self.engine = engine
+        self.driver = driver
         self.registry = registry
         self.config = config
         self.shutdown = shutdown
@@ -114,15 +120,11 @@ class WorkerLoop:
         self._idle_runners = 0
         #: Each runner's heartbeat timer thread, made when the runner starts and kept.
         self._timers: list[TimerThread] = []
-        #: Every database operation of the worker. On an Engine each commits its own
-        #: transaction; on a caller's Connection the worker just polls, and its jobs
-        #: write one by one in that transaction.
-        self.driver = driver_for(engine)
         # Claims come every few milliseconds under load: one connection kept for them
         # spares each a pool checkout and its pre-ping.
         self.claims = self.driver.held()
         self.listener = (
-            JobListener(engine, types, worker_id=config.worker_id, probe_bind=self.claims,
+            JobListener(driver, types, worker_id=config.worker_id, probe_bind=self.claims,
                         probe_interval_seconds=max(PROBE_INTERVAL_SECONDS, config.poll_interval_ms / 1000.0),
                         on_canceled=partial(cancel_running, self.handlers_running))
             if listen and types and self.driver.listens else None
@@ -399,6 +401,16 @@ def run_worker_loop(
     Example:
         ``rl.run_worker_loop(engine, registry, rl.JobsConfig(), threading.Event())``
     """
+    return run_worker_loop_on(driver_for(engine), registry, config, shutdown_event, listen=listen, observer=observer,
+                              marks=marks, stop_jobs=stop_jobs)
+
+
+def run_worker_loop_on(
+    driver: Driver, registry: JobRegistry, config: JobsConfig, shutdown_event: threading.Event,
+    *, listen: bool = LISTEN_BY_DEFAULT, observer: Optional[WorkerObserver] = None, marks: Optional[LoopMarks] = None,
+    stop_jobs: Optional[threading.Event] = None,
+) -> RuntimeLoopExit:
+    """:func:`run_worker_loop` on a driver the caller made (the Supervisor's, shared with its other loops)."""
     # Once per start, before anything else: a value the environment gave that is
     # not the one in use must not go unnoticed (the spec's fallback is silent).
     for adjustment in config.env_adjustments:
@@ -409,15 +421,15 @@ def run_worker_loop(
     except ConfigError as error:
         log.warning("invalid jobs config; stopping worker loop", extra={"error": str(error)})
         return RuntimeLoopExit.INVALID_CONFIG
-    loop = WorkerLoop(engine, registry, config, shutdown_event, listen=listen, observer=observer, marks=marks,
+    loop = WorkerLoop(driver, registry, config, shutdown_event, listen=listen, observer=observer, marks=marks,
                       stop_jobs=stop_jobs)
     log.info("worker started", extra={"worker_id": config.worker_id, "job_types": loop.job_types,
                                       "max_global_concurrency": config.max_global_concurrency,
                                       "listen": loop.listener is not None})
-    if listen and loop.driver.owns_transactions and not loop.driver.listens:
+    if listen and driver.owns_transactions and not driver.listens:
         log.info("pool mode transaction: no LISTEN; idle workers poll", extra={
             "worker_id": config.worker_id, "poll_interval_ms": config.poll_interval_ms,
-            "pool_mode": policy_of(engine).mode.value,
+            "pool_mode": driver.pool_mode,
         })
     try:
         while not shutdown_event.is_set():

@@ -16,6 +16,7 @@ import pytest
 from runledger_sync.config import JobsConfig
 from runledger_sync.core.types import RuntimeLoopExit
 from runledger_sync.runtime.loops.reaper import run_reaper_loop
+from runledger_sync.store.driver import driver_for
 from runledger_sync.runtime.worker.loop import run_worker_loop
 from tests.handlers import SECRET, Probe, fast_config
 
@@ -53,8 +54,10 @@ def start_loop(engine) -> Iterator[Callable[..., RunningLoop]]:
     def start(kind: str, registry: Any, config: Optional[JobsConfig] = None, *, bind: Any = None,
               **options: Any) -> RunningLoop:
         """Start a ``worker`` or ``reaper`` loop; ``options`` go to it (a worker's ``observer=``, say)."""
-        loop = {"worker": run_worker_loop, "reaper": run_reaper_loop}[kind]
-        running = RunningLoop(loop, bind if bind is not None else engine, registry, config or fast_config(), **options)
+        bind = bind if bind is not None else engine
+        # The worker through its public entry, on the bind; the reaper on a driver, as the supervisor runs it.
+        loop, target = {"worker": (run_worker_loop, bind), "reaper": (run_reaper_loop, driver_for(bind))}[kind]
+        running = RunningLoop(loop, target, registry, config or fast_config(), **options)
         started.append(running)
         return running
 

@@ -146,7 +146,7 @@ def test_handler_does_not_run_when_the_lease_changed_owner_before_start(engine, 
     # The slow worker's claim expired before it got going; the reaper handed it
     # back and another worker took it, with the same attempt number.
     expire_lease(engine, stale.id)
-    reap_once(engine, registry, config, threading.Event())
+    reap_once(driver_for(engine), registry, config, threading.Event())
     other = claim_one(engine, worker_id="worker-fast")
     assert other.attempt == stale.attempt
     process_claimed_job(driver_for(engine), registry, stale, config)
@@ -162,7 +162,7 @@ def test_an_attempt_that_never_started_is_counted_apart_in_the_workers_summary(e
     config = fast_config(worker_id="worker-slow")
     stale = enqueue_and_claim(engine, registry, config)
     expire_lease(engine, stale.id)
-    reap_once(engine, registry, config, threading.Event())
+    reap_once(driver_for(engine), registry, config, threading.Event())
     claim_one(engine, worker_id="worker-fast")
     tally = OutcomeTally("worker-slow")
     process_claimed_job(driver_for(engine), registry, stale, config, tally=tally)
@@ -620,7 +620,7 @@ def test_heartbeat_stuck_past_its_lock_timeout_abandons_the_handler_and_the_reap
     assert (row.status, row.worker_id) == ("LEASED", "worker-test")
     assert attempts(engine, job.id)[0].outcome is None
     expire_lease(engine, job.id)
-    reap_once(engine, registry, config, threading.Event())
+    reap_once(driver_for(engine), registry, config, threading.Event())
     row = job_row(engine, job.id)
     assert (row.status, row.attempt, row.last_error_code) == ("PENDING", 1, "job.lease_expired")
     assert attempts(engine, job.id)[0].outcome == "LEASE_EXPIRED"

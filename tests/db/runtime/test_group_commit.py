@@ -70,7 +70,7 @@ def test_a_claimed_batch_is_marked_running_in_one_transaction_however_slowly_its
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(execution, "Attempt", SlowToStart)
-    loop = WorkerLoop(engine, registry, fast_config(max_global_concurrency=CONCURRENCY, claim_batch_size=CONCURRENCY,
+    loop = WorkerLoop(driver_for(engine), registry, fast_config(max_global_concurrency=CONCURRENCY, claim_batch_size=CONCURRENCY,
                                                     event_log="full"),
                       threading.Event(), listen=False)
     try:

@@ -14,6 +14,7 @@ from runledger_sync.runtime.worker import loop as worker_module
 from runledger_sync.runtime.worker.loop import WorkerLoop, run_worker_loop
 from runledger_sync.store.enqueue.enqueue import enqueue, enqueue_many
 from runledger_sync.store import notify
+from runledger_sync.store.driver import driver_for
 from tests.handlers import fast_config
 from tests.support import JOB_TYPE, ClaimWatch, define, rows, scalar, wait_until
 
@@ -173,7 +174,7 @@ def test_worker_without_listen_only_polls(engine, start_loop, logs):
     starts = Starts()
     registry = registry_of(starts)
     registry.sync_definitions(engine)
-    loop = WorkerLoop(engine, registry, fast_config(), threading.Event(), listen=False)
+    loop = WorkerLoop(driver_for(engine), registry, fast_config(), threading.Event(), listen=False)
     try:
         assert loop.listener is None
         loop.pause()
@@ -190,7 +191,7 @@ def test_a_listen_that_stops_delivering_is_noticed_by_its_probe_and_listened_aga
     monkeypatch.setattr(worker_module, "PROBE_INTERVAL_SECONDS", 0.05)
     registry = registry_of(Starts())
     registry.sync_definitions(engine)
-    loop = WorkerLoop(engine, registry, fast_config(poll_interval_ms=50), threading.Event())
+    loop = WorkerLoop(driver_for(engine), registry, fast_config(poll_interval_ms=50), threading.Event())
     try:
         wait_until(lambda: loop.pause() or loop.listener.connected)
         with loop.listener._connection.cursor() as cursor:

@@ -8,8 +8,8 @@ from datetime import timedelta
 from sqlalchemy import text
 
 import runledger_sync as rl
-from runledger_sync.runtime.loops import pruning
 from runledger_sync.runtime.supervisor.supervisor import Supervisor
+from runledger_sync.store import driver as driver_module
 from tests.handlers import fast_config
 from tests.support import define, scalar, wait_until
 
@@ -56,7 +56,7 @@ def test_a_failing_prune_is_logged_and_the_worker_goes_on(engine, monkeypatch, c
         turns.append(1)
         raise rl.StoreError("statement timeout")
 
-    monkeypatch.setattr(pruning, "prune", failing)
+    monkeypatch.setattr(driver_module, "prune", failing)
     registry = rl.JobRegistry()
     done = threading.Event()
 

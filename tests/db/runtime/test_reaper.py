@@ -148,6 +148,6 @@ def test_reaper_with_invalid_config_returns_invalid_config_and_touches_nothing(e
     registry.sync_definitions(engine)
     job = expired_started_claim(engine, JOB_TYPE)
     for bad in ({"reaper_retry_delay_ms": 0}, {"reaper_interval_seconds": 0}, {"claim_batch_size": 0}):
-        exit_reason = run_reaper_loop(engine, registry, fast_config(**bad), threading.Event())
+        exit_reason = run_reaper_loop(driver_for(engine), registry, fast_config(**bad), threading.Event())
         assert exit_reason is RuntimeLoopExit.INVALID_CONFIG
     assert job_state(engine, job.id) == ("LEASED", 1)

@@ -8,6 +8,8 @@ import runledger_sync as rl
 from runledger_sync.runtime.loops import sampling
 from runledger_sync.runtime.loops.sampling import Sampler
 from runledger_sync.runtime.supervisor.supervisor import Supervisor
+from runledger_sync.store import driver as driver_module
+from runledger_sync.store.driver import driver_for
 from tests.handlers import fast_config
 from tests.support import define, scalar, wait_until
 
@@ -23,7 +25,7 @@ def sampled_minutes(engine) -> int:
 def test_two_samplers_write_the_last_closed_minute_once(engine):
     define(engine)
     shutdown = threading.Event()
-    samplers = [Sampler(engine, fast_config(worker_id=f"w{n}"), shutdown, first_delay_seconds=0).start()
+    samplers = [Sampler(driver_for(engine), fast_config(worker_id=f"w{n}"), shutdown, first_delay_seconds=0).start()
                 for n in range(2)]
     try:
         wait_until(lambda: sampled_minutes(engine) >= 1, what="a sampler writes the last closed minute")
@@ -43,7 +45,7 @@ def test_the_supervisor_that_reaps_runs_a_sampler_and_a_failure_never_stops_it(e
         turns.append(1)
         raise rl.StoreError("statement timeout")
 
-    monkeypatch.setattr(sampling, "sample_rollup", failing)
+    monkeypatch.setattr(driver_module, "sample_rollup", failing)
     monkeypatch.setattr(sampling, "FIRST_TURN_DELAY_SECONDS", 0.0)
     monkeypatch.setattr(sampling, "INTERVAL_SECONDS", 0.05)
     with Supervisor(engine, rl.JobRegistry(), fast_config()) as supervisor:

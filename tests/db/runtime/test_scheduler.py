@@ -13,6 +13,7 @@ from runledger_sync.core.types import RuntimeLoopExit
 from runledger_sync.runtime.worker.listener import JobListener
 from runledger_sync.runtime.loops.scheduler import run_scheduler_loop, tick_once
 from runledger_sync.store import notify
+from runledger_sync.store.driver import driver_for
 from tests import handlers as h
 from tests.handlers import fast_config
 from tests.support import JOB_TYPE, rows, scalar, wait_until
@@ -53,7 +54,7 @@ def test_three_supervisors_enqueue_each_instant_of_a_per_second_schedule_once(en
 
 def test_the_loop_stops_at_once_on_an_invalid_config(engine, logs):
     registry = rl.JobRegistry()
-    exit_reason = run_scheduler_loop(engine, registry, fast_config(schedule_poll_interval_seconds=0), threading.Event())
+    exit_reason = run_scheduler_loop(driver_for(engine), registry, fast_config(schedule_poll_interval_seconds=0), threading.Event())
     assert exit_reason is RuntimeLoopExit.INVALID_CONFIG
     assert [r.getMessage() for r in logs.records] == ["invalid jobs config; stopping scheduler loop"]
 
@@ -80,7 +81,7 @@ def test_a_schedule_that_fails_is_logged_with_its_name_and_code(engine, probe, l
     rl.upsert_schedule(engine, "broken", cron_expr="*/1 * * * * *", job_type=JOB_TYPE)
     rl.set_job_definition_enabled(engine, JOB_TYPE, False)
     shutdown = threading.Event()
-    loop = threading.Thread(target=run_scheduler_loop, args=(engine, registry, fast_config(), shutdown))
+    loop = threading.Thread(target=run_scheduler_loop, args=(driver_for(engine), registry, fast_config(), shutdown))
     loop.start()
     try:
         wait_until(lambda: [r for r in logs.records if r.getMessage().startswith("schedule could not fire")])
@@ -98,7 +99,7 @@ def test_tick_once_fires_every_due_schedule_in_as_many_batches_as_it_takes(engin
         rl.upsert_schedule(engine, f"s{n}", cron_expr="0 * * * * *", job_type=JOB_TYPE)
     with engine.begin() as conn:
         conn.exec_driver_sql("UPDATE job_schedules SET next_fire_at = now() - interval '1 second'")
-    tick = tick_once(engine, fast_config(claim_batch_size=3))
+    tick = tick_once(driver_for(engine), fast_config(claim_batch_size=3))
     assert tick.fired == 7 and rl.count_jobs(engine) == 7
     assert 0 < tick.next_due_in_seconds <= 60
 
@@ -201,7 +202,7 @@ def test_a_triggered_schedule_runs_at_once_under_a_long_poll(engine, probe, logs
 
 
 def test_a_schedule_notification_read_by_a_probe_still_wakes_the_next_wait(engine, logs):
-    listener = JobListener(engine, None, worker_id="w", channel=notify.SCHEDULES_CHANNEL, name="schedule listener")
+    listener = JobListener(driver_for(engine), None, worker_id="w", channel=notify.SCHEDULES_CHANNEL, name="schedule listener")
     try:
         assert listener.connect_if_due()
         with engine.begin() as conn:

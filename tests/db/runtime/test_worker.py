@@ -17,6 +17,7 @@ from runledger_sync.registry import JobRegistry
 from runledger_sync.runtime.loops.reaper import reap_once
 from runledger_sync.runtime.worker.loop import WorkerLoop, run_worker_loop
 from runledger_sync.store.enqueue.enqueue import enqueue, enqueue_many
+from runledger_sync.store.driver import driver_for
 from tests import handlers as h
 from tests.handlers import SECRET, fast_config
 from tests.support import JOB_TYPE, attempts, event_types, expire_lease, rows, scalar, wait_until
@@ -201,7 +202,7 @@ def test_a_crashed_job_task_frees_its_slot_and_leaves_the_lease_to_the_reaper(en
     assert holds(lambda: "HEARTBEAT" not in event_types(engine, crashed.id), 0.6)
     assert status(engine, crashed.id) == "LEASED"
     expire_lease(engine, crashed.id)
-    reap_once(engine, registry, config, threading.Event())
+    reap_once(driver_for(engine), registry, config, threading.Event())
     assert rows(engine, "SELECT status, last_error_code FROM job_queue WHERE id = :id", id=crashed.id) == [
         ("PENDING", "job.lease_expired")]
 
@@ -311,7 +312,7 @@ def gated_loop(engine, queued: int, gather_seconds: float) -> Iterator[tuple[Gat
     registry.sync_definitions(engine)
     enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": n}) for n in range(queued)])
     # The full event log: the LEASED rows show which jobs were claimed together.
-    loop = WorkerLoop(engine, registry, fast_config(max_global_concurrency=4, claim_batch_size=4, event_log="full"),
+    loop = WorkerLoop(driver_for(engine), registry, fast_config(max_global_concurrency=4, claim_batch_size=4, event_log="full"),
                       threading.Event(), listen=False)
     loop.claim_gather_seconds = gather_seconds
     try:

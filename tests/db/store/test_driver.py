@@ -14,19 +14,22 @@ import time
 from typing import Any, Callable
 
 import pytest
+import sqlalchemy.exc
 
 from runledger_sync.core.errors import InvalidArgument
 from runledger_sync.core.outcomes import Retry, Succeed
 from runledger_sync.core.records import LeaseIdentity
 from runledger_sync.core.states import JobStage, JobStatus
 from runledger_sync.core.types import JobCompletion, JobFailure
+from runledger_sync.db.engine import create_engine
+from runledger_sync.db.pool_mode import policy_of
 from runledger_sync.store import driver as driver_module
 from runledger_sync.store.driver import Driver, StoreDriver, driver_for
 from runledger_sync.store.admin.jobs import get_job
 from runledger_sync.store.enqueue.enqueue import enqueue
 from runledger_sync.store.transactions import HeldConnection
 from runledger_sync.store.notify import new_probe_channel
-from tests.support import JOB_TYPE, define, rows, scalar
+from tests.support import JOB_TYPE, define, rows, scalar, wait_until
 
 WORKER = "driver-worker"
 #: Driver operations whose first argument is not the bind: they act on a listener's own connection.
@@ -145,6 +148,50 @@ def test_a_held_driver_keeps_one_connection_for_its_calls_until_closed(engine):
         held.close()
 
 
+def test_a_driver_apart_answers_while_the_binds_pool_is_taken_whole_and_its_close_disposes_of_it(fresh_database):
+    full = create_engine(fresh_database, pool_size=1, max_overflow=0, pool_timeout=0.2)
+    try:
+        driver = driver_for(full)
+        apart = driver.apart(timeout_seconds=2)
+        with full.connect():  # the pool's one connection, taken
+            with pytest.raises(sqlalchemy.exc.TimeoutError):
+                driver.ping()
+            apart.ping()
+        backend = scalar_of(apart)
+        apart.close()
+        wait_until(lambda: scalar(full, "SELECT count(*) FROM pg_stat_activity WHERE pid = :pid", pid=backend) == 0,
+                   what="the driver apart's connection closes with it")
+    finally:
+        full.dispose()
+
+
+def test_a_driver_in_a_callers_transaction_has_no_connection_to_set_apart(engine):
+    with engine.connect() as connection:
+        with pytest.raises(InvalidArgument) as refused:
+            driver_for(connection).apart(timeout_seconds=1)
+    assert "a connection of its own" in refused.value.message
+
+
+def test_a_driver_stops_listening_once_its_engines_sessions_are_found_shared(engine):
+    driver = driver_for(engine)
+    assert (driver.listens, driver.pool_mode) == (True, "session")
+
+    policy_of(engine).mark_sessions_shared()
+
+    assert driver.listens is False and driver.held().listens is False
+
+
+def test_a_driver_says_where_it_leads_without_the_password(engine):
+    lazy = create_engine("postgresql://runner:s3cret@db.invalid:6432/jobs")  # never connected
+    try:
+        assert driver_for(lazy).location == "postgresql+psycopg2://runner:***@db.invalid:6432/jobs"
+    finally:
+        lazy.dispose()
+    with engine.connect() as connection:
+        joined = driver_for(connection)
+        assert (joined.location, joined.pool_mode) == ("a caller's Connection", None)
+
+
 def scalar_of(held):
     # The held connection's backend, read through the driver's own bind.
     with held.bind.connect() as connection:
@@ -163,7 +210,7 @@ def _operations() -> list[str]:
 
 
 #: What the driver does with its connection, not an operation of the store.
-CONNECTION_HANDLING = {"held", "close"}
+CONNECTION_HANDLING = {"held", "apart", "close"}
 
 
 @pytest.mark.parametrize("name", sorted(set(_operations()) - CONNECTION_HANDLING))
