@@ -303,6 +303,7 @@ class Attempt:
             step_id,
             self.driver.load_step,
             self.driver.step_output,
+            self.driver.append_workflow_steps,
         )
 
     def _report_progress(self, context: JobContext, done: Optional[int], total: Optional[int], checkpoint: Any) -> None:
