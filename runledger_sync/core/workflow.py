@@ -436,7 +436,8 @@ class WorkflowContext:
                 appends the same steps under it changes nothing.
 
         Raises:
-            As :func:`runledger_sync.append_workflow_steps`.
+            RuntimeError: called outside a worker; otherwise what
+                :func:`runledger_sync.append_workflow_steps` raises.
         """
         if self._append_steps is None:
             raise RuntimeError("ctx.workflow.append is only available inside a worker")
