@@ -147,9 +147,9 @@ def test_a_second_key_appends_again_at_the_same_window(typed):
     assert [m.mutation_key for m in after.mutations] == ["first", "second"]
 
 
-def test_two_threads_appending_with_the_same_key_write_one_mutation(typed):
+def test_eight_threads_appending_with_the_same_key_write_one_mutation(typed):
     run = rl.enqueue_workflow(typed, crawl())
-    barrier = threading.Barrier(2)
+    barrier = threading.Barrier(8)
     results: list = []
     errors: list = []
 
@@ -160,14 +160,14 @@ def test_two_threads_appending_with_the_same_key_write_one_mutation(typed):
         except Exception as error:  # reported below: a thread's exception is otherwise lost
             errors.append(error)
 
-    threads = [threading.Thread(target=append) for _ in range(2)]
+    threads = [threading.Thread(target=append) for _ in range(8)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(30)
 
     assert errors == []
-    assert len(results) == 2 and results[0].steps == results[1].steps
+    assert len(results) == 8 and all(result.steps == results[0].steps for result in results)
     assert mutation_rows(typed, run.id) == 1
     assert scalar(typed, "SELECT count(*) FROM workflow_steps WHERE run_id = :run", run=run.id) == 23
     assert rl.get_workflow_run(typed, run.id).step("report").dependencies_total == 22
@@ -305,3 +305,28 @@ def test_the_window_answered_while_an_append_holds_the_run_waits_for_it(typed):
     assert final.step("collect").status is Step.SUCCEEDED
     assert final.step("report").status is Step.BLOCKED
     assert final.step("report").dependencies_pending == 3  # list, page-1, page-2
+
+
+def test_an_append_while_the_answer_holds_the_run_waits_and_then_finds_the_window_closed(typed):
+    wf = crawl()
+    wf.external("other")  # keeps the run going once collect is answered
+    run = rl.enqueue_workflow(typed, wf)
+    refused: list = []
+
+    def append() -> None:
+        try:
+            rl.append_workflow_steps(typed, run.id, pages(2), mutation_key="pages")
+        except rl.RunledgerError as error:
+            refused.append(error.code)
+
+    with typed.connect() as connection:
+        with connection.begin():
+            rl.complete_external_step(connection, run.id, "collect")
+            thread = threading.Thread(target=append)
+            thread.start()
+            wait_until(lambda: lock_waiters(typed) == 1, what="the append waiting for the run's lock")
+            assert refused == []
+        # The answer commits here.
+    thread.join(10)
+    assert refused == ["workflow.append_window_not_open"]
+    assert mutation_rows(typed, run.id) == 0
