@@ -209,9 +209,9 @@ class Driver(Protocol):
         """A prerequisite's output: a JSON value, or None before it has one."""
         ...
 
-    def append_workflow_steps(self, run_id: UUID, more: WorkflowAppend, *, mutation_key: str, bind: Any,
-                              max_payload_bytes: int) -> WorkflowRunRecord:
-        """Add steps to a step's run: in the handler's transaction on ``bind`` when given, else on this driver's."""
+    def append_workflow_steps(self, run_id: UUID, more: WorkflowAppend, *, mutation_key: str,
+                              max_payload_bytes: int = ...) -> WorkflowRunRecord:
+        """Add steps to a step's run at an open window (``ctx.workflow.append``)."""
         ...
 
     # -- notify and listen -----------------------------------------------------------
@@ -401,9 +401,9 @@ class StoreDriver:
     def step_output(self, run_id: UUID, step_key: str) -> Any:
         return step_output(self.bind, run_id, step_key)
 
-    def append_workflow_steps(self, run_id: UUID, more: WorkflowAppend, *, mutation_key: str, bind: Any,
-                              max_payload_bytes: int) -> WorkflowRunRecord:
-        return append_workflow_steps(self.bind if bind is None else bind, run_id, more, mutation_key=mutation_key,
+    def append_workflow_steps(self, run_id: UUID, more: WorkflowAppend, *, mutation_key: str,
+                              max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> WorkflowRunRecord:
+        return append_workflow_steps(self.bind, run_id, more, mutation_key=mutation_key,
                                      max_payload_bytes=max_payload_bytes)
 
     def open_listener(self, channels: Iterable[str] = (CHANNEL,)) -> psycopg2.extensions.connection:
