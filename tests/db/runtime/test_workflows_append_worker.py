@@ -126,3 +126,28 @@ def test_ctx_workflow_append_outside_a_worker_says_so():
     context = rl.WorkflowContext(step_id=None, load_step=lambda _: (None, "s"), load_output=lambda *_: None)
     with pytest.raises(RuntimeError, match="only available inside a worker"):
         context.append(rl.WorkflowAppend(window="w"), mutation_key="k")
+
+
+def test_an_attempt_retried_after_its_append_committed_appends_nothing_twice(engine, start_loop):
+    seen = Crawl()
+    registry = rl.JobRegistry()
+    seen.register(registry)
+    appended: list = []
+
+    @registry.job(LIST, max_attempts=2, retry_delay_overrides={RETRY: 10})
+    def listing(ctx: rl.JobContext, payload: dict) -> None:
+        # Committed at once, on the worker's database: the retry finds the append by its key.
+        appended.append(len(ctx.workflow.append(chained_pages(PAGES), mutation_key="pages").steps))
+        if ctx.attempt == 1:
+            raise rl.JobFailure.retryable(RETRY, "the listing failed after its append")
+        rl.complete_external_step(engine, ctx.workflow.run_id, "collect")
+
+    registry.sync_definitions(engine)
+    start_loop("worker", registry, fast_config(max_global_concurrency=4, claim_batch_size=4))
+    run = rl.enqueue_workflow(engine, crawl())
+
+    wait_until(lambda: rl.get_workflow_run(engine, run.id).status is Run.SUCCEEDED, timeout=90)
+
+    assert appended == [PAGES + 3, PAGES + 3]
+    assert_fan_in_ran_once_after_every_page(engine, run.id, seen)
+    assert rl.get_workflow_run(engine, run.id).step("report").dependencies_total == PAGES + 2
