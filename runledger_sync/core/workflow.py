@@ -323,8 +323,9 @@ class WorkflowAppend(StepBuilder):
                 )
         graph: dict[str, Sequence[str]] = {key: tuple(after) for key, after in run_steps.items()}
         graph.update((step.key, step.after) for step in self._steps)
+        appended = tuple(step.key for step in self._steps)  # in build order, so a cycle is named the same each time
         for key in window_dependents:
-            graph[key] = (*graph[key], *self._keys)
+            graph[key] = (*graph[key], *appended)
         cycle = find_cycle(graph)
         if cycle:
             raise _cycle_error(self._described, cycle)
