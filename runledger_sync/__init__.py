@@ -67,7 +67,9 @@ from runledger_sync.core.types import (
 from runledger_sync.core.states import JobStage, JobStatus
 from runledger_sync.core.workflow import (
     Workflow,
+    WorkflowAppend,
     WorkflowContext,
+    WorkflowMutationRecord,
     WorkflowReleaseMode,
     WorkflowRunRecord,
     WorkflowRunStatus,
@@ -121,6 +123,7 @@ from runledger_sync.store.schedules import (
     upsert_schedule,
 )
 from runledger_sync.store.workflows.actions import cancel_workflow_run, complete_external_step
+from runledger_sync.store.workflows.append import append_workflow_steps
 from runledger_sync.store.workflows.enqueue import enqueue_workflow
 from runledger_sync.store.workflows.runs import get_workflow_run, list_workflow_runs
 
@@ -193,7 +196,9 @@ __all__ = [
     "ValidationError",
     "WaitReason",
     "Workflow",
+    "WorkflowAppend",
     "WorkflowContext",
+    "WorkflowMutationRecord",
     "WorkflowReleaseMode",
     "WorkflowRunNotFound",
     "WorkflowRunRecord",
@@ -202,6 +207,7 @@ __all__ = [
     "WorkflowStepKind",
     "WorkflowStepRecord",
     "WorkflowStepStatus",
+    "append_workflow_steps",
     "cancel_job",
     "cancel_workflow_run",
     "check_schema",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 from uuid import UUID
 
 import runledger_sync as rl
@@ -16,6 +16,7 @@ command_group("workflows", help="list and show workflow runs, cancel one, answer
 
 RUN_TABLE_COLUMNS = ("id", "name", "status", "organization", "created", "finished", "reason")
 STEP_TABLE_COLUMNS = ("step", "kind", "status", "job", "error", "note")
+MUTATION_TABLE_COLUMNS = ("append", "window", "steps", "created")
 
 
 def _parse_run_id(text: str) -> UUID:
@@ -73,9 +74,25 @@ def _workflows_show(args: argparse.Namespace) -> int:
                          ("finished", when(run.finished_at)),
                          ("meta", json.dumps(run.meta, sort_keys=True) if run.meta else None)):
         print(f"{label + ':':<17} {printable(value)}")
+    appended_by = {key: mutation.mutation_key for mutation in run.mutations for key in mutation.step_keys}
     print(f"\nsteps ({len(run.steps)}):")
-    print_table(STEP_TABLE_COLUMNS, step_tree_rows(run.steps))
+    print_table(STEP_TABLE_COLUMNS, step_tree_rows(run.steps, appended_by))
+    if run.mutations:
+        print(f"\nappends ({len(run.mutations)}):")
+        print_table(MUTATION_TABLE_COLUMNS, [
+            (mutation.mutation_key, mutation.window, _shown_keys(mutation.step_keys), when(mutation.created_at))
+            for mutation in run.mutations])
     return EXIT_OK
+
+
+#: How many of an append's step keys its row names before it gives only their number.
+KEYS_SHOWN = 5
+
+
+def _shown_keys(keys: tuple[str, ...]) -> str:
+    if len(keys) <= KEYS_SHOWN:
+        return ", ".join(keys)
+    return f"{', '.join(keys[:KEYS_SHOWN])}, ... ({len(keys)} steps)"
 
 
 #: Deeper steps are not indented further but labelled with their depth, so a chain
@@ -83,18 +100,19 @@ def _workflows_show(args: argparse.Namespace) -> int:
 MAX_DRAWN_DEPTH = 12
 
 
-def step_tree_rows(steps: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+def step_tree_rows(steps: tuple[Any, ...], appended_by: Mapping[str, str]) -> list[tuple[Any, ...]]:
     """One table row per step, its key indented under the step it hangs from.
 
     A step hangs from its last prerequisite in the run's step order; the others it
-    waits for are named in its note, so a fan-in step is drawn once.
+    waits for are named in its note, so a fan-in step is drawn once. ``appended_by``
+    names the append that added a step, for its note.
     """
     order = {step.key: index for index, step in enumerate(steps)}
     parent = {step.key: max(step.deps, key=order.__getitem__) for step in steps if step.deps}
     children: dict[str | None, list[Any]] = {}
     for step in steps:
         children.setdefault(parent.get(step.key), []).append(step)
-    return [_step_row(step, prefix, parent.get(step.key)) for step, prefix in _walk(children)]
+    return [_step_row(step, prefix, parent.get(step.key), appended_by.get(step.key)) for step, prefix in _walk(children)]
 
 
 def _walk(children: dict[str | None, list[Any]]) -> Iterator[tuple[Any, str]]:
@@ -116,8 +134,8 @@ def _walk(children: dict[str | None, list[Any]]) -> Iterator[tuple[Any, str]]:
                           depth + 1))
 
 
-def _step_row(step: Any, prefix: str, parent_key: str | None) -> tuple[Any, ...]:
-    notes = []
+def _step_row(step: Any, prefix: str, parent_key: str | None, appended_by: str | None) -> tuple[Any, ...]:
+    notes = [] if appended_by is None else [f"appended ({appended_by})"]
     others = [key for key in step.deps if key != parent_key]
     if others:
         notes.append("also after " + ", ".join(others))

@@ -41,6 +41,7 @@ Branch on ``.code`` or on the class, never on the message text::
     │   │   └── DependencyCycle                 workflow.dependency_cycle
     │   ├── ExternalStepInvalidTerminalStatus   workflow.external_step_invalid_terminal_status
     │   ├── ExternalStepOutputInvalidStatus     workflow.external_step_output_invalid_status
+    │   ├── WorkflowAppendMutationKeyBlank      workflow.append_mutation_key_blank
     │   ├── IncompleteRequestBody               web.incomplete_body
     │   └── HostNotAllowed                      web.host_not_allowed
     ├── JobStateError                           runledger.job_state_rejected
@@ -61,7 +62,11 @@ Branch on ``.code`` or on the class, never on the message text::
     │   ├── WorkflowRunFinished                 workflow.run_finished
     │   ├── ExternalStepNotFound                workflow.external_step_not_found
     │   ├── ExternalStepNotExternal             workflow.external_step_not_external
-    │   └── ExternalStepNotWaiting              workflow.external_step_not_waiting
+    │   ├── ExternalStepNotWaiting              workflow.external_step_not_waiting
+    │   ├── WorkflowAppendTerminalRun           workflow.append_terminal_run
+    │   ├── WorkflowAppendWindowMissing         workflow.append_window_missing
+    │   ├── WorkflowAppendWindowNotExternal     workflow.append_window_not_external
+    │   └── WorkflowAppendWindowNotOpen         workflow.append_window_not_open
     ├── ConflictError                           runledger.conflict
     │   ├── AlreadyEnqueued                     job.already_enqueued
     │   ├── IdempotencyConflict                 job.idempotency_conflict
@@ -71,7 +76,8 @@ Branch on ``.code`` or on the class, never on the message text::
     │   ├── WorkflowEnqueueConflictingRetry     workflow.enqueue_conflicting_retry
     │   ├── WorkflowLegacySnapshotMissing       workflow.legacy_idempotency_snapshot_missing
     │   ├── ExternalStepConflictingCompletion   workflow.external_step_conflicting_completion_retry
-    │   └── ExternalStepConflictingOutput       workflow.external_step_conflicting_output_retry
+    │   ├── ExternalStepConflictingOutput       workflow.external_step_conflicting_output_retry
+    │   └── WorkflowAppendConflictingRetry      workflow.append_conflicting_retry
     ├── JobWaitTimeout                          job.wait_timeout
     ├── DashboardRefusal                        web.refused
     │   ├── AuthorizeHookMissing                web.authorize_missing

@@ -246,7 +246,8 @@ class JobContext:
     worker_id: str
     job_type: str = ""
     checkpoint: Any = None
-    #: The workflow step this job runs (``.run_id``, ``.step_key``, ``.output_of(key)``); None for a plain job.
+    #: The workflow step this job runs (``.run_id``, ``.step_key``, ``.output_of(key)``, ``.append(more, ...)``);
+    #: None for a plain job.
     workflow: Optional["WorkflowContext"] = None
     #: The metadata the job was enqueued with (text keys to text values; empty when none).
     meta: Mapping[str, str] = field(default_factory=dict)

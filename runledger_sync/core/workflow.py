@@ -3,6 +3,8 @@
 :class:`Workflow` builds the definition in memory and checks it whole (unique
 step keys, dependencies inside the workflow, no cycle) before anything is
 written; :func:`runledger_sync.store.workflows.enqueue.enqueue_workflow` writes it.
+:class:`WorkflowAppend` builds steps to add to a running run, checked against
+the run's own steps by :func:`runledger_sync.store.workflows.append.append_workflow_steps`.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import enum
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Protocol, Sequence
 from uuid import UUID
 
 from runledger_sync.core import validation as check
@@ -107,31 +109,12 @@ class WorkflowStep:
     owner: Any = field(default=None, repr=False, compare=False)
 
 
-class Workflow:
-    """A workflow definition to enqueue with :func:`runledger_sync.enqueue_workflow`.
+class StepBuilder:
+    """The steps a :class:`Workflow` or a :class:`WorkflowAppend` is built of, each checked as it is added."""
 
-    ``meta`` (text keys to text values, as :func:`runledger_sync.enqueue` takes) is
-    stored with the run and given to the job of each step; it is not compared
-    on an idempotent repeat.
-
-    Example:
-        >>> wf = Workflow("order.fulfil", idempotency_key="order-42")
-        >>> charge = wf.job("charge", "payments.charge", {"order": 42})
-        >>> ship = wf.job("ship", "shipping.send", {"order": 42}, after=[charge], release="on_success")
-        >>> approve = wf.external("approval", after=[charge])
-        >>> _ = wf.job("notify", "email.send", {"order": 42}, after=[ship, approve])
-        >>> [step.key for step in wf.steps]
-        ['charge', 'ship', 'approval', 'notify']
-    """
-
-    def __init__(self, name: str, *, idempotency_key: Optional[str] = None, organization_id: Optional[str] = None,
-                 meta: Optional[Mapping[str, str]] = None):
-        self.name = check.check_text("name", name, max_length=WORKFLOW_NAME_MAX_LENGTH)
-        self.idempotency_key = check.check_optional_idempotency_key(idempotency_key)
-        self.organization_id = check.check_optional_organization_id(organization_id)
-        meta_json(meta)  # checked here, so a bad one fails where it is given
-        #: The metadata of every step's job (see :mod:`runledger_sync.core.meta`).
-        self.meta: Optional[Mapping[str, str]] = None if meta is None else dict(meta)
+    def __init__(self, described: str) -> None:
+        #: How errors name what is being built: ``workflow 'order.fulfil'``.
+        self._described = described
         self._steps: list[WorkflowStep] = []
         self._keys: set[str] = set()
 
@@ -189,7 +172,7 @@ class Workflow:
     def _add(self, step: WorkflowStep) -> WorkflowStep:
         check.check_text("key", step.key, max_length=STEP_KEY_MAX_LENGTH)
         if step.key in self._keys:
-            raise DuplicateStepKey(f"workflow {self.name!r} already has a step {step.key!r}", step_key=step.key)
+            raise DuplicateStepKey(f"{self._described} already has a step {step.key!r}", step_key=step.key)
         self._keys.add(step.key)
         self._steps.append(step)
         return step
@@ -202,13 +185,66 @@ class Workflow:
             if isinstance(prerequisite, WorkflowStep):
                 if prerequisite.owner is not self:
                     raise UnknownDependency(
-                        f"step {prerequisite.key!r} belongs to another workflow", step_key=prerequisite.key)
+                        f"step {prerequisite.key!r} was built elsewhere", step_key=prerequisite.key)
                 keys.append(prerequisite.key)
             elif isinstance(prerequisite, str):
                 keys.append(prerequisite)
             else:
-                raise InvalidArgument("after", type(prerequisite).__name__, "steps of this workflow or their keys")
+                raise InvalidArgument("after", type(prerequisite).__name__, "steps built here or their keys")
         return tuple(dict.fromkeys(keys))
+
+    def check_payload_sizes(self, *, max_payload_bytes: int) -> None:
+        """Check each job step's payload against ``max_payload_bytes`` and all of them against MAX_WORKFLOW_PAYLOAD_BYTES.
+
+        Stops at the step that goes over, so a workflow far over the limit is not
+        serialised whole first.
+
+        Raises:
+            InvalidPayload: a step's payload is not JSON or is larger than ``max_payload_bytes`` (the error names the step).
+            WorkflowTooLarge: the payloads together are larger than MAX_WORKFLOW_PAYLOAD_BYTES (the error names the step
+                that went over).
+        """
+        total = 0
+        for step in self._steps:
+            if step.kind is not WorkflowStepKind.JOB:
+                continue
+            text = check.serialize_json(f"the payload of step {step.key!r}", step.payload, max_bytes=max_payload_bytes)
+            total += len(text.encode("utf-8"))
+            if total > MAX_WORKFLOW_PAYLOAD_BYTES:
+                raise WorkflowTooLarge(
+                    f"{self._described}: its step payloads come to more than {MAX_WORKFLOW_PAYLOAD_BYTES} bytes "
+                    f"of JSON together, over the limit at step {step.key!r}; keep large data elsewhere (a table, "
+                    "a file) and pass a reference",
+                    step_key=step.key, max_bytes=MAX_WORKFLOW_PAYLOAD_BYTES,
+                )
+
+
+class Workflow(StepBuilder):
+    """A workflow definition to enqueue with :func:`runledger_sync.enqueue_workflow`.
+
+    ``meta`` (text keys to text values, as :func:`runledger_sync.enqueue` takes) is
+    stored with the run and given to the job of each step; it is not compared
+    on an idempotent repeat.
+
+    Example:
+        >>> wf = Workflow("order.fulfil", idempotency_key="order-42")
+        >>> charge = wf.job("charge", "payments.charge", {"order": 42})
+        >>> ship = wf.job("ship", "shipping.send", {"order": 42}, after=[charge], release="on_success")
+        >>> approve = wf.external("approval", after=[charge])
+        >>> _ = wf.job("notify", "email.send", {"order": 42}, after=[ship, approve])
+        >>> [step.key for step in wf.steps]
+        ['charge', 'ship', 'approval', 'notify']
+    """
+
+    def __init__(self, name: str, *, idempotency_key: Optional[str] = None, organization_id: Optional[str] = None,
+                 meta: Optional[Mapping[str, str]] = None):
+        self.name = check.check_text("name", name, max_length=WORKFLOW_NAME_MAX_LENGTH)
+        self.idempotency_key = check.check_optional_idempotency_key(idempotency_key)
+        self.organization_id = check.check_optional_organization_id(organization_id)
+        super().__init__(f"workflow {self.name!r}")
+        meta_json(meta)  # checked here, so a bad one fails where it is given
+        #: The metadata of every step's job (see :mod:`runledger_sync.core.meta`).
+        self.meta: Optional[Mapping[str, str]] = None if meta is None else dict(meta)
 
     def validate(self) -> None:
         """Check the whole definition: some step and at most MAX_WORKFLOW_STEPS, known dependencies, no cycle.
@@ -233,44 +269,77 @@ class Workflow:
                 )
         cycle = find_cycle({step.key: step.after for step in self._steps})
         if cycle:
-            raise _cycle_error(self.name, cycle)
+            raise _cycle_error(self._described, cycle)
 
 
-    def check_payload_sizes(self, *, max_payload_bytes: int) -> None:
-        """Check each job step's payload against ``max_payload_bytes`` and all of them against MAX_WORKFLOW_PAYLOAD_BYTES.
+class WorkflowAppend(StepBuilder):
+    """Steps to add to a running workflow run with :func:`runledger_sync.append_workflow_steps`.
 
-        Stops at the step that goes over, so a workflow far over the limit is not
-        serialised whole first.
+    ``window`` names an EXTERNAL step of the run that has not been answered yet.
+    The steps that wait for the window wait for every appended step too, so what
+    comes after it (a fan-in, a report) runs once, after the appended work has
+    ended. Answer the window (:func:`runledger_sync.complete_external_step`) once
+    nothing more is to be appended. A new step's ``after`` names steps of the run
+    (one that has already ended counts as done) or steps appended with it.
+
+    Example:
+        >>> more = WorkflowAppend(window="collect")
+        >>> _ = more.job("page-1", "crawl.page", {"n": 1}, after=["list"])
+        >>> _ = more.job("page-2", "crawl.page", {"n": 2}, after=["page-1"])
+        >>> [step.key for step in more.steps]
+        ['page-1', 'page-2']
+    """
+
+    def __init__(self, window: str) -> None:
+        self.window = check.check_text("window", window, max_length=STEP_KEY_MAX_LENGTH)
+        super().__init__(f"the steps appended at window {self.window!r}")
+
+    def validate_against(self, run_steps: Mapping[str, Sequence[str]], window_dependents: Iterable[str]) -> None:
+        """Check the steps as part of a run whose steps wait as ``run_steps`` says (each key: the keys it waits for).
+
+        ``window_dependents`` are the run's steps that wait for the window; each is
+        checked as waiting for every appended step too.
 
         Raises:
-            InvalidPayload: a step's payload is not JSON or is larger than ``max_payload_bytes`` (the error names the step).
-            WorkflowTooLarge: the payloads together are larger than MAX_WORKFLOW_PAYLOAD_BYTES (the error names the step
-                that went over).
+            WorkflowEmpty, WorkflowTooManySteps, DuplicateStepKey, UnknownDependency, DependencyCycle: refused.
         """
-        total = 0
+        if not self._steps:
+            raise WorkflowEmpty(f"{self._described}: there are no steps to append")
+        total = len(run_steps) + len(self._steps)
+        if total > MAX_WORKFLOW_STEPS:
+            raise WorkflowTooManySteps(
+                f"{self._described}: the run would have {total} steps; a workflow may have at most "
+                f"{MAX_WORKFLOW_STEPS}", steps=total, max_steps=MAX_WORKFLOW_STEPS,
+            )
+        taken = next((step.key for step in self._steps if step.key in run_steps), None)
+        if taken is not None:
+            raise DuplicateStepKey(f"the run already has a step {taken!r}", step_key=taken)
         for step in self._steps:
-            if step.kind is not WorkflowStepKind.JOB:
-                continue
-            text = check.serialize_json(f"the payload of step {step.key!r}", step.payload, max_bytes=max_payload_bytes)
-            total += len(text.encode("utf-8"))
-            if total > MAX_WORKFLOW_PAYLOAD_BYTES:
-                raise WorkflowTooLarge(
-                    f"workflow {self.name!r}: its step payloads come to more than {MAX_WORKFLOW_PAYLOAD_BYTES} bytes "
-                    f"of JSON together, over the limit at step {step.key!r}; keep large data elsewhere (a table, "
-                    "a file) and pass a reference",
-                    step_key=step.key, max_bytes=MAX_WORKFLOW_PAYLOAD_BYTES,
+            unknown = [key for key in step.after if key not in self._keys and key not in run_steps]
+            if unknown:
+                raise UnknownDependency(
+                    f"step {step.key!r} depends on {unknown[0]!r}, which is neither a step of the run nor appended "
+                    "with it", step_key=step.key, dependency=unknown[0],
                 )
+        graph: dict[str, Sequence[str]] = {key: tuple(after) for key, after in run_steps.items()}
+        graph.update((step.key, step.after) for step in self._steps)
+        appended = tuple(step.key for step in self._steps)  # in build order, so a cycle is named the same each time
+        for key in window_dependents:
+            graph[key] = (*graph[key], *appended)
+        cycle = find_cycle(graph)
+        if cycle:
+            raise _cycle_error(self._described, cycle)
 
 
-def _cycle_error(name: str, cycle: list[str]) -> DependencyCycle:
+def _cycle_error(described: str, cycle: list[str]) -> DependencyCycle:
     """The error naming ``cycle`` (first key repeated at the end), at most CYCLE_KEYS_SHOWN keys of it."""
     length = len(cycle) - 1
     if length <= CYCLE_KEYS_SHOWN:
-        return DependencyCycle(f"workflow {name!r} has a dependency cycle: {' -> '.join(cycle)}",
+        return DependencyCycle(f"{described} has a dependency cycle: {' -> '.join(cycle)}",
                                cycle=cycle, cycle_length=length)
     shown = cycle[:CYCLE_KEYS_SHOWN]
     return DependencyCycle(
-        f"workflow {name!r} has a dependency cycle of {length} steps: {' -> '.join(shown)} -> ... "
+        f"{described} has a dependency cycle of {length} steps: {' -> '.join(shown)} -> ... "
         f"and {length - CYCLE_KEYS_SHOWN} more, back to {cycle[0]!r}",
         cycle=shown, cycle_length=length,
     )
@@ -308,6 +377,13 @@ def find_cycle(after: dict[str, Sequence[str]]) -> list[str]:
     return []
 
 
+class AppendSteps(Protocol):
+    """How ``ctx.workflow`` appends to its run: on ``bind`` when given, else on the worker's own database."""
+
+    def __call__(self, run_id: UUID, more: WorkflowAppend, *, mutation_key: str, bind: Any,
+                 max_payload_bytes: int) -> "WorkflowRunRecord": ...
+
+
 class WorkflowContext:
     """What a workflow step's handler sees as ``ctx.workflow``.
 
@@ -316,10 +392,11 @@ class WorkflowContext:
     """
 
     def __init__(self, step_id: UUID, load_step: Callable[[UUID], tuple[UUID, str]],
-                 load_output: Callable[[UUID, str], Any]) -> None:
+                 load_output: Callable[[UUID, str], Any], append_steps: Optional[AppendSteps] = None) -> None:
         self.step_id = step_id
         self._load_step = load_step
         self._load_output = load_output
+        self._append_steps = append_steps
         self._step: Optional[tuple[UUID, str]] = None
         self._lock = threading.Lock()
 
@@ -347,6 +424,27 @@ class WorkflowContext:
         """
         return self._load_output(self.run_id, step_key)
 
+    def append(self, more: WorkflowAppend, *, mutation_key: str, bind: Any = None,
+               max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES) -> "WorkflowRunRecord":
+        """Add steps to this step's run, as :func:`runledger_sync.append_workflow_steps` does.
+
+        Args:
+            bind: the Connection, ORM Session or psycopg connection of the transaction
+                you complete the job in (``ctx.complete_in(bind)``): the append joins it,
+                so the new steps and the job's success commit together. Without one the
+                append commits on its own, on the worker's database.
+            mutation_key: names this append in the run; a retried attempt that
+                appends the same steps under it changes nothing.
+
+        Raises:
+            RuntimeError: called outside a worker; otherwise what
+                :func:`runledger_sync.append_workflow_steps` raises.
+        """
+        if self._append_steps is None:
+            raise RuntimeError("ctx.workflow.append is only available inside a worker")
+        return self._append_steps(self.run_id, more, mutation_key=mutation_key, bind=bind,
+                                  max_payload_bytes=max_payload_bytes)
+
 
 @dataclass(frozen=True)
 class WorkflowStepRecord:
@@ -372,6 +470,18 @@ class WorkflowStepRecord:
 
 
 @dataclass(frozen=True)
+class WorkflowMutationRecord:
+    """One append applied to a run (a row of ``workflow_run_mutations``)."""
+
+    mutation_key: str
+    #: The external step the steps were appended at.
+    window: str
+    #: The keys of the steps it added, in the order they were built.
+    step_keys: tuple[str, ...]
+    created_at: datetime
+
+
+@dataclass(frozen=True)
 class WorkflowRunRecord:
     """One row of ``workflow_runs`` and, when read with :func:`get_workflow_run`, its steps in creation order."""
 
@@ -387,6 +497,8 @@ class WorkflowRunRecord:
     steps: tuple[WorkflowStepRecord, ...] = ()
     #: The metadata every step's job is enqueued with.
     meta: Mapping[str, str] = field(default_factory=dict)
+    #: The appends applied to the run, oldest first (read with its steps).
+    mutations: tuple[WorkflowMutationRecord, ...] = ()
 
     def step(self, key: str) -> WorkflowStepRecord:
         """The step with this key (KeyError if there is none)."""

@@ -156,3 +156,39 @@ class WorkflowLinkageTriggerTableInvalid(StoreError):
     """The job/step linkage trigger fired on a table it does not know."""
 
     code = "workflow.linkage_symmetry_trigger_table_invalid"
+
+
+class WorkflowAppendMutationKeyBlank(ValidationError):
+    """An append needs a mutation key that is not blank: it names the append, so a retry changes nothing."""
+
+    code = "workflow.append_mutation_key_blank"
+
+
+class WorkflowAppendTerminalRun(JobStateError):
+    """The workflow run has ended (or was cancelled): nothing can be appended to it."""
+
+    code = "workflow.append_terminal_run"
+
+
+class WorkflowAppendWindowMissing(JobStateError):
+    """The run has no step with the append's window key."""
+
+    code = "workflow.append_window_missing"
+
+
+class WorkflowAppendWindowNotExternal(JobStateError):
+    """The append's window is a job step; a window must be an external step."""
+
+    code = "workflow.append_window_not_external"
+
+
+class WorkflowAppendWindowNotOpen(JobStateError):
+    """The append's window has already been answered (or cancelled): its dependents no longer wait for it."""
+
+    code = "workflow.append_window_not_open"
+
+
+class WorkflowAppendConflictingRetry(ConflictError):
+    """The run already has an append with this mutation key, with different steps."""
+
+    code = "workflow.append_conflicting_retry"

@@ -1,4 +1,4 @@
-"""The workflow tables (revision 0004): runs, their steps and the steps' dependency edges.
+"""The workflow tables (revision 0004): runs, their steps and the steps' dependency edges; the appends (0012).
 
 They are built on :data:`runledger_sync.db.schema.metadata`, with its helpers, and
 join it when this module loads: code that reads the whole schema from
@@ -9,10 +9,10 @@ stays with job_queue.
 from __future__ import annotations
 
 from sqlalchemy import Boolean, CheckConstraint, Column, DateTime, ForeignKey, Index, Integer, Table, Text, UniqueConstraint, text
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
 from runledger_sync.core.workflow import WorkflowReleaseMode, WorkflowRunStatus, WorkflowStepKind, WorkflowStepStatus
-from runledger_sync.db.schema import EMPTY_JSON, META_IS_OBJECT, metadata, one_of, timestamp_columns
+from runledger_sync.db.schema import EMPTY_JSON, META_IS_OBJECT, NOW, metadata, one_of, timestamp_columns
 
 workflow_runs = Table(
     "workflow_runs",
@@ -134,6 +134,27 @@ workflow_step_dependencies = Table(
 )
 # A step's end walks its outgoing edges.
 Index("idx_workflow_step_dependencies_prerequisite", workflow_step_dependencies.c.prerequisite_step_id)
+
+# Revision 0012: one row per append applied to a run (spec section 11), found again by its
+# key when the append is retried. The request is kept as a digest: the steps it wrote are rows
+# of workflow_steps already, and a retry needs only to know whether it asks for the same.
+workflow_run_mutations = Table(
+    "workflow_run_mutations",
+    metadata,
+    Column(
+        "run_id",
+        UUID(as_uuid=True),
+        ForeignKey("workflow_runs.id", ondelete="CASCADE", name="fk_workflow_run_mutations_run_id"),
+        primary_key=True,
+    ),
+    Column("mutation_key", Text, primary_key=True),
+    Column("window_step_key", Text, nullable=False),
+    Column("step_keys", ARRAY(Text), nullable=False),
+    # sha256 of the append's steps as canonical JSON (runledger_sync.store.workflows.append).
+    Column("request_digest", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    CheckConstraint("btrim(mutation_key) <> ''", name="ck_workflow_run_mutations_key_not_blank"),
+)
 
 #: The deferred trigger function keeping job_queue.workflow_step_id and workflow_steps.job_id
 #: symmetric (spec section 11). It reads the other table in the schema of the table that fired

@@ -38,6 +38,7 @@ from runledger_sync.core.retention import PruneResult, Retention
 from runledger_sync.core.states import JobStage
 from runledger_sync.core.types import DEFAULT_EVENT_LOG, EventLog
 from runledger_sync.core.validation import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_PAYLOAD_BYTES
+from runledger_sync.core.workflow import WorkflowAppend, WorkflowRunRecord
 from runledger_sync.store.admin.gauges import ping
 from runledger_sync.store.admin.jobs import get_job
 from runledger_sync.store.admin.rollup import RollupSample, sample_rollup
@@ -77,6 +78,7 @@ from runledger_sync.store.notify import (
 from runledger_sync.store.queues import list_queues
 from runledger_sync.store.transactions import owns_transaction
 from runledger_sync.store.workers import forget_worker, record_worker
+from runledger_sync.store.workflows.append import append_workflow_steps
 from runledger_sync.store.workflows.runs import load_step, step_allows_continuation, step_output
 
 
@@ -227,6 +229,11 @@ class Driver(Protocol):
 
     def step_output(self, run_id: UUID, step_key: str) -> Any:
         """A prerequisite's output: a JSON value, or None before it has one."""
+        ...
+
+    def append_workflow_steps(self, run_id: UUID, more: WorkflowAppend, *, mutation_key: str,
+                              max_payload_bytes: int = ...) -> WorkflowRunRecord:
+        """Add steps to a step's run at an open window (``ctx.workflow.append``)."""
         ...
 
     # -- notify and listen -----------------------------------------------------------
@@ -441,6 +448,11 @@ class StoreDriver:
 
     def step_output(self, run_id: UUID, step_key: str) -> Any:
         return step_output(self.bind, run_id, step_key)
+
+    def append_workflow_steps(self, run_id: UUID, more: WorkflowAppend, *, mutation_key: str,
+                              max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> WorkflowRunRecord:
+        return append_workflow_steps(self.bind, run_id, more, mutation_key=mutation_key,
+                                     max_payload_bytes=max_payload_bytes)
 
     def open_listener(self, channels: Iterable[str] = (CHANNEL,)) -> psycopg2.extensions.connection:
         return open_listener(self._engine_of(self._own_bind("open_listener")), channels)

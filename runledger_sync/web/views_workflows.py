@@ -65,6 +65,7 @@ def workflows(dashboard: PageHost, request: Request) -> Response:
             request, "workflows.html", runs=[], run=run, graph=dag_layout.layout(shown), steps=steps,
             on_success={step.key for step in steps if step.release is WorkflowReleaseMode.ON_SUCCESS},
             statuses=list(WorkflowStepStatus),
+            appended_by={key: mutation.mutation_key for mutation in run.mutations for key in mutation.step_keys},
             page=page, pages=pages, first_shown=(page - 1) * STEPS_SHOWN + 1,
             last_shown=min(page * STEPS_SHOWN, len(run.steps)), cancelable=run.status not in FINISHED,
             done=WORKFLOW_DONE.get(request.arg("done") or ""), done_step=request.arg("step"),

@@ -175,6 +175,32 @@ def test_show_draws_a_fan_in_step_once_under_its_last_prerequisite(db, run):
     ]
 
 
+def test_show_notes_appended_steps_and_lists_the_appends(db, run):
+    wf = rl.Workflow("crawl")
+    listing = wf.job("list", CHARGE)
+    wf.job("report", NOTIFY, after=[listing, wf.external("collect")])
+    run_record = rl.enqueue_workflow(db, wf)
+    more = rl.WorkflowAppend(window="collect")
+    for i in range(1, 8):
+        more.job(f"page-{i}", SHIP, after=["list"])
+    rl.append_workflow_steps(db, run_record.id, more, mutation_key="pages")
+
+    code, out, _ = run("workflows", "show", str(run_record.id))
+    _, shown, _ = run("workflows", "show", str(run_record.id), "--json")
+
+    assert code == 0
+    steps, appends = out.split("\nappends (1):\n")
+    notes = {r["step"].strip(" |`-"): r["note"] for r in table(steps)}
+    assert notes["page-1"] == "appended (pages)" and notes["list"] == "-"
+    assert notes["report"].startswith("also after")
+    [header, row] = appends.strip().splitlines()
+    assert header.split() == ["append", "window", "steps", "created"]
+    assert row.startswith("pages") and "collect" in row
+    assert "page-1, page-2, page-3, page-4, page-5, ... (7 steps)" in row
+    [mutation] = json.loads(shown)["mutations"]
+    assert (mutation["mutation_key"], mutation["window"], len(mutation["step_keys"])) == ("pages", "collect", 7)
+
+
 def test_show_prints_the_runs_metadata(db, run):
     workflow = rl.Workflow("order.meta", meta={"tenant": "acme"})
     workflow.external("approval")

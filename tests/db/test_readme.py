@@ -250,6 +250,30 @@ def test_workflow_snippets_fan_out_fan_in_and_the_approval_gate_run_to_success(
         engine.dispose()
 
 
+def test_workflow_append_snippets_crawl_the_appended_pages_and_report_once_after_them(
+        fresh_database, tmp_path, monkeypatch):
+    namespace = deploy_and_enqueue(fresh_database, tmp_path, monkeypatch)
+    engine, registry = namespace["engine"], namespace["registry"]
+    try:
+        run_snippets(namespace, "workflow-append-handlers")
+        registry.sync_definitions(engine)
+        run_snippets(namespace, "workflow-append-enqueue")
+        run_id = namespace["crawl_run"].id
+        config = rl.JobsConfig(poll_interval_ms=20, lease_ttl_seconds=5, heartbeat_interval_seconds=0.5)
+
+        run_worker_until(engine, registry, config,
+                         lambda: rl.get_workflow_run(engine, run_id).status is rl.WorkflowRunStatus.SUCCEEDED)
+
+        final = rl.get_workflow_run(engine, run_id)
+        assert final.step("report").output == {"pages": 25, "words": 25 * 120}
+        assert final.step("report").deps == ("list", "collect", *(f"page-{n}" for n in range(1, 26)))
+        assert [(m.mutation_key, m.window, len(m.step_keys)) for m in final.mutations] == [("pages", "collect", 25)]
+        assert rl.count_jobs(engine, job_type="crawl.page") == 25
+        assert rl.count_jobs(engine, job_type="crawl.report") == 1
+    finally:
+        engine.dispose()
+
+
 def test_the_workflows_complete_external_command_answers_the_gate_as_written(fresh_database, capsys):
     [line] = shell_lines(marked("workflow-complete-external", "sh"))
     engine = rl.create_engine(fresh_database)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import runledger_sync as rl
-from runledger_sync.core.workflow import find_cycle
+from runledger_sync.core.workflow import MAX_WORKFLOW_STEPS, find_cycle
 
 
 def test_steps_keep_their_order_dependencies_and_release_mode():
@@ -143,3 +143,63 @@ def test_step_payloads_up_to_64_mib_together_pass_and_one_byte_more_is_refused()
     wf.job("one.more", "email.send", 1)
     with pytest.raises(WorkflowTooLarge):
         wf.check_payload_sizes(max_payload_bytes=MAX_WORKFLOW_PAYLOAD_BYTES // 64)
+
+
+# -- appending to a run (WorkflowAppend) ---------------------------------------------
+
+#: A run as validate_against reads it: list and the window collect, report after both.
+RUN = {"list": (), "collect": (), "report": ("list", "collect")}
+
+
+def test_an_append_builds_steps_after_run_steps_or_its_own_and_checks_them_against_the_run():
+    more = rl.WorkflowAppend(window="collect")
+    first = more.job("page-1", "crawl.page", {"n": 1}, after=["list"])
+    more.job("page-2", "crawl.page", {"n": 2}, after=[first, "collect"])
+    more.external("more-pages", after=["page-2"])
+
+    more.validate_against(RUN, ["report"])
+
+    assert [(s.key, s.after) for s in more.steps] == [
+        ("page-1", ("list",)), ("page-2", ("page-1", "collect")), ("more-pages", ("page-2",))]
+
+
+@pytest.mark.parametrize(
+    ("build", "error", "words"),
+    [
+        (lambda more: None, rl.errors.WorkflowEmpty, "no steps to append"),
+        (lambda more: more.job("report", "crawl.page"), rl.errors.DuplicateStepKey, "already has a step 'report'"),
+        (lambda more: more.job("page", "crawl.page", after=["nope"]), rl.errors.UnknownDependency, "'nope'"),
+        # report waits for the window, so for every appended step: one after report closes a cycle.
+        (lambda more: more.job("page", "crawl.page", after=["report"]), rl.errors.DependencyCycle,
+         "the steps appended at window 'collect' has a dependency cycle"),
+        (lambda more: (more.job("a", "crawl.page", after=["b"]), more.job("b", "crawl.page", after=["a"])),
+         rl.errors.DependencyCycle, "a -> b -> a"),
+    ],
+)
+def test_an_append_that_does_not_fit_the_run_is_refused_with_the_dag_codes(build, error, words):
+    more = rl.WorkflowAppend(window="collect")
+    build(more)
+    with pytest.raises(error, match=words):
+        more.validate_against(RUN, ["report"])
+
+
+def test_the_same_step_after_the_report_is_no_cycle_when_report_does_not_wait_for_the_window():
+    more = rl.WorkflowAppend(window="collect")
+    more.job("page", "crawl.page", after=["report"])
+    more.validate_against(RUN, [])
+
+
+def test_an_append_that_would_take_the_run_past_the_step_limit_is_refused():
+    run = {f"s{i}": () for i in range(MAX_WORKFLOW_STEPS)}
+    more = rl.WorkflowAppend(window="s0")
+    more.job("one-more", "crawl.page")
+    with pytest.raises(rl.errors.WorkflowTooManySteps):
+        more.validate_against(run, [])
+
+
+def test_an_append_needs_a_window_and_refuses_another_builders_step():
+    with pytest.raises(rl.InvalidArgument):
+        rl.WorkflowAppend(window=" ")
+    other = rl.Workflow("other").job("x", "crawl.page")
+    with pytest.raises(rl.errors.UnknownDependency, match="built elsewhere"):
+        rl.WorkflowAppend(window="w").job("y", "crawl.page", after=[other])

@@ -40,7 +40,7 @@ from runledger_sync.core.outcomes import (
 )
 from runledger_sync.core.records import JobRecord, LeaseIdentity
 from runledger_sync.core.types import JobCompletion, JobContext
-from runledger_sync.core.workflow import WorkflowContext
+from runledger_sync.core.workflow import WorkflowAppend, WorkflowContext, WorkflowRunRecord
 from runledger_sync.core.workflow_errors import WorkflowReleaseConflict
 from runledger_sync.logging import JOB_LINES_LOGGER_NAME, get_logger, job_log_fields
 from runledger_sync.registry import JobRegistry
@@ -289,7 +289,14 @@ class Attempt:
             step_id,
             self.driver.load_step,
             self.driver.step_output,
+            self._append_workflow_steps,
         )
+
+    def _append_workflow_steps(self, run_id: UUID, more: WorkflowAppend, *, mutation_key: str, bind: Any,
+                               max_payload_bytes: int) -> WorkflowRunRecord:
+        # In the handler's transaction when it names one (the one it completes in), else on the worker's own.
+        driver = self.driver if bind is None else driver_for(bind)
+        return driver.append_workflow_steps(run_id, more, mutation_key=mutation_key, max_payload_bytes=max_payload_bytes)
 
     def _report_progress(self, context: JobContext, done: Optional[int], total: Optional[int], checkpoint: Any) -> None:
         self.driver.update_job_progress(

@@ -7,7 +7,7 @@ does to its step later is in :mod:`runledger_sync.store.workflows.steps`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping, Sequence
 from uuid import UUID
 
 from sqlalchemy import Text, cast, literal, select
@@ -21,7 +21,7 @@ from runledger_sync.core.errors import InvalidArgument
 from runledger_sync.core.ids import uuid7
 from runledger_sync.core.meta import meta_json
 from runledger_sync.core.types import DEFAULT_EVENT_LOG, EventLog
-from runledger_sync.core.workflow import Workflow, WorkflowRunRecord, WorkflowStepKind
+from runledger_sync.core.workflow import Workflow, WorkflowRunRecord, WorkflowStep, WorkflowStepKind
 from runledger_sync.core.workflow_errors import (
     WorkflowAlreadyEnqueued,
     WorkflowDefinitionNotFoundOrDisabled,
@@ -89,22 +89,26 @@ def enqueue_workflow(
 
 
 def _request_snapshot(workflow: Workflow) -> str:
-    steps = [
+    return check.serialize_json("workflow", {"name": workflow.name, "steps": step_snapshots(workflow.steps)})
+
+
+def step_snapshots(steps: Sequence[WorkflowStep]) -> list[dict[str, Any]]:
+    """The steps as a request compares them on a retry (an enqueue's or an append's)."""
+    return [
         {"key": step.key, "kind": step.kind.value, "job_type": step.job_type, "payload": step.payload,
          "after": list(step.after), "release": step.release.value, "priority": step.priority,
          "max_attempts": step.max_attempts, "timeout_seconds": step.timeout_seconds}
         # Only when set: the snapshots of runs enqueued before steps could opt in stay equal.
         | ({"continuation": True} if step.continuation else {})
-        for step in workflow.steps
+        for step in steps
     ]
-    return check.serialize_json("workflow", {"name": workflow.name, "steps": steps})
 
 
 def _enqueue(connection: Connection, workflow: Workflow, snapshot: str, run_id: UUID, meta: str,
              event_log: Any) -> WorkflowRunRecord:
     if workflow.idempotency_key is not None:
         require_read_committed(connection)
-    _check_definitions(connection, {step.job_type for step in workflow.steps if step.job_type is not None})
+    check_definitions(connection, workflow.steps)
     inserted = connection.execute(
         pg_insert(workflow_runs)
         .values(id=run_id, name=workflow.name, organization_id=workflow.organization_id,
@@ -116,15 +120,7 @@ def _enqueue(connection: Connection, workflow: Workflow, snapshot: str, run_id: 
     if inserted is None:
         return _existing_run(connection, workflow, snapshot)
     step_ids = {step.key: uuid7() for step in workflow.steps}
-    connection.execute(workflow_steps.insert(), [
-        {"id": step_ids[step.key], "run_id": run_id, "step_key": step.key, "kind": step.kind.value,
-         "job_type": step.job_type,
-         "payload": None if step.kind is WorkflowStepKind.EXTERNAL else step.payload,
-         "priority": step.priority, "max_attempts": step.max_attempts, "timeout_seconds": step.timeout_seconds,
-         "allow_continuation": step.continuation,
-         "dependencies_total": len(step.after), "dependencies_pending": len(step.after)}
-        for step in workflow.steps
-    ])
+    insert_steps(connection, run_id, workflow.steps, step_ids, {step.key: (len(step.after), 0) for step in workflow.steps})
     edges = [{"step_id": step_ids[step.key], "prerequisite_step_id": step_ids[key], "release_mode": step.release.value}
              for step in workflow.steps for key in step.after]
     if edges:
@@ -138,7 +134,23 @@ def _enqueue(connection: Connection, workflow: Workflow, snapshot: str, run_id: 
     return read_run(connection, run_id)  # type: ignore[return-value]
 
 
-def _check_definitions(connection: Connection, job_types: set[str]) -> None:
+def insert_steps(connection: Connection, run_id: UUID, steps: Sequence[WorkflowStep], step_ids: Mapping[str, UUID],
+                 waiting: Mapping[str, tuple[int, int]]) -> None:
+    """Write the rows of ``steps``; ``waiting`` gives each key its (pending, unsatisfied) dependency counts."""
+    connection.execute(workflow_steps.insert(), [
+        {"id": step_ids[step.key], "run_id": run_id, "step_key": step.key, "kind": step.kind.value,
+         "job_type": step.job_type,
+         "payload": None if step.kind is WorkflowStepKind.EXTERNAL else step.payload,
+         "priority": step.priority, "max_attempts": step.max_attempts, "timeout_seconds": step.timeout_seconds,
+         "allow_continuation": step.continuation, "dependencies_total": len(step.after),
+         "dependencies_pending": waiting[step.key][0], "dependencies_unsatisfied": waiting[step.key][1]}
+        for step in steps
+    ])
+
+
+def check_definitions(connection: Connection, steps: Sequence[WorkflowStep]) -> None:
+    """Raise unless every job type of ``steps`` has an enabled definition."""
+    job_types = {step.job_type for step in steps if step.job_type is not None}
     if not job_types:
         return
     enabled = set(connection.execute(

@@ -20,6 +20,7 @@ from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidArgument
 from runledger_sync.core.workflow import (
     STEP_KEY_MAX_LENGTH,
+    WorkflowMutationRecord,
     WorkflowReleaseMode,
     WorkflowRunRecord,
     WorkflowRunStatus,
@@ -29,7 +30,12 @@ from runledger_sync.core.workflow import (
 )
 from runledger_sync.core.workflow_errors import WorkflowStepNotFound
 from runledger_sync.db.schema import job_queue
-from runledger_sync.db.schema_workflows import workflow_runs, workflow_step_dependencies, workflow_steps
+from runledger_sync.db.schema_workflows import (
+    workflow_run_mutations,
+    workflow_runs,
+    workflow_step_dependencies,
+    workflow_steps,
+)
 from runledger_sync.store.binds import Bind
 from runledger_sync.store.scope import check_job_id
 from runledger_sync.store.transactions import run_in_transaction
@@ -39,6 +45,7 @@ DEFAULT_LIST_LIMIT = 100
 _s = workflow_steps.c
 _r = workflow_runs.c
 _d = workflow_step_dependencies.c
+_m = workflow_run_mutations.c
 RUN_COLUMNS = (_r.id, _r.name, _r.status, _r.organization_id, _r.idempotency_key, _r.status_reason,
                _r.created_at, _r.updated_at, _r.finished_at, _r.meta)
 
@@ -61,11 +68,19 @@ _EDGE_ROWS = (
 )
 
 
-def run_record(row: Any, steps: tuple[WorkflowStepRecord, ...] = ()) -> WorkflowRunRecord:
+_MUTATION_ROWS = (
+    select(_m.mutation_key, _m.window_step_key, _m.step_keys, _m.created_at)
+    .where(_m.run_id == bindparam("run_id"))
+    .order_by(_m.created_at, _m.mutation_key)
+)
+
+
+def run_record(row: Any, steps: tuple[WorkflowStepRecord, ...] = (),
+               mutations: tuple[WorkflowMutationRecord, ...] = ()) -> WorkflowRunRecord:
     return WorkflowRunRecord(
         id=row.id, name=row.name, status=WorkflowRunStatus(row.status), organization_id=row.organization_id,
         idempotency_key=row.idempotency_key, status_reason=row.status_reason, created_at=row.created_at,
-        updated_at=row.updated_at, finished_at=row.finished_at, steps=steps, meta=row.meta,
+        updated_at=row.updated_at, finished_at=row.finished_at, steps=steps, meta=row.meta, mutations=mutations,
     )
 
 
@@ -89,7 +104,12 @@ def read_run(connection: Connection, run_id: UUID) -> Optional[WorkflowRunRecord
         )
         for row in connection.execute(_STEP_ROWS, {"run_id": run_id})
     )
-    return run_record(run, steps)
+    mutations = tuple(
+        WorkflowMutationRecord(mutation_key=row.mutation_key, window=row.window_step_key,
+                               step_keys=tuple(row.step_keys), created_at=row.created_at)
+        for row in connection.execute(_MUTATION_ROWS, {"run_id": run_id})
+    )
+    return run_record(run, steps, mutations)
 
 
 def check_run_id(run_id: Any) -> UUID:
@@ -103,7 +123,7 @@ def check_run_id(run_id: Any) -> UUID:
 
 
 def get_workflow_run(bind: Bind, run_id: UUID | str) -> Optional[WorkflowRunRecord]:
-    """Return the run with its steps (each with its deps, job id, output or error), or None.
+    """Return the run with its steps (each with its deps, job id, output or error) and its appends, or None.
 
     Args:
         bind: an Engine, or a Connection, ORM Session or psycopg (2 or 3) connection.

@@ -210,6 +210,12 @@ _END_STEPS = _build_end_steps()
 _COUNT_DOWN = _build_count_down()
 
 
+def unsatisfied_end(step_id: UUID) -> StepEnd:
+    """The end of a ready step that a prerequisite released on success let down: cancelled, never started."""
+    return StepEnd(step_id, WorkflowStepStatus.CANCELED, DEPENDENCY_UNSATISFIED_CODE,
+                   "a prerequisite released on success did not succeed")
+
+
 def finish_steps(connection: Connection, ends: Sequence[StepEnd], run_ids: set[UUID]) -> None:
     """End steps, count down their dependents, release or cancel the ready ones, cascade; refresh the runs.
 
@@ -225,11 +231,7 @@ def finish_steps(connection: Connection, ends: Sequence[StepEnd], run_ids: set[U
         counted = connection.execute(_COUNT_DOWN, {"step_ids": list(ended)}).all()
         ready = [row for row in counted
                  if row.status == WorkflowStepStatus.BLOCKED.value and row.dependencies_pending == 0]
-        ends = [
-            StepEnd(row.id, WorkflowStepStatus.CANCELED, DEPENDENCY_UNSATISFIED_CODE,
-                    "a prerequisite released on success did not succeed")
-            for row in ready if row.dependencies_unsatisfied > 0
-        ]
+        ends = [unsatisfied_end(row.id) for row in ready if row.dependencies_unsatisfied > 0]
         # The job ends that release dependents are written without the worker's
         # level at hand, so their released jobs keep the ENQUEUED row whatever it is.
         ends += release_steps(connection, [(row.id, row.kind) for row in ready if row.dependencies_unsatisfied == 0],

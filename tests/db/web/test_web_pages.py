@@ -264,3 +264,27 @@ def test_the_workflow_page_shows_the_runs_metadata_escaped(db, client):
 
     assert 'id="run-meta"' in html and "<code>tenant</code>" in html
     assert "<img src=x" not in html and "&lt;img src=x onerror=alert(1)&gt;" in html
+
+
+def test_the_workflow_page_draws_appended_steps_after_the_window_and_lists_the_appends(db, client):
+    wf = rl.Workflow("crawl")
+    listing = wf.job("list", EMAIL, {})
+    wf.job("report", REPORT, {}, after=[listing, wf.external("collect")])
+    run = rl.enqueue_workflow(db, wf)
+    more = rl.WorkflowAppend(window="collect")
+    more.job("page-1", EMAIL, {}, after=["list"])
+    more.job("<b>page-2</b>", EMAIL, {}, after=["page-1"])
+    rl.append_workflow_steps(db, run.id, more, mutation_key="<i>pages</i>")
+
+    html = page(client, f"/workflows?run={run.id}")
+
+    graph = html.split('id="step-graph"', 1)[1].split("</svg>", 1)[0]
+    layers = [re.findall(r'data-step="([^"]+)"', layer) for layer in graph.split('class="layer"')[1:]]
+    # report waits for the appended steps, so it is drawn after the last of them.
+    assert layers == [["list", "collect"], ["page-1"], ["&lt;b&gt;page-2&lt;/b&gt;"], ["report"]]
+    assert graph.count('data-appended-by="&lt;i&gt;pages&lt;/i&gt;"') == 2
+    assert 'data-source="page-1" data-target="report"' in graph
+    appends = html.split('id="mutations"', 1)[1].split("</table>", 1)[0]
+    assert "&lt;i&gt;pages&lt;/i&gt;" in appends and "<code>collect</code>" in appends and "2: page-1" in appends
+    assert "<b>page-2</b>" not in html and "<i>pages</i>" not in html
+    assert 'id="mutations"' not in page(client, f"/workflows?run={rl.enqueue_workflow(db, order_workflow()).id}")
