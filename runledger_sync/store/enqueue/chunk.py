@@ -54,7 +54,7 @@ from runledger_sync.core.types import JobEventType
 from runledger_sync.core.states import JobStage
 from runledger_sync.db.schema import job_definitions, job_events, job_queue
 from runledger_sync.store.prepared import PreparedStatement
-from runledger_sync.store.rows import JOB_COLUMNS, to_job, to_jobs
+from runledger_sync.store.rows import JOB_COLUMNS, JOB_TEXT_COLUMNS, to_job, to_jobs
 from runledger_sync.store.sql import event_log_params, full_event_log
 from runledger_sync.store.notify import notify_due_types
 
@@ -125,7 +125,7 @@ def _build_enqueue_statement(ids_only: bool = False) -> Any:
         # Only the idempotency indexes can conflict (ids are fresh UUIDv7s); the
         # skipped rows are looked up and compared afterwards.
         .on_conflict_do_nothing()
-        .returning(*JOB_COLUMNS)
+        .returning(*JOB_TEXT_COLUMNS)
         .cte("inserted")
     )
     event = (
