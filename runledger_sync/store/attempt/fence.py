@@ -136,12 +136,12 @@ LOCK_LEASES = PreparedStatement("lock_leases", _build_lock())
 def lease_params(identities: Sequence[LeaseIdentity]) -> dict[str, Any]:
     """The identities as the array parameters of :data:`LOCK_LEASES` and of group writes."""
     worker_ids = [i.worker_id for i in identities]
-    one_worker = all(worker_id == worker_ids[0] for worker_id in worker_ids)
+    one_worker = all(worker_id == worker_ids[0] for worker_id in worker_ids[1:])
     return {
         "lease_job_ids": [i.job_id for i in identities],
         "lease_run_numbers": [i.run_number for i in identities],
         "lease_attempts": [i.attempt for i in identities],
-        "lease_worker_id": worker_ids[0],
+        "lease_worker_id": worker_ids[0] if worker_ids else None,
         "lease_worker_ids": None if one_worker else worker_ids,
     }
 
