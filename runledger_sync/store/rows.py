@@ -74,7 +74,7 @@ def to_jobs(result: Result[Any]) -> list[JobRecord]:
     jobs = []
     new = object.__new__
     decode = _decode_json
-    for row in result:
+    for row in result.all():
         job = new(JobRecord)
         values = job.__dict__
         values.update(zip(_JOB_FIELDS, row, strict=False))  # the width was checked with the keys
