@@ -207,18 +207,23 @@ def serialize_json(
     except (TypeError, ValueError, RecursionError) as exc:
         # json's own message is not used: ValueError's repeats the float it refused.
         raise InvalidPayload(argument, value, _JSON_VALUE) from exc
-    if _holds_what_dumps_accepts_but_jsonb_loses(value):
+    # Only a container can hold a non-string key, and a bare int is checked at once.
+    if isinstance(value, (dict, list, tuple, int)) and _holds_what_dumps_accepts_but_jsonb_loses(value):
         raise InvalidPayload(argument, value, _JSON_VALUE)
-    try:
-        encoded = text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        # A lone surrogate: jsonb refuses it whether sent raw or as a \ud800 escape.
-        raise InvalidPayload(argument, value, "valid Unicode text (no lone surrogates)") from exc
+    # ASCII text is its own UTF-8, one byte a character, and holds no surrogate:
+    # only other text is encoded, to count its bytes and find a lone surrogate.
+    if text.isascii():
+        size = len(text)
+    else:
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            # A lone surrogate: jsonb refuses it whether sent raw or as a \ud800 escape.
+            raise InvalidPayload(argument, value, "valid Unicode text (no lone surrogates)") from exc
     # The substring test first: the pattern's look-behind costs ~40 ms a megabyte.
     if "\\u0000" in text and _ESCAPED_NUL.search(text):
         raise InvalidPayload(argument, value, "free of NUL characters (jsonb cannot store \\u0000)")
     if max_bytes is not None:
-        size = len(encoded)
         if size > max_bytes:
             raise too_large(argument, value, f"at most {max_bytes} bytes of JSON", got=f"{size} bytes of JSON")
     return text

@@ -128,3 +128,18 @@ def test_migrate_given_something_other_than_an_engine_is_invalid_argument(bind):
     with pytest.raises(rl.RunledgerError) as caught:
         rl.migrate(bind)
     assert caught.value.code == "job.invalid_argument"
+
+
+@pytest.mark.parametrize(("value", "size"), [("abc", 5), ("é😀", 8), ({"k": ["é"]}, 12), (2**70, 22)],
+                         ids=["ascii", "non-ascii", "nested-non-ascii", "big-int"])
+def test_serialize_json_bounds_the_utf8_bytes_not_the_characters(value, size):
+    assert len(check.serialize_json("payload", value, max_bytes=size).encode("utf-8")) == size
+    with pytest.raises(rl.InvalidPayload, match=f"got {size} bytes of JSON"):
+        check.serialize_json("payload", value, max_bytes=size - 1)
+
+
+@pytest.mark.parametrize("value", [{1: "a"}, [{"x": {2: "b"}}], (0, {None: 1}), 10**5000],
+                         ids=["int-key", "nested-int-key", "tuple-none-key", "int-too-long"])
+def test_serialize_json_refuses_in_containers_what_jsonb_would_lose(value):
+    with pytest.raises(rl.InvalidPayload):
+        check.serialize_json("payload", value)

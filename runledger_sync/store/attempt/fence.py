@@ -105,16 +105,23 @@ def one_lease() -> tuple[Any, Any, Any, Any]:
 
 
 def unnested(arrays: Sequence[tuple[str, str, Any]] = IDENTITY_ARRAYS) -> Any:
-    """The bound arrays as rows, one per lease, so the statement text never depends on the count."""
+    """The bound arrays as rows, one per lease, so the statement text never depends on the count.
+
+    Column ``n`` is each lease's position in the arrays, from 1: a group write
+    returns it, and the caller answers each lease by it.
+    """
     return (
         func.unnest(*(bindparam(param, type_=array_type) for _, param, array_type in arrays))
-        .table_valued(*(column for column, _, _ in arrays))
+        .table_valued(*(column for column, _, _ in arrays), with_ordinality="n")
         .render_derived(name="leases")
     )
 
 
 def leases_columns(leases: Any) -> tuple[Any, Any, Any, Any]:
-    return leases.c.job_id, leases.c.run_number, leases.c.attempt, leases.c.worker_id
+    # A group's leases are one worker's but in a caller's mixed group: the worker id
+    # is sent once, and the array of them is NULL (unnest pads it) unless they differ.
+    worker_id = func.coalesce(leases.c.worker_id, bindparam("lease_worker_id", type_=Text))
+    return leases.c.job_id, leases.c.run_number, leases.c.attempt, worker_id
 
 
 def by_listed_ids() -> Any:
@@ -138,13 +145,16 @@ def _build_lock() -> Any:
 LOCK_LEASES = PreparedStatement("lock_leases", _build_lock())
 
 
-def lease_params(identities: Sequence[LeaseIdentity]) -> dict[str, list[Any]]:
+def lease_params(identities: Sequence[LeaseIdentity]) -> dict[str, Any]:
     """The identities as the array parameters of :data:`LOCK_LEASES` and of group writes."""
+    worker_ids = [i.worker_id for i in identities]
+    one_worker = all(worker_id == worker_ids[0] for worker_id in worker_ids[1:])
     return {
         "lease_job_ids": [i.job_id for i in identities],
         "lease_run_numbers": [i.run_number for i in identities],
         "lease_attempts": [i.attempt for i in identities],
-        "lease_worker_ids": [i.worker_id for i in identities],
+        "lease_worker_id": worker_ids[0] if worker_ids else None,
+        "lease_worker_ids": None if one_worker else worker_ids,
     }
 
 
@@ -190,8 +200,6 @@ def write_leases(
     rows = write_fenced(connection, (statement,), identities, values).all()
     if end_steps:
         jobs_ended(connection, job_ends(rows))
-    written = {(row.id, row.run_number, row.attempt) for row in rows}
-    return [
-        None if (identity.job_id, identity.run_number, identity.attempt) in written else lease_mismatch(identity)
-        for identity in identities
-    ]
+    # Each written row names its lease by position (column n of :func:`unnested`).
+    written = {row.n for row in rows}
+    return [None if n in written else lease_mismatch(identity) for n, identity in enumerate(identities, start=1)]

@@ -121,7 +121,7 @@ def _build_apply(*, plain_jobs_only: bool) -> Any:
         )
         .returning(
             # The identity written under: a continuation's row has moved on to its next run.
-            _q.id, leases.c.run_number.label("run_number"), leases.c.attempt.label("attempt"),
+            _q.id, leases.c.run_number.label("run_number"), leases.c.attempt.label("attempt"), leases.c.n,
             _q.status, _q.stage, _q.progress_done, _q.progress_total, _q.next_run_at, _q.workflow_step_id,
             _q.last_error_code, _q.last_error_message,
             # What a dead letter keeps of the job.
@@ -190,7 +190,8 @@ def _build_apply(*, plain_jobs_only: bool) -> Any:
     ).cte("written_events")
     # What the fence's answer and the workflow pass need of each written row; ended jobs notify.
     return (
-        select(w.id, w.run_number, w.attempt, w.status, w.workflow_step_id, w.last_error_code, w.last_error_message)
+        select(w.id, w.run_number, w.attempt, w.n, w.status, w.workflow_step_id, w.last_error_code,
+               w.last_error_message)
         .add_cte(attempt, dead_letter, events)
         .where(notify_ended(written))
     )

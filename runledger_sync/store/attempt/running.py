@@ -158,7 +158,8 @@ def _live_leases(leases: Any) -> Any:
     return and_(live_lease(*leases_columns(leases)), by_listed_ids())
 
 
-_RUNNING = PreparedStatement("mark_running", build_running(_live_leases(unnested()), returning=_WRITTEN))
+_LEASES = unnested()
+_RUNNING = PreparedStatement("mark_running", build_running(_live_leases(_LEASES), returning=(*_WRITTEN, _LEASES.c.n)))
 
 
 def mark_jobs_running(

@@ -33,7 +33,7 @@ from runledger_sync.db.schema import job_attempts, job_queue
 from runledger_sync.store.transactions import run_in_transaction
 from runledger_sync.store.attempt.fence import held_under, live_lease
 from runledger_sync.store.prepared import PreparedStatement, execute_transactions
-from runledger_sync.store.rows import JOB_COLUMNS, to_jobs
+from runledger_sync.store.rows import JOB_TEXT_COLUMNS, to_jobs
 from runledger_sync.store.sql import ids_of
 from runledger_sync.store.attempt.transitions import build_running
 from runledger_sync.store.claim.claim import (
@@ -99,7 +99,7 @@ def _build_lock() -> Any:
 
 def _build_running() -> Any:
     claimed = _claimed(bindparam("lease_worker_id", type_=Text))
-    statement = build_running(_fenced_as_claimed(live_lease, claimed), returning=JOB_COLUMNS)
+    statement = build_running(_fenced_as_claimed(live_lease, claimed), returning=JOB_TEXT_COLUMNS)
     return statement.order_by(*_in_claim_order(statement.selected_columns))
 
 
@@ -110,7 +110,7 @@ _MARK_CLAIMED_RUNNING = PreparedStatement("mark_claimed_running", _build_running
 def _build_still_leased() -> Any:
     claimed = _claimed(bindparam("lease_worker_id", type_=Text))
     return (
-        select(*JOB_COLUMNS)
+        select(*JOB_TEXT_COLUMNS)
         .select_from(job_queue.join(claimed, _fenced_as_claimed(held_under, claimed)))
         .order_by(*_in_claim_order(job_queue.c))
     )

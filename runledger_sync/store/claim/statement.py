@@ -27,7 +27,7 @@ from runledger_sync.store.claim.flow import (
     build_served_unlimited,
     key_rate_room,
 )
-from runledger_sync.store.rows import JOB_COLUMNS
+from runledger_sync.store.rows import JOB_TEXT_COLUMNS
 from runledger_sync.store.sql import event_insert, full_event_log, ids_of, seconds
 
 _q = job_queue.c
@@ -139,7 +139,7 @@ def _lease(picked: Any) -> Any:
             last_heartbeat_at=func.now(),
             started_at=func.coalesce(_q.started_at, func.now()),
         )
-        .returning(*JOB_COLUMNS)
+        .returning(*JOB_TEXT_COLUMNS)
         .cte("leased")
     )
 

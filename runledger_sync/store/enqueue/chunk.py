@@ -54,7 +54,7 @@ from runledger_sync.core.types import JobEventType
 from runledger_sync.core.states import JobStage
 from runledger_sync.db.schema import job_definitions, job_events, job_queue
 from runledger_sync.store.prepared import PreparedStatement
-from runledger_sync.store.rows import JOB_COLUMNS, to_job, to_jobs
+from runledger_sync.store.rows import JOB_COLUMNS, JOB_TEXT_COLUMNS, to_job, to_jobs
 from runledger_sync.store.sql import event_log_params, full_event_log
 from runledger_sync.store.notify import notify_due_types
 
@@ -80,40 +80,42 @@ _INPUT = func.unnest(
     "id", "job_type", "organization_id", "payload", "priority", "max_attempts", "timeout_seconds",
     "run_at", "delay_seconds", "stage", "idempotency_key", "enqueue_request", "queue", "execution_resource_key",
     "meta", with_ordinality="ord",
-).render_derived(name="input")
+).render_derived(name="unnested")
+#: The specs' rows, unnested once: the check that every type is enabled reads them too.
+_SPECS = select(_INPUT).cte("input")
 
 
 def _build_enqueue_statement(ids_only: bool = False) -> Any:
     definition = job_definitions.alias("definition")
-    enabled = and_(definition.c.job_type == _INPUT.c.job_type, definition.c.is_enabled)
-    any_missing = exists(select(literal(1)).select_from(_INPUT.outerjoin(definition, enabled)).where(definition.c.job_type.is_(None)))
+    enabled = and_(definition.c.job_type == _SPECS.c.job_type, definition.c.is_enabled)
+    any_missing = exists(select(literal(1)).select_from(_SPECS.outerjoin(definition, enabled)).where(definition.c.job_type.is_(None)))
     rows = (
         select(
-            _INPUT.c.id,
-            _INPUT.c.job_type,
-            _INPUT.c.organization_id,
-            _INPUT.c.payload,
-            func.coalesce(_INPUT.c.priority, definition.c.default_priority),
-            func.coalesce(_INPUT.c.max_attempts, definition.c.max_attempts),
-            func.coalesce(_INPUT.c.timeout_seconds, definition.c.default_timeout_seconds),
+            _SPECS.c.id,
+            _SPECS.c.job_type,
+            _SPECS.c.organization_id,
+            _SPECS.c.payload,
+            func.coalesce(_SPECS.c.priority, definition.c.default_priority),
+            func.coalesce(_SPECS.c.max_attempts, definition.c.max_attempts),
+            func.coalesce(_SPECS.c.timeout_seconds, definition.c.default_timeout_seconds),
             func.coalesce(
-                _INPUT.c.run_at,
-                func.now() + func.make_interval(0, 0, 0, 0, 0, 0, func.coalesce(_INPUT.c.delay_seconds, 0.0)),
+                _SPECS.c.run_at,
+                func.now() + func.make_interval(0, 0, 0, 0, 0, 0, func.coalesce(_SPECS.c.delay_seconds, 0.0)),
             ),
-            _INPUT.c.stage,
-            _INPUT.c.idempotency_key,
-            _INPUT.c.enqueue_request,
-            func.coalesce(_INPUT.c.queue, definition.c.queue),
-            _INPUT.c.execution_resource_key,
-            _INPUT.c.meta,
+            _SPECS.c.stage,
+            _SPECS.c.idempotency_key,
+            _SPECS.c.enqueue_request,
+            func.coalesce(_SPECS.c.queue, definition.c.queue),
+            _SPECS.c.execution_resource_key,
+            _SPECS.c.meta,
         )
-        .select_from(_INPUT.join(definition, enabled))
+        .select_from(_SPECS.join(definition, enabled))
         # All or nothing: one unknown or disabled type rejects the whole batch.
         .where(~any_missing)
         # Keyed rows lock their key as they go in (the key trigger): inserted in
         # key order, two batches naming the same keys take them in the same order
         # and wait for each other instead of deadlocking. Records are matched by id.
-        .order_by(_INPUT.c.execution_resource_key.nulls_first(), _INPUT.c.ord)
+        .order_by(_SPECS.c.execution_resource_key.nulls_first(), _SPECS.c.ord)
     )
     inserted = (
         pg_insert(job_queue)
@@ -125,7 +127,7 @@ def _build_enqueue_statement(ids_only: bool = False) -> Any:
         # Only the idempotency indexes can conflict (ids are fresh UUIDv7s); the
         # skipped rows are looked up and compared afterwards.
         .on_conflict_do_nothing()
-        .returning(*JOB_COLUMNS)
+        .returning(*JOB_TEXT_COLUMNS)
         .cte("inserted")
     )
     event = (
@@ -172,7 +174,9 @@ def _check_stage(value: Any) -> JobStage:
         raise InvalidArgument("stage", value, f"one of {', '.join(s.value for s in JobStage)}") from None
 
 
-def _batch_parameters(specs: Sequence[JobSpec], max_payload_bytes: int) -> tuple[dict[str, list[Any]], list[UUID]]:
+def _batch_parameters(
+    specs: Sequence[JobSpec], max_payload_bytes: int,
+) -> tuple[dict[str, Optional[list[Any]]], list[UUID]]:
     """Validate and serialize ``specs`` into the statement's column arrays; draw their ids."""
     columns: dict[str, list[Any]] = {
         name: []
@@ -219,7 +223,25 @@ def _batch_parameters(specs: Sequence[JobSpec], max_payload_bytes: int) -> tuple
             meta_json(instrumentation.observed_meta(spec.job_type, id_string, spec.meta))
             for spec, id_string in zip(specs, id_strings, strict=True)
         ]
-    return columns, [UUID(id_string) for id_string in id_strings]
+    return _nulls_once(columns), [UUID(id_string) for id_string in id_strings]
+
+
+#: The columns a spec may leave unset.
+_OPTIONAL_COLUMNS = ("organization_ids", "priorities", "max_attempts", "timeouts", "run_ats", "delays", "keys",
+                     "snapshots", "queues", "concurrency_keys")
+
+
+def _nulls_once(columns: dict[str, list[Any]]) -> dict[str, Optional[list[Any]]]:
+    """``columns`` with each optional column unset in every row sent as one NULL.
+
+    An array of NULLs costs a bound NULL per row to render, send and parse; the
+    statement's unnest pads a NULL array with NULLs to the other arrays' length.
+    """
+    sent: dict[str, Optional[list[Any]]] = dict(columns)
+    for name in _OPTIONAL_COLUMNS:
+        if all(value is None for value in columns[name]):
+            sent[name] = None
+    return sent
 
 
 def request_snapshot(spec: JobSpec, *, payload_json: str) -> str:
@@ -334,7 +356,13 @@ class Chunk:
 
     @property
     def keyed(self) -> bool:
-        return any(key is not None for key in self.params["keys"])
+        return self.params["keys"] is not None
+
+    @property
+    def snapshots(self) -> Sequence[Optional[str]]:
+        """Each spec's request snapshot, None for a spec without an idempotency key."""
+        snapshots: Optional[list[Optional[str]]] = self.params["snapshots"]
+        return [None] * len(self.specs) if snapshots is None else snapshots
 
 
 def prepare_chunk(specs: list[JobSpec], max_payload_bytes: int, event_log: Any) -> Chunk:
@@ -366,7 +394,7 @@ def write_chunk(connection: Connection, chunk: Chunk, *, ids_only: bool = False)
     if not inserted:
         _raise_if_definition_missing(connection, {spec.job_type for spec in chunk.specs})
     result: list[Any] = []
-    for job_id, spec, snapshot in zip(chunk.ids, chunk.specs, chunk.params["snapshots"], strict=True):
+    for job_id, spec, snapshot in zip(chunk.ids, chunk.specs, chunk.snapshots, strict=True):
         found = inserted.get(job_id)
         if found is None:
             existing = _existing_for_key(connection, spec, snapshot)

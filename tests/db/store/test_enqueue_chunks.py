@@ -110,3 +110,22 @@ def test_on_an_autocommit_connection_a_long_batch_is_still_all_or_nothing(orders
         assert raw.autocommit is True
     finally:
         raw.close()
+
+
+def test_a_column_unset_in_every_row_of_a_chunk_stores_nulls_and_defaults_beside_per_row_values(engine):
+    define(engine)
+    # The chunk of 3 is [a, b, c]: organization_id and the idempotency key are unset in every
+    # row of it (sent as one NULL); priority is set in one row only, so it still goes row by row.
+    batch = [JobSpec(JOB_TYPE, {"n": 0}), JobSpec(JOB_TYPE, {"n": 1}, priority=7), JobSpec(JOB_TYPE, {"n": 2}),
+             JobSpec(JOB_TYPE, {"n": 3}, organization_id="org-3", idempotency_key="k-3")]
+    jobs = rl.enqueue_many(engine, batch)
+
+    stored = [rl.get_job(engine, job.id) for job in jobs]
+    assert [job.payload for job in stored] == [{"n": n} for n in range(4)]
+    default_priority = stored[0].priority
+    assert [job.priority for job in stored] == [default_priority, 7, default_priority, default_priority]
+    assert [job.organization_id for job in stored] == [None, None, None, "org-3"]
+    assert [job.idempotency_key for job in stored] == [None, None, None, "k-3"]
+    assert [job.enqueue_request is None for job in stored] == [True, True, True, False]
+    assert scalar(engine, "SELECT count(*) FROM job_queue WHERE organization_id IS NULL AND idempotency_key IS NULL"
+                  " AND execution_resource_key IS NULL") == 3

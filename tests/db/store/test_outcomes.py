@@ -257,3 +257,33 @@ def test_an_expired_but_held_lease_still_lands_its_outcome(engine):
 
 def test_no_items_write_nothing(engine):
     assert apply_transitions(engine, []) == []
+
+
+@pytest.mark.parametrize("stranger", [None, "someone-else"], ids=["one-worker", "two-workers"])
+def test_each_lease_of_a_mixed_group_gets_its_own_outcome_and_answer(engine, stranger):
+    define(engine, "mix.job", max_attempts=3)
+    for n in range(4):
+        rl.enqueue(engine, "mix.job", {"n": n})
+    claimed = sorted(claim_prestart_jobs_for_types(engine, worker_id="w", lease_ttl_seconds=30, limit=4,
+                                                   job_types=["mix.job"]), key=lambda job: job.payload["n"])
+    leases = [LeaseIdentity.of(job) for job in claimed]
+    # Job 2's lease names an attempt it never had, and (two workers) job 3's another worker: both refused.
+    leases[2] = LeaseIdentity(leases[2].job_id, leases[2].run_number, leases[2].attempt + 1, "w")
+    if stranger is not None:
+        leases[3] = LeaseIdentity(leases[3].job_id, leases[3].run_number, leases[3].attempt, stranger)
+    transitions = [Retry(JobFailure.retryable("mix.later", "later"), 60_000), Succeed(JobCompletion(output={"n": 1})),
+                   Succeed(JobCompletion()), _dead(JobFailure.terminal("mix.dead", "no"),
+                                                   JobDeadLetterReason.FAILURE_KIND_NON_RETRYABLE)]
+
+    answers = apply_transitions(engine, list(zip(leases, transitions, strict=True)))
+
+    refused = [index for index, answer in enumerate(answers) if answer is not None]
+    assert refused == ([2] if stranger is None else [2, 3])
+    assert all(isinstance(answers[index], errors.LeaseOwnerMismatch) for index in refused)
+    stored = [rl.get_job(engine, job.id) for job in claimed]
+    assert [(job.status, job.output, job.last_error_code) for job in stored] == [
+        (rl.JobStatus.PENDING, None, "mix.later"),
+        (rl.JobStatus.SUCCEEDED, {"n": 1}, None),
+        (rl.JobStatus.LEASED, None, None),
+        (rl.JobStatus.LEASED, None, None) if stranger else (rl.JobStatus.DEAD_LETTERED, None, "mix.dead"),
+    ]
