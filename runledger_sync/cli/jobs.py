@@ -241,13 +241,19 @@ def _outcome(attempt: Any) -> str:
 def _jobs_retry_arguments(parser: argparse.ArgumentParser) -> None:
     _add_job_id(parser)
     parser.add_argument("--reason", help="recorded on the job and its REQUEUED event (default REQUEUED)")
+    parser.add_argument("--expect-status", metavar="STATUS",
+                        help="requeue only if the job is still in this status (else job.requeue_expectation_failed)")
+    parser.add_argument("--expect-run", metavar="N", type=int,
+                        help="requeue only if the job is still in this run (its run_number)")
 
 
 @command("jobs retry", help="run a finished job again (a new run from attempt 0)", arguments=_jobs_retry_arguments)
 def _jobs_retry(args: argparse.Namespace) -> int:
     job_id = _parse_job_id(args.job_id)
+    expected_status = None if args.expect_status is None else args.expect_status.strip().upper()
     with open_engine(args) as engine:
-        job = rl.requeue_job(engine, job_id, reason=args.reason)
+        job = rl.requeue_job(engine, job_id, reason=args.reason, expected_status=expected_status,
+                             expected_run_number=args.expect_run)
     print(f"job {job.id} requeued: {job.status.value}, run {job.run_number}")
     return EXIT_OK
 

@@ -32,6 +32,8 @@ Branch on ``.code`` or on the class, never on the message text::
     │   ├── InvalidConcurrencyKey               job.invalid_execution_resource_key
     │   ├── EnqueueIdempotencyUnsupportedIsolation
     │   │                                       job.enqueue_idempotency_unsupported_isolation
+    │   ├── CompareAndRequeueUnsupportedIsolation
+    │   │                                       job.compare_and_requeue_unsupported_isolation
     │   ├── InvalidWorkflow                     workflow.invalid_definition
     │   │   ├── WorkflowEmpty                   workflow.empty
     │   │   ├── WorkflowTooManySteps            workflow.too_many_steps
@@ -72,6 +74,7 @@ Branch on ``.code`` or on the class, never on the message text::
     │   ├── IdempotencyConflict                 job.idempotency_conflict
     │   ├── IdempotencyConflictMissingExisting  job.idempotency_conflict_missing_existing
     │   ├── LegacyIdempotencySnapshotMissing    job.legacy_idempotency_snapshot_missing
+    │   ├── RequeueExpectationFailed            job.requeue_expectation_failed
     │   ├── WorkflowAlreadyEnqueued             workflow.already_enqueued
     │   ├── WorkflowEnqueueConflictingRetry     workflow.enqueue_conflicting_retry
     │   ├── WorkflowLegacySnapshotMissing       workflow.legacy_idempotency_snapshot_missing
@@ -297,6 +300,12 @@ class EnqueueIdempotencyUnsupportedIsolation(ValidationError):
     code = "job.enqueue_idempotency_unsupported_isolation"
 
 
+class CompareAndRequeueUnsupportedIsolation(ValidationError):
+    """A requeue with expectations needs a READ COMMITTED transaction (it re-reads the row it waited for)."""
+
+    code = "job.compare_and_requeue_unsupported_isolation"
+
+
 class JobStateError(RunledgerError):
     """The job is not in a state that allows this operation."""
 
@@ -364,6 +373,12 @@ class AlreadyEnqueued(ConflictError):
     """A job with this idempotency key already exists."""
 
     code = "job.already_enqueued"
+
+
+class RequeueExpectationFailed(ConflictError):
+    """The job is no longer in the status or run the requeue expected: somebody moved it first."""
+
+    code = "job.requeue_expectation_failed"
 
 
 class IdempotencyConflict(ConflictError):

@@ -9,14 +9,22 @@ test that works retries and delayed jobs without waiting for them
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 from uuid import UUID
 
-from sqlalchemy import Text, bindparam, func, literal, select
+from sqlalchemy import Integer, Text, bindparam, func, literal, select
 from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
-from runledger_sync.core.errors import InvalidStateTransition, JobNotFound, WorkflowRequeueNotSupported
+from runledger_sync.core.errors import (
+    CompareAndRequeueUnsupportedIsolation,
+    InvalidArgument,
+    InvalidStateTransition,
+    JobNotFound,
+    RequeueExpectationFailed,
+    WorkflowRequeueNotSupported,
+)
 from runledger_sync.core.records import JobRecord
 from runledger_sync.core.types import JobEventType
 from runledger_sync.core.states import JobStage, JobStatus
@@ -110,15 +118,23 @@ def cancel_job(
 
 
 def _transition_error(
-    connection: Connection, job_id: UUID, organization_id: Optional[str], verb: str, allowed: tuple[str, ...]
+    connection: Connection, job_id: UUID, organization_id: Optional[str], verb: str, allowed: tuple[str, ...],
+    expected: Optional[Expectation] = None,
 ) -> Exception:
     found = connection.execute(
-        scoped(select(_q.status, _q.workflow_step_id).where(_q.id == job_id), organization_id)).first()
+        scoped(select(_q.status, _q.run_number, _q.workflow_step_id).where(_q.id == job_id), organization_id)).first()
     if found is None:
         return JobNotFound(f"job {job_id} was not found", job_id=str(job_id))
     if verb == "requeued" and found.workflow_step_id is not None:
         return WorkflowRequeueNotSupported(
             f"job {job_id} belongs to a workflow step and cannot be requeued on its own", job_id=str(job_id))
+    if expected is not None and expected.missed_by(found.status, found.run_number):
+        return RequeueExpectationFailed(
+            f"job {job_id} is {found.status} in run {found.run_number}, not "
+            f"{expected.status or 'any status'} in run {expected.run_number or 'any'} as expected; nothing was requeued",
+            job_id=str(job_id), status=found.status, run_number=found.run_number,
+            expected_status=expected.status, expected_run_number=expected.run_number,
+        )
     return InvalidStateTransition(
         f"job {job_id} is {found.status} and cannot be {verb}; only {', '.join(allowed)} can",
         job_id=str(job_id),
@@ -131,11 +147,42 @@ def _transition_error(
 REQUEUE_PICKABLE = (_q.status.in_(REQUEUABLE), _q.workflow_step_id.is_(None))
 
 
-def _pick_one(organization_id: Optional[str]) -> Any:
-    return scoped(
-        select(_q.id, _q.run_number, _q.attempt).where(_q.id == bindparam("target_id"), *REQUEUE_PICKABLE),
-        organization_id,
-    ).with_for_update()
+def _pick_one(organization_id: Optional[str], expected: Optional["Expectation"] = None) -> Any:
+    picked = select(_q.id, _q.run_number, _q.attempt).where(_q.id == bindparam("target_id"), *REQUEUE_PICKABLE)
+    if expected is not None:
+        # Under READ COMMITTED a row this waited for is tested again as its locker left
+        # it: a requeue that lost the race to another action finds nothing to pick.
+        if expected.status is not None:
+            picked = picked.where(_q.status == bindparam("expected_status", type_=Text))
+        if expected.run_number is not None:
+            picked = picked.where(_q.run_number == bindparam("expected_run_number", type_=Integer))
+    return scoped(picked, organization_id).with_for_update()
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """What a compare-and-requeue expects the job to be: its status, its run, or both."""
+
+    status: Optional[str]
+    run_number: Optional[int]
+
+    @classmethod
+    def of(cls, status: Any, run_number: Any) -> Optional["Expectation"]:
+        if status is None and run_number is None:
+            return None
+        if status is not None:
+            try:
+                status = JobStatus(status).value
+            except ValueError:
+                raise InvalidArgument(
+                    "expected_status", status, f"one of {', '.join(s.value for s in JobStatus)}") from None
+        if run_number is not None:
+            check.check_int("expected_run_number", run_number, (1, 2**31 - 1))
+        return cls(status, run_number)
+
+    def missed_by(self, status: str, run_number: int) -> bool:
+        return (self.status is not None and status != self.status) or (
+            self.run_number is not None and run_number != self.run_number)
 
 
 def requeue_statement(picked: Any) -> Any:
@@ -179,42 +226,68 @@ def requeue_statement(picked: Any) -> Any:
 def requeue_job(
     bind: Bind,
     job_id: UUID | str,
-    *,
     reason: Optional[str] = None,
+    *,
     organization_id: Optional[str] = None,
+    expected_status: Optional[JobStatus | str] = None,
+    expected_run_number: Optional[int] = None,
 ) -> JobRecord:
     """Run a finished job again: a new run (run_number + 1) from attempt 0.
 
+    With ``expected_status`` and/or ``expected_run_number`` it is a compare-and-requeue:
+    the job is requeued only if it still is what the caller saw, so an operator
+    who looked at a dead letter never re-runs a job that somebody requeued, or
+    that ran and ended again, meanwhile. Of two such requeues racing each other,
+    exactly one wins.
+
     Args:
         bind: an Engine (committed here), or a Connection, ORM Session or psycopg (2 or 3)
-            connection whose open transaction the call joins (the caller commits).
+            connection whose open transaction the call joins (the caller commits;
+            with expectations it must be READ COMMITTED).
 
     Raises:
         JobNotFound: no such job in the scope.
+        WorkflowRequeueNotSupported: the job runs a workflow's step.
+        RequeueExpectationFailed: the job's status or run is not the one expected.
         InvalidStateTransition: the job is still PENDING or LEASED.
+        CompareAndRequeueUnsupportedIsolation: expectations in a transaction not at READ COMMITTED.
     """
-    return _act(bind, job_id, reason, organization_id, requeue_statement(_pick_one(organization_id)), "requeued", REQUEUABLE)
+    expected = Expectation.of(expected_status, expected_run_number)
+    statement = requeue_statement(_pick_one(organization_id, expected))
+    return _act(bind, job_id, reason, organization_id, statement, "requeued", REQUEUABLE, expected)
 
 
 def _act(
     bind: Bind, job_id: Any, reason: Optional[str], organization_id: Optional[str], statement: Any, verb: str,
-    allowed: tuple[str, ...],
+    allowed: tuple[str, ...], expected: Optional[Expectation] = None,
 ) -> JobRecord:
     """Run an operator's one-statement action on a job; explain why when it changed nothing."""
     target = check_job_id(job_id)
     if reason is not None:
         check.check_text("reason", reason, max_length=255)
+    parameters: dict[str, Any] = {"target_id": target, "reason": reason}
+    if expected is not None:
+        parameters |= {"expected_status": expected.status, "expected_run_number": expected.run_number}
 
     def work(connection: Connection) -> JobRecord:
-        row = connection.execute(statement, {"target_id": target, "reason": reason}).first()
+        if expected is not None:
+            _require_read_committed(connection)
+        row = connection.execute(statement, parameters).first()
         if row is not None:
             record = to_job(row)
             if record.workflow_step_id is not None:
                 jobs_ended(connection, job_ends([record]))
             return record
-        raise _transition_error(connection, target, organization_id, verb, allowed)
+        raise _transition_error(connection, target, organization_id, verb, allowed, expected)
 
     return run_in_transaction(bind, work)
+
+
+def _require_read_committed(connection: Connection) -> None:
+    level = connection.exec_driver_sql("SHOW transaction_isolation").scalar_one()
+    if level != "read committed":
+        raise CompareAndRequeueUnsupportedIsolation(
+            f"a requeue with expectations needs READ COMMITTED isolation, the transaction uses {level.upper()}")
 
 
 def make_jobs_due(
