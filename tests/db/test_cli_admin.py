@@ -348,6 +348,18 @@ def test_jobs_retry_of_a_pending_job_is_an_invalid_transition(db, run):
     assert rl.get_job(db, job.id).run_number == 1
 
 
+def test_jobs_retry_with_expectations_requeues_only_the_job_still_as_seen(db, run):
+    job = succeeded(db)
+
+    code, _, err = run("jobs", "retry", str(job.id), "--expect-status", "dead_lettered", "--expect-run", "1")
+    assert code == 1
+    assert err.startswith("error: job.requeue_expectation_failed: ")
+    assert rl.get_job(db, job.id).run_number == 1
+
+    code, out, _ = run("jobs", "retry", str(job.id), "--expect-status", "succeeded", "--expect-run", "1")
+    assert code == 0 and out.strip() == f"job {job.id} requeued: PENDING, run 2"
+
+
 def test_jobs_cancel_cancels_with_the_reason_given(db, run):
     job = rl.enqueue(db, EMAIL, {})
 
