@@ -106,6 +106,10 @@ def job_action(dashboard: PageHost, request: Request, job_id: str, action: str) 
         rl.cancel_job(dashboard.engine, job_id, reason="CANCELED_FROM_DASHBOARD", organization_id=scope)
         done = "canceled"
     else:
-        rl.requeue_job(dashboard.engine, job_id, reason="RETRIED_FROM_DASHBOARD", organization_id=scope)
+        # The status and run the page showed: a job another operator ran again meanwhile is not run twice.
+        seen_run = request.form("seen_run") or None
+        rl.requeue_job(dashboard.engine, job_id, reason="RETRIED_FROM_DASHBOARD", organization_id=scope,
+                       expected_status=request.form("seen_status") or None,
+                       expected_run_number=int(seen_run) if seen_run is not None and seen_run.isdigit() else seen_run)
         done = "retried"
     return Response.redirect(request.url(f"/jobs/{job_id}", done=done))

@@ -65,6 +65,19 @@ def test_cancel_and_retry_from_the_job_page(db, admin):
     assert status_of(db, pending) == ("PENDING", 2)
 
 
+def test_run_again_from_a_page_that_went_stale_is_a_conflict_and_runs_nothing(db, admin):
+    job = succeeded(db)
+    shown = page(admin, f"/jobs/{job.id}")
+    assert 'name="seen_status" value="SUCCEEDED"' in shown and 'name="seen_run" value="1"' in shown
+    seen = {"seen_status": "SUCCEEDED", "seen_run": "1"}
+    response = post_form(admin, f"/jobs/{job.id}", f"/jobs/{job.id}/retry", seen)
+    assert response.headers["Location"] == f"/jobs/{job.id}?done=retried"
+    rl.cancel_job(db, job.id)  # run 2 ended again before the same stale page was submitted a second time
+    response = post_form(admin, f"/jobs/{job.id}", f"/jobs/{job.id}/retry", seen)
+    assert response.status_code == 409 and "job.requeue_expectation_failed" in response.get_data(as_text=True)
+    assert status_of(db, job) == ("CANCELED", 2)
+
+
 def test_cancel_of_a_finished_job_is_a_conflict_and_changes_nothing(db, admin):
     done = succeeded(db)
     response = post_form(admin, f"/jobs/{done.id}", f"/jobs/{done.id}/cancel", {})
