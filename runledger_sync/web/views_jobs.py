@@ -108,8 +108,10 @@ def job_action(dashboard: PageHost, request: Request, job_id: str, action: str) 
     else:
         # The status and run the page showed: a job another operator ran again meanwhile is not run twice.
         seen_run = request.form("seen_run") or None
+        if seen_run is not None and not seen_run.isdigit():
+            raise rl.errors.InvalidArgument("seen_run", seen_run, "the run number the page showed")
         rl.requeue_job(dashboard.engine, job_id, reason="RETRIED_FROM_DASHBOARD", organization_id=scope,
                        expected_status=request.form("seen_status") or None,
-                       expected_run_number=int(seen_run) if seen_run is not None and seen_run.isdigit() else seen_run)
+                       expected_run_number=None if seen_run is None else int(seen_run))
         done = "retried"
     return Response.redirect(request.url(f"/jobs/{job_id}", done=done))

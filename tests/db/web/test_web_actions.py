@@ -76,6 +76,9 @@ def test_run_again_from_a_page_that_went_stale_is_a_conflict_and_runs_nothing(db
     response = post_form(admin, f"/jobs/{job.id}", f"/jobs/{job.id}/retry", seen)
     assert response.status_code == 409 and "job.requeue_expectation_failed" in response.get_data(as_text=True)
     assert status_of(db, job) == ("CANCELED", 2)
+    response = post_form(admin, f"/jobs/{job.id}", f"/jobs/{job.id}/retry", {"seen_run": "two"})
+    assert response.status_code == 400 and "job.invalid_argument" in response.get_data(as_text=True)
+    assert status_of(db, job) == ("CANCELED", 2)
 
 
 def test_cancel_of_a_finished_job_is_a_conflict_and_changes_nothing(db, admin):
