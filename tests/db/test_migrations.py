@@ -40,6 +40,7 @@ from runledger_sync.db.migrate import (
     migrations_directory,
 )
 from runledger_sync.db.schema import metadata
+from runledger_sync.db.schema_unique import UNIQUE_REENTRY_TRIGGER
 from runledger_sync.store.driver import claim_jobs
 from runledger_sync.store.enqueue.enqueue import enqueue
 from runledger_sync.store.definitions import sync_job_definitions
@@ -116,8 +117,9 @@ def test_upgrade_to_head_on_empty_database_creates_the_queue_tables(empty_engine
     assert current_revision(empty_engine) == head_revision()
     assert functions_named(empty_engine, TRIGGER_FUNCTION) == ["public"]
     # 0003: the hot tables' statements stamp updated_at themselves; only schedules keep a trigger.
-    # 0004: the job/step linkage triggers. 0005: the concurrency-key triggers.
-    assert triggers_of(empty_engine) == {("job_schedules", "trg_job_schedules_updated_at")} | LINK_TRIGGERS | KEY_TRIGGERS
+    # 0004: the job/step linkage triggers. 0005: the concurrency-key triggers. 0013: the unique re-entry trigger.
+    assert triggers_of(empty_engine) == ({("job_schedules", "trg_job_schedules_updated_at")} | LINK_TRIGGERS
+                                         | KEY_TRIGGERS | {("job_queue", UNIQUE_REENTRY_TRIGGER)})
 
 
 def test_migrated_schema_matches_the_sqlalchemy_metadata(empty_engine):
