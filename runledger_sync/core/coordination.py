@@ -1,4 +1,6 @@
-"""Jobs that coordinate at enqueue: one live job per key (:class:`Unique`), or one waiting job per key that later enqueues replace (:class:`Debounce`).
+"""Jobs that coordinate at enqueue: one live job per key (:class:`Unique`), or one waiting job per key (:class:`Debounce`).
+
+A debounced job's later enqueues replace its payload and meta and move its start.
 
 Both are decided by the database in the enqueue's one statement, against a
 partial unique index over ``(job_type, organization_id, unique_key)`` whose
@@ -28,8 +30,6 @@ from runledger_sync.core.states import JobStatus
 
 Seconds = Union[timedelta, int, float]
 
-#: The states a unique job blocks in unless told otherwise: waiting or running.
-DEFAULT_UNIQUE_STATES = (JobStatus.PENDING.value, JobStatus.LEASED.value)
 #: A debounced job is replaced only while it waits: once started, the next enqueue makes a new job.
 DEBOUNCE_STATES = (JobStatus.PENDING.value,)
 #: A key is held by the unique index with its type and organization, within PostgreSQL's
@@ -57,7 +57,8 @@ class Unique:
 
     key: Optional[str] = None
     period: Optional[Seconds] = None
-    states: Iterable[str] = DEFAULT_UNIQUE_STATES
+    #: Waiting or running, unless told otherwise (spelled out, so the reference shows the values).
+    states: Iterable[str] = ("PENDING", "LEASED")
 
     def checked(self) -> "CheckedUnique":
         """The options checked; raises :class:`InvalidUnique` (``job.invalid_unique``) for the first bad one."""

@@ -12,7 +12,7 @@ class InvalidCoordination(InvalidArgument):
 
 
 class InvalidUnique(InvalidCoordination):
-    """A unique job's options are refused: a blank key, a period that is not a positive whole number of seconds, or states that are not a non-empty set of job statuses."""
+    """A unique job's options are refused: a blank key, a period not a positive whole number of seconds, or states not job statuses."""
 
     code = "job.invalid_unique"
 
