@@ -12,11 +12,12 @@ from sqlalchemy import text
 
 from runledger_sync.core.coordination import Debounce, Unique
 from runledger_sync.core.coordination_errors import InvalidCoordination, InvalidDebounce, InvalidUnique
-from runledger_sync.core.errors import IdempotencyConflict
+from runledger_sync.core.errors import DefinitionNotFoundOrDisabled, IdempotencyConflict
 from runledger_sync.core.records import JobSpec
 from runledger_sync.core.states import JobStatus
 from runledger_sync.core.types import JobFailure
 from runledger_sync.store.attempt.ends import complete_job_failure, complete_job_success, release_unstarted_job_claim
+from runledger_sync.store.definitions import set_job_definition_enabled
 from runledger_sync.store.enqueue.enqueue import enqueue, enqueue_many, enqueue_many_ids
 from tests.support import JOB_TYPE, claim_one, define, event_types, identity, lock_waiters, rows, scalar, wait_until
 
@@ -362,3 +363,15 @@ def test_bad_coordination_options_are_refused_with_a_code_and_write_nothing(engi
         enqueue(engine, JOB_TYPE, {}, **options)
     assert caught.value.code == code
     assert count_jobs(engine) == 0
+
+
+def test_a_disabled_type_is_refused_even_when_a_live_duplicate_holds_the_key(engine):
+    define(engine)
+    enqueue(engine, JOB_TYPE, {}, unique=Unique(key="k"))
+    set_job_definition_enabled(engine, JOB_TYPE, False)
+
+    with pytest.raises(DefinitionNotFoundOrDisabled):
+        enqueue(engine, JOB_TYPE, {}, unique=Unique(key="k"))
+    with pytest.raises(DefinitionNotFoundOrDisabled):
+        enqueue_many(engine, [JobSpec(JOB_TYPE, {}, unique=Unique(key="k")), JobSpec(JOB_TYPE, {})])
+    assert count_jobs(engine) == 1
