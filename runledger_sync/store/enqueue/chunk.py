@@ -442,7 +442,11 @@ def _written_by_earlier_try(connection: Connection, job_ids: list[UUID]) -> dict
     return {row.id: to_job(row) for row in rows}
 
 
-def _existing_for_key(connection: Connection, spec: JobSpec, snapshot: Optional[str]) -> JobRecord:
+def _existing_for_key(
+    connection: Connection, spec: JobSpec, snapshot: Optional[str], *, missing_ok: bool = False,
+) -> Optional[JobRecord]:
+    """The job holding ``spec``'s idempotency key, compared with its request; with ``missing_ok``
+    None when no job holds it (a unique spec's insert may have met its unique key instead)."""
     if spec.idempotency_key is None:
         # Unkeyed rows cannot conflict, so a missing row means its definition vanished mid-batch.
         _raise_if_definition_missing(connection, {spec.job_type})
@@ -452,6 +456,8 @@ def _existing_for_key(connection: Connection, spec: JobSpec, snapshot: Optional[
         {"job_type": spec.job_type, "idempotency_key": spec.idempotency_key, "organization_id": spec.organization_id},
     ).first()
     if row is None:
+        if missing_ok:
+            return None
         _raise_if_definition_missing(connection, {spec.job_type})
         raise IdempotencyConflictMissingExisting(
             f"idempotency key {spec.idempotency_key!r} conflicted but no existing job was found"
@@ -570,11 +576,13 @@ def _write_rows(connection: Connection, chunk: Chunk, ids_only: bool, rounds: in
     for index, (job_id, spec, snapshot) in enumerate(zip(chunk.ids, chunk.specs, chunk.snapshots, strict=True)):
         found = inserted.get(job_id)
         if found is None:
+            # The idempotency key first: the same request gets its own job back, and
+            # another one is refused, as without unique; then the unique key's holder.
             existing = None
-            if spec.unique is not None:
+            if spec.unique is None or spec.idempotency_key is not None:
+                existing = _existing_for_key(connection, spec, snapshot, missing_ok=spec.unique is not None)
+            if existing is None and spec.unique is not None:
                 existing = _live_holder(connection, spec, chunk, index)
-            if existing is None and (spec.unique is None or spec.idempotency_key is not None):
-                existing = _existing_for_key(connection, spec, snapshot)
             if existing is None:
                 again.append(index)
             elif existing.id == job_id:

@@ -154,6 +154,21 @@ def test_unique_keeps_the_idempotency_check(engine):
     assert count_jobs(engine) == 1
 
 
+def test_the_idempotency_key_answers_before_the_unique_key(engine):
+    define(engine)
+    keyed = enqueue(engine, JOB_TYPE, {"n": 1}, idempotency_key="i", unique=Unique(key="u"))
+    complete_job_success(engine, **identity(claim_one(engine)))
+    holder = enqueue(engine, JOB_TYPE, {"n": 9}, unique=Unique(key="u"))  # the key is free again: a new holder
+
+    # Both keys are taken, each by another job: the request is the idempotent one's.
+    assert enqueue(engine, JOB_TYPE, {"n": 1}, idempotency_key="i", unique=Unique(key="u")).id == keyed.id
+    with pytest.raises(IdempotencyConflict):
+        enqueue(engine, JOB_TYPE, {"n": 2}, idempotency_key="i", unique=Unique(key="u"))
+    # A new idempotency key meets only the unique key's holder.
+    assert enqueue(engine, JOB_TYPE, {"n": 3}, idempotency_key="j", unique=Unique(key="u")).id == holder.id
+    assert count_jobs(engine) == 2
+
+
 def test_an_idempotent_repeat_says_existing(engine):
     define(engine)
     first = enqueue(engine, JOB_TYPE, {"n": 1}, idempotency_key="i")
