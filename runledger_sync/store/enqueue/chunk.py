@@ -488,8 +488,11 @@ class Chunk:
 
     @property
     def keyed(self) -> bool:
-        """Whether a row may meet another in an index, which a later statement reads back (READ COMMITTED)."""
-        return self.params["keys"] is not None or self.params["unique_keys"] is not None
+        """Whether a row may meet another in an index and have it read back by a later statement (READ COMMITTED).
+
+        A debounce reads nothing back: its one statement updates the job it meets.
+        """
+        return self.params["keys"] is not None or any(spec.unique is not None for spec in self.specs)
 
     @property
     def snapshots(self) -> Sequence[Optional[str]]:

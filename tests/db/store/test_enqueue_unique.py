@@ -12,7 +12,11 @@ from sqlalchemy import text
 
 from runledger_sync.core.coordination import Debounce, Unique
 from runledger_sync.core.coordination_errors import InvalidCoordination, InvalidDebounce, InvalidUnique
-from runledger_sync.core.errors import DefinitionNotFoundOrDisabled, IdempotencyConflict
+from runledger_sync.core.errors import (
+    DefinitionNotFoundOrDisabled,
+    EnqueueIdempotencyUnsupportedIsolation,
+    IdempotencyConflict,
+)
 from runledger_sync.core.records import JobSpec
 from runledger_sync.core.states import JobStatus
 from runledger_sync.core.types import JobFailure
@@ -174,6 +178,21 @@ def test_an_idempotent_repeat_says_existing(engine):
     first = enqueue(engine, JOB_TYPE, {"n": 1}, idempotency_key="i")
     repeat = enqueue(engine, JOB_TYPE, {"n": 1}, idempotency_key="i")
     assert (first.disposition, repeat.disposition) == ("created", "existing")
+
+
+def test_a_unique_enqueue_outside_read_committed_is_refused_and_a_debounce_is_not(engine):
+    define(engine)
+    with engine.connect() as conn:
+        conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        with pytest.raises(EnqueueIdempotencyUnsupportedIsolation):
+            enqueue(conn, JOB_TYPE, {}, unique=Unique(key="k"))
+        conn.rollback()
+        conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        first = enqueue(conn, JOB_TYPE, {"v": 1}, debounce=Debounce("d", 30, 60))
+        again = enqueue(conn, JOB_TYPE, {"v": 2}, debounce=Debounce("d", 30, 60))
+        conn.commit()
+    assert (again.id, again.disposition, again.payload) == (first.id, "replaced", {"v": 2})
+    assert count_jobs(engine) == 1
 
 
 # -- batches and transactions ------------------------------------------------------------
