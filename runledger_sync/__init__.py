@@ -35,6 +35,8 @@ from runledger_sync.core.errors import (
     ScheduleNotFound,
     ValidationError,
 )
+from runledger_sync.core.coordination import Debounce, Unique
+from runledger_sync.core.coordination_errors import InvalidCoordination, InvalidDebounce, InvalidUnique
 from runledger_sync.core.records import (
     DeadLetterRecord,
     JobAttemptRecord,
@@ -134,16 +136,20 @@ __all__ = [
     "ConflictError",
     "ConnectionFailed",
     "DeadLetterRecord",
+    "Debounce",
     "DefinitionNotFoundOrDisabled",
     "EmbeddedPostgres",
     "EventLog",
     "IdempotencyConflict",
     "InvalidArgument",
+    "InvalidCoordination",
     "InvalidCron",
+    "InvalidDebounce",
     "InvalidMeta",
     "InvalidPayload",
     "InvalidQueueSetting",
     "InvalidStateTransition",
+    "InvalidUnique",
     "InvalidWorkflow",
     "JobAttemptRecord",
     "JobCancelled",
@@ -193,6 +199,7 @@ __all__ = [
     "StoreError",
     "Supervisor",
     "SupervisorHealth",
+    "Unique",
     "ValidationError",
     "WaitReason",
     "Workflow",

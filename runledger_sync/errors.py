@@ -49,6 +49,7 @@ from runledger_sync.core.errors import (
     ValidationError,
     WorkflowRequeueNotSupported,
 )
+from runledger_sync.core.coordination_errors import InvalidCoordination, InvalidDebounce, InvalidUnique
 from runledger_sync.core.store_errors import (
     BusinessRuleViolation,
     CommitOutcomeUnknown,
@@ -158,7 +159,9 @@ __all__ = [
     "InvalidArgument",
     "InvalidCompletionProgress",
     "InvalidConcurrencyKey",
+    "InvalidCoordination",
     "InvalidCron",
+    "InvalidDebounce",
     "InvalidExceptionRules",
     "InvalidJobType",
     "InvalidLeaseDuration",
@@ -171,6 +174,7 @@ __all__ = [
     "InvalidRetryDelay",
     "InvalidStateTransition",
     "InvalidTimezone",
+    "InvalidUnique",
     "InvalidWorkflow",
     "JobCancelled",
     "JobFailure",

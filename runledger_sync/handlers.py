@@ -10,6 +10,7 @@ from __future__ import annotations
 import types
 from typing import Any, Callable, ContextManager, Mapping, Optional
 
+from runledger_sync.core.coordination import Unique
 from runledger_sync.core.errors import InvalidPayload
 from runledger_sync.core.payload_models import validated
 from runledger_sync.core.types import JobCompletion, JobContext, JobDeadLetterInfo, JobFailure
@@ -46,6 +47,8 @@ class JobHandler:
         payload_model: A pydantic model class (the extra ``pydantic``), or None:
             ``execute`` then gets ``payload_model.model_validate(payload)``, and
             ``JobRegistry.enqueue`` refuses a payload the model does not accept.
+        unique: A :class:`runledger_sync.Unique` that ``JobRegistry.enqueue`` gives
+            the type's jobs enqueued with neither ``unique`` nor ``debounce``; None: none.
     """
 
     job_type: str
@@ -59,6 +62,7 @@ class JobHandler:
     retry_delay_overrides: Mapping[str, int] = types.MappingProxyType({})
     max_continuations: Optional[int] = None
     payload_model: Any = None
+    unique: Optional[Unique] = None
 
     def execute(self, ctx: JobContext, payload: Any) -> Optional[JobCompletion]:
         """Run one attempt of the job.
@@ -127,6 +131,7 @@ class WrappedHandler(JobHandler):
         self.retry_delay_overrides = inner.retry_delay_overrides
         self.max_continuations = inner.max_continuations
         self.payload_model = inner.payload_model
+        self.unique = inner.unique
 
     def execute(self, ctx: JobContext, payload: Any) -> Optional[JobCompletion]:
         with self.around():

@@ -11,8 +11,10 @@ reads the registry afterwards, so it needs no lock.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, ContextManager, Mapping, Optional, overload
 
+from runledger_sync.core.coordination import Unique
 from runledger_sync.core.errors import InvalidArgument, RegistrationError
 from runledger_sync.core.exception_rules import ExceptionRules
 from runledger_sync.core.flow import DEFAULT_QUEUE, check_queue_name
@@ -81,6 +83,7 @@ class JobRegistry(Declarations, Hooked):
         self._exception_rules: dict[str, ExceptionRules] = {}
         self._overrides: dict[str, dict[str, int]] = {}
         self._payload_models: dict[str, Any] = {}
+        self._unique: dict[str, Unique] = {}
 
     @overload
     def job(self, job_type: HandlerFunction, /) -> HandlerFunction: ...
@@ -90,13 +93,14 @@ class JobRegistry(Declarations, Hooked):
         timeout_seconds: Optional[int] = None, priority: Optional[int] = None, retry_on: Any = None,
         dead_letter_on: Any = None, retry_delay_overrides: Optional[Mapping[str, int]] = None,
         on_dead_letter: Optional[DeadLetterHook] = None, queue: str = DEFAULT_QUEUE, payload_model: Any = None,
-        max_continuations: Optional[int] = None,
+        max_continuations: Optional[int] = None, unique: Optional[Unique] = None,
     ) -> Callable[[HandlerFunction], HandlerFunction]: ...
     def job(
         self, job_type: Any = None, *, max_attempts: Optional[int] = None, timeout_seconds: Optional[int] = None,
         priority: Optional[int] = None, retry_on: Any = None, dead_letter_on: Any = None,
         retry_delay_overrides: Optional[Mapping[str, int]] = None, on_dead_letter: Optional[DeadLetterHook] = None,
         queue: str = DEFAULT_QUEUE, payload_model: Any = None, max_continuations: Optional[int] = None,
+        unique: Optional[Unique] = None,
     ) -> Any:
         """Register the decorated ``fn(ctx, payload)`` as the handler of ``job_type``.
 
@@ -123,6 +127,8 @@ class JobRegistry(Declarations, Hooked):
                 handler gets ``payload_model.model_validate(payload)``, and
                 :meth:`enqueue` refuses a payload it does not accept.
             max_continuations: How many times one job may continue or snooze (default 100).
+            unique: The type's :class:`runledger_sync.Unique`, given by :meth:`enqueue` and
+                :meth:`enqueue_many` to its jobs enqueued with neither ``unique`` nor ``debounce``.
 
         Returns:
             A decorator; used bare, the function itself.
@@ -159,6 +165,7 @@ class JobRegistry(Declarations, Hooked):
                 queue=queue,
                 payload_model=payload_model,
                 max_continuations=max_continuations,
+                unique=unique,
             )
             self.register(handler)
             return fn
@@ -201,10 +208,20 @@ class JobRegistry(Declarations, Hooked):
                                        dead_letter_on=handler.dead_letter_on, defaults=self.exception_rules_default)
         overrides = checked_overrides(job_type, handler.retry_delay_overrides)
         check_payload_model(job_type, handler.payload_model)
+        unique = getattr(handler, "unique", None)
+        if unique is not None:
+            if not isinstance(unique, Unique):
+                raise RegistrationError(f"unique for job type {job_type!r} must be an rl.Unique, got {unique!r}")
+            try:
+                unique.checked()
+            except InvalidArgument as error:
+                raise RegistrationError(f"unique for job type {job_type!r}: {error.message}") from None
         # Every check passed: only now mutate, so a rejected handler leaves no trace.
         self._handlers[job_type] = handler
         if handler.payload_model is not None:
             self._payload_models[job_type] = handler.payload_model
+        if unique is not None:
+            self._unique[job_type] = unique
         self._exception_rules[job_type] = rules
         self._overrides[job_type] = overrides
         return handler
@@ -241,8 +258,16 @@ class JobRegistry(Declarations, Hooked):
 
         if isinstance(specs, (list, tuple)):
             # A list stays a list, which the store may send again after a lost connection.
-            return enqueue_many(bind, [self._hooks.prepared(spec, self._payload_models) for spec in specs], **options)
-        return enqueue_many(bind, (self._hooks.prepared(spec, self._payload_models) for spec in specs), **options)
+            return enqueue_many(bind, [self._prepared(spec) for spec in specs], **options)
+        return enqueue_many(bind, (self._prepared(spec) for spec in specs), **options)
+
+    def _prepared(self, spec: Any) -> Any:
+        spec = self._hooks.prepared(spec, self._payload_models)
+        if isinstance(spec, JobSpec) and spec.unique is None and spec.debounce is None:
+            unique = self._unique.get(spec.job_type)
+            if unique is not None:
+                spec = dataclasses.replace(spec, unique=unique)
+        return spec
 
     def enqueue_workflow(self, bind: Any, workflow: Any, **options: Any) -> Any:
         """Enqueue as :func:`runledger_sync.enqueue_workflow` does, checking typed step payloads and running the enqueue hooks first.

@@ -39,6 +39,7 @@ except ImportError:
 from runledger_sync.store.aio_binds import run_joined, run_read
 from runledger_sync.aio._wait import wait_for_job
 from runledger_sync.core import validation as check
+from runledger_sync.core.coordination import Debounce, Unique
 from runledger_sync.core.records import JobRecord, JobSpec
 from runledger_sync.core.states import JobStage
 from runledger_sync.core.types import DEFAULT_EVENT_LOG, EventLog
@@ -68,6 +69,8 @@ async def enqueue(
     concurrency_key: Optional[str] = None,
     meta: Optional[Mapping[str, str]] = None,
     event_log: EventLog | str = DEFAULT_EVENT_LOG,
+    unique: Optional[Unique] = None,
+    debounce: Optional[Debounce] = None,
 ) -> JobRecord:
     """Add one job in the caller's transaction, as :func:`runledger_sync.enqueue` does.
 
@@ -88,7 +91,7 @@ async def enqueue(
         priority=priority, max_attempts=max_attempts, timeout_seconds=timeout_seconds, run_at=run_at,
         delay_seconds=delay_seconds, organization_id=organization_id, idempotency_key=idempotency_key, stage=stage,
         max_payload_bytes=max_payload_bytes, queue=queue, concurrency_key=concurrency_key, meta=meta,
-        event_log=event_log,
+        event_log=event_log, unique=unique, debounce=debounce,
     )
     return await run_joined(bind, lambda connection: store_enqueue.enqueue(connection, job_type, payload, **options))
 

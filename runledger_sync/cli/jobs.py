@@ -123,6 +123,30 @@ def _enqueue_arguments(parser: argparse.ArgumentParser) -> None:
                         help="jobs of one key run at most their queue's key_limit at a time, e.g. customer:42")
     parser.add_argument("--meta", action="append", metavar="KEY=VALUE", default=[],
                         help="metadata kept with the job (ctx.meta in the handler); repeat for more keys")
+    parser.add_argument("--unique", action="store_true",
+                        help="while a job of the type, org and payload (or --unique-key) is live, print its id instead")
+    parser.add_argument("--unique-key", metavar="KEY", help="what makes two jobs the same instead of the payload")
+    parser.add_argument("--unique-period", type=float, metavar="S", help="one job per key every S seconds")
+    parser.add_argument("--debounce", metavar="KEY",
+                        help="a waiting job of this key takes this payload and starts --debounce-delay from now")
+    parser.add_argument("--debounce-delay", type=float, metavar="S", help="seconds to wait for the next enqueue")
+    parser.add_argument("--debounce-max-delay", type=float, metavar="S",
+                        help="the longest the first enqueue waits (default: --debounce-delay)")
+
+
+def _unique(args: argparse.Namespace) -> Optional[rl.Unique]:
+    if not (args.unique or args.unique_key is not None or args.unique_period is not None):
+        return None
+    return rl.Unique(key=args.unique_key, period=args.unique_period)
+
+
+def _debounce(args: argparse.Namespace) -> Optional[rl.Debounce]:
+    if args.debounce is None:
+        return None
+    delay = args.debounce_delay
+    if delay is None:
+        raise rl.InvalidDebounce("--debounce-delay", None, "given with --debounce")
+    return rl.Debounce(args.debounce, delay, delay if args.debounce_max_delay is None else args.debounce_max_delay)
 
 
 def _meta(pairs: list[str]) -> Optional[dict[str, str]]:
@@ -148,7 +172,7 @@ def _enqueue(args: argparse.Namespace) -> int:
                          organization_id=args.organization_id, idempotency_key=args.idempotency_key,
                          max_attempts=args.max_attempts, queue=args.queue, concurrency_key=args.concurrency_key,
                          max_payload_bytes=config.max_payload_bytes, event_log=config.event_log,
-                         meta=_meta(args.meta))
+                         meta=_meta(args.meta), unique=_unique(args), debounce=_debounce(args))
     print(job.id)
     return EXIT_OK
 
@@ -197,6 +221,8 @@ def _jobs_show(args: argparse.Namespace) -> int:
                     "retries": plain(retries) | {"summary": str(retries)}})
         return EXIT_OK
     for field in dataclasses.fields(job):
+        if field.name == "disposition":
+            continue  # an enqueue's answer, not the job's
         # The column keeps where a finished job stopped; --json prints both.
         value = job.stage_shown if field.name == "stage" else getattr(job, field.name)
         shown = when(value) if isinstance(value, datetime) else plain(value)

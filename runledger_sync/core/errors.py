@@ -30,6 +30,9 @@ Branch on ``.code`` or on the class, never on the message text::
     │   ├── InvalidQueueName                    queue.invalid_name
     │   ├── InvalidQueueSetting                 queue.invalid_setting
     │   ├── InvalidConcurrencyKey               job.invalid_execution_resource_key
+    │   ├── InvalidCoordination                 job.invalid_coordination
+    │   │   ├── InvalidUnique                   job.invalid_unique
+    │   │   └── InvalidDebounce                 job.invalid_debounce
     │   ├── EnqueueIdempotencyUnsupportedIsolation
     │   │                                       job.enqueue_idempotency_unsupported_isolation
     │   ├── CompareAndRequeueUnsupportedIsolation
@@ -121,7 +124,8 @@ is imported from there: the workflow classes (every ``workflow.*`` code) from
 :mod:`runledger_sync.core.dashboard_errors`, the ``StoreError`` branch (but its
 workflow leaves) from :mod:`runledger_sync.core.store_errors`, the flow-control
 errors (``queue.*``, and the concurrency key's) from
-:mod:`runledger_sync.core.queue_errors`, the ``RegistrationError`` leaves (a
+:mod:`runledger_sync.core.queue_errors`, a unique job's and a debounce's from
+:mod:`runledger_sync.core.coordination_errors`, the ``RegistrationError`` leaves (a
 handler refused when it is registered) from
 :mod:`runledger_sync.core.registry_errors`.
 """

@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 from uuid import UUID
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.continuation import DEFAULT_MAX_CONTINUATIONS
+from runledger_sync.core.coordination import Debounce, Unique
 from runledger_sync.core.cron import check_timezone, parse_cron
 from runledger_sync.core.errors import LeaseOwnerMismatch
 from runledger_sync.core.states import JobStage, JobStatus
@@ -51,6 +52,10 @@ class JobSpec:
     concurrency_key: Optional[str] = None
     #: Text keys to text values stored with the job, read as ``ctx.meta`` (:mod:`runledger_sync.core.meta`).
     meta: Optional[Mapping[str, str]] = None
+    #: At most one live job per key: a duplicate returns the live one (:mod:`runledger_sync.core.coordination`).
+    unique: Optional[Unique] = None
+    #: One waiting job per key, which later enqueues replace; not with ``unique``, ``run_at`` or ``delay_seconds``.
+    debounce: Optional[Debounce] = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,18 @@ class JobRecord:
     continuations: int = 0
     #: The metadata it was enqueued with (text keys to text values; empty when none).
     meta: Mapping[str, str] = field(default_factory=dict)
+    #: A unique or debounced job's key (with its period's bucket, ``key@2026-12-06T12:00:00Z``), else None.
+    unique_key: Optional[str] = None
+    #: The statuses in which it blocks another job of its key; None once it no longer can.
+    unique_states: Optional[Sequence[str]] = None
+    #: How many later enqueues replaced a debounced job's payload and meta.
+    debounce_count: int = 0
+    #: The latest a debounced job starts: its first enqueue plus ``max_delay``.
+    debounce_until: Optional[datetime] = None
+    #: What the enqueue that returned this record did: ``created``, ``existing`` (a unique
+    #: duplicate or an idempotent repeat returned the live job) or ``replaced`` (debounced).
+    #: None on a record read any other way. Not a column, and not compared.
+    disposition: Optional[str] = field(default=None, compare=False)
 
     @property
     def stage_shown(self) -> JobStage:

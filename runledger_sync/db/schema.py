@@ -42,7 +42,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.schema import DDL
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
 from runledger_sync.core.continuation import CONTINUED_OUTCOME, DEFAULT_MAX_CONTINUATIONS
 from runledger_sync.core.evidence import MAX_ERROR_TYPE_CHARS, MAX_TRACEBACK_CHARS
@@ -205,6 +205,12 @@ job_queue = Table(
     Column("continuations", Integer, nullable=False, server_default=text("0")),
     # Revision 0010: the job's metadata (runledger_sync.core.meta), kept by retries, continuations and requeues.
     Column("meta", JSONB, nullable=False, server_default=EMPTY_JSON),
+    # Revision 0013: unique and debounced jobs (runledger_sync.core.coordination): the key,
+    # the statuses in which the row blocks another of its key, and a debounce's count and cap.
+    Column("unique_key", Text),
+    Column("unique_states", ARRAY(Text)),
+    Column("debounce_count", Integer, nullable=False, server_default=text("0")),
+    Column("debounce_until", DateTime(timezone=True)),
     CheckConstraint(one_of("status", JobStatus), name="ck_job_queue_status"),
     CheckConstraint(one_of("stage", JobStage), name="ck_job_queue_stage"),
     CheckConstraint("run_number > 0", name="ck_job_queue_run_number_positive"),
@@ -232,6 +238,7 @@ job_queue = Table(
     ),
     CheckConstraint("continuations >= 0", name="ck_job_queue_continuations_non_negative"),
     CheckConstraint(META_IS_OBJECT, name="ck_job_queue_meta_object"),
+    CheckConstraint("debounce_count >= 0", name="ck_job_queue_debounce_count_non_negative"),
 )
 
 # job_queue's indexes. Each says which of the product's reads it serves; the reads
@@ -350,6 +357,30 @@ Index(
     job_queue.c.idempotency_key,
     unique=True,
     postgresql_where=text("organization_id IS NULL AND idempotency_key IS NOT NULL"),
+)
+# Unique and debounced jobs (revision 0013): a key is held once per job type in an
+# organization, or among the jobs of none, by the rows whose status is one of their
+# unique_states. An enqueue's insert meets a live holder here, in its one statement,
+# and does nothing (a unique duplicate) or updates the holder (a debounce); the
+# holder is read back through the same index (store/enqueue/chunk.py). A row whose
+# status leaves its states leaves the index, and stops blocking.
+UNIQUE_LIVE = "unique_key IS NOT NULL AND status = ANY (unique_states)"
+UNIQUE_IN_ORGANIZATION = f"organization_id IS NOT NULL AND {UNIQUE_LIVE}"
+UNIQUE_GLOBAL = f"organization_id IS NULL AND {UNIQUE_LIVE}"
+Index(
+    "uq_job_queue_unique_org",
+    job_queue.c.job_type,
+    job_queue.c.organization_id,
+    job_queue.c.unique_key,
+    unique=True,
+    postgresql_where=text(UNIQUE_IN_ORGANIZATION),
+)
+Index(
+    "uq_job_queue_unique_global",
+    job_queue.c.job_type,
+    job_queue.c.unique_key,
+    unique=True,
+    postgresql_where=text(UNIQUE_GLOBAL),
 )
 # The key-prefix search (list_jobs(search=), jobs list --search, the dashboard's
 # search box). Under a collation other than C (C.UTF-8, en_US.UTF-8: most servers)

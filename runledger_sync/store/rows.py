@@ -24,9 +24,11 @@ R = TypeVar("R")
 
 #: JobRecord's fields whose column has another name: the spec's names stay in the schema.
 _JOB_FIELD_COLUMNS = {"concurrency_key": "execution_resource_key"}
+#: JobRecord's one field that is no column: what the enqueue that returned the record did.
+DISPOSITION = "disposition"
 JOB_COLUMNS = tuple(
     job_queue.c[_JOB_FIELD_COLUMNS[f.name]].label(f.name) if f.name in _JOB_FIELD_COLUMNS else job_queue.c[f.name]
-    for f in fields(JobRecord)
+    for f in fields(JobRecord) if f.name != DISPOSITION
 )
 ATTEMPT_COLUMNS = tuple(job_attempts.c[f.name] for f in fields(JobAttemptRecord))
 EVENT_COLUMNS = tuple(job_events.c[f.name] for f in fields(JobEventRecord))
@@ -41,7 +43,9 @@ DEAD_LETTER_COLUMNS = tuple(
     for f in fields(DeadLetterRecord)
 )
 DEFINITION_COLUMNS = tuple(job_definitions.c[f.name] for f in fields(JobDefinition))
-_JOB_FIELDS = tuple(f.name for f in fields(JobRecord))
+_JOB_FIELDS = tuple(column.key for column in JOB_COLUMNS)
+#: A row of the columns and the enqueue's disposition.
+_DISPOSED_FIELDS = (*_JOB_FIELDS, DISPOSITION)
 #: JobRecord's fields held in jsonb columns (payload, checkpoint, output, ...).
 _JSON_FIELDS = tuple(column.name for column in JOB_COLUMNS if isinstance(column.type, JSONB))
 #: JOB_COLUMNS with each jsonb column sent as its text, for :func:`to_jobs` to decode.
@@ -60,7 +64,7 @@ _decode_json = json.JSONDecoder().raw_decode
 
 
 def to_jobs(result: Result[Any]) -> list[JobRecord]:
-    """Every row of ``result``, a statement returning :data:`JOB_TEXT_COLUMNS`, as a JobRecord.
+    """Every row of ``result``, a statement returning :data:`JOB_TEXT_COLUMNS` (and maybe a disposition), as a JobRecord.
 
     The claim decodes a batch of rows on every turn of the worker, so the records
     are built in place: each row's values go straight into a new record's
@@ -69,7 +73,7 @@ def to_jobs(result: Result[Any]) -> list[JobRecord]:
     here rather than by the driver's typecaster, one Python call deeper per column.
     """
     keys = tuple(result.keys())
-    if keys != _JOB_FIELDS:
+    if keys not in (_JOB_FIELDS, _DISPOSED_FIELDS):
         raise ValueError(f"to_jobs reads rows of JOB_TEXT_COLUMNS, not of {keys}")
     jobs = []
     new = object.__new__
@@ -77,7 +81,8 @@ def to_jobs(result: Result[Any]) -> list[JobRecord]:
     for row in result.all():
         job = new(JobRecord)
         values = job.__dict__
-        values.update(zip(_JOB_FIELDS, row, strict=False))  # the width was checked with the keys
+        values[DISPOSITION] = None
+        values.update(zip(keys, row, strict=False))  # the width was checked with the keys
         values["status"] = _STATUS_BY_VALUE[values["status"]]
         values["stage"] = _STAGE_BY_VALUE[values["stage"]]
         for name in _JSON_FIELDS:
@@ -91,6 +96,7 @@ def to_jobs(result: Result[Any]) -> list[JobRecord]:
 def to_job(row: Row[Any] | Mapping[str, Any]) -> JobRecord:
     mapping = row._mapping if isinstance(row, Row) else row
     values = {name: mapping[name] for name in _JOB_FIELDS}
+    values[DISPOSITION] = mapping.get(DISPOSITION)
     values["status"] = JobStatus(values["status"])
     values["stage"] = JobStage(values["stage"])
     return JobRecord(**values)

@@ -33,7 +33,8 @@ SHOWN_PAYLOAD_CHARS = 200
 #: How many jobs of the asked type a failure message lists, at most.
 SHOWN_JOBS = 10
 #: The field names a filter may use: every JobRecord field.
-FILTERS = frozenset(f.name for f in fields(JobRecord)) - {"id", "job_type"}
+# disposition is an enqueue's answer, never a stored row's.
+FILTERS = frozenset(f.name for f in fields(JobRecord)) - {"id", "job_type", "disposition"}
 _PAGE = check.LIMIT_RANGE[1]
 _ANY = object()
 

@@ -40,6 +40,7 @@ from runledger_sync.db.migrate import (
     migrations_directory,
 )
 from runledger_sync.db.schema import metadata
+from runledger_sync.db.schema_unique import UNIQUE_REENTRY_TRIGGER
 from runledger_sync.store.driver import claim_jobs
 from runledger_sync.store.enqueue.enqueue import enqueue
 from runledger_sync.store.definitions import sync_job_definitions
@@ -50,6 +51,10 @@ TRIGGER_FUNCTION = "runledger_set_updated_at"
 WORKFLOW_TABLES = {"workflow_runs", "workflow_steps", "workflow_step_dependencies"}
 LINK_TRIGGERS = {("job_queue", "trg_job_queue_workflow_link"), ("workflow_steps", "trg_workflow_steps_job_link")}
 KEY_TRIGGERS = {("job_queue", name) for name in KEY_TRIGGER_NAMES}
+#: Every trigger at head: 0003 left only the schedules' updated_at one; 0004 the job/step
+#: linkage triggers; 0005 the concurrency-key triggers; 0013 the unique re-entry trigger.
+HEAD_TRIGGERS = ({("job_schedules", "trg_job_schedules_updated_at")} | LINK_TRIGGERS | KEY_TRIGGERS
+                 | {("job_queue", UNIQUE_REENTRY_TRIGGER)})
 
 
 @pytest.fixture
@@ -116,8 +121,7 @@ def test_upgrade_to_head_on_empty_database_creates_the_queue_tables(empty_engine
     assert current_revision(empty_engine) == head_revision()
     assert functions_named(empty_engine, TRIGGER_FUNCTION) == ["public"]
     # 0003: the hot tables' statements stamp updated_at themselves; only schedules keep a trigger.
-    # 0004: the job/step linkage triggers. 0005: the concurrency-key triggers.
-    assert triggers_of(empty_engine) == {("job_schedules", "trg_job_schedules_updated_at")} | LINK_TRIGGERS | KEY_TRIGGERS
+    assert triggers_of(empty_engine) == HEAD_TRIGGERS
 
 
 def test_migrated_schema_matches_the_sqlalchemy_metadata(empty_engine):
@@ -399,8 +403,8 @@ def test_0003_downgrade_restores_triggers_and_listing_indexes_and_upgrade_reappl
     assert job_queue_state(empty_engine) == (
         indexes - LISTING_INDEXES_0002 | LISTING_INDEXES_0003
         | {"uq_job_queue_workflow_step_id", "idx_job_queue_key_live", "idx_job_queue_finished",
-           "idx_job_queue_idempotency_key_prefix"},
-        ["fillfactor=70"], {("job_schedules", "trg_job_schedules_updated_at")} | LINK_TRIGGERS | KEY_TRIGGERS,
+           "idx_job_queue_idempotency_key_prefix", "uq_job_queue_unique_org", "uq_job_queue_unique_global"},
+        ["fillfactor=70"], HEAD_TRIGGERS,
     )
     assert schema_diff(empty_engine) == []
 
@@ -803,7 +807,7 @@ def test_migrate_sql_prints_a_script_that_builds_the_schema_migrate_builds(empty
     assert current_revision(empty_engine) == head_revision()
     assert schema_diff(empty_engine) == []
     assert functions_named(empty_engine, TRIGGER_FUNCTION) == ["public"]
-    assert triggers_of(empty_engine) == {("job_schedules", "trg_job_schedules_updated_at")} | LINK_TRIGGERS | KEY_TRIGGERS
+    assert triggers_of(empty_engine) == HEAD_TRIGGERS
     a_job_goes_through(empty_engine)
     migrate(empty_engine)  # nothing left to do
     assert current_revision(empty_engine) == head_revision()

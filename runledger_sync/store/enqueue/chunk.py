@@ -10,6 +10,7 @@ transaction; this module knows one chunk.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from datetime import timezone
@@ -24,12 +25,14 @@ from sqlalchemy import (
     Text,
     and_,
     bindparam,
+    case,
     cast,
     exists,
     func,
     literal,
     null,
     select,
+    text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert as pg_insert
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
@@ -37,6 +40,8 @@ from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.payload_models import stored_payload
+from runledger_sync.core.coordination import DEBOUNCE_STATES
+from runledger_sync.core.coordination_errors import InvalidCoordination
 from runledger_sync.core.errors import (
     DefinitionNotFoundOrDisabled,
     EnqueueIdempotencyUnsupportedIsolation,
@@ -52,9 +57,16 @@ from runledger_sync.core.meta import meta_json
 from runledger_sync.core.records import JobRecord, JobSpec
 from runledger_sync.core.types import JobEventType
 from runledger_sync.core.states import JobStage
-from runledger_sync.db.schema import job_definitions, job_events, job_queue
+from runledger_sync.db.schema import (
+    UNIQUE_GLOBAL,
+    UNIQUE_IN_ORGANIZATION,
+    UNIQUE_LIVE,
+    job_definitions,
+    job_events,
+    job_queue,
+)
 from runledger_sync.store.prepared import PreparedStatement
-from runledger_sync.store.rows import JOB_COLUMNS, JOB_TEXT_COLUMNS, to_job, to_jobs
+from runledger_sync.store.rows import DISPOSITION, JOB_COLUMNS, JOB_TEXT_COLUMNS, to_job, to_jobs
 from runledger_sync.store.sql import event_log_params, full_event_log
 from runledger_sync.store.notify import notify_due_types
 
@@ -76,16 +88,46 @@ _INPUT = func.unnest(
     bindparam("queues", type_=ARRAY(Text)),
     bindparam("concurrency_keys", type_=ARRAY(Text)),
     cast(bindparam("metas", type_=ARRAY(Text)), ARRAY(JSONB)),
+    bindparam("unique_keys", type_=ARRAY(Text)),
+    bindparam("unique_periods", type_=ARRAY(Integer)),
+    bindparam("unique_states", type_=ARRAY(Text)),
+    bindparam("debounce_max_delays", type_=ARRAY(Float)),
 ).table_valued(
     "id", "job_type", "organization_id", "payload", "priority", "max_attempts", "timeout_seconds",
     "run_at", "delay_seconds", "stage", "idempotency_key", "enqueue_request", "queue", "execution_resource_key",
-    "meta", with_ordinality="ord",
+    "meta", "unique_key", "unique_period", "unique_states", "debounce_max_delay", with_ordinality="ord",
 ).render_derived(name="unnested")
 #: The specs' rows, unnested once: the check that every type is enabled reads them too.
 _SPECS = select(_INPUT).cte("input")
 
 
-def _build_enqueue_statement(ids_only: bool = False) -> Any:
+def _seconds_from_now(seconds: Any) -> Any:
+    return func.now() + func.make_interval(0, 0, 0, 0, 0, 0, seconds)
+
+
+def unique_key_at_now(key: Any, period_seconds: Any) -> Any:
+    """A unique key with its period's bucket, ``key@<bucket start, UTC>``, on the database's clock.
+
+    now() is the transaction's start, so the enqueue and its read-back of a
+    duplicate name the same bucket.
+    """
+    bucket = func.to_timestamp(func.floor(func.extract("epoch", func.now()) / period_seconds) * period_seconds)
+    label = func.to_char(func.timezone("UTC", bucket), literal('YYYY-MM-DD"T"HH24:MI:SS"Z"'))
+    return case((period_seconds.is_(None), key), else_=key + literal("@") + label)
+
+
+#: What an enqueue did with a job, as ``JobRecord.disposition`` says.
+CREATED, EXISTING, REPLACED = "created", "existing", "replaced"
+#: The unique index of each organization side: its columns and predicate, which an
+#: ``ON CONFLICT`` names to update the row it meets there.
+_IN_ORGANIZATION = ((job_queue.c.job_type, job_queue.c.organization_id, job_queue.c.unique_key),
+                    UNIQUE_IN_ORGANIZATION)
+_GLOBAL = ((job_queue.c.job_type, job_queue.c.unique_key), UNIQUE_GLOBAL)
+
+
+def _build_enqueue_statement(ids_only: bool = False, debounce_into: Optional[tuple[Any, str]] = None) -> Any:
+    """The enqueue of a chunk; with ``debounce_into`` (a unique index) the enqueue of one
+    debounced job, which updates the waiting job its insert meets in that index."""
     definition = job_definitions.alias("definition")
     enabled = and_(definition.c.job_type == _SPECS.c.job_type, definition.c.is_enabled)
     any_missing = exists(select(literal(1)).select_from(_SPECS.outerjoin(definition, enabled)).where(definition.c.job_type.is_(None)))
@@ -98,16 +140,17 @@ def _build_enqueue_statement(ids_only: bool = False) -> Any:
             func.coalesce(_SPECS.c.priority, definition.c.default_priority),
             func.coalesce(_SPECS.c.max_attempts, definition.c.max_attempts),
             func.coalesce(_SPECS.c.timeout_seconds, definition.c.default_timeout_seconds),
-            func.coalesce(
-                _SPECS.c.run_at,
-                func.now() + func.make_interval(0, 0, 0, 0, 0, 0, func.coalesce(_SPECS.c.delay_seconds, 0.0)),
-            ),
+            func.coalesce(_SPECS.c.run_at, _seconds_from_now(func.coalesce(_SPECS.c.delay_seconds, 0.0))),
             _SPECS.c.stage,
             _SPECS.c.idempotency_key,
             _SPECS.c.enqueue_request,
             func.coalesce(_SPECS.c.queue, definition.c.queue),
             _SPECS.c.execution_resource_key,
             _SPECS.c.meta,
+            unique_key_at_now(_SPECS.c.unique_key, _SPECS.c.unique_period),
+            cast(_SPECS.c.unique_states, ARRAY(Text)),
+            case((_SPECS.c.debounce_max_delay.is_(None), null()),
+                 else_=_seconds_from_now(_SPECS.c.debounce_max_delay)),
         )
         .select_from(_SPECS.join(definition, enabled))
         # All or nothing: one unknown or disabled type rejects the whole batch.
@@ -117,19 +160,37 @@ def _build_enqueue_statement(ids_only: bool = False) -> Any:
         # and wait for each other instead of deadlocking. Records are matched by id.
         .order_by(_SPECS.c.execution_resource_key.nulls_first(), _SPECS.c.ord)
     )
-    inserted = (
-        pg_insert(job_queue)
-        .from_select(
-            ["id", "job_type", "organization_id", "payload", "priority", "max_attempts", "timeout_seconds",
-             "next_run_at", "stage", "idempotency_key", "enqueue_request", "queue", "execution_resource_key", "meta"],
-            rows,
-        )
-        # Only the idempotency indexes can conflict (ids are fresh UUIDv7s); the
-        # skipped rows are looked up and compared afterwards.
-        .on_conflict_do_nothing()
-        .returning(*JOB_TEXT_COLUMNS)
-        .cte("inserted")
+    insert = pg_insert(job_queue)
+    written = insert.from_select(
+        ["id", "job_type", "organization_id", "payload", "priority", "max_attempts", "timeout_seconds",
+         "next_run_at", "stage", "idempotency_key", "enqueue_request", "queue", "execution_resource_key", "meta",
+         "unique_key", "unique_states", "debounce_until"],
+        rows,
     )
+    if debounce_into is None:
+        # Only the idempotency and unique indexes can conflict (ids are fresh
+        # UUIDv7s); the skipped rows' holders are looked up afterwards.
+        written = written.on_conflict_do_nothing()
+        disposition: Any = literal(CREATED)
+    else:
+        # The waiting job of the key takes the newest payload and meta, and starts
+        # after the delay, but no later than its cap. An update names one index:
+        # the caller picks the one of the job's organization side.
+        columns, where = debounce_into
+        written = written.on_conflict_do_update(
+            index_elements=list(columns),
+            index_where=text(where),
+            set_={
+                "payload": insert.excluded.payload,
+                "meta": insert.excluded.meta,
+                "next_run_at": func.least(insert.excluded.next_run_at, job_queue.c.debounce_until),
+                "debounce_count": job_queue.c.debounce_count + 1,
+                "updated_at": func.now(),
+            },
+        )
+    inserted = written.returning(*JOB_TEXT_COLUMNS).cte("inserted")
+    if debounce_into is not None:
+        disposition = case((inserted.c.debounce_count > 0, literal(REPLACED)), else_=literal(CREATED))
     event = (
         job_events.insert()
         .from_select(
@@ -141,19 +202,36 @@ def _build_enqueue_statement(ids_only: bool = False) -> Any:
                 literal(JobEventType.ENQUEUED.value),
                 inserted.c.stage,
                 func.jsonb_build_object("job_type", inserted.c.job_type),
-            ).where(full_event_log()),
+            ).where(full_event_log(), inserted.c.debounce_count == 0),
         )
         .cte("enqueued_event")
     )
     # Delivered on commit only, so a rolled-back enqueue wakes no worker.
     notified = notify_due_types(inserted)
-    returned = (inserted.c.id,) if ids_only else tuple(inserted.c)
+    returned = (inserted.c.id,) if ids_only else (*inserted.c, disposition.label(DISPOSITION))
     return select(*returned).add_cte(event).where(notified >= 0)
 
 
 _ENQUEUE = PreparedStatement("enqueue", _build_enqueue_statement())
 # For callers that want ids only: no row is sent back and decoded only to be dropped.
 _ENQUEUE_IDS = PreparedStatement("enqueue_ids", _build_enqueue_statement(ids_only=True))
+_DEBOUNCE_IN_ORGANIZATION = PreparedStatement("enqueue_debounce_org",
+                                              _build_enqueue_statement(debounce_into=_IN_ORGANIZATION))
+_DEBOUNCE_GLOBAL = PreparedStatement("enqueue_debounce_global", _build_enqueue_statement(debounce_into=_GLOBAL))
+
+# A key's live holder, read through the unique index of the job's organization side;
+# none when the type has no enabled definition, since then the insert could not have met it.
+_ENABLED = exists(select(literal(1)).where(job_definitions.c.job_type == bindparam("job_type"),
+                                           job_definitions.c.is_enabled))
+_HOLDER = select(*JOB_COLUMNS).where(
+    job_queue.c.job_type == bindparam("job_type"),
+    job_queue.c.unique_key == unique_key_at_now(bindparam("unique_key", type_=Text),
+                                                bindparam("unique_period", type_=Integer)),
+    text(UNIQUE_LIVE),
+    _ENABLED,
+)
+_HOLDER_IN_ORGANIZATION = _HOLDER.where(job_queue.c.organization_id == bindparam("organization_id", type_=Text))
+_HOLDER_GLOBAL = _HOLDER.where(job_queue.c.organization_id.is_(None))
 
 _KEYED = select(*JOB_COLUMNS).where(
     job_queue.c.job_type == bindparam("job_type"), job_queue.c.idempotency_key == bindparam("idempotency_key"),
@@ -182,7 +260,7 @@ def _batch_parameters(
         name: []
         for name in ("ids", "job_types", "organization_ids", "payloads", "priorities", "max_attempts",
                      "timeouts", "run_ats", "delays", "stages", "keys", "snapshots", "queues", "concurrency_keys",
-                     "metas")
+                     "metas", "unique_keys", "unique_periods", "unique_states", "debounce_max_delays")
     }
     # One lock and one read of the random source for the whole chunk.
     id_strings = uuid7_strings(len(specs))
@@ -200,6 +278,10 @@ def _batch_parameters(
         queue = check_optional_queue_name(spec.queue)
         concurrency_key = check_optional_concurrency_key(spec.concurrency_key)
         meta = meta_json(spec.meta)
+        coordination = _NOT_COORDINATED
+        if spec.unique is not None or spec.debounce is not None:
+            coordination = _coordination(spec, run_at, delay, key)
+            delay = coordination.delay_seconds
         columns["ids"].append(id_string)
         columns["job_types"].append(check.check_job_type(spec.job_type))
         columns["organization_ids"].append(check.check_optional_organization_id(spec.organization_id))
@@ -214,6 +296,10 @@ def _batch_parameters(
         columns["queues"].append(queue)
         columns["concurrency_keys"].append(concurrency_key)
         columns["metas"].append(meta)
+        columns["unique_keys"].append(coordination.key)
+        columns["unique_periods"].append(coordination.period_seconds)
+        columns["unique_states"].append(coordination.states)
+        columns["debounce_max_delays"].append(coordination.max_delay_seconds)
         columns["snapshots"].append(
             None if key is None else request_snapshot(spec, payload_json=payload_json)
         )
@@ -228,7 +314,8 @@ def _batch_parameters(
 
 #: The columns a spec may leave unset.
 _OPTIONAL_COLUMNS = ("organization_ids", "priorities", "max_attempts", "timeouts", "run_ats", "delays", "keys",
-                     "snapshots", "queues", "concurrency_keys")
+                     "snapshots", "queues", "concurrency_keys", "unique_keys", "unique_periods", "unique_states",
+                     "debounce_max_delays")
 
 
 def _nulls_once(columns: dict[str, list[Any]]) -> dict[str, Optional[list[Any]]]:
@@ -242,6 +329,45 @@ def _nulls_once(columns: dict[str, list[Any]]) -> dict[str, Optional[list[Any]]]
         if all(value is None for value in columns[name]):
             sent[name] = None
     return sent
+
+
+@dataclass(frozen=True)
+class _Coordination:
+    """A spec's unique or debounce options as the statement's columns."""
+
+    key: Optional[str] = None
+    period_seconds: Optional[int] = None
+    #: An array literal, cast to text[] by the statement (unnest cannot take an array of arrays).
+    states: Optional[str] = None
+    max_delay_seconds: Optional[float] = None
+    delay_seconds: Optional[float] = None
+
+
+_NOT_COORDINATED = _Coordination()
+
+
+def _coordination(spec: JobSpec, run_at: Any, delay: Optional[float], key: Optional[str]) -> _Coordination:
+    if spec.unique is not None and spec.debounce is not None:
+        raise InvalidCoordination("debounce", type(spec.debounce).__name__, "None when unique is given")
+    if spec.unique is not None:
+        unique = spec.unique.checked()
+        return _Coordination(unique.base_key(stored_payload(spec.payload)), unique.period_seconds,
+                             _array_literal(unique.states), None, delay)
+    debounce = spec.debounce.checked()  # type: ignore[union-attr]
+    # A debounce sets the start itself, and updates the job it meets, which an
+    # idempotent request's read-back and comparison could not follow.
+    if run_at is not None or delay is not None:
+        raise InvalidCoordination("debounce", type(spec.debounce).__name__,
+                                  "None when run_at or delay_seconds is given")
+    if key is not None:
+        raise InvalidCoordination("debounce", type(spec.debounce).__name__, "None when idempotency_key is given")
+    return _Coordination(debounce.key, None, _array_literal(DEBOUNCE_STATES), debounce.max_delay_seconds,
+                         debounce.delay_seconds)
+
+
+def _array_literal(states: tuple[str, ...]) -> str:
+    # Job statuses are upper-case words: nothing in them needs quoting.
+    return "{" + ",".join(states) + "}"
 
 
 def request_snapshot(spec: JobSpec, *, payload_json: str) -> str:
@@ -316,7 +442,11 @@ def _written_by_earlier_try(connection: Connection, job_ids: list[UUID]) -> dict
     return {row.id: to_job(row) for row in rows}
 
 
-def _existing_for_key(connection: Connection, spec: JobSpec, snapshot: Optional[str]) -> JobRecord:
+def _existing_for_key(
+    connection: Connection, spec: JobSpec, snapshot: Optional[str], *, missing_ok: bool = False,
+) -> Optional[JobRecord]:
+    """The job holding ``spec``'s idempotency key, compared with its request; with ``missing_ok``
+    None when no job holds it (a unique spec's insert may have met its unique key instead)."""
     if spec.idempotency_key is None:
         # Unkeyed rows cannot conflict, so a missing row means its definition vanished mid-batch.
         _raise_if_definition_missing(connection, {spec.job_type})
@@ -326,6 +456,8 @@ def _existing_for_key(connection: Connection, spec: JobSpec, snapshot: Optional[
         {"job_type": spec.job_type, "idempotency_key": spec.idempotency_key, "organization_id": spec.organization_id},
     ).first()
     if row is None:
+        if missing_ok:
+            return None
         _raise_if_definition_missing(connection, {spec.job_type})
         raise IdempotencyConflictMissingExisting(
             f"idempotency key {spec.idempotency_key!r} conflicted but no existing job was found"
@@ -356,13 +488,27 @@ class Chunk:
 
     @property
     def keyed(self) -> bool:
-        return self.params["keys"] is not None
+        """Whether a row may meet another in an index and have it read back by a later statement (READ COMMITTED).
+
+        A debounce reads nothing back: its one statement updates the job it meets.
+        """
+        return self.params["keys"] is not None or any(spec.unique is not None for spec in self.specs)
 
     @property
     def snapshots(self) -> Sequence[Optional[str]]:
         """Each spec's request snapshot, None for a spec without an idempotency key."""
-        snapshots: Optional[list[Optional[str]]] = self.params["snapshots"]
-        return [None] * len(self.specs) if snapshots is None else snapshots
+        return self.column("snapshots")
+
+    def column(self, name: str) -> Sequence[Any]:
+        """One parameter column, a value per spec (None for each when all were unset and sent as one NULL)."""
+        values: Optional[list[Any]] = self.params[name]
+        return [None] * len(self.specs) if values is None else values
+
+    def part(self, indexes: list[int]) -> "Chunk":
+        """The chunk of the specs at ``indexes`` only, with their ids (a column sent as one NULL stays one)."""
+        params = {name: [value[i] for i in indexes] if isinstance(value, list) else value
+                  for name, value in self.params.items()}
+        return Chunk([self.specs[i] for i in indexes], params, [self.ids[i] for i in indexes])
 
 
 def prepare_chunk(specs: list[JobSpec], max_payload_bytes: int, event_log: Any) -> Chunk:
@@ -372,11 +518,45 @@ def prepare_chunk(specs: list[JobSpec], max_payload_bytes: int, event_log: Any) 
 
 
 def write_chunk(connection: Connection, chunk: Chunk, *, ids_only: bool = False) -> Union[list[JobRecord], list[UUID]]:
-    """Write one chunk in one statement and return, in spec order, its records (or their ids).
+    """Write one chunk and return, in spec order, its records (or their ids).
 
-    A repeated idempotent request answers with the existing job, looked up and
-    compared here; any error leaves the caller's transaction to roll back.
+    The chunk is one statement, and each debounced spec one more after it, in
+    spec order (one update cannot meet the same row twice, and a later debounce
+    of a key replaces what an earlier one wrote). A repeated idempotent request
+    and a unique duplicate answer with the existing job, looked up here; any
+    error leaves the caller's transaction to roll back.
     """
+    debounced = [i for i, spec in enumerate(chunk.specs) if spec.debounce is not None]
+    if not debounced:
+        return _write_rows(connection, chunk, ids_only)
+    result: list[Any] = [None] * len(chunk.ids)
+    rest = [i for i, spec in enumerate(chunk.specs) if spec.debounce is None]
+    if rest:
+        for i, found in zip(rest, _write_rows(connection, chunk.part(rest), ids_only), strict=True):
+            result[i] = found
+    for i in debounced:
+        result[i] = _write_debounced(connection, chunk.part([i]), ids_only)
+    return result
+
+
+def _write_debounced(connection: Connection, one: Chunk, ids_only: bool) -> Any:
+    spec = one.specs[0]
+    statement = _DEBOUNCE_GLOBAL if spec.organization_id is None else _DEBOUNCE_IN_ORGANIZATION
+    jobs = to_jobs(statement.execute(connection, one.params))
+    if not jobs:
+        # An insert that met a waiting job updated it, so no row means no enabled definition.
+        _raise_if_definition_missing(connection, {spec.job_type})
+        raise IdempotencyConflictMissingExisting(f"debounced job of type {spec.job_type!r} was not written")
+    return jobs[0].id if ids_only else jobs[0]
+
+
+#: Rounds of a unique spec whose live holder finished between its insert and the
+#: read-back: each round inserts it again. A holder that finishes every time is a
+#: key enqueued and run faster than one statement.
+_UNIQUE_ROUNDS = 3
+
+
+def _write_rows(connection: Connection, chunk: Chunk, ids_only: bool, rounds: int = 1) -> list[Any]:
     inserted: dict[UUID, Any]
     if ids_only:
         inserted = {job_id: job_id for (job_id,) in _ENQUEUE_IDS.execute(connection, chunk.params)}
@@ -384,23 +564,58 @@ def write_chunk(connection: Connection, chunk: Chunk, *, ids_only: bool = False)
         inserted = {job.id: job for job in to_jobs(_ENQUEUE.execute(connection, chunk.params))}
     if len(inserted) == len(chunk.ids):
         return [inserted[job_id] for job_id in chunk.ids]
+    # A unique spec's read-back finds its own row too (below), and answers for its definition.
     unkeyed_missing = [i for i, spec in zip(chunk.ids, chunk.specs, strict=True)
-                       if i not in inserted and spec.idempotency_key is None]
+                       if i not in inserted and spec.idempotency_key is None and spec.unique is None]
     if unkeyed_missing:
         inserted.update(
             (job_id, job_id if ids_only else record)
             for job_id, record in _written_by_earlier_try(connection, unkeyed_missing).items()
         )
-    if not inserted:
+    if not inserted and any(spec.unique is None for spec in chunk.specs):
         _raise_if_definition_missing(connection, {spec.job_type for spec in chunk.specs})
     result: list[Any] = []
-    for job_id, spec, snapshot in zip(chunk.ids, chunk.specs, chunk.snapshots, strict=True):
+    again: list[int] = []
+    for index, (job_id, spec, snapshot) in enumerate(zip(chunk.ids, chunk.specs, chunk.snapshots, strict=True)):
         found = inserted.get(job_id)
         if found is None:
-            existing = _existing_for_key(connection, spec, snapshot)
-            found = existing.id if ids_only else existing
+            # The idempotency key first: the same request gets its own job back, and
+            # another one is refused, as without unique; then the unique key's holder.
+            existing = None
+            if spec.unique is None or spec.idempotency_key is not None:
+                existing = _existing_for_key(connection, spec, snapshot, missing_ok=spec.unique is not None)
+            if existing is None and spec.unique is not None:
+                existing = _live_holder(connection, spec, chunk, index)
+            if existing is None:
+                again.append(index)
+            elif existing.id == job_id:
+                # Written by an earlier try whose connection was lost after its commit.
+                found = existing.id if ids_only else dataclasses.replace(existing, disposition=CREATED)
+            else:
+                found = existing.id if ids_only else dataclasses.replace(existing, disposition=EXISTING)
         result.append(found)
+    if again:
+        _raise_if_definition_missing(connection, {chunk.specs[index].job_type for index in again})
+        if rounds >= _UNIQUE_ROUNDS:
+            raise IdempotencyConflictMissingExisting(
+                f"unique key {chunk.column('unique_keys')[again[0]]!r} conflicted but its holder finished "
+                f"{rounds} times before it could be read")
+        for index, found in zip(again, _write_rows(connection, chunk.part(again), ids_only, rounds + 1), strict=True):
+            result[index] = found
     return result
+
+
+def _live_holder(connection: Connection, spec: JobSpec, chunk: Chunk, index: int) -> Optional[JobRecord]:
+    """The job holding a unique spec's key now, read through its index, or None once it left its states.
+
+    No row lock: the holder may be running, and its outcome write must not wait for the caller's commit.
+    """
+    row = connection.execute(
+        _HOLDER_GLOBAL if spec.organization_id is None else _HOLDER_IN_ORGANIZATION,
+        {"job_type": spec.job_type, "organization_id": spec.organization_id,
+         "unique_key": chunk.column("unique_keys")[index], "unique_period": chunk.column("unique_periods")[index]},
+    ).first()
+    return None if row is None else to_job(row)
 
 
 def require_read_committed(connection: Connection) -> None:

@@ -16,6 +16,7 @@ from uuid import UUID
 from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
+from runledger_sync.core.coordination import Debounce, Unique
 from runledger_sync.core.errors import InvalidArgument
 from runledger_sync.core.records import JobRecord, JobSpec
 from runledger_sync.core.store_errors import ConnectionFailed
@@ -52,6 +53,8 @@ def enqueue(
     concurrency_key: Optional[str] = None,
     meta: Optional[Mapping[str, str]] = None,
     event_log: EventLog | str = DEFAULT_EVENT_LOG,
+    unique: Optional[Unique] = None,
+    debounce: Optional[Debounce] = None,
 ) -> JobRecord:
     """Add one job to the queue.
 
@@ -79,13 +82,22 @@ def enqueue(
         event_log: ``full`` writes the job's ENQUEUED event row; ``transitions`` (the
             default) does not, and :func:`runledger_sync.list_events` draws that entry
             from the job row. Pass your ``JobsConfig.event_log`` to keep one level.
+        unique: :class:`runledger_sync.Unique`: while a job of the same type, organization and
+            key (default: payload) is live, return it instead of adding another.
+        debounce: :class:`runledger_sync.Debounce`: a waiting job of the same type, organization
+            and key takes this payload and meta and starts ``delay`` from now (at the latest
+            ``max_delay`` after its first enqueue); not with ``unique``, ``run_at``,
+            ``delay_seconds`` or ``idempotency_key``.
 
     Returns:
-        The job row (the existing one for a repeated idempotent request).
+        The job row (the existing one for a repeated idempotent request or a unique
+        duplicate), its ``disposition`` saying which: ``created``, ``existing`` or ``replaced``.
 
     Raises:
         InvalidArgument, InvalidJobType, InvalidPayload, InvalidMeta: bad arguments (an unknown
             ``event_log`` level included); nothing written.
+        InvalidUnique, InvalidDebounce, InvalidCoordination: bad ``unique`` or ``debounce``
+            options, or ones that cannot go together; nothing written.
         DefinitionNotFoundOrDisabled: the type is unknown or disabled.
         QueueNotFound: ``queue`` names no queue (``queue.not_found``).
         IdempotencyConflict: the key exists with a different request.
@@ -111,6 +123,8 @@ def enqueue(
         queue=queue,
         concurrency_key=concurrency_key,
         meta=meta,
+        unique=unique,
+        debounce=debounce,
     )
     check.check_int("max_payload_bytes", max_payload_bytes, check.MAX_PAYLOAD_BYTES_RANGE)
     # One spec is one chunk: straight to its statement, past the batch's reading in chunks.

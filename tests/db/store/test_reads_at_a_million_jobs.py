@@ -420,7 +420,16 @@ READS: dict[str, Read] = {
     "requeue": lambda c, s: rl.requeue_job(c, _dead(c)),
     "enqueue with a global key taken": lambda c, s: _enqueue_taken(c, "mill.sync", "order-12", None),
     "enqueue with an org's key taken": lambda c, s: _enqueue_taken(c, "mill.thumbnail", "order-4", "org-4"),
+    # A unique duplicate's holder read back, and a debounce that updates the job it meets.
+    "unique duplicate": lambda c, s: _enqueue_twice(c, unique=rl.Unique(key="account-7")),
+    "unique duplicate in an org": lambda c, s: _enqueue_twice(c, organization_id="org-4", unique=rl.Unique()),
+    "debounce": lambda c, s: _enqueue_twice(c, debounce=rl.Debounce("doc-7", 5, 60)),
 }
+
+
+def _enqueue_twice(connection: sqlalchemy.Connection, **options: Any) -> None:
+    first = rl.enqueue(connection, "mill.sync", {"n": 1}, **options)
+    assert rl.enqueue(connection, "mill.sync", {"n": 1}, **options).id == first.id
 
 
 def _enqueue_taken(connection: sqlalchemy.Connection, job_type: str, key: str, organization_id: Any) -> None:
