@@ -34,8 +34,11 @@ def test_a_run_whose_worker_was_killed_finishes_with_one_successful_attempt_per_
     try:
         # Killed with the fan-out under way: some steps done, a job of another running.
         wait_until(lambda: succeeded_steps(engine, run.id) >= 2, timeout=30)
-        wait_until(lambda: rows(engine, "SELECT 1 FROM job_queue WHERE status = 'LEASED' AND stage = 'running'"),
-                   timeout=10)
+        # A step started within the last 200 ms still has 300 ms of its handler to go: the
+        # kill lands mid-handler, never just as its success commits.
+        wait_until(lambda: rows(engine, "SELECT 1 FROM job_queue WHERE status = 'LEASED' AND stage = 'running' "
+                                        "AND started_at > clock_timestamp() - interval '200 milliseconds'"),
+                   timeout=10, interval=0.01)
         doomed.process.send_signal(signal.SIGKILL)
         doomed.process.wait(10)
     finally:
