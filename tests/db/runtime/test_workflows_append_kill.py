@@ -21,8 +21,12 @@ def pages_done(engine, run_id) -> int:
 
 def kill_the_one_running_a_page(engine, workers: list[WorkerProcess]) -> None:
     """SIGKILL the worker process that holds the running page job (worker ids are ``proc-<pid>``)."""
+    # A page started within the last 40 ms still has 60 ms of its handler to go: the kill
+    # lands mid-handler, never just as its success commits.
     holder = wait_until(lambda: scalar(engine, "SELECT worker_id FROM job_queue WHERE job_type = :t AND "
-                                               "status = 'LEASED' AND stage = 'running'", t=proc.PAGE), timeout=20)
+                                               "status = 'LEASED' AND stage = 'running' AND "
+                                               "started_at > clock_timestamp() - interval '40 milliseconds'",
+                                       t=proc.PAGE), timeout=20, interval=0.005)
     [doomed] = [worker for worker in workers if holder == f"proc-{worker.process.pid}"]
     doomed.process.send_signal(signal.SIGKILL)
     doomed.process.wait(10)
