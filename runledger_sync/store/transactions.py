@@ -33,6 +33,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
 
+from runledger_sync.core.errors import RunledgerError
 from runledger_sync.core.store_errors import CommitOutcomeUnknown, ConnectionFailed
 from runledger_sync.db.pool_mode import policy_of
 from runledger_sync.db.engine import create_engine
@@ -171,6 +172,18 @@ def run_in_transaction(
         with attempt:
             return _once(bind, work, one_repeatable_write, one_query)
     raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+
+def require_read_committed(connection: Connection, refusal: type[RunledgerError], what: str) -> None:
+    """Raise ``refusal`` unless ``connection``'s transaction is READ COMMITTED.
+
+    ``what`` reads a row another transaction wrote or moved meanwhile: only READ
+    COMMITTED shows it the row as that transaction left it, where a higher level
+    would answer with a serialization failure or an old snapshot.
+    """
+    level = connection.exec_driver_sql("SHOW transaction_isolation").scalar_one()
+    if level != "read committed":
+        raise refusal(f"{what} needs READ COMMITTED isolation, the transaction uses {level.upper()}")
 
 
 def owns_transaction(bind: Any) -> TypeGuard[Engine | HeldConnection]:

@@ -30,7 +30,7 @@ from runledger_sync.core.types import JobEventType
 from runledger_sync.core.states import JobStage, JobStatus
 from runledger_sync.db.schema import job_attempts, job_events, job_queue
 from runledger_sync.store.binds import Bind
-from runledger_sync.store.transactions import run_in_transaction
+from runledger_sync.store.transactions import require_read_committed, run_in_transaction
 from runledger_sync.store.notify import notify_canceled, notify_ended
 from runledger_sync.store.rows import JOB_COLUMNS, to_job
 from runledger_sync.store.scope import check_job_id, scoped
@@ -271,7 +271,7 @@ def _act(
 
     def work(connection: Connection) -> JobRecord:
         if expected is not None:
-            _require_read_committed(connection)
+            require_read_committed(connection, CompareAndRequeueUnsupportedIsolation, "a requeue with expectations")
         row = connection.execute(statement, parameters).first()
         if row is not None:
             record = to_job(row)
@@ -281,13 +281,6 @@ def _act(
         raise _transition_error(connection, target, organization_id, verb, allowed, expected)
 
     return run_in_transaction(bind, work)
-
-
-def _require_read_committed(connection: Connection) -> None:
-    level = connection.exec_driver_sql("SHOW transaction_isolation").scalar_one()
-    if level != "read committed":
-        raise CompareAndRequeueUnsupportedIsolation(
-            f"a requeue with expectations needs READ COMMITTED isolation, the transaction uses {level.upper()}")
 
 
 def make_jobs_due(

@@ -44,7 +44,6 @@ from runledger_sync.core.coordination import DEBOUNCE_STATES
 from runledger_sync.core.coordination_errors import InvalidCoordination
 from runledger_sync.core.errors import (
     DefinitionNotFoundOrDisabled,
-    EnqueueIdempotencyUnsupportedIsolation,
     IdempotencyConflict,
     IdempotencyConflictMissingExisting,
     InvalidArgument,
@@ -618,9 +617,3 @@ def _live_holder(connection: Connection, spec: JobSpec, chunk: Chunk, index: int
     return None if row is None else to_job(row)
 
 
-def require_read_committed(connection: Connection) -> None:
-    level = connection.exec_driver_sql("SHOW transaction_isolation").scalar_one()
-    if level != "read committed":
-        raise EnqueueIdempotencyUnsupportedIsolation(
-            f"idempotent enqueue needs READ COMMITTED isolation, the transaction uses {level.upper()}"
-        )

@@ -17,14 +17,14 @@ from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.coordination import Debounce, Unique
-from runledger_sync.core.errors import InvalidArgument
+from runledger_sync.core.errors import EnqueueIdempotencyUnsupportedIsolation, InvalidArgument
 from runledger_sync.core.records import JobRecord, JobSpec
 from runledger_sync.core.store_errors import ConnectionFailed
 from runledger_sync.core.states import JobStage
 from runledger_sync.core.types import DEFAULT_EVENT_LOG, EventLog
 from runledger_sync.store.binds import Bind
-from runledger_sync.store.enqueue.chunk import prepare_chunk, require_read_committed, write_chunk
-from runledger_sync.store.transactions import owns_transaction, run_in_transaction
+from runledger_sync.store.enqueue.chunk import prepare_chunk, write_chunk
+from runledger_sync.store.transactions import owns_transaction, require_read_committed, run_in_transaction
 
 #: Specs checked, serialized and written per statement. A longer batch is
 #: written chunk by chunk, so the call holds one chunk's parameters and rows at
@@ -224,7 +224,7 @@ def _enqueue_chunked(bind: Bind, specs: Any, max_payload_bytes: int, event_log: 
             for specs_of_chunk in chunks:
                 chunk = prepare_chunk(specs_of_chunk, max_payload_bytes, event_log)
                 if chunk.keyed and not isolation_checked:
-                    require_read_committed(connection)
+                    require_read_committed(connection, EnqueueIdempotencyUnsupportedIsolation, "idempotent enqueue")
                     isolation_checked = True
                 result.extend(write_chunk(connection, chunk, ids_only=ids_only))
         return result
@@ -244,7 +244,7 @@ def _enqueue_one_chunk(
 
     def one(connection: Connection) -> list[Any]:
         if chunk.keyed:
-            require_read_committed(connection)
+            require_read_committed(connection, EnqueueIdempotencyUnsupportedIsolation, "idempotent enqueue")
         return write_chunk(connection, chunk, ids_only=ids_only)
 
     return run_in_transaction(bind, one, one_repeatable_write=True)

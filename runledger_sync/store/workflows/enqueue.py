@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection
 
 from runledger_sync.core import instrumentation
 from runledger_sync.core import validation as check
-from runledger_sync.core.errors import InvalidArgument
+from runledger_sync.core.errors import EnqueueIdempotencyUnsupportedIsolation, InvalidArgument
 from runledger_sync.core.ids import uuid7
 from runledger_sync.core.meta import meta_json
 from runledger_sync.core.types import DEFAULT_EVENT_LOG, EventLog
@@ -31,9 +31,9 @@ from runledger_sync.core.workflow_errors import (
 from runledger_sync.db.schema import job_definitions
 from runledger_sync.db.schema_workflows import workflow_runs, workflow_step_dependencies, workflow_steps
 from runledger_sync.store.binds import Bind
-from runledger_sync.store.enqueue.chunk import require_read_committed, same_request
+from runledger_sync.store.enqueue.chunk import same_request
 from runledger_sync.store.sql import event_log_params
-from runledger_sync.store.transactions import run_in_transaction
+from runledger_sync.store.transactions import require_read_committed, run_in_transaction
 from runledger_sync.store.workflows.runs import read_run
 from runledger_sync.store.workflows.steps import finish_steps, refresh_runs, release_steps
 
@@ -107,7 +107,7 @@ def step_snapshots(steps: Sequence[WorkflowStep]) -> list[dict[str, Any]]:
 def _enqueue(connection: Connection, workflow: Workflow, snapshot: str, run_id: UUID, meta: str,
              event_log: Any) -> WorkflowRunRecord:
     if workflow.idempotency_key is not None:
-        require_read_committed(connection)
+        require_read_committed(connection, EnqueueIdempotencyUnsupportedIsolation, "idempotent enqueue")
     check_definitions(connection, workflow.steps)
     inserted = connection.execute(
         pg_insert(workflow_runs)
