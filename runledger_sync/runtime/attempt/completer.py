@@ -176,7 +176,6 @@ class Completer:
         self._observer = observer
         self._held: Optional[Driver] = None
         self._driver = driver
-        self._closing = threading.Event()
         # A SimpleQueue is the cheapest hand-off between threads the standard library has.
         self._queue: SimpleQueue[Optional[_Item]] = SimpleQueue()
         self._waiting = 0
@@ -200,7 +199,7 @@ class Completer:
 
     def keeps_trying(self) -> bool:
         """True while a lost connection is retried past the lease: on the completer's thread, until it closes."""
-        return self._thread is not None and not self._closing.is_set()
+        return self._thread is not None and not self._closed
 
     def post(self, identity: LeaseIdentity, transition: Written, *, give_up_at: float, on_answer: OnAnswer) -> None:
         """Write ``transition`` under ``identity``'s lease; ``on_answer(result)`` is called once it is durable or lost.
@@ -221,7 +220,6 @@ class Completer:
 
     def close(self) -> None:
         """Write what is queued, then stop (a write still retried gives up at its lease's end)."""
-        self._closing.set()
         if self._thread is not None:
             self._closed = True
             self._queue.put(_STOP)
