@@ -72,8 +72,18 @@ TRANSIENT_FAILURE_BUDGET = 20
 # and nowhere again by a chain of isinstance tests.
 
 
+class _Ending:
+    """What every transition says of itself; a failure's closing log line adds its kind and code."""
+
+    #: How the attempt ended, in its closing log line.
+    ended_as: ClassVar[str]
+
+    def log_fields(self) -> dict[str, Any]:
+        return {"outcome": self.ended_as}
+
+
 @dataclass(frozen=True)
-class LeaseLost:
+class LeaseLost(_Ending):
     """The attempt lost its lease: nothing is written, the reaper recovers the job."""
 
     code: str
@@ -86,7 +96,7 @@ class LeaseLost:
 
 
 @dataclass(frozen=True)
-class Canceled:
+class Canceled(_Ending):
     """An operator canceled the job while it ran: the cancel wrote its end, so the attempt writes nothing.
 
     Not a lost lease: nobody needs to recover the job, and nothing went wrong.
@@ -97,14 +107,10 @@ class Canceled:
     ended_as: ClassVar[str] = "canceled"
     failure: ClassVar[None] = None
 
-    def log_fields(self) -> dict[str, Any]:
-        return {"outcome": self.ended_as}
-
 
 @dataclass(frozen=True)
-class Succeed:
+class Succeed(_Ending):
     completion: JobCompletion
-    #: How the attempt ended, in its closing log line.
     ended_as: ClassVar[str] = "succeeded"
     #: What its write is called in a log line about it.
     noun: ClassVar[str] = "success"
@@ -112,12 +118,9 @@ class Succeed:
     #: It writes the handler's progress, which the store may refuse (a terminal failure replaces it then).
     carries_progress: ClassVar[bool] = True
 
-    def log_fields(self) -> dict[str, Any]:
-        return {"outcome": self.ended_as}
-
 
 @dataclass(frozen=True)
-class Retry:
+class Retry(_Ending):
     failure: JobFailure
     delay_ms: int
     #: The exception behind the failure, written with the attempt row.
@@ -131,7 +134,7 @@ class Retry:
 
 
 @dataclass(frozen=True)
-class Continue:
+class Continue(_Ending):
     """The run ends and the job runs again after ``delay_ms`` as its next run (spec T14), spending no attempt."""
 
     delay_ms: int
@@ -144,12 +147,9 @@ class Continue:
     failure: ClassVar[None] = None
     carries_progress: ClassVar[bool] = True
 
-    def log_fields(self) -> dict[str, Any]:
-        return {"outcome": self.ended_as}
-
 
 @dataclass(frozen=True)
-class DeadLetter:
+class DeadLetter(_Ending):
     failure: JobFailure
     info: JobDeadLetterInfo
     evidence: FailureEvidence = field(default=NO_EVIDENCE, compare=False)
