@@ -29,6 +29,7 @@ from runledger_sync.core.ids import uuid7
 from runledger_sync.core.replay_errors import ReplayIdempotencyConflict, ReplayIdempotencyConflictMissingExisting
 from runledger_sync.core.replays import JobReplay, ReplayRequest, check_actor, check_replay_key, check_replay_reason
 from runledger_sync.core.states import JobStatus
+from runledger_sync.db.errors import violated_constraint
 from runledger_sync.db.schema_replays import job_replays
 from runledger_sync.store.admin.actions import REQUEUABLE, Expectation, pick_to_requeue, requeue_statement, transition_error
 from runledger_sync.store.binds import Bind
@@ -121,7 +122,7 @@ def replay_job(
             with connection.begin_nested():
                 row = connection.execute(statement, parameters).first()
         except sa_exc.IntegrityError as error:
-            if _KEY_INDEX not in str(error.orig):
+            if violated_constraint(error) != _KEY_INDEX:
                 raise
             return _recorded_meanwhile(connection, parameters, request, key)
         if row is not None:

@@ -17,6 +17,7 @@ from runledger_sync.core.errors import (
 from runledger_sync.core.records import JobDefinition
 from runledger_sync.core.replay_errors import (
     ReplayIdempotencyConflict,
+    ReplayIdempotencyConflictMissingExisting,
     ReplayKeyBlank,
     ReplayKeyTooLong,
     ReplayReasonBlank,
@@ -287,3 +288,24 @@ def test_a_deleted_job_takes_its_replays_with_it(db):
     with db.begin() as connection:
         connection.execute(sqlalchemy.text("DELETE FROM job_queue WHERE id = :id"), {"id": job.id})
     assert list_replays(db) == []
+
+
+def test_a_key_collision_whose_replay_is_gone_is_the_missing_existing_code_and_changes_nothing(db):
+    # A collision on the key whose row has vanished by the time it is read (its job deleted
+    # meanwhile) is stood in for by a trigger that reports the key's index broken.
+    job = dead_lettered(db)
+    with db.begin() as connection:
+        connection.exec_driver_sql(
+            "CREATE FUNCTION collide() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION "
+            "USING ERRCODE = 'unique_violation', CONSTRAINT = 'uq_job_replays_job_id_replay_key', "
+            "MESSAGE = 'collided'; END $$")
+        connection.exec_driver_sql(
+            "CREATE TRIGGER collide BEFORE INSERT ON job_replays FOR EACH ROW EXECUTE FUNCTION collide()")
+    before = everything(db)
+
+    with pytest.raises(ReplayIdempotencyConflictMissingExisting) as caught:
+        replay_job(db, job.id, replay_key="k", reason="why")
+
+    assert caught.value.code == "job.replay_idempotency_conflict_missing_existing"
+    assert caught.value.category == "internal"
+    assert everything(db) == before
