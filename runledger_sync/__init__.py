@@ -47,6 +47,7 @@ from runledger_sync.core.records import (
     ScheduleRecord,
     ScheduleSpec,
 )
+from runledger_sync.core.replays import JobReplay
 from runledger_sync.core.store_errors import (
     CommitOutcomeUnknown,
     ConnectionFailed,
@@ -99,6 +100,7 @@ from runledger_sync.runtime.job_wait import wait_for_job
 from runledger_sync.runtime.supervisor.supervisor import Supervisor
 from runledger_sync.runtime.worker.loop import run_worker_loop
 from runledger_sync.store.admin.actions import cancel_job, requeue_job
+from runledger_sync.store.admin.replays import list_replays, replay_job
 from runledger_sync.store.admin.dead_letters import count_dead_letters, list_dead_letters, replay_dead_letters
 from runledger_sync.store.admin.gauges import QueueGauges, queue_gauges
 from runledger_sync.store.admin.jobs import count_jobs, get_dead_letter, get_job, list_attempts, list_events, list_jobs
@@ -166,6 +168,7 @@ __all__ = [
     "JobNotFound",
     "JobRecord",
     "JobRegistry",
+    "JobReplay",
     "JobSpec",
     "JobStage",
     "JobStateError",
@@ -244,6 +247,7 @@ __all__ = [
     "list_events",
     "list_jobs",
     "list_queues",
+    "list_replays",
     "list_schedules",
     "list_workflow_runs",
     "load_registry",
@@ -258,6 +262,7 @@ __all__ = [
     "queue_loads",
     "queue_stats",
     "replay_dead_letters",
+    "replay_job",
     "requeue_job",
     "resume_queue",
     "resume_schedule",

@@ -109,6 +109,13 @@ from runledger_sync.core.registry_errors import (
     InvalidPayloadModel,
     UndeclaredQueue,
 )
+from runledger_sync.core.replay_errors import (
+    ReplayIdempotencyConflict,
+    ReplayIdempotencyConflictMissingExisting,
+    ReplayKeyBlank,
+    ReplayKeyTooLong,
+    ReplayReasonBlank,
+)
 from runledger_sync.core.dashboard_errors import (
     ActionForbidden,
     AuthorizeHookMissing,
@@ -193,6 +200,11 @@ __all__ = [
     "RegistrationError",
     "RelatedResourceMissing",
     "RelatedResourceStillReferenced",
+    "ReplayIdempotencyConflict",
+    "ReplayIdempotencyConflictMissingExisting",
+    "ReplayKeyBlank",
+    "ReplayKeyTooLong",
+    "ReplayReasonBlank",
     "RequeueExpectationFailed",
     "RequiredFieldMissing",
     "RunledgerError",

@@ -1,4 +1,4 @@
-"""Job commands: ``enqueue``, ``jobs list|show|retry|cancel|wait`` and ``stats``."""
+"""Job commands: ``enqueue``, ``jobs list|show|retry|replay|cancel|wait`` and ``stats``."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from runledger_sync.cli._core import EXIT_OK, PROG, command, command_group, open
 from runledger_sync.cli._output import add_json_option, clipped, plain, print_json, print_table, printable, when
 from runledger_sync.cli._queue_view import QUEUE_COLUMNS, queue_data, queue_row
 
-command_group("jobs", help="list, show, retry, cancel and wait for jobs")
+command_group("jobs", help="list, show, retry, replay, cancel and wait for jobs")
 
 JOB_TABLE_COLUMNS = ("id", "type", "status", "attempt", "stage", "next_run_at", "last_error_code")
 
@@ -213,12 +213,13 @@ def _jobs_show(args: argparse.Namespace) -> int:
         if job is None:
             raise rl.JobNotFound(f"job {job_id} was not found", job_id=str(job_id))
         attempts, events = rl.list_attempts(engine, job_id), rl.list_events(engine, job_id)
+        replays = rl.list_replays(engine, job_id)
         # Read after the job: one that has started meanwhile has no wait (None).
         wait = rl.explain_wait(engine, job_id) if job.status is rl.JobStatus.PENDING else None
     retries = rl.retry_summary(job, attempts, events)
     if args.json:
         print_json({"job": _job_data(job), "attempts": attempts, "events": events, "wait": wait,
-                    "retries": plain(retries) | {"summary": str(retries)}})
+                    "retries": plain(retries) | {"summary": str(retries)}, "replays": replays})
         return EXIT_OK
     for field in dataclasses.fields(job):
         if field.name == "disposition":
@@ -244,7 +245,19 @@ def _jobs_show(args: argparse.Namespace) -> int:
     print_table(("occurred_at", "run", "attempt", "event", "stage", "payload"),
                  [(when(e.occurred_at), e.run_number, e.attempt, e.event_type, e.stage,
                    json.dumps(plain(e.payload), sort_keys=True)) for e in events])
+    if replays:  # most jobs were never replayed: no empty section for them
+        print(f"\nreplays ({len(replays)}):")
+        print_table(REPLAY_COLUMNS, [_replay_row(replay) for replay in replays])
     return EXIT_OK
+
+
+REPLAY_COLUMNS = ("created_at", "run", "actor", "key", "expected", "reason")
+
+
+def _replay_row(replay: rl.JobReplay) -> tuple[Any, ...]:
+    expected = " ".join(str(part) for part in (replay.expected_status, replay.expected_run_number) if part is not None)
+    return (when(replay.created_at), replay.run_number, replay.actor or "-", clipped(replay.replay_key),
+            expected or "-", clipped(replay.reason))
 
 
 def _print_tracebacks(attempts: list[Any]) -> None:
@@ -281,6 +294,36 @@ def _jobs_retry(args: argparse.Namespace) -> int:
         job = rl.requeue_job(engine, job_id, reason=args.reason, expected_status=expected_status,
                              expected_run_number=args.expect_run)
     print(f"job {job.id} requeued: {job.status.value}, run {job.run_number}")
+    return EXIT_OK
+
+
+def _jobs_replay_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_job_id(parser)
+    parser.add_argument("--key", required=True, metavar="KEY",
+                        help="names the replay: run again with the same key and request, it requeues nothing more")
+    parser.add_argument("--reason", required=True, help="why the job runs again (recorded with the replay)")
+    parser.add_argument("--actor", metavar="NAME", help="who asks (recorded with the replay)")
+    parser.add_argument("--expect-status", metavar="STATUS",
+                        help="replay only if the job is still in this status (else job.requeue_expectation_failed)")
+    parser.add_argument("--expect-run", metavar="N", type=int,
+                        help="replay only if the job is still in this run (its run_number)")
+    parser.add_argument("--json", action="store_true", help="print the replay as one JSON object")
+
+
+@command("jobs replay", help="run a finished job again and record who did it and why; a repeated --key replays once",
+         arguments=_jobs_replay_arguments)
+def _jobs_replay(args: argparse.Namespace) -> int:
+    job_id = _parse_job_id(args.job_id)
+    expected_status = None if args.expect_status is None else args.expect_status.strip().upper()
+    with open_engine(args) as engine:
+        replay = rl.replay_job(engine, job_id, replay_key=args.key, reason=args.reason, actor=args.actor,
+                               expected_status=expected_status, expected_run_number=args.expect_run)
+    if args.json:
+        print_json(replay)
+    elif replay.disposition == "existing":
+        print(f"job {replay.job_id} was already replayed with this key: run {replay.run_number}, nothing requeued")
+    else:
+        print(f"job {replay.job_id} replayed: run {replay.run_number}")
     return EXIT_OK
 
 

@@ -11,6 +11,7 @@ from runledger_sync.core import (  # noqa: F401 - loaded for the walk
     dashboard_errors,
     queue_errors,
     registry_errors,
+    replay_errors,
     store_errors,
     workflow_errors,
 )

@@ -30,6 +30,9 @@ Branch on ``.code`` or on the class, never on the message text::
     │   ├── InvalidQueueName                    queue.invalid_name
     │   ├── InvalidQueueSetting                 queue.invalid_setting
     │   ├── InvalidConcurrencyKey               job.invalid_execution_resource_key
+    │   ├── ReplayKeyBlank                      job.replay_key_blank
+    │   ├── ReplayKeyTooLong                    job.replay_key_too_long
+    │   ├── ReplayReasonBlank                   job.replay_reason_blank
     │   ├── InvalidCoordination                 job.invalid_coordination
     │   │   ├── InvalidUnique                   job.invalid_unique
     │   │   └── InvalidDebounce                 job.invalid_debounce
@@ -78,6 +81,9 @@ Branch on ``.code`` or on the class, never on the message text::
     │   ├── IdempotencyConflictMissingExisting  job.idempotency_conflict_missing_existing
     │   ├── LegacyIdempotencySnapshotMissing    job.legacy_idempotency_snapshot_missing
     │   ├── RequeueExpectationFailed            job.requeue_expectation_failed
+    │   ├── ReplayIdempotencyConflict           job.replay_idempotency_conflict
+    │   ├── ReplayIdempotencyConflictMissingExisting
+    │   │                                       job.replay_idempotency_conflict_missing_existing
     │   ├── WorkflowAlreadyEnqueued             workflow.already_enqueued
     │   ├── WorkflowEnqueueConflictingRetry     workflow.enqueue_conflicting_retry
     │   ├── WorkflowLegacySnapshotMissing       workflow.legacy_idempotency_snapshot_missing

@@ -71,7 +71,8 @@ def _sqlstate(exc: sa_exc.DBAPIError) -> Optional[str]:
     return getattr(orig, "pgcode", None) or getattr(orig, "sqlstate", None)
 
 
-def _constraint(exc: sa_exc.DBAPIError) -> Optional[str]:
+def violated_constraint(exc: sa_exc.DBAPIError) -> Optional[str]:
+    """The name of the constraint ``exc`` reports broken, if the driver says."""
     diag = getattr(exc.orig, "diag", None)
     if diag is None:
         # asyncpg (under SQLAlchemy's emulated DBAPI error, its .orig) names it on its own exception.
@@ -128,7 +129,7 @@ def translate(exc: sa_exc.DBAPIError, url: str | URL | None = None) -> errors.Ru
     if is_transient(exc):
         where = f" ({mask_url(url)})" if url is not None else ""
         return ConnectionFailed(f"database connection failed{where}: {detail}")
-    constraint = _constraint(exc)
+    constraint = violated_constraint(exc)
     state = _sqlstate(exc)
     if state == "55P03":
         return StoreError(f"lock wait timed out: {detail}", sqlstate=state)

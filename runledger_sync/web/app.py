@@ -55,7 +55,8 @@ ROUTES: list[tuple[str, re.Pattern[str], Callable[..., Response]]] = [
     ("GET", re.compile(r"/"), views_overview.overview),
     ("GET", re.compile(r"/jobs"), views_jobs.jobs_list),
     ("GET", re.compile(r"/jobs/(?P<job_id>[0-9a-fA-F-]{32,36})"), views_jobs.job_page),
-    ("POST", re.compile(r"/jobs/(?P<job_id>[0-9a-fA-F-]{32,36})/(?P<action>cancel|retry)"), views_jobs.job_action),
+    ("POST", re.compile(r"/jobs/(?P<job_id>[0-9a-fA-F-]{32,36})/(?P<action>cancel|retry|replay_job)"),
+     views_jobs.job_action),
     ("GET", re.compile(r"/dead-letters"), views_operations.dead_letters),
     # replay: the jobs ticked in the form; replay_dead_letters: every one the page's filter matches.
     ("POST", re.compile(r"/dead-letters/(?P<action>replay|replay_dead_letters)"), views_operations.replay),
@@ -348,7 +349,8 @@ def create_app(
         read_only: When True (the default) every POST is refused with ``web.read_only``
             and no action buttons are drawn.
         authorize: ``authorize(request, action)``, asked before each page (action
-            ``"view"``) and each action (``"cancel"``, ``"retry"``, ``"replay"`` (the
+            ``"view"``) and each action (``"cancel"``, ``"retry"``, ``"replay_job"`` (the job
+            page's "Run again": an audited replay, recorded with the user the hook names), ``"replay"`` (the
             dead letters ticked), ``"replay_dead_letters"`` (every one a filter matches),
             ``"pause"``, ``"resume"``, ``"trigger"`` for schedules; ``"pause_queue"``,
             ``"resume_queue"``, ``"configure_queue"`` for queues; ``"cancel_workflow_run"``,

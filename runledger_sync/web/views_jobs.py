@@ -1,8 +1,9 @@
-"""The jobs list (filters, keyset pages), one job's page, and its cancel and retry actions."""
+"""The jobs list (filters, keyset pages), one job's page with its replays, and its cancel, retry and replay actions."""
 
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any, Optional
 
 import runledger_sync as rl
@@ -16,6 +17,8 @@ SHOWN_VALUE_CHARS = 20_000
 DONE_MESSAGES = {
     "canceled": "The job was canceled.",
     "retried": "The job was queued again as a new run.",
+    "replayed": "The job was queued again as a new run; the replay is recorded below.",
+    "already_replayed": "This replay was already recorded (the form was sent twice); nothing more was queued.",
 }
 
 
@@ -97,6 +100,9 @@ def job_page(dashboard: PageHost, request: Request, job_id: str) -> Response:
         done=DONE_MESSAGES.get(request.arg("done") or ""),
         cancelable=not job.status.is_terminal,
         wait=_wait_of(dashboard, job, scope),
+        replays=rl.list_replays(dashboard.engine, job.id),
+        # One key per form drawn: the same form sent twice (a double click, a resubmit) replays once.
+        replay_key=uuid.uuid4().hex,
     )
 
 
@@ -105,13 +111,23 @@ def job_action(dashboard: PageHost, request: Request, job_id: str, action: str) 
     if action == "cancel":
         rl.cancel_job(dashboard.engine, job_id, reason="CANCELED_FROM_DASHBOARD", organization_id=scope)
         done = "canceled"
+    elif action == "replay_job":
+        if rl.get_job(dashboard.engine, job_id, organization_id=scope) is None:
+            raise rl.JobNotFound(f"job {job_id} was not found")
+        replay = rl.replay_job(dashboard.engine, job_id, replay_key=request.form("replay_key") or "",
+                               reason=request.form("reason") or "", actor=request.user or None, **_seen(request))
+        done = "replayed" if replay.disposition == "created" else "already_replayed"
     else:
-        # The status and run the page showed: a job another operator ran again meanwhile is not run twice.
-        seen_run = request.form("seen_run") or None
-        if seen_run is not None and not seen_run.isdigit():
-            raise rl.errors.InvalidArgument("seen_run", seen_run, "the run number the page showed")
         rl.requeue_job(dashboard.engine, job_id, reason="RETRIED_FROM_DASHBOARD", organization_id=scope,
-                       expected_status=request.form("seen_status") or None,
-                       expected_run_number=None if seen_run is None else int(seen_run))
+                       **_seen(request))
         done = "retried"
     return Response.redirect(request.url(f"/jobs/{job_id}", done=done))
+
+
+def _seen(request: Request) -> dict[str, Any]:
+    """The status and run the page showed: a job another operator ran again meanwhile is not run twice."""
+    seen_run = request.form("seen_run") or None
+    if seen_run is not None and not seen_run.isdigit():
+        raise rl.errors.InvalidArgument("seen_run", seen_run, "the run number the page showed")
+    return {"expected_status": request.form("seen_status") or None,
+            "expected_run_number": None if seen_run is None else int(seen_run)}

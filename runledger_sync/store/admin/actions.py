@@ -117,10 +117,11 @@ def cancel_job(
     return _act(bind, job_id, reason, organization_id, _cancel_statement(organization_id), "canceled", CANCELABLE)
 
 
-def _transition_error(
+def transition_error(
     connection: Connection, job_id: UUID, organization_id: Optional[str], verb: str, allowed: tuple[str, ...],
     expected: Optional[Expectation] = None,
 ) -> Exception:
+    """Why an action ``verb`` on the job changed nothing: the error to raise."""
     found = connection.execute(
         scoped(select(_q.status, _q.run_number, _q.workflow_step_id).where(_q.id == job_id), organization_id)).first()
     if found is None:
@@ -147,7 +148,8 @@ def _transition_error(
 REQUEUE_PICKABLE = (_q.status.in_(REQUEUABLE), _q.workflow_step_id.is_(None))
 
 
-def _pick_one(organization_id: Optional[str], expected: Optional["Expectation"] = None) -> Any:
+def pick_to_requeue(organization_id: Optional[str], expected: Optional["Expectation"] = None) -> Any:
+    """The job ``target_id`` (bound) locked, if it is finished, outside workflows and what ``expected`` says."""
     picked = select(_q.id, _q.run_number, _q.attempt).where(_q.id == bindparam("target_id"), *REQUEUE_PICKABLE)
     if expected is not None:
         # Under READ COMMITTED a row this waited for is tested again as its locker left
@@ -253,7 +255,7 @@ def requeue_job(
         CompareAndRequeueUnsupportedIsolation: expectations in a transaction not at READ COMMITTED.
     """
     expected = Expectation.of(expected_status, expected_run_number)
-    statement = requeue_statement(_pick_one(organization_id, expected))
+    statement = requeue_statement(pick_to_requeue(organization_id, expected))
     return _act(bind, job_id, reason, organization_id, statement, "requeued", REQUEUABLE, expected)
 
 
@@ -278,7 +280,7 @@ def _act(
             if record.workflow_step_id is not None:
                 jobs_ended(connection, job_ends([record]))
             return record
-        raise _transition_error(connection, target, organization_id, verb, allowed, expected)
+        raise transition_error(connection, target, organization_id, verb, allowed, expected)
 
     return run_in_transaction(bind, work)
 
