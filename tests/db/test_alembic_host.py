@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 QUEUE_TABLES = {"job_definitions", "job_queue", "job_attempts", "job_events", "job_dead_letters"}
 #: The example host's newest revision: its merge of runledger-sync's newest.
-HOST_HEAD = "app_0010"
+HOST_HEAD = "app_0011"
 NO_CHANGES = "No new upgrade operations detected."
 
 
@@ -363,7 +363,7 @@ def test_option_1_upgrade_sql_fails_with_a_coded_error_and_changes_nothing(
 
 NEXT_RUNLEDGER_REVISION = '''"""A later runledger-sync's revision (a no-op here)."""
 revision = "0099"
-down_revision = "0013"
+down_revision = "0016"
 branch_labels = None
 depends_on = None
 
@@ -404,7 +404,7 @@ def test_option_2_a_newer_runledger_revision_is_merged_into_the_hosts_history(
         "0001_queue_tables.py", "0002_job_schedules.py", "0003_hot_path_storage.py", "0004_workflows.py",
         "0005_flow_control.py", "0006_failure_evidence.py", "0007_retention.py", "0008_continuations.py",
         "0009_dashboard_rollup.py", "0010_job_meta.py", "0011_idempotency_key_prefix.py",
-        "0012_workflow_append.py", "0013_unique_jobs.py", "0099_next.py",
+        "0012_workflow_append.py", "0013_unique_jobs.py", "0016_job_replays.py", "0099_next.py",
     ]
     ok(alembic("upgrade", "head"))
     assert versions(engine, "alembic_version") == {merged.pop().name.split("_", 1)[0]}

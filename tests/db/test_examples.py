@@ -102,16 +102,16 @@ def test_alembic_host_upgrades_both_histories_and_downgrades_them(empty_database
         # One head: app_0001 builds on runledger's 0001, app_0002 merges its 0002,
         # app_0003 and app_0004 its 0003 and 0004, app_0005 its 0005 to 0008, app_0006
         # its 0009, app_0007 its 0010, app_0008 its 0011, app_0009 its 0012, app_0010 its
-        # 0013, so Alembic stores only app_0010.
+        # 0013, app_0011 its 0014 to 0016, so Alembic stores only app_0011.
         script = _full_history(config)
-        assert script.get_heads() == ["app_0010"]
+        assert script.get_heads() == ["app_0011"]
         with engine.connect() as conn:
             stored = {row[0] for row in conn.exec_driver_sql("SELECT version_num FROM alembic_version")}
-        assert stored == {"app_0010"}
+        assert stored == {"app_0011"}
         assert _applied_revisions(engine, script) == {
-            "app_0010", "app_0009", "app_0008", "app_0007", "app_0006", "app_0005", "app_0004", "app_0003", "app_0002",
+            "app_0011", "app_0010", "app_0009", "app_0008", "app_0007", "app_0006", "app_0005", "app_0004", "app_0003", "app_0002",
             "app_0001", "0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011",
-            "0012", "0013"}
+            "0012", "0013", "0016"}
         # The app's foreign key into the queue works.
         with engine.begin() as conn:
             conn.exec_driver_sql("INSERT INTO job_definitions (job_type) VALUES ('app.ship')")
@@ -159,9 +159,9 @@ def test_check_schema_finds_our_revision_in_the_host_version_table(empty_databas
         assert rl.current_revision(engine) == rl.head_revision()
         rl.check_schema(engine)
 
-        # Both histories: only app_0010 is stored, ours is its ancestor (rule 4).
+        # Both histories: only app_0011 is stored, ours is its ancestor (rule 4).
         command.upgrade(config, "head")
-        assert _stored(engine) == {"app_0010"}
+        assert _stored(engine) == {"app_0011"}
         assert rl.current_revision(engine) == rl.head_revision()
         assert rl.check_schema(engine) is None
         assert cli.main(["--database-url", empty_database, "check-schema"]) == 0
@@ -181,7 +181,7 @@ def test_check_schema_finds_our_revision_in_the_host_version_table(empty_databas
         assert rl.current_revision(engine) is None
         with pytest.raises(rl.SchemaMismatch) as drifted:
             rl.check_schema(engine)
-        assert "app_0010" in drifted.value.message and "idx_job_queue_claim" in drifted.value.message
+        assert "app_0011" in drifted.value.message and "idx_job_queue_claim" in drifted.value.message
         assert "alembic upgrade head" in drifted.value.message
         assert VERSION_TABLE not in set(sqlalchemy.inspect(engine).get_table_names())
     finally:
