@@ -35,6 +35,8 @@ from runledger_sync.core.errors import (
     ScheduleNotFound,
     ValidationError,
 )
+from runledger_sync.core.bulk import BulkResult, JobFilter, JobOperation
+from runledger_sync.core.bulk_errors import EmptyJobFilter, InvalidJobFilter
 from runledger_sync.core.coordination import Debounce, Unique
 from runledger_sync.core.coordination_errors import InvalidCoordination, InvalidDebounce, InvalidUnique
 from runledger_sync.core.records import (
@@ -99,6 +101,14 @@ from runledger_sync.runtime.job_wait import wait_for_job
 from runledger_sync.runtime.supervisor.supervisor import Supervisor
 from runledger_sync.runtime.worker.loop import run_worker_loop
 from runledger_sync.store.admin.actions import cancel_job, requeue_job
+from runledger_sync.store.admin.bulk import (
+    cancel_jobs,
+    delete_jobs,
+    list_operations,
+    resume_operation,
+    retry_jobs,
+    update_jobs,
+)
 from runledger_sync.store.admin.dead_letters import count_dead_letters, list_dead_letters, replay_dead_letters
 from runledger_sync.store.admin.gauges import QueueGauges, queue_gauges
 from runledger_sync.store.admin.jobs import count_jobs, get_dead_letter, get_job, list_attempts, list_events, list_jobs
@@ -131,6 +141,7 @@ from runledger_sync.store.workflows.runs import get_workflow_run, list_workflow_
 
 __all__ = [
     "AlreadyEnqueued",
+    "BulkResult",
     "CommitOutcomeUnknown",
     "ConfigError",
     "ConflictError",
@@ -139,12 +150,14 @@ __all__ = [
     "Debounce",
     "DefinitionNotFoundOrDisabled",
     "EmbeddedPostgres",
+    "EmptyJobFilter",
     "EventLog",
     "IdempotencyConflict",
     "InvalidArgument",
     "InvalidCoordination",
     "InvalidCron",
     "InvalidDebounce",
+    "InvalidJobFilter",
     "InvalidMeta",
     "InvalidPayload",
     "InvalidQueueSetting",
@@ -162,8 +175,10 @@ __all__ = [
     "JobEventType",
     "JobFailure",
     "JobFailureKind",
+    "JobFilter",
     "JobHandler",
     "JobNotFound",
+    "JobOperation",
     "JobRecord",
     "JobRegistry",
     "JobSpec",
@@ -216,6 +231,7 @@ __all__ = [
     "WorkflowStepStatus",
     "append_workflow_steps",
     "cancel_job",
+    "cancel_jobs",
     "cancel_workflow_run",
     "check_schema",
     "complete_external_step",
@@ -226,6 +242,7 @@ __all__ = [
     "count_jobs",
     "create_engine",
     "current_revision",
+    "delete_jobs",
     "delete_schedule",
     "downgrade",
     "enqueue",
@@ -243,6 +260,7 @@ __all__ = [
     "list_dead_letters",
     "list_events",
     "list_jobs",
+    "list_operations",
     "list_queues",
     "list_schedules",
     "list_workflow_runs",
@@ -259,12 +277,15 @@ __all__ = [
     "queue_stats",
     "replay_dead_letters",
     "requeue_job",
+    "resume_operation",
     "resume_queue",
     "resume_schedule",
+    "retry_jobs",
     "retry_summary",
     "run_worker_loop",
     "set_job_definition_enabled",
     "trigger_schedule",
+    "update_jobs",
     "upsert_schedule",
     "wait_for_job",
     "with_schema",
