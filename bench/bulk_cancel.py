@@ -8,8 +8,8 @@ A fresh database gets ``--jobs`` PENDING jobs of ``bench.target`` in the queue
 tenant (left alone), written by SQL in chunks and analyzed. A worker process (its own
 Supervisor, retention off, concurrency 8) serves the ``default`` queue, fed one
 no-op job every 1/``--rate`` s by this process. Pickup (the job's ``created_at`` to
-its attempt's ``leased_at``, the database's clock) is read for ``--seconds`` without
-the cancel, then for as long as ``rl.cancel_jobs(JobFilter(job_types=[...],
+its attempt's ``leased_at``, the database's clock) is read, once the worker keeps
+up with the traffic, for ``--seconds`` without the cancel, then for as long as ``rl.cancel_jobs(JobFilter(job_types=[...],
 meta={"tenant": "acme"}))`` runs. Meanwhile a thread samples ``pg_locks`` every
 20 ms for the longest wait of any lock not yet granted (``waitstart``, PostgreSQL
 14 and later). Printed: pickup p50/p95/max of both phases and their ratio, the
@@ -113,6 +113,23 @@ class LockWaits:
                 self.samples += 1
 
 
+def warm_up(engine: sqlalchemy.engine.Engine, timeout: float = 120.0) -> None:
+    """Wait until the worker process has caught up with the live traffic (a job picked up within 100 ms), then 2 s."""
+    deadline = time.monotonic() + timeout
+    caught_up = sqlalchemy.text(
+        "SELECT count(*) FROM job_queue q JOIN job_attempts a ON a.job_id = q.id "
+        "WHERE q.payload ? 'live' AND a.leased_at - q.created_at < interval '100 milliseconds' "
+        "AND q.created_at > now() - interval '1 second'")
+    while time.monotonic() < deadline:
+        with engine.connect() as connection:
+            if connection.execute(caught_up).scalar_one() >= 5:
+                break
+        time.sleep(0.2)
+    else:
+        print(f"the worker had not caught up with the live traffic after {timeout:.0f}s")
+    time.sleep(2.0)
+
+
 def pickups(engine: sqlalchemy.engine.Engine, since: datetime, until: datetime) -> list[float]:
     with engine.connect() as connection:
         return sorted(float(ms) for ms in connection.execute(_PICKUPS, {"since": since, "until": until}).scalars())
@@ -143,7 +160,7 @@ def run(url: str, args: argparse.Namespace) -> None:
         worker.start()
         traffic = Traffic(engine, args.rate)
         traffic.thread.start()
-        time.sleep(2.0)  # the worker listens and its pool is warm
+        warm_up(engine)
         quiet_from = datetime.now(timezone.utc)
         time.sleep(args.seconds)
         waits = LockWaits(engine)

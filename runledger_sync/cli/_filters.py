@@ -38,7 +38,7 @@ def add_filter_options(parser: argparse.ArgumentParser, *, bulk_only: bool = Tru
                         f"{reason_help}; required with a filter")
     parser.add_argument("--actor", help="who: kept on the operation (default: your OS user and host, user@host)")
     parser.add_argument("--dry-run", action="store_true", help="count the jobs it would take; change nothing")
-    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    parser.add_argument("--json", action="store_true", help="print the result (or the one job) as one JSON object")
 
 
 def parse_moment(option: str, text: Optional[str]) -> Optional[datetime]:

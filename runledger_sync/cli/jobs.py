@@ -293,7 +293,10 @@ def _jobs_retry(args: argparse.Namespace) -> int:
     with open_engine(args) as engine:
         job = rl.requeue_job(engine, job_id, reason=args.reason, expected_status=expected_status,
                              expected_run_number=args.expect_run)
-    print(f"job {job.id} requeued: {job.status.value}, run {job.run_number}")
+    if args.json:
+        print_json(_job_data(job))
+    else:
+        print(f"job {job.id} requeued: {job.status.value}, run {job.run_number}")
     return EXIT_OK
 
 
@@ -304,7 +307,10 @@ def _jobs_cancel(args: argparse.Namespace) -> int:
     job_id = _parse_job_id(args.job_id)
     with open_engine(args) as engine:
         job = rl.cancel_job(engine, job_id, reason=args.reason)
-    print(f"job {job.id} canceled: {printable(job.status_reason)}")
+    if args.json:
+        print_json(_job_data(job))
+    else:
+        print(f"job {job.id} canceled: {printable(job.status_reason)}")
     return EXIT_OK
 
 

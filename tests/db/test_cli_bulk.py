@@ -51,8 +51,9 @@ def test_jobs_cancel_by_meta_dry_run_counts_then_cancels_and_operations_list_sho
 
 def test_jobs_cancel_with_an_id_still_cancels_that_one_job(db, run):
     job = acme(db)[0]
-    code, out, err = run("jobs", "cancel", str(job.id), "--reason", "just this one")
+    code, out, err = run("jobs", "cancel", str(job.id), "--reason", "just this one", "--json")
     assert code == 0, err
+    assert (json.loads(out)["id"], json.loads(out)["status"]) == (str(job.id), "CANCELED")
     assert rl.get_job(db, job.id).status_reason == "just this one"
     assert scalar(db, "SELECT count(*) FROM job_operations") == 0
 
