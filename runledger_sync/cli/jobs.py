@@ -260,14 +260,17 @@ def _add_one_or_many(parser: argparse.ArgumentParser) -> None:
     add_filter_options(parser, bulk_only=False)
 
 
-def _one_or_many(args: argparse.Namespace, *one_job_options: str) -> bool:
+def _one_or_many(args: argparse.Namespace, verb: str, *one_job_options: str) -> bool:
     """Whether the command acts on many jobs (filter options, no id); refuses a mix, or neither."""
     if args.job_id is not None:
         if has_filter(args) or args.dry_run or args.actor is not None:
             raise rl.InvalidJobFilter("ID", args.job_id, "given alone, or replaced by filter options (not both)")
         return False
     if not has_filter(args):
-        raise rl.EmptyJobFilter("ID", None, "a job id, or filter options (--type, --status, --meta, ...)")
+        error = rl.EmptyJobFilter("ID", None, "a job id, or filter options (--type, --status, --meta, ...)")
+        usage = f"usage: {PROG} jobs {verb} ID, or {PROG} jobs {verb} --type TYPE --meta KEY=VALUE ... --reason WHY"
+        error.hint = usage  # type: ignore[attr-defined]
+        raise error
     given = [option for option in one_job_options if getattr(args, option.lstrip("-").replace("-", "_")) is not None]
     if given or args.reason is None:
         raise rl.InvalidJobFilter(given[0] if given else "--reason", None,
@@ -286,7 +289,7 @@ def _jobs_retry_arguments(parser: argparse.ArgumentParser) -> None:
 @command("jobs retry", help="run a finished job again (a new run from attempt 0), or every finished job that matches",
          arguments=_jobs_retry_arguments)
 def _jobs_retry(args: argparse.Namespace) -> int:
-    if _one_or_many(args, "--expect-status", "--expect-run"):
+    if _one_or_many(args, "retry", "--expect-status", "--expect-run"):
         return run_bulk(args, rl.retry_jobs)
     job_id = _parse_job_id(args.job_id)
     expected_status = None if args.expect_status is None else args.expect_status.strip().upper()
@@ -302,7 +305,7 @@ def _jobs_retry(args: argparse.Namespace) -> int:
 
 @command("jobs cancel", help="cancel a PENDING or LEASED job, or every one that matches", arguments=_add_one_or_many)
 def _jobs_cancel(args: argparse.Namespace) -> int:
-    if _one_or_many(args):
+    if _one_or_many(args, "cancel"):
         return run_bulk(args, rl.cancel_jobs)
     job_id = _parse_job_id(args.job_id)
     with open_engine(args) as engine:
