@@ -134,6 +134,32 @@ def test_a_job_another_transaction_holds_is_passed_over_not_waited_for(db):
     assert (status_of(db, held), status_of(db, free)) == (rl.JobStatus.PENDING, rl.JobStatus.CANCELED)
 
 
+def test_a_job_passed_over_while_locked_is_taken_by_the_next_walk(db, monkeypatch):
+    held, free = pending(db, meta=ACME), pending(db, meta=ACME)
+    holder = db.connect()
+    holder.execute(sqlalchemy.text("SELECT 1 FROM job_queue WHERE id = :id FOR UPDATE"), {"id": held.id})
+    real = bulk._Plan.run_batch
+    walks = []
+
+    def releasing_before_the_second_walk(self, connection, **kwargs):
+        walks.append(kwargs["passes"])
+        if kwargs["passes"] == 2 and not holder.closed:
+            holder.rollback()
+            holder.close()
+        return real(self, connection, **kwargs)
+
+    monkeypatch.setattr(bulk._Plan, "run_batch", releasing_before_the_second_walk)
+    try:
+        result = rl.cancel_jobs(db, rl.JobFilter(meta=ACME), reason="both")
+    finally:
+        holder.close()
+
+    assert (result.matched, result.changed) == (2, 2)
+    assert (status_of(db, held), status_of(db, free)) == (rl.JobStatus.CANCELED, rl.JobStatus.CANCELED)
+    # Walk 1 took the free job, walk 2 the one released, walk 3 found nothing left and ended it.
+    assert sorted(set(walks)) == [1, 2, 3]
+
+
 def test_a_bulk_cancel_of_a_workflow_job_cascades_as_the_spec_says(db):
     run = rl.enqueue_workflow(db, chain("on_success"))
 
