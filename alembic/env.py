@@ -12,7 +12,7 @@ from alembic import context
 from sqlalchemy import text
 from sqlalchemy.dialects import postgresql
 
-from runledger_sync.db import schema, schema_queues, schema_rollup, schema_schedules, schema_workflows  # noqa: F401  its tables join schema.metadata
+from runledger_sync.db import schema, schema_operations, schema_queues, schema_rollup, schema_schedules, schema_workflows  # noqa: F401  its tables join schema.metadata
 from runledger_sync.db import schema_replays  # noqa: F401  its table joins metadata too
 from runledger_sync.db.engine import create_engine, schema_of
 

@@ -35,6 +35,8 @@ from runledger_sync.core.errors import (
     ScheduleNotFound,
     ValidationError,
 )
+from runledger_sync.core.bulk import BulkResult, JobFilter, JobOperation
+from runledger_sync.core.bulk_errors import EmptyJobFilter, InvalidJobFilter
 from runledger_sync.core.coordination import Debounce, Unique
 from runledger_sync.core.coordination_errors import InvalidCoordination, InvalidDebounce, InvalidUnique
 from runledger_sync.core.records import (
@@ -101,6 +103,14 @@ from runledger_sync.runtime.supervisor.supervisor import Supervisor
 from runledger_sync.runtime.worker.loop import run_worker_loop
 from runledger_sync.store.admin.actions import cancel_job, requeue_job
 from runledger_sync.store.admin.replays import list_replays, replay_job
+from runledger_sync.store.admin.bulk import (
+    cancel_jobs,
+    delete_jobs,
+    list_operations,
+    resume_operation,
+    retry_jobs,
+    update_jobs,
+)
 from runledger_sync.store.admin.dead_letters import count_dead_letters, list_dead_letters, replay_dead_letters
 from runledger_sync.store.admin.gauges import QueueGauges, queue_gauges
 from runledger_sync.store.admin.jobs import count_jobs, get_dead_letter, get_job, list_attempts, list_events, list_jobs
@@ -133,6 +143,7 @@ from runledger_sync.store.workflows.runs import get_workflow_run, list_workflow_
 
 __all__ = [
     "AlreadyEnqueued",
+    "BulkResult",
     "CommitOutcomeUnknown",
     "ConfigError",
     "ConflictError",
@@ -141,12 +152,14 @@ __all__ = [
     "Debounce",
     "DefinitionNotFoundOrDisabled",
     "EmbeddedPostgres",
+    "EmptyJobFilter",
     "EventLog",
     "IdempotencyConflict",
     "InvalidArgument",
     "InvalidCoordination",
     "InvalidCron",
     "InvalidDebounce",
+    "InvalidJobFilter",
     "InvalidMeta",
     "InvalidPayload",
     "InvalidQueueSetting",
@@ -164,8 +177,10 @@ __all__ = [
     "JobEventType",
     "JobFailure",
     "JobFailureKind",
+    "JobFilter",
     "JobHandler",
     "JobNotFound",
+    "JobOperation",
     "JobRecord",
     "JobRegistry",
     "JobReplay",
@@ -219,6 +234,7 @@ __all__ = [
     "WorkflowStepStatus",
     "append_workflow_steps",
     "cancel_job",
+    "cancel_jobs",
     "cancel_workflow_run",
     "check_schema",
     "complete_external_step",
@@ -229,6 +245,7 @@ __all__ = [
     "count_jobs",
     "create_engine",
     "current_revision",
+    "delete_jobs",
     "delete_schedule",
     "downgrade",
     "enqueue",
@@ -246,6 +263,7 @@ __all__ = [
     "list_dead_letters",
     "list_events",
     "list_jobs",
+    "list_operations",
     "list_queues",
     "list_replays",
     "list_schedules",
@@ -264,12 +282,15 @@ __all__ = [
     "replay_dead_letters",
     "replay_job",
     "requeue_job",
+    "resume_operation",
     "resume_queue",
     "resume_schedule",
+    "retry_jobs",
     "retry_summary",
     "run_worker_loop",
     "set_job_definition_enabled",
     "trigger_schedule",
+    "update_jobs",
     "upsert_schedule",
     "wait_for_job",
     "with_schema",

@@ -49,6 +49,7 @@ from runledger_sync.core.errors import (
     ValidationError,
     WorkflowRequeueNotSupported,
 )
+from runledger_sync.core.bulk_errors import EmptyJobFilter, InvalidJobFilter, InvalidJobUpdate, WorkflowDeleteNotSupported
 from runledger_sync.core.coordination_errors import InvalidCoordination, InvalidDebounce, InvalidUnique
 from runledger_sync.core.store_errors import (
     BusinessRuleViolation,
@@ -150,6 +151,7 @@ __all__ = [
     "DependencyCycle",
     "DuplicateJobType",
     "DuplicateStepKey",
+    "EmptyJobFilter",
     "EnqueueIdempotencyUnsupportedIsolation",
     "ExternalStepConflictingCompletion",
     "ExternalStepConflictingOutput",
@@ -170,7 +172,9 @@ __all__ = [
     "InvalidCron",
     "InvalidDebounce",
     "InvalidExceptionRules",
+    "InvalidJobFilter",
     "InvalidJobType",
+    "InvalidJobUpdate",
     "InvalidLeaseDuration",
     "InvalidMeta",
     "InvalidPayload",
@@ -227,6 +231,7 @@ __all__ = [
     "WorkflowAppendWindowNotExternal",
     "WorkflowAppendWindowNotOpen",
     "WorkflowDefinitionNotFoundOrDisabled",
+    "WorkflowDeleteNotSupported",
     "WorkflowEmpty",
     "WorkflowEnqueueConflictingRetry",
     "WorkflowLegacySnapshotMissing",

@@ -5,7 +5,7 @@ revision reads no other and locks job_queue only for the foreign key's
 creation. The downgrade drops the table and the replays recorded in it.
 
 Revision ID: 0016
-Revises: 0013
+Revises: 0015
 Create Date: 2026-12-06
 
 """
@@ -17,7 +17,7 @@ from sqlalchemy.dialects import postgresql
 
 # revision identifiers, used by Alembic.
 revision: str = '0016'
-down_revision: Union[str, Sequence[str], None] = '0013'
+down_revision: Union[str, Sequence[str], None] = "0015"
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 

@@ -1,4 +1,4 @@
-"""Job commands: ``enqueue``, ``jobs list|show|retry|replay|cancel|wait`` and ``stats``."""
+"""Job commands: ``enqueue``, ``jobs list|show|retry|replay|cancel|wait`` and ``stats`` (``jobs retry|cancel`` by filter too)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from uuid import UUID
 
 import runledger_sync as rl
 from runledger_sync.cli._core import EXIT_OK, PROG, command, command_group, open_engine
+from runledger_sync.cli._filters import add_filter_options, has_filter, parse_meta, run_bulk
 from runledger_sync.cli._output import add_json_option, clipped, plain, print_json, print_table, printable, when
 from runledger_sync.cli._queue_view import QUEUE_COLUMNS, queue_data, queue_row
 
-command_group("jobs", help="list, show, retry, replay, cancel and wait for jobs")
+command_group("jobs", help="list, show, retry, replay, cancel and wait for jobs; cancel, retry, delete and update many by filter")
 
 JOB_TABLE_COLUMNS = ("id", "type", "status", "attempt", "stage", "next_run_at", "last_error_code")
 
@@ -149,18 +150,6 @@ def _debounce(args: argparse.Namespace) -> Optional[rl.Debounce]:
     return rl.Debounce(args.debounce, delay, delay if args.debounce_max_delay is None else args.debounce_max_delay)
 
 
-def _meta(pairs: list[str]) -> Optional[dict[str, str]]:
-    meta: dict[str, str] = {}
-    for pair in pairs:
-        key, equals, value = pair.partition("=")
-        if not equals:
-            raise rl.InvalidMeta("--meta", None, "KEY=VALUE", got="an argument without '='")
-        if key in meta:
-            raise rl.InvalidMeta("--meta", None, "each key once", got=f"{key!r} twice")
-        meta[key] = value
-    return meta or None
-
-
 @command("enqueue", help="add one job to the queue and print its id", arguments=_enqueue_arguments)
 def _enqueue(args: argparse.Namespace) -> int:
     payload = parse_json_argument(*_payload_text(args))
@@ -172,7 +161,7 @@ def _enqueue(args: argparse.Namespace) -> int:
                          organization_id=args.organization_id, idempotency_key=args.idempotency_key,
                          max_attempts=args.max_attempts, queue=args.queue, concurrency_key=args.concurrency_key,
                          max_payload_bytes=config.max_payload_bytes, event_log=config.event_log,
-                         meta=_meta(args.meta), unique=_unique(args), debounce=_debounce(args))
+                         meta=parse_meta(args.meta), unique=_unique(args), debounce=_debounce(args))
     print(job.id)
     return EXIT_OK
 
@@ -181,6 +170,8 @@ def _jobs_list_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--status", type=str.upper, choices=[status.value for status in rl.JobStatus])
     parser.add_argument("--type", dest="job_type", metavar="TYPE", help="only this job type")
     parser.add_argument("--org", dest="organization_id", metavar="ORG", help="only this organization's jobs")
+    parser.add_argument("--meta", action="append", metavar="KEY=VALUE",
+                        help="only jobs whose metadata has this key with this value; repeat for more keys")
     parser.add_argument("--limit", type=int, default=100, metavar="N", help="most rows to print (default 100)")
     parser.add_argument("--json", action="store_true", help="print one JSON object per job (JSON lines)")
 
@@ -189,7 +180,7 @@ def _jobs_list_arguments(parser: argparse.ArgumentParser) -> None:
 def _jobs_list(args: argparse.Namespace) -> int:
     with open_engine(args) as engine:
         jobs = rl.list_jobs(engine, status=args.status, job_type=args.job_type,
-                            organization_id=args.organization_id, limit=args.limit)
+                            organization_id=args.organization_id, limit=args.limit, meta=parse_meta(args.meta))
     if args.json:
         for job in jobs:
             print_json(_job_data(job))
@@ -277,23 +268,51 @@ def _outcome(attempt: Any) -> str:
     return attempt.outcome or "SUCCEEDED"
 
 
+def _add_one_or_many(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job_id", metavar="ID", nargs="?", help="the job's id (a UUID); or filter options instead")
+    add_filter_options(parser, bulk_only=False)
+
+
+def _one_or_many(args: argparse.Namespace, verb: str, *one_job_options: str) -> bool:
+    """Whether the command acts on many jobs (filter options, no id); refuses a mix, or neither."""
+    if args.job_id is not None:
+        if has_filter(args) or args.dry_run or args.actor is not None:
+            raise rl.InvalidJobFilter("ID", args.job_id, "given alone, or replaced by filter options (not both)")
+        return False
+    if not has_filter(args):
+        error = rl.EmptyJobFilter("ID", None, "a job id, or filter options (--type, --status, --meta, ...)")
+        usage = f"usage: {PROG} jobs {verb} ID, or {PROG} jobs {verb} --type TYPE --meta KEY=VALUE ... --reason WHY"
+        error.hint = usage  # type: ignore[attr-defined]
+        raise error
+    given = [option for option in one_job_options if getattr(args, option.lstrip("-").replace("-", "_")) is not None]
+    if given or args.reason is None:
+        raise rl.InvalidJobFilter(given[0] if given else "--reason", None,
+                                  "given with a job id only" if given else "given with filter options")
+    return True
+
+
 def _jobs_retry_arguments(parser: argparse.ArgumentParser) -> None:
-    _add_job_id(parser)
-    parser.add_argument("--reason", help="recorded on the job and its REQUEUED event (default REQUEUED)")
+    _add_one_or_many(parser)
     parser.add_argument("--expect-status", metavar="STATUS",
                         help="requeue only if the job is still in this status (else job.requeue_expectation_failed)")
     parser.add_argument("--expect-run", metavar="N", type=int,
                         help="requeue only if the job is still in this run (its run_number)")
 
 
-@command("jobs retry", help="run a finished job again (a new run from attempt 0)", arguments=_jobs_retry_arguments)
+@command("jobs retry", help="run a finished job again (a new run from attempt 0), or every finished job that matches",
+         arguments=_jobs_retry_arguments)
 def _jobs_retry(args: argparse.Namespace) -> int:
+    if _one_or_many(args, "retry", "--expect-status", "--expect-run"):
+        return run_bulk(args, rl.retry_jobs)
     job_id = _parse_job_id(args.job_id)
     expected_status = None if args.expect_status is None else args.expect_status.strip().upper()
     with open_engine(args) as engine:
         job = rl.requeue_job(engine, job_id, reason=args.reason, expected_status=expected_status,
                              expected_run_number=args.expect_run)
-    print(f"job {job.id} requeued: {job.status.value}, run {job.run_number}")
+    if args.json:
+        print_json(_job_data(job))
+    else:
+        print(f"job {job.id} requeued: {job.status.value}, run {job.run_number}")
     return EXIT_OK
 
 
@@ -327,17 +346,17 @@ def _jobs_replay(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _jobs_cancel_arguments(parser: argparse.ArgumentParser) -> None:
-    _add_job_id(parser)
-    parser.add_argument("--reason", help="recorded on the job and its CANCELED event (default CANCELED)")
-
-
-@command("jobs cancel", help="cancel a PENDING or LEASED job", arguments=_jobs_cancel_arguments)
+@command("jobs cancel", help="cancel a PENDING or LEASED job, or every one that matches", arguments=_add_one_or_many)
 def _jobs_cancel(args: argparse.Namespace) -> int:
+    if _one_or_many(args, "cancel"):
+        return run_bulk(args, rl.cancel_jobs)
     job_id = _parse_job_id(args.job_id)
     with open_engine(args) as engine:
         job = rl.cancel_job(engine, job_id, reason=args.reason)
-    print(f"job {job.id} canceled: {printable(job.status_reason)}")
+    if args.json:
+        print_json(_job_data(job))
+    else:
+        print(f"job {job.id} canceled: {printable(job.status_reason)}")
     return EXIT_OK
 
 

@@ -33,6 +33,9 @@ Branch on ``.code`` or on the class, never on the message text::
     │   ├── ReplayKeyBlank                      job.replay_key_blank
     │   ├── ReplayKeyTooLong                    job.replay_key_too_long
     │   ├── ReplayReasonBlank                   job.replay_reason_blank
+    │   ├── InvalidJobFilter                    job.invalid_filter
+    │   │   └── EmptyJobFilter                  job.empty_filter
+    │   ├── InvalidJobUpdate                    job.invalid_update
     │   ├── InvalidCoordination                 job.invalid_coordination
     │   │   ├── InvalidUnique                   job.invalid_unique
     │   │   └── InvalidDebounce                 job.invalid_debounce
@@ -62,6 +65,7 @@ Branch on ``.code`` or on the class, never on the message text::
     │   ├── DefinitionNotFoundOrDisabled        job.definition_not_found_or_disabled
     │   ├── QueueNotFound                       queue.not_found
     │   ├── WorkflowRequeueNotSupported         job.workflow_requeue_not_supported
+    │   ├── WorkflowDeleteNotSupported          job.workflow_delete_not_supported
     │   ├── WorkflowReleaseConflict             workflow.release_conflict
     │   ├── WorkflowDefinitionNotFoundOrDisabled
     │   │                                       workflow.definition_not_found_or_disabled
@@ -133,7 +137,8 @@ errors (``queue.*``, and the concurrency key's) from
 :mod:`runledger_sync.core.queue_errors`, a unique job's and a debounce's from
 :mod:`runledger_sync.core.coordination_errors`, the ``RegistrationError`` leaves (a
 handler refused when it is registered) from
-:mod:`runledger_sync.core.registry_errors`.
+:mod:`runledger_sync.core.registry_errors`, a bulk action's (a filter or an update refused)
+from :mod:`runledger_sync.core.bulk_errors`.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any, Optional
 from uuid import UUID
 
-from sqlalchemy import Text, literal_column
+from sqlalchemy import Text, bindparam, literal_column
+from sqlalchemy.dialects.postgresql import JSONB
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidArgument
@@ -48,3 +49,9 @@ def status_parts(status: Optional[JobStatus]) -> list[Any]:
     if status is not None:
         return [status_is(status)]
     return [_RESTING, status_is(JobStatus.LEASED)]
+
+
+def meta_contains(meta: Any) -> Any:
+    """Jobs whose metadata holds every key of ``meta`` with its value: containment (``@>``), which
+    idx_job_queue_meta (GIN, jsonb_path_ops) answers; ``meta`` is checked by the caller (a JobFilter)."""
+    return _q.meta.contains(bindparam("meta_contains", dict(meta), type_=JSONB))

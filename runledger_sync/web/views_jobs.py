@@ -30,17 +30,33 @@ def jobs_list(dashboard: PageHost, request: Request) -> Response:
         # A scoped dashboard shows its own organization whatever the query asks.
         "organization_id": scope if scope is not None else request.arg("org"),
         "search": request.arg("q"),
+        "meta": request.arg("meta"),
     }
     before = _page_cursor(dashboard, request.arg("before"), filters["organization_id"])
     jobs = rl.list_jobs(
         dashboard.engine, status=filters["status"], job_type=filters["job_type"],
         organization_id=filters["organization_id"], search=filters["search"], before=before, limit=PAGE_SIZE + 1,
+        meta=_meta_filter(filters["meta"]),
     )
     next_before = str(jobs[PAGE_SIZE - 1].id) if len(jobs) > PAGE_SIZE else None
     return dashboard.render(
         request, "jobs.html", jobs=jobs[:PAGE_SIZE], filters=filters, next_before=next_before,
         statuses=[status.value for status in rl.JobStatus], paged=before is not None,
     )
+
+
+def _meta_filter(text: Optional[str]) -> Optional[dict[str, str]]:
+    """The metadata box, ``tenant=acme, region=eu``, as the mapping ``list_jobs(meta=)`` takes."""
+    if text is None or not text.strip():
+        return None
+    meta: dict[str, str] = {}
+    for pair in text.split(","):
+        key, equals, value = pair.partition("=")
+        if not equals or key.strip() in meta:
+            raise rl.InvalidMeta("meta", None, "KEY=VALUE pairs separated by commas, each key once",
+                                 got=f"{len(text)} characters of text")
+        meta[key.strip()] = value.strip()
+    return meta
 
 
 def _page_cursor(dashboard: PageHost, before_id: Optional[str], organization_id: Optional[str]) -> Any:

@@ -403,7 +403,8 @@ def test_0003_downgrade_restores_triggers_and_listing_indexes_and_upgrade_reappl
     assert job_queue_state(empty_engine) == (
         indexes - LISTING_INDEXES_0002 | LISTING_INDEXES_0003
         | {"uq_job_queue_workflow_step_id", "idx_job_queue_key_live", "idx_job_queue_finished",
-           "idx_job_queue_idempotency_key_prefix", "uq_job_queue_unique_org", "uq_job_queue_unique_global"},
+           "idx_job_queue_idempotency_key_prefix", "uq_job_queue_unique_org", "uq_job_queue_unique_global",
+           "idx_job_queue_meta"},
         ["fillfactor=70"], HEAD_TRIGGERS,
     )
     assert schema_diff(empty_engine) == []

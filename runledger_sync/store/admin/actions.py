@@ -56,11 +56,12 @@ def _reason_event(changed: Any, event_type: JobEventType, run_number: Any, attem
     ).cte(f"{event_type.value.lower()}_event")
 
 
-def _build_cancel() -> Any:
+def _build_cancel(picked: Any = None) -> Any:
     reason = bindparam("reason", type_=Text)
+    target = _q.id == bindparam("target_id") if picked is None else _q.id == picked.subquery("picked").c.id
     canceled = (
         job_queue.update()
-        .where(_q.id == bindparam("target_id"), _q.status.in_(CANCELABLE))
+        .where(target, _q.status.in_(CANCELABLE))
         # lease_expires_at is kept on purpose: a requeue must not let a new attempt
         # overlap the fenced handler that may still be running.
         .values(
@@ -75,8 +76,14 @@ def _build_cancel() -> Any:
     return canceled
 
 
-def _cancel_statement(organization_id: Optional[str]) -> Any:
-    canceled = scoped(_build_cancel(), organization_id).cte("canceled")
+def cancel_statement(organization_id: Optional[str] = None, picked: Any = None) -> Any:
+    """The cancel of one job (the bound ``target_id``), or of the jobs ``picked`` selects (their ids, locked).
+
+    It closes each job's open attempt, writes its CANCELED event and notifies the
+    workers; the statement takes the bound ``reason`` (None: ``CANCELED``) and
+    returns the canceled jobs, whose workflow steps :func:`written_jobs` then ends.
+    """
+    canceled = scoped(_build_cancel(picked), organization_id).cte("canceled")
     closed = (
         job_attempts.update()
         .where(
@@ -114,7 +121,7 @@ def cancel_job(
         JobNotFound: no such job in the scope.
         InvalidStateTransition: the job has already finished.
     """
-    return _act(bind, job_id, reason, organization_id, _cancel_statement(organization_id), "canceled", CANCELABLE)
+    return _act(bind, job_id, reason, organization_id, cancel_statement(organization_id), "canceled", CANCELABLE)
 
 
 def transition_error(
@@ -274,15 +281,23 @@ def _act(
     def work(connection: Connection) -> JobRecord:
         if expected is not None:
             require_read_committed(connection, CompareAndRequeueUnsupportedIsolation, "a requeue with expectations")
-        row = connection.execute(statement, parameters).first()
-        if row is not None:
-            record = to_job(row)
-            if record.workflow_step_id is not None:
-                jobs_ended(connection, job_ends([record]))
-            return record
+        written = written_jobs(connection, statement, parameters)
+        if written:
+            return written[0]
         raise transition_error(connection, target, organization_id, verb, allowed, expected)
 
     return run_in_transaction(bind, work)
+
+
+def written_jobs(connection: Connection, statement: Any, parameters: dict[str, Any]) -> list[JobRecord]:
+    """Run an operator's cancel or requeue statement; end the workflow steps of the jobs it ended (spec: on-terminal).
+
+    Raises:
+        WorkflowReleaseConflict: a job's workflow run is being cancelled; roll back.
+    """
+    records = [to_job(row) for row in connection.execute(statement, parameters)]
+    jobs_ended(connection, job_ends(records))
+    return records
 
 
 def make_jobs_due(

@@ -13,12 +13,13 @@ reported as not found.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 from uuid import UUID
 
 from sqlalchemy import BigInteger, Integer, Select, exists, func, literal, null, select, tuple_, union_all
 
 from runledger_sync.core import validation as check
+from runledger_sync.core.bulk import JobFilter
 from runledger_sync.core.errors import InvalidArgument
 from runledger_sync.core.records import DeadLetterRecord, JobAttemptRecord, JobEventRecord, JobRecord
 from runledger_sync.core.states import JobStatus
@@ -29,7 +30,7 @@ from runledger_sync.store.transactions import run_in_transaction
 from runledger_sync.store.rows import (
     ATTEMPT_COLUMNS, DEAD_LETTER_COLUMNS, DEAD_LETTERS, EVENT_COLUMNS, JOB_COLUMNS, to_job, to_record,
 )
-from runledger_sync.store.scope import check_job_id, scoped, status_is, status_parts
+from runledger_sync.store.scope import check_job_id, meta_contains, scoped, status_is, status_parts
 
 _q = job_queue.c
 DEFAULT_LIST_LIMIT = 100
@@ -79,6 +80,7 @@ def list_jobs(
     offset: int = 0,
     before: Optional[JobRecord] = None,
     search: Optional[str] = None,
+    meta: Optional[Mapping[str, str]] = None,
 ) -> list[JobRecord]:
     """Return jobs matching the filters, newest first.
 
@@ -91,6 +93,9 @@ def list_jobs(
         search: a whole job id (that job only), or the start of an idempotency key.
             A key prefix is checked on each row the listing walks, newest first, so
             a rare key is found only as fast as the filters narrow the walk.
+        meta: only jobs whose metadata holds each of these keys with its value
+            (``{"tenant": "acme"}``; other keys may be there too), found through
+            the GIN index on ``job_queue.meta``.
 
     Raises:
         InvalidArgument: a filter is malformed (an unknown status raises ValueError's
@@ -99,15 +104,17 @@ def list_jobs(
     check.check_int("limit", limit, check.LIMIT_RANGE)
     check.check_int("offset", offset, (0, 2**31 - 1))
     status = _check_status(status)
+    narrowed = [] if before is None else [tuple_(_q.created_at, _q.id) < tuple_(*_cursor(before))]
+    if meta is not None:
+        narrowed.append(meta_contains(JobFilter(meta=meta).meta))
     # One part per status, each with its own ORDER BY and LIMIT: planned on its own,
     # a part knows its status is a constant, reads its index newest first and stops
     # at the page's end, and the parts are merged. (Without the inner LIMIT,
     # PostgreSQL flattens the UNION ALL, loses that, and sorts the whole table.)
     statuses = [status] if status is not None else list(JobStatus)
     newest_first = (_q.created_at.desc(), _q.id.desc())
-    older = [] if before is None else [tuple_(_q.created_at, _q.id) < tuple_(*_cursor(before))]
     parts = [
-        _filtered(select(*JOB_COLUMNS).where(status_is(s), *older), job_type, organization_id, search)
+        _filtered(select(*JOB_COLUMNS).where(status_is(s), *narrowed), job_type, organization_id, search)
         .order_by(*newest_first)
         for s in statuses
     ]

@@ -58,7 +58,7 @@ INSERT INTO job_queue (
     id, job_type, organization_id, payload, status, priority, attempt, max_attempts, next_run_at,
     lease_expires_at, last_heartbeat_at, worker_id, started_at, finished_at, stage, idempotency_key,
     enqueue_request, status_reason, last_error_code, last_error_message, created_at, updated_at, queue,
-    execution_resource_key, blocked_by_key)
+    execution_resource_key, blocked_by_key, meta)
 SELECT gen_random_uuid(), job_type, organization_id, jsonb_build_object('n', g), status,
        CASE WHEN g % 50 = 0 THEN 200 ELSE 100 END,
        CASE status WHEN 'PENDING' THEN CASE WHEN g % 1000 = 999 THEN 1 ELSE 0 END WHEN 'DEAD_LETTERED' THEN 3 ELSE 1 END, 3,
@@ -78,7 +78,9 @@ SELECT gen_random_uuid(), job_type, organization_id, jsonb_build_object('n', g),
        CASE WHEN status = 'DEAD_LETTERED' THEN (ARRAY['http.timeout', 'billing.declined'])[1 + g % 2] END,
        CASE WHEN status = 'DEAD_LETTERED' THEN 'gave up' END,
        created, created, COALESCE((:queues)::jsonb ->> job_type, 'default'),
-       key, status = 'PENDING' AND key IS NOT NULL AND g % 300 <> 97
+       key, status = 'PENDING' AND key IS NOT NULL AND g % 300 <> 97,
+       CASE WHEN g % 10 = 0 THEN jsonb_build_object('tenant', 'tenant-' || (g / 10 % 300), 'order', g::text)
+            ELSE '{}'::jsonb END
 FROM (
     SELECT g, ((:types)::text[])[1 + g % 5] AS job_type,
            CASE WHEN g % 3 = 0 THEN NULL ELSE 'org-' || (g % 40) END AS organization_id,
@@ -335,6 +337,8 @@ def nested_plans(engine: sqlalchemy.Engine, write: Callable[[sqlalchemy.Connecti
 
 Read = Callable[[sqlalchemy.Connection, Samples], Any]
 _WEEK_AGO = datetime.now(timezone.utc) - timedelta(days=7)
+#: One tenant of 300 in the fill's metadata: some 333 jobs.
+TENANT = {"tenant": "tenant-7"}
 _RUNS_ONLY = rl.Retention(succeeded=None, canceled=None, dead_lettered=None, workflow_runs=timedelta(days=7),
                           dashboard_rollup=None)
 
@@ -372,6 +376,9 @@ READS: dict[str, Read] = {
     "list jobs, search by id": lambda c, s: rl.list_jobs(c, search=str(s.due)),
     "list jobs, search by key prefix": lambda c, s: rl.list_jobs(c, search="order-99"),
     "list jobs, search by key prefix and status": lambda c, s: rl.list_jobs(c, status="SUCCEEDED", search="order-99"),
+    "list jobs --meta": lambda c, s: rl.list_jobs(c, meta=TENANT),
+    "list jobs --meta --status": lambda c, s: rl.list_jobs(c, status="DEAD_LETTERED", meta=TENANT),
+    "list jobs --meta, one order": lambda c, s: rl.list_jobs(c, meta={"order": "500010"}),
     "count jobs": lambda c, s: rl.count_jobs(c, status="PENDING"),
     "count jobs by type and org": lambda c, s: rl.count_jobs(c, status="PENDING", job_type="mill.sync",
                                                              organization_id="org-7"),
@@ -417,6 +424,19 @@ READS: dict[str, Read] = {
     "recent overview of an org": lambda c, s: recent_overview(c, organization_id="org-7"),
     # Actions by id, and an enqueue whose idempotency key is taken.
     "cancel": lambda c, s: rl.cancel_job(c, s.not_due),
+    # Bulk actions by filter: each one's count (the dry run) and its batches.
+    "bulk cancel by meta, dry run": lambda c, s: rl.cancel_jobs(c, rl.JobFilter(meta=TENANT), reason="r", dry_run=True),
+    "bulk cancel by meta": lambda c, s: rl.cancel_jobs(c, rl.JobFilter(meta=TENANT), reason="r"),
+    "bulk cancel by type and queue": lambda c, s: rl.cancel_jobs(
+        c, rl.JobFilter(job_types=["mill.report"], queues=["reports"]), reason="r"),
+    "bulk retry by error code": lambda c, s: rl.retry_jobs(
+        c, rl.JobFilter(error_code="billing.declined", organization_id="org-7", statuses=["DEAD_LETTERED"]),
+        reason="r"),
+    "bulk delete by type and age, dry run": lambda c, s: rl.delete_jobs(
+        c, rl.JobFilter(job_types=["mill.thumbnail"], created_before=_WEEK_AGO), reason="r", dry_run=True),
+    "bulk update by org": lambda c, s: rl.update_jobs(c, rl.JobFilter(organization_id="org-7"), reason="r",
+                                                      priority=7),
+    "operations list": lambda c, s: rl.list_operations(c),
     "requeue": lambda c, s: rl.requeue_job(c, _dead(c)),
     "enqueue with a global key taken": lambda c, s: _enqueue_taken(c, "mill.sync", "order-12", None),
     "enqueue with an org's key taken": lambda c, s: _enqueue_taken(c, "mill.thumbnail", "order-4", "org-4"),
@@ -504,3 +524,11 @@ def test_every_index_of_job_queue_serves_a_product_read(million, read_plans):
             served[index].append(read)
     print("\n".join(f"{index}: {', '.join(reads)}" for index, reads in sorted(served.items())))
     assert not [index for index, reads in served.items() if not reads], served
+
+
+@pytest.mark.timeout(600)
+def test_metadata_search_answers_from_the_gin_index(read_plans):
+    for read in ("list jobs --meta", "list jobs --meta --status", "list jobs --meta, one order",
+                 "bulk cancel by meta, dry run"):
+        used = set().union(*(plan.indexes for plan in read_plans[read]))
+        assert "idx_job_queue_meta" in used, f"{read} used {sorted(used)}"

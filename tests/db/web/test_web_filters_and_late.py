@@ -157,3 +157,21 @@ def test_times_are_shown_in_utc_and_in_the_schedules_own_zone(db, client):
     assert schedule.next_fire_at.strftime("%Y-%m-%d %H:%M:%S UTC") in berlin
     assert re.search(r'<span class="zone">\d{4}-\d\d-\d\d 03:00:00 CES?T \(UTC\+0[12]00\)</span>', berlin)
     assert 'class="zone"' not in html.split('data-schedule="utc"', 1)[1].split("</tr>", 1)[0]
+
+
+def test_the_jobs_list_filters_by_metadata_and_keeps_it_across_pages(db, client, monkeypatch):
+    from runledger_sync.web import views_jobs
+    acme = [rl.enqueue(db, REPORT, {"n": n}, meta={"tenant": "acme", "region": "eu"}) for n in range(3)]
+    rl.enqueue(db, REPORT, {}, meta={"tenant": "globex"})
+    monkeypatch.setattr(views_jobs, "PAGE_SIZE", 2)
+
+    first = page(client, "/jobs?meta=tenant%3Dacme%2C+region%3Deu")
+
+    shown = re.findall(r'href="/jobs/([0-9a-f-]{36})"', first.split('id="jobs"', 1)[1])
+    assert shown == [str(acme[2].id), str(acme[1].id)]
+    assert 'name="meta" value="tenant=acme, region=eu"' in first
+    older = re.search(r'id="next-page" href="([^"]+)"', first).group(1).replace("&amp;", "&")
+    assert "meta=tenant" in older
+    rest = page(client, older)
+    assert re.findall(r'href="/jobs/([0-9a-f-]{36})"', rest.split('id="jobs"', 1)[1]) == [str(acme[0].id)]
+    assert 'id="error-code">job.invalid_meta<' in page(client, "/jobs?meta=tenant", status=400)
