@@ -31,7 +31,10 @@ from tests.faults.replication import ReplicatedPair
 DATABASE = "failover"
 #: The issue's bound: every job SUCCEEDED within this long of the promotion.
 RECOVERY_BOUND_SECONDS = 90.0
-BATCH = 50
+#: The producer's batches: 10 jobs each 50 ms (200 jobs/s, about the two workers' pace here),
+#: so the second half of the jobs is still being enqueued when the primary dies.
+BATCH = 10
+BATCH_PAUSE_SECONDS = 0.05
 POLL_INTERVAL_MS = 5000
 
 
@@ -40,6 +43,8 @@ class FailoverReport:
     jobs: int
     synchronous: bool
     succeeded_at_kill: int = 0
+    #: WAL the primary had written and the standby not yet flushed, read just before the kill.
+    wal_behind_bytes_at_kill: int = 0
     acknowledged_at_kill: int = 0
     #: Enqueues acknowledged before the kill whose job is missing after the promotion.
     lost_enqueues: int = 0
@@ -89,7 +94,7 @@ class Producer(threading.Thread):
                     with self.lock:
                         self.acknowledged.extend(ids)
                     break
-                self.stop.wait(0.01)  # a steady trickle, so enqueues straddle the failover
+                self.stop.wait(BATCH_PAUSE_SECONDS)
         except BaseException as error:  # noqa: BLE001 - reported by the scenario
             self.error = error
 
@@ -142,6 +147,8 @@ def run_failover(pair: ReplicatedPair, *, jobs: int = 3000, workers: int = 2, ki
         acknowledged = set(ahead) | producer.acknowledged_now()
         succeeded_before = dict(db.rows("SELECT id, attempt FROM job_queue WHERE status = 'SUCCEEDED'"))
         kill_at = db.now()
+        report.wal_behind_bytes_at_kill = int(db.scalar(
+            "SELECT coalesce(max(pg_wal_lsn_diff(pg_current_wal_lsn(), flush_lsn)), 0) FROM pg_stat_replication"))
         pair.kill_primary()
         pair.promote_standby()
         promoted = time.monotonic()
