@@ -42,6 +42,7 @@ POLL_INTERVAL_MS = 5000
 class FailoverReport:
     jobs: int
     synchronous: bool
+    lag_seconds: float = 0.0
     succeeded_at_kill: int = 0
     #: WAL the primary had written and the standby not yet flushed, read just before the kill.
     wal_behind_bytes_at_kill: int = 0
@@ -122,9 +123,10 @@ def worker_settings(pair: ReplicatedPair, index: int) -> WorkerSettings:
 
 
 def run_failover(pair: ReplicatedPair, *, jobs: int = 3000, workers: int = 2, kill_fraction: float = 1 / 3,
-                 effect_ms: int = 5) -> FailoverReport:
+                 effect_ms: int = 5, lag_seconds: float = 0.0) -> FailoverReport:
+    """Run the scenario; ``lag_seconds``: how long the stream to the standby is held back before the kill."""
     began = time.monotonic()
-    report = FailoverReport(jobs=jobs, synchronous=pair.synchronous)
+    report = FailoverReport(jobs=jobs, synchronous=pair.synchronous, lag_seconds=lag_seconds)
     admin = sqlalchemy.create_engine(pair.url(pair.primary_port), isolation_level="AUTOCOMMIT",
                                      poolclass=sqlalchemy.pool.NullPool)
     with admin.connect() as conn:
@@ -143,6 +145,10 @@ def run_failover(pair: ReplicatedPair, *, jobs: int = 3000, workers: int = 2, ki
         started = [fleet.start(worker_settings(pair, index)) for index in range(workers)]
         producer.start()
         _wait(lambda: db.count_status("SUCCEEDED") >= jobs * kill_fraction, 120, "a third of the jobs to succeed")
+        if lag_seconds:
+            # The standby falls behind by this long: the window asynchronous replication loses.
+            pair.hold_replication()
+            time.sleep(lag_seconds)
         # What the primary acknowledged, read just before it dies.
         acknowledged = set(ahead) | producer.acknowledged_now()
         succeeded_before = dict(db.rows("SELECT id, attempt FROM job_queue WHERE status = 'SUCCEEDED'"))

@@ -1,6 +1,7 @@
 """A primary and a streaming standby on this machine, built with PostgreSQL's own programs.
 
-``initdb`` makes the primary, ``pg_basebackup -R`` clones the standby from it, and
+``initdb`` makes the primary, ``pg_basebackup -R`` clones the standby from it
+(streaming directly, or through a TCP relay that can hold the stream back), and
 ``pg_ctl`` starts, kills (``stop -m immediate``, a crash: no shutdown checkpoint, no
 last WAL sent) and promotes them. Both listen on 127.0.0.1 on free ports, with their
 sockets and data in one scratch directory. Run as root, the servers run as the
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import sqlalchemy
+
+from tests.faults.harness import TcpProxy
 
 #: ``synchronous_standby_names`` names the standby by the application_name it connects with.
 STANDBY_NAME = "standby1"
@@ -52,6 +55,14 @@ def _server_user() -> Optional[pwd.struct_passwd]:
         return None
 
 
+def primary_settings(synchronous: bool) -> list[str]:
+    """The primary's replication settings: the deployment guide's, synchronous or not."""
+    if synchronous:
+        # on: a commit returns once the standby has flushed it (remote_apply: once it is visible there).
+        return [f"synchronous_standby_names = 'FIRST 1 ({STANDBY_NAME})'", "synchronous_commit = on"]
+    return ["synchronous_standby_names = ''", "synchronous_commit = on"]
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -61,9 +72,12 @@ def free_port() -> int:
 class ReplicatedPair:
     """A primary and one streaming standby; ``synchronous`` makes every commit wait for the standby's flush."""
 
-    def __init__(self, bindir: Path, *, synchronous: bool) -> None:
+    def __init__(self, bindir: Path, *, synchronous: bool, relayed: bool = False) -> None:
+        """``relayed``: the standby streams through a TCP relay, which :meth:`hold_replication` can stall."""
         self.bindir = bindir
         self.synchronous = synchronous
+        self.relay: Optional[TcpProxy] = None
+        self._relayed = relayed
         self.scratch = Path(tempfile.mkdtemp(prefix="rl-failover-", dir="/tmp"))
         self.primary_dir = self.scratch / "primary"
         self.standby_dir = self.scratch / "standby"
@@ -95,15 +109,17 @@ class ReplicatedPair:
                   "--no-instructions")
         self._configure(self.primary_dir, self.primary_port, [
             "wal_level = replica", "max_wal_senders = 4", "max_replication_slots = 4", "wal_keep_size = '256MB'",
-            f"synchronous_standby_names = '{STANDBY_NAME if self.synchronous else ''}'",
-            "synchronous_commit = on",
+            *primary_settings(self.synchronous),
         ])
         self._ctl("start", self.primary_dir)
         self._run("pg_basebackup", "-h", "127.0.0.1", "-p", str(self.primary_port), "-U", SERVER_USER,
                   "-D", str(self.standby_dir), "-R", "-X", "stream", "--checkpoint=fast", "--no-sync")
+        if self._relayed:
+            self.relay = TcpProxy(self.url(self.primary_port))
+        upstream = self.relay.port if self.relay is not None else self.primary_port
         self._configure(self.standby_dir, self.standby_port, [
             "hot_standby = on",
-            f"primary_conninfo = 'host=127.0.0.1 port={self.primary_port} user={SERVER_USER}"
+            f"primary_conninfo = 'host=127.0.0.1 port={upstream} user={SERVER_USER}"
             f" application_name={STANDBY_NAME}'",
             # Promoted, it takes writes at once; with no standby of its own it must not wait for one.
             "synchronous_standby_names = ''",
@@ -132,14 +148,26 @@ class ReplicatedPair:
             engine.dispose()
 
     def kill_primary(self) -> None:
-        """``pg_ctl stop -m immediate``: the primary's processes quit at once, as in a crash."""
+        """``pg_ctl stop -m immediate``: the primary's processes quit at once, as in a crash.
+
+        WAL the relay held back (:meth:`hold_replication`) is dropped: the standby never gets it.
+        """
         self._ctl("stop", self.primary_dir, "-m", "immediate")
+        if self.relay is not None:
+            self.relay.sever()
+
+    def hold_replication(self) -> None:
+        """Stall the stream to the standby, as a slow or congested network between them does."""
+        assert self.relay is not None, "build the pair with relayed=True"
+        self.relay.cut()
 
     def promote_standby(self) -> None:
         """``pg_ctl promote``, returning once the standby takes writes."""
         self._ctl("promote", self.standby_dir)
 
     def stop(self) -> None:
+        if self.relay is not None:
+            self.relay.close()
         for directory in (self.primary_dir, self.standby_dir):
             if (directory / "postmaster.pid").exists():
                 try:

@@ -10,10 +10,13 @@ at the kill run again. See :mod:`tests.faults.failover`.
 
 from __future__ import annotations
 
+import configparser
+
 import pytest
 
+from tests.db.test_docs import marked
 from tests.faults.failover import POLL_INTERVAL_MS, RECOVERY_BOUND_SECONDS, run_failover, text_report
-from tests.faults.replication import ReplicatedPair, binaries
+from tests.faults.replication import ReplicatedPair, binaries, primary_settings
 
 BINDIR, MISSING = binaries()
 WORKERS = 2
@@ -39,3 +42,10 @@ def test_a_synchronous_standby_promoted_mid_run_loses_nothing():
     # Each worker listened again, on the promoted server: a new job woke one at once, not at its next poll.
     assert all(connects >= 2 for connects in report.listener_connects), details
     assert report.pickup_after_seconds is not None and report.pickup_after_seconds < POLL_INTERVAL_MS / 1000 / 2, details
+
+
+def test_the_deployment_guides_synchronous_settings_are_the_ones_this_test_runs():
+    parser = configparser.RawConfigParser()
+    parser.read_string(marked("failover-synchronous-settings", "ini"))
+    documented = {f"{name} = {value}" for name, value in parser["postgresql.conf"].items()}
+    assert documented == set(primary_settings(synchronous=True))
