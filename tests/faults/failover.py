@@ -49,9 +49,10 @@ class FailoverReport:
     acknowledged_at_kill: int = 0
     #: Enqueues acknowledged before the kill whose job is missing after the promotion.
     lost_enqueues: int = 0
-    #: Jobs seen SUCCEEDED on the primary before the kill that ran again after it.
+    #: Jobs seen SUCCEEDED on the primary before the kill that ran again after it (or are gone).
     lost_outcomes: int = 0
-    #: Jobs run more than once; and those of them that had no attempt in flight at the kill.
+    #: Jobs run more than once (attempt rows, handler effects, lost outcomes); and those of
+    #: them not in flight at the kill (first run after it, or finished before it).
     reruns: int = 0
     reruns_not_in_flight: int = 0
     #: The most attempts any job spent.
@@ -151,7 +152,7 @@ def run_failover(pair: ReplicatedPair, *, jobs: int = 3000, workers: int = 2, ki
             time.sleep(lag_seconds)
         # What the primary acknowledged, read just before it dies.
         acknowledged = set(ahead) | producer.acknowledged_now()
-        succeeded_before = dict(db.rows("SELECT id, attempt FROM job_queue WHERE status = 'SUCCEEDED'"))
+        succeeded_before = {row[0] for row in db.rows("SELECT id FROM job_queue WHERE status = 'SUCCEEDED'")}
         kill_at = db.now()
         report.wal_behind_bytes_at_kill = int(db.scalar(
             "SELECT coalesce(max(pg_wal_lsn_diff(pg_current_wal_lsn(), flush_lsn)), 0) FROM pg_stat_replication"))
@@ -176,14 +177,22 @@ def run_failover(pair: ReplicatedPair, *, jobs: int = 3000, workers: int = 2, ki
         raise producer.error
     present = {row[0] for row in db.rows("SELECT id FROM job_queue WHERE idempotency_key IS NOT NULL")}
     report.lost_enqueues = len(acknowledged - present)
-    attempts_now = dict(db.rows("SELECT id, attempt FROM job_queue"))
-    report.lost_outcomes = sum(1 for job_id, attempt in succeeded_before.items()
-                               if attempts_now.get(job_id, attempt) != attempt or job_id not in present)
+    # A job ran after the kill when its successful attempt was leased after it, or its
+    # handler's effect was recorded twice (a claim lost with the primary leaves one attempt row).
+    ran_after_kill = {row[0] for row in db.rows(
+        "SELECT job_id FROM job_attempts WHERE finished_at IS NOT NULL AND outcome IS NULL AND leased_at > :k",
+        k=kill_at)}
+    report.lost_outcomes = len(succeeded_before & ran_after_kill) + len(succeeded_before - present)
+    first_runs = dict(db.rows("SELECT job_id, min(leased_at) FROM job_attempts GROUP BY job_id HAVING count(*) > 1"))
+    first_runs.update(db.rows(
+        "SELECT job_id, min(started_at) FROM fault_effects GROUP BY job_id HAVING count(*) > 1"))
+    first_runs.update((job_id, None) for job_id in succeeded_before & ran_after_kill)
+    report.reruns = len(first_runs)
+    # Not in flight at the kill: first run after it, or already finished before it.
+    report.reruns_not_in_flight = sum(1 for job_id, first in first_runs.items()
+                                      if first is None or first > kill_at)
     report.dead_lettered = db.scalar("SELECT count(*) FROM job_queue WHERE status = 'DEAD_LETTERED'")
     report.max_attempt = db.scalar("SELECT coalesce(max(attempt), 0) FROM job_queue")
-    reruns = db.rows("SELECT job_id, min(leased_at) FROM job_attempts GROUP BY job_id HAVING count(*) > 1")
-    report.reruns = len(reruns)
-    report.reruns_not_in_flight = sum(1 for _, first_leased in reruns if first_leased > kill_at)
     engine.dispose()
     report.seconds = round(time.monotonic() - began, 1)
     return report
