@@ -17,7 +17,8 @@ behind as a congested network or a busy standby leaves it. The columns:
 - lost enqueues: enqueues acknowledged before the kill whose job the promoted server lacks.
 - lost outcomes: jobs a reader saw SUCCEEDED on the primary before the kill that ran
   again after it (the standby never received the success).
-- reruns: jobs run more than once (in flight at the kill, or their outcome lost).
+- reruns: jobs run more than once (in flight at the kill, or their outcome lost); not in
+  flight: first run after the kill, or finished before it (their success lost).
 - to all succeeded: seconds from the promotion until every job had SUCCEEDED.
 - WAL behind at kill: bytes of WAL the primary had written and the standby not yet
   flushed, read a moment before the kill (the window asynchronous replication can lose).
@@ -36,7 +37,7 @@ from tests.faults.failover import run_failover  # noqa: E402
 from tests.faults.replication import ReplicatedPair, binaries  # noqa: E402
 
 COLUMNS = ("replication", "lag ms", "jobs", "acked at kill", "succeeded at kill", "lost enqueues", "lost outcomes",
-           "reruns", "dead-lettered", "to all succeeded s", "WAL behind at kill")
+           "reruns", "reruns not in flight", "dead-lettered", "to all succeeded s", "WAL behind at kill")
 
 
 def main() -> int:
@@ -65,7 +66,7 @@ def run(bindir: Path, synchronous: bool, lag_ms: int, jobs: int) -> None:
         report = run_failover(pair, jobs=jobs, lag_seconds=lag_ms / 1000)
     print(" | ".join(str(value) for value in (
         "sync" if synchronous else "async", lag_ms, report.jobs, report.acknowledged_at_kill, report.succeeded_at_kill,
-        report.lost_enqueues, report.lost_outcomes, report.reruns, report.dead_lettered,
+        report.lost_enqueues, report.lost_outcomes, report.reruns, report.reruns_not_in_flight, report.dead_lettered,
         report.seconds_to_all_succeeded, report.wal_behind_bytes_at_kill)), flush=True)
 
 
