@@ -106,13 +106,18 @@ def is_connection_loss(exc: BaseException) -> bool:
         return is_transient(exc)
     # psycopg 3 is optional: a handler that raised one of its errors has imported it.
     psycopg = sys.modules.get("psycopg")
-    drivers: tuple[type[BaseException], ...] = (psycopg2.OperationalError, psycopg2.InterfaceError)
+    connection_errors: tuple[type[BaseException], ...] = (psycopg2.OperationalError, psycopg2.InterfaceError)
+    driver_errors: tuple[type[BaseException], ...] = (psycopg2.Error,)
     if psycopg is not None:
-        drivers += (psycopg.OperationalError, psycopg.InterfaceError)
-    if not isinstance(exc, drivers):
+        connection_errors += (psycopg.OperationalError, psycopg.InterfaceError)
+        driver_errors += (psycopg.Error,)
+    if not isinstance(exc, driver_errors):
         return False
     state = sqlstate_of(exc)
-    return state is None or means_connection_loss(state)
+    if state is None:
+        return isinstance(exc, connection_errors)
+    # By its SQLSTATE whatever its class: the drivers raise 25006 as an InternalError.
+    return means_connection_loss(state)
 
 
 def translate(exc: sa_exc.DBAPIError, url: str | URL | None = None) -> errors.RunledgerError:

@@ -59,8 +59,12 @@ def test_a_driver_error_a_handler_raised_itself_counts_by_its_sqlstate():
     class Deadlock(psycopg2.OperationalError):
         pgcode = "40P01"
 
-    assert is_connection_loss(ReadOnly())
+    class ReadOnlyInternal(psycopg2.InternalError):  # how psycopg2 raises 25006
+        pgcode = "25006"
+
+    assert is_connection_loss(ReadOnly()) and is_connection_loss(ReadOnlyInternal())
     assert not is_connection_loss(Deadlock())
+    assert not is_connection_loss(DriverError("23505"))
     # psycopg2 reports a dropped socket with no SQLSTATE at all.
     assert is_connection_loss(psycopg2.OperationalError("server closed the connection unexpectedly"))
     assert not is_connection_loss(OSError("refused"))

@@ -158,9 +158,9 @@ def database_url(settings_dict: Mapping[str, Any]) -> URL:
     """Build a psycopg2 SQLAlchemy URL from one ``DATABASES`` entry.
 
     A HOST starting with ``/`` is a Unix socket directory; it goes into the query
-    string, where libpq reads it, and so does a list of servers (HOST
-    ``"h1,h2"``, PORT ``"5432,5433"``; with OPTIONS
-    ``{"target_session_attrs": "read-write"}`` libpq keeps the writable one). String and number OPTIONS (``sslmode``...) are
+    string, where libpq reads it, and so does a list of servers (HOST ``"h1,h2"``,
+    PORT ``"5432,5433"``; with OPTIONS ``{"target_session_attrs": "read-write"}``
+    libpq keeps the writable one). String and number OPTIONS (``sslmode``...) are
     passed to libpq too.
 
     Raises:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
+import psycopg2
 import pytest
 from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
@@ -117,6 +118,31 @@ def test_a_handlers_read_only_answer_from_the_queue_database_spends_no_attempt(e
     assert (row.attempt, row.max_attempts) == (1, 1)
     [attempt] = attempts(engine, row.id)
     assert attempt.retry_delay_ms == backoff.compute_transient_retry_delay_ms(1, row.id)
+
+
+def test_a_read_only_answer_to_a_handlers_raw_psycopg2_connection_spends_no_attempt(engine, fresh_database):
+    # psycopg2 raises 25006 as an InternalError (ReadOnlySqlTransaction), not an OperationalError.
+    dsn = make_url(fresh_database).set(drivername="postgresql").render_as_string(hide_password=False)
+
+    def handler(ctx, payload):
+        connection = psycopg2.connect(dsn)
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION READ ONLY")
+                cursor.execute("CREATE TABLE failover_probe (x int)")
+        finally:
+            connection.close()
+
+    registry = JobRegistry()
+    registry.job(JOB_TYPE, max_attempts=1)(handler)
+    registry.sync_definitions(engine)
+    enqueue(engine, JOB_TYPE, {})
+    config = fast_config()
+    job = claim_one(engine, worker_id=config.worker_id, lease_ttl_seconds=config.lease_ttl_seconds)
+    process_claimed_job(driver_for(engine), registry, job, config)
+    [row] = rows(engine, "SELECT * FROM job_queue WHERE id = :id", id=job.id)
+    assert (row.status, row.last_error_code, row.attempt) == ("PENDING", TRANSIENT, 1)
+    assert row.last_error_message.startswith("ReadOnlySqlTransaction: ")
 
 
 def test_a_worker_through_shutdowns_and_a_read_only_spell_loses_nothing_and_spends_no_attempt(
