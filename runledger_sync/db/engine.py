@@ -100,7 +100,8 @@ def _hosts_into_query(url: str) -> str:
     if re.search(r"(?:^|&)(?:host|port)=", query):
         raise ConfigError(["database url names its servers twice (in the host list and as host= or port=); "
                            f"write one of them, got {mask_url(url)}"])
-    added = "host=" + quote(",".join(hosts), safe=",:")
+    # Entries stay percent-encoded as written (a socket directory is %2F...): SQLAlchemy decodes them once.
+    added = "host=" + quote(",".join(hosts), safe=",:%")
     if any(ports):
         added += "&port=" + ",".join(ports)
     return f"{found.group('head')}{path}?{added}" + (f"&{query}" if query else "")

@@ -115,6 +115,7 @@ def test_django_builds_its_engine_from_a_databases_entry_with_several_hosts(serv
     ("postgresql://u@[::1]:5432,[2001:db8::2]:5433/app", "::1,2001:db8::2", "5432,5433"),
     ("postgresql://u@/app?host=[::1]:5432&host=h2", "::1,h2", "5432,"),
     ("postgresql://u@h1,h2/app", "h1,h2", None),
+    ("postgresql://u@%2Frun%2Fa,%2Frun%2Fb:5433/app", "/run/a,/run/b", ",5433"),
 ])
 def test_every_spelling_of_several_servers_becomes_libpqs_lists(url, host, port):
     parsed = normalize_url(url)
