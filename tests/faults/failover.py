@@ -16,6 +16,7 @@ reader saw SUCCEEDED on the primary (an outcome the worker was acknowledged too)
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -67,6 +68,8 @@ class FailoverReport:
     #: A job enqueued once the workers listened again, from enqueue to SUCCEEDED: well under
     #: the workers' poll interval when a notification on the promoted server woke them.
     pickup_after_seconds: float | None = None
+    #: Each worker's listener log lines (message, error), to tell why one did not listen again.
+    listener_log: list[list[str]] = field(default_factory=list)
     seconds: float = 0.0
 
 
@@ -160,6 +163,8 @@ def run_failover(pair: ReplicatedPair, *, jobs: int = 3000, workers: int = 2, ki
         pair.kill_primary()
         pair.promote_standby()
         promoted = time.monotonic()
+        # Work started before the promotion was in flight at the failover: nothing could start between.
+        promoted_at = _retrying(db.now)
         report.succeeded_at_kill, report.acknowledged_at_kill = len(succeeded_before), len(acknowledged)
         producer.join(RECOVERY_BOUND_SECONDS)
         try:
@@ -174,6 +179,7 @@ def run_failover(pair: ReplicatedPair, *, jobs: int = 3000, workers: int = 2, ki
         if report.seconds_to_all_succeeded is not None:
             report.pickup_after_seconds = _pickup_after_listening_again(engine, db, started)
         report.listener_connects = [worker.logged("listener connected") for worker in started]
+        report.listener_log = [_listener_lines(worker) for worker in started]
     if producer.error is not None:
         raise producer.error
     present = {row[0] for row in db.rows("SELECT id FROM job_queue WHERE idempotency_key IS NOT NULL")}
@@ -190,9 +196,9 @@ def run_failover(pair: ReplicatedPair, *, jobs: int = 3000, workers: int = 2, ki
         "SELECT job_id, min(started_at) FROM fault_effects GROUP BY job_id HAVING count(*) > 1"))
     first_runs.update((job_id, None) for job_id in succeeded_before & ran_after_kill)
     report.reruns = len(first_runs)
-    # Not in flight at the kill: first run after it, or already finished before it.
+    # Not in flight at the failover: first run after the promotion, or finished before the kill.
     report.reruns_not_in_flight = sum(1 for job_id, first in first_runs.items()
-                                      if first is None or first > kill_at)
+                                      if first is None or first > promoted_at)
     report.dead_lettered = db.scalar("SELECT count(*) FROM job_queue WHERE status = 'DEAD_LETTERED'")
     report.max_attempt = db.scalar("SELECT coalesce(max(attempt), 0) FROM job_queue")
     engine.dispose()
@@ -202,7 +208,7 @@ def run_failover(pair: ReplicatedPair, *, jobs: int = 3000, workers: int = 2, ki
 
 def _pickup_after_listening_again(engine: sqlalchemy.Engine, db: Db, workers: list[Any]) -> float | None:
     try:
-        _wait(lambda: all(worker.logged("listener connected") >= 2 for worker in workers), 30,
+        _wait(lambda: all(worker.logged("listener connected") >= 2 for worker in workers), 60,
               "every worker to listen again")
     except AssertionError:
         return None
@@ -213,6 +219,29 @@ def _pickup_after_listening_again(engine: sqlalchemy.Engine, db: Db, workers: li
     _wait(lambda: db.scalar("SELECT status FROM job_queue WHERE id = :id", id=job.id) == "SUCCEEDED",
           POLL_INTERVAL_MS / 1000 * 3, "the job enqueued after the failover to succeed", interval=0.02)
     return round(time.monotonic() - enqueued, 2)
+
+
+def _retrying(read: Any) -> Any:
+    deadline = time.monotonic() + RECOVERY_BOUND_SECONDS
+    while True:
+        try:
+            return read()
+        except rl.ConnectionFailed:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def _listener_lines(worker: Any) -> list[str]:
+    lines = []
+    for line in list(worker.log_lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if "listener" in str(record.get("message", "")):
+            lines.append(f"{record.get('message')} {record.get('error', '')}".strip())
+    return lines
 
 
 def _wait(condition: Any, timeout: float, what: str, interval: float = 0.2) -> None:
