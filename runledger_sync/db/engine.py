@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
+from urllib.parse import quote
 
 import sqlalchemy
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
 from runledger_sync.core.errors import ConfigError
+from runledger_sync.db.connection_loss import end_connections_on_loss
 from runledger_sync.db.pool_mode import (
     DEFAULT_POOL_MODE,
     POLICY_OPTION,
@@ -58,7 +60,10 @@ def normalize_url(url: str | URL) -> URL:
     if isinstance(url, str) and url.startswith("postgres://"):
         url = "postgresql://" + url[len("postgres://"):]
     try:
-        parsed = make_url(url)
+        parsed = make_url(_hosts_into_query(url) if isinstance(url, str) else url)
+        parsed = _one_host_list(parsed)
+    except ConfigError:
+        raise
     except Exception as exc:  # SQLAlchemy raises ArgumentError or ValueError
         raise ConfigError([f"database url is not a valid URL ({type(exc).__name__})"]) from exc
     if parsed.get_backend_name() != "postgresql":
@@ -70,6 +75,64 @@ def normalize_url(url: str | URL) -> URL:
             f"write postgresql:// (runledger-sync uses {DRIVER}), got {mask_url(parsed)}"
         ])
     return parsed.set(drivername=f"postgresql+{DRIVER}")
+
+
+# libpq's multi-host URL (``postgresql://u@h1:5432,h2:5433/app``) names several servers in
+# its netloc, which SQLAlchemy cannot parse when any of them has a port. The netloc as
+# SQLAlchemy splits it: scheme, then userinfo (the password runs to the '@'), then hosts.
+_NETLOC = re.compile(r"^(?P<head>[\w+]+://(?:[^:/@]*(?::[^@]*)?@)?)(?P<hosts>[^/?#]*)(?P<tail>.*)$", re.DOTALL)
+# One server of a list: a bracketed IPv6 address or a name, and an optional port.
+_HOST_PORT = re.compile(r"^(?:\[(?P<ipv6>[^\]]*)\]|(?P<name>[^:]*))(?::(?P<port>\d*))?$")
+
+
+def _hosts_into_query(url: str) -> str:
+    """Move a netloc's comma-separated servers into libpq's ``host=h1,h2&port=p1,p2`` query form.
+
+    The query form is the one SQLAlchemy hands to libpq untouched, so every server,
+    IPv6 ones included, reaches libpq as the URL wrote it, in order (libpq tries them
+    in turn and, with ``target_session_attrs=read-write``, keeps the one that takes writes).
+    """
+    found = _NETLOC.match(url)
+    if found is None or "," not in found.group("hosts"):
+        return url
+    hosts, ports = _split_servers(found.group("hosts").split(","))
+    path, _, query = found.group("tail").partition("?")
+    if re.search(r"(?:^|&)(?:host|port)=", query):
+        raise ConfigError(["database url names its servers twice (in the host list and as host= or port=); "
+                           f"write one of them, got {mask_url(url)}"])
+    # Entries stay percent-encoded as written (a socket directory is %2F...): SQLAlchemy decodes them once.
+    added = "host=" + quote(",".join(hosts), safe=",:%")
+    if any(ports):
+        added += "&port=" + ",".join(ports)
+    return f"{found.group('head')}{path}?{added}" + (f"&{query}" if query else "")
+
+
+def _one_host_list(url: URL) -> URL:
+    """Fold SQLAlchemy's repeated ``host=h1:p1&host=h2:p2`` into the comma form, which takes IPv6 addresses too."""
+    host = url.query.get("host")
+    if not isinstance(host, tuple):
+        return url
+    if "port" in url.query:
+        raise ConfigError(["database url mixes host=h:p pairs with a port= list; "
+                           f"write host=h1:p1&host=h2:p2 or host=h1,h2&port=p1,p2, got {mask_url(url)}"])
+    hosts, ports = _split_servers(host)
+    query = {**url.query, "host": ",".join(hosts)}
+    if any(ports):
+        query["port"] = ",".join(ports)
+    return url.set(query=query)
+
+
+def _split_servers(servers: Sequence[str]) -> tuple[list[str], list[str]]:
+    hosts: list[str] = []
+    ports: list[str] = []
+    for server in servers:
+        found = _HOST_PORT.match(server.strip())
+        if found is None:
+            raise ConfigError([f"database url names a server that is not host[:port]: {server!r}"])
+        hosts.append(found.group("ipv6") if found.group("ipv6") is not None else found.group("name"))
+        # An empty entry is libpq's: that server's default port.
+        ports.append(found.group("port") or "")
+    return hosts, ports
 
 
 # A URL inside free text ends at whitespace, a quote or a parenthesis (messages
@@ -108,7 +171,7 @@ def mask_url(url: str | URL) -> str:
         return mask_urls_in(url)
     try:
         rendered = url if isinstance(url, str) else url.render_as_string(hide_password=True)
-        make_url(rendered)
+        make_url(_hosts_into_query(rendered))
     except Exception:
         return "<unparseable url>"
     return _masked_url(rendered)
@@ -169,6 +232,13 @@ def create_engine(
         ConfigError: no URL was given or found, or it is not a PostgreSQL URL, or
             the pool mode is neither ``"session"`` nor ``"transaction"``.
 
+    A URL may name several servers as libpq does (``postgresql://app@h1:5432,h2:5432/app``,
+    ``?host=h1,h2&port=5432,5432`` or ``?host=h1:5432&host=h2:5432``); with
+    ``target_session_attrs=read-write`` each new connection goes to the one that
+    takes writes. A read-only (25006), shut-down (57P01) or not-yet-accepting (57P03)
+    answer closes the connection and the pool's others, so after a failover the
+    next connection finds the new primary.
+
     Example:
         ``engine = rl.create_engine("postgresql://app@pgbouncer:6432/app", pool_mode="transaction")``
     """
@@ -187,6 +257,8 @@ def create_engine(
     }
     options.update(engine_options)
     engine = sqlalchemy.create_engine(normalize_url(url), **options)
+    # A failover's read-only or shutdown answers end the connection, not just the statement.
+    end_connections_on_loss(engine)
     # One policy object for this engine and every engine derived from it: what one
     # of them detects about the sessions holds for all of them (they share the pool).
     engine.update_execution_options(**{POLICY_OPTION: ConnectionPolicy(mode)})

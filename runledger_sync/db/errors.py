@@ -32,6 +32,7 @@ from runledger_sync.core.store_errors import (
     UniqueViolation,
 )
 from runledger_sync.core.workflow_errors import WorkflowLinkageSymmetryViolation, WorkflowLinkageTriggerTableInvalid
+from runledger_sync.db.connection_loss import means_connection_loss, sqlstate_of
 from runledger_sync.db.engine import mask_url, mask_urls_in
 
 _BY_SQLSTATE: dict[str, type[StoreError]] = {
@@ -58,17 +59,11 @@ _BY_CONSTRAINT: dict[str, type[errors.RunledgerError]] = {
 _MISSING_QUEUE = re.compile(r'Key \(queue\)=\((?P<name>.*)\) is not present in table "job_queues"', re.DOTALL)
 # undefined_table, undefined_column, undefined_function: a database not migrated, or behind.
 _SCHEMA_MISSING_STATES = frozenset({"42P01", "42703", "42883"})
-# Connection exceptions (08), operator intervention (57P01-57P03: shutdown,
-# crash, cannot connect now), and a standby that stopped being writable after a
-# failover (25006 read_only_sql_transaction): a fresh connection finds the new primary.
-_CONNECTION_LOSS_PREFIXES = ("08", "57P")
-_READ_ONLY_SQL_TRANSACTION = "25006"
 
 def _sqlstate(exc: sa_exc.DBAPIError) -> Optional[str]:
     # psycopg2 names it pgcode, psycopg 3 sqlstate; both are None when the
     # server sent no SQLSTATE (a refused or dropped connection).
-    orig = exc.orig
-    return getattr(orig, "pgcode", None) or getattr(orig, "sqlstate", None)
+    return sqlstate_of(exc.orig)
 
 
 def violated_constraint(exc: sa_exc.DBAPIError) -> Optional[str]:
@@ -81,14 +76,17 @@ def violated_constraint(exc: sa_exc.DBAPIError) -> Optional[str]:
 
 
 def is_transient(exc: sa_exc.DBAPIError) -> bool:
-    """True for failures a fresh connection may not have: a lost or refused connection, a failover."""
+    """True for failures a fresh connection may not have: a lost or refused connection, a failover.
+
+    The SQLSTATEs are :func:`~runledger_sync.db.connection_loss.means_connection_loss`'s.
+    """
     if exc.connection_invalidated or isinstance(exc, sa_exc.InterfaceError):
         return True
     state = _sqlstate(exc)
     if state is None:
         # psycopg2 and psycopg 3 report a refused or dropped connection without a SQLSTATE.
         return isinstance(exc, sa_exc.OperationalError)
-    return _means_connection_loss(state)
+    return means_connection_loss(state)
 
 
 def is_connection_loss(exc: BaseException) -> bool:
@@ -108,17 +106,18 @@ def is_connection_loss(exc: BaseException) -> bool:
         return is_transient(exc)
     # psycopg 3 is optional: a handler that raised one of its errors has imported it.
     psycopg = sys.modules.get("psycopg")
-    drivers: tuple[type[BaseException], ...] = (psycopg2.OperationalError, psycopg2.InterfaceError)
+    connection_errors: tuple[type[BaseException], ...] = (psycopg2.OperationalError, psycopg2.InterfaceError)
+    driver_errors: tuple[type[BaseException], ...] = (psycopg2.Error,)
     if psycopg is not None:
-        drivers += (psycopg.OperationalError, psycopg.InterfaceError)
-    if not isinstance(exc, drivers):
+        connection_errors += (psycopg.OperationalError, psycopg.InterfaceError)
+        driver_errors += (psycopg.Error,)
+    if not isinstance(exc, driver_errors):
         return False
-    state = getattr(exc, "pgcode", None) or getattr(exc, "sqlstate", None)
-    return state is None or _means_connection_loss(state)
-
-
-def _means_connection_loss(state: str) -> bool:
-    return state.startswith(_CONNECTION_LOSS_PREFIXES) or state == _READ_ONLY_SQL_TRANSACTION
+    state = sqlstate_of(exc)
+    if state is None:
+        return isinstance(exc, connection_errors)
+    # By its SQLSTATE whatever its class: the drivers raise 25006 as an InternalError.
+    return means_connection_loss(state)
 
 
 def translate(exc: sa_exc.DBAPIError, url: str | URL | None = None) -> errors.RunledgerError:

@@ -37,6 +37,7 @@ from runledger_sync.core.errors import RunledgerError
 from runledger_sync.core.store_errors import CommitOutcomeUnknown, ConnectionFailed
 from runledger_sync.db.pool_mode import policy_of
 from runledger_sync.db.engine import create_engine
+from runledger_sync.db.connection_loss import refused_unwritten, sqlstate_of
 from runledger_sync.db.errors import is_transient, translate
 from runledger_sync.store import prepared as _prepared
 from runledger_sync.store.binds import Bind, is_lent, joined_connection
@@ -297,8 +298,9 @@ def _transaction(
     except sa_exc.DBAPIError as exc:
         connection.rollback()
         _prepared.raise_if_ours(connection, exc)
-        if implicit and is_transient(exc):
-            # The query was its own transaction: it may have committed before the connection went.
+        if implicit and is_transient(exc) and not refused_unwritten(sqlstate_of(exc.orig)):
+            # The query was its own transaction: it may have committed before the connection went
+            # (unless the server refused it, read-only after a failover: then nothing was written).
             raise CommitOutcomeUnknown(f"outcome of a one-query transaction unknown: {exc.orig}") from exc
         raise translate(exc, engine.url) from exc
     except BaseException:

@@ -385,6 +385,12 @@ class TcpProxy:
                 except OSError:
                     pass
 
+    def sever(self) -> None:
+        """Close every connection at once, dropping whatever a :meth:`cut` held back (it never arrives)."""
+        self._closing.set()
+        self._close_all()
+        self._open.set()
+
     def close(self) -> None:
         self._closing.set()
         self._open.set()

@@ -158,7 +158,9 @@ def database_url(settings_dict: Mapping[str, Any]) -> URL:
     """Build a psycopg2 SQLAlchemy URL from one ``DATABASES`` entry.
 
     A HOST starting with ``/`` is a Unix socket directory; it goes into the query
-    string, where libpq reads it. String and number OPTIONS (``sslmode``...) are
+    string, where libpq reads it, and so does a list of servers (HOST ``"h1,h2"``,
+    PORT ``"5432,5433"``; with OPTIONS ``{"target_session_attrs": "read-write"}``
+    libpq keeps the writable one). String and number OPTIONS (``sslmode``...) are
     passed to libpq too.
 
     Raises:
@@ -180,6 +182,11 @@ def database_url(settings_dict: Mapping[str, Any]) -> URL:
     if host is not None and host.startswith("/"):
         query["host"] = host
         host = None
+    if "," in str(host or "") or "," in str(port or ""):
+        # Several servers (HOST "h1,h2", PORT "5432,5433"), as Django's own backend hands
+        # them to libpq: libpq's query form keeps the lists whole.
+        query.update({"host": str(host or "")} | ({"port": str(port)} if port is not None else {}))
+        host = port = None
     return URL.create(
         "postgresql+psycopg2",
         username=settings_dict.get("USER") or None,
