@@ -84,6 +84,7 @@ from runledger_sync.core.workflow import (
 from runledger_sync.core.workflow_errors import InvalidWorkflow, WorkflowRunNotFound
 from runledger_sync.core.flow import JobWait, QueueLoad, QueueRecord, RateLimit, WaitReason
 from runledger_sync.core.queue_errors import InvalidQueueSetting, QueueNotFound
+from runledger_sync.core.encryption import Encryption, configure_encryption
 from runledger_sync.core.retention import PruneResult, Retention
 from runledger_sync.core.retry_summary import RetrySummary, retry_summary
 from runledger_sync.db.embedded import EmbeddedPostgres
@@ -108,6 +109,7 @@ from runledger_sync.store.admin.stats import QueueStats, queue_stats
 from runledger_sync.store.definitions import set_job_definition_enabled
 from runledger_sync.store.enqueue.enqueue import enqueue, enqueue_many, enqueue_many_ids
 from runledger_sync.store.maintenance.retention import prune
+from runledger_sync.store.rotation import rotate_encryption
 from runledger_sync.store.queues import (
     configure_queue,
     explain_wait,
@@ -141,6 +143,7 @@ __all__ = [
     "Debounce",
     "DefinitionNotFoundOrDisabled",
     "EmbeddedPostgres",
+    "Encryption",
     "EventLog",
     "IdempotencyConflict",
     "InvalidArgument",
@@ -222,6 +225,7 @@ __all__ = [
     "cancel_workflow_run",
     "check_schema",
     "complete_external_step",
+    "configure_encryption",
     "configure_logging",
     "configure_logging_unless_configured",
     "configure_queue",
@@ -267,6 +271,7 @@ __all__ = [
     "resume_queue",
     "resume_schedule",
     "retry_summary",
+    "rotate_encryption",
     "run_worker_loop",
     "set_job_definition_enabled",
     "trigger_schedule",

@@ -27,6 +27,7 @@ import json
 import os
 import re
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, Mapping, Optional
 from uuid import UUID
 
@@ -162,7 +163,11 @@ class Encryption:
     # -- digests ------------------------------------------------------------------
 
     def digest(self, text: str) -> str:
-        """The envelope of a keyed digest (HMAC-SHA256) of ``text`` under the current key."""
+        """The envelope of a keyed digest (HMAC-SHA256) of JSON ``text`` under the current key.
+
+        The digest is of the value, not its spelling: key order and a number's
+        form (``1``, ``1.0``) do not change it, as they do not change a clear comparison.
+        """
         return self._digest_under(self.current, text)
 
     def same_digest(self, stored: Any, text: str) -> bool:
@@ -181,8 +186,20 @@ class Encryption:
         return hmac.new(self._digest_keys[self.current], text.encode("utf-8"), hashlib.sha256).hexdigest()
 
     def _digest_under(self, key_id: str, text: str) -> str:
-        mac = hmac.new(self._digest_keys[key_id], text.encode("utf-8"), hashlib.sha256).hexdigest()
+        canonical = _canonical(json.loads(text, parse_float=Decimal, parse_int=Decimal))
+        mac = hmac.new(self._digest_keys[key_id], canonical.encode("utf-8"), hashlib.sha256).hexdigest()
         return f'{{"{DIGEST_FIELD}": ["{key_id}", "{mac}"]}}'
+
+
+def _canonical(value: Any) -> str:
+    """One spelling per JSON value: keys sorted, numbers as their normalized decimal."""
+    if isinstance(value, dict):
+        return "{" + ",".join(json.dumps(key) + ":" + _canonical(value[key]) for key in sorted(value)) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_canonical(item) for item in value) + "]"
+    if isinstance(value, Decimal):
+        return "0" if value == 0 else str(value.normalize())
+    return json.dumps(value)
 
 
 def _parts(envelope: Any) -> tuple[str, str]:
@@ -190,6 +207,20 @@ def _parts(envelope: Any) -> tuple[str, str]:
         envelope = json.loads(envelope)
     key_id, blob = envelope[SEALED_FIELD]
     return key_id, blob
+
+
+def closed_value(job: Any) -> Optional[SealedValue]:
+    """What keeps a job record's payload or checkpoint closed in this process, or None when both are open."""
+    for value in (job.payload, job.checkpoint):
+        if isinstance(value, SealedValue):
+            return value
+    return None
+
+
+def missing_key(job: Any) -> Optional[SealedValue]:
+    """Like :func:`closed_value`, but only for a key this process does not hold: such a claim is handed back."""
+    closed = closed_value(job)
+    return closed if closed is not None and closed.problem == "missing" else None
 
 
 def is_digest(value: Any) -> bool:
