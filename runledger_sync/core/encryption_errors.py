@@ -10,8 +10,8 @@ class InvalidEncryptionKey(ConfigError):
 
     code = "encryption.invalid_key"
 
-    def __init__(self, message: str) -> None:
-        super().__init__([message])
+    def __init__(self, problem: str | list[str]) -> None:
+        super().__init__([problem] if isinstance(problem, str) else problem)
 
 
 class EncryptionKeyMissing(RunledgerError):

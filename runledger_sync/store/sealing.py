@@ -13,9 +13,9 @@ import json
 from typing import Any, Optional
 from uuid import UUID
 
-from runledger_sync.core.encryption import SEALED_FIELD, SealedValue, active_encryption, open_text
+from runledger_sync.core.encryption import SEALED_FIELD, active_encryption, open_text
 
-__all__ = ["opened", "sealed", "sealed_object", "SealedValue"]
+__all__ = ["opened", "sealed", "sealed_object"]
 
 
 def sealed(text: Optional[str], row_id: Any) -> Optional[str]:
