@@ -22,7 +22,7 @@ with ``--debug``. Passwords in database URLs are never printed.
 The modules: ``_core`` (registry, parser, error reporting), ``_output``
 (tables and JSON), and one module per purpose that registers its commands on
 import: ``schema`` (migrate, check-schema), ``worker`` (worker, demo), ``jobs``
-(enqueue, jobs, stats), ``queues``, ``dead_letters``, ``retention`` (prune), ``schedules``, ``workflows``, ``dashboard``, ``health`` and
+(enqueue, jobs, stats), ``queues``, ``dead_letters``, ``retention`` (prune), ``schedules``, ``workflows``, ``dashboard``, ``encryption``, ``health`` and
 ``top``. The script uses only the public
 ``runledger_sync`` API.
 """
@@ -30,7 +30,7 @@ import: ``schema`` (migrate, check-schema), ``worker`` (worker, demo), ``jobs``
 from __future__ import annotations
 
 # Importing a command module registers its commands; the order is the order of `--help`.
-from runledger_sync.cli import schema, worker, jobs, queues, dead_letters, retention, schedules, workflows, dashboard, health, top  # noqa: F401  isort: skip
+from runledger_sync.cli import schema, worker, jobs, queues, dead_letters, retention, schedules, workflows, dashboard, health, top, encryption  # noqa: F401  isort: skip
 from runledger_sync.cli._core import (
     COMMANDS,
     DEFAULT_HINT,

@@ -26,7 +26,6 @@ import hmac
 import json
 import os
 import re
-from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Mapping, Optional
 from uuid import UUID
@@ -50,21 +49,28 @@ _KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _DIGEST_LABEL = b"runledger-sync request digest"
 
 
-@dataclass(frozen=True)
-class SealedValue:
-    """A value this process cannot open: in a record's field in place of the value.
+class SealedValue(str):
+    """A value this process cannot open, in a record's field in place of the value.
 
-    ``problem`` is ``missing`` (no key of this id here) or ``invalid`` (the key
-    does not open it: other key bytes, or a ciphertext copied from another row).
+    It is the text an operator reads (``encryption key 2026-12 missing``), so
+    ``jobs show``, ``--json`` and the dashboard print it as it is. ``problem`` is
+    ``missing`` (no key of this id here) or ``invalid`` (the key does not open
+    it: other key bytes, or a ciphertext copied from another row).
     """
 
     key_id: str
-    problem: str = "missing"
+    problem: str
 
-    def __str__(self) -> str:
-        if self.problem == "missing":
-            return f"encryption key {self.key_id} missing"
-        return f"encryption key {self.key_id} does not open this value"
+    def __new__(cls, key_id: str, problem: str = "missing") -> "SealedValue":
+        words = (f"encryption key {key_id} missing" if problem == "missing"
+                 else f"encryption key {key_id} does not open this value")
+        made = super().__new__(cls, words)
+        made.key_id = key_id
+        made.problem = problem
+        return made
+
+    def __reduce__(self) -> Any:
+        return (SealedValue, (self.key_id, self.problem))
 
 
 class Encryption:
