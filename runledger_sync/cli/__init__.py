@@ -22,15 +22,16 @@ with ``--debug``. Passwords in database URLs are never printed.
 The modules: ``_core`` (registry, parser, error reporting), ``_output``
 (tables and JSON), and one module per purpose that registers its commands on
 import: ``schema`` (migrate, check-schema), ``worker`` (worker, demo), ``jobs``
-(enqueue, jobs, stats), ``queues``, ``dead_letters``, ``retention`` (prune), ``schedules``, ``workflows``, ``dashboard``, ``encryption``, ``health`` and
-``top``. The script uses only the public
+(enqueue, jobs, stats), ``queues``, ``dead_letters``, ``retention`` (prune), ``schedules``, ``workflows``,
+``dashboard``, ``encryption`` (encryption rotate), ``health`` and ``top``. The script uses only the public
 ``runledger_sync`` API.
 """
 
 from __future__ import annotations
 
 # Importing a command module registers its commands; the order is the order of `--help`.
-from runledger_sync.cli import schema, worker, jobs, queues, dead_letters, retention, schedules, workflows, dashboard, health, top, encryption  # noqa: F401  isort: skip
+from runledger_sync.cli import schema, worker, jobs, queues, dead_letters, retention, schedules, workflows, dashboard, health, top  # noqa: F401  isort: skip
+from runledger_sync.cli import encryption  # noqa: F401,E402  isort: skip
 from runledger_sync.cli._core import (
     COMMANDS,
     DEFAULT_HINT,

@@ -18,6 +18,7 @@ of such a request may still come.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass
@@ -155,10 +156,9 @@ def _walk(engine: Engine, encryption: Encryption, target: _Target, batch_size: i
     last: Optional[UUID] = _NOTHING
     rewritten = 0
     while last is not None:
-        after = last
-        done, last = run_in_transaction(
-            engine,
-            lambda connection, after=after: _one_batch(connection, encryption, target, batch, update, after, batch_size))
+        done, last = run_in_transaction(engine, functools.partial(
+            _one_batch, encryption=encryption, target=target, batch=batch, update=update, after=last,
+            batch_size=batch_size))
         rewritten += done
     left = run_in_transaction(engine, lambda connection: connection.execute(
         select(literal(1)).select_from(target.table).where(

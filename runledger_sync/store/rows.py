@@ -111,9 +111,9 @@ def to_job(row: Row[Any] | Mapping[str, Any]) -> JobRecord:
 
 
 def to_record(cls: type[R], row: Row[Any]) -> R:
-    values = {f.name: row._mapping[f.name] for f in fields(cls)}
+    values = {f.name: row._mapping[f.name] for f in fields(cls)}  # type: ignore[arg-type]
     if cls is DeadLetterRecord:
         # A dead letter keeps its job's sealed values as they were: bound to the job id.
         for name in ("payload_snapshot", "checkpoint_snapshot"):
             values[name] = opened(values[name], values["job_id"])
-    return cls(**values)  # type: ignore[arg-type]
+    return cls(**values)
