@@ -55,8 +55,8 @@ class _Target:
 _TARGETS = (
     _Target(job_queue, job_queue.c.id, ("payload", "checkpoint", "output"), ("enqueue_request",)),
     _Target(job_dead_letters, job_dead_letters.c.job_id, ("payload_snapshot", "checkpoint_snapshot")),
-    # A step's payload is bound to the step's id, which its job takes when released.
-    _Target(workflow_steps, workflow_steps.c.id, ("payload",)),
+    # A step's payload (and an external step's answer) is bound to the step's id, which its job takes when released.
+    _Target(workflow_steps, workflow_steps.c.id, ("payload", "output")),
     _Target(workflow_runs, workflow_runs.c.id, (), ("enqueue_request",)),
 )
 

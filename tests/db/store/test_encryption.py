@@ -47,6 +47,7 @@ def claim(held: Any, limit: int = 10) -> Any:
 def workflow() -> rl.Workflow:
     made = rl.Workflow("wf", idempotency_key="wf-1")
     made.job("a", "step.job", {"ssn": SECRET})
+    made.external("approval")
     return made
 
 
@@ -92,6 +93,8 @@ def test_a_full_lifecycle_leaves_the_secret_in_no_column_of_any_table(held, engi
                          failure=JobFailure.terminal("test.failed", "no"), retry_delay_ms=None)
     run = enqueue_workflow(engine, workflow())
     assert enqueue_workflow(engine, workflow()).id == run.id
+    rl.complete_external_step(engine, run.id, "approval", output={"by": SECRET})
+    rl.complete_external_step(engine, run.id, "approval", output={"by": SECRET})  # the same answer again
 
     assert [value for value in every_text_value(engine) if SECRET in value[2]] == []
     assert get_job(engine, first.id).output == {"result": SECRET}
@@ -99,6 +102,12 @@ def test_a_full_lifecycle_leaves_the_secret_in_no_column_of_any_table(held, engi
     assert get_dead_letter(engine, failing.id).payload_snapshot == {"ssn": SECRET}
     step_job_id = scalar(engine, "SELECT job_id FROM workflow_steps WHERE run_id = :id", id=run.id)
     assert get_job(engine, step_job_id).payload == {"ssn": SECRET}
+    [step_job] = claim_and_start_jobs(held, worker_id="w", lease_ttl_seconds=30, limit=10,
+                                      job_types=["step.job"]).running
+    assert step_job.payload == {"ssn": SECRET}
+    complete_job_success(engine, **identity(step_job), completion=JobCompletion(output={"step": SECRET}))
+    outputs = {step.key: step.output for step in rl.get_workflow_run(engine, run.id).steps}
+    assert outputs == {"a": {"step": SECRET}, "approval": {"by": SECRET}}
     # The scan finds the secret where it is in clear: a clear job's payload.
     rl.configure_encryption(None)
     enqueue(engine, JOB_TYPE, {"ssn": SECRET})
