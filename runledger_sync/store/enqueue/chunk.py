@@ -288,7 +288,7 @@ def _batch_parameters(
         columns["ids"].append(id_string)
         columns["job_types"].append(check.check_job_type(spec.job_type))
         columns["organization_ids"].append(check.check_optional_organization_id(spec.organization_id))
-        columns["payloads"].append(payload_json if encryption is None else encryption.seal(payload_json, UUID(id_string)))
+        columns["payloads"].append(payload_json)
         columns["priorities"].append(priority)
         columns["max_attempts"].append(max_attempts)
         columns["timeouts"].append(timeout)
@@ -306,6 +306,9 @@ def _batch_parameters(
         snapshot = None if key is None else request_snapshot(spec, payload_json=payload_json)
         # With keys, a repeat is compared by a keyed digest: the request holds the payload.
         columns["snapshots"].append(snapshot if encryption is None or snapshot is None else encryption.digest(snapshot))
+    if encryption is not None:
+        # The ids are the associated data: each payload opens only in its own row.
+        columns["payloads"] = encryption.seal_many(columns["payloads"], id_strings)
     if instrumentation.enqueue_observers:
         # Once every spec of the chunk is valid, so no observer (a tracer) hears of a job never sent.
         columns["metas"] = [
