@@ -57,7 +57,9 @@ class StartedClaim:
     ``running``: persisted RUNNING, in claim order; their handlers may start.
     ``unstarted``: leased, but the running write's fate is ``error`` (it failed,
     or its reply was lost and it may have landed); the caller applies the
-    pipeline's rule to each (run it if RUNNING landed, else hand the claim back).
+    pipeline's rule to each (run it if RUNNING landed, else hand the claim back); with no
+    ``error``, the jobs sealed under an encryption key this process lacks, which the running
+    write left alone for the worker to hand back unspent.
     A job whose running write the lease fence refused (its lease ran out within
     the round trip: only a lease shorter than that can) is in neither list; its
     expired lease is the reaper's, which hands the claim back unspent.
