@@ -1,4 +1,4 @@
-"""The command line with keys in the environment: rotate, and a job whose key the command lacks."""
+"""The command line and the dashboard with keys: rotate, and a job whose key the process lacks."""
 
 from __future__ import annotations
 
@@ -63,3 +63,18 @@ def test_rotate_without_keys_is_refused_with_the_code(run, monkeypatch):
     rl.configure_encryption(None)
     code, _, err = run("encryption", "rotate")
     assert code == 1 and "encryption.key_missing" in err
+
+
+def test_the_dashboard_shows_a_payload_only_where_its_process_holds_the_key(engine):
+    from werkzeug.test import Client
+
+    from runledger_sync.web import allow_anyone, create_app
+
+    define(engine)
+    rl.configure_encryption(rl.Encryption(keys={"k1": KEY}, current="k1"))
+    job = rl.enqueue(engine, JOB_TYPE, {"ssn": "078-05-1120"})
+    client = Client(create_app(engine, authorize=allow_anyone))
+    assert "078-05-1120" in client.get(f"/jobs/{job.id}?payload=1").get_data(as_text=True)
+    rl.configure_encryption(rl.Encryption(keys={"k2": OTHER}, current="k2"))
+    page = client.get(f"/jobs/{job.id}?payload=1").get_data(as_text=True)
+    assert "encryption key k1 missing" in page and "078-05" not in page
