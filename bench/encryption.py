@@ -50,19 +50,21 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def enqueue_rate(engine, jobs: int) -> float:
-    started = time.perf_counter()
+def enqueue_rate(engine, jobs: int) -> tuple[float, float]:
+    """Jobs/s and this process's CPU microseconds per job."""
+    started, cpu = time.perf_counter(), time.process_time()
     for offset in range(0, jobs, 1000):
         rl.enqueue_many(engine, [rl.JobSpec(bench.NOOP_TYPE, PAYLOAD | {"n": n})
                                  for n in range(offset, min(jobs, offset + 1000))])
-    return jobs / (time.perf_counter() - started)
+    return jobs / (time.perf_counter() - started), (time.process_time() - cpu) / jobs * 1e6
 
 
-def claim_rate(engine, jobs: int) -> float:
+def claim_rate(engine, jobs: int) -> tuple[float, float]:
+    """Jobs/s and this process's CPU microseconds per job."""
     claims, writes = HeldConnection(engine), HeldConnection(engine)
     try:
         done = 0
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         while done < jobs:
             batch = driver.claim_and_start_jobs(claims, worker_id="bench", lease_ttl_seconds=60, limit=64,
                                                 job_types=[bench.NOOP_TYPE])
@@ -70,7 +72,7 @@ def claim_rate(engine, jobs: int) -> float:
                 raise RuntimeError(f"claim left {len(batch.unstarted)} unstarted after {done} jobs")
             driver.apply_transitions(writes, [(LeaseIdentity.of(job), SUCCEED) for job in batch.running])
             done += len(batch.running)
-        return done / (time.perf_counter() - started)
+        return done / (time.perf_counter() - started), (time.process_time() - cpu) / done * 1e6
     finally:
         claims.close()
         writes.close()
@@ -78,6 +80,7 @@ def claim_rate(engine, jobs: int) -> float:
 
 def rates(srv, args) -> None:
     results: dict[str, list[tuple[float, float]]] = {"clear": [], "encrypted": []}
+    cpu: dict[str, list[tuple[float, float]]] = {"clear": [], "encrypted": []}
     for round_number in range(args.rounds):
         for label in ("clear", "encrypted"):
             rl.configure_encryption(KEYS if label == "encrypted" else None)
@@ -85,13 +88,14 @@ def rates(srv, args) -> None:
                 engine = bench.migrated_engine(url)
                 try:
                     bench.noop_registry().sync_definitions(engine)
-                    enqueued = enqueue_rate(engine, args.jobs)
-                    claimed = claim_rate(engine, args.jobs)
+                    enqueued, enqueue_cpu = enqueue_rate(engine, args.jobs)
+                    claimed, claim_cpu = claim_rate(engine, args.jobs)
                 finally:
                     engine.dispose()
             results[label].append((enqueued, claimed))
-            print(f"round {round_number + 1} {label:>9}: enqueue {enqueued:8.0f} jobs/s, claim+complete "
-                  f"{claimed:8.0f} jobs/s", flush=True)
+            cpu[label].append((enqueue_cpu, claim_cpu))
+            print(f"round {round_number + 1} {label:>9}: enqueue {enqueued:8.0f} jobs/s ({enqueue_cpu:5.0f} us CPU/job), "
+                  f"claim+complete {claimed:8.0f} jobs/s ({claim_cpu:5.0f} us CPU/job)", flush=True)
     rl.configure_encryption(None)
     pairs = list(zip(results["clear"], results["encrypted"], strict=True))
     enqueue_ratios = [clear[0] / sealed[0] for clear, sealed in pairs]
@@ -100,6 +104,12 @@ def rates(srv, args) -> None:
           + "; claim " + ", ".join(f"{r:.2f}x" for r in claim_ratios))
     print(f"median clear/encrypted: enqueue {statistics.median(enqueue_ratios):.2f}x, "
           f"claim {statistics.median(claim_ratios):.2f}x")
+    # This process's CPU per job moves far less with the machine's load than a rate does.
+    for phase, index in (("enqueue", 0), ("claim+complete", 1)):
+        clear = statistics.median(row[index] for row in cpu["clear"])
+        sealed = statistics.median(row[index] for row in cpu["encrypted"])
+        print(f"median client CPU per job, {phase}: clear {clear:.0f} us, encrypted {sealed:.0f} us "
+              f"= {sealed / clear:.2f}x")
 
 
 def pickups(engine, started_at: dict[int, float], first: int, count: int, gap_s: float = 0.02) -> list[float]:
