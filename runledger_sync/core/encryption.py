@@ -106,6 +106,7 @@ class Encryption:
             raise InvalidEncryptionKey(f"current encryption key {current!r} is not among the keys")
         self.current = current
         self.key_ids = frozenset(keys)
+        self._keys = {key_id: bytes(key) for key_id, key in keys.items()}
         self._ciphers = {key_id: AESGCM(bytes(key)) for key_id, key in keys.items()}
         # One HMAC key per AES key, derived so the two uses never share a key.
         self._digest_keys = {key_id: hmac.new(bytes(key), _DIGEST_LABEL, hashlib.sha256).digest()
@@ -113,6 +114,10 @@ class Encryption:
 
     def __repr__(self) -> str:
         return f"Encryption(keys={sorted(self.key_ids)}, current={self.current!r})"
+
+    def __reduce__(self) -> Any:
+        # Handed to a worker process spawned with --processes; never logged (repr names ids only).
+        return (Encryption, (self._keys, self.current))
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "Encryption":
