@@ -86,6 +86,7 @@ from runledger_sync.core.workflow import (
 from runledger_sync.core.workflow_errors import InvalidWorkflow, WorkflowRunNotFound
 from runledger_sync.core.flow import JobWait, QueueLoad, QueueRecord, RateLimit, WaitReason
 from runledger_sync.core.queue_errors import InvalidQueueSetting, QueueNotFound
+from runledger_sync.core.encryption import Encryption, configure_encryption
 from runledger_sync.core.retention import PruneResult, Retention
 from runledger_sync.core.retry_summary import RetrySummary, retry_summary
 from runledger_sync.db.embedded import EmbeddedPostgres
@@ -118,6 +119,7 @@ from runledger_sync.store.admin.stats import QueueStats, queue_stats
 from runledger_sync.store.definitions import set_job_definition_enabled
 from runledger_sync.store.enqueue.enqueue import enqueue, enqueue_many, enqueue_many_ids
 from runledger_sync.store.maintenance.retention import prune
+from runledger_sync.store.rotation import rotate_encryption
 from runledger_sync.store.queues import (
     configure_queue,
     explain_wait,
@@ -153,6 +155,7 @@ __all__ = [
     "DefinitionNotFoundOrDisabled",
     "EmbeddedPostgres",
     "EmptyJobFilter",
+    "Encryption",
     "EventLog",
     "IdempotencyConflict",
     "InvalidArgument",
@@ -238,6 +241,7 @@ __all__ = [
     "cancel_workflow_run",
     "check_schema",
     "complete_external_step",
+    "configure_encryption",
     "configure_logging",
     "configure_logging_unless_configured",
     "configure_queue",
@@ -287,6 +291,7 @@ __all__ = [
     "resume_schedule",
     "retry_jobs",
     "retry_summary",
+    "rotate_encryption",
     "run_worker_loop",
     "set_job_definition_enabled",
     "trigger_schedule",

@@ -16,6 +16,7 @@ from typing import Any, Mapping, Optional
 
 from runledger_sync.config_checks import CHECKS
 from runledger_sync.config_env import EnvAdjustment, read_env
+from runledger_sync.core.encryption import KEYS_VARIABLE, Encryption, configure_encryption
 from runledger_sync.core import backoff
 from runledger_sync.core.errors import ConfigError
 from runledger_sync.core.ids import uuid7
@@ -177,6 +178,9 @@ class JobsConfig:
         it starts. A blank worker id means a generated one. The result is not
         validated.
 
+        With ``RUNLEDGER_ENCRYPTION_KEYS`` set it also configures the process's
+        encryption keys (:meth:`runledger_sync.Encryption.from_env`).
+
         Example:
             ``config = JobsConfig.from_env(); config.validate()``
 
@@ -190,8 +194,12 @@ class JobsConfig:
         Raises:
             ConfigError: ``strict`` is set and a value would have been changed;
                 ``.problems`` names every such variable.
+            InvalidEncryptionKey: ``RUNLEDGER_ENCRYPTION_KEYS`` is set but a key or the current id is bad.
         """
         env = os.environ if environ is None else environ
+        if (env.get(KEYS_VARIABLE) or "").strip():
+            # Process-wide, as configure_encryption: every enqueue and worker of the process seals with these keys.
+            configure_encryption(Encryption.from_env(env))
         values, adjustments = read_env(dataclasses.fields(cls), env)
         if strict and adjustments:
             raise ConfigError([adjustment.problem for adjustment in adjustments])

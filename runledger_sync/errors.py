@@ -68,6 +68,7 @@ from runledger_sync.core.store_errors import (
     StoreError,
     UniqueViolation,
 )
+from runledger_sync.core.encryption_errors import DecryptionFailed, EncryptionKeyMissing, InvalidEncryptionKey
 from runledger_sync.core.types import JobFailure, Snooze
 from runledger_sync.core.queue_errors import InvalidConcurrencyKey, InvalidQueueName, InvalidQueueSetting, QueueNotFound
 from runledger_sync.core.workflow_errors import (
@@ -146,12 +147,14 @@ __all__ = [
     "DashboardReadOnly",
     "DashboardRefusal",
     "DatabaseWaitTimeout",
+    "DecryptionFailed",
     "DefinitionNotFound",
     "DefinitionNotFoundOrDisabled",
     "DependencyCycle",
     "DuplicateJobType",
     "DuplicateStepKey",
     "EmptyJobFilter",
+    "EncryptionKeyMissing",
     "EnqueueIdempotencyUnsupportedIsolation",
     "ExternalStepConflictingCompletion",
     "ExternalStepConflictingOutput",
@@ -171,6 +174,7 @@ __all__ = [
     "InvalidCoordination",
     "InvalidCron",
     "InvalidDebounce",
+    "InvalidEncryptionKey",
     "InvalidExceptionRules",
     "InvalidJobFilter",
     "InvalidJobType",

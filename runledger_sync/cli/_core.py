@@ -35,6 +35,14 @@ HINTS: dict[str, str] = {
         "(docs/reference/configuration.md) for the values allowed"
     ),
     "config.missing_extra": "install the extra the message names into the environment that runs runledger-sync",
+    "encryption.invalid_key": (
+        "set RUNLEDGER_ENCRYPTION_KEYS to id:base64 entries of 32-byte keys, separated by commas, and "
+        "RUNLEDGER_ENCRYPTION_CURRENT to one of the ids"
+    ),
+    "encryption.key_missing": (
+        "add the key the message names to RUNLEDGER_ENCRYPTION_KEYS (keep old keys until "
+        f"`{PROG} encryption rotate` has moved every row off them)"
+    ),
     "db.connection_failed": (
         "check that PostgreSQL is running and that the URL's host, port, database, user and password are right"
     ),
@@ -226,6 +234,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.debug:
         rl.configure_logging(level="DEBUG", json=False)
     try:
+        _keys_from_env()
         return _flushed(int(args.run(args)))
     except BrokenPipeError:
         return _reader_went_away()
@@ -242,6 +251,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except Exception as exc:  # the console's boundary: report, never a bare traceback
         _report("internal", f"{type(exc).__name__}: {exc}", DEFAULT_HINT, args)
         return EXIT_FAILED
+
+
+def _keys_from_env() -> None:
+    """Every command seals and opens with $RUNLEDGER_ENCRYPTION_KEYS, as the workers do."""
+    if (os.environ.get("RUNLEDGER_ENCRYPTION_KEYS") or "").strip():
+        rl.configure_encryption(rl.Encryption.from_env())
 
 
 def _flushed(code: int) -> int:

@@ -22,7 +22,7 @@ import json
 import math
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Optional, Union
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.coordination_errors import InvalidDebounce, InvalidUnique
@@ -109,12 +109,14 @@ class CheckedUnique:
     period_seconds: Optional[int]
     states: tuple[str, ...]
 
-    def base_key(self, payload: Any) -> str:
-        """The key before its period's bucket: the one given, or a digest of the payload."""
+    def base_key(self, payload: Any, keyed_hash: Optional[Callable[[str], str]] = None) -> str:
+        """The key before its period's bucket: the one given, or a digest of the payload (keyed, given ``keyed_hash``)."""
         if self.key is not None:
             return self.key
         # Key order and spacing must not make two equal payloads differ.
         canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        if keyed_hash is not None:
+            return "hmac:" + keyed_hash(canonical)
         return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 

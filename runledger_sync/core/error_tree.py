@@ -10,6 +10,7 @@ from __future__ import annotations
 from runledger_sync.core import (  # noqa: F401 - loaded for the walk
     bulk_errors,
     dashboard_errors,
+    encryption_errors,
     queue_errors,
     registry_errors,
     replay_errors,

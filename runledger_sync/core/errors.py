@@ -6,7 +6,8 @@ Branch on ``.code`` or on the class, never on the message text::
 
     RunledgerError                              runledger.error
     ├── ConfigError                             config.invalid
-    │   └── MissingExtra                        config.missing_extra
+    │   ├── MissingExtra                        config.missing_extra
+    │   └── InvalidEncryptionKey                encryption.invalid_key
     ├── RegistrationError                       registry.invalid_registration
     │   ├── DuplicateJobType                    registry.duplicate_job_type
     │   ├── AsyncHandler                        registry.async_handler
@@ -95,6 +96,8 @@ Branch on ``.code`` or on the class, never on the message text::
     │   ├── ExternalStepConflictingOutput       workflow.external_step_conflicting_output_retry
     │   └── WorkflowAppendConflictingRetry      workflow.append_conflicting_retry
     ├── JobWaitTimeout                          job.wait_timeout
+    ├── EncryptionKeyMissing                    encryption.key_missing
+    ├── DecryptionFailed                        encryption.decryption_failed
     ├── DashboardRefusal                        web.refused
     │   ├── AuthorizeHookMissing                web.authorize_missing
     │   ├── DashboardReadOnly                   web.read_only
@@ -138,7 +141,8 @@ errors (``queue.*``, and the concurrency key's) from
 :mod:`runledger_sync.core.coordination_errors`, the ``RegistrationError`` leaves (a
 handler refused when it is registered) from
 :mod:`runledger_sync.core.registry_errors`, a bulk action's (a filter or an update refused)
-from :mod:`runledger_sync.core.bulk_errors`.
+from :mod:`runledger_sync.core.bulk_errors`, the ``encryption.*`` errors from
+:mod:`runledger_sync.core.encryption_errors`.
 """
 
 from __future__ import annotations

@@ -156,6 +156,8 @@ class WaitReason(str, Enum):
     RATE_LIMITED = "rate_limited"
     NO_WORKER = "no_worker"
     READY = "ready"
+    #: A worker claimed it and handed it back: it does not hold the key the job is sealed under.
+    ENCRYPTION_KEY_MISSING = "encryption_key_missing"
 
 
 @dataclass(frozen=True)

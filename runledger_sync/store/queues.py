@@ -36,7 +36,8 @@ from runledger_sync.core.flow import (
 )
 from runledger_sync.core.queue_errors import QueueNotFound
 from runledger_sync.core.states import JobStatus
-from runledger_sync.db.schema import job_definitions, job_queue, job_queues
+from runledger_sync.core.types import JobEventType
+from runledger_sync.db.schema import job_definitions, job_events, job_queue, job_queues
 from runledger_sync.db.schema_queues import KEY_LOCK, job_queue_rate_claims
 from runledger_sync.store.binds import Bind
 from runledger_sync.store.transactions import run_in_transaction
@@ -46,6 +47,7 @@ from runledger_sync.store.workers import serves
 
 _qs = job_queues.c
 _q = job_queue.c
+_e = job_events.c
 _r = job_queue_rate_claims.c
 _LIVE = (JobStatus.PENDING.value, JobStatus.LEASED.value)
 
@@ -251,12 +253,24 @@ def sync_queues(bind: Bind, declared: Iterable[QueueSpec]) -> list[QueueRecord]:
 def _read_job(connection: Connection, job_id: UUID) -> Any:
     row = connection.execute(
         select(_q.id, _q.status, _q.queue, _q.job_type, _q.execution_resource_key, _q.blocked_by_key,
-               _q.next_run_at, func.now().label("now"))
+               _q.next_run_at, _q.run_number, func.now().label("now"))
         .where(_q.id == job_id)
     ).first()
     if row is None:
         raise JobNotFound(f"no job has id {job_id}", job_id=str(job_id))
     return row
+
+
+def _missing_key(connection: Connection, job: Any) -> Optional[str]:
+    """``encryption key <id> missing`` when the run's last event is a worker handing the claim back for that."""
+    reason = connection.execute(
+        select(_e.event_type, _e.payload["reason"].astext)
+        .where(_e.job_id == job.id, _e.run_number == job.run_number)
+        .order_by(_e.id.desc()).limit(1)
+    ).first()
+    if reason is None or reason[0] != JobEventType.REQUEUED.value or not reason[1]:
+        return None
+    return reason[1] if reason[1].startswith("encryption key ") and reason[1].endswith(" missing") else None
 
 
 def _key_holder(connection: Connection, job: Any) -> Optional[UUID]:
@@ -292,6 +306,11 @@ def _explain(connection: Connection, job_id: UUID) -> Optional[JobWait]:
     job = _read_job(connection, job_id)
     if job.status != JobStatus.PENDING.value:
         return None
+    missing = _missing_key(connection, job)
+    if missing is not None:
+        return JobWait(WaitReason.ENCRYPTION_KEY_MISSING,
+                       f"{missing}: a worker without it handed the claim back; give a worker the key "
+                       f"(next try not before {job.next_run_at.isoformat()})", until=job.next_run_at)
     if job.next_run_at > job.now:
         return JobWait(WaitReason.NOT_DUE, f"not due until {job.next_run_at.isoformat()}", until=job.next_run_at)
     queue = connection.execute(select(job_queues).where(_qs.name == job.queue)).one()

@@ -260,7 +260,7 @@ def test_each_operator_command_has_help(capsys, name):
 
 def test_operator_commands_are_registered_under_their_groups():
     assert set(OPERATOR_COMMANDS) <= set(cli.COMMANDS)
-    assert set(cli.GROUPS) == {"jobs", "dead-letters", "schedules", "workflows", "queues", "operations"}
+    assert set(cli.GROUPS) == {"jobs", "dead-letters", "schedules", "workflows", "queues", "operations", "encryption"}
 
 
 def test_a_nested_command_needs_its_group():

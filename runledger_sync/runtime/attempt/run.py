@@ -45,6 +45,8 @@ from runledger_sync.core.continuation import (
     delay_ms,
     describe,
 )
+from runledger_sync.core.encryption import closed_value, missing_key
+from runledger_sync.core.encryption_errors import DecryptionFailed
 from runledger_sync.core.exception_rules import Verdict
 from runledger_sync.core.evidence import NO_EVIDENCE, FailureEvidence, evidence_of, message_of
 from runledger_sync.core.outcomes import (
@@ -89,6 +91,9 @@ T = TypeVar("T")
 
 RUNNING_PROGRESS_PERSIST_FAILED_REASON = "RUNNING_PROGRESS_PERSIST_FAILED"
 UNSTARTED_CLAIM_RETRY_DELAY_MS = 1_000
+#: How long a claim handed back for a missing encryption key waits: a worker holding the key
+#: takes it meanwhile; one without it does not spin on it.
+KEY_MISSING_RETRY_DELAY_MS = 10_000
 
 
 #: ``running`` for a job whose running write has not been made: the pool thread makes it.
@@ -197,6 +202,11 @@ def _process_with_timer(
 
 
 def _mark_running_or_abort(attempt: Attempt, running: object) -> bool:
+    closed = missing_key(attempt.job)
+    if closed is not None:
+        # Never started (the running write leaves such claims alone): handed back unspent, for a worker with the key.
+        _release_unstarted(attempt, str(closed), KEY_MISSING_RETRY_DELAY_MS, closed, "job's encryption key is missing")
+        return False
     if running is WRITE_RUNNING:
         try:
             attempt.driver.mark_job_running(attempt.identity, event_log=attempt.config.event_log)
@@ -221,25 +231,26 @@ def _mark_running_or_abort(attempt: Attempt, running: object) -> bool:
 
 
 def _release_after_running_persist_failure(attempt: Attempt, error: object) -> None:
+    _release_unstarted(attempt, RUNNING_PROGRESS_PERSIST_FAILED_REASON, UNSTARTED_CLAIM_RETRY_DELAY_MS, error,
+                       "running progress could not be persisted")
+
+
+def _release_unstarted(attempt: Attempt, reason: str, delay_ms: int, error: object, why: str) -> None:
     fields = attempt.log_fields | {"error": str(error)}
     try:
-        attempt.driver.release_unstarted_job_claim(
-            **attempt.identity.keywords(),
-            reason=RUNNING_PROGRESS_PERSIST_FAILED_REASON, delay_ms=UNSTARTED_CLAIM_RETRY_DELAY_MS,
-        )
+        attempt.driver.release_unstarted_job_claim(**attempt.identity.keywords(), reason=reason, delay_ms=delay_ms)
     except UnstartedClaimReleaseNotApplicable as release_error:
         log.warning(
-            "running progress could not be persisted; unstarted release no longer applies and the job "
-            "will continue under the current lease owner",
+            f"{why}; unstarted release no longer applies and the job will continue under the current lease owner",
             extra=fields | {"release_error": str(release_error)},
         )
     except RunledgerError as release_error:
         log.warning(
-            "running progress could not be persisted; leaving claim for reaper recovery",
+            f"{why}; leaving claim for reaper recovery",
             extra=fields | {"release_error": str(release_error)},
         )
     else:
-        log.warning("running progress could not be persisted; released unstarted claim back to pending", extra=fields)
+        log.warning(f"{why}; released unstarted claim back to pending", extra=fields)
 
 
 # -- step 3: the handler and its watchdog ----------------------------------------------
@@ -251,6 +262,10 @@ def _run_handler(attempt: Attempt) -> tuple[Outcome, FailureEvidence, Optional[V
     The third value is the job type's setting that made the handler's exception a panic, if one did.
     """
     handler = attempt.registry.get(attempt.job.job_type)
+    closed = closed_value(attempt.job)
+    if closed is not None:
+        # Its key is here but does not open it (other key bytes, or a ciphertext from another row).
+        return JobFailure.terminal(DecryptionFailed.code, str(closed)), NO_EVIDENCE, None
     if handler is None:
         failure = JobFailure.terminal(HANDLER_NOT_REGISTERED_CODE, "No handler is registered for this job type.")
         return failure, NO_EVIDENCE, None

@@ -48,6 +48,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.pool import QueuePool
 
 from runledger_sync.config import JobsConfig
+from runledger_sync.core.encryption import Encryption, active_encryption
 from runledger_sync.core.errors import ConfigError
 from runledger_sync.db.engine import create_engine
 from runledger_sync.logging import configured_setup, get_logger
@@ -144,6 +145,8 @@ class ChildSpec:
     drain_timeout_seconds: float
     #: Called first thing in the child for the observer its worker reports to (None: no observer).
     observer: Optional[Callable[[], WorkerObserver]] = None
+    #: The parent's encryption keys (process-wide, so a spawned child would start without them).
+    encryption: Optional[Encryption] = None
 
 
 @dataclass
@@ -334,7 +337,7 @@ class ProcessGroup:
             app=self.app, engine=self.engine_spec, config=config, index=slot.index,
             run_reaper=self.run_reaper and first, run_scheduler=self.run_scheduler and first,
             parent_pid=os.getpid(), logging=configured_setup(), drain_timeout_seconds=self._drain_timeout_seconds,
-            observer=self._child_observer,
+            observer=self._child_observer, encryption=active_encryption(),
         )
         process = self._context.Process(target=self.child_main, args=(spec,), name=f"runledger-{config.worker_id}",
                                         # Daemonic: should the parent's interpreter exit first, it

@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping, Optional, cast
 from sqlalchemy.engine import Engine
 
 from runledger_sync.config import JobsConfig
+from runledger_sync.core.encryption import configure_encryption
 from runledger_sync.core.errors import ConfigError
 from runledger_sync.core.queue_errors import QueueNotFound
 from runledger_sync.core.types import RuntimeLoopExit
@@ -389,6 +390,7 @@ def child_main(spec: ChildSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Before the app is imported: an observer may need to set this process up before any metric exists.
     observer = spec.observer() if spec.observer is not None else None
+    configure_encryption(spec.encryption)
     if spec.logging is not None:
         setup = dict(spec.logging)
         configure_logging(level=setup["level"], json=setup["json"], stream=getattr(sys, setup["stream_name"]),

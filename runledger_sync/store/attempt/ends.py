@@ -34,6 +34,7 @@ from runledger_sync.core.types import JobCompletion, JobFailure
 from runledger_sync.core.states import JobStatus
 from runledger_sync.db.schema import job_queue
 from runledger_sync.store.binds import Bind
+from runledger_sync.store.sealing import sealed
 from runledger_sync.store.transactions import run_in_transaction
 from runledger_sync.store.attempt.fence import (
     check_identity,
@@ -91,10 +92,10 @@ def complete_job_success(
     params = identity.params() | {
         "new_progress_done": completion.progress_done,
         "new_progress_total": completion.progress_total,
-        "new_checkpoint": None if completion.checkpoint is None else check.serialize_checkpoint(
-            completion.checkpoint, max_bytes=max_checkpoint_bytes),
-        "new_output": None if completion.output is None else check.serialize_output(
-            completion.output, max_bytes=max_output_bytes),
+        "new_checkpoint": None if completion.checkpoint is None else sealed(check.serialize_checkpoint(
+            completion.checkpoint, max_bytes=max_checkpoint_bytes), identity.job_id),
+        "new_output": None if completion.output is None else sealed(check.serialize_output(
+            completion.output, max_bytes=max_output_bytes), identity.job_id),
     }
 
     def work(connection: Connection) -> JobRecord:

@@ -53,6 +53,7 @@ from runledger_sync.store.attempt.fence import (
 )
 from runledger_sync.store.attempt.transitions import earlier_attempts, failure_params
 from runledger_sync.store.binds import Bind
+from runledger_sync.store.sealing import sealed
 from runledger_sync.store.notify import notify_ended
 from runledger_sync.store.prepared import PreparedStatement
 from runledger_sync.store.sql import attempt_of, milliseconds, ordinals
@@ -244,7 +245,7 @@ def apply_transitions(
     """
     values = [
         (check_identity(identity.job_id, identity.run_number, identity.attempt, identity.worker_id),
-         _row_of(transition, max_output_bytes, max_checkpoint_bytes))
+         _sealed_row(_row_of(transition, max_output_bytes, max_checkpoint_bytes), identity.job_id))
         for identity, transition in items
     ]
     if not values:
@@ -297,6 +298,13 @@ def _hint_of(transition: Retry | DeadLetter) -> dict[str, Any]:
     if not isinstance(transition, Retry) or hint is None:
         return {}
     return {"retry_after_ms": delay_ms(hint)}
+
+
+def _sealed_row(row: tuple[Any, ...], job_id: Any) -> tuple[Any, ...]:
+    """A row with its checkpoint and output (places 3 and 4) sealed for their job; as it is without keys."""
+    if row[3] is None and row[4] is None:
+        return row
+    return row[:3] + (sealed(row[3], job_id), sealed(row[4], job_id)) + row[5:]
 
 
 def _checkpoint_or_none(value: Any, max_bytes: int) -> Optional[str]:

@@ -20,6 +20,7 @@ from runledger_sync.core.types import DEFAULT_EVENT_LOG, EventLog, JobEventType
 from runledger_sync.core.states import JobStage, JobStatus
 from runledger_sync.db.schema import job_attempts, job_events, job_queue
 from runledger_sync.store.admin.jobs import get_job
+from runledger_sync.store.sealing import sealed
 from runledger_sync.store.attempt.fence import (
     check_identity,
     LeaseResult,
@@ -131,8 +132,8 @@ def update_job_progress(
         "new_stage": None if stage is None else JobStage(stage).value,
         "new_progress_done": progress_done,
         "new_progress_total": progress_total,
-        "new_checkpoint": None if checkpoint is None else check.serialize_checkpoint(
-            checkpoint, max_bytes=max_checkpoint_bytes),
+        "new_checkpoint": None if checkpoint is None else sealed(check.serialize_checkpoint(
+            checkpoint, max_bytes=max_checkpoint_bytes), identity.job_id),
     } | event_log_params(event_log)
     return run_in_transaction(bind, lambda connection: write_one_fenced(connection, _PROGRESS_UPDATE, params, identity))
 

@@ -21,11 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from sqlalchemy import Text, and_, any_, bindparam, cast, select
+from sqlalchemy import Text, and_, any_, bindparam, cast, func, literal, or_, select, union_all
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.engine import Connection, Engine
 
+from runledger_sync.core.encryption import SEALED_FIELD, active_encryption, missing_key
 from runledger_sync.core.errors import RunledgerError
 from runledger_sync.core.records import JobRecord
 from runledger_sync.core.types import ClaimOrigin, DEFAULT_EVENT_LOG, EventLog
@@ -56,7 +57,9 @@ class StartedClaim:
     ``running``: persisted RUNNING, in claim order; their handlers may start.
     ``unstarted``: leased, but the running write's fate is ``error`` (it failed,
     or its reply was lost and it may have landed); the caller applies the
-    pipeline's rule to each (run it if RUNNING landed, else hand the claim back).
+    pipeline's rule to each (run it if RUNNING landed, else hand the claim back); with no
+    ``error``, the jobs sealed under an encryption key this process lacks, which the running
+    write left alone for the worker to hand back unspent.
     A job whose running write the lease fence refused (its lease ran out within
     the round trip: only a lease shorter than that can) is in neither list; its
     expired lease is the reaper's, which hands the claim back unspent.
@@ -97,10 +100,25 @@ def _build_lock() -> Any:
     )
 
 
+def _opens_here(column: Any) -> Any:
+    """Whether this process holds the key ``column``'s value is sealed under (a clear value needs none)."""
+    key_id = func.jsonb_extract_path_text(column, literal(SEALED_FIELD), literal("0"))
+    return or_(key_id.is_(None), key_id == any_(bindparam("held_key_ids", type_=ARRAY(Text))))
+
+
 def _build_running() -> Any:
     claimed = _claimed(bindparam("lease_worker_id", type_=Text))
-    statement = build_running(_fenced_as_claimed(live_lease, claimed), returning=JOB_TEXT_COLUMNS)
-    return statement.order_by(*_in_claim_order(statement.selected_columns))
+    opens = and_(_opens_here(_q.payload), _opens_here(_q.checkpoint))
+    started = build_running(and_(_fenced_as_claimed(live_lease, claimed), opens), returning=JOB_TEXT_COLUMNS)
+    # A claim sealed under a key this process lacks is not started: it comes back
+    # beside the started ones, still a prestart claim, for the worker to hand back unspent.
+    closed = (
+        select(*JOB_TEXT_COLUMNS)
+        .select_from(job_queue.join(claimed, _fenced_as_claimed(held_under, claimed)))
+        .where(~opens)
+    )
+    both = union_all(started, closed).subquery("claimed_jobs")
+    return select(*both.c).order_by(*_in_claim_order(both.c))
 
 
 _LOCK_CLAIMED = PreparedStatement("lock_claimed", _build_lock())
@@ -150,6 +168,8 @@ def claim_and_start_jobs(
                           queues, queue_rooms)
     if params is None:
         return StartedClaim()
+    encryption = active_encryption()
+    params["held_key_ids"] = [] if encryption is None else sorted(encryption.key_ids)
     claim = ((PRESTART_UNLIMITED_CLAIM_SETTINGS, CLAIM_FOR_TYPES_UNREAD_UNLIMITED) if unlimited_only
              else (PRESTART_CLAIM_SETTINGS, CLAIM_FOR_TYPES_UNREAD))
     transactions = (claim, (_LOCK_CLAIMED, _MARK_CLAIMED_RUNNING))
@@ -158,7 +178,7 @@ def claim_and_start_jobs(
         return to_jobs(execute_transactions(connection, transactions, params))
 
     try:
-        return StartedClaim(running=run_in_transaction(bind, work, one_query=True))
+        claimed = run_in_transaction(bind, work, one_query=True)
     except RunledgerError as error:
         # The claim may have committed without its running write (which failed,
         # or whose reply was lost): read back what it left leased to us.
@@ -169,3 +189,8 @@ def claim_and_start_jobs(
         if not unstarted:
             raise
         return StartedClaim(unstarted=unstarted, error=error)
+    # The running write left exactly these unstarted (the same rule, in SQL: the key is not held).
+    closed = [job for job in claimed if missing_key(job) is not None]
+    if not closed:
+        return StartedClaim(running=claimed)
+    return StartedClaim(running=[job for job in claimed if missing_key(job) is None], unstarted=closed)

@@ -42,6 +42,7 @@ from runledger_sync.core import validation as check
 from runledger_sync.core.payload_models import stored_payload
 from runledger_sync.core.coordination import DEBOUNCE_STATES
 from runledger_sync.core.coordination_errors import InvalidCoordination
+from runledger_sync.core.encryption_errors import EncryptionKeyMissing
 from runledger_sync.core.errors import (
     DefinitionNotFoundOrDisabled,
     IdempotencyConflict,
@@ -51,6 +52,7 @@ from runledger_sync.core.errors import (
 )
 from runledger_sync.core.flow import check_optional_concurrency_key, check_optional_queue_name
 from runledger_sync.core import instrumentation
+from runledger_sync.core.encryption import DIGEST_FIELD, active_encryption, is_digest
 from runledger_sync.core.ids import uuid7_strings
 from runledger_sync.core.meta import meta_json
 from runledger_sync.core.records import JobRecord, JobSpec
@@ -65,6 +67,7 @@ from runledger_sync.db.schema import (
     job_queue,
 )
 from runledger_sync.store.prepared import PreparedStatement
+from runledger_sync.store.sealing import sealed
 from runledger_sync.store.rows import DISPOSITION, JOB_COLUMNS, JOB_TEXT_COLUMNS, to_job, to_jobs
 from runledger_sync.store.sql import event_log_params, full_event_log
 from runledger_sync.store.notify import notify_due_types
@@ -263,6 +266,7 @@ def _batch_parameters(
     }
     # One lock and one read of the random source for the whole chunk.
     id_strings = uuid7_strings(len(specs))
+    encryption = active_encryption()
     for spec, id_string in zip(specs, id_strings, strict=True):
         payload_json = check.serialize_json("payload", stored_payload(spec.payload), max_bytes=max_payload_bytes)
         priority = check.check_optional_int("priority", spec.priority, check.PRIORITY_RANGE)
@@ -299,9 +303,12 @@ def _batch_parameters(
         columns["unique_periods"].append(coordination.period_seconds)
         columns["unique_states"].append(coordination.states)
         columns["debounce_max_delays"].append(coordination.max_delay_seconds)
-        columns["snapshots"].append(
-            None if key is None else request_snapshot(spec, payload_json=payload_json)
-        )
+        snapshot = None if key is None else request_snapshot(spec, payload_json=payload_json)
+        # With keys, a repeat is compared by a keyed digest: the request holds the payload.
+        columns["snapshots"].append(snapshot if encryption is None or snapshot is None else encryption.digest(snapshot))
+    if encryption is not None:
+        # The ids are the associated data: each payload opens only in its own row.
+        columns["payloads"] = encryption.seal_many(columns["payloads"], id_strings)
     if instrumentation.enqueue_observers:
         # Once every spec of the chunk is valid, so no observer (a tracer) hears of a job never sent.
         columns["metas"] = [
@@ -350,7 +357,10 @@ def _coordination(spec: JobSpec, run_at: Any, delay: Optional[float], key: Optio
         raise InvalidCoordination("debounce", type(spec.debounce).__name__, "None when unique is given")
     if spec.unique is not None:
         unique = spec.unique.checked()
-        return _Coordination(unique.base_key(stored_payload(spec.payload)), unique.period_seconds,
+        encryption = active_encryption()
+        # With keys, a key made from the payload is a keyed digest: a plain hash of a small payload could be reversed.
+        keyed_hash = None if encryption is None else encryption.keyed_hash
+        return _Coordination(unique.base_key(stored_payload(spec.payload), keyed_hash), unique.period_seconds,
                              _array_literal(unique.states), None, delay)
     debounce = spec.debounce.checked()  # type: ignore[union-attr]
     # A debounce sets the start itself, and updates the job it meets, which an
@@ -423,6 +433,21 @@ def same_request(stored: Any, snapshot: str) -> bool:
     return _as_decimals(stored) == _as_decimals(json.loads(snapshot, parse_float=Decimal, parse_int=Decimal))
 
 
+def _same_request_of(spec: JobSpec, stored: Any, snapshot: str) -> bool:
+    """Whether ``spec``'s request (``snapshot`` as the chunk sent it: clear, or its digest) matches the stored one."""
+    if not is_digest(stored) and not snapshot.startswith('{"' + DIGEST_FIELD):
+        return same_request(stored, snapshot)
+    # A digest on either side: compare under the stored side's terms, from the clear request.
+    clear = request_snapshot(spec, payload_json=check.serialize_json("payload", stored_payload(spec.payload)))
+    if not is_digest(stored):
+        return same_request(stored, clear)
+    encryption = active_encryption()
+    if encryption is None:
+        raise EncryptionKeyMissing(f"encryption key {stored[DIGEST_FIELD][0]} missing",
+                                   key_id=stored[DIGEST_FIELD][0])
+    return encryption.same_digest(stored, clear)
+
+
 def _as_decimals(value: Any) -> Any:
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return value
@@ -466,7 +491,7 @@ def _existing_for_key(
         raise LegacyIdempotencySnapshotMissing(
             f"job {existing.id} holds key {spec.idempotency_key!r} but has no request snapshot to compare"
         )
-    if snapshot is None or not same_request(existing.enqueue_request, snapshot):
+    if snapshot is None or not _same_request_of(spec, existing.enqueue_request, snapshot):
         raise IdempotencyConflict(
             f"idempotency key {spec.idempotency_key!r} is taken by job {existing.id} with a different request",
             job_id=str(existing.id),
@@ -546,7 +571,22 @@ def _write_debounced(connection: Connection, one: Chunk, ids_only: bool) -> Any:
         # An insert that met a waiting job updated it, so no row means no enabled definition.
         _raise_if_definition_missing(connection, {spec.job_type})
         raise IdempotencyConflictMissingExisting(f"debounced job of type {spec.job_type!r} was not written")
-    return jobs[0].id if ids_only else jobs[0]
+    job = jobs[0]
+    if job.id != one.ids[0] and active_encryption() is not None:
+        job = _reseal_debounced(connection, job, spec)
+    return job.id if ids_only else job
+
+
+def _reseal_debounced(connection: Connection, job: JobRecord, spec: JobSpec) -> JobRecord:
+    """Seal a debounce's payload again for the waiting job it replaced: it was sealed for the id drawn for a new row.
+
+    The upsert holds the row's lock until the caller commits, so no claim reads the first seal.
+    """
+    payload_json = check.serialize_json("payload", stored_payload(spec.payload))
+    connection.execute(
+        job_queue.update().where(job_queue.c.id == job.id)
+        .values(payload=cast(literal(sealed(payload_json, job.id), Text), JSONB)))
+    return dataclasses.replace(job, payload=json.loads(payload_json))
 
 
 #: Rounds of a unique spec whose live holder finished between its insert and the

@@ -24,6 +24,7 @@ from runledger_sync.core.types import ClaimOrigin
 from runledger_sync.core.states import JobStage, JobStatus
 from runledger_sync.db.schema import job_attempts, job_queue
 from runledger_sync.store.binds import Bind
+from runledger_sync.store.sealing import opened
 from runledger_sync.store.transactions import run_in_transaction
 from runledger_sync.store.rows import JOB_COLUMNS, to_job
 from runledger_sync.store.sql import milliseconds
@@ -112,7 +113,7 @@ def _reap(connection: Connection, limit: int, delay_ms: int) -> ReapResult:
         elif outcome.status == JobStatus.DEAD_LETTERED:
             dead.append(
                 ReapedDeadLetter(outcome.id, outcome.job_type, outcome.organization_id, outcome.run_number,
-                                 outcome.attempt, outcome.payload, outcome.meta)
+                                 outcome.attempt, opened(outcome.payload, outcome.id), outcome.meta)
             )
         else:
             retried += 1

@@ -35,6 +35,7 @@ from runledger_sync.core.workflow_errors import (
 from runledger_sync.db.schema import job_events, job_queue
 from runledger_sync.db.schema_workflows import workflow_runs, workflow_steps
 from runledger_sync.store.binds import Bind
+from runledger_sync.store.sealing import opened, sealed
 from runledger_sync.store.enqueue.chunk import same_request
 from runledger_sync.store.transactions import run_in_transaction
 from runledger_sync.store.notify import notify_ended
@@ -191,7 +192,7 @@ def complete_external_step(
             raise ExternalStepNotFound(f"workflow run {target} has no step {step_key!r}", step_key=step_key)
         _check_answerable(step, succeeded, output_json)
         if step.status == WorkflowStepStatus.WAITING_FOR_EXTERNAL.value:
-            connection.execute(_STORE_OUTPUT, {"target_step_id": step.id, "new_output": output_json})
+            connection.execute(_STORE_OUTPUT, {"target_step_id": step.id, "new_output": sealed(output_json, step.id)})
             end = (StepEnd(step.id, WorkflowStepStatus.SUCCEEDED) if succeeded else
                    StepEnd(step.id, WorkflowStepStatus.FAILED, EXTERNAL_STEP_FAILED_CODE,
                            "the external step was answered as failed"))
@@ -213,6 +214,6 @@ def _check_answerable(step: Any, succeeded: bool, output_json: Optional[str]) ->
     if answered[step.status] != succeeded:
         raise ExternalStepConflictingCompletion(f"step {step.id} was already answered as {step.status}")
     same_output = (step.output is None) if output_json is None else (
-        step.output is not None and same_request(step.output, output_json))
+        step.output is not None and same_request(opened(step.output, step.id), output_json))
     if not same_output:
         raise ExternalStepConflictingOutput(f"step {step.id} was already answered with a different output")

@@ -24,6 +24,7 @@ from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import InvalidArgument
+from runledger_sync.core.encryption import active_encryption
 from runledger_sync.core.ids import uuid7
 from runledger_sync.core.types import DEFAULT_EVENT_LOG
 from runledger_sync.core.workflow import (
@@ -151,6 +152,10 @@ def request_digest(more: WorkflowAppend) -> str:
     """sha256 of the append as canonical JSON: equal for the same window and steps, whatever their dicts' order."""
     request = {"window": more.window, "steps": step_snapshots(more.steps)}
     text = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    encryption = active_encryption()
+    if encryption is not None:
+        # The steps' payloads are in the request: with keys, a plain hash of them could be reversed.
+        return "hmac:" + encryption.keyed_hash(text)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 

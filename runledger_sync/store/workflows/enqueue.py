@@ -18,6 +18,8 @@ from sqlalchemy.engine import Connection
 from runledger_sync.core import instrumentation
 from runledger_sync.core import validation as check
 from runledger_sync.core.errors import EnqueueIdempotencyUnsupportedIsolation, InvalidArgument
+from runledger_sync.core.encryption import DIGEST_FIELD, active_encryption, is_digest
+from runledger_sync.core.encryption_errors import EncryptionKeyMissing
 from runledger_sync.core.ids import uuid7
 from runledger_sync.core.meta import meta_json
 from runledger_sync.core.types import DEFAULT_EVENT_LOG, EventLog
@@ -31,6 +33,7 @@ from runledger_sync.core.workflow_errors import (
 from runledger_sync.db.schema import job_definitions
 from runledger_sync.db.schema_workflows import workflow_runs, workflow_step_dependencies, workflow_steps
 from runledger_sync.store.binds import Bind
+from runledger_sync.store.sealing import sealed_object
 from runledger_sync.store.enqueue.chunk import same_request
 from runledger_sync.store.sql import event_log_params
 from runledger_sync.store.transactions import require_read_committed, run_in_transaction
@@ -92,6 +95,12 @@ def _request_snapshot(workflow: Workflow) -> str:
     return check.serialize_json("workflow", {"name": workflow.name, "steps": step_snapshots(workflow.steps)})
 
 
+def _stored(snapshot: str) -> str:
+    """The snapshot as stored: with keys, its keyed digest (the steps' payloads are in it)."""
+    encryption = active_encryption()
+    return snapshot if encryption is None else encryption.digest(snapshot)
+
+
 def step_snapshots(steps: Sequence[WorkflowStep]) -> list[dict[str, Any]]:
     """The steps as a request compares them on a retry (an enqueue's or an append's)."""
     return [
@@ -113,7 +122,7 @@ def _enqueue(connection: Connection, workflow: Workflow, snapshot: str, run_id: 
         pg_insert(workflow_runs)
         .values(id=run_id, name=workflow.name, organization_id=workflow.organization_id,
                 idempotency_key=workflow.idempotency_key, meta=cast(literal(meta, Text), JSONB),
-                enqueue_request=None if workflow.idempotency_key is None else cast(literal(snapshot, Text), JSONB))
+                enqueue_request=None if workflow.idempotency_key is None else cast(literal(_stored(snapshot), Text), JSONB))
         .on_conflict_do_nothing()
         .returning(_r.id)
     ).first()
@@ -140,7 +149,9 @@ def insert_steps(connection: Connection, run_id: UUID, steps: Sequence[WorkflowS
     connection.execute(workflow_steps.insert(), [
         {"id": step_ids[step.key], "run_id": run_id, "step_key": step.key, "kind": step.kind.value,
          "job_type": step.job_type,
-         "payload": None if step.kind is WorkflowStepKind.EXTERNAL else step.payload,
+         # Sealed for the step's id, which its job takes when the step is released.
+         "payload": None if step.kind is WorkflowStepKind.EXTERNAL else sealed_object(
+             step.payload, check.serialize_json("payload", step.payload), step_ids[step.key]),
          "priority": step.priority, "max_attempts": step.max_attempts, "timeout_seconds": step.timeout_seconds,
          "allow_continuation": step.continuation, "dependencies_total": len(step.after),
          "dependencies_pending": waiting[step.key][0], "dependencies_unsatisfied": waiting[step.key][1]}
@@ -166,6 +177,15 @@ def check_definitions(connection: Connection, steps: Sequence[WorkflowStep]) -> 
         )
 
 
+def _same_snapshot(stored: Any, snapshot: str) -> bool:
+    if not is_digest(stored):
+        return same_request(stored, snapshot)
+    encryption = active_encryption()
+    if encryption is None:
+        raise EncryptionKeyMissing(f"encryption key {stored[DIGEST_FIELD][0]} missing", key_id=stored[DIGEST_FIELD][0])
+    return encryption.same_digest(stored, snapshot)
+
+
 def _existing_run(connection: Connection, workflow: Workflow, snapshot: str) -> WorkflowRunRecord:
     existing = connection.execute(
         select(_r.id, _r.enqueue_request)
@@ -179,7 +199,7 @@ def _existing_run(connection: Connection, workflow: Workflow, snapshot: str) -> 
             f"workflow {workflow.name!r} with idempotency key {workflow.idempotency_key!r} already exists")
     if existing.enqueue_request is None:
         raise WorkflowLegacySnapshotMissing(f"workflow run {existing.id} has no request snapshot to compare")
-    if not same_request(existing.enqueue_request, snapshot):
+    if not _same_snapshot(existing.enqueue_request, snapshot):
         raise WorkflowEnqueueConflictingRetry(
             f"workflow {workflow.name!r} with idempotency key {workflow.idempotency_key!r} exists with a different "
             "definition", run_id=str(existing.id))

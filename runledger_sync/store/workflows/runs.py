@@ -37,6 +37,7 @@ from runledger_sync.db.schema_workflows import (
     workflow_steps,
 )
 from runledger_sync.store.binds import Bind
+from runledger_sync.store.sealing import opened
 from runledger_sync.store.scope import check_job_id
 from runledger_sync.store.transactions import run_in_transaction
 
@@ -99,7 +100,9 @@ def read_run(connection: Connection, run_id: UUID) -> Optional[WorkflowRunRecord
             job_type=row.job_type, job_id=row.job_id, deps=tuple(deps.get(row.id, ())),
             release=WorkflowReleaseMode(release.get(row.id, WorkflowReleaseMode.ON_TERMINAL.value)),
             dependencies_total=row.dependencies_total, dependencies_pending=row.dependencies_pending,
-            dependencies_unsatisfied=row.dependencies_unsatisfied, output=row.output, error_code=row.error_code,
+            dependencies_unsatisfied=row.dependencies_unsatisfied,
+            # A job step's output is sealed for its job, an external step's for the step.
+            output=opened(row.output, row.job_id or row.id), error_code=row.error_code,
             error_message=row.error_message, created_at=row.created_at, finished_at=row.finished_at,
         )
         for row in connection.execute(_STEP_ROWS, {"run_id": run_id})
@@ -172,7 +175,8 @@ def list_workflow_runs(
 
 _STEP_OF_ID = select(_s.run_id, _s.step_key).where(_s.id == bindparam("step_id", type_=PG_UUID(as_uuid=True)))
 _OUTPUT_OF_KEY = (
-    select(func.coalesce(job_queue.c.output, _s.output).label("output"))
+    select(func.coalesce(job_queue.c.output, _s.output).label("output"),
+           func.coalesce(job_queue.c.id, _s.id).label("sealed_for"))
     .select_from(workflow_steps.outerjoin(
         job_queue, and_(job_queue.c.id == _s.job_id, job_queue.c.status == "SUCCEEDED")))
     .where(_s.run_id == bindparam("run_id", type_=PG_UUID(as_uuid=True)), _s.step_key == bindparam("step_key"))
@@ -212,5 +216,5 @@ def step_output(bind: Bind, run_id: UUID, step_key: str) -> Any:
     row = run_in_transaction(bind, lambda connection: connection.execute(_OUTPUT_OF_KEY, params).first())
     if row is None:
         raise WorkflowStepNotFound(f"workflow run {run_id} has no step {step_key!r}", step_key=step_key)
-    return row.output
+    return opened(row.output, row.sealed_for)
 

@@ -23,7 +23,6 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.engine import Connection
 
-from runledger_sync.core.ids import uuid7
 from runledger_sync.core.types import EventLog, JobEventType
 from runledger_sync.core.states import JobStatus
 from runledger_sync.core.workflow import (
@@ -306,7 +305,8 @@ def release_steps(connection: Connection, steps: Sequence[tuple[UUID, str]], *, 
     if not jobs:
         return []
     released = set(connection.execute(
-        _RELEASE_JOBS, {"step_ids": jobs, "job_ids": [uuid7() for _ in jobs]} | event_log_params(event_log)).scalars())
+        # A step's job takes the step's id: a payload sealed for the step opens on its job.
+        _RELEASE_JOBS, {"step_ids": jobs, "job_ids": jobs} | event_log_params(event_log)).scalars())
     return [
         StepEnd(step_id, WorkflowStepStatus.FAILED, DEFINITION_UNAVAILABLE_CODE,
                 "the step's job type has no enabled definition")

@@ -131,3 +131,22 @@ def test_a_child_that_cannot_load_its_app_is_not_restarted_and_stops_the_others(
     assert set(supervisor.exits) == {"refused-p0", "refused-p1"} and 2 in supervisor.exits.values()
     assert not [r for r in logs.records if r.getMessage() == "worker process exited unexpectedly; restarting it"]
     assert [r for r in logs.records if r.getMessage() == "worker process keeps failing; stopping the others"]
+
+
+def test_worker_processes_open_payloads_with_the_parents_encryption_keys(app_database, supervisors, logs):
+    from runledger_sync.core.encryption import active_encryption
+
+    engine = app_database
+    before = active_encryption()
+    rl.configure_encryption(rl.Encryption(keys={"k1": os.urandom(32)}, current="k1"))
+    try:
+        rl.enqueue_many(engine, [rl.JobSpec("proc.quick", {"n": n}) for n in range(4)])
+        assert scalar(engine, "SELECT count(*) FROM job_queue WHERE payload ? '$rl.enc'") == 4
+        supervisor = Supervisor(engine, process_app.registry, fast_config(worker_id="sealed"), processes=2, app=APP)
+        supervisors.append(supervisor)
+        supervisor.start()
+        # A child without the keys would hand every claim back: all four succeed only if the children hold them.
+        wait_until(lambda: succeeded(engine) == 4, timeout=START_TIMEOUT)
+        assert scalar(engine, "SELECT count(*) FROM job_events WHERE event_type = 'REQUEUED'") == 0
+    finally:
+        rl.configure_encryption(before)
