@@ -14,6 +14,7 @@ from sqlalchemy.dialects import postgresql
 
 from runledger_sync.db import schema, schema_operations, schema_queues, schema_rollup, schema_schedules, schema_workflows  # noqa: F401  its tables join schema.metadata
 from runledger_sync.db import schema_replays  # noqa: F401  its table joins metadata too
+from runledger_sync.db import schema_batches  # noqa: F401  its table joins metadata too
 from runledger_sync.db.engine import create_engine, schema_of
 
 # A fixed key for pg_advisory_xact_lock so concurrent migrators queue up.

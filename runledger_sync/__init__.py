@@ -35,6 +35,8 @@ from runledger_sync.core.errors import (
     ScheduleNotFound,
     ValidationError,
 )
+from runledger_sync.core.batch import BatchCallback, BatchRecord, BatchStatus
+from runledger_sync.core.batch_errors import BatchClosed, BatchFinished, BatchNotFound, InvalidBatchCallback
 from runledger_sync.core.bulk import BulkResult, JobFilter, JobOperation
 from runledger_sync.core.bulk_errors import EmptyJobFilter, InvalidJobFilter
 from runledger_sync.core.coordination import Debounce, Unique
@@ -116,6 +118,14 @@ from runledger_sync.store.admin.dead_letters import count_dead_letters, list_dea
 from runledger_sync.store.admin.gauges import QueueGauges, queue_gauges
 from runledger_sync.store.admin.jobs import count_jobs, get_dead_letter, get_job, list_attempts, list_events, list_jobs
 from runledger_sync.store.admin.stats import QueueStats, queue_stats
+from runledger_sync.store.batches.batches import (
+    cancel_batch,
+    close_batch,
+    get_batch,
+    list_batch_members,
+    list_batches,
+    open_batch,
+)
 from runledger_sync.store.definitions import set_job_definition_enabled
 from runledger_sync.store.enqueue.enqueue import enqueue, enqueue_many, enqueue_many_ids
 from runledger_sync.store.maintenance.retention import prune
@@ -145,6 +155,12 @@ from runledger_sync.store.workflows.runs import get_workflow_run, list_workflow_
 
 __all__ = [
     "AlreadyEnqueued",
+    "BatchCallback",
+    "BatchClosed",
+    "BatchFinished",
+    "BatchNotFound",
+    "BatchRecord",
+    "BatchStatus",
     "BulkResult",
     "CommitOutcomeUnknown",
     "ConfigError",
@@ -159,6 +175,7 @@ __all__ = [
     "EventLog",
     "IdempotencyConflict",
     "InvalidArgument",
+    "InvalidBatchCallback",
     "InvalidCoordination",
     "InvalidCron",
     "InvalidDebounce",
@@ -236,10 +253,12 @@ __all__ = [
     "WorkflowStepRecord",
     "WorkflowStepStatus",
     "append_workflow_steps",
+    "cancel_batch",
     "cancel_job",
     "cancel_jobs",
     "cancel_workflow_run",
     "check_schema",
+    "close_batch",
     "complete_external_step",
     "configure_encryption",
     "configure_logging",
@@ -257,6 +276,7 @@ __all__ = [
     "enqueue_many_ids",
     "enqueue_workflow",
     "explain_wait",
+    "get_batch",
     "get_dead_letter",
     "get_job",
     "get_queue",
@@ -264,6 +284,8 @@ __all__ = [
     "get_workflow_run",
     "head_revision",
     "list_attempts",
+    "list_batch_members",
+    "list_batches",
     "list_dead_letters",
     "list_events",
     "list_jobs",
@@ -277,6 +299,7 @@ __all__ = [
     "mask_urls_in",
     "migrate",
     "migration_sql",
+    "open_batch",
     "pause_queue",
     "pause_schedule",
     "prune",

@@ -49,6 +49,7 @@ from runledger_sync.core.errors import (
     ValidationError,
     WorkflowRequeueNotSupported,
 )
+from runledger_sync.core.batch_errors import BatchClosed, BatchFinished, BatchNotFound, InvalidBatchCallback
 from runledger_sync.core.bulk_errors import EmptyJobFilter, InvalidJobFilter, InvalidJobUpdate, WorkflowDeleteNotSupported
 from runledger_sync.core.coordination_errors import InvalidCoordination, InvalidDebounce, InvalidUnique
 from runledger_sync.core.store_errors import (
@@ -135,6 +136,9 @@ __all__ = [
     "AlreadyEnqueued",
     "AsyncHandler",
     "AuthorizeHookMissing",
+    "BatchClosed",
+    "BatchFinished",
+    "BatchNotFound",
     "BusinessRuleViolation",
     "CheckpointTooLarge",
     "CommitOutcomeUnknown",
@@ -169,6 +173,7 @@ __all__ = [
     "IdempotencyConflictMissingExisting",
     "IncompleteRequestBody",
     "InvalidArgument",
+    "InvalidBatchCallback",
     "InvalidCompletionProgress",
     "InvalidConcurrencyKey",
     "InvalidCoordination",

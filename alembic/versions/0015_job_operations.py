@@ -14,7 +14,7 @@ definition (this revision then finds it and leaves it):
     CREATE INDEX CONCURRENTLY idx_job_queue_meta ON job_queue USING gin (meta jsonb_path_ops);
 
 Revision ID: 0015
-Revises: 0013
+Revises: 0014
 Create Date: 2026-12-06
 
 """
@@ -28,7 +28,7 @@ from runledger_sync.db.engine import schema_of
 
 # revision identifiers, used by Alembic.
 revision: str = '0015'
-down_revision: Union[str, Sequence[str], None] = "0013"
+down_revision: Union[str, Sequence[str], None] = "0014"
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 

@@ -71,6 +71,7 @@ async def enqueue(
     event_log: EventLog | str = DEFAULT_EVENT_LOG,
     unique: Optional[Unique] = None,
     debounce: Optional[Debounce] = None,
+    batch: Optional[UUID | str] = None,
 ) -> JobRecord:
     """Add one job in the caller's transaction, as :func:`runledger_sync.enqueue` does.
 
@@ -91,7 +92,7 @@ async def enqueue(
         priority=priority, max_attempts=max_attempts, timeout_seconds=timeout_seconds, run_at=run_at,
         delay_seconds=delay_seconds, organization_id=organization_id, idempotency_key=idempotency_key, stage=stage,
         max_payload_bytes=max_payload_bytes, queue=queue, concurrency_key=concurrency_key, meta=meta,
-        event_log=event_log, unique=unique, debounce=debounce,
+        event_log=event_log, unique=unique, debounce=debounce, batch=batch,
     )
     return await run_joined(bind, lambda connection: store_enqueue.enqueue(connection, job_type, payload, **options))
 

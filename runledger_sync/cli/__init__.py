@@ -23,7 +23,7 @@ The modules: ``_core`` (registry, parser, error reporting), ``_output``
 (tables and JSON), and one module per purpose that registers its commands on
 import: ``schema`` (migrate, check-schema), ``worker`` (worker, demo), ``jobs``
 (enqueue, jobs, stats), ``bulk`` (jobs delete, jobs update, operations), ``queues``,
-``dead_letters``, ``retention`` (prune), ``schedules``, ``workflows``, ``dashboard``, ``encryption``
+``dead_letters``, ``retention`` (prune), ``schedules``, ``workflows``, ``batches``, ``dashboard``, ``encryption``
 (encryption rotate), ``health`` and ``top``. The script uses only the public
 ``runledger_sync`` API.
 """
@@ -33,6 +33,7 @@ from __future__ import annotations
 # Importing a command module registers its commands; the order is the order of `--help`.
 from runledger_sync.cli import schema, worker, jobs, bulk, queues, dead_letters, retention, schedules, workflows, dashboard, health, top  # noqa: F401  isort: skip
 from runledger_sync.cli import encryption  # noqa: F401,E402  isort: skip
+from runledger_sync.cli import batches  # noqa: F401,E402  isort: skip
 from runledger_sync.cli._core import (
     COMMANDS,
     DEFAULT_HINT,

@@ -100,6 +100,8 @@ HINTS: dict[str, str] = {
         f"pause it with `{PROG} schedules pause NAME`, or remove it from the code and then run "
         f"`{PROG} schedules delete NAME --force`"
     ),
+    "batch.not_found": f"list batch ids with `{PROG} batches list`",
+    "batch.closed": f"a batch takes members only while OPEN; see its status with `{PROG} batches show BATCH_ID`",
     "workflow.run_not_found": f"list run ids with `{PROG} workflows list`",
     "workflow.run_finished": "a run that has finished keeps its outcome; there is nothing left to cancel",
     "workflow.external_step_not_found": f"`{PROG} workflows show RUN_ID` lists the run's steps and their kinds",

@@ -133,6 +133,7 @@ def _enqueue_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debounce-delay", type=float, metavar="S", help="seconds to wait for the next enqueue")
     parser.add_argument("--debounce-max-delay", type=float, metavar="S",
                         help="the longest the first enqueue waits (default: --debounce-delay)")
+    parser.add_argument("--batch", metavar="BATCH_ID", help="join this OPEN batch (see `batches list`)")
 
 
 def _unique(args: argparse.Namespace) -> Optional[rl.Unique]:
@@ -161,7 +162,8 @@ def _enqueue(args: argparse.Namespace) -> int:
                          organization_id=args.organization_id, idempotency_key=args.idempotency_key,
                          max_attempts=args.max_attempts, queue=args.queue, concurrency_key=args.concurrency_key,
                          max_payload_bytes=config.max_payload_bytes, event_log=config.event_log,
-                         meta=parse_meta(args.meta), unique=_unique(args), debounce=_debounce(args))
+                         meta=parse_meta(args.meta), unique=_unique(args), debounce=_debounce(args),
+                         batch=args.batch)
     print(job.id)
     return EXIT_OK
 

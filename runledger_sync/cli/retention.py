@@ -12,7 +12,7 @@ from runledger_sync.core.retention import parse_duration
 
 #: ``--status`` words -> the Retention field each sets.
 KINDS = {"succeeded": "succeeded", "canceled": "canceled", "dead_lettered": "dead_lettered",
-         "workflow_runs": "workflow_runs", "dashboard_rollup": "dashboard_rollup"}
+         "workflow_runs": "workflow_runs", "dashboard_rollup": "dashboard_rollup", "job_batches": "job_batches"}
 
 
 def _prune_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,7 +70,7 @@ def _prune(args: argparse.Namespace) -> int:
         *((f"jobs {status}", result.jobs.get(status, 0)) for status in ("SUCCEEDED", "CANCELED", "DEAD_LETTERED")),
         ("attempts", result.attempts), ("events", result.events), ("dead letters", result.dead_letters),
         ("workflow runs", result.workflow_runs), ("workflow steps", result.workflow_steps),
-        ("dashboard rollup rows", result.rollup_minutes),
+        ("dashboard rollup rows", result.rollup_minutes), ("job batches", result.job_batches),
     ])
     print(f"{result.batches} batches in {result.elapsed_seconds:.2f}s")
     return EXIT_OK

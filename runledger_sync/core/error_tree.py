@@ -8,6 +8,7 @@ import their bases from :mod:`runledger_sync.core.errors`, so that module cannot
 from __future__ import annotations
 
 from runledger_sync.core import (  # noqa: F401 - loaded for the walk
+    batch_errors,
     bulk_errors,
     dashboard_errors,
     encryption_errors,

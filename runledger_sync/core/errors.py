@@ -54,6 +54,7 @@ Branch on ``.code`` or on the class, never on the message text::
     │   ├── ExternalStepInvalidTerminalStatus   workflow.external_step_invalid_terminal_status
     │   ├── ExternalStepOutputInvalidStatus     workflow.external_step_output_invalid_status
     │   ├── WorkflowAppendMutationKeyBlank      workflow.append_mutation_key_blank
+    │   ├── InvalidBatchCallback                batch.invalid_callback
     │   ├── IncompleteRequestBody               web.incomplete_body
     │   └── HostNotAllowed                      web.host_not_allowed
     ├── JobStateError                           runledger.job_state_rejected
@@ -79,7 +80,10 @@ Branch on ``.code`` or on the class, never on the message text::
     │   ├── WorkflowAppendTerminalRun           workflow.append_terminal_run
     │   ├── WorkflowAppendWindowMissing         workflow.append_window_missing
     │   ├── WorkflowAppendWindowNotExternal     workflow.append_window_not_external
-    │   └── WorkflowAppendWindowNotOpen         workflow.append_window_not_open
+    │   ├── WorkflowAppendWindowNotOpen         workflow.append_window_not_open
+    │   ├── BatchNotFound                       batch.not_found
+    │   ├── BatchClosed                         batch.closed
+    │   └── BatchFinished                       batch.finished
     ├── ConflictError                           runledger.conflict
     │   ├── AlreadyEnqueued                     job.already_enqueued
     │   ├── IdempotencyConflict                 job.idempotency_conflict

@@ -56,6 +56,8 @@ class JobSpec:
     unique: Optional[Unique] = None
     #: One waiting job per key, which later enqueues replace; not with ``unique``, ``run_at`` or ``delay_seconds``.
     debounce: Optional[Debounce] = None
+    #: The OPEN batch to join (a :class:`runledger_sync.BatchRecord`'s id), counted in its progress.
+    batch: Optional[UUID | str] = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,8 @@ class JobRecord:
     debounce_count: int = 0
     #: The latest a debounced job starts: its first enqueue plus ``max_delay``.
     debounce_until: Optional[datetime] = None
+    #: The batch the job is a member of (``rl.open_batch``), else None.
+    batch_id: Optional[UUID] = None
     #: What the enqueue that returned this record did: ``created``, ``existing`` (a unique
     #: duplicate or an idempotent repeat returned the live job) or ``replaced`` (debounced).
     #: None on a record read any other way. Not a column, and not compared.

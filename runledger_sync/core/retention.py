@@ -19,6 +19,8 @@ DEFAULT_CANCELED_AGE = timedelta(days=7)
 #: Longer: a dead letter is what an operator comes back to diagnose.
 DEFAULT_DEAD_LETTERED_AGE = timedelta(days=30)
 DEFAULT_WORKFLOW_RUNS_AGE = timedelta(days=30)
+#: A finished batch's row (its counts), once no member of it is live; its members go with it.
+DEFAULT_JOB_BATCHES_AGE = timedelta(days=30)
 #: The dashboard's charts reach back a week at most.
 DEFAULT_DASHBOARD_ROLLUP_AGE = timedelta(days=7)
 
@@ -69,6 +71,8 @@ class Retention:
     workflow_runs: Optional[timedelta] = DEFAULT_WORKFLOW_RUNS_AGE
     #: The per-minute rows behind the dashboard's charts (table job_rollup_minutes).
     dashboard_rollup: Optional[timedelta] = DEFAULT_DASHBOARD_ROLLUP_AGE
+    #: Finished batches (table job_batches), with their members, once none of them is PENDING or LEASED.
+    job_batches: Optional[timedelta] = DEFAULT_JOB_BATCHES_AGE
 
     def __post_init__(self) -> None:
         for item in fields(self):
@@ -125,6 +129,7 @@ class PruneResult:
         attempts, events, dead_letters: rows of those jobs deleted with them.
         workflow_runs, workflow_steps: finished runs deleted, and their steps.
         rollup_minutes: rows of the dashboard's rollup deleted (one per queue per minute).
+        job_batches: finished batches deleted (their members are counted in ``jobs``).
         batches: transactions that deleted (or, dry, counted) something.
         elapsed_seconds: wall time of the whole prune.
         dry_run: nothing was deleted; the counts are what would have been.
@@ -141,6 +146,7 @@ class PruneResult:
     workflow_steps: int = 0
     rollup_minutes: int = 0
     batches: int = 0
+    job_batches: int = 0
     elapsed_seconds: float = 0.0
     dry_run: bool = False
     contended: bool = False

@@ -251,6 +251,9 @@ class JobContext:
     workflow: Optional["WorkflowContext"] = None
     #: The metadata the job was enqueued with (text keys to text values; empty when none).
     meta: Mapping[str, str] = field(default_factory=dict)
+    #: The batch this job is a member of (``rl.open_batch``); None for a job of none. A member
+    #: may add more members to it while it is OPEN: ``rl.enqueue(..., batch=ctx.batch_id)``.
+    batch_id: Optional[UUID] = None
     _cancel_flag: Flag = field(default_factory=Flag, repr=False, compare=False)
     _cancel_reason: Optional[str] = field(default=None, repr=False)
     _progress_reporter: Optional[ProgressReporter] = field(default=None, repr=False, compare=False)

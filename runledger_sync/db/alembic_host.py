@@ -56,6 +56,7 @@ from sqlalchemy import MetaData, Table
 from runledger_sync.core.errors import ConfigError
 from runledger_sync.db import schema_operations, schema_queues, schema_rollup, schema_schedules, schema_workflows  # noqa: F401  its tables join metadata, read whole below
 from runledger_sync.db import schema_replays  # noqa: F401  its table joins metadata too
+from runledger_sync.db import schema_batches  # noqa: F401  its table joins metadata too
 from runledger_sync.db.migrate import VERSION_TABLE, check_schema, current_revision, head_revision, migrate, migrations_directory
 from runledger_sync.db.schema import metadata
 

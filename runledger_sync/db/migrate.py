@@ -36,6 +36,7 @@ from runledger_sync.core.store_errors import (
 )
 from runledger_sync.db import schema_operations, schema_queues, schema_rollup, schema_schedules, schema_workflows  # noqa: F401  its tables join metadata, which the drift check compares whole
 from runledger_sync.db import schema_replays  # noqa: F401  its table joins metadata too
+from runledger_sync.db import schema_batches  # noqa: F401  its table joins metadata too
 from runledger_sync.db.engine import schema_of
 from runledger_sync.db.errors import is_transient, translate
 from runledger_sync.db.schema import metadata

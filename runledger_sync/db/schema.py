@@ -211,6 +211,8 @@ job_queue = Table(
     Column("unique_states", ARRAY(Text)),
     Column("debounce_count", Integer, nullable=False, server_default=text("0")),
     Column("debounce_until", DateTime(timezone=True)),
+    # Revision 0014: the batch the job is a member of (runledger_sync.db.schema_batches keeps its counts).
+    Column("batch_id", UUID(as_uuid=True), ForeignKey("job_batches.id", name="fk_job_queue_batch_id")),
     CheckConstraint(one_of("status", JobStatus), name="ck_job_queue_status"),
     CheckConstraint(one_of("stage", JobStage), name="ck_job_queue_stage"),
     CheckConstraint("run_number > 0", name="ck_job_queue_run_number_positive"),
@@ -400,6 +402,17 @@ Index(
     job_queue.c.workflow_step_id,
     unique=True,
     postgresql_where=text("workflow_step_id IS NOT NULL"),
+)
+
+# A batch's members, oldest first (the batch page; cancel_batch's pending members), and
+# whether a finished batch has any left (the prune, and the foreign key's check when
+# a batch row is deleted). Only members have entries.
+Index(
+    "idx_job_queue_batch",
+    job_queue.c.batch_id,
+    job_queue.c.created_at,
+    job_queue.c.id,
+    postgresql_where=text("batch_id IS NOT NULL"),
 )
 
 #: Room left in each job_queue page for the next versions of its rows: the running

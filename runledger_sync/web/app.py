@@ -39,7 +39,9 @@ try:
 except ImportError:  # the dashboard extra; the rest of the library works without it
     raise MissingExtra("dashboard", "Jinja2") from None
 from runledger_sync.logging import get_logger
-from runledger_sync.web import views_jobs, views_operations, views_overview, views_queues, views_workflows
+from runledger_sync.web import (
+    views_batches, views_jobs, views_operations, views_overview, views_queues, views_workflows,
+)
 from runledger_sync.web.csrf import FIELD_NAME, CsrfGuard, check_origin
 from runledger_sync.web.hosts import AllowedHosts
 from runledger_sync.web.http import HostForm, Request, Response
@@ -65,6 +67,7 @@ ROUTES: list[tuple[str, re.Pattern[str], Callable[..., Response]]] = [
     ("GET", re.compile(r"/workflows"), views_workflows.workflows),
     ("POST", re.compile(r"/workflows/(?P<action>cancel_workflow_run|complete_external_step)"),
      views_workflows.workflow_action),
+    ("GET", re.compile(r"/batches"), views_batches.batches),
     ("GET", re.compile(r"/queues"), views_queues.queues),
     # The actions are named as the API calls they make, apart from the schedules' pause and
     # resume: a hook that lets someone pause a schedule need not let them stop a queue.
@@ -84,6 +87,7 @@ _STATUS_OF_CODE = {
     "job.not_found": HTTPStatus.NOT_FOUND,
     "schedule.not_found": HTTPStatus.NOT_FOUND,
     "workflow.run_not_found": HTTPStatus.NOT_FOUND,
+    "batch.not_found": HTTPStatus.NOT_FOUND,
     "workflow.external_step_not_found": HTTPStatus.NOT_FOUND,
     "queue.not_found": HTTPStatus.NOT_FOUND,
     "job.invalid_state_transition": HTTPStatus.CONFLICT,

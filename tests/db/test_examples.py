@@ -111,7 +111,7 @@ def test_alembic_host_upgrades_both_histories_and_downgrades_them(empty_database
         assert _applied_revisions(engine, script) == {
             "app_0011", "app_0010", "app_0009", "app_0008", "app_0007", "app_0006", "app_0005", "app_0004", "app_0003", "app_0002",
             "app_0001", "0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011",
-            "0012", "0013", "0015", "0016"}
+            "0012", "0013", "0014", "0015", "0016"}
         # The app's foreign key into the queue works.
         with engine.begin() as conn:
             conn.exec_driver_sql("INSERT INTO job_definitions (job_type) VALUES ('app.ship')")

@@ -47,9 +47,9 @@ def test_0015_downgrade_drops_it_keeping_the_jobs_and_upgrade_makes_it_again(emp
     define(empty_engine)
     kept = rl.enqueue(empty_engine, JOB_TYPE, {}, meta={"tenant": "acme"})
 
-    downgrade(empty_engine, "0013")
+    downgrade(empty_engine, "0014")
 
-    assert current_revision(empty_engine) == "0013"
+    assert current_revision(empty_engine) == "0014"
     assert shape(empty_engine) == (False, False)
     assert rl.get_job(empty_engine, kept.id) is not None
     migrate(empty_engine)
@@ -59,7 +59,7 @@ def test_0015_downgrade_drops_it_keeping_the_jobs_and_upgrade_makes_it_again(emp
 
 def test_0015_keeps_a_meta_index_built_concurrently_by_hand_beforehand(empty_engine):
     migrate(empty_engine)
-    downgrade(empty_engine, "0013")
+    downgrade(empty_engine, "0014")
     with empty_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
         connection.exec_driver_sql(f"CREATE INDEX CONCURRENTLY {META_INDEX} ON job_queue USING gin (meta jsonb_path_ops)")
 

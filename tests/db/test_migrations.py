@@ -40,6 +40,11 @@ from runledger_sync.db.migrate import (
     migrations_directory,
 )
 from runledger_sync.db.schema import metadata
+from runledger_sync.db.schema_batches import (
+    BATCH_FINISH_TRIGGER,
+    BATCH_MEMBER_ADDED_TRIGGER,
+    BATCH_MEMBER_MOVED_TRIGGER,
+)
 from runledger_sync.db.schema_unique import UNIQUE_REENTRY_TRIGGER
 from runledger_sync.store.driver import claim_jobs
 from runledger_sync.store.enqueue.enqueue import enqueue
@@ -52,9 +57,12 @@ WORKFLOW_TABLES = {"workflow_runs", "workflow_steps", "workflow_step_dependencie
 LINK_TRIGGERS = {("job_queue", "trg_job_queue_workflow_link"), ("workflow_steps", "trg_workflow_steps_job_link")}
 KEY_TRIGGERS = {("job_queue", name) for name in KEY_TRIGGER_NAMES}
 #: Every trigger at head: 0003 left only the schedules' updated_at one; 0004 the job/step
-#: linkage triggers; 0005 the concurrency-key triggers; 0013 the unique re-entry trigger.
+#: linkage triggers; 0005 the concurrency-key triggers; 0013 the unique re-entry trigger;
+#: 0014 the batch member and finish triggers.
+BATCH_TRIGGERS = {("job_queue", BATCH_MEMBER_ADDED_TRIGGER), ("job_queue", BATCH_MEMBER_MOVED_TRIGGER),
+                  ("job_batches", BATCH_FINISH_TRIGGER)}
 HEAD_TRIGGERS = ({("job_schedules", "trg_job_schedules_updated_at")} | LINK_TRIGGERS | KEY_TRIGGERS
-                 | {("job_queue", UNIQUE_REENTRY_TRIGGER)})
+                 | {("job_queue", UNIQUE_REENTRY_TRIGGER)} | BATCH_TRIGGERS)
 
 
 @pytest.fixture
@@ -404,7 +412,7 @@ def test_0003_downgrade_restores_triggers_and_listing_indexes_and_upgrade_reappl
         indexes - LISTING_INDEXES_0002 | LISTING_INDEXES_0003
         | {"uq_job_queue_workflow_step_id", "idx_job_queue_key_live", "idx_job_queue_finished",
            "idx_job_queue_idempotency_key_prefix", "uq_job_queue_unique_org", "uq_job_queue_unique_global",
-           "idx_job_queue_meta"},
+           "idx_job_queue_meta", "idx_job_queue_batch"},
         ["fillfactor=70"], HEAD_TRIGGERS,
     )
     assert schema_diff(empty_engine) == []

@@ -247,10 +247,11 @@ OPERATOR_COMMANDS = ["enqueue", "jobs list", "jobs show", "jobs retry", "jobs ca
                      "dead-letters replay", "stats", "schedules list", "schedules show", "schedules pause",
                      "schedules resume", "schedules trigger", "schedules delete", "workflows list", "workflows show",
                      "workflows cancel", "workflows complete-external", "queues list", "queues show", "queues pause",
-                     "queues resume", "queues set"]
+                     "queues resume", "queues set", "batches list", "batches show"]
 
 
-@pytest.mark.parametrize("name", OPERATOR_COMMANDS + ["jobs", "dead-letters", "schedules", "workflows", "queues"])
+@pytest.mark.parametrize("name", OPERATOR_COMMANDS + ["jobs", "dead-letters", "schedules", "workflows", "queues",
+                                                      "batches"])
 def test_each_operator_command_has_help(capsys, name):
     code, out, _ = run(capsys, *name.split(), "--help")
 
@@ -260,7 +261,7 @@ def test_each_operator_command_has_help(capsys, name):
 
 def test_operator_commands_are_registered_under_their_groups():
     assert set(OPERATOR_COMMANDS) <= set(cli.COMMANDS)
-    assert set(cli.GROUPS) == {"jobs", "dead-letters", "schedules", "workflows", "queues", "operations", "encryption"}
+    assert set(cli.GROUPS) == {"jobs", "dead-letters", "schedules", "workflows", "queues", "operations", "encryption", "batches"}
 
 
 def test_a_nested_command_needs_its_group():

@@ -111,6 +111,7 @@ class Attempt:
             checkpoint=job.checkpoint,
             workflow=None if job.workflow_step_id is None else self._workflow_context(job.workflow_step_id),
             meta=job.meta,
+            batch_id=job.batch_id,
             _progress_reporter=self._report_progress,
             _completer=self._complete_in,
         )

@@ -66,6 +66,7 @@ from runledger_sync.db.schema import (
     job_events,
     job_queue,
 )
+from runledger_sync.store.batches.members import check_batch_id, lock_open_batches
 from runledger_sync.store.prepared import PreparedStatement
 from runledger_sync.store.sealing import sealed
 from runledger_sync.store.rows import DISPOSITION, JOB_COLUMNS, JOB_TEXT_COLUMNS, to_job, to_jobs
@@ -94,10 +95,12 @@ _INPUT = func.unnest(
     bindparam("unique_periods", type_=ARRAY(Integer)),
     bindparam("unique_states", type_=ARRAY(Text)),
     bindparam("debounce_max_delays", type_=ARRAY(Float)),
+    cast(bindparam("batch_ids", type_=ARRAY(Text)), ARRAY(PG_UUID(as_uuid=True))),
 ).table_valued(
     "id", "job_type", "organization_id", "payload", "priority", "max_attempts", "timeout_seconds",
     "run_at", "delay_seconds", "stage", "idempotency_key", "enqueue_request", "queue", "execution_resource_key",
-    "meta", "unique_key", "unique_period", "unique_states", "debounce_max_delay", with_ordinality="ord",
+    "meta", "unique_key", "unique_period", "unique_states", "debounce_max_delay", "batch_id",
+    with_ordinality="ord",
 ).render_derived(name="unnested")
 #: The specs' rows, unnested once: the check that every type is enabled reads them too.
 _SPECS = select(_INPUT).cte("input")
@@ -153,6 +156,7 @@ def _build_enqueue_statement(ids_only: bool = False, debounce_into: Optional[tup
             cast(_SPECS.c.unique_states, ARRAY(Text)),
             case((_SPECS.c.debounce_max_delay.is_(None), null()),
                  else_=_seconds_from_now(_SPECS.c.debounce_max_delay)),
+            _SPECS.c.batch_id,
         )
         .select_from(_SPECS.join(definition, enabled))
         # All or nothing: one unknown or disabled type rejects the whole batch.
@@ -166,7 +170,7 @@ def _build_enqueue_statement(ids_only: bool = False, debounce_into: Optional[tup
     written = insert.from_select(
         ["id", "job_type", "organization_id", "payload", "priority", "max_attempts", "timeout_seconds",
          "next_run_at", "stage", "idempotency_key", "enqueue_request", "queue", "execution_resource_key", "meta",
-         "unique_key", "unique_states", "debounce_until"],
+         "unique_key", "unique_states", "debounce_until", "batch_id"],
         rows,
     )
     if debounce_into is None:
@@ -262,7 +266,7 @@ def _batch_parameters(
         name: []
         for name in ("ids", "job_types", "organization_ids", "payloads", "priorities", "max_attempts",
                      "timeouts", "run_ats", "delays", "stages", "keys", "snapshots", "queues", "concurrency_keys",
-                     "metas", "unique_keys", "unique_periods", "unique_states", "debounce_max_delays")
+                     "metas", "unique_keys", "unique_periods", "unique_states", "debounce_max_delays", "batch_ids")
     }
     # One lock and one read of the random source for the whole chunk.
     id_strings = uuid7_strings(len(specs))
@@ -303,6 +307,7 @@ def _batch_parameters(
         columns["unique_periods"].append(coordination.period_seconds)
         columns["unique_states"].append(coordination.states)
         columns["debounce_max_delays"].append(coordination.max_delay_seconds)
+        columns["batch_ids"].append(None if spec.batch is None else str(check_batch_id(spec.batch)))
         snapshot = None if key is None else request_snapshot(spec, payload_json=payload_json)
         # With keys, a repeat is compared by a keyed digest: the request holds the payload.
         columns["snapshots"].append(snapshot if encryption is None or snapshot is None else encryption.digest(snapshot))
@@ -321,7 +326,7 @@ def _batch_parameters(
 #: The columns a spec may leave unset.
 _OPTIONAL_COLUMNS = ("organization_ids", "priorities", "max_attempts", "timeouts", "run_ats", "delays", "keys",
                      "snapshots", "queues", "concurrency_keys", "unique_keys", "unique_periods", "unique_states",
-                     "debounce_max_delays")
+                     "debounce_max_delays", "batch_ids")
 
 
 def _nulls_once(columns: dict[str, list[Any]]) -> dict[str, Optional[list[Any]]]:
@@ -363,6 +368,9 @@ def _coordination(spec: JobSpec, run_at: Any, delay: Optional[float], key: Optio
         return _Coordination(unique.base_key(stored_payload(spec.payload), keyed_hash), unique.period_seconds,
                              _array_literal(unique.states), None, delay)
     debounce = spec.debounce.checked()  # type: ignore[union-attr]
+    # A debounce may update a job already waiting, which joined its own batch or none.
+    if spec.batch is not None:
+        raise InvalidCoordination("debounce", type(spec.debounce).__name__, "None when batch is given")
     # A debounce sets the start itself, and updates the job it meets, which an
     # idempotent request's read-back and comparison could not follow.
     if run_at is not None or delay is not None:
@@ -546,10 +554,14 @@ def write_chunk(connection: Connection, chunk: Chunk, *, ids_only: bool = False)
 
     The chunk is one statement, and each debounced spec one more after it, in
     spec order (one update cannot meet the same row twice, and a later debounce
-    of a key replaces what an earlier one wrote). A repeated idempotent request
+    of a key replaces what an earlier one wrote). Batches the specs join are
+    locked first and must be OPEN (:func:`lock_open_batches`). A repeated idempotent request
     and a unique duplicate answer with the existing job, looked up here; any
     error leaves the caller's transaction to roll back.
     """
+    batch_ids = chunk.params["batch_ids"]
+    if batch_ids is not None:
+        lock_open_batches(connection, {batch_id for batch_id in batch_ids if batch_id is not None})
     debounced = [i for i, spec in enumerate(chunk.specs) if spec.debounce is not None]
     if not debounced:
         return _write_rows(connection, chunk, ids_only)

@@ -55,6 +55,7 @@ def enqueue(
     event_log: EventLog | str = DEFAULT_EVENT_LOG,
     unique: Optional[Unique] = None,
     debounce: Optional[Debounce] = None,
+    batch: Optional[UUID | str] = None,
 ) -> JobRecord:
     """Add one job to the queue.
 
@@ -88,6 +89,8 @@ def enqueue(
             and key takes this payload and meta and starts ``delay`` from now (at the latest
             ``max_delay`` after its first enqueue); not with ``unique``, ``run_at``,
             ``delay_seconds`` or ``idempotency_key``.
+        batch: the id of an OPEN batch (:func:`runledger_sync.open_batch`) the job joins,
+            counted in its progress; read as ``ctx.batch_id``. Not with ``debounce``.
 
     Returns:
         The job row (the existing one for a repeated idempotent request or a unique
@@ -101,6 +104,7 @@ def enqueue(
         DefinitionNotFoundOrDisabled: the type is unknown or disabled.
         QueueNotFound: ``queue`` names no queue (``queue.not_found``).
         IdempotencyConflict: the key exists with a different request.
+        BatchNotFound, BatchClosed: ``batch`` names no batch, or one not OPEN; nothing written.
 
     Example:
         ``job = rl.enqueue(engine, "email.send", {"to": "a@b.c"}, delay_seconds=30)``
@@ -125,6 +129,7 @@ def enqueue(
         meta=meta,
         unique=unique,
         debounce=debounce,
+        batch=batch,
     )
     check.check_int("max_payload_bytes", max_payload_bytes, check.MAX_PAYLOAD_BYTES_RANGE)
     # One spec is one chunk: straight to its statement, past the batch's reading in chunks.

@@ -12,7 +12,10 @@ deploy) is resumed by the next one, which finds what is left.
 What is never deleted: a PENDING or LEASED job, whatever its age; a job of a
 workflow step (it goes with its run, once the run has finished and aged, so
 a run never shows a step whose job is gone); a run that still has a PENDING or
-LEASED job.
+LEASED job; a batch that has one (a member requeued after the batch finished).
+A finished batch goes with its members once it is older than
+``Retention.job_batches``; its members may have gone before it, each by the
+age of its status.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any, Optional, Sequence
 
-from sqlalchemy import DateTime, Integer, Interval, bindparam, func, literal_column, select, tuple_
+from sqlalchemy import DateTime, Integer, Interval, bindparam, func, literal_column, select, text, tuple_
 from sqlalchemy.dialects.postgresql import ARRAY, UUID as PG_UUID
 from sqlalchemy.engine import Connection
 
@@ -33,6 +36,7 @@ from runledger_sync.core.retention import PruneResult, Retention
 from runledger_sync.core.states import JobStatus
 from runledger_sync.core.workflow import WorkflowRunStatus
 from runledger_sync.db.schema import job_attempts, job_dead_letters, job_events, job_queue
+from runledger_sync.db.schema_batches import FINISHED_BATCHES, job_batches
 from runledger_sync.db.schema_rollup import job_rollup_minutes
 from runledger_sync.db.schema_workflows import workflow_runs, workflow_steps
 from runledger_sync.store.binds import Bind
@@ -112,6 +116,25 @@ def _pick_runs(locking: bool, after: bool) -> Any:
     return statement.with_for_update(skip_locked=True, of=workflow_runs) if locking else statement
 
 
+def _pick_batches(locking: bool, after: bool) -> Any:
+    """Old finished batches with no PENDING or LEASED member left, oldest first: idx_job_batches_finished's head."""
+    b = job_batches.c
+    live_member: Any = select(literal_column("1")).where(_q.batch_id == b.id, _q.status.in_(LIVE_JOB_STATUSES))
+    statement = (
+        select(b.id, b.finished_at)
+        .where(text(FINISHED_BATCHES), b.finished_at < func.now() - _AGE, ~live_member.exists())
+        .order_by(b.finished_at, b.id)
+        .limit(_LIMIT)
+    )
+    if after:
+        statement = statement.where(tuple_(b.finished_at, b.id) > tuple_(_AFTER_AT, _AFTER_ID))
+    return statement.with_for_update(skip_locked=True, of=job_batches) if locking else statement
+
+
+_MEMBERS_OF_BATCHES = select(_q.id, _q.status).where(_q.batch_id == func.any(_IDS))
+_DELETE_BATCHES = job_batches.delete().where(job_batches.c.id == func.any(_IDS))
+
+
 def _jobs_of_runs() -> Any:
     return (
         select(_q.id, _q.status)
@@ -135,7 +158,7 @@ _DELETE_ROLLUP = job_rollup_minutes.delete().where(tuple_(_m.minute, _m.queue).i
     select(_m.minute, _m.queue).where(_OLD_ROLLUP).order_by(_m.minute, _m.queue).limit(_LIMIT)
     .with_for_update(skip_locked=True)))
 _PICKS = {(kind, locking, after): pick(locking, after)
-          for kind, pick in (("jobs", _pick_jobs), ("runs", _pick_runs))
+          for kind, pick in (("jobs", _pick_jobs), ("runs", _pick_runs), ("batches", _pick_batches))
           for locking in (False, True) for after in (False, True)}
 
 
@@ -151,6 +174,7 @@ class _Tally:
     workflow_steps: int = 0
     rollup_minutes: int = 0
     batches: int = 0
+    job_batches: int = 0
     contended: bool = False
 
     def add_jobs(self, connection: Connection, ids: Sequence[Any], statuses: Sequence[str], dry_run: bool) -> None:
@@ -235,6 +259,8 @@ class _Batches:
         ids = [row[0] for row in picked]
         if kind == "jobs":
             self.tally.add_jobs(connection, ids, [status or ""] * len(ids), self.dry_run)
+        elif kind == "batches":
+            self._job_batches(connection, ids)
         else:
             self._runs(connection, ids)
         self.tally.batches += 1
@@ -249,6 +275,15 @@ class _Batches:
         self.tally.workflow_runs += len(run_ids)
         if not self.dry_run:
             connection.execute(_DELETE_RUNS, {"ids": run_ids})
+
+
+    def _job_batches(self, connection: Connection, batch_ids: list[Any]) -> None:
+        # Members first: a batch row is deleted once nothing refers to it.
+        members = connection.execute(_MEMBERS_OF_BATCHES, {"ids": batch_ids}).all()
+        self.tally.add_jobs(connection, [row.id for row in members], [row.status for row in members], self.dry_run)
+        self.tally.job_batches += len(batch_ids)
+        if not self.dry_run:
+            connection.execute(_DELETE_BATCHES, {"ids": batch_ids})
 
 
 def prune(
@@ -266,7 +301,8 @@ def prune(
     SUCCEEDED, CANCELED and DEAD_LETTERED jobs go once their ``finished_at`` is
     older than the retention's age for that status, with their attempts, events
     and dead letter; finished workflow runs go once older than
-    ``retention.workflow_runs``, with their steps and their steps' jobs; the
+    ``retention.workflow_runs``, with their steps and their steps' jobs; finished
+    batches once older than ``retention.job_batches``, with their members; the
     dashboard's rollup rows once their minute is older than
     ``retention.dashboard_rollup``. An age of None keeps that kind. PENDING and
     LEASED jobs are never deleted, nor a
@@ -317,6 +353,8 @@ def prune(
             batches.run("jobs", age, status.value)
     if retention.workflow_runs is not None:
         batches.run("runs", retention.workflow_runs)
+    if retention.job_batches is not None:
+        batches.run("batches", retention.job_batches)
     if retention.dashboard_rollup is not None:
         batches.run_rollup(retention.dashboard_rollup)
     # The tally's fields are the result's counts by name: only what the run itself knows is added here.

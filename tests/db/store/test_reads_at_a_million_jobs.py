@@ -444,7 +444,20 @@ READS: dict[str, Read] = {
     "unique duplicate": lambda c, s: _enqueue_twice(c, unique=rl.Unique(key="account-7")),
     "unique duplicate in an org": lambda c, s: _enqueue_twice(c, organization_id="org-4", unique=rl.Unique()),
     "debounce": lambda c, s: _enqueue_twice(c, debounce=rl.Debounce("doc-7", 5, 60)),
+    # A batch's members listed (its page), cancelled (its pending members), and pruned once finished.
+    "list batch members": lambda c, s: rl.list_batch_members(c, _batch_of_two(c).id),
+    "cancel batch": lambda c, s: rl.cancel_batch(c, _batch_of_two(c).id),
+    "prune batches": lambda c, s: rl.prune(c, _BATCHES_ONLY, batch_size=500, max_batches=1),
 }
+_BATCHES_ONLY = rl.Retention(succeeded=None, canceled=None, dead_lettered=None, workflow_runs=None,
+                             dashboard_rollup=None, job_batches=timedelta(seconds=1))
+
+
+def _batch_of_two(connection: sqlalchemy.Connection) -> rl.BatchRecord:
+    batch = rl.open_batch(connection)
+    for n in range(2):
+        rl.enqueue(connection, "mill.sync", {"n": n}, batch=batch.id)
+    return batch
 
 
 def _enqueue_twice(connection: sqlalchemy.Connection, **options: Any) -> None:

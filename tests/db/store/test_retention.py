@@ -115,7 +115,7 @@ def test_batches_are_bounded_each_its_own_transaction(db):
     event.listen(db, "commit", on_commit)
     try:
         result = rl.prune(db, rl.Retention(canceled=None, dead_lettered=None, workflow_runs=None,
-                                           dashboard_rollup=None), batch_size=3)
+                                           dashboard_rollup=None, job_batches=None), batch_size=3)
     finally:
         event.remove(db, "commit", on_commit)
 

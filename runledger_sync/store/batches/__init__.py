@@ -1,0 +1,1 @@
+"""Batches: open, add members, close, read, cancel (runledger_sync.core.batch)."""
