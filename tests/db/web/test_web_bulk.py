@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import html
 import re
+import threading
 from typing import Any
 
 from werkzeug.test import Client
 
 import runledger_sync as rl
 from runledger_sync.web import allow_anyone, create_app
+from runledger_sync.web.csrf import COOKIE_NAME
 from tests.db.web.conftest import EMAIL, HOSTILE, REPORT, Browser, allow_all, dead_lettered, page, post_form
+from tests.support import event_types
 
 DRAWN_AT = re.compile(r'name="drawn_at" value="([^"]+)"')
 ACME = "tenant=acme"
@@ -109,6 +112,35 @@ def test_a_new_confirmation_of_work_already_done_acts_and_says_nothing_changed(d
     shown = page(admin, second.headers["Location"])
     assert "0 matched, 0 changed" in shown and "Nothing was changed" in shown
     assert [operation.changed for operation in rl.list_operations(db)] == [0, 3]
+
+
+def test_a_confirmation_sent_twice_at_once_runs_each_job_once(db):
+    letters = [dead_lettered(db, meta={"tenant": "acme"}) for _ in range(3)]
+    app = create_app(db, read_only=False, authorize=as_user("alice"))
+    first = Browser(app)
+    url = f"/jobs/bulk_retry?meta={ACME}"
+    form = {**confirm_form(first, url), "csrf_token": token_of(first, url)}
+    second = Browser(app)  # a second tab of the same browser: its cookie, the same drawn form
+    second.set_cookie(COOKIE_NAME, first.get_cookie(COOKIE_NAME).value)
+    start = threading.Barrier(2)
+    answers: list[int] = []
+
+    def send(client: Client) -> None:
+        start.wait(10)
+        answers.append(client.post("/jobs/bulk_retry", data=form).status_code)
+
+    threads = [threading.Thread(target=send, args=(client,)) for client in (first, second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+
+    assert answers == [303, 303]
+    # Sent together, both may act (the second finds the jobs run again already); never twice on a job.
+    assert [rl.get_job(db, job.id).run_number for job in letters] == [2, 2, 2]
+    assert all(event_types(db, job.id).count("REQUEUED") == 1 for job in letters)
+    operations = rl.list_operations(db)
+    assert 1 <= len(operations) <= 2 and sum(operation.changed for operation in operations) == 3
 
 
 def test_retry_delete_and_update_act_through_their_confirmations(db, admin):
