@@ -7,6 +7,7 @@ import uuid
 from typing import Any, Optional
 
 import runledger_sync as rl
+from runledger_sync.store.admin.bulk import ACTION_STATUSES
 from runledger_sync.web.http import PageHost, Request, Response
 
 PAGE_SIZE = 50
@@ -22,11 +23,10 @@ DONE_MESSAGES = {
 }
 
 #: The jobs list's bulk actions: (action, button label, the statuses it takes; its button is drawn for those or none).
-BULK_BUTTONS = (
-    ("bulk_cancel", "Cancel", ("PENDING", "LEASED")),
-    ("bulk_retry", "Retry", ("SUCCEEDED", "DEAD_LETTERED", "CANCELED")),
-    ("bulk_delete", "Delete", ("SUCCEEDED", "DEAD_LETTERED", "CANCELED")),
-    ("bulk_update", "Change priority or time", ("PENDING",)),
+BULK_BUTTONS = tuple(
+    (f"bulk_{action}", label, tuple(status.value for status in ACTION_STATUSES[action]))
+    for action, label in (("cancel", "Cancel"), ("retry", "Retry"), ("delete", "Delete"),
+                          ("update", "Change priority or time"))
 )
 
 
