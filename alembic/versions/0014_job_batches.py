@@ -26,7 +26,7 @@ from runledger_sync.db.schema_batches import batch_trigger_ddl, drop_batch_trigg
 
 # revision identifiers, used by Alembic.
 revision: str = '0014'
-down_revision: Union[str, Sequence[str], None] = '0013'
+down_revision: Union[str, Sequence[str], None] = "0013"
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 

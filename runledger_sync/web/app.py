@@ -40,7 +40,7 @@ except ImportError:  # the dashboard extra; the rest of the library works withou
     raise MissingExtra("dashboard", "Jinja2") from None
 from runledger_sync.logging import get_logger
 from runledger_sync.web import (
-    views_batches, views_jobs, views_operations, views_overview, views_queues, views_workflows,
+    views_batches, views_bulk, views_jobs, views_operations, views_overview, views_queues, views_workflows,
 )
 from runledger_sync.web.csrf import FIELD_NAME, CsrfGuard, check_origin
 from runledger_sync.web.hosts import AllowedHosts
@@ -57,6 +57,10 @@ ROUTES: list[tuple[str, re.Pattern[str], Callable[..., Response]]] = [
     ("GET", re.compile(r"/"), views_overview.overview),
     ("GET", re.compile(r"/jobs"), views_jobs.jobs_list),
     ("GET", re.compile(r"/jobs/(?P<job_id>[0-9a-fA-F-]{32,36})"), views_jobs.job_page),
+    # A bulk action over the list's filter: the GET is its confirmation page (the dry-run count), the POST acts.
+    ("GET", re.compile(r"/jobs/(?P<action>bulk_cancel|bulk_retry|bulk_delete|bulk_update)"), views_bulk.bulk_confirm),
+    ("POST", re.compile(r"/jobs/(?P<action>bulk_cancel|bulk_retry|bulk_delete|bulk_update)"), views_bulk.bulk_act),
+    ("GET", re.compile(r"/operations"), views_bulk.operations),
     ("POST", re.compile(r"/jobs/(?P<job_id>[0-9a-fA-F-]{32,36})/(?P<action>cancel|retry|replay_job)"),
      views_jobs.job_action),
     ("GET", re.compile(r"/dead-letters"), views_operations.dead_letters),
@@ -275,6 +279,17 @@ class Dashboard:
         if request.host_form is None:
             self.csrf.check(request)
 
+    def require_action(self, request: Request, action: str) -> None:
+        """Raise unless this app allows actions and the hook ``action``: for a page that only leads to one (a confirmation).
+
+        Raises:
+            DashboardReadOnly: the app is read-only.
+            ActionForbidden: the hook refused.
+        """
+        if self.read_only:
+            raise DashboardReadOnly(self.setup.enable_actions)
+        self.require(request, action)
+
     def hook_argument(self, request: Request) -> Any:
         """What the hooks are given: the host framework's request when mounted, else the dashboard's."""
         return request.host_request if request.host_request is not None else request
@@ -358,7 +373,10 @@ def create_app(
             dead letters ticked), ``"replay_dead_letters"`` (every one a filter matches),
             ``"pause"``, ``"resume"``, ``"trigger"`` for schedules; ``"pause_queue"``,
             ``"resume_queue"``, ``"configure_queue"`` for queues; ``"cancel_workflow_run"``,
-            ``"complete_external_step"`` for workflow runs). It returns False to refuse, True
+            ``"complete_external_step"`` for workflow runs; ``"bulk_cancel"``, ``"bulk_retry"``,
+            ``"bulk_delete"``, ``"bulk_update"`` for the jobs list's actions on every job its
+            filter matches, asked for the confirmation page too and recorded in the operations
+            with the user the hook names). It returns False to refuse, True
             to allow, or the user's id (a non-empty str, the same for every action) to
             allow and bind that user's forms to them (a form token read by one user is
             refused for another). ``request.environ`` is the WSGI environ; mounted in

@@ -7,6 +7,7 @@ import uuid
 from typing import Any, Optional
 
 import runledger_sync as rl
+from runledger_sync.store.admin.bulk import ACTION_STATUSES
 from runledger_sync.web.http import PageHost, Request, Response
 
 PAGE_SIZE = 50
@@ -20,6 +21,13 @@ DONE_MESSAGES = {
     "replayed": "The job was queued again as a new run; the replay is recorded below.",
     "already_replayed": "This replay was already recorded (the form was sent twice); nothing more was queued.",
 }
+
+#: The jobs list's bulk actions: (action, button label, the statuses it takes; its button is drawn for those or none).
+BULK_BUTTONS = tuple(
+    (f"bulk_{action}", label, tuple(status.value for status in ACTION_STATUSES[action]))
+    for action, label in (("cancel", "Cancel"), ("retry", "Retry"), ("delete", "Delete"),
+                          ("update", "Change priority or time"))
+)
 
 
 def jobs_list(dashboard: PageHost, request: Request) -> Response:
@@ -36,16 +44,16 @@ def jobs_list(dashboard: PageHost, request: Request) -> Response:
     jobs = rl.list_jobs(
         dashboard.engine, status=filters["status"], job_type=filters["job_type"],
         organization_id=filters["organization_id"], search=filters["search"], before=before, limit=PAGE_SIZE + 1,
-        meta=_meta_filter(filters["meta"]),
+        meta=meta_filter(filters["meta"]),
     )
     next_before = str(jobs[PAGE_SIZE - 1].id) if len(jobs) > PAGE_SIZE else None
     return dashboard.render(
         request, "jobs.html", jobs=jobs[:PAGE_SIZE], filters=filters, next_before=next_before,
-        statuses=[status.value for status in rl.JobStatus], paged=before is not None,
+        statuses=[status.value for status in rl.JobStatus], paged=before is not None, bulk_actions=BULK_BUTTONS,
     )
 
 
-def _meta_filter(text: Optional[str]) -> Optional[dict[str, str]]:
+def meta_filter(text: Optional[str]) -> Optional[dict[str, str]]:
     """The metadata box, ``tenant=acme, region=eu``, as the mapping ``list_jobs(meta=)`` takes."""
     if text is None or not text.strip():
         return None

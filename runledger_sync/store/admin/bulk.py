@@ -72,9 +72,10 @@ DEFAULT_LIST_LIMIT = 100
 _q = job_queue.c
 _op = job_operations.c
 _FINISHED = (JobStatus.SUCCEEDED, JobStatus.DEAD_LETTERED, JobStatus.CANCELED)
-#: The statuses each action applies to, walked in this order (a cancel's PENDING jobs
-#: before its LEASED ones: one being claimed as the walk passes is LEASED by the next part).
-_STATUSES: dict[str, tuple[JobStatus, ...]] = {
+#: The statuses each action applies to (the dashboard draws its buttons by them), walked in this
+#: order (a cancel's PENDING jobs before its LEASED ones: one being claimed as the walk passes is
+#: LEASED by the next part).
+ACTION_STATUSES: dict[str, tuple[JobStatus, ...]] = {
     "cancel": (JobStatus.PENDING, JobStatus.LEASED),
     "retry": _FINISHED,
     "delete": _FINISHED,
@@ -134,7 +135,7 @@ class _Plan:
         if not isinstance(chosen, JobFilter):
             raise InvalidJobFilter("filter", chosen, "a JobFilter")
         chosen.require_criteria(action)
-        allowed = _STATUSES[action]
+        allowed = ACTION_STATUSES[action]
         if chosen.statuses is not None:
             others = [JobStatus(status).value for status in chosen.statuses if status not in allowed]
             if others:

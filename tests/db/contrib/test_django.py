@@ -548,3 +548,24 @@ def test_dashboard_setting_is_checked(project):
         read_settings(Settings)
     Settings.RUNLEDGER = {"DASHBOARD": {"READ_ONLY": False, "AUTHORIZE": "a.b:c"}}
     assert read_settings(Settings).dashboard.read_only is False
+
+
+def test_dashboard_bulk_cancel_confirms_and_acts_under_djangos_csrf_protection(runledger):
+    from django.test import Client
+
+    engine = runledger.get_engine()
+    jobs = [rl.enqueue(engine, JOB_TYPE, {"item": n}, meta={"tenant": "acme"}) for n in range(2)]
+    client = Client(enforce_csrf_checks=True)
+    confirm = client.get("/ops/jobs/bulk_cancel?meta=tenant%3Dacme", HTTP_X_OPERATOR="ada").content.decode()
+    assert '<strong id="dry-run-count">2</strong>' in confirm
+    drawn_at = re.search(r'name="drawn_at" value="([^"]+)"', confirm).group(1)
+    form = {"meta": "tenant=acme", "reason": "offboarded", "drawn_at": drawn_at,
+            "csrfmiddlewaretoken": django_csrf_token(confirm)}
+    without_token = client.post("/ops/jobs/bulk_cancel", {**form, "csrfmiddlewaretoken": ""},
+                                HTTP_X_OPERATOR="ada", HTTP_ORIGIN="http://testserver")
+    assert without_token.status_code == 403 and rl.list_operations(engine) == []
+    done = client.post("/ops/jobs/bulk_cancel", form, HTTP_X_OPERATOR="ada", HTTP_ORIGIN="http://testserver")
+    [operation] = rl.list_operations(engine)
+    assert done.status_code == 303 and done["Location"] == f"/ops/operations?done={operation.id}"
+    assert (operation.action, operation.reason, operation.changed) == ("cancel", "offboarded", 2)
+    assert {rl.get_job(engine, job.id).status for job in jobs} == {rl.JobStatus.CANCELED}
