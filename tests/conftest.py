@@ -86,3 +86,18 @@ def empty_database(pg_server) -> Iterator[str]:
     url = pg_server.create_database(name)
     yield url
     pg_server.drop_database(name)
+
+
+@pytest.fixture(autouse=True)
+def _encryption_left_as_found() -> Iterator[None]:
+    """Put the process's encryption keys back after each test.
+
+    ``configure_encryption`` is process-wide (so is the CLI's and ``JobsConfig.from_env``'s
+    reading of the environment): keys one test set would otherwise seal the next test's
+    jobs, which a worker process without them then never runs.
+    """
+    from runledger_sync.core.encryption import active_encryption, configure_encryption
+
+    before = active_encryption()
+    yield
+    configure_encryption(before)

@@ -86,7 +86,8 @@ def test_cancel_jobs_cancels_the_matching_pending_and_leased_jobs_as_cancel_job_
 def test_a_bulk_cancel_notifies_the_worker_running_a_canceled_job(db, fresh_database):
     running = leased(db, meta=ACME)
     url = sqlalchemy.engine.make_url(fresh_database)
-    listener = psycopg2.connect(host=url.host, port=url.port, user=url.username, dbname=url.database)
+    # The whole URL as libpq reads it: the embedded server's socket directory is in its query.
+    listener = psycopg2.connect(url.set(drivername="postgresql").render_as_string(hide_password=False))
     listener.autocommit = True
     try:
         listener.cursor().execute(f"LISTEN {CANCELED_CHANNEL}")
