@@ -116,3 +116,12 @@ class BatchRecord:
     def ended(self) -> int:
         """Members that ended, whatever their outcome."""
         return self.succeeded + self.failed + self.canceled
+
+
+def with_batch_id(payload_json: str, batch_id: UUID) -> str:
+    """A callback payload's JSON text (an object) with the batch's id added, as the finish trigger adds it to a clear one.
+
+    A sealed payload is copied by the trigger as it is, so it is sealed with the id already in.
+    """
+    body = payload_json.rstrip()[:-1].rstrip()
+    return f'{body}{"" if body.endswith("{") else ", "}"{CALLBACK_BATCH_ID_KEY}": "{batch_id}"}}'

@@ -21,7 +21,11 @@ A batch row left CLOSED with no pending member, by a member's count or by
 the same transaction: ``trg_job_batches_finish`` (AFTER UPDATE of job_batches,
 only for such a row) runs one UPDATE guarded by ``status = 'CLOSED' AND pending
 = 0`` that moves it to SUCCEEDED or COMPLETED_WITH_ERRORS, and only the
-transaction whose update matched enqueues the callbacks. The batch row's lock
+transaction whose update matched enqueues the callbacks. A callback's payload
+sealed at ``open_batch`` (encryption at rest) already holds the batch's id and is
+bound to the callback's job id: the trigger copies it as it is. The row keeps the
+``on_success`` job id of a batch that did not succeed (its payload stays bound to
+it); the record shows that id only for a SUCCEEDED batch. The batch row's lock
 orders the transactions that write it, so exactly one of them sees the batch
 finish; the callbacks' ids were drawn at ``open_batch``, so a second insert
 could only collide.
@@ -38,6 +42,7 @@ from sqlalchemy import CheckConstraint, Column, DateTime, ForeignKey, Index, Int
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
 from runledger_sync.core.batch import CALLBACK_BATCH_ID_KEY, BatchStatus
+from runledger_sync.core.encryption import SEALED_FIELD
 from runledger_sync.db.schema import EMPTY_JSON, META_IS_OBJECT, metadata, one_of, timestamp_columns
 
 ZERO = text("0")
@@ -106,7 +111,6 @@ DECLARE
 BEGIN
   UPDATE {batches}
      SET status = CASE WHEN {all_succeeded} THEN 'SUCCEEDED' ELSE 'COMPLETED_WITH_ERRORS' END,
-         on_success_job_id = CASE WHEN {all_succeeded} THEN on_success_job_id END,
          finished_at = now(), updated_at = now()
    WHERE id = NEW.id AND status = 'CLOSED' AND pending = 0
   RETURNING * INTO b;
@@ -114,15 +118,19 @@ BEGIN
     RETURN NULL;
   END IF;
   INSERT INTO {jobs} (id, job_type, payload, priority, max_attempts, timeout_seconds, queue, meta)
-  SELECT c.job_id, d.job_type, c.payload || jsonb_build_object('{CALLBACK_BATCH_ID_KEY}', b.id::text),
+  -- A sealed payload already holds its batch id (sealed at open_batch, bound to its job id): copied as it is.
+  SELECT c.job_id, d.job_type,
+         CASE WHEN c.payload ? '{SEALED_FIELD}' THEN c.payload
+              ELSE c.payload || jsonb_build_object('{CALLBACK_BATCH_ID_KEY}', b.id::text) END,
          d.default_priority, d.max_attempts, d.default_timeout_seconds, d.queue, b.meta
-    FROM (VALUES (b.on_success_job_id, b.on_success_type, b.on_success_payload),
+    FROM (VALUES (CASE WHEN b.status = 'SUCCEEDED' THEN b.on_success_job_id END, b.on_success_type,
+                  b.on_success_payload),
                  (b.on_complete_job_id, b.on_complete_type, b.on_complete_payload)) AS c (job_id, job_type, payload)
     JOIN {definitions} d ON d.job_type = c.job_type
    WHERE c.job_id IS NOT NULL;
   -- Delivered at commit, like an enqueue's: idle workers wake for the callbacks.
   PERFORM pg_notify('runledger_jobs', t) FROM unnest(ARRAY[
-    CASE WHEN b.on_success_job_id IS NOT NULL THEN b.on_success_type END, b.on_complete_type]) AS t
+    CASE WHEN b.status = 'SUCCEEDED' THEN b.on_success_type END, b.on_complete_type]) AS t
    WHERE t IS NOT NULL;
   RETURN NULL;
 END"""  # noqa: S608

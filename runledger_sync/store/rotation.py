@@ -22,7 +22,7 @@ import functools
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 from uuid import UUID
 
 from sqlalchemy import Text, and_, bindparam, cast, func, literal, not_, or_, select
@@ -33,7 +33,10 @@ from sqlalchemy.engine import Connection, Engine
 from runledger_sync.core import validation as check
 from runledger_sync.core.encryption import DIGEST_FIELD, SEALED_FIELD, SEALED_PREFIX, Encryption, active_encryption
 from runledger_sync.core.encryption_errors import EncryptionKeyMissing
+from runledger_sync.core.batch import with_batch_id
 from runledger_sync.db.schema import job_dead_letters, job_queue
+from runledger_sync.db.schema_schedules import job_schedules
+from runledger_sync.db.schema_batches import job_batches
 from runledger_sync.db.schema_workflows import workflow_runs, workflow_steps
 from runledger_sync.store.transactions import run_in_transaction
 
@@ -50,6 +53,21 @@ class _Target:
     key: Any
     sealed: tuple[str, ...]
     digested: tuple[str, ...] = ()
+    #: A sealed column bound to another id column than ``key`` (a batch's callbacks: their job ids).
+    bound_to: tuple[tuple[str, str], ...] = ()
+    #: How a clear value of a row becomes the text sealed (a callback's takes its batch id first).
+    clear_text: Optional[Callable[[str, Any], str]] = None
+
+    def row_id(self, row: Any, name: str) -> UUID:
+        """The id a column's value is bound to: the row's own, or the one named in ``bound_to``."""
+        bound: UUID = getattr(row, dict(self.bound_to).get(name, "row_id"))
+        return bound
+
+    def resealed(self, encryption: Encryption, row: Any, name: str) -> Optional[str]:
+        text: Optional[str] = getattr(row, name)
+        if self.clear_text is not None and text is not None and text != "null" and not text.startswith(SEALED_PREFIX):
+            text = self.clear_text(text, row)
+        return _reseal(encryption, text, self.row_id(row, name))
 
 
 _TARGETS = (
@@ -58,6 +76,12 @@ _TARGETS = (
     # A step's payload (and an external step's answer) is bound to the step's id, which its job takes when released.
     _Target(workflow_steps, workflow_steps.c.id, ("payload", "output")),
     _Target(workflow_runs, workflow_runs.c.id, (), ("enqueue_request",)),
+    # A batch's callback payloads are bound to their jobs' ids (drawn at open): the finish trigger copies them there.
+    _Target(job_batches, job_batches.c.id, ("on_success_payload", "on_complete_payload"),
+            bound_to=(("on_success_payload", "on_success_job_id"), ("on_complete_payload", "on_complete_job_id")),
+            clear_text=lambda text, row: with_batch_id(text, row.row_id)),
+    # A schedule's payload template is bound to the schedule's id.
+    _Target(job_schedules, job_schedules.c.id, ("payload_template",)),
 )
 
 
@@ -77,8 +101,9 @@ def _batch_statement(target: _Target) -> Any:
     stale = or_(*(_stale(table.c[name]) for name in target.sealed),
                 *(_undigested(table.c[name]) for name in target.digested))
     columns = [cast(table.c[name], Text).label(name) for name in (*target.sealed, *target.digested)]
+    bound = [table.c[id_name] for _, id_name in target.bound_to]
     return (
-        select(target.key.label("row_id"), *columns)
+        select(target.key.label("row_id"), *columns, *bound)
         .where(target.key > bindparam("after", type_=PG_UUID(as_uuid=True)), stale)
         .order_by(target.key)
         .limit(bindparam("batch_size"))
@@ -174,11 +199,11 @@ def _one_batch(connection: Connection, encryption: Encryption, target: _Target, 
                                       "current_key": encryption.current}).all()
     if not rows:
         return 0, None
-    names = (*target.sealed, *target.digested)
     params: dict[str, Any] = {"row_ids": [str(row.row_id) for row in rows]}
-    for name in names:
-        rotate = _reseal if name in target.sealed else _digested
-        params[f"new_{name}"] = [rotate(encryption, getattr(row, name), row.row_id) for row in rows]
+    for name in target.sealed:
+        params[f"new_{name}"] = [target.resealed(encryption, row, name) for row in rows]
+    for name in target.digested:
+        params[f"new_{name}"] = [_digested(encryption, getattr(row, name)) for row in rows]
     connection.execute(update, params)
     last = rows[-1].row_id
     return len(rows), (last if len(rows) == batch_size else None)
@@ -194,7 +219,7 @@ def _reseal(encryption: Encryption, text: Optional[str], row_id: UUID) -> Option
     return encryption.seal(text, row_id)
 
 
-def _digested(encryption: Encryption, text: Optional[str], row_id: UUID) -> Optional[str]:
+def _digested(encryption: Encryption, text: Optional[str]) -> Optional[str]:
     if text is None or text.startswith('{"' + DIGEST_FIELD):
         return text
     return encryption.digest(text)

@@ -18,6 +18,8 @@ from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.cron import names_no_time_after, next_fire_at, parse_cron
+from runledger_sync.core.encryption import SealedValue
+from runledger_sync.core.encryption_errors import DecryptionFailed, EncryptionKeyMissing
 from runledger_sync.core.errors import InvalidArgument, ScheduleDeclaredInCode, ScheduleNotFound
 from runledger_sync.core.ids import uuid7
 from runledger_sync.core.records import (
@@ -35,13 +37,22 @@ from runledger_sync.store.binds import Bind
 from runledger_sync.store.transactions import run_in_transaction
 from runledger_sync.store.enqueue.enqueue import enqueue_many
 from runledger_sync.store.notify import notify_schedules_changed
+from runledger_sync.store.sealing import opened, sealed_object
 
 _s = job_schedules.c
 SCHEDULE_COLUMNS = tuple(job_schedules.c[f.name] for f in fields(ScheduleRecord))
 
 
 def _to_schedule(row: Any) -> ScheduleRecord:
-    return ScheduleRecord(**{f.name: row._mapping[f.name] for f in fields(ScheduleRecord)})
+    """A schedule row as a record, its template opened here (or a SealedValue naming the key this process lacks)."""
+    values = {f.name: row._mapping[f.name] for f in fields(ScheduleRecord)}
+    values["payload_template"] = opened(row.payload_template, row.id)
+    return ScheduleRecord(**values)
+
+
+def _stored_template(spec: ScheduleSpec, schedule_id: UUID) -> Any:
+    """The template as written: sealed for the schedule's id when keys are configured."""
+    return sealed_object(spec.template, check.serialize_json("payload_template", spec.template), schedule_id)
 
 
 # -- writes ---------------------------------------------------------------------
@@ -94,7 +105,7 @@ def upsert_schedule(
 def _upsert(connection: Connection, spec: ScheduleSpec, is_active: Optional[bool], source: str) -> ScheduleRecord:
     values = {
         "job_type": spec.job_type, "organization_id": spec.organization_id,
-        "payload_template": spec.template, "cron_expr": spec.cron_expr, "timezone": spec.timezone,
+        "cron_expr": spec.cron_expr, "timezone": spec.timezone,
         "max_jitter_seconds": spec.max_jitter_seconds, "source": source,
     }
     if connection.execute(_DEFINITION, {"job_type": spec.job_type}).first() is None:
@@ -111,7 +122,8 @@ def _upsert(connection: Connection, spec: ScheduleSpec, is_active: Optional[bool
         inserted = connection.execute(
             pg_insert(job_schedules)
             .values(id=new_id, name=spec.name, is_active=True if is_active is None else is_active,
-                    next_fire_at=_next_or_refuse(spec, new_id, now), **values)
+                    next_fire_at=_next_or_refuse(spec, new_id, now),
+                    payload_template=_stored_template(spec, new_id), **values)
             .on_conflict_do_nothing(index_elements=[_s.name])
             .returning(*SCHEDULE_COLUMNS)
         ).first()
@@ -131,7 +143,7 @@ def _upsert(connection: Connection, spec: ScheduleSpec, is_active: Optional[bool
         notify_schedules_changed(connection)
     row = connection.execute(
         job_schedules.update().where(_s.id == current.id)
-        .values(is_active=active, next_fire_at=next_at, **values)
+        .values(is_active=active, next_fire_at=next_at, payload_template=_stored_template(spec, current.id), **values)
         .returning(*SCHEDULE_COLUMNS)
     ).one()
     return _to_schedule(row)
@@ -278,13 +290,22 @@ def spec_of(row: Any) -> ScheduleSpec:
 
 
 def fire_job_spec(row: Any, scheduled_for: datetime) -> JobSpec:
-    """The job of one fire: the template plus ``_schedule`` (a non-object template is wrapped)."""
+    """The job of one fire: the template plus ``_schedule`` (a non-object template is wrapped).
+
+    Raises:
+        EncryptionKeyMissing, DecryptionFailed: the template is sealed under a key this process
+            lacks, or that does not open it; the tick keeps the schedule due (its failure path).
+    """
+    template = opened(row.payload_template, row.id)
+    if isinstance(template, SealedValue):
+        error = EncryptionKeyMissing if template.problem == "missing" else DecryptionFailed
+        raise error(f"schedule {row.name!r} cannot fire here: its payload template's {template}",
+                    key_id=template.key_id)
     marker = {
         "schedule_id": str(row.id),
         "schedule_name": row.name,
         "scheduled_for": scheduled_for.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
     }
-    template = row.payload_template
     payload = {**template, "_schedule": marker} if isinstance(template, dict) else {"payload": template,
                                                                                    "_schedule": marker}
     return JobSpec(row.job_type, payload, organization_id=row.organization_id, stage=JobStage.SCHEDULED)

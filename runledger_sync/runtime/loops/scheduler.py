@@ -17,6 +17,7 @@ import time
 from typing import Optional
 
 from runledger_sync.config import JobsConfig
+from runledger_sync.core.encryption_errors import EncryptionKeyMissing
 from runledger_sync.core.records import ScheduleTick
 from runledger_sync.core.types import RuntimeLoopExit
 from runledger_sync.logging import get_logger
@@ -47,6 +48,12 @@ def tick_once(driver: Driver, config: JobsConfig) -> ScheduleTick:
             log.info("schedule fired its last instant; now inactive", extra={"schedule_name": name})
         finished.extend(tick.finished)
         for failure in tick.failed:
+            if failure.code == EncryptionKeyMissing.code:
+                # Not this process's to fire: one holding the key takes it when it is due again.
+                log.warning("schedule's payload template is sealed under a key this process lacks; "
+                            "not fired here, due again in 30 s",
+                            extra={"schedule_name": failure.name, "error_code": failure.code, "error": failure.message})
+                continue
             log.error("schedule could not fire; trying again in 30 s",
                       extra={"schedule_name": failure.name, "error_code": failure.code, "error": failure.message})
         failed.extend(tick.failed)

@@ -16,8 +16,16 @@ from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.engine import Connection, Row
 
 from runledger_sync.core import validation as check
-from runledger_sync.core.batch import BatchCallback, BatchRecord, BatchStatus, check_callback
+from runledger_sync.core.batch import (
+    CALLBACK_BATCH_ID_KEY,
+    BatchCallback,
+    BatchRecord,
+    BatchStatus,
+    check_callback,
+    with_batch_id,
+)
 from runledger_sync.core.batch_errors import BatchClosed, BatchFinished, BatchNotFound
+from runledger_sync.core.encryption import active_encryption
 from runledger_sync.core.errors import DefinitionNotFoundOrDisabled, InvalidArgument, JobStateError
 from runledger_sync.core.ids import uuid7
 from runledger_sync.core.meta import meta_json
@@ -29,6 +37,7 @@ from runledger_sync.db.schema_batches import job_batches
 from runledger_sync.store.batches.members import check_batch_id
 from runledger_sync.store.binds import Bind
 from runledger_sync.store.notify import notify_canceled, notify_ended
+from runledger_sync.store.sealing import opened, sealed
 from runledger_sync.store.rows import JOB_COLUMNS, to_job
 from runledger_sync.store.transactions import run_in_transaction
 
@@ -47,15 +56,31 @@ def batch_record(row: Row[Any]) -> BatchRecord:
     return BatchRecord(
         id=row.id, status=status, total=row.total, pending=row.pending, succeeded=row.succeeded,
         failed=row.failed, canceled=row.canceled, meta=row.meta,
-        on_success=None if row.on_success_type is None else BatchCallback(row.on_success_type,
-                                                                           row.on_success_payload),
-        on_complete=None if row.on_complete_type is None else BatchCallback(row.on_complete_type,
-                                                                             row.on_complete_payload),
-        on_success_job_id=row.on_success_job_id if finished else None,
+        on_success=_callback(row.on_success_type, row.on_success_payload, row.on_success_job_id),
+        on_complete=_callback(row.on_complete_type, row.on_complete_payload, row.on_complete_job_id),
+        on_success_job_id=row.on_success_job_id if status is BatchStatus.SUCCEEDED else None,
         on_complete_job_id=row.on_complete_job_id if finished else None,
         status_reason=row.status_reason, created_at=row.created_at, closed_at=row.closed_at,
         finished_at=row.finished_at,
     )
+
+
+def _callback(job_type: Optional[str], payload: Any, job_id: Optional[UUID]) -> Optional[BatchCallback]:
+    """A callback as given to open_batch: opened where it was sealed (or a SealedValue naming the missing key)."""
+    if job_type is None:
+        return None
+    opened_payload = opened(payload, job_id)
+    if isinstance(opened_payload, dict) and payload is not opened_payload:
+        # Sealed with the batch id the trigger adds to a clear one: shown as it was given.
+        opened_payload = {key: value for key, value in opened_payload.items() if key != CALLBACK_BATCH_ID_KEY}
+    return BatchCallback(job_type, opened_payload)
+
+
+def _sealed_payload(payload_json: str, batch_id: UUID, job_id: UUID) -> Any:
+    """A callback's payload as stored: clear (the finish trigger adds the batch id), or sealed with it for its job."""
+    if active_encryption() is None:
+        return cast(literal(payload_json, Text), JSONB)
+    return cast(literal(sealed(with_batch_id(payload_json, batch_id), job_id), Text), JSONB)
 
 
 def read_batch(connection: Connection, batch_id: UUID) -> Optional[BatchRecord]:
@@ -99,12 +124,14 @@ def open_batch(
     """
     success = check_callback("on_success", on_success, max_payload_bytes=max_payload_bytes)
     complete = check_callback("on_complete", on_complete, max_payload_bytes=max_payload_bytes)
-    values: dict[str, Any] = {"id": uuid7(), "meta": cast(literal(meta_json(meta), Text), JSONB)}
+    batch_id = uuid7()
+    values: dict[str, Any] = {"id": batch_id, "meta": cast(literal(meta_json(meta), Text), JSONB)}
     for name, checked in (("on_success", success), ("on_complete", complete)):
         if checked is not None:
             callback, payload_json = checked
-            values |= {f"{name}_type": callback.job_type, f"{name}_payload": cast(literal(payload_json, Text), JSONB),
-                       f"{name}_job_id": uuid7()}
+            job_id = uuid7()
+            values |= {f"{name}_type": callback.job_type, f"{name}_job_id": job_id,
+                       f"{name}_payload": _sealed_payload(payload_json, batch_id, job_id)}
     job_types = {checked[0].job_type for checked in (success, complete) if checked is not None}
 
     def work(connection: Connection) -> BatchRecord:

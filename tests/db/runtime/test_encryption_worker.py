@@ -79,5 +79,6 @@ def test_rotation_beside_a_running_worker_loses_nothing(engine, start_loop, prob
     assert rotated and rotated[0] > 0
     # Whatever the worker finished before the walk reached it, nothing is left under an old key or clear.
     rotate_encryption(engine)
-    assert stale_counts(engine) == {"job_queue": 0, "job_dead_letters": 0, "workflow_steps": 0, "workflow_runs": 0}
+    assert stale_counts(engine) == {"job_queue": 0, "job_dead_letters": 0, "workflow_steps": 0, "workflow_runs": 0,
+                                    "job_batches": 0, "job_schedules": 0}
     assert rows(engine, "SELECT count(*) FROM job_attempts WHERE error_code IS NOT NULL") == [(0,)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import select
 import threading
 import time
@@ -9,6 +11,7 @@ from collections import Counter
 from datetime import datetime, timedelta, timezone
 
 import runledger_sync as rl
+from runledger_sync.core.encryption import active_encryption
 from runledger_sync.core.types import RuntimeLoopExit
 from runledger_sync.runtime.worker.listener import JobListener
 from runledger_sync.runtime.loops.scheduler import run_scheduler_loop, tick_once
@@ -90,6 +93,34 @@ def test_a_schedule_that_fails_is_logged_with_its_name_and_code(engine, probe, l
         loop.join(10)
     record = next(r for r in logs.records if r.getMessage().startswith("schedule could not fire"))
     assert (record.schedule_name, record.error_code) == ("broken", "job.definition_not_found_or_disabled")
+
+
+def test_a_scheduler_without_the_templates_key_warns_and_leaves_it_due_for_one_that_has_it(engine, probe, logs):
+    registry = h.registry_with(JOB_TYPE, h.ok(probe))
+    registry.sync_definitions(engine)
+    before = active_encryption()
+    sealing, other = rl.Encryption(keys={"k1": os.urandom(32)}, current="k1"), rl.Encryption(
+        keys={"k2": os.urandom(32)}, current="k2")
+    try:
+        rl.configure_encryption(sealing)
+        rl.upsert_schedule(engine, "sealed", cron_expr="0 * * * * *", job_type=JOB_TYPE, payload_template={"a": 1})
+        with engine.begin() as conn:
+            conn.exec_driver_sql("UPDATE job_schedules SET next_fire_at = now() - interval '1 second'")
+        rl.configure_encryption(other)
+        tick = tick_once(driver_for(engine), fast_config())
+        assert (tick.fired, rl.count_jobs(engine)) == (0, 0)
+        [record] = [r for r in logs.records if r.getMessage().startswith("schedule's payload template is sealed")]
+        assert (record.levelno, record.schedule_name, record.error_code) == (
+            logging.WARNING, "sealed", "encryption.key_missing")
+        assert "encryption key k1 missing" in record.error
+        assert not [r for r in logs.records if r.getMessage().startswith("schedule could not fire")]
+        rl.configure_encryption(sealing)
+        with engine.begin() as conn:
+            conn.exec_driver_sql("UPDATE job_schedules SET next_fire_at = now() - interval '1 second'")
+        assert tick_once(driver_for(engine), fast_config()).fired == 1
+        assert rl.list_jobs(engine)[0].payload["a"] == 1
+    finally:
+        rl.configure_encryption(before)
 
 
 def test_tick_once_fires_every_due_schedule_in_as_many_batches_as_it_takes(engine, probe, logs):
