@@ -10,7 +10,7 @@ from uuid import UUID
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.continuation import DEFAULT_MAX_CONTINUATIONS
-from runledger_sync.core.coordination import Debounce, Unique
+from runledger_sync.core.coordination import Debounce, UniqueOption
 from runledger_sync.core.cron import check_timezone, parse_cron
 from runledger_sync.core.errors import LeaseOwnerMismatch
 from runledger_sync.core.states import JobStage, JobStatus
@@ -52,8 +52,9 @@ class JobSpec:
     concurrency_key: Optional[str] = None
     #: Text keys to text values stored with the job, read as ``ctx.meta`` (:mod:`runledger_sync.core.meta`).
     meta: Optional[Mapping[str, str]] = None
-    #: At most one live job per key: a duplicate returns the live one (:mod:`runledger_sync.core.coordination`).
-    unique: Optional[Unique] = None
+    #: At most one live job per key: a duplicate returns the live one (:mod:`runledger_sync.core.coordination`);
+    #: False: not unique, whatever the type's default.
+    unique: UniqueOption = None
     #: One waiting job per key, which later enqueues replace; not with ``unique``, ``run_at`` or ``delay_seconds``.
     debounce: Optional[Debounce] = None
     #: The OPEN batch to join (a :class:`runledger_sync.BatchRecord`'s id), counted in its progress.

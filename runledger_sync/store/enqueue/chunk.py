@@ -40,7 +40,7 @@ from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.payload_models import stored_payload
-from runledger_sync.core.coordination import DEBOUNCE_STATES
+from runledger_sync.core.coordination import DEBOUNCE_STATES, Unique, given_coordination
 from runledger_sync.core.coordination_errors import InvalidCoordination
 from runledger_sync.core.encryption_errors import EncryptionKeyMissing
 from runledger_sync.core.errors import (
@@ -360,7 +360,8 @@ _NOT_COORDINATED = _Coordination()
 def _coordination(spec: JobSpec, run_at: Any, delay: Optional[float], key: Optional[str]) -> _Coordination:
     if spec.unique is not None and spec.debounce is not None:
         raise InvalidCoordination("debounce", type(spec.debounce).__name__, "None when unique is given")
-    if spec.unique is not None:
+    # False was made None by prepare_chunk: here a unique is an rl.Unique.
+    if isinstance(spec.unique, Unique):
         unique = spec.unique.checked()
         encryption = active_encryption()
         # With keys, a key made from the payload is a keyed digest: a plain hash of a small payload could be reversed.
@@ -545,8 +546,17 @@ class Chunk:
 
 def prepare_chunk(specs: list[JobSpec], max_payload_bytes: int, event_log: Any) -> Chunk:
     """Check and serialize ``specs`` for the ``event_log`` level; raise the first argument error, before anything is written."""
+    specs = [_coordination_given(spec) for spec in specs]
     params, ids = _batch_parameters(specs, max_payload_bytes)
     return Chunk(specs, params | event_log_params(event_log), ids)
+
+
+def _coordination_given(spec: JobSpec) -> JobSpec:
+    """``spec`` with ``unique=False`` as None, so everything after reads ``unique is not None`` as "unique"."""
+    if spec.unique is None and spec.debounce is None:
+        return spec
+    unique, _ = given_coordination(spec.unique, spec.debounce)
+    return spec if unique is spec.unique else dataclasses.replace(spec, unique=unique)
 
 
 def write_chunk(connection: Connection, chunk: Chunk, *, ids_only: bool = False) -> Union[list[JobRecord], list[UUID]]:

@@ -16,7 +16,7 @@ from uuid import UUID
 from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
-from runledger_sync.core.coordination import Debounce, Unique
+from runledger_sync.core.coordination import Debounce, UniqueOption
 from runledger_sync.core.errors import EnqueueIdempotencyUnsupportedIsolation, InvalidArgument
 from runledger_sync.core.records import JobRecord, JobSpec
 from runledger_sync.core.store_errors import ConnectionFailed
@@ -53,7 +53,7 @@ def enqueue(
     concurrency_key: Optional[str] = None,
     meta: Optional[Mapping[str, str]] = None,
     event_log: EventLog | str = DEFAULT_EVENT_LOG,
-    unique: Optional[Unique] = None,
+    unique: UniqueOption = None,
     debounce: Optional[Debounce] = None,
     batch: Optional[UUID | str] = None,
 ) -> JobRecord:
@@ -84,7 +84,8 @@ def enqueue(
             default) does not, and :func:`runledger_sync.list_events` draws that entry
             from the job row. Pass your ``JobsConfig.event_log`` to keep one level.
         unique: :class:`runledger_sync.Unique`: while a job of the same type, organization and
-            key (default: payload) is live, return it instead of adding another.
+            key (default: payload) is live, return it instead of adding another. False: not
+            unique, whatever the type's default (``registry.job(unique=...)``); None: that default.
         debounce: :class:`runledger_sync.Debounce`: a waiting job of the same type, organization
             and key takes this payload and meta and starts ``delay`` from now (at the latest
             ``max_delay`` after its first enqueue); not with ``unique``, ``run_at``,

@@ -372,6 +372,18 @@ def test_debounce_keys_are_per_organization(engine):
 
 # -- bad input -----------------------------------------------------------------------
 
+# Options of the wrong kind, refused by code before their fields are read (once an AttributeError).
+WRONG_KIND = [
+    (dict(unique="yes"), InvalidUnique, "job.invalid_unique"),
+    (dict(unique=True), InvalidUnique, "job.invalid_unique"),
+    (dict(unique=0), InvalidUnique, "job.invalid_unique"),
+    (dict(unique={"key": "k"}), InvalidUnique, "job.invalid_unique"),
+    (dict(unique=Debounce("k", 5, 60)), InvalidUnique, "job.invalid_unique"),
+    (dict(debounce="yes"), InvalidDebounce, "job.invalid_debounce"),
+    (dict(debounce=False), InvalidDebounce, "job.invalid_debounce"),
+    (dict(debounce=Unique(key="k")), InvalidDebounce, "job.invalid_debounce"),
+]
+
 BAD = [
     (dict(unique=Unique(key="  ")), InvalidUnique, "job.invalid_unique"),
     (dict(unique=Unique(period=0)), InvalidUnique, "job.invalid_unique"),
@@ -384,6 +396,7 @@ BAD = [
     (dict(debounce=Debounce("k", 0, 60)), InvalidDebounce, "job.invalid_debounce"),
     (dict(debounce=Debounce("k", timedelta(seconds=-1), 60)), InvalidDebounce, "job.invalid_debounce"),
     (dict(debounce=Debounce("k", 60, 30)), InvalidDebounce, "job.invalid_debounce"),
+    *WRONG_KIND,
     (dict(unique=Unique(), debounce=Debounce("k", 5, 60)), InvalidCoordination, "job.invalid_coordination"),
     (dict(debounce=Debounce("k", 5, 60), delay_seconds=3), InvalidCoordination, "job.invalid_coordination"),
     (dict(debounce=Debounce("k", 5, 60), idempotency_key="i"), InvalidCoordination, "job.invalid_coordination"),
@@ -397,6 +410,26 @@ def test_bad_coordination_options_are_refused_with_a_code_and_write_nothing(engi
         enqueue(engine, JOB_TYPE, {}, **options)
     assert caught.value.code == code
     assert count_jobs(engine) == 0
+
+
+@pytest.mark.parametrize(("options", "error", "code"), WRONG_KIND)
+def test_a_bad_kind_of_option_in_a_batch_refuses_the_whole_batch(engine, options, error, code):
+    define(engine)
+    with pytest.raises(error) as caught:
+        enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": 1}), JobSpec(JOB_TYPE, {"n": 2}, **options)])
+    assert caught.value.code == code and caught.value.argument in options
+    assert count_jobs(engine) == 0
+
+
+def test_unique_false_is_a_plain_enqueue_and_may_go_with_a_debounce(engine):
+    define(engine)
+    held = enqueue(engine, JOB_TYPE, {}, unique=Unique())
+    plain = enqueue(engine, JOB_TYPE, {}, unique=False)
+    debounced = [enqueue(engine, JOB_TYPE, {"v": v}, unique=False, debounce=Debounce("d", 5, 60)) for v in (1, 2)]
+
+    assert [job.disposition for job in (held, plain, *debounced)] == ["created", "created", "created", "replaced"]
+    assert plain.unique_key is None and debounced[0].unique_key == "d"
+    assert count_jobs(engine) == 3
 
 
 def test_a_disabled_type_is_refused_even_when_a_live_duplicate_holds_the_key(engine):
