@@ -472,7 +472,7 @@ def _written_by_earlier_try(connection: Connection, job_ids: list[UUID]) -> dict
     # The ids were drawn before the first try, so a row that holds one is ours: a try
     # whose connection was lost after its statement committed wrote it.
     rows = connection.execute(select(*JOB_COLUMNS).where(job_queue.c.id.in_(job_ids)))
-    return {row.id: to_job(row) for row in rows}
+    return {row.id: dataclasses.replace(to_job(row), disposition=CREATED) for row in rows}
 
 
 def _existing_for_key(
@@ -559,8 +559,13 @@ def _coordination_given(spec: JobSpec) -> JobSpec:
     return spec if unique is spec.unique else dataclasses.replace(spec, unique=unique)
 
 
-def write_chunk(connection: Connection, chunk: Chunk, *, ids_only: bool = False) -> Union[list[JobRecord], list[UUID]]:
+def write_chunk(
+    connection: Connection, chunk: Chunk, *, ids_only: bool = False, retried: bool = False,
+) -> Union[list[JobRecord], list[UUID]]:
     """Write one chunk and return, in spec order, its records (or their ids).
+
+    ``retried``: an earlier try of this chunk, with its ids, may have committed
+    before its connection was lost (its rows are then this call's own).
 
     The chunk is one statement, and each debounced spec one more after it, in
     spec order (one update cannot meet the same row twice, and a later debounce
@@ -574,11 +579,11 @@ def write_chunk(connection: Connection, chunk: Chunk, *, ids_only: bool = False)
         lock_open_batches(connection, {batch_id for batch_id in batch_ids if batch_id is not None})
     debounced = [i for i, spec in enumerate(chunk.specs) if spec.debounce is not None]
     if not debounced:
-        return _write_rows(connection, chunk, ids_only)
+        return _write_rows(connection, chunk, ids_only, retried)
     result: list[Any] = [None] * len(chunk.ids)
     rest = [i for i, spec in enumerate(chunk.specs) if spec.debounce is None]
     if rest:
-        for i, found in zip(rest, _write_rows(connection, chunk.part(rest), ids_only), strict=True):
+        for i, found in zip(rest, _write_rows(connection, chunk.part(rest), ids_only, retried), strict=True):
             result[i] = found
     for i in debounced:
         result[i] = _write_debounced(connection, chunk.part([i]), ids_only)
@@ -617,7 +622,7 @@ def _reseal_debounced(connection: Connection, job: JobRecord, spec: JobSpec) -> 
 _UNIQUE_ROUNDS = 3
 
 
-def _write_rows(connection: Connection, chunk: Chunk, ids_only: bool, rounds: int = 1) -> list[Any]:
+def _write_rows(connection: Connection, chunk: Chunk, ids_only: bool, retried: bool, rounds: int = 1) -> list[Any]:
     inserted: dict[UUID, Any]
     if ids_only:
         inserted = {job_id: job_id for (job_id,) in _ENQUEUE_IDS.execute(connection, chunk.params)}
@@ -625,9 +630,11 @@ def _write_rows(connection: Connection, chunk: Chunk, ids_only: bool, rounds: in
         inserted = {job.id: job for job in to_jobs(_ENQUEUE.execute(connection, chunk.params))}
     if len(inserted) == len(chunk.ids):
         return [inserted[job_id] for job_id in chunk.ids]
-    # A unique spec's read-back finds its own row too (below), and answers for its definition.
+    # A unique spec's read-back finds its own row while it holds its key (below), and
+    # answers for its definition; after a retry, its row may have finished and left the
+    # key (to no one, or to a newer job), and only its id still finds it.
     unkeyed_missing = [i for i, spec in zip(chunk.ids, chunk.specs, strict=True)
-                       if i not in inserted and spec.idempotency_key is None and spec.unique is None]
+                       if i not in inserted and spec.idempotency_key is None and (spec.unique is None or retried)]
     if unkeyed_missing:
         inserted.update(
             (job_id, job_id if ids_only else record)
@@ -661,7 +668,8 @@ def _write_rows(connection: Connection, chunk: Chunk, ids_only: bool, rounds: in
             raise IdempotencyConflictMissingExisting(
                 f"unique key {chunk.column('unique_keys')[again[0]]!r} conflicted but its holder finished "
                 f"{rounds} times before it could be read")
-        for index, found in zip(again, _write_rows(connection, chunk.part(again), ids_only, rounds + 1), strict=True):
+        again_rows = _write_rows(connection, chunk.part(again), ids_only, retried, rounds + 1)
+        for index, found in zip(again, again_rows, strict=True):
             result[index] = found
     return result
 

@@ -247,11 +247,14 @@ def _enqueue_one_chunk(
     connection cannot write twice.
     """
     chunk = prepare_chunk(specs, max_payload_bytes, event_log)
+    tries = 0
 
     def one(connection: Connection) -> list[Any]:
+        nonlocal tries
+        tries += 1
         if chunk.keyed:
             require_read_committed(connection, EnqueueIdempotencyUnsupportedIsolation, "idempotent enqueue")
-        return write_chunk(connection, chunk, ids_only=ids_only)
+        return write_chunk(connection, chunk, ids_only=ids_only, retried=tries > 1)
 
     return run_in_transaction(bind, one, one_repeatable_write=True)
 
