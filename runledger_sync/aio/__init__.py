@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import importlib
 from datetime import datetime
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Literal, Mapping, Optional, Union
 from uuid import UUID
 
 from runledger_sync.core.errors import MissingExtra
@@ -39,7 +39,7 @@ except ImportError:
 from runledger_sync.store.aio_binds import run_joined, run_read
 from runledger_sync.aio._wait import wait_for_job
 from runledger_sync.core import validation as check
-from runledger_sync.core.coordination import Debounce, UniqueOption
+from runledger_sync.core.coordination import Debounce, Unique
 from runledger_sync.core.records import JobRecord, JobSpec
 from runledger_sync.core.states import JobStage
 from runledger_sync.core.types import DEFAULT_EVENT_LOG, EventLog
@@ -69,7 +69,7 @@ async def enqueue(
     concurrency_key: Optional[str] = None,
     meta: Optional[Mapping[str, str]] = None,
     event_log: EventLog | str = DEFAULT_EVENT_LOG,
-    unique: UniqueOption = None,
+    unique: Union[Unique, Literal[False], None] = None,
     debounce: Optional[Debounce] = None,
     batch: Optional[UUID | str] = None,
 ) -> JobRecord:

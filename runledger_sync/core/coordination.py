@@ -22,7 +22,7 @@ import json
 import math
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Iterable, Literal, Optional, Union
+from typing import Any, Callable, Iterable, Optional, Union
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.coordination_errors import InvalidDebounce, InvalidUnique
@@ -36,9 +36,6 @@ DEBOUNCE_STATES = (JobStatus.PENDING.value,)
 #: 2,704-byte index row (the period's bucket adds 21 bytes).
 KEY_MAX_LENGTH = check.IDEMPOTENCY_KEY_MAX_LENGTH
 KEY_MAX_BYTES = check.IDEMPOTENCY_KEY_MAX_BYTES
-
-#: What an enqueue's ``unique`` takes: options, False (not unique, whatever the type's default) or None (the default).
-UniqueOption = Union["Unique", Literal[False], None]
 
 
 @dataclass(frozen=True)

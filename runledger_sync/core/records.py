@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Literal, Mapping, Optional, Sequence, Union
 from uuid import UUID
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.continuation import DEFAULT_MAX_CONTINUATIONS
-from runledger_sync.core.coordination import Debounce, UniqueOption
+from runledger_sync.core.coordination import Debounce, Unique
 from runledger_sync.core.cron import check_timezone, parse_cron
 from runledger_sync.core.errors import LeaseOwnerMismatch
 from runledger_sync.core.states import JobStage, JobStatus
@@ -54,7 +54,7 @@ class JobSpec:
     meta: Optional[Mapping[str, str]] = None
     #: At most one live job per key: a duplicate returns the live one (:mod:`runledger_sync.core.coordination`);
     #: False: not unique, whatever the type's default.
-    unique: UniqueOption = None
+    unique: Union[Unique, Literal[False], None] = None
     #: One waiting job per key, which later enqueues replace; not with ``unique``, ``run_at`` or ``delay_seconds``.
     debounce: Optional[Debounce] = None
     #: The OPEN batch to join (a :class:`runledger_sync.BatchRecord`'s id), counted in its progress.

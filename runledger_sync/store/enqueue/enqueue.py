@@ -10,13 +10,13 @@ from __future__ import annotations
 import itertools
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Iterable, Iterator, Literal, Mapping, Optional, Sequence, Union
 from uuid import UUID
 
 from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
-from runledger_sync.core.coordination import Debounce, UniqueOption
+from runledger_sync.core.coordination import Debounce, Unique
 from runledger_sync.core.errors import EnqueueIdempotencyUnsupportedIsolation, InvalidArgument
 from runledger_sync.core.records import JobRecord, JobSpec
 from runledger_sync.core.store_errors import ConnectionFailed
@@ -53,7 +53,7 @@ def enqueue(
     concurrency_key: Optional[str] = None,
     meta: Optional[Mapping[str, str]] = None,
     event_log: EventLog | str = DEFAULT_EVENT_LOG,
-    unique: UniqueOption = None,
+    unique: Union[Unique, Literal[False], None] = None,
     debounce: Optional[Debounce] = None,
     batch: Optional[UUID | str] = None,
 ) -> JobRecord:
