@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import importlib
 from datetime import datetime
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Literal, Mapping, Optional, Union
 from uuid import UUID
 
 from runledger_sync.core.errors import MissingExtra
@@ -69,7 +69,7 @@ async def enqueue(
     concurrency_key: Optional[str] = None,
     meta: Optional[Mapping[str, str]] = None,
     event_log: EventLog | str = DEFAULT_EVENT_LOG,
-    unique: Optional[Unique] = None,
+    unique: Union[Unique, Literal[False], None] = None,
     debounce: Optional[Debounce] = None,
     batch: Optional[UUID | str] = None,
 ) -> JobRecord:

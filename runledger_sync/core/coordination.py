@@ -155,3 +155,20 @@ def _states(value: Any) -> tuple[str, ...]:
         raise InvalidUnique("unique.states", value, "at least one job status")
     # In the enum's order, so equal sets are stored alike.
     return tuple(status.value for status in JobStatus if status.value in states)
+
+
+def given_coordination(unique: Any, debounce: Any) -> tuple[Optional[Unique], Optional[Debounce]]:
+    """An enqueue's ``unique`` and ``debounce`` as the options they mean, False for ``unique`` as None.
+
+    A type's default unique (``registry.job(unique=...)``) is given to a call
+    whose ``unique`` is None, so False is how one call says "not unique". Any
+    other value of the wrong kind raises :class:`InvalidUnique` or
+    :class:`InvalidDebounce` here, before its options are read.
+    """
+    if unique is False:
+        unique = None
+    elif unique is not None and not isinstance(unique, Unique):
+        raise InvalidUnique("unique", unique, "an rl.Unique, False (not unique) or None")
+    if debounce is not None and not isinstance(debounce, Debounce):
+        raise InvalidDebounce("debounce", debounce, "an rl.Debounce or None")
+    return unique, debounce

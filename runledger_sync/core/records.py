@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Literal, Mapping, Optional, Sequence, Union
 from uuid import UUID
 
 from runledger_sync.core import validation as check
@@ -52,8 +52,9 @@ class JobSpec:
     concurrency_key: Optional[str] = None
     #: Text keys to text values stored with the job, read as ``ctx.meta`` (:mod:`runledger_sync.core.meta`).
     meta: Optional[Mapping[str, str]] = None
-    #: At most one live job per key: a duplicate returns the live one (:mod:`runledger_sync.core.coordination`).
-    unique: Optional[Unique] = None
+    #: At most one live job per key: a duplicate returns the live one (:mod:`runledger_sync.core.coordination`);
+    #: False: not unique, whatever the type's default.
+    unique: Union[Unique, Literal[False], None] = None
     #: One waiting job per key, which later enqueues replace; not with ``unique``, ``run_at`` or ``delay_seconds``.
     debounce: Optional[Debounce] = None
     #: The OPEN batch to join (a :class:`runledger_sync.BatchRecord`'s id), counted in its progress.

@@ -60,6 +60,35 @@ def test_a_types_unique_is_the_default_of_its_registry_enqueues(engine):
     assert scalar(engine, "SELECT count(*) FROM job_queue") == 3
 
 
+def test_unique_false_switches_a_types_default_off_for_one_call_on_every_path(caller, engine):
+    registry = rl.JobRegistry()
+
+    @registry.job(JOB_TYPE, unique=rl.Unique(key="one"))
+    def handle(ctx, payload):
+        return None
+
+    registry.sync_definitions(engine)
+    held = registry.enqueue(engine, JOB_TYPE, {"n": 1})
+    plain = registry.enqueue(engine, JOB_TYPE, {"n": 2}, unique=False)
+    batch = registry.enqueue_many(engine, [rl.JobSpec(JOB_TYPE, {"n": 3}, unique=False),
+                                           rl.JobSpec(JOB_TYPE, {"n": 4})])
+    direct = rl.enqueue(engine, JOB_TYPE, {"n": 5}, unique=False)
+
+    async def in_transaction() -> Any:
+        async with caller() as transaction:
+            job = await aio.enqueue(transaction.bind, JOB_TYPE, {"n": 6}, unique=False)
+            await transaction.commit()
+            return job
+
+    joined = asyncio.run(in_transaction())
+    assert [job.disposition for job in (held, plain, *batch, direct, joined)] == [
+        "created", "created", "created", "existing", "created", "created"]
+    assert batch[1].id == held.id
+    # Only the default's job holds the key; the others carry none, so they block nothing later either.
+    assert rows(engine, "SELECT payload->>'n', unique_key FROM job_queue ORDER BY payload->>'n'") == [
+        ("1", "one"), ("2", None), ("3", None), ("5", None), ("6", None)]
+
+
 @pytest.mark.parametrize("unique", [rl.Unique(key=" "), "once"])
 def test_a_bad_unique_default_is_refused_when_the_type_is_registered(unique):
     registry = rl.JobRegistry()

@@ -40,7 +40,7 @@ from sqlalchemy.engine import Connection
 
 from runledger_sync.core import validation as check
 from runledger_sync.core.payload_models import stored_payload
-from runledger_sync.core.coordination import DEBOUNCE_STATES
+from runledger_sync.core.coordination import DEBOUNCE_STATES, Unique, given_coordination
 from runledger_sync.core.coordination_errors import InvalidCoordination
 from runledger_sync.core.encryption_errors import EncryptionKeyMissing
 from runledger_sync.core.errors import (
@@ -360,7 +360,8 @@ _NOT_COORDINATED = _Coordination()
 def _coordination(spec: JobSpec, run_at: Any, delay: Optional[float], key: Optional[str]) -> _Coordination:
     if spec.unique is not None and spec.debounce is not None:
         raise InvalidCoordination("debounce", type(spec.debounce).__name__, "None when unique is given")
-    if spec.unique is not None:
+    # False was made None by prepare_chunk: here a unique is an rl.Unique.
+    if isinstance(spec.unique, Unique):
         unique = spec.unique.checked()
         encryption = active_encryption()
         # With keys, a key made from the payload is a keyed digest: a plain hash of a small payload could be reversed.
@@ -471,7 +472,7 @@ def _written_by_earlier_try(connection: Connection, job_ids: list[UUID]) -> dict
     # The ids were drawn before the first try, so a row that holds one is ours: a try
     # whose connection was lost after its statement committed wrote it.
     rows = connection.execute(select(*JOB_COLUMNS).where(job_queue.c.id.in_(job_ids)))
-    return {row.id: to_job(row) for row in rows}
+    return {row.id: dataclasses.replace(to_job(row), disposition=CREATED) for row in rows}
 
 
 def _existing_for_key(
@@ -545,12 +546,26 @@ class Chunk:
 
 def prepare_chunk(specs: list[JobSpec], max_payload_bytes: int, event_log: Any) -> Chunk:
     """Check and serialize ``specs`` for the ``event_log`` level; raise the first argument error, before anything is written."""
+    specs = [_coordination_given(spec) for spec in specs]
     params, ids = _batch_parameters(specs, max_payload_bytes)
     return Chunk(specs, params | event_log_params(event_log), ids)
 
 
-def write_chunk(connection: Connection, chunk: Chunk, *, ids_only: bool = False) -> Union[list[JobRecord], list[UUID]]:
+def _coordination_given(spec: JobSpec) -> JobSpec:
+    """``spec`` with ``unique=False`` as None, so everything after reads ``unique is not None`` as "unique"."""
+    if spec.unique is None and spec.debounce is None:
+        return spec
+    unique, _ = given_coordination(spec.unique, spec.debounce)
+    return spec if unique is spec.unique else dataclasses.replace(spec, unique=unique)
+
+
+def write_chunk(
+    connection: Connection, chunk: Chunk, *, ids_only: bool = False, retried: bool = False,
+) -> Union[list[JobRecord], list[UUID]]:
     """Write one chunk and return, in spec order, its records (or their ids).
+
+    ``retried``: an earlier try of this chunk, with its ids, may have committed
+    before its connection was lost (its rows are then this call's own).
 
     The chunk is one statement, and each debounced spec one more after it, in
     spec order (one update cannot meet the same row twice, and a later debounce
@@ -564,11 +579,11 @@ def write_chunk(connection: Connection, chunk: Chunk, *, ids_only: bool = False)
         lock_open_batches(connection, {batch_id for batch_id in batch_ids if batch_id is not None})
     debounced = [i for i, spec in enumerate(chunk.specs) if spec.debounce is not None]
     if not debounced:
-        return _write_rows(connection, chunk, ids_only)
+        return _write_rows(connection, chunk, ids_only, retried)
     result: list[Any] = [None] * len(chunk.ids)
     rest = [i for i, spec in enumerate(chunk.specs) if spec.debounce is None]
     if rest:
-        for i, found in zip(rest, _write_rows(connection, chunk.part(rest), ids_only), strict=True):
+        for i, found in zip(rest, _write_rows(connection, chunk.part(rest), ids_only, retried), strict=True):
             result[i] = found
     for i in debounced:
         result[i] = _write_debounced(connection, chunk.part([i]), ids_only)
@@ -607,7 +622,7 @@ def _reseal_debounced(connection: Connection, job: JobRecord, spec: JobSpec) -> 
 _UNIQUE_ROUNDS = 3
 
 
-def _write_rows(connection: Connection, chunk: Chunk, ids_only: bool, rounds: int = 1) -> list[Any]:
+def _write_rows(connection: Connection, chunk: Chunk, ids_only: bool, retried: bool, rounds: int = 1) -> list[Any]:
     inserted: dict[UUID, Any]
     if ids_only:
         inserted = {job_id: job_id for (job_id,) in _ENQUEUE_IDS.execute(connection, chunk.params)}
@@ -615,9 +630,11 @@ def _write_rows(connection: Connection, chunk: Chunk, ids_only: bool, rounds: in
         inserted = {job.id: job for job in to_jobs(_ENQUEUE.execute(connection, chunk.params))}
     if len(inserted) == len(chunk.ids):
         return [inserted[job_id] for job_id in chunk.ids]
-    # A unique spec's read-back finds its own row too (below), and answers for its definition.
+    # A unique spec's read-back finds its own row while it holds its key (below), and
+    # answers for its definition; after a retry, its row may have finished and left the
+    # key (to no one, or to a newer job), and only its id still finds it.
     unkeyed_missing = [i for i, spec in zip(chunk.ids, chunk.specs, strict=True)
-                       if i not in inserted and spec.idempotency_key is None and spec.unique is None]
+                       if i not in inserted and spec.idempotency_key is None and (spec.unique is None or retried)]
     if unkeyed_missing:
         inserted.update(
             (job_id, job_id if ids_only else record)
@@ -651,7 +668,8 @@ def _write_rows(connection: Connection, chunk: Chunk, ids_only: bool, rounds: in
             raise IdempotencyConflictMissingExisting(
                 f"unique key {chunk.column('unique_keys')[again[0]]!r} conflicted but its holder finished "
                 f"{rounds} times before it could be read")
-        for index, found in zip(again, _write_rows(connection, chunk.part(again), ids_only, rounds + 1), strict=True):
+        again_rows = _write_rows(connection, chunk.part(again), ids_only, retried, rounds + 1)
+        for index, found in zip(again, again_rows, strict=True):
             result[index] = found
     return result
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Iterable, Iterator, Literal, Mapping, Optional, Sequence, Union
 from uuid import UUID
 
 from sqlalchemy.engine import Connection
@@ -53,7 +53,7 @@ def enqueue(
     concurrency_key: Optional[str] = None,
     meta: Optional[Mapping[str, str]] = None,
     event_log: EventLog | str = DEFAULT_EVENT_LOG,
-    unique: Optional[Unique] = None,
+    unique: Union[Unique, Literal[False], None] = None,
     debounce: Optional[Debounce] = None,
     batch: Optional[UUID | str] = None,
 ) -> JobRecord:
@@ -84,7 +84,8 @@ def enqueue(
             default) does not, and :func:`runledger_sync.list_events` draws that entry
             from the job row. Pass your ``JobsConfig.event_log`` to keep one level.
         unique: :class:`runledger_sync.Unique`: while a job of the same type, organization and
-            key (default: payload) is live, return it instead of adding another.
+            key (default: payload) is live, return it instead of adding another. False: not
+            unique, whatever the type's default (``registry.job(unique=...)``); None: that default.
         debounce: :class:`runledger_sync.Debounce`: a waiting job of the same type, organization
             and key takes this payload and meta and starts ``delay`` from now (at the latest
             ``max_delay`` after its first enqueue); not with ``unique``, ``run_at``,
@@ -246,11 +247,14 @@ def _enqueue_one_chunk(
     connection cannot write twice.
     """
     chunk = prepare_chunk(specs, max_payload_bytes, event_log)
+    tries = 0
 
     def one(connection: Connection) -> list[Any]:
+        nonlocal tries
+        tries += 1
         if chunk.keyed:
             require_read_committed(connection, EnqueueIdempotencyUnsupportedIsolation, "idempotent enqueue")
-        return write_chunk(connection, chunk, ids_only=ids_only)
+        return write_chunk(connection, chunk, ids_only=ids_only, retried=tries > 1)
 
     return run_in_transaction(bind, one, one_repeatable_write=True)
 

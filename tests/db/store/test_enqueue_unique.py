@@ -7,8 +7,9 @@ import sys
 import threading
 from datetime import timedelta
 
+import psycopg2
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from runledger_sync.core.coordination import Debounce, Unique
 from runledger_sync.core.coordination_errors import InvalidCoordination, InvalidDebounce, InvalidUnique
@@ -17,13 +18,17 @@ from runledger_sync.core.errors import (
     EnqueueIdempotencyUnsupportedIsolation,
     IdempotencyConflict,
 )
-from runledger_sync.core.records import JobSpec
+from runledger_sync.core.records import JobSpec, LeaseIdentity
 from runledger_sync.core.states import JobStatus
 from runledger_sync.core.types import JobFailure
+from runledger_sync.db.engine import create_engine
 from runledger_sync.store.attempt.ends import complete_job_failure, complete_job_success, release_unstarted_job_claim
 from runledger_sync.store.definitions import set_job_definition_enabled
 from runledger_sync.store.enqueue.enqueue import enqueue, enqueue_many, enqueue_many_ids
-from tests.support import JOB_TYPE, claim_one, define, event_types, identity, lock_waiters, rows, scalar, wait_until
+from tests.support import (
+    JOB_TYPE, claim_one, define, event_types, identity, lock_waiters, rows, scalar, wait_until, without_plan_settings,
+    write_successes,
+)
 
 
 def count_jobs(engine) -> int:
@@ -370,7 +375,99 @@ def test_debounce_keys_are_per_organization(engine):
     assert len({a.id, b.id, c.id}) == 3 and (d.id, d.disposition) == (a.id, "replaced")
 
 
+# -- a reply lost after the insert committed --------------------------------------------
+#
+# The store sends a one-statement enqueue again after a lost connection, with the ids
+# drawn before its first try. The retry's insert meets the row the first try committed
+# (in the unique index, or by its id once the job left its states) and inserts nothing;
+# the call answers with that row as "created": the row holds the id drawn for this very
+# call, so this call created it. "existing" would say another enqueue's job answered,
+# and a caller counting what it added (a batch's members, a report) would count it wrong.
+
+
+def lose_first_reply(engine, database_url, then=None):
+    """Make the first enqueue statement's reply get lost after the statement committed; the pids it cut."""
+    lost: list[int] = []
+
+    def lose_the_reply(conn, cursor, statement, *rest):
+        if without_plan_settings(statement).startswith("EXECUTE runledger_enqueue") and not lost:
+            lost.append(conn.connection.dbapi_connection.get_backend_pid())
+            with create_engine(database_url).connect() as killer:
+                killer.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": lost[0]})
+            if then is not None:
+                then()
+            raise psycopg2.OperationalError("server closed the connection unexpectedly")
+
+    event.listen(engine, "after_cursor_execute", lose_the_reply)
+    return lost
+
+
+def test_a_unique_enqueue_whose_reply_is_lost_returns_the_job_it_created_written_once(fresh_database):
+    engine = create_engine(fresh_database, pool_size=1, max_overflow=0)
+    try:
+        define(engine)
+        lost = lose_first_reply(engine, fresh_database)
+        job = enqueue(engine, JOB_TYPE, {"once": True}, unique=Unique(key="k"), event_log="full")
+
+        assert lost
+        assert (job.disposition, job.unique_key, job.payload) == ("created", "k", {"once": True})
+        assert rows(engine, "SELECT id FROM job_queue") == [(job.id,)]
+        assert scalar(engine, "SELECT count(*) FROM job_events WHERE event_type = 'ENQUEUED'") == 1
+    finally:
+        engine.dispose()
+
+
+def test_a_unique_batch_whose_reply_is_lost_tells_its_own_rows_from_a_live_duplicates(fresh_database):
+    engine = create_engine(fresh_database, pool_size=1, max_overflow=0)
+    try:
+        define(engine)
+        held = enqueue(engine, JOB_TYPE, {}, unique=Unique(key="held"))
+        lost = lose_first_reply(engine, fresh_database)
+        jobs = enqueue_many(engine, [JobSpec(JOB_TYPE, {}, unique=Unique(key="new")),
+                                     JobSpec(JOB_TYPE, {}, unique=Unique(key="held"))])
+
+        assert lost
+        assert [job.disposition for job in jobs] == ["created", "existing"] and jobs[1].id == held.id
+        assert sorted(rows(engine, "SELECT unique_key FROM job_queue")) == [("held",), ("new",)]
+    finally:
+        engine.dispose()
+
+
+def test_a_unique_job_finished_before_the_retry_of_its_lost_enqueue_is_still_its_answer(fresh_database):
+    # Its row no longer holds the key, so the retry's insert meets it by id only, and no
+    # holder is left to read back: the store finds it by the id the call drew.
+    engine = create_engine(fresh_database, pool_size=1, max_overflow=0)
+    other = create_engine(fresh_database)
+    try:
+        define(engine)
+
+        def run_it_to_the_end():
+            write_successes(other, [(LeaseIdentity.of(claim_one(other)), None)])
+
+        lost = lose_first_reply(engine, fresh_database, then=run_it_to_the_end)
+        job = enqueue(engine, JOB_TYPE, {}, unique=Unique(key="k"))
+
+        assert lost
+        assert job.disposition == "created"
+        assert rows(engine, "SELECT id, status FROM job_queue") == [(job.id, "SUCCEEDED")]
+    finally:
+        other.dispose()
+        engine.dispose()
+
+
 # -- bad input -----------------------------------------------------------------------
+
+# Options of the wrong kind, refused by code before their fields are read (once an AttributeError).
+WRONG_KIND = [
+    (dict(unique="yes"), InvalidUnique, "job.invalid_unique"),
+    (dict(unique=True), InvalidUnique, "job.invalid_unique"),
+    (dict(unique=0), InvalidUnique, "job.invalid_unique"),
+    (dict(unique={"key": "k"}), InvalidUnique, "job.invalid_unique"),
+    (dict(unique=Debounce("k", 5, 60)), InvalidUnique, "job.invalid_unique"),
+    (dict(debounce="yes"), InvalidDebounce, "job.invalid_debounce"),
+    (dict(debounce=False), InvalidDebounce, "job.invalid_debounce"),
+    (dict(debounce=Unique(key="k")), InvalidDebounce, "job.invalid_debounce"),
+]
 
 BAD = [
     (dict(unique=Unique(key="  ")), InvalidUnique, "job.invalid_unique"),
@@ -384,6 +481,7 @@ BAD = [
     (dict(debounce=Debounce("k", 0, 60)), InvalidDebounce, "job.invalid_debounce"),
     (dict(debounce=Debounce("k", timedelta(seconds=-1), 60)), InvalidDebounce, "job.invalid_debounce"),
     (dict(debounce=Debounce("k", 60, 30)), InvalidDebounce, "job.invalid_debounce"),
+    *WRONG_KIND,
     (dict(unique=Unique(), debounce=Debounce("k", 5, 60)), InvalidCoordination, "job.invalid_coordination"),
     (dict(debounce=Debounce("k", 5, 60), delay_seconds=3), InvalidCoordination, "job.invalid_coordination"),
     (dict(debounce=Debounce("k", 5, 60), idempotency_key="i"), InvalidCoordination, "job.invalid_coordination"),
@@ -397,6 +495,26 @@ def test_bad_coordination_options_are_refused_with_a_code_and_write_nothing(engi
         enqueue(engine, JOB_TYPE, {}, **options)
     assert caught.value.code == code
     assert count_jobs(engine) == 0
+
+
+@pytest.mark.parametrize(("options", "error", "code"), WRONG_KIND)
+def test_a_bad_kind_of_option_in_a_batch_refuses_the_whole_batch(engine, options, error, code):
+    define(engine)
+    with pytest.raises(error) as caught:
+        enqueue_many(engine, [JobSpec(JOB_TYPE, {"n": 1}), JobSpec(JOB_TYPE, {"n": 2}, **options)])
+    assert caught.value.code == code and caught.value.argument in options
+    assert count_jobs(engine) == 0
+
+
+def test_unique_false_is_a_plain_enqueue_and_may_go_with_a_debounce(engine):
+    define(engine)
+    held = enqueue(engine, JOB_TYPE, {}, unique=Unique())
+    plain = enqueue(engine, JOB_TYPE, {}, unique=False)
+    debounced = [enqueue(engine, JOB_TYPE, {"v": v}, unique=False, debounce=Debounce("d", 5, 60)) for v in (1, 2)]
+
+    assert [job.disposition for job in (held, plain, *debounced)] == ["created", "created", "created", "replaced"]
+    assert plain.unique_key is None and debounced[0].unique_key == "d"
+    assert count_jobs(engine) == 3
 
 
 def test_a_disabled_type_is_refused_even_when_a_live_duplicate_holds_the_key(engine):

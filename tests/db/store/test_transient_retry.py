@@ -80,6 +80,8 @@ def test_an_enqueue_whose_reply_is_lost_after_it_committed_returns_the_job_writt
         assert scalar(engine, "SELECT count(*) FROM job_queue") == 1
         assert scalar(engine, "SELECT id FROM job_queue") == job.id
         assert job.payload == {"once": True}
+        # Its own row, drawn for this call before the first try: created, as without the loss.
+        assert job.disposition == "created"
         assert scalar(engine, "SELECT count(*) FROM job_events WHERE event_type = 'ENQUEUED'") == 1
     finally:
         engine.dispose()
