@@ -112,7 +112,7 @@ async def enqueue_many(
 
 async def enqueue_workflow(
     bind: Any, workflow: Workflow, *, max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
-    event_log: EventLog | str = DEFAULT_EVENT_LOG,
+    event_log: EventLog | str = DEFAULT_EVENT_LOG, batch: Optional[UUID | str] = None,
 ) -> WorkflowRunRecord:
     """Write a workflow run in the caller's transaction (see :func:`runledger_sync.enqueue_workflow`).
 
@@ -120,7 +120,7 @@ async def enqueue_workflow(
         The run with its steps.
     """
     return await run_joined(bind, lambda connection: store_workflows.enqueue_workflow(
-        connection, workflow, max_payload_bytes=max_payload_bytes, event_log=event_log))
+        connection, workflow, max_payload_bytes=max_payload_bytes, event_log=event_log, batch=batch))
 
 
 async def get_job(bind: Any, job_id: UUID | str, *, organization_id: Optional[str] = None) -> Optional[JobRecord]:
