@@ -25,7 +25,7 @@ from runledger_sync.core.meta import meta_json
 from runledger_sync.core.records import JobRecord
 from runledger_sync.core.states import JobStatus
 from runledger_sync.core.types import JobEventType
-from runledger_sync.core.workflow import WorkflowRunStatus
+from runledger_sync.core.workflow import WorkflowRunRecord, WorkflowRunStatus
 from runledger_sync.db.schema import job_attempts, job_definitions, job_events, job_queue
 from runledger_sync.db.schema_batches import job_batches
 from runledger_sync.db.schema_workflows import workflow_runs
@@ -35,6 +35,7 @@ from runledger_sync.store.notify import notify_canceled, notify_ended
 from runledger_sync.store.rows import JOB_COLUMNS, to_job
 from runledger_sync.store.transactions import run_in_transaction
 from runledger_sync.store.workflows.actions import cancel_run
+from runledger_sync.store.workflows.runs import RUN_COLUMNS, run_record
 
 _b = job_batches.c
 _q = job_queue.c
@@ -231,6 +232,23 @@ def list_batch_members(bind: Bind, batch_id: UUID | str, *, limit: int = 100,
         conditions.append(tuple_(_q.created_at, _q.id) > tuple_(after.created_at, after.id))
     statement = select(*JOB_COLUMNS).where(*conditions).order_by(_q.created_at, _q.id).limit(limit)
     return run_in_transaction(bind, lambda connection: [to_job(row) for row in connection.execute(statement)])
+
+
+def list_batch_runs(bind: Bind, batch_id: UUID | str, *, limit: int = 100,
+                    after: Optional[WorkflowRunRecord] = None) -> list[WorkflowRunRecord]:
+    """Return a batch's member workflow runs in the order they were added, without their steps.
+
+    Args:
+        after: the last run of the previous page: only later ones.
+    """
+    target = check_batch_id(batch_id, "batch_id")
+    check.check_int("limit", limit, check.LIMIT_RANGE)
+    _r = workflow_runs.c
+    conditions = [_r.batch_id == target]
+    if after is not None:
+        conditions.append(tuple_(_r.created_at, _r.id) > tuple_(after.created_at, after.id))
+    statement = select(*RUN_COLUMNS).where(*conditions).order_by(_r.created_at, _r.id).limit(limit)
+    return run_in_transaction(bind, lambda connection: [run_record(row) for row in connection.execute(statement)])
 
 
 _CANCELABLE = (JobStatus.PENDING.value, JobStatus.LEASED.value)
