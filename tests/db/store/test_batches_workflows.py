@@ -198,3 +198,19 @@ def test_a_close_racing_the_runs_end_enqueues_the_callbacks_once(defined, close_
         done = get_batch(defined, batch.id)
         assert done.status is BatchStatus.SUCCEEDED and counts(done) == (1, 0, 1, 0, 0)
     assert sorted(row.payload["round"] for row in callbacks(defined, DONE)) == [str(n) for n in range(rounds)]
+
+
+def test_pruning_a_finished_batch_keeps_its_member_run_for_the_runs_own_retention(defined):
+    keep_ages = dict(succeeded=None, canceled=None, dead_lettered=None, workflow_runs=None, dashboard_rollup=None)
+    batch = open_batch(defined)
+    run = rl.enqueue_workflow(defined, two_steps(), batch=batch.id)
+    close_batch(defined, batch.id)
+    drain(defined)
+    assert get_batch(defined, batch.id).status is BatchStatus.SUCCEEDED
+    with defined.begin() as conn:
+        conn.exec_driver_sql("UPDATE job_batches SET finished_at = finished_at - interval '40 days'")
+
+    assert rl.prune(defined, rl.Retention(**keep_ages)).job_batches == 1
+    assert get_batch(defined, batch.id) is None
+    assert rl.get_workflow_run(defined, run.id).status is WorkflowRunStatus.SUCCEEDED
+    assert scalar(defined, "SELECT batch_id FROM workflow_runs WHERE id = :r", r=run.id) is None
