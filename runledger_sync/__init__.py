@@ -123,6 +123,7 @@ from runledger_sync.store.batches.batches import (
     close_batch,
     get_batch,
     list_batch_members,
+    list_batch_runs,
     list_batches,
     open_batch,
 )
@@ -285,6 +286,7 @@ __all__ = [
     "head_revision",
     "list_attempts",
     "list_batch_members",
+    "list_batch_runs",
     "list_batches",
     "list_dead_letters",
     "list_events",

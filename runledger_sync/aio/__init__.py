@@ -43,12 +43,13 @@ from runledger_sync.core.coordination import Debounce, Unique
 from runledger_sync.core.records import JobRecord, JobSpec
 from runledger_sync.core.states import JobStage
 from runledger_sync.core.types import DEFAULT_EVENT_LOG, EventLog
-from runledger_sync.core.workflow import Workflow, WorkflowRunRecord
+from runledger_sync.core.workflow import Workflow, WorkflowAppend, WorkflowRunRecord
 from runledger_sync.store.admin import jobs as store_jobs
+from runledger_sync.store.workflows import append as store_append
 from runledger_sync.store.workflows import enqueue as store_workflows
 from runledger_sync.store.enqueue import enqueue as store_enqueue
 
-__all__ = ["enqueue", "enqueue_many", "enqueue_workflow", "get_job", "wait_for_job"]
+__all__ = ["append_workflow_steps", "enqueue", "enqueue_many", "enqueue_workflow", "get_job", "wait_for_job"]
 
 
 async def enqueue(
@@ -112,7 +113,7 @@ async def enqueue_many(
 
 async def enqueue_workflow(
     bind: Any, workflow: Workflow, *, max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
-    event_log: EventLog | str = DEFAULT_EVENT_LOG,
+    event_log: EventLog | str = DEFAULT_EVENT_LOG, batch: Optional[UUID | str] = None,
 ) -> WorkflowRunRecord:
     """Write a workflow run in the caller's transaction (see :func:`runledger_sync.enqueue_workflow`).
 
@@ -120,7 +121,21 @@ async def enqueue_workflow(
         The run with its steps.
     """
     return await run_joined(bind, lambda connection: store_workflows.enqueue_workflow(
-        connection, workflow, max_payload_bytes=max_payload_bytes, event_log=event_log))
+        connection, workflow, max_payload_bytes=max_payload_bytes, event_log=event_log, batch=batch))
+
+
+async def append_workflow_steps(
+    bind: Any, run_id: UUID | str, more: WorkflowAppend, *, mutation_key: str,
+    max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
+) -> WorkflowRunRecord:
+    """Add steps to a running run at an open window in the caller's transaction (see
+    :func:`runledger_sync.append_workflow_steps`); the same ``mutation_key`` again adds nothing.
+
+    Returns:
+        The run with its steps and its mutations.
+    """
+    return await run_joined(bind, lambda connection: store_append.append_workflow_steps(
+        connection, run_id, more, mutation_key=mutation_key, max_payload_bytes=max_payload_bytes))
 
 
 async def get_job(bind: Any, job_id: UUID | str, *, organization_id: Optional[str] = None) -> Optional[JobRecord]:

@@ -14,6 +14,7 @@ command_group("batches", help="list batches and show one with its progress and m
 
 BATCH_TABLE_COLUMNS = ("id", "status", "total", "pending", "succeeded", "failed", "canceled", "created", "finished")
 MEMBER_TABLE_COLUMNS = ("job", "type", "status", "finished")
+RUN_TABLE_COLUMNS = ("run", "workflow", "status", "finished")
 #: Members printed by ``batches show`` (the first added); ``--members`` changes it.
 DEFAULT_MEMBERS_SHOWN = 20
 
@@ -69,6 +70,7 @@ def _batches_show(args: argparse.Namespace) -> int:
         if batch is None:
             raise rl.BatchNotFound(f"batch {batch_id} was not found", batch_id=str(batch_id))
         members = rl.list_batch_members(engine, batch_id, limit=args.members) if args.members > 0 else []
+        runs = rl.list_batch_runs(engine, batch_id, limit=args.members) if args.members > 0 and batch.runs else []
     if args.json:
         print_json(batch)
         return EXIT_OK
@@ -76,6 +78,7 @@ def _batches_show(args: argparse.Namespace) -> int:
         ("id", batch.id), ("status", batch.status.value), ("progress", progress(batch)),
         ("counts", f"pending {batch.pending}, succeeded {batch.succeeded}, failed {batch.failed}, "
                    f"canceled {batch.canceled}"),
+        ("runs", f"{batch.runs} of the members are workflow runs" if batch.runs else None),
         ("on_success", _callback(batch.on_success, batch.on_success_job_id)),
         ("on_complete", _callback(batch.on_complete, batch.on_complete_job_id)),
         ("reason", batch.status_reason), ("created", when(batch.created_at)), ("closed", when(batch.closed_at)),
@@ -83,9 +86,12 @@ def _batches_show(args: argparse.Namespace) -> int:
     ):
         print(f"{label + ':':<13} {printable(value)}")
     if members:
-        print(f"\nmembers (first {len(members)} of {batch.total}):")
+        print(f"\nmembers (first {len(members)} of {batch.total - batch.runs}):")
         print_table(MEMBER_TABLE_COLUMNS, [(job.id, job.job_type, job.status.value, when(job.finished_at))
                                            for job in members])
+    if runs:
+        print(f"\nmember runs (first {len(runs)} of {batch.runs}):")
+        print_table(RUN_TABLE_COLUMNS, [(run.id, run.name, run.status.value, when(run.finished_at)) for run in runs])
     return EXIT_OK
 
 

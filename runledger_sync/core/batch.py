@@ -111,6 +111,8 @@ class BatchRecord:
     created_at: datetime
     closed_at: Optional[datetime]
     finished_at: Optional[datetime]
+    #: Of ``total``, the members that are workflow runs (each one member, whatever its steps).
+    runs: int = 0
 
     @property
     def ended(self) -> int:

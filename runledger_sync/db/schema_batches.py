@@ -43,6 +43,8 @@ from sqlalchemy.dialects.postgresql import JSONB, UUID
 
 from runledger_sync.core.batch import CALLBACK_BATCH_ID_KEY, BatchStatus
 from runledger_sync.core.encryption import SEALED_FIELD
+from runledger_sync.core.states import JobStatus
+from runledger_sync.core.workflow import WorkflowRunStatus
 from runledger_sync.db.schema import EMPTY_JSON, META_IS_OBJECT, metadata, one_of, timestamp_columns
 
 ZERO = text("0")
@@ -92,9 +94,23 @@ BATCH_FINISH_TRIGGER = "trg_job_batches_finish"
 BATCH_MEMBER_FUNCTION = "runledger_batch_member_counted"
 BATCH_MEMBER_ADDED_TRIGGER = "trg_job_queue_batch_member_added"
 BATCH_MEMBER_MOVED_TRIGGER = "trg_job_queue_batch_member_moved"
+BATCH_RUN_ADDED_TRIGGER = "trg_workflow_runs_batch_member_added"
+BATCH_RUN_MOVED_TRIGGER = "trg_workflow_runs_batch_member_moved"
 #: The SQLSTATE of a member written to a batch that is not OPEN past the store's check.
 BATCH_CLOSED_SQLSTATE = "RLB01"
-_PENDING_SIDE = "('PENDING', 'LEASED')"
+
+
+def _sql_list(statuses: tuple[str, ...]) -> str:
+    return "(" + ", ".join(f"'{status}'" for status in statuses) + ")"
+
+
+# A member is a job or a workflow run (revision 0017); the two status sets share no
+# value but SUCCEEDED and CANCELED, which mean the same for both, so one function
+# counts either: a run is pending until it reaches a terminal status, and failed
+# when it COMPLETED_WITH_ERRORS (a step failed, dead-lettered or was canceled).
+_PENDING_SIDE = _sql_list((JobStatus.PENDING.value, JobStatus.LEASED.value,
+                           WorkflowRunStatus.RUNNING.value, WorkflowRunStatus.WAITING_FOR_EXTERNAL.value))
+_FAILED = _sql_list((JobStatus.DEAD_LETTERED.value, WorkflowRunStatus.COMPLETED_WITH_ERRORS.value))
 _MOVED_WHEN = (
     "NEW.batch_id IS NOT NULL AND OLD.status <> NEW.status "
     f"AND NOT (OLD.status IN {_PENDING_SIDE} AND NEW.status IN {_PENDING_SIDE})"
@@ -151,7 +167,7 @@ BEGIN
      SET total = total + (TG_OP = 'INSERT')::int,
          pending = pending + {delta(f"IN {_PENDING_SIDE}")},
          succeeded = succeeded + {delta("= 'SUCCEEDED'")},
-         failed = failed + {delta("= 'DEAD_LETTERED'")},
+         failed = failed + {delta(f"IN {_FAILED}")},
          canceled = canceled + {delta("= 'CANCELED'")},
          updated_at = now()
    WHERE id = NEW.batch_id AND (TG_OP = 'UPDATE' OR status = 'OPEN');
@@ -176,6 +192,29 @@ def batch_trigger_ddl(qualify: Callable[[str], str]) -> list[str]:
         f"CREATE TRIGGER {BATCH_MEMBER_MOVED_TRIGGER} AFTER UPDATE OF status ON {jobs} "
         f"FOR EACH ROW WHEN ({_MOVED_WHEN}) EXECUTE FUNCTION {member}()",
     ]
+
+
+def run_member_trigger_ddl(qualify: Callable[[str], str]) -> list[str]:
+    """The triggers that count a workflow run as one member (revision 0017), with the jobs' function and rule."""
+    runs, member = qualify("workflow_runs"), qualify(BATCH_MEMBER_FUNCTION)
+    return [
+        f"CREATE TRIGGER {BATCH_RUN_ADDED_TRIGGER} AFTER INSERT ON {runs} "
+        f"FOR EACH ROW WHEN (NEW.batch_id IS NOT NULL) EXECUTE FUNCTION {member}()",
+        f"CREATE TRIGGER {BATCH_RUN_MOVED_TRIGGER} AFTER UPDATE OF status ON {runs} "
+        f"FOR EACH ROW WHEN ({_MOVED_WHEN}) EXECUTE FUNCTION {member}()",
+    ]
+
+
+def member_function_ddl(qualify: Callable[[str], str]) -> str:
+    """The member-counting function, as a replacement of the one a revision before 0017 wrote."""
+    return (f"CREATE OR REPLACE FUNCTION {qualify(BATCH_MEMBER_FUNCTION)}() RETURNS trigger LANGUAGE plpgsql "
+            f"AS $${_member_body(qualify)}$$")
+
+
+def drop_run_member_trigger_ddl(qualify: Callable[[str], str]) -> list[str]:
+    runs = qualify("workflow_runs")
+    return [f"DROP TRIGGER IF EXISTS {BATCH_RUN_MOVED_TRIGGER} ON {runs}",
+            f"DROP TRIGGER IF EXISTS {BATCH_RUN_ADDED_TRIGGER} ON {runs}"]
 
 
 def drop_batch_trigger_ddl(qualify: Callable[[str], str]) -> list[str]:

@@ -28,6 +28,10 @@ workflow_runs = Table(
     *timestamp_columns(stamped_by_statements=True),
     # Revision 0010: metadata every step's job is enqueued with (runledger_sync.core.meta).
     Column("meta", JSONB, nullable=False, server_default=EMPTY_JSON),
+    # Revision 0017: the batch the run is one member of (runledger_sync.db.schema_batches counts it);
+    # pruning the finished batch leaves the run, to its own retention.
+    Column("batch_id", UUID(as_uuid=True),
+           ForeignKey("job_batches.id", name="fk_workflow_runs_batch_id", ondelete="SET NULL")),
     CheckConstraint(one_of("status", WorkflowRunStatus), name="ck_workflow_runs_status"),
     CheckConstraint("btrim(name) <> ''", name="ck_workflow_runs_name_not_blank"),
     CheckConstraint(
@@ -43,6 +47,10 @@ Index(
     workflow_runs.c.created_at.desc(),
     workflow_runs.c.id.desc(),
 )
+# A batch's member runs (the batch page, cancel_batch, the foreign key's check when a
+# batch row is deleted). Only members have entries.
+Index("idx_workflow_runs_batch", workflow_runs.c.batch_id, workflow_runs.c.created_at, workflow_runs.c.id,
+      postgresql_where=text("batch_id IS NOT NULL"))
 # Retention (revision 0007): finished runs by age, the prune's walk.
 FINISHED_RUNS = "status IN ('SUCCEEDED', 'COMPLETED_WITH_ERRORS', 'CANCELED')"
 Index("idx_workflow_runs_finished", workflow_runs.c.finished_at, workflow_runs.c.id,

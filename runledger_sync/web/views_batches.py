@@ -22,7 +22,8 @@ def batches(dashboard: PageHost, request: Request) -> Response:
     if batch_id is not None:
         batch = _batch(dashboard, batch_id, scoped)
         members = rl.list_batch_members(dashboard.engine, batch.id, limit=MEMBERS_SHOWN)
-        return dashboard.render(request, "batches.html", batches=[], batch=batch, members=members,
+        runs = rl.list_batch_runs(dashboard.engine, batch.id, limit=MEMBERS_SHOWN) if batch.runs else []
+        return dashboard.render(request, "batches.html", batches=[], batch=batch, members=members, runs=runs,
                                 bar=progress_bar(batch))
     shown = [] if scoped else rl.list_batches(dashboard.engine, limit=BATCHES_SHOWN)
     return dashboard.render(request, "batches.html", batches=[(b, progress_bar(b)) for b in shown], batch=None,

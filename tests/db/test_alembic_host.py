@@ -363,7 +363,7 @@ def test_option_1_upgrade_sql_fails_with_a_coded_error_and_changes_nothing(
 
 NEXT_RUNLEDGER_REVISION = '''"""A later runledger-sync's revision (a no-op here)."""
 revision = "0099"
-down_revision = "0016"
+down_revision = "0017"
 branch_labels = None
 depends_on = None
 
@@ -404,8 +404,8 @@ def test_option_2_a_newer_runledger_revision_is_merged_into_the_hosts_history(
         "0001_queue_tables.py", "0002_job_schedules.py", "0003_hot_path_storage.py", "0004_workflows.py",
         "0005_flow_control.py", "0006_failure_evidence.py", "0007_retention.py", "0008_continuations.py",
         "0009_dashboard_rollup.py", "0010_job_meta.py", "0011_idempotency_key_prefix.py",
-        "0012_workflow_append.py", "0013_unique_jobs.py",
-        "0014_job_batches.py", "0015_job_operations.py", "0016_job_replays.py", "0099_next.py",
+        "0012_workflow_append.py", "0013_unique_jobs.py", "0014_job_batches.py", "0015_job_operations.py",
+        "0016_job_replays.py", "0017_batch_workflow_runs.py", "0099_next.py",
     ]
     ok(alembic("upgrade", "head"))
     assert versions(engine, "alembic_version") == {merged.pop().name.split("_", 1)[0]}

@@ -108,3 +108,20 @@ def test_show_of_an_unknown_or_malformed_batch_is_a_coded_error(db, run):
     assert code != 0 and out == "" and err.startswith("error: batch.not_found: ")
     code, out, err = run("batches", "show", "nope")
     assert code != 0 and err.startswith("error: job.invalid_argument: ") and "batches list" in err
+
+
+def test_batches_show_counts_and_lists_member_runs_apart_from_member_jobs(db, run):
+    batch = rl.open_batch(db)
+    rl.enqueue(db, SEND, batch=batch.id)
+    wf = rl.Workflow("cli.flow")
+    wf.job("only", SEND)
+    run_record = rl.enqueue_workflow(db, wf, batch=batch.id)
+
+    code, out, _ = run("batches", "show", str(batch.id))
+    assert code == 0
+    assert "runs:         1 of the members are workflow runs" in out
+    assert "members (first 1 of 1):" in out and "member runs (first 1 of 1):" in out
+    [shown] = table(out, "run")
+    assert (shown["run"], shown["workflow"], shown["status"]) == (str(run_record.id), "cli.flow", "RUNNING")
+    code, out, _ = run("batches", "show", str(batch.id), "--json")
+    assert (json.loads(out)["total"], json.loads(out)["runs"]) == (2, 1)

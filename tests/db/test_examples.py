@@ -102,7 +102,7 @@ def test_alembic_host_upgrades_both_histories_and_downgrades_them(empty_database
         # One head: app_0001 builds on runledger's 0001, app_0002 merges its 0002,
         # app_0003 and app_0004 its 0003 and 0004, app_0005 its 0005 to 0008, app_0006
         # its 0009, app_0007 its 0010, app_0008 its 0011, app_0009 its 0012, app_0010 its
-        # 0013, app_0011 its 0014 to 0016, so Alembic stores only app_0011.
+        # 0013, app_0011 its 0014 to 0017, so Alembic stores only app_0011.
         script = _full_history(config)
         assert script.get_heads() == ["app_0011"]
         with engine.connect() as conn:
@@ -111,7 +111,7 @@ def test_alembic_host_upgrades_both_histories_and_downgrades_them(empty_database
         assert _applied_revisions(engine, script) == {
             "app_0011", "app_0010", "app_0009", "app_0008", "app_0007", "app_0006", "app_0005", "app_0004", "app_0003", "app_0002",
             "app_0001", "0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011",
-            "0012", "0013", "0014", "0015", "0016"}
+            "0012", "0013", "0014", "0015", "0016", "0017"}
         # The app's foreign key into the queue works.
         with engine.begin() as conn:
             conn.exec_driver_sql("INSERT INTO job_definitions (job_type) VALUES ('app.ship')")

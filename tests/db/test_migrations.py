@@ -44,6 +44,8 @@ from runledger_sync.db.schema_batches import (
     BATCH_FINISH_TRIGGER,
     BATCH_MEMBER_ADDED_TRIGGER,
     BATCH_MEMBER_MOVED_TRIGGER,
+    BATCH_RUN_ADDED_TRIGGER,
+    BATCH_RUN_MOVED_TRIGGER,
 )
 from runledger_sync.db.schema_unique import UNIQUE_REENTRY_TRIGGER
 from runledger_sync.store.driver import claim_jobs
@@ -58,9 +60,10 @@ LINK_TRIGGERS = {("job_queue", "trg_job_queue_workflow_link"), ("workflow_steps"
 KEY_TRIGGERS = {("job_queue", name) for name in KEY_TRIGGER_NAMES}
 #: Every trigger at head: 0003 left only the schedules' updated_at one; 0004 the job/step
 #: linkage triggers; 0005 the concurrency-key triggers; 0013 the unique re-entry trigger;
-#: 0014 the batch member and finish triggers.
+#: 0014 the batch member and finish triggers; 0017 a workflow run's member triggers.
 BATCH_TRIGGERS = {("job_queue", BATCH_MEMBER_ADDED_TRIGGER), ("job_queue", BATCH_MEMBER_MOVED_TRIGGER),
-                  ("job_batches", BATCH_FINISH_TRIGGER)}
+                  ("job_batches", BATCH_FINISH_TRIGGER), ("workflow_runs", BATCH_RUN_ADDED_TRIGGER),
+                  ("workflow_runs", BATCH_RUN_MOVED_TRIGGER)}
 HEAD_TRIGGERS = ({("job_schedules", "trg_job_schedules_updated_at")} | LINK_TRIGGERS | KEY_TRIGGERS
                  | {("job_queue", UNIQUE_REENTRY_TRIGGER)} | BATCH_TRIGGERS)
 

@@ -7,6 +7,7 @@ rest in the same transaction. Members join through any enqueue with ``batch=``.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Mapping, Optional
 from uuid import UUID
 
@@ -32,18 +33,23 @@ from runledger_sync.core.meta import meta_json
 from runledger_sync.core.records import JobRecord
 from runledger_sync.core.states import JobStatus
 from runledger_sync.core.types import JobEventType
+from runledger_sync.core.workflow import WorkflowRunRecord, WorkflowRunStatus
 from runledger_sync.db.schema import job_attempts, job_definitions, job_events, job_queue
 from runledger_sync.db.schema_batches import job_batches
+from runledger_sync.db.schema_workflows import workflow_runs
 from runledger_sync.store.batches.members import check_batch_id
 from runledger_sync.store.binds import Bind
 from runledger_sync.store.notify import notify_canceled, notify_ended
 from runledger_sync.store.sealing import opened, sealed
 from runledger_sync.store.rows import JOB_COLUMNS, to_job
 from runledger_sync.store.transactions import run_in_transaction
+from runledger_sync.store.workflows.actions import cancel_run
+from runledger_sync.store.workflows.runs import RUN_COLUMNS, run_record
 
 _b = job_batches.c
 _q = job_queue.c
-_BATCH_COLUMNS = tuple(job_batches.c)
+_BATCH_COLUMNS = (*job_batches.c, select(func.count()).where(workflow_runs.c.batch_id == _b.id)
+                  .correlate(job_batches).scalar_subquery().label("runs"))
 _OPEN_OR_CLOSED = (BatchStatus.OPEN.value, BatchStatus.CLOSED.value)
 _BATCH_ID = bindparam("target_batch", type_=PG_UUID(as_uuid=True))
 _READ = select(*_BATCH_COLUMNS).where(_b.id == _BATCH_ID)
@@ -61,7 +67,7 @@ def batch_record(row: Row[Any]) -> BatchRecord:
         on_success_job_id=row.on_success_job_id if status is BatchStatus.SUCCEEDED else None,
         on_complete_job_id=row.on_complete_job_id if finished else None,
         status_reason=row.status_reason, created_at=row.created_at, closed_at=row.closed_at,
-        finished_at=row.finished_at,
+        finished_at=row.finished_at, runs=row.runs,
     )
 
 
@@ -255,6 +261,23 @@ def list_batch_members(bind: Bind, batch_id: UUID | str, *, limit: int = 100,
     return run_in_transaction(bind, lambda connection: [to_job(row) for row in connection.execute(statement)])
 
 
+def list_batch_runs(bind: Bind, batch_id: UUID | str, *, limit: int = 100,
+                    after: Optional[WorkflowRunRecord] = None) -> list[WorkflowRunRecord]:
+    """Return a batch's member workflow runs in the order they were added, without their steps.
+
+    Args:
+        after: the last run of the previous page: only later ones.
+    """
+    target = check_batch_id(batch_id, "batch_id")
+    check.check_int("limit", limit, check.LIMIT_RANGE)
+    _r = workflow_runs.c
+    conditions = [_r.batch_id == target]
+    if after is not None:
+        conditions.append(tuple_(_r.created_at, _r.id) > tuple_(after.created_at, after.id))
+    statement = select(*RUN_COLUMNS).where(*conditions).order_by(_r.created_at, _r.id).limit(limit)
+    return run_in_transaction(bind, lambda connection: [run_record(row) for row in connection.execute(statement)])
+
+
 _CANCELABLE = (JobStatus.PENDING.value, JobStatus.LEASED.value)
 _MARK_CANCELED = (
     job_batches.update()
@@ -296,10 +319,19 @@ def _build_cancel_members() -> Any:
 
 
 _CANCEL_MEMBERS = _build_cancel_members()
+_PENDING_RUNS = (
+    select(workflow_runs.c.id)
+    .where(workflow_runs.c.batch_id == _BATCH_ID,
+           workflow_runs.c.status.in_((WorkflowRunStatus.RUNNING.value, WorkflowRunStatus.WAITING_FOR_EXTERNAL.value)))
+    .order_by(workflow_runs.c.created_at, workflow_runs.c.id)
+)
 
 
 def cancel_batch(bind: Bind, batch_id: UUID | str, reason: Optional[str] = None) -> BatchRecord:
     """Cancel a batch: it takes no more members, its pending members are canceled, no callback is enqueued.
+
+    A member workflow run still running is canceled as :func:`runledger_sync.cancel_workflow_run`
+    cancels it (its steps not started are canceled; a step's job a worker holds runs to its end).
 
     A LEASED member gets an operator's cancel, as :func:`runledger_sync.cancel_job`
     gives it: its worker tells the handler, and its outcome is not written. The
@@ -331,6 +363,15 @@ def cancel_batch(bind: Bind, batch_id: UUID | str, reason: Optional[str] = None)
                 raise _not_open(connection, target, BatchFinished, "cannot be canceled")
 
     run_in_transaction(bind, mark)
+
+    # Each member run through the workflow cancel, in a transaction of its own: a run's
+    # row is locked before the batch row, as a step's end takes them, and none is held
+    # while the next run's is waited for.
+    def pending_runs(connection: Connection) -> list[UUID]:
+        return list(connection.execute(_PENDING_RUNS, params).scalars())
+
+    for run_id in run_in_transaction(bind, pending_runs):
+        run_in_transaction(bind, partial(cancel_run, run_id=run_id, reason=reason))
 
     def cancel_members(connection: Connection) -> BatchRecord:
         connection.execute(_CANCEL_MEMBERS, params)

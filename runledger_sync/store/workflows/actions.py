@@ -115,22 +115,31 @@ def cancel_workflow_run(bind: Bind, run_id: UUID | str, *, reason: Optional[str]
     """
     target = check_run_id(run_id)
     check.check_optional_text("reason", reason, max_length=255)
-    params = {"target_run_id": target, "cancel_reason": reason}
 
     def work(connection: Connection) -> WorkflowRunRecord:
-        connection.execute(_LOCK_EXCLUSIVE, params)
-        status = connection.execute(_RUN_FOR_UPDATE, params).scalar()
+        status = cancel_run(connection, target, reason)
         if status is None:
             raise WorkflowRunNotFound(f"workflow run {target} was not found", run_id=str(target))
         if status in (WorkflowRunStatus.SUCCEEDED.value, WorkflowRunStatus.COMPLETED_WITH_ERRORS.value):
             raise WorkflowRunFinished(f"workflow run {target} has already finished ({status})", run_id=str(target))
-        if status != WorkflowRunStatus.CANCELED.value:
-            step_ids = list(connection.execute(_CANCEL_JOBS, params).scalars())
-            connection.execute(_CANCEL_STEPS, params | {"step_ids": step_ids})
-            connection.execute(_CANCEL_RUN, params)
         return read_run(connection, target)  # type: ignore[return-value]
 
     return run_in_transaction(bind, work)
+
+
+def cancel_run(connection: Connection, run_id: UUID, reason: Optional[str]) -> Optional[str]:
+    """Cancel the run in the connection's transaction unless it has ended; return its status before (None: no run).
+
+    The one cancel of a run: :func:`cancel_workflow_run`'s, and ``cancel_batch``'s for its member runs.
+    """
+    params = {"target_run_id": run_id, "cancel_reason": reason}
+    connection.execute(_LOCK_EXCLUSIVE, params)
+    status: Optional[str] = connection.execute(_RUN_FOR_UPDATE, params).scalar()
+    if status in (WorkflowRunStatus.RUNNING.value, WorkflowRunStatus.WAITING_FOR_EXTERNAL.value):
+        step_ids = list(connection.execute(_CANCEL_JOBS, params).scalars())
+        connection.execute(_CANCEL_STEPS, params | {"step_ids": step_ids})
+        connection.execute(_CANCEL_RUN, params)
+    return status
 
 
 # -- external steps --------------------------------------------------------------

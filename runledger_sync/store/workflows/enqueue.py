@@ -7,7 +7,7 @@ does to its step later is in :mod:`runledger_sync.store.workflows.steps`.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 from uuid import UUID
 
 from sqlalchemy import Text, cast, literal, select
@@ -32,6 +32,7 @@ from runledger_sync.core.workflow_errors import (
 )
 from runledger_sync.db.schema import job_definitions
 from runledger_sync.db.schema_workflows import workflow_runs, workflow_step_dependencies, workflow_steps
+from runledger_sync.store.batches.members import check_batch_id, lock_open_batches
 from runledger_sync.store.binds import Bind
 from runledger_sync.store.sealing import sealed_object
 from runledger_sync.store.enqueue.chunk import same_request
@@ -45,7 +46,7 @@ _r = workflow_runs.c
 
 def enqueue_workflow(
     bind: Bind, workflow: Workflow, *, max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
-    event_log: EventLog | str = DEFAULT_EVENT_LOG,
+    event_log: EventLog | str = DEFAULT_EVENT_LOG, batch: Optional[UUID | str] = None,
 ) -> WorkflowRunRecord:
     """Write a workflow run: its steps, their dependencies, and the jobs of the steps that wait for nothing.
 
@@ -60,6 +61,12 @@ def enqueue_workflow(
         event_log: whether the jobs of the steps released now get their ENQUEUED event
             row, as for :func:`runledger_sync.enqueue` (steps released later, when their
             prerequisites end, always get it).
+        batch: the id of an OPEN batch (:func:`runledger_sync.open_batch`) the run joins as
+            ONE member, pending until the run ends: counted succeeded when the run
+            SUCCEEDED, failed when it COMPLETED_WITH_ERRORS, canceled when CANCELED.
+            Its step jobs are not members themselves (they are released after the
+            batch may have closed), and their ``ctx.batch_id`` is None: a step reads
+            its batch through its run.
 
     Returns:
         The run with its steps.
@@ -70,7 +77,8 @@ def enqueue_workflow(
         InvalidPayload: a step's payload is larger than ``max_payload_bytes`` (the error names the step).
         WorkflowTooLarge: the step payloads together are larger than 64 MiB of JSON.
         WorkflowDefinitionNotFoundOrDisabled: a step's job type has no enabled definition.
-        WorkflowEnqueueConflictingRetry: the key exists with a different request.
+        WorkflowEnqueueConflictingRetry: the key exists with a different request (another batch too).
+        BatchNotFound, BatchClosed: ``batch`` names no batch, or one not OPEN; nothing written.
 
     Example:
         ``run = rl.enqueue_workflow(engine, wf)``; in your transaction,
@@ -82,17 +90,23 @@ def enqueue_workflow(
     event_log_params(event_log)  # an unknown level is refused here, before anything is written
     workflow.validate()
     workflow.check_payload_sizes(max_payload_bytes=max_payload_bytes)
-    snapshot = _request_snapshot(workflow)
+    batch_id = None if batch is None else check_batch_id(batch)
+    snapshot = _request_snapshot(workflow, batch_id)
     # Drawn before the first try: a try repeated after a lost connection (its transaction
     # rolled back) writes the same run, and the enqueue observers hear of it once.
     run_id = uuid7()
     meta = meta_json(instrumentation.observed_meta(workflow.name, str(run_id), workflow.meta)
                      if instrumentation.enqueue_observers else workflow.meta)
-    return run_in_transaction(bind, lambda connection: _enqueue(connection, workflow, snapshot, run_id, meta, event_log))
+    return run_in_transaction(bind, lambda connection: _enqueue(connection, workflow, snapshot, run_id, meta, event_log,
+                                                                batch_id))
 
 
-def _request_snapshot(workflow: Workflow) -> str:
-    return check.serialize_json("workflow", {"name": workflow.name, "steps": step_snapshots(workflow.steps)})
+def _request_snapshot(workflow: Workflow, batch_id: Optional[UUID]) -> str:
+    request: dict[str, Any] = {"name": workflow.name, "steps": step_snapshots(workflow.steps)}
+    # Only when set: the snapshots of runs enqueued before runs could join batches stay equal.
+    if batch_id is not None:
+        request["batch"] = str(batch_id)
+    return check.serialize_json("workflow", request)
 
 
 def _stored(snapshot: str) -> str:
@@ -114,14 +128,17 @@ def step_snapshots(steps: Sequence[WorkflowStep]) -> list[dict[str, Any]]:
 
 
 def _enqueue(connection: Connection, workflow: Workflow, snapshot: str, run_id: UUID, meta: str,
-             event_log: Any) -> WorkflowRunRecord:
+             event_log: Any, batch_id: Optional[UUID]) -> WorkflowRunRecord:
     if workflow.idempotency_key is not None:
         require_read_committed(connection, EnqueueIdempotencyUnsupportedIsolation, "idempotent enqueue")
     check_definitions(connection, workflow.steps)
+    if batch_id is not None:
+        # The run's insert counts it (runledger_sync.db.schema_batches); this refuses first, with a code.
+        lock_open_batches(connection, [batch_id])
     inserted = connection.execute(
         pg_insert(workflow_runs)
         .values(id=run_id, name=workflow.name, organization_id=workflow.organization_id,
-                idempotency_key=workflow.idempotency_key, meta=cast(literal(meta, Text), JSONB),
+                idempotency_key=workflow.idempotency_key, meta=cast(literal(meta, Text), JSONB), batch_id=batch_id,
                 enqueue_request=None if workflow.idempotency_key is None else cast(literal(_stored(snapshot), Text), JSONB))
         .on_conflict_do_nothing()
         .returning(_r.id)

@@ -49,7 +49,13 @@ def test_appended_pages_run_in_order_through_two_kills_and_the_report_runs_once_
         for worker in workers:
             worker.stop()
 
-    final = rl.get_workflow_run(engine, run.id)
+    assert_pages_in_order_each_once_and_the_report_once(engine, run.id)
+
+
+def assert_pages_in_order_each_once_and_the_report_once(engine, run_id) -> None:
+    """Every page ran, each released after the one before ended; one success per step; the fan-in once, last."""
+    final = rl.get_workflow_run(engine, run_id)
+    assert final.status is Run.SUCCEEDED
     assert [m.mutation_key for m in final.mutations] == ["pages"]
     assert final.step("report").output == {"pages": proc.PAGES}
     jobs = rows(engine, "SELECT s.step_key, j.created_at, j.finished_at, "
@@ -58,7 +64,7 @@ def test_appended_pages_run_in_order_through_two_kills_and_the_report_runs_once_
                         "(SELECT count(*) FROM job_attempts a WHERE a.job_id = j.id AND a.outcome = 'LEASE_EXPIRED') "
                         " AS lost "
                         "FROM workflow_steps s JOIN job_queue j ON j.workflow_step_id = s.id WHERE s.run_id = :run",
-                 run=run.id)
+                 run=run_id)
     by_key = {job.step_key: job for job in jobs}
     assert len(jobs) == proc.PAGES + 2  # one job per step: list, the pages, report
     assert {job.ok for job in jobs} == {1}

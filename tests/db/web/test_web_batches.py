@@ -70,3 +70,14 @@ def test_an_unknown_batch_is_not_found_and_a_scoped_dashboard_shows_no_batch(db,
     scoped = Browser(create_app(db, authorize=allow_anyone, organization_id="org-a"))
     assert f'data-batch="{batch.id}"' not in page(scoped, "/batches")
     assert "batch.not_found" in page(scoped, f"/batches?batch={batch.id}", status=404)
+
+
+def test_a_batch_page_lists_its_member_runs_linked_to_their_workflow_page(db, client):
+    batch = rl.open_batch(db)
+    wf = rl.Workflow("web.flow")
+    wf.job("only", EMAIL)
+    run = rl.enqueue_workflow(db, wf, batch=batch.id)
+    html = page(client, f"/batches?batch={batch.id}")
+    assert re.findall(r'data-run="([^"]+)"', html) == [str(run.id)]
+    assert f'href="/workflows?run={run.id}"' in html and "web.flow" in html
+    assert 'data-member="' not in html
