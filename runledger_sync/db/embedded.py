@@ -22,6 +22,8 @@ from runledger_sync.core.store_errors import ConnectionFailed
 DEFAULT_DATA_DIR = Path(tempfile.gettempdir()) / "runledger-embedded"
 #: How long an immediate stop waits for the server's processes to end.
 _IMMEDIATE_STOP_SECONDS = 30
+#: How long a start that outlived pgserver's own 10 s wait may still take to say ready.
+STARTUP_GRACE_SECONDS = 60
 
 
 def _load_pgserver() -> Any:
@@ -56,13 +58,34 @@ class EmbeddedPostgres:
             return self
         pgserver = _load_pgserver()
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        cleanup_mode = "delete" if self.delete_on_stop else "stop"
         try:
-            self._server = pgserver.get_server(
-                self.data_dir, cleanup_mode="delete" if self.delete_on_stop else "stop"
-            )
+            self._server = pgserver.get_server(self.data_dir, cleanup_mode=cleanup_mode)
         except Exception as exc:  # pgserver raises subprocess and OS errors
-            raise ConnectionFailed(f"embedded postgres failed to start in {self.data_dir}: {exc}") from exc
+            # pgserver gives pg_ctl 10 s; on a loaded machine (or after a crash, with WAL
+            # to replay) the server may still be coming up. Once it says ready, join it.
+            if not self._becomes_ready(STARTUP_GRACE_SECONDS):
+                raise ConnectionFailed(f"embedded postgres failed to start in {self.data_dir}: {exc}") from exc
+            try:
+                self._server = pgserver.get_server(self.data_dir, cleanup_mode=cleanup_mode)
+            except Exception as again:
+                raise ConnectionFailed(f"embedded postgres failed to start in {self.data_dir}: {again}") from again
         return self
+
+    def _becomes_ready(self, within_seconds: float) -> bool:
+        """Whether the server starting in this data directory reports itself ready in time."""
+        deadline = time.monotonic() + within_seconds
+        pid_file = self.data_dir / "postmaster.pid"
+        while time.monotonic() < deadline:
+            try:
+                lines = pid_file.read_text().splitlines()
+            except OSError:
+                return False  # no server is starting: nothing to wait for
+            # Line 8 of postmaster.pid is the server's status ("starting", "ready", ...).
+            if len(lines) >= 8 and lines[7].strip() == "ready":
+                return True
+            time.sleep(0.2)
+        return False
 
     def stop(self, *, immediate: bool = False) -> None:
         """Stop the server once no other process in this data directory uses it.
