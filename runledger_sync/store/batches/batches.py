@@ -31,15 +31,13 @@ from runledger_sync.core.errors import DefinitionNotFoundOrDisabled, InvalidArgu
 from runledger_sync.core.ids import uuid7
 from runledger_sync.core.meta import meta_json
 from runledger_sync.core.records import JobRecord
-from runledger_sync.core.states import JobStatus
-from runledger_sync.core.types import JobEventType
 from runledger_sync.core.workflow import WorkflowRunRecord, WorkflowRunStatus
-from runledger_sync.db.schema import job_attempts, job_definitions, job_events, job_queue
+from runledger_sync.db.schema import job_definitions, job_queue
 from runledger_sync.db.schema_batches import job_batches
 from runledger_sync.db.schema_workflows import workflow_runs
+from runledger_sync.store.admin.actions import CANCELABLE, cancel_statement, written_jobs
 from runledger_sync.store.batches.members import check_batch_id
 from runledger_sync.store.binds import Bind
-from runledger_sync.store.notify import notify_canceled, notify_ended
 from runledger_sync.store.sealing import opened, sealed
 from runledger_sync.store.rows import JOB_COLUMNS, to_job
 from runledger_sync.store.transactions import run_in_transaction
@@ -278,7 +276,6 @@ def list_batch_runs(bind: Bind, batch_id: UUID | str, *, limit: int = 100,
     return run_in_transaction(bind, lambda connection: [run_record(row) for row in connection.execute(statement)])
 
 
-_CANCELABLE = (JobStatus.PENDING.value, JobStatus.LEASED.value)
 _MARK_CANCELED = (
     job_batches.update()
     .where(_b.id == _BATCH_ID, _b.status.in_(_OPEN_OR_CLOSED))
@@ -288,37 +285,13 @@ _MARK_CANCELED = (
 )
 
 
-def _build_cancel_members() -> Any:
-    # An operator's cancel of each pending member, as cancel_job writes it for one job
-    # (LEASED ones are told through the canceled channel), in one statement: every
-    # member row is locked before the batch row is counted, the order a worker's
-    # outcome write takes them in.
-    canceled = (
-        job_queue.update()
-        .where(_q.batch_id == _BATCH_ID, _q.status.in_(_CANCELABLE))
-        .values(status=JobStatus.CANCELED.value, last_heartbeat_at=None, worker_id=None, finished_at=func.now(),
-                status_reason=func.coalesce(bindparam("reason", type_=Text), "CANCELED"))
-        .returning(_q.id, _q.status, _q.stage, _q.run_number, _q.attempt, _q.status_reason)
-        .cte("canceled")
-    )
-    closed = (
-        job_attempts.update()
-        .where(job_attempts.c.job_id == canceled.c.id, job_attempts.c.run_number == canceled.c.run_number,
-               job_attempts.c.attempt == canceled.c.attempt, job_attempts.c.finished_at.is_(None))
-        .values(finished_at=func.now())
-        .cte("closed_attempt")
-    )
-    event = job_events.insert().from_select(
-        ["job_id", "run_number", "attempt", "event_type", "stage", "payload"],
-        select(canceled.c.id, canceled.c.run_number, func.nullif(canceled.c.attempt, 0),
-               literal(JobEventType.CANCELED.value), canceled.c.stage,
-               func.jsonb_build_object("reason", canceled.c.status_reason)),
-    ).cte("canceled_event")
-    return (select(func.count()).select_from(canceled).add_cte(closed, event)
-            .where(notify_ended(canceled), notify_canceled(canceled)))
-
-
-_CANCEL_MEMBERS = _build_cancel_members()
+# An operator's cancel of each pending member, the statement cancel_job and cancel_jobs
+# write (LEASED ones are told through the canceled channel): every member row is
+# locked, in id order, before the batch row is counted, the order a worker's outcome
+# write takes them in.
+_CANCEL_MEMBERS = cancel_statement(picked=(
+    select(_q.id).where(_q.batch_id == _BATCH_ID, _q.status.in_(CANCELABLE)).order_by(_q.id).with_for_update()
+))
 _PENDING_RUNS = (
     select(workflow_runs.c.id)
     .where(workflow_runs.c.batch_id == _BATCH_ID,
@@ -374,7 +347,7 @@ def cancel_batch(bind: Bind, batch_id: UUID | str, reason: Optional[str] = None)
         run_in_transaction(bind, partial(cancel_run, run_id=run_id, reason=reason))
 
     def cancel_members(connection: Connection) -> BatchRecord:
-        connection.execute(_CANCEL_MEMBERS, params)
+        written_jobs(connection, _CANCEL_MEMBERS, params)
         return read_batch(connection, target)  # type: ignore[return-value]
 
     return run_in_transaction(bind, cancel_members)
