@@ -21,7 +21,7 @@ def test_a_batch_is_followed_from_the_list_to_its_page_and_from_a_member_back_to
     with serving(create_app(db, authorize=allow_anyone)) as base:
         chrome.get(base + "/")
         chrome.find_element(By.LINK_TEXT, "Batches").click()
-        assert chrome.title == "Batches · runledger"
+        WebDriverWait(chrome, 15).until(lambda d: d.title == "Batches · runledger")
         snap(chrome, "batches")
         chrome.find_element(By.CSS_SELECTOR, f'tr[data-batch="{batch.id}"] a').click()
         assert text_of(chrome, "batch-status") == "CLOSED"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
 
 import runledger_sync as rl
 from runledger_sync.web import create_app
@@ -18,7 +20,9 @@ def test_bulk_cancel_by_metadata_confirms_the_count_and_lands_on_the_operations_
         chrome.get(f"{base}/jobs")
         chrome.find_element(By.NAME, "meta").send_keys("tenant=acme, region=eu")
         chrome.find_element(By.CSS_SELECTOR, "form.filters button").click()
-        assert len(chrome.find_elements(By.CSS_SELECTOR, "#jobs a.job-link")) == 4
+        # The filtered page replaces the whole list once it loads: wait for it, not for the click.
+        WebDriverWait(chrome, 15, ignored_exceptions=(StaleElementReferenceException,)).until(
+            lambda d: "meta=" in d.current_url and len(d.find_elements(By.CSS_SELECTOR, "#jobs a.job-link")) == 4)
         listed = snap(chrome, "jobs-bulk-actions")
         chrome.find_element(By.ID, "bulk_cancel").click()
 
