@@ -271,3 +271,24 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows, strict=True)]
     for line in [headers, ["-" * w for w in widths], *rows]:
         print("  ".join(str(cell).rjust(w) if i else str(cell).ljust(w) for i, (cell, w) in enumerate(zip(line, widths, strict=True))))
+
+
+#: How long each live job (payload key ``live``) enqueued in a window waited for its first lease.
+_LIVE_PICKUPS = sqlalchemy.text(
+    "SELECT extract(epoch FROM a.leased_at - q.created_at) * 1000 FROM job_queue q "
+    "JOIN job_attempts a ON a.job_id = q.id WHERE q.created_at >= :since AND q.created_at < :until "
+    "AND q.payload ? 'live'")
+
+
+def live_pickups(engine: sqlalchemy.engine.Engine, since: object, until: object) -> list[float]:
+    """Pickup latencies (ms, sorted) of the live jobs enqueued in ``[since, until)``."""
+    with engine.connect() as connection:
+        return sorted(float(ms) for ms in connection.execute(_LIVE_PICKUPS, {"since": since, "until": until}).scalars())
+
+
+def pickup_summary(values: Sequence[float]) -> str:
+    """``n``, p50, p95 and max of sorted pickup latencies, in one line."""
+    if not values:
+        return "no samples"
+    return (f"n={len(values)} p50={percentile(values, 0.50):.1f} ms "
+            f"p95={percentile(values, 0.95):.1f} ms max={values[-1]:.1f} ms")

@@ -41,10 +41,6 @@ SELECT gen_random_uuid(), :job_type, :queue, 'PENDING', 3, jsonb_build_object('t
        now() - interval '1 hour' + n * interval '1 ms', now() - interval '1 hour'
 FROM generate_series(:first, :last) AS n
 """)
-_PICKUPS = sqlalchemy.text(
-    "SELECT extract(epoch FROM a.leased_at - q.created_at) * 1000 FROM job_queue q "
-    "JOIN job_attempts a ON a.job_id = q.id WHERE q.created_at >= :since AND q.created_at < :until "
-    "AND q.payload ? 'live'")
 _LONGEST_WAIT = sqlalchemy.text(
     "SELECT COALESCE(extract(epoch FROM max(clock_timestamp() - waitstart)), 0) FROM pg_locks WHERE NOT granted")
 
@@ -130,17 +126,6 @@ def warm_up(engine: sqlalchemy.engine.Engine, timeout: float = 120.0) -> None:
     time.sleep(2.0)
 
 
-def pickups(engine: sqlalchemy.engine.Engine, since: datetime, until: datetime) -> list[float]:
-    with engine.connect() as connection:
-        return sorted(float(ms) for ms in connection.execute(_PICKUPS, {"since": since, "until": until}).scalars())
-
-
-def summary(values: list[float]) -> str:
-    if not values:
-        return "no samples"
-    return (f"n={len(values)} p50={bench.percentile(values, 0.50):.1f} ms "
-            f"p95={bench.percentile(values, 0.95):.1f} ms max={values[-1]:.1f} ms")
-
 
 def run(url: str, args: argparse.Namespace) -> None:
     engine = rl.create_engine(url, pool_size=12)
@@ -177,9 +162,9 @@ def run(url: str, args: argparse.Namespace) -> None:
         traffic.stop.set()
         traffic.thread.join()
         time.sleep(1.0)  # the last live jobs are picked up
-        quiet, during = pickups(engine, quiet_from, cancel_from), pickups(engine, cancel_from, cancel_until)
-        print(f"pickup without cancel: {summary(quiet)}")
-        print(f"pickup during cancel:  {summary(during)}")
+        quiet, during = bench.live_pickups(engine, quiet_from, cancel_from), bench.live_pickups(engine, cancel_from, cancel_until)
+        print(f"pickup without cancel: {bench.pickup_summary(quiet)}")
+        print(f"pickup during cancel:  {bench.pickup_summary(during)}")
         if quiet and during:
             ratio = bench.percentile(during, 0.95) / bench.percentile(quiet, 0.95)
             print(f"pickup p95 during / without: {ratio:.2f}x (target within 2x)")

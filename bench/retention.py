@@ -51,10 +51,6 @@ INSERT INTO job_dead_letters (job_id, job_type, run_number, attempt, error_code,
 SELECT id, :job_type, 1, 1, 'bench.failed', '{}' FROM jobs WHERE status = 'DEAD_LETTERED'
 """)
 
-_PICKUPS = sqlalchemy.text(
-    "SELECT extract(epoch FROM a.leased_at - q.created_at) * 1000 FROM job_queue q "
-    "JOIN job_attempts a ON a.job_id = q.id WHERE q.created_at >= :since AND q.created_at < :until "
-    "AND q.payload ? 'live'")
 
 
 def parse_args() -> argparse.Namespace:
@@ -101,17 +97,6 @@ class Traffic:
             n += 1
 
 
-def pickups(engine: sqlalchemy.engine.Engine, since: datetime, until: datetime) -> list[float]:
-    with engine.connect() as connection:
-        return sorted(float(ms) for ms in connection.execute(_PICKUPS, {"since": since, "until": until}).scalars())
-
-
-def summary(values: list[float]) -> str:
-    if not values:
-        return "no samples"
-    return (f"n={len(values)} p50={bench.percentile(values, 0.50):.1f} ms "
-            f"p95={bench.percentile(values, 0.95):.1f} ms max={values[-1]:.1f} ms")
-
 
 def run(url: str, args: argparse.Namespace) -> None:
     engine = rl.create_engine(url, pool_size=12)
@@ -140,8 +125,8 @@ def run(url: str, args: argparse.Namespace) -> None:
             traffic.thread.join()
             time.sleep(1.0)  # the last live jobs are picked up
         after = row_counts(engine)
-        print(f"pickup without prune: {summary(pickups(engine, quiet_from, prune_from))}")
-        print(f"pickup during prune:  {summary(pickups(engine, prune_from, prune_until))}")
+        print(f"pickup without prune: {bench.pickup_summary(bench.live_pickups(engine, quiet_from, prune_from))}")
+        print(f"pickup during prune:  {bench.pickup_summary(bench.live_pickups(engine, prune_from, prune_until))}")
         rate = result.total_jobs / result.elapsed_seconds if result.elapsed_seconds else 0.0
         print(f"prune: {result.total_jobs:,} jobs {dict(result.jobs)}, {result.attempts:,} attempts, "
               f"{result.events:,} events, {result.dead_letters:,} dead letters in {result.batches} batches, "
