@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any, Mapping, TypeVar
 
 from sqlalchemy import Text, and_, cast
@@ -111,9 +111,11 @@ def to_job(row: Row[Any] | Mapping[str, Any]) -> JobRecord:
 
 
 def to_record(cls: type[R], row: Row[Any]) -> R:
-    values = {f.name: row._mapping[f.name] for f in fields(cls)}  # type: ignore[arg-type]
-    if cls is DeadLetterRecord:
-        # A dead letter keeps its job's sealed values as they were: bound to the job id.
-        for name in ("payload_snapshot", "checkpoint_snapshot"):
-            values[name] = opened(values[name], values["job_id"])
-    return cls(**values)
+    return cls(**{f.name: row._mapping[f.name] for f in fields(cls)})  # type: ignore[arg-type]
+
+
+def to_dead_letter(row: Row[Any]) -> DeadLetterRecord:
+    """A dead letter, its snapshots opened: they keep its job's sealed values as they were, bound to the job id."""
+    record = to_record(DeadLetterRecord, row)
+    return replace(record, payload_snapshot=opened(record.payload_snapshot, record.job_id),
+                   checkpoint_snapshot=opened(record.checkpoint_snapshot, record.job_id))

@@ -24,7 +24,7 @@ from runledger_sync.db.schema import job_attempts, job_dead_letters, job_queue
 from runledger_sync.store.admin.actions import REQUEUE_PICKABLE, requeue_statement
 from runledger_sync.store.binds import Bind
 from runledger_sync.store.transactions import run_in_transaction
-from runledger_sync.store.rows import DEAD_LETTER_COLUMNS, DEAD_LETTERS, to_record
+from runledger_sync.store.rows import DEAD_LETTER_COLUMNS, DEAD_LETTERS, to_dead_letter
 from runledger_sync.store.scope import status_is
 
 DEFAULT_LIST_LIMIT = 100
@@ -98,7 +98,7 @@ def list_dead_letters(
     statement = (select(*DEAD_LETTER_COLUMNS).select_from(DEAD_LETTERS).where(*chosen.conditions())
                  .order_by(_dl.failed_at.desc()).limit(limit))
     rows = run_in_transaction(bind, lambda connection: connection.execute(statement).all())
-    return [to_record(DeadLetterRecord, row) for row in rows]
+    return [to_dead_letter(row) for row in rows]
 
 
 def count_dead_letters(

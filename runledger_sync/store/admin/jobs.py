@@ -28,7 +28,7 @@ from runledger_sync.db.schema import job_attempts, job_dead_letters, job_events,
 from runledger_sync.store.binds import Bind
 from runledger_sync.store.transactions import run_in_transaction
 from runledger_sync.store.rows import (
-    ATTEMPT_COLUMNS, DEAD_LETTER_COLUMNS, DEAD_LETTERS, EVENT_COLUMNS, JOB_COLUMNS, to_job, to_record,
+    ATTEMPT_COLUMNS, DEAD_LETTER_COLUMNS, DEAD_LETTERS, EVENT_COLUMNS, JOB_COLUMNS, to_dead_letter, to_job, to_record,
 )
 from runledger_sync.store.scope import check_job_id, meta_contains, scoped, status_is, status_parts
 
@@ -230,7 +230,7 @@ def get_dead_letter(bind: Bind, job_id: UUID | str) -> Optional[DeadLetterRecord
     statement = (select(*DEAD_LETTER_COLUMNS).select_from(DEAD_LETTERS)
                  .where(job_dead_letters.c.job_id == check_job_id(job_id)))
     rows = _read(bind, statement)
-    return to_record(DeadLetterRecord, rows[0]) if rows else None
+    return to_dead_letter(rows[0]) if rows else None
 
 
 __all__ = [
